@@ -1,0 +1,86 @@
+"""`RetrievalSplit`: the in-memory description of one split that every reader returns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class RetrievalSplit:
+    """Texts and labels of one split (queries, passages, candidate lists).
+
+    Row ``i`` of the query tables is query id ``i``; row ``j`` of the passage tables is passage
+    id ``j``. Passages are de-duplicated by a hash of their exact text: the first occurrence owns
+    the id and later occurrences share it (``passage_aliases`` maps every source id seen,
+    including the later ones, to that id).
+
+    Attributes:
+        name: split name, e.g. ``"validation"``, ``"train"``, ``"test"``.
+        source: dataset / format tag, e.g. ``"msmarco"``, ``"beir"``, ``"scifact"``, ``"trec-dl"``.
+        query_ids: source id of each query, ``len == n_queries``.
+        query_texts: text of each query.
+        passage_ids: source id of the first occurrence of each passage, ``len == n_passages``.
+        passage_texts: text of each passage (exact, never normalised).
+        candidates: ``int32 (n_queries, K)`` passage ids of each query's candidates, ``-1`` padding.
+            MS MARCO: the (up to) 10 shown passages. Sources without candidate lists (BEIR, TREC):
+            the query's judged passages, so ``K`` grows to the largest judged set.
+        labels: ``uint8 (n_queries, K)`` relevance grade of each candidate (MS MARCO
+            ``is_selected``; graded qrels elsewhere); 0 = not selected and for padding.
+        relevance_threshold: a grade ``>=`` this counts as relevant for MRR@10 and Recall@k
+            (1 by default; 2 for TREC DL, the track's convention).
+        query_types: optional per-query type (MS MARCO ``query_type``).
+        passage_aliases: every source passage id seen -> passage id (dedup included).
+        meta: free-form provenance (paths, counts of skipped rows, ...), JSON-serialisable.
+    """
+
+    name: str
+    source: str
+    query_ids: list[str]
+    query_texts: list[str]
+    passage_ids: list[str]
+    passage_texts: list[str]
+    candidates: np.ndarray
+    labels: np.ndarray
+    relevance_threshold: int = 1
+    query_types: list[str] | None = None
+    passage_aliases: dict[str, int] = field(default_factory=dict)
+    meta: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def n_queries(self) -> int:
+        return len(self.query_texts)
+
+    @property
+    def n_passages(self) -> int:
+        return len(self.passage_texts)
+
+    @property
+    def k(self) -> int:
+        """Candidates per query (columns of ``candidates``)."""
+        return int(self.candidates.shape[1])
+
+    def validate(self) -> None:
+        """Check internal consistency.
+
+        Raises:
+            ValueError: on mismatched lengths, wrong dtypes/shapes, or out-of-range passage ids.
+        """
+        nq, npas = self.n_queries, self.n_passages
+        if len(self.query_ids) != nq:
+            raise ValueError(f"{self.name}: {len(self.query_ids)} query ids for {nq} query texts")
+        if len(self.passage_ids) != npas:
+            raise ValueError(
+                f"{self.name}: {len(self.passage_ids)} passage ids for {npas} passage texts"
+            )
+        if self.candidates.dtype != np.int32 or self.labels.dtype != np.uint8:
+            raise ValueError(f"{self.name}: candidates must be int32 and labels uint8")
+        if self.candidates.ndim != 2 or self.candidates.shape != self.labels.shape:
+            raise ValueError(f"{self.name}: candidates/labels must be equal-shaped 2-D arrays")
+        if self.candidates.shape[0] != nq:
+            raise ValueError(f"{self.name}: candidates have {self.candidates.shape[0]} rows, {nq} queries")
+        if self.candidates.size and (self.candidates.max() >= npas or self.candidates.min() < -1):
+            raise ValueError(f"{self.name}: candidate passage id out of range [-1, {npas})")
+        if np.any(self.labels[self.candidates < 0] != 0):
+            raise ValueError(f"{self.name}: padding slots (-1) must have label 0")
