@@ -1,1 +1,15 @@
-"""treerank.store"""
+"""treerank.store: the binary embedding store (format in DESIGN.md), memory-mapped, resumable."""
+
+from treerank.store.embed import EmbedStats, StoreExistsError, embed_split, split_digest
+from treerank.store.embedding_store import EmbeddingStore
+from treerank.store.format import IncompleteStoreError, StoreFormatError
+
+__all__ = [
+    "EmbedStats",
+    "EmbeddingStore",
+    "IncompleteStoreError",
+    "StoreExistsError",
+    "StoreFormatError",
+    "embed_split",
+    "split_digest",
+]

@@ -1,0 +1,220 @@
+"""SciFact measurements for the thin heads (issue 4's "done when").
+
+Three steps, each writing JSON under ``--out``:
+
+1. ``guard``: the false-negative guard study. SciFact's training qrels are sparse, so a mined
+   BM25 "negative" may be an unlabelled positive. We cannot see those, but we can plant them:
+   for every training query with >= 2 relevant passages, hide one relevant passage, mine BM25
+   as if it were unlabelled, and measure where the hidden positive lands (its BM25 rank, its
+   frozen cosine relative to the visible positive). A guard setting is judged by the share of
+   hidden positives it removes from the negative pool against the share of all pool negatives
+   it throws away.
+2. ``sweep``: heads trained on 80% of the training queries, model selection on the other 20%
+   (held out, scored against the full corpus): guard settings, hard negatives, linear vs mlp.
+   The test split is not touched.
+3. ``final``: the chosen configs trained with ``treerank.pipeline.training.train_model`` on the
+   training store, evaluated on the 300 test queries against the full corpus with
+   ``treerank.evaluation.compare.compare_systems`` beside cosine and BM25 (paired
+   randomization test and bootstrap CI against cosine and against BM25).
+
+Run: ``nice python bench/scifact_heads.py {guard,sweep,final} --stores /work/cache/stores/scifact``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from treerank.pipeline.training import ensure_mined_negatives, make_validator, train_model
+from treerank.search.bm25 import BM25Index
+from treerank.store import EmbeddingStore
+from treerank.training.heads import train_head
+from treerank.training.holdout import ValidationConfig, holdout_split
+from treerank.training.sampler import relevant_lists
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_cfg(model: str) -> dict[str, Any]:
+    return yaml.safe_load((ROOT / "configs" / "heads" / f"{model}.yaml").read_text())
+
+
+def guard_study(store: EmbeddingStore, depth: int = 100, pool_depth: int = 30) -> dict[str, Any]:
+    rel, _ = relevant_lists(np.asarray(store.candidates), np.asarray(store.labels))
+    n_rel = (rel >= 0).sum(axis=1)
+    multi = np.flatnonzero(n_rel >= 2)
+    index = BM25Index(store.passage_texts())
+    ids, scores = index.search([store.query_texts()[i] for i in multi], k=depth)
+    q = np.asarray(store.queries, dtype=np.float32)
+    p = np.asarray(store.passages, dtype=np.float32)
+    hidden = []  # one row per (query, hidden positive)
+    pool_all = []  # every pool negative: (query pos, rank, cos - best visible cos)
+    for row, qi in enumerate(multi):
+        r = rel[qi][rel[qi] >= 0]
+        cos_r = p[r] @ q[qi]
+        for h_idx, h in enumerate(r):
+            visible = np.delete(r, h_idx)
+            best_vis = float(np.delete(cos_r, h_idx).max())
+            lst = [(rank, int(pid)) for rank, pid in enumerate(ids[row])
+                   if pid not in visible and scores[row, rank] > 0]
+            lst = lst[:pool_depth]
+            for rank, pid in lst:
+                gap = float(p[pid] @ q[qi]) - best_vis
+                if pid == h:
+                    hidden.append({"rank": rank, "gap": gap})
+                else:
+                    pool_all.append({"rank": rank, "gap": gap})
+    n_hidden_total = int(sum(n_rel[multi]))
+    settings = [(s, m) for s in (0, 1, 3, 5, 10) for m in (None, 0.0, -0.05, 0.05, 0.1)]
+    rows = []
+    for s, m in settings:
+        def dropped(e: dict[str, float], s: int = s, m: float | None = m) -> bool:
+            return e["rank"] < s or (m is not None and e["gap"] >= -m)
+
+        caught = sum(dropped(e) for e in hidden)
+        lost = sum(dropped(e) for e in pool_all)
+        rows.append({
+            "skip_top": s,
+            "margin": m,
+            "hidden_positives_in_pool": len(hidden),
+            "hidden_caught": caught,
+            "hidden_caught_frac": caught / max(1, len(hidden)),
+            "negatives_dropped_frac": lost / max(1, len(pool_all)),
+            "false_negatives_left_per_1000_negatives": 1000 * (len(hidden) - caught)
+            / max(1, len(hidden) - caught + len(pool_all) - lost),
+        })
+    return {
+        "queries_with_2plus_relevant": int(multi.size),
+        "hidden_trials": n_hidden_total,
+        "hidden_in_bm25_pool": len(hidden),
+        "pool_depth": pool_depth,
+        "hidden_rank_quantiles": np.quantile([e["rank"] for e in hidden], [0.25, 0.5, 0.75]).tolist()
+        if hidden else None,
+        "hidden_gap_quantiles": np.quantile([e["gap"] for e in hidden], [0.25, 0.5, 0.75]).tolist()
+        if hidden else None,
+        "pool_gap_quantiles": np.quantile([e["gap"] for e in pool_all], [0.25, 0.5, 0.75, 0.9]).tolist(),
+        "settings": rows,
+    }
+
+
+def sweep(store: EmbeddingStore, variants: dict[str, tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+    out = {}
+    for name, (model, over) in variants.items():
+        cfg = load_cfg(model)
+        for sec, vals in over.items():
+            if isinstance(vals, dict):
+                cfg[sec] = {**cfg.get(sec, {}), **vals}
+            else:
+                cfg[sec] = vals
+        vcfg = ValidationConfig.from_config(cfg)
+        cand, lab = np.asarray(store.candidates), np.asarray(store.labels)
+        has_rel = ((cand >= 0) & (lab >= 1)).any(axis=1)
+        tr, held = holdout_split(has_rel, vcfg.fraction, cfg["seed"], vcfg.max_queries)
+        validate = make_validator(store, held, vcfg, cfg["seed"])
+        ensure_mined_negatives(store, cfg)
+        t0 = time.perf_counter()
+        res = train_head(model, store, cfg, train_rows=tr, validate=validate, progress=False)
+        s = res.summary
+        first = validate(type(res.model)(store.dim, **cfg["model"]))
+        out[name] = {
+            "model": model,
+            "overrides": over,
+            "best_step": s["best_step"],
+            "steps": s["steps"],
+            "stopped_early": s["stopped_early"],
+            "heldout_at_init": first,
+            "heldout_best": s["best_metrics"],
+            "sampler": s["sampler"],
+            "seconds": round(time.perf_counter() - t0, 1),
+        }
+        print(name, json.dumps({k: out[name][k] for k in ("best_step", "heldout_best")}), flush=True)
+    return out
+
+
+SWEEP: dict[str, tuple[str, dict[str, Any]]] = {
+    "linear_inbatch": ("linear", {"sampler": {"n_hard": 0}}),
+    "linear_h1_noguard": ("linear", {"sampler": {"n_hard": 1, "guard_margin": None}}),
+    "linear_h1_margin0": ("linear", {"sampler": {"n_hard": 1, "guard_margin": 0.0}}),
+    "linear_h1_skip3": ("linear", {"sampler": {"n_hard": 1, "guard_margin": None,
+                                               "guard_skip_top": 3}}),
+    "linear_h3_margin0": ("linear", {"sampler": {"n_hard": 3, "guard_margin": 0.0}}),
+    "linear_h1_margin0_wd0.1": ("linear", {"sampler": {"guard_margin": 0.0},
+                                           "trainer": {"weight_decay": 0.1}}),
+    "linear_h1_margin0_lr3e-4": ("linear", {"sampler": {"guard_margin": 0.0},
+                                            "trainer": {"lr": 3e-4}}),
+    "mlp_h1_margin0": ("mlp", {"sampler": {"n_hard": 1, "guard_margin": 0.0}}),
+    "mlp_h1_margin0_drop0.3": ("mlp", {"sampler": {"guard_margin": 0.0},
+                                       "model": {"dropout": 0.3}}),
+    "mlp_inbatch": ("mlp", {"sampler": {"n_hard": 0}}),
+}
+
+
+def final(train: EmbeddingStore, test: EmbeddingStore, out: Path, models: list[str]) -> dict:
+    from treerank.evaluation.compare import compare_systems
+
+    systems: dict[str, str] = {"cosine": "cosine", "bm25": "bm25"}
+    trained = {}
+    for model in models:
+        ck = out / f"ckpt-{model}"
+        res = train_model(model, train, load_cfg(model), ck, progress=False)
+        trained[model] = {"best_step": res.summary["best_step"],
+                          "heldout_best": res.summary["best_metrics"],
+                          "seconds": res.summary["seconds"]}
+        systems[model] = f"ckpt:{ck}"
+    comp = compare_systems(test, systems, baseline="cosine", second_baseline="bm25",
+                           k=1000, out_dir=out / "compare-test",
+                           metrics=("mrr@10", "ndcg@10", "recall@100"))
+    return {"trained": trained, "comparison": _jsonable(comp)}
+
+
+def _jsonable(x: Any) -> Any:
+    if hasattr(x, "to_dict"):
+        return _jsonable(x.to_dict())
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, np.ndarray):
+        return None  # per-query arrays are in the compare directory
+    if isinstance(x, np.generic):
+        return x.item()
+    if hasattr(x, "__dataclass_fields__"):
+        import dataclasses
+
+        return _jsonable({f.name: getattr(x, f.name) for f in dataclasses.fields(x)})
+    return x
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description="SciFact measurements for the thin heads")
+    ap.add_argument("step", choices=["guard", "sweep", "final"])
+    ap.add_argument("--stores", type=Path, default=Path("/work/cache/stores/scifact"))
+    ap.add_argument("--out", type=Path, default=Path("/work/cache/heads-scifact"))
+    ap.add_argument("--only", nargs="*", default=None, help="sweep variants to run")
+    ap.add_argument("--models", nargs="*", default=["linear", "mlp"])
+    a = ap.parse_args()
+    a.out.mkdir(parents=True, exist_ok=True)
+    train = EmbeddingStore.open(a.stores / "train")
+    if a.step == "guard":
+        res = guard_study(train)
+    elif a.step == "sweep":
+        variants = {k: v for k, v in SWEEP.items() if not a.only or k in a.only}
+        res = sweep(train, copy.deepcopy(variants))
+    else:
+        res = final(train, EmbeddingStore.open(a.stores / "test"), a.out, a.models)
+    path = a.out / f"{a.step}.json"
+    if a.step == "sweep" and path.exists():
+        res = {**json.loads(path.read_text()), **res}
+    path.write_text(json.dumps(_jsonable(res), indent=2))
+    print(json.dumps(_jsonable(res), indent=1)[:6000])
+
+
+if __name__ == "__main__":
+    main()

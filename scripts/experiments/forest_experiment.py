@@ -1,0 +1,196 @@
+"""TreeRank forest experiment: train, evaluate against the full split beside cosine, plot vs M.
+
+Usage (from the repository root, venv active)::
+
+    # SciFact: train on the train split, evaluate on the test split (all 5,183 passages)
+    python scripts/experiments/forest_experiment.py --train /work/cache/stores/scifact/train \\
+        --test /work/cache/stores/scifact/test --config configs/forest/scifact.yaml \\
+        --out runs/forest-scifact
+
+    # DL19 pool: no training split -> k-fold cross-validation over topics
+    python scripts/experiments/forest_experiment.py --test /work/cache/stores/dl19/test \\
+        --cv-folds 5 --config configs/forest/dl19_cv.yaml --out runs/forest-dl19
+
+Writes ``results.json`` (forest and cosine metrics, metric-vs-M curve, class-balance and tie
+statistics, memory and timing) and ``forest_metric_vs_m.png`` into ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from treerank.evaluation.metrics import evaluate_run
+from treerank.evaluation.qrels import Qrels
+from treerank.models.forest import Forest
+from treerank.search.exact import exact_search
+from treerank.search.forest_index import ForestSystem, class_entropy
+from treerank.store import EmbeddingStore
+from treerank.training.forest import plot_metric_vs_models, train_forest
+
+METRICS = ("mrr@10", "ndcg@10", "recall@100", "recall@1000")
+
+
+class QueryView:
+    """A store restricted to some query rows (all passages kept): what a CV fold trains/ranks."""
+
+    def __init__(self, store: Any, rows: np.ndarray) -> None:
+        self.base, self.rows = store, np.asarray(rows)
+        self.queries = np.asarray(store.queries[self.rows], dtype=np.float32)
+        self.candidates = np.asarray(store.candidates)[self.rows]
+        self.labels = np.asarray(store.labels)[self.rows]
+        self.passages = store.passages
+        for a in ("relevance_threshold", "encoder_name", "encoder_fingerprint", "path", "dim"):
+            setattr(self, a, getattr(store, a))
+        self.n_passages = store.n_passages
+        self.n_queries = len(self.rows)
+
+    def iter_passage_chunks(self, chunk_size: int = 65536) -> Any:
+        return self.base.iter_passage_chunks(chunk_size)
+
+
+def forest_eval(forest: Forest, view: Any, k: int = 1000) -> tuple[Any, ForestSystem, float]:
+    system = ForestSystem(forest)
+    t0 = time.perf_counter()
+    run = system.retrieve(view, k)
+    sec = time.perf_counter() - t0
+    return evaluate_run(run, Qrels.from_store(view), METRICS), system, sec
+
+
+def cosine_eval(view: Any, k: int = 1000) -> tuple[Any, float]:
+    t0 = time.perf_counter()
+    ids, _ = exact_search(np.asarray(view.queries, dtype=np.float32), view.passages, k=k)
+    sec = time.perf_counter() - t0
+    return evaluate_run(ids, Qrels.from_store(view), METRICS), sec
+
+
+def pooled_mean(parts: list[Any]) -> dict[str, float]:
+    """Mean over the evaluated queries of several EvalResults (CV folds)."""
+    out = {}
+    for m in METRICS:
+        v = np.concatenate([p.per_query[m] for p in parts])
+        out[m] = float(np.nanmean(v))
+    return out
+
+
+def balance_stats(system: ForestSystem, forest: Forest, view: Any) -> dict[str, Any]:
+    assert system.index is not None and system.hits is not None
+    st = system.index.stats()
+    qc, _ = forest.query_classes(np.asarray(view.queries, dtype=np.float32))
+    q_ent = class_entropy(qc, forest.n_classes)
+    p_ent = np.asarray(st["passage_class_entropy"])
+    return {
+        "max_entropy_log_c": st["max_entropy"],
+        "query_class_entropy_mean": float(q_ent.mean()),
+        "query_class_entropy_min": float(q_ent.min()),
+        "passage_class_entropy_mean": float(p_ent.mean()),
+        "passage_class_entropy_min": float(p_ent.min()),
+        "not_retrievable_fraction": st["not_retrievable_fraction"],
+        "passages_never_indexed": st["passages_never_indexed"],
+        "index_bytes": st["nbytes"],
+        "ties_at_rank_10": system.hits.tie_stats(10),
+        "mean_retrieved_per_query": float((system.hits.ids >= 0).sum(1).mean()),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--train", type=Path, help="training store split dir")
+    ap.add_argument("--test", type=Path, required=True, help="evaluated store split dir")
+    ap.add_argument("--config", type=Path, required=True)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--cv-folds", type=int, default=0, help="k-fold CV over --test's queries")
+    ap.add_argument("--set", nargs="*", default=[], help="config overrides key=yaml_value")
+    args = ap.parse_args()
+    cfg = yaml.safe_load(args.config.read_text())
+    for kv in args.set:
+        key, _, val = kv.partition("=")
+        cfg[key] = yaml.safe_load(val)
+    args.out.mkdir(parents=True, exist_ok=True)
+    test = EmbeddingStore.open(args.test)
+    k = min(1000, test.n_passages)
+    result: dict[str, Any] = {"config": cfg, "test": str(args.test), "metrics": list(METRICS)}
+    t0 = time.perf_counter()
+    if args.cv_folds:
+        rng = np.random.default_rng(cfg.get("seed", 0))
+        has_rel = (
+            (np.asarray(test.labels) >= test.relevance_threshold)
+            & (np.asarray(test.candidates) >= 0)
+        ).any(1)
+        rows = rng.permutation(np.nonzero(has_rel)[0])
+        folds = np.array_split(rows, args.cv_folds)
+        per_m: dict[int, list[Any]] = {}
+        forest_parts, cos_parts, fold_stats = [], [], []
+        train_secs = 0.0
+        for f, held in enumerate(folds):
+            train_rows = np.sort(np.setdiff1d(rows, held))
+            tr, ev = QueryView(test, train_rows), QueryView(test, np.sort(held))
+
+            def validate(forest: Forest, ev: Any = ev) -> dict[str, float]:
+                res, _, _ = forest_eval(forest, ev, k)
+                per_m.setdefault(forest.n_models, []).append(res)
+                return res.mean
+
+            out = train_forest(tr, cfg, args.out / f"fold{f}", validate=validate, progress=True)
+            train_secs += out.summary["seconds"]
+            res, system, _ = forest_eval(out.model, ev, k)
+            forest_parts.append(res)
+            cos_parts.append(cosine_eval(ev, k)[0])
+            fold_stats.append(balance_stats(system, out.model, ev))
+        curve = [{"n_models": m, **pooled_mean(v)} for m, v in sorted(per_m.items())]
+        result.update(
+            protocol=f"{args.cv_folds}-fold CV over the {len(rows)} topics with a relevant "
+            "passage; each fold trains on the other topics' judgments and ranks the FULL pool",
+            forest=pooled_mean(forest_parts),
+            cosine=pooled_mean(cos_parts),
+            n_evaluated=int(sum(p.n_evaluated for p in forest_parts)),
+            curve=curve,
+            fold_stats=fold_stats,
+            train_seconds=train_secs,
+        )
+    else:
+        if args.train is None:
+            ap.error("--train is required without --cv-folds")
+        train = EmbeddingStore.open(args.train)
+        if train.encoder_fingerprint != test.encoder_fingerprint:
+            raise SystemExit(f"{args.train} and {args.test} were embedded with different encoders")
+
+        def validate(forest: Forest) -> dict[str, float]:
+            return forest_eval(forest, test, k)[0].mean
+
+        out = train_forest(train, cfg, args.out, validate=validate, progress=True)
+        res, system, f_sec = forest_eval(out.model, test, k)
+        cres, c_sec = cosine_eval(test, k)
+        result.update(
+            protocol="train split -> test split, full corpus",
+            forest=res.mean,
+            cosine=cres.mean,
+            n_evaluated=res.n_evaluated,
+            curve=out.summary["curve"],
+            stats=balance_stats(system, out.model, test),
+            train_summary={kk: v for kk, v in out.summary.items() if kk not in ("config", "curve")},
+            train_seconds=out.summary["seconds"],
+            retrieve_seconds={"forest_index_and_search": f_sec, "cosine_exact": c_sec},
+            passages_bytes=int(test.n_passages * test.dim * 4),
+        )
+    result["wall_seconds"] = time.perf_counter() - t0
+    if result["curve"]:
+        plot_metric_vs_models(
+            result["curve"],
+            args.out / "forest_metric_vs_m.png",
+            title=f"{cfg.get('name', 'forest')} on {args.test.parent.name}/{args.test.name} "
+            f"(C={cfg.get('n_classes')})",
+            baselines={"cosine": result["cosine"]},
+        )
+    (args.out / "results.json").write_text(json.dumps(result, indent=2, default=str))
+    print(json.dumps({kk: result[kk] for kk in ("forest", "cosine", "wall_seconds")}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

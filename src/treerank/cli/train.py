@@ -1,0 +1,83 @@
+"""``treerank train``: train a model on a store from a config file and write its checkpoint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+_MODELS = ("linear", "mlp", "drt", "forest")
+
+
+def train(
+    model: str = typer.Option(..., "--model", "-m", help=f"Model type: {', '.join(_MODELS)}."),
+    store: Path = typer.Option(
+        ..., "--store", "-s", help="Store split directory, or a store root holding <split>/."
+    ),
+    config: Path | None = typer.Option(
+        None, "--config", "-c", help="YAML config with every hyperparameter (configs/heads/*.yaml)."
+    ),
+    out: Path = typer.Option(..., "--out", "-o", help="Checkpoint directory to write."),
+    split: str = typer.Option("train", "--split", help="Split used when --store is a root."),
+    seed: int | None = typer.Option(None, "--seed", help="Override the config's seed."),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bars."),
+) -> None:
+    """Train MODEL on the store's queries and save a checkpoint (+ training log and curves).
+
+    A share of the training queries is held out (config ``validation.fraction``) and scored
+    against every passage of the split for early stopping. Exits 2 on a bad config or store.
+    """
+    import os
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import yaml
+    from rich.console import Console
+    from rich.table import Table
+
+    from treerank.pipeline.training import TRAINERS, open_train_store, train_model
+
+    err, console = Console(stderr=True), Console()
+    if model not in TRAINERS:
+        err.print(f"[red]unknown model {model!r}; known: {', '.join(TRAINERS)}[/red]")
+        raise typer.Exit(2)
+    cfg: dict = {}
+    if config is not None:
+        try:
+            loaded = yaml.safe_load(config.read_text(encoding="utf-8"))
+        except (OSError, yaml.YAMLError) as exc:
+            err.print(f"[red]{config}: cannot read config ({exc})[/red]")
+            raise typer.Exit(2) from exc
+        if loaded is not None and not isinstance(loaded, dict):
+            err.print(f"[red]{config}: the config must be a mapping of sections[/red]")
+            raise typer.Exit(2)
+        cfg = loaded or {}
+    if seed is not None:
+        cfg["seed"] = seed
+    try:
+        st = open_train_store(store, split)
+        res = train_model(model, st, cfg, out, progress=progress)
+    except (ValueError, KeyError, FileNotFoundError) as exc:
+        where = f"{config}: " if config is not None and isinstance(exc, ValueError) else ""
+        err.print(f"[red]{where}{exc}[/red]")
+        raise typer.Exit(2) from exc
+    s = res.summary
+    table = Table(title=f"train {model} -> {res.checkpoint}", title_justify="left")
+    table.add_column("what")
+    table.add_column("value", justify="right")
+    table.add_row("store", str(getattr(st, "path", store)))
+    for key in ("steps", "epochs", "best_step", "stopped_early", "seconds"):
+        if key in s:
+            table.add_row(key, str(s[key]))
+    table.add_row("held-out queries", str(res.heldout_rows.size))
+    for k, v in (s.get("best_metrics") or {}).items():
+        table.add_row(f"held-out {k}", f"{v:.4f}")
+    if res.log_path is not None:
+        table.add_row("log", str(res.log_path))
+    if res.curves_path is not None:
+        table.add_row("curves", str(res.curves_path))
+    console.print(table)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``treerank train`` to the CLI."""
+    app.command("train")(train)

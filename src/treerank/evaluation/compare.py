@@ -1,0 +1,274 @@
+"""Run several systems on one store split, evaluate them, test them against a baseline, report.
+
+:func:`compare_systems` is the library entry point behind ``treerank evaluate`` and the pipeline's
+evaluation stage. With ``out_dir`` it writes::
+
+    results.json        settings, per-system means / counts / timings, paired tests, McNemar
+    per_query.jsonl     one line per (system, query): query id and every metric (null = left out)
+    runs/<system>.trec  TREC run files (source ids)
+    plots/metrics.png   per-system metric bars with 95% CI error bars
+    plots/recall_at_k.png  mean Recall@k curves
+    table.md            the comparison table
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from treerank.evaluation.metrics import DEFAULT_METRICS, EvalResult, evaluate_run, parse_metric
+from treerank.evaluation.plots import plot_metric_bars, plot_recall_curve
+from treerank.evaluation.qrels import Qrels
+from treerank.evaluation.report import (
+    atomic_write_text,
+    markdown_table,
+    rich_table,
+    table_rows,
+    write_json,
+)
+from treerank.evaluation.significance import McNemarResult, PairedTest, compare_paired, mcnemar
+from treerank.evaluation.trec_io import write_trec_run
+from treerank.search.run import Run
+from treerank.search.systems import System, build_system
+
+RECALL_CURVE_KS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
+HIT_METRIC = "success@10"
+
+
+@dataclass
+class Comparison:
+    """Everything :func:`compare_systems` measured.
+
+    Attributes:
+        runs: system -> its run.
+        results: system -> :class:`EvalResult` (requested metrics plus success@10 and the
+            Recall@k curve cutoffs).
+        metrics: the requested metrics (table columns).
+        baseline: name of the baseline system; ``second_baseline`` optional.
+        tests: baseline -> system -> metric -> :class:`PairedTest`.
+        mcnemar: baseline -> system -> :class:`McNemarResult` on success@10.
+        recall_curves: system -> {k: mean Recall@k}.
+        seconds: system -> retrieval wall time.
+        files: name -> path written (empty without ``out_dir``).
+    """
+
+    runs: dict[str, Run]
+    results: dict[str, EvalResult]
+    metrics: tuple[str, ...]
+    baseline: str
+    second_baseline: str | None = None
+    tests: dict[str, dict[str, dict[str, PairedTest]]] = field(default_factory=dict)
+    mcnemar: dict[str, dict[str, McNemarResult]] = field(default_factory=dict)
+    recall_curves: dict[str, dict[int, float]] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+    files: dict[str, Path] = field(default_factory=dict)
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    def mean(self, system: str, metric: str) -> float:
+        return self.results[system].mean[metric]
+
+    def table(self, baseline: str | None = None) -> tuple[list[str], list[list[str]]]:
+        """Header and rows (value, delta vs ``baseline``, randomization p) per metric."""
+        b = baseline or self.baseline
+        means = {s: {m: r.mean[m] for m in self.metrics} for s, r in self.results.items()}
+        tests = {
+            s: {m: t.to_dict() for m, t in ts.items()} for s, ts in self.tests.get(b, {}).items()
+        }
+        return table_rows(means, tests, self.metrics, b)
+
+    def markdown(self) -> str:
+        out = []
+        for b in [self.baseline] + ([self.second_baseline] if self.second_baseline else []):
+            out.append(f"Against baseline `{b}` (p: paired randomization test; * p < 0.05)\n\n")
+            out.append(markdown_table(*self.table(b)))
+        return "\n".join(out)
+
+    def rich(self, baseline: str | None = None) -> Any:
+        b = baseline or self.baseline
+        title = f"{self.settings.get('split') or ''}: Δ and p against {b}"
+        return rich_table(*self.table(b), title=title)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "settings": self.settings,
+            "metrics": list(self.metrics),
+            "baseline": self.baseline,
+            "second_baseline": self.second_baseline,
+            "systems": {
+                s: {
+                    "mean": r.mean,
+                    "n_evaluated": r.n_evaluated,
+                    "n_left_out": r.n_left_out,
+                    "seconds": self.seconds.get(s),
+                    "recall_curve": {str(k): v for k, v in self.recall_curves.get(s, {}).items()},
+                }
+                for s, r in self.results.items()
+            },
+            "tests": {
+                b: {s: {m: t.to_dict() for m, t in ts.items()} for s, ts in by_sys.items()}
+                for b, by_sys in self.tests.items()
+            },
+            "mcnemar_hit@10": {
+                b: {s: r.to_dict() for s, r in by_sys.items()} for b, by_sys in self.mcnemar.items()
+            },
+        }
+
+
+def safe_name(name: str) -> str:
+    """A file-name-safe version of a system name."""
+    return re.sub(r"[^A-Za-z0-9_.+=-]+", "_", name).strip("_") or "system"
+
+
+def _as_systems(
+    systems: Mapping[str, System | str] | Sequence[str], opts: dict[str, Any]
+) -> dict[str, System]:
+    if isinstance(systems, Mapping):
+        items = list(systems.items())
+    else:
+        items = [(s, s) for s in systems]
+    out: dict[str, System] = {}
+    for name, sys_ in items:
+        if name in out:
+            raise ValueError(f"system {name!r} given twice")
+        out[name] = build_system(sys_, **opts) if isinstance(sys_, str) else sys_
+    return out
+
+
+def compare_systems(
+    store: Any,
+    systems: Mapping[str, System | str] | Sequence[str],
+    baseline: str,
+    k: int = 1000,
+    out_dir: str | Path | None = None,
+    metrics: Sequence[str] = DEFAULT_METRICS,
+    second_baseline: str | None = None,
+    n_permutations: int = 10_000,
+    seed: int = 0,
+    gain: str = "linear",
+    relevance_threshold: int | None = None,
+    progress: bool = False,
+    runs: Mapping[str, Run] | None = None,
+) -> Comparison:
+    """Run, evaluate and compare systems on all passages of one store split.
+
+    Args:
+        store: an opened :class:`~treerank.store.EmbeddingStore` split (or anything with the same
+            attributes).
+        systems: name -> :class:`System` or spec string, or a list of spec strings (name = spec).
+        baseline: the system every other one is tested against (must be among ``systems``).
+        k: run depth (default 1000).
+        out_dir: where to write results (see module docstring); ``None`` writes nothing.
+        metrics: table metrics, e.g. ``("mrr@10", "ndcg@10", "recall@100")``.
+        second_baseline: optionally also test everything against this system.
+        n_permutations: randomization-test permutations and bootstrap resamples.
+        seed: seed of both tests.
+        gain: nDCG gain (``"linear"`` = trec_eval).
+        relevance_threshold: override the store's threshold.
+        progress: tqdm bars in dense search.
+        runs: precomputed runs by system name (skips retrieval for those).
+
+    Returns:
+        The :class:`Comparison`.
+
+    Raises:
+        ValueError: the baseline is not among the systems, or a bad spec / metric.
+    """
+    metrics = tuple(f"{m}@{c}" for m, c in map(parse_metric, metrics))
+    built = _as_systems(systems, {"progress": progress})
+    for b in (baseline, second_baseline):
+        if b is not None and b not in built:
+            raise ValueError(f"baseline {b!r} is not one of the systems: {', '.join(built)}")
+    qrels = Qrels.from_store(store, relevance_threshold)
+    curve_ks = tuple(c for c in RECALL_CURVE_KS if c <= k)
+    all_metrics = tuple(
+        dict.fromkeys(metrics + (HIT_METRIC,) + tuple(f"recall@{c}" for c in curve_ks))
+    )
+    comp = Comparison(
+        runs={}, results={}, metrics=metrics, baseline=baseline, second_baseline=second_baseline
+    )
+    comp.settings = {
+        "store": str(getattr(store, "path", "")),
+        "split": getattr(store, "split", None),
+        "n_queries": int(store.n_queries),
+        "n_passages": int(store.n_passages),
+        "encoder": getattr(store, "encoder_name", None),
+        "k": k,
+        "relevance_threshold": qrels.relevance_threshold,
+        "ndcg_gain": gain,
+        "n_permutations": n_permutations,
+        "seed": seed,
+        "candidates": "all passages of the split",
+        "ties": "by ascending passage id",
+    }
+    for name, system in built.items():
+        t0 = time.perf_counter()
+        run = runs[name] if runs and name in runs else system.retrieve(store, k)
+        comp.seconds[name] = time.perf_counter() - t0
+        run = Run(name, run.ids, run.scores)
+        if run.n_queries != qrels.n_queries:
+            raise ValueError(
+                f"system {name!r} returned {run.n_queries} rows for {qrels.n_queries} queries"
+            )
+        comp.runs[name] = run
+        res = evaluate_run(run.ids, qrels, all_metrics, gain=gain)
+        comp.results[name] = res
+        comp.recall_curves[name] = {c: res.mean[f"recall@{c}"] for c in curve_ks}
+    for b in (baseline, second_baseline):
+        if b is None:
+            continue
+        base = comp.results[b].per_query
+        comp.tests[b] = {}
+        comp.mcnemar[b] = {}
+        for name, res in comp.results.items():
+            if name == b:
+                continue
+            comp.tests[b][name] = compare_paired(
+                res.per_query, base, metrics, n_permutations, n_permutations, seed
+            )
+            comp.mcnemar[b][name] = mcnemar(res.per_query[HIT_METRIC], base[HIT_METRIC])
+    if out_dir is not None:
+        _write(comp, store, Path(out_dir))
+    return comp
+
+
+def _write(comp: Comparison, store: Any, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    qids = list(store.query_ids())
+    pids = list(store.passage_ids())
+    for name, run in comp.runs.items():
+        comp.files[f"run:{name}"] = write_trec_run(
+            out / "runs" / f"{safe_name(name)}.trec", run, qids, pids, tag=safe_name(name)
+        )
+
+    def lines():  # type: ignore[no-untyped-def]
+        import json
+
+        for name, res in comp.results.items():
+            cols = {m: res.per_query[m] for m in comp.metrics + (HIT_METRIC,)}
+            for i, q in enumerate(qids):
+                row: dict[str, Any] = {
+                    "system": name,
+                    "query_id": q,
+                    "query_index": i,
+                    "evaluated": bool(res.evaluated[i]),
+                }
+                for m, v in cols.items():
+                    row[m] = None if np.isnan(v[i]) else float(v[i])
+                yield json.dumps(row) + "\n"
+
+    comp.files["per_query"] = atomic_write_text(out / "per_query.jsonl", lines())
+    comp.files["results"] = write_json(out / "results.json", comp.to_dict())
+    comp.files["table"] = atomic_write_text(out / "table.md", comp.markdown())
+    per_q = {s: r.per_query for s, r in comp.results.items()}
+    comp.files["plot:metrics"] = plot_metric_bars(
+        per_q, comp.metrics, out / "plots" / "metrics.png"
+    )
+    comp.files["plot:recall"] = plot_recall_curve(
+        comp.recall_curves, out / "plots" / "recall_at_k.png"
+    )

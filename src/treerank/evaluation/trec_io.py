@@ -1,0 +1,165 @@
+"""TREC run and qrels files: read and write.
+
+- Run: one line per retrieved passage, ``qid Q0 pid rank score tag``, ranks from 1, best first.
+- Qrels: ``qid 0 pid grade`` (the second column is ignored on read).
+
+Ids are the source ids (strings) of the store; conversion to row numbers goes through the id
+lists of the split. Writes are atomic (temporary file, then ``os.replace``).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from treerank.evaluation.qrels import Qrels
+from treerank.search.run import Run
+
+
+def _atomic_write_lines(path: str | Path, lines: Iterable[str]) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            for line in lines:
+                f.write(line)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_trec_run(
+    path: str | Path,
+    run: Run,
+    query_ids: Sequence[str],
+    passage_ids: Sequence[str],
+    tag: str | None = None,
+) -> Path:
+    """Write ``run`` as a TREC run file (padding ``-1`` skipped).
+
+    Args:
+        path: output file.
+        run: the run; row ``i`` is query ``query_ids[i]``.
+        query_ids, passage_ids: source ids of the split's queries / passages.
+        tag: run tag (last column); defaults to ``run.name`` with spaces replaced.
+
+    Raises:
+        ValueError: ``len(query_ids)`` differs from the run's rows.
+    """
+    if len(query_ids) != run.n_queries:
+        raise ValueError(f"{path}: {len(query_ids)} query ids for a run of {run.n_queries} rows")
+    tag = (tag or run.name or "treerank").replace(" ", "_")
+
+    def lines() -> Iterable[str]:
+        for i, qid in enumerate(query_ids):
+            for r, (pid, s) in enumerate(zip(run.ids[i], run.scores[i], strict=True)):
+                if pid < 0:
+                    break
+                yield f"{qid} Q0 {passage_ids[pid]} {r + 1} {float(s):.6g} {tag}\n"
+
+    return _atomic_write_lines(path, lines())
+
+
+def read_trec_run(path: str | Path) -> dict[str, list[tuple[str, float]]]:
+    """Read a TREC run file into ``{qid: [(pid, score), ...]}`` in rank order.
+
+    Rows are ordered by the rank column (ties in rank keep file order).
+
+    Raises:
+        FileNotFoundError: missing file. ValueError: a malformed line (file and line number).
+    """
+    path = Path(path)
+    rows: dict[str, list[tuple[int, str, float]]] = {}
+    with path.open(encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            parts = line.split()
+            if not parts:
+                continue
+            if len(parts) != 6:
+                raise ValueError(f"{path}:{n}: expected 'qid Q0 pid rank score tag', got {line!r}")
+            try:
+                rank, score = int(parts[3]), float(parts[4])
+            except ValueError:
+                raise ValueError(f"{path}:{n}: rank/score not numeric in {line!r}") from None
+            rows.setdefault(parts[0], []).append((rank, parts[2], score))
+    return {q: [(p, s) for _, p, s in sorted(r, key=lambda t: t[0])] for q, r in rows.items()}
+
+
+def run_from_dict(
+    name: str,
+    ranking: dict[str, list[tuple[str, float]]],
+    query_ids: Sequence[str],
+    passage_index: dict[str, int],
+    k: int | None = None,
+) -> Run:
+    """Turn ``{qid: [(pid, score), ...]}`` into a :class:`Run` aligned to ``query_ids``.
+
+    Passages absent from ``passage_index`` are dropped (they are not in the split); queries absent
+    from ``ranking`` get an empty (all ``-1``) row. The first occurrence of a repeated passage is
+    kept.
+    """
+    rows = []
+    for q in query_ids:
+        seen: set[int] = set()
+        row = []
+        for p, s in ranking.get(q, []):
+            pid = passage_index.get(p)
+            if pid is not None and pid not in seen:
+                seen.add(pid)
+                row.append((pid, s))
+        rows.append(row[:k] if k else row)
+    width = max((len(r) for r in rows), default=0)
+    if k:
+        width = k
+    ids = np.full((len(query_ids), width), -1, np.int64)
+    scores = np.full((len(query_ids), width), -np.inf, np.float32)
+    for i, r in enumerate(rows):
+        if r:
+            ids[i, : len(r)] = [p for p, _ in r]
+            scores[i, : len(r)] = [s for _, s in r]
+    return Run(name, ids, scores)
+
+
+def read_qrels(path: str | Path) -> dict[str, dict[str, int]]:
+    """Read TREC qrels ``qid iter pid grade`` into ``{qid: {pid: grade}}``.
+
+    Raises:
+        FileNotFoundError: missing file. ValueError: a malformed line (file and line number).
+    """
+    path = Path(path)
+    out: dict[str, dict[str, int]] = {}
+    with path.open(encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            parts = line.split()
+            if not parts:
+                continue
+            if len(parts) != 4:
+                raise ValueError(f"{path}:{n}: expected 'qid 0 pid grade', got {line!r}")
+            try:
+                grade = int(parts[3])
+            except ValueError:
+                raise ValueError(f"{path}:{n}: grade not an integer in {line!r}") from None
+            out.setdefault(parts[0], {})[parts[2]] = grade
+    return out
+
+
+def write_qrels(
+    path: str | Path, qrels: Qrels, query_ids: Sequence[str], passage_ids: Sequence[str]
+) -> Path:
+    """Write the judgments with grade > 0 of ``qrels`` as a TREC qrels file."""
+    if len(query_ids) != qrels.n_queries:
+        raise ValueError(f"{path}: {len(query_ids)} query ids for {qrels.n_queries} qrels rows")
+    keys, grades = qrels.index()
+
+    def lines() -> Iterable[str]:
+        for key, g in zip(keys.tolist(), grades.tolist(), strict=True):
+            yield f"{query_ids[key >> 32]} 0 {passage_ids[key & 0xFFFFFFFF]} {g}\n"
+
+    return _atomic_write_lines(path, lines())

@@ -1,0 +1,78 @@
+"""`CosineScorer`: the zero-training baseline, cosine similarity of the frozen embeddings.
+
+Both towers L2-normalise their input, so the inner product of the two outputs is the cosine of
+the stored vectors. Stores written with normalised vectors (``meta["normalized"]``) rank the same
+with or without it; normalising again makes the baseline correct for stores that were not.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from treerank.models.checkpoint import Checkpoint
+
+_EPS = 1e-12
+
+
+def l2_normalize(x: np.ndarray) -> np.ndarray:
+    """Row-wise L2 normalisation.
+
+    Args:
+        x: ``float (n, d)`` vectors (any float dtype; memmaps are read, never written).
+
+    Returns:
+        ``float32 (n, d)`` unit-norm rows; an all-zero row stays all-zero (its norm is floored at
+        1e-12), so it scores 0 against everything instead of NaN.
+    """
+    x = np.asarray(x, dtype=np.float32)
+    if x.ndim != 2:
+        raise ValueError(f"expected a 2-D (n, d) array, got shape {x.shape}")
+    norms = np.linalg.norm(x, axis=1, keepdims=True)
+    return (x / np.maximum(norms, _EPS)).astype(np.float32, copy=False)
+
+
+class CosineScorer:
+    """Cosine of the stored query and passage vectors (a ``DenseScorer``).
+
+    Score = ``<q/|q|, p/|p|>``, a cosine in ``[-1, 1]``. No parameters; the checkpoint holds only
+    the encoder provenance and the dimension.
+    """
+
+    model_type = "cosine"
+
+    def __init__(self, dim: int | None = None, name: str = "cosine") -> None:
+        self.dim = dim
+        self.name = name
+
+    def _check(self, x: np.ndarray) -> None:
+        if self.dim is not None and x.shape[-1] != self.dim:
+            raise ValueError(f"{self.name}: expected {self.dim}-dim vectors, got shape {x.shape}")
+
+    def encode_queries(self, x: np.ndarray) -> np.ndarray:
+        """``float32 (n, d)`` stored query vectors -> ``float32 (n, d)`` unit vectors."""
+        self._check(x)
+        return l2_normalize(x)
+
+    def encode_passages(self, x: np.ndarray) -> np.ndarray:
+        """``float32 (n, d)`` stored passage vectors -> ``float32 (n, d)`` unit vectors."""
+        self._check(x)
+        return l2_normalize(x)
+
+    @classmethod
+    def from_checkpoint(cls, ckpt: Checkpoint) -> CosineScorer:
+        """Rebuild from a checkpoint written by :meth:`to_checkpoint`."""
+        if ckpt.model_type != cls.model_type:
+            raise ValueError(f"not a cosine checkpoint: model_type={ckpt.model_type!r}")
+        return cls(dim=ckpt.dim or None, name=str(ckpt.config.get("name", "cosine")))
+
+    def to_checkpoint(self, encoder_name: str, encoder_fingerprint: str) -> Checkpoint:
+        """A parameter-free checkpoint bound to the encoder whose vectors it scores."""
+        return Checkpoint(
+            model_type=self.model_type,
+            config={"name": self.name},
+            state={"_empty": torch.zeros(0)},
+            encoder_name=encoder_name,
+            encoder_fingerprint=encoder_fingerprint,
+            dim=int(self.dim or 0),
+        )

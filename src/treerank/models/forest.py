@@ -1,0 +1,402 @@
+"""TreeRank forest: an ensemble of M (query model, passage model) classifier pairs into C classes.
+
+The TreeRank seed (Overview): every pair ``m`` maps a query to one of ``C`` classes and a passage
+to one of the same ``C`` classes **or** to "not retrievable". The retrieval score of a (query,
+passage) pair is the number of models whose classes agree,
+
+    score(q, p) = #{m : class_m(q) == class_m(p)}        (a Hamming match count in [0, M])
+
+and a passage that model ``m`` deems not retrievable is simply absent from model ``m``'s index
+(it stays retrievable through the other models). Each model is a small feed-forward net over the
+frozen embedding; with no hidden layers (the default) it is a linear softmax classifier.
+
+All M models of one side are held as **stacked** parameters, so one ``einsum`` evaluates every
+model at once:
+
+* layer ``l`` weight ``float32 (M, d_in, d_out)``, bias ``float32 (M, d_out)``; ReLU between
+  layers; the query side ends in ``C`` logits, the passage side in ``C + 1`` logits whose last
+  entry is the **not-retrievable** class (the "extra class" variant of the seed's
+  not-retrievable outcome).
+* class prediction: query class = ``argmax`` of the softmax over ``C``; passage: not retrievable
+  when ``P(not retrievable) > nr_threshold``, else ``argmax`` over the ``C`` real classes of the
+  same ``C + 1``-way softmax. The returned probability is the softmax probability of the chosen
+  class; the forest search uses it for its deterministic secondary score.
+
+Search lives in :mod:`treerank.search.forest_index`; training in :mod:`treerank.training.forest`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from treerank.models.checkpoint import Checkpoint
+
+MODEL_TYPE = "forest"
+NOT_RETRIEVABLE = -1
+"""Class value returned for a passage that a model does not index."""
+
+
+def stacked_forward(
+    x: torch.Tensor,
+    weights: Sequence[torch.Tensor],
+    biases: Sequence[torch.Tensor],
+    *,
+    dropout: float = 0.0,
+    training: bool = False,
+) -> torch.Tensor:
+    """Logits of ``G`` stacked feed-forward classifiers on the same inputs.
+
+    Args:
+        x: ``float32 (n, d)`` inputs (frozen embeddings), shared by all ``G`` models.
+        weights: per layer ``float32 (G, d_in, d_out)``.
+        biases: per layer ``float32 (G, d_out)``.
+        dropout: dropout probability applied to the input and to every hidden layer, drawn
+            independently per model (only when ``training``).
+        training: apply dropout.
+
+    Returns:
+        ``float32 (G, n, d_out_last)`` logits.
+
+    Raises:
+        ValueError: no layers, or weight/bias shapes that do not chain.
+    """
+    if not weights or len(weights) != len(biases):
+        raise ValueError("stacked_forward: need one bias per weight and at least one layer")
+    g = weights[0].shape[0]
+    h: torch.Tensor
+    if training and dropout > 0.0:
+        h = torch.nn.functional.dropout(x.unsqueeze(0).expand(g, -1, -1), dropout, True)
+        h = torch.baddbmm(biases[0].unsqueeze(1), h, weights[0])
+    else:
+        h = torch.einsum("nd,gdo->gno", x, weights[0]) + biases[0].unsqueeze(1)
+    for w, b in zip(weights[1:], biases[1:], strict=True):
+        h = torch.relu(h)
+        if training and dropout > 0.0:
+            h = torch.nn.functional.dropout(h, dropout, True)
+        h = torch.baddbmm(b.unsqueeze(1), h, w)
+    return h
+
+
+@dataclass(frozen=True)
+class ForestConfig:
+    """Architecture of a forest.
+
+    Attributes:
+        n_models: M, number of (query, passage) model pairs (the seed: 2000).
+        n_classes: C, classes per model (the seed: 1000).
+        dim: d, input embedding dimension.
+        hidden: widths of hidden layers (default none: a linear softmax classifier).
+        nr_threshold: a passage is not retrievable for model m when its softmax probability of
+            the not-retrievable class exceeds this (in ``(0, 1]``; 1.0 disables the outcome).
+    """
+
+    n_models: int
+    n_classes: int
+    dim: int
+    hidden: tuple[int, ...] = ()
+    nr_threshold: float = 0.5
+
+    def __post_init__(self) -> None:
+        if self.n_models < 1 or self.n_classes < 2 or self.dim < 1:
+            raise ValueError(
+                f"forest config: need n_models >= 1, n_classes >= 2, dim >= 1 "
+                f"(got {self.n_models}, {self.n_classes}, {self.dim})"
+            )
+        if any(h < 1 for h in self.hidden):
+            raise ValueError(f"forest config: hidden widths must be >= 1 (got {self.hidden})")
+        if not 0.0 < self.nr_threshold <= 1.0:
+            raise ValueError(f"forest config: nr_threshold must be in (0, 1] ({self.nr_threshold})")
+
+    def layer_shapes(self, side: str) -> list[tuple[int, int]]:
+        """``(d_in, d_out)`` of each layer of the ``"query"`` or ``"passage"`` model."""
+        out = self.n_classes + (1 if side == "passage" else 0)
+        widths = [self.dim, *self.hidden, out]
+        return list(zip(widths[:-1], widths[1:], strict=True))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "n_models": self.n_models,
+            "n_classes": self.n_classes,
+            "dim": self.dim,
+            "hidden": list(self.hidden),
+            "nr_threshold": self.nr_threshold,
+        }
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> ForestConfig:
+        return cls(
+            n_models=int(doc["n_models"]),
+            n_classes=int(doc["n_classes"]),
+            dim=int(doc["dim"]),
+            hidden=tuple(int(h) for h in doc.get("hidden", ())),
+            nr_threshold=float(doc.get("nr_threshold", 0.5)),
+        )
+
+
+def init_layers(
+    shapes: Sequence[tuple[int, int]], n_models: int, generator: torch.Generator, scale: float = 1.0
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Independent random init of ``n_models`` stacked models (each model its own draw).
+
+    Weights ``N(0, scale^2 / d_in)`` for hidden layers and ``N(0, scale^2)`` for the output layer
+    of a linear model over unit-norm inputs (so logits have standard deviation ~``scale``); biases
+    zero.
+
+    Returns:
+        ``(weights, biases)`` lists of ``float32 (n_models, d_in, d_out)`` / ``(n_models, d_out)``.
+    """
+    ws, bs = [], []
+    for i, (din, dout) in enumerate(shapes):
+        std = scale if i == 0 else scale * (2.0 / din) ** 0.5
+        ws.append(torch.randn(n_models, din, dout, generator=generator) * std)
+        bs.append(torch.zeros(n_models, dout))
+    return ws, bs
+
+
+class Forest:
+    """A trained TreeRank forest: M stacked query models and M stacked passage models.
+
+    Args:
+        config: the architecture.
+        query_weights / query_biases: per layer ``float32 (M, d_in, d_out)`` / ``(M, d_out)``,
+            last ``d_out = C``.
+        passage_weights / passage_biases: same, last ``d_out = C + 1`` (last column = not
+            retrievable).
+        name: display name (runs, reports).
+
+    Raises:
+        ValueError: tensor shapes disagree with ``config``.
+    """
+
+    model_type = MODEL_TYPE
+
+    def __init__(
+        self,
+        config: ForestConfig,
+        query_weights: Sequence[torch.Tensor],
+        query_biases: Sequence[torch.Tensor],
+        passage_weights: Sequence[torch.Tensor],
+        passage_biases: Sequence[torch.Tensor],
+        name: str = "forest",
+    ) -> None:
+        self.config = config
+        self.name = name
+        self.query_weights = [w.detach().float().contiguous() for w in query_weights]
+        self.query_biases = [b.detach().float().contiguous() for b in query_biases]
+        self.passage_weights = [w.detach().float().contiguous() for w in passage_weights]
+        self.passage_biases = [b.detach().float().contiguous() for b in passage_biases]
+        for side, ws, bs in (
+            ("query", self.query_weights, self.query_biases),
+            ("passage", self.passage_weights, self.passage_biases),
+        ):
+            shapes = config.layer_shapes(side)
+            if len(ws) != len(shapes) or len(bs) != len(shapes):
+                raise ValueError(f"forest: {side} model needs {len(shapes)} layers")
+            for (din, dout), w, b in zip(shapes, ws, bs, strict=True):
+                if tuple(w.shape) != (config.n_models, din, dout) or tuple(b.shape) != (
+                    config.n_models,
+                    dout,
+                ):
+                    raise ValueError(
+                        f"forest: {side} layer shapes {tuple(w.shape)}/{tuple(b.shape)} do not "
+                        f"match (M={config.n_models}, {din}, {dout})"
+                    )
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def random(cls, config: ForestConfig, seed: int = 0, name: str = "forest") -> Forest:
+        """An untrained forest: independent random query models, passage models copied from them
+        (not-retrievable column zero with bias ``-4``). Useful for tests and as an LSH baseline."""
+        gen = torch.Generator().manual_seed(seed)
+        qw, qb = init_layers(config.layer_shapes("query"), config.n_models, gen)
+        pw, pb = passage_init_from_query(qw, qb)
+        return cls(config, qw, qb, pw, pb, name=name)
+
+    @property
+    def n_models(self) -> int:
+        return self.config.n_models
+
+    @property
+    def n_classes(self) -> int:
+        return self.config.n_classes
+
+    def subset(self, n_models: int) -> Forest:
+        """The forest made of the first ``n_models`` pairs (for metric-vs-M curves)."""
+        if not 1 <= n_models <= self.n_models:
+            raise ValueError(f"forest subset: n_models must be in [1, {self.n_models}]")
+        cfg = ForestConfig(
+            n_models, self.n_classes, self.config.dim, self.config.hidden, self.config.nr_threshold
+        )
+        return Forest(
+            cfg,
+            [w[:n_models] for w in self.query_weights],
+            [b[:n_models] for b in self.query_biases],
+            [w[:n_models] for w in self.passage_weights],
+            [b[:n_models] for b in self.passage_biases],
+            name=f"{self.name}[:{n_models}]",
+        )
+
+    # ------------------------------------------------------------------ prediction
+    def _check_input(self, x: np.ndarray) -> torch.Tensor:
+        arr = np.asarray(x)
+        if arr.ndim != 2 or arr.shape[1] != self.config.dim:
+            raise ValueError(
+                f"forest {self.name!r}: expected inputs of shape (n, {self.config.dim}), "
+                f"got {arr.shape}"
+            )
+        return torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float32))
+
+    def _blocks(self, n: int, width: int) -> tuple[int, int]:
+        """Row block and model block so that one logits block stays ~64 MiB."""
+        budget = 1 << 24
+        mb = max(1, min(self.n_models, budget // max(1, width * min(n, 256))))
+        rb = max(1, min(max(n, 1), budget // max(1, width * mb)))
+        return rb, mb
+
+    @torch.no_grad()
+    def query_classes(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Class of every query under every model.
+
+        Args:
+            x: ``float32 (n, d)`` stored query vectors.
+
+        Returns:
+            ``(classes int32 (n, M) in [0, C), probs float32 (n, M))``: argmax class and its softmax
+            probability.
+
+        Raises:
+            ValueError: wrong input shape.
+        """
+        t = self._check_input(x)
+        n = t.shape[0]
+        classes = np.empty((n, self.n_models), dtype=np.int32)
+        probs = np.empty((n, self.n_models), dtype=np.float32)
+        rb, mb = self._blocks(n, self.n_classes)
+        for m0 in range(0, self.n_models, mb):
+            ws = [w[m0 : m0 + mb] for w in self.query_weights]
+            bs = [b[m0 : m0 + mb] for b in self.query_biases]
+            for r0 in range(0, n, rb):
+                logits = stacked_forward(t[r0 : r0 + rb], ws, bs)  # (g, r, C)
+                p = torch.softmax(logits, dim=-1)
+                pmax, cls = p.max(dim=-1)
+                classes[r0 : r0 + rb, m0 : m0 + mb] = cls.T.numpy()
+                probs[r0 : r0 + rb, m0 : m0 + mb] = pmax.T.numpy()
+        return classes, probs
+
+    @torch.no_grad()
+    def passage_classes(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Class of every passage under every model, ``-1`` where not retrievable.
+
+        Args:
+            x: ``float32 (n, d)`` stored passage vectors.
+
+        Returns:
+            ``(classes int32 (n, M) in [-1, C), probs float32 (n, M))``: the argmax over the ``C``
+            real classes of the ``C + 1``-way softmax, or ``-1`` (:data:`NOT_RETRIEVABLE`) when
+            ``P(not retrievable) > nr_threshold``; probs = softmax probability of the returned
+            real class (0 where not retrievable).
+
+        Raises:
+            ValueError: wrong input shape.
+        """
+        t = self._check_input(x)
+        n = t.shape[0]
+        classes = np.empty((n, self.n_models), dtype=np.int32)
+        probs = np.empty((n, self.n_models), dtype=np.float32)
+        rb, mb = self._blocks(n, self.n_classes + 1)
+        thr = self.config.nr_threshold
+        for m0 in range(0, self.n_models, mb):
+            ws = [w[m0 : m0 + mb] for w in self.passage_weights]
+            bs = [b[m0 : m0 + mb] for b in self.passage_biases]
+            for r0 in range(0, n, rb):
+                p = torch.softmax(stacked_forward(t[r0 : r0 + rb], ws, bs), dim=-1)
+                pmax, cls = p[..., :-1].max(dim=-1)
+                nr = p[..., -1] > thr
+                cls = torch.where(nr, torch.full_like(cls, NOT_RETRIEVABLE), cls)
+                pmax = torch.where(nr, torch.zeros_like(pmax), pmax)
+                classes[r0 : r0 + rb, m0 : m0 + mb] = cls.T.numpy()
+                probs[r0 : r0 + rb, m0 : m0 + mb] = pmax.T.numpy()
+        return classes, probs
+
+    # ------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        state: dict[str, torch.Tensor] = {}
+        for side, ws, bs in (
+            ("query", self.query_weights, self.query_biases),
+            ("passage", self.passage_weights, self.passage_biases),
+        ):
+            for i, (w, b) in enumerate(zip(ws, bs, strict=True)):
+                state[f"{side}.{i}.weight"] = w
+                state[f"{side}.{i}.bias"] = b
+        return state
+
+    def to_checkpoint(
+        self, encoder_name: str, encoder_fingerprint: str, extra: dict[str, Any] | None = None
+    ) -> Checkpoint:
+        """The checkpoint (model type ``"forest"``) of this forest, bound to the encoder."""
+        return Checkpoint(
+            model_type=MODEL_TYPE,
+            config={**self.config.to_dict(), "name": self.name},
+            state=self.state_dict(),
+            encoder_name=encoder_name,
+            encoder_fingerprint=encoder_fingerprint,
+            dim=self.config.dim,
+            extra=dict(extra or {}),
+        )
+
+    @classmethod
+    def from_checkpoint(cls, ckpt: Checkpoint) -> Forest:
+        """Rebuild a forest from a loaded checkpoint.
+
+        Raises:
+            ValueError: not a forest checkpoint, or missing / mis-shaped tensors.
+        """
+        if ckpt.model_type != MODEL_TYPE:
+            raise ValueError(f"not a forest checkpoint (model_type {ckpt.model_type!r})")
+        try:
+            config = ForestConfig.from_dict(ckpt.config)
+        except KeyError as exc:
+            raise ValueError(f"forest checkpoint config misses {exc}") from exc
+        n_layers = len(config.hidden) + 1
+        try:
+            tensors = {
+                side: (
+                    [ckpt.state[f"{side}.{i}.weight"] for i in range(n_layers)],
+                    [ckpt.state[f"{side}.{i}.bias"] for i in range(n_layers)],
+                )
+                for side in ("query", "passage")
+            }
+        except KeyError as exc:
+            raise ValueError(f"forest checkpoint misses tensor {exc}") from exc
+        return cls(
+            config,
+            *tensors["query"],
+            *tensors["passage"],
+            name=str(ckpt.config.get("name", "forest")),
+        )
+
+
+def passage_init_from_query(
+    query_weights: Sequence[torch.Tensor],
+    query_biases: Sequence[torch.Tensor],
+    nr_bias: float = -4.0,
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Passage model initialised from the query model (TreeRank seed, training step 2).
+
+    Copies every layer; the output layer gains a not-retrievable column with zero weights and
+    bias ``nr_bias`` (so the outcome starts rare).
+
+    Returns:
+        ``(weights, biases)``; the last layer has ``C + 1`` outputs.
+    """
+    pw = [w.detach().clone() for w in query_weights]
+    pb = [b.detach().clone() for b in query_biases]
+    last_w, last_b = pw[-1], pb[-1]
+    pw[-1] = torch.cat([last_w, torch.zeros(*last_w.shape[:-1], 1)], dim=-1)
+    pb[-1] = torch.cat([last_b, torch.full((last_b.shape[0], 1), nr_bias)], dim=-1)
+    return pw, pb

@@ -1,0 +1,151 @@
+"""Incremental, failure-safe pipeline stages.
+
+A stage is a named unit of work (``embed:scifact:test``, ``train:scifact:mlp``, ...) whose
+**key** is a SHA-256 of everything its result depends on: its own configuration and the keys of
+the stages it reads. A stage directory holds its outputs plus ``stage.json``
+(``{"name", "key", "seconds", "finished_at", "summary"}``), written last: a directory without a
+matching ``stage.json`` is never reused. A re-run whose key matches is skipped; a failing stage
+raises :class:`StageError` naming the stage and the cause and leaves every finished stage
+(its own previous result included) untouched, because new results are built in a temporary
+directory and swapped in only on success.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+STAGE_FILE = "stage.json"
+
+
+class StageError(RuntimeError):
+    """A pipeline stage failed; ``stage`` names it and ``__cause__`` holds the original error."""
+
+    def __init__(self, stage: str, cause: BaseException) -> None:
+        self.stage = stage
+        super().__init__(f"stage {stage!r} failed: {type(cause).__name__}: {cause}")
+
+
+def fingerprint(*parts: Any) -> str:
+    """SHA-256 hex digest of the canonical JSON of ``parts`` (dict keys sorted)."""
+    blob = json.dumps(parts, sort_keys=True, default=str, separators=(",", ":"))
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+def file_sha256(path: str | Path, chunk: int = 1 << 20) -> str:
+    """SHA-256 hex digest of a file's bytes (or of every file below a directory, sorted by path).
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such file or directory")
+    h = hashlib.sha256()
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    for f in files:
+        if path.is_dir():
+            h.update(str(f.relative_to(path)).encode())
+        with open(f, "rb") as fh:
+            while block := fh.read(chunk):
+                h.update(block)
+    return h.hexdigest()
+
+
+@dataclass
+class StageRecord:
+    """What a finished stage left behind."""
+
+    name: str
+    key: str
+    path: Path
+    seconds: float
+    reused: bool
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+def read_stage(path: Path) -> dict[str, Any] | None:
+    """The ``stage.json`` of a stage directory, or ``None`` if absent or unreadable."""
+    try:
+        doc = json.loads((path / STAGE_FILE).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def run_stage(
+    name: str,
+    key: str,
+    path: Path,
+    work: Callable[[Path], dict[str, Any] | None],
+    *,
+    force: bool = False,
+    in_place: bool = False,
+    log: Callable[[str], None] = print,
+) -> StageRecord:
+    """Run ``work(tmp_dir)`` unless ``path`` already holds a finished stage with this ``key``.
+
+    ``work`` writes its outputs into the directory it is given and returns a JSON-serialisable
+    summary. On success that directory replaces ``path`` atomically (rename); on failure it is
+    deleted and ``path`` keeps whatever it held before.
+
+    With ``in_place=True`` ``work`` runs on ``path`` itself, for work that is resumable on its
+    own (embedding): ``stage.json`` is removed first and rewritten only on success, so a
+    partial directory is never mistaken for a finished one, and a re-run can resume it.
+
+    Raises:
+        StageError: ``work`` raised (KeyboardInterrupt passes through unchanged).
+    """
+    done = read_stage(path)
+    if not force and done is not None and done.get("key") == key:
+        log(f"[reuse] {name}  (inputs unchanged; {path})")
+        return StageRecord(
+            name, key, path, float(done.get("seconds", 0.0)), True, dict(done.get("summary", {}))
+        )
+    log(f"[run]   {name}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if in_place:
+        path.mkdir(exist_ok=True)
+        (path / STAGE_FILE).unlink(missing_ok=True)
+        tmp = path
+    else:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    t0 = time.perf_counter()
+    try:
+        summary = work(tmp) or {}
+        seconds = time.perf_counter() - t0
+        doc = {
+            "name": name,
+            "key": key,
+            "seconds": round(seconds, 3),
+            "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "summary": summary,
+        }
+        (tmp / STAGE_FILE).write_text(json.dumps(doc, indent=2, sort_keys=True, default=str))
+    except KeyboardInterrupt:
+        if not in_place:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    except Exception as exc:
+        if not in_place:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise StageError(name, exc) from exc
+    if in_place:
+        log(f"[done]  {name}  ({seconds:.1f} s)")
+        return StageRecord(name, key, path, seconds, False, summary)
+    old = path.with_name(f".{path.name}.old")
+    shutil.rmtree(old, ignore_errors=True)
+    if path.exists():
+        os.replace(path, old)
+    os.replace(tmp, path)
+    shutil.rmtree(old, ignore_errors=True)
+    log(f"[done]  {name}  ({seconds:.1f} s)")
+    return StageRecord(name, key, path, seconds, False, summary)

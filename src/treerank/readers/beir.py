@@ -1,0 +1,90 @@
+"""BEIR dataset folders (``corpus.jsonl``, ``queries.jsonl``, ``qrels/<split>.tsv``) -> split.
+
+Follows BEIR's ``GenericDataLoader`` (Thakur et al., 2021): the split's queries are those in
+``qrels/<split>.tsv``, in order of first appearance there; every corpus document is a passage;
+passage text = ``(title + " " + text).strip()`` exactly as BEIR's dense models build it (so
+``text`` alone when the title is empty). Documents whose title and text are both empty
+are skipped (counted in ``meta``). A query's candidates are its judged documents with their
+grades (``K`` = the largest judged set).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from treerank.readers.builder import SplitBuilder
+from treerank.readers.errors import DataFormatError, decode_utf8, require_file
+from treerank.readers.split import RetrievalSplit
+from treerank.readers.trec import build_judged_split, read_trec_qrels
+
+
+def iter_jsonl(path: str | Path, required: tuple[str, ...]) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Yield ``(1-based line, object)`` from a JSON Lines file.
+
+    Raises:
+        DataFormatError: missing file, bad UTF-8, invalid JSON, or a missing required key.
+    """
+    p = require_file(path)
+    with open(p, "rb") as f:
+        for line_no, raw in enumerate(f, start=1):
+            line = decode_utf8(raw, p) if raw.strip() else ""
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataFormatError(p, f"invalid JSON ({exc.msg})", row=line_no) from None
+            if not isinstance(rec, dict):
+                raise DataFormatError(p, "expected a JSON object", row=line_no)
+            missing = [k for k in required if k not in rec]
+            if missing:
+                raise DataFormatError(p, f"missing key(s) {missing}", row=line_no)
+            yield line_no, rec
+
+
+def beir_passage_text(title: str | None, text: str | None) -> str:
+    """BEIR's passage string ``(title + " " + text).strip()`` (BEIR's ``SentenceBERT`` model)."""
+    return f"{title or ''} {text or ''}".strip()
+
+
+def read_beir(folder: str | Path, split: str = "test") -> RetrievalSplit:
+    """Read BEIR ``split`` from ``folder``.
+
+    Raises:
+        DataFormatError: missing files, bad JSON/UTF-8 (file and line named), empty query text,
+            a qrels query id absent from ``queries.jsonl``.
+    """
+    root = Path(folder)
+    if not root.is_dir():
+        raise DataFormatError(root, "directory not found")
+    qrels_path = root / "qrels" / f"{split}.tsv"
+    qrels = read_trec_qrels(qrels_path)
+    b = SplitBuilder(split, "beir", relevance_threshold=1)
+    n_empty = 0
+    for _, rec in iter_jsonl(root / "corpus.jsonl", ("_id",)):
+        text = beir_passage_text(rec.get("title"), rec.get("text"))
+        if not text:
+            n_empty += 1
+            continue
+        b.add_passage(str(rec["_id"]), text)
+    wanted = list(dict.fromkeys(q for q, _, _ in qrels))
+    wanted_set = set(wanted)
+    texts: dict[str, str] = {}
+    queries_path = root / "queries.jsonl"
+    for line_no, rec in iter_jsonl(queries_path, ("_id", "text")):
+        qid = str(rec["_id"])
+        if qid in wanted_set:
+            if not isinstance(rec["text"], str) or not rec["text"].strip():
+                raise DataFormatError(queries_path, f"empty query (_id {qid})", row=line_no)
+            texts[qid] = rec["text"]
+    missing = [q for q in wanted if q not in texts]
+    if missing:
+        raise DataFormatError(
+            qrels_path, f"{len(missing)} query id(s) absent from {queries_path.name}, e.g. {missing[0]}"
+        )
+    out = build_judged_split(split, "beir", [(q, texts[q]) for q in wanted], qrels, b)
+    out.meta.update({"path": str(root), "n_empty_documents_skipped": n_empty})
+    return out

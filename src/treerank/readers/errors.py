@@ -1,0 +1,67 @@
+"""`DataFormatError`: bad input data, with the file and row it was found in."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class DataFormatError(ValueError):
+    """Raised by every reader on bad input: missing file, wrong schema, empty text, bad bytes.
+
+    The message always names the file and, where one applies, the row (1-based line number for
+    text files, 0-based row index for parquet/JSON lists).
+
+    Attributes:
+        path: the offending file (or directory).
+        row: the offending row, or ``None`` when the problem is not tied to a row.
+    """
+
+    def __init__(self, path: str | Path, problem: str, row: int | str | None = None) -> None:
+        self.path = Path(path)
+        self.row = row
+        self.problem = problem
+        where = f"{self.path}" if row is None else f"{self.path}, row {row}"
+        super().__init__(f"{where}: {problem}")
+
+
+def require_file(path: str | Path) -> Path:
+    """Return ``path`` as a `Path` if it is an existing file.
+
+    Raises:
+        DataFormatError: when it does not exist or is not a regular file.
+    """
+    p = Path(path)
+    if not p.exists():
+        raise DataFormatError(p, "file not found")
+    if not p.is_file():
+        raise DataFormatError(p, "not a regular file")
+    return p
+
+
+def read_text_lines(path: str | Path) -> list[str]:
+    """Read a UTF-8 text file (``.gz`` transparently) into lines without their line endings.
+
+    Raises:
+        DataFormatError: missing file, or bytes that are not valid UTF-8 (names the line).
+    """
+    import gzip
+
+    p = require_file(path)
+    raw = gzip.open(p, "rb").read() if p.suffix == ".gz" else p.read_bytes()
+    return decode_utf8(raw, p).splitlines()
+
+
+def decode_utf8(raw: bytes, path: str | Path) -> str:
+    """Decode ``raw`` as UTF-8 (a leading BOM is dropped).
+
+    Raises:
+        DataFormatError: naming the 1-based line of the first invalid byte.
+    """
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise DataFormatError(
+            path, f"invalid UTF-8 byte 0x{raw[exc.start]:02x} at byte {exc.start}", row=line
+        ) from None
+    return text[1:] if text.startswith("\ufeff") else text

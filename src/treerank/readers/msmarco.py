@@ -1,0 +1,171 @@
+"""MS MARCO v2.1 (Hugging Face ``microsoft/ms_marco``, config ``v2.1``) -> `RetrievalSplit`.
+
+Accepted inputs:
+
+* one parquet file with the HF schema (``query_id``, ``query``, ``query_type``, ``passages`` =
+  struct of lists ``is_selected`` / ``passage_text`` / ``url``);
+* a directory of parquet shards (``*.parquet``, read in name order; when ``split`` is given and
+  some shard names start with it, e.g. ``validation-00000-of-00001.parquet``, only those);
+* JSON Lines (one HF row per line) or a JSON file holding a list of rows, or the original
+  MS MARCO column-oriented JSON (``{"query": {"0": ...}, "passages": {"0": [{...}, ...]}}``);
+  in JSON, ``passages`` may be the HF struct of lists or a list of per-passage objects.
+
+Each query keeps its (up to 10) shown passages in their original slots; an empty passage text
+is skipped and its slot left at ``-1`` (as the original Go ``cmd/embed`` tool does). Passages are
+de-duplicated by exact text across the whole split (real MS MARCO repeats passages across
+queries); a passage's source id is ``"<query_id>:<slot>"`` of its first occurrence.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from treerank.readers.builder import SplitBuilder
+from treerank.readers.errors import DataFormatError, decode_utf8, require_file
+from treerank.readers.split import RetrievalSplit
+
+MSMARCO_K = 10
+_COLUMNS = ["query_id", "query", "query_type", "passages"]
+
+
+def msmarco_files(path: str | Path, split: str | None = None) -> list[Path]:
+    """The data files behind ``path`` (a file, or a directory of parquet shards).
+
+    Raises:
+        DataFormatError: missing path or a directory without ``*.parquet`` / ``*.jsonl`` files.
+    """
+    p = Path(path)
+    if not p.exists():
+        raise DataFormatError(p, "file or directory not found")
+    if p.is_file():
+        return [p]
+    files = sorted(p.glob("*.parquet")) or sorted(p.glob("*.jsonl")) or sorted(p.glob("*.json"))
+    if not files:
+        raise DataFormatError(p, "directory holds no *.parquet, *.jsonl or *.json files")
+    if split:
+        chosen = [f for f in files if f.name.startswith(split)]
+        files = chosen or files
+    return files
+
+
+def _iter_parquet(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    import pyarrow.parquet as pq
+
+    try:
+        pf = pq.ParquetFile(path)
+    except Exception as exc:  # pyarrow raises several types for non-parquet bytes
+        raise DataFormatError(path, f"not a readable parquet file ({exc})") from None
+    names = set(pf.schema_arrow.names)
+    missing = [c for c in ("query_id", "query", "passages") if c not in names]
+    if missing:
+        raise DataFormatError(
+            path, f"not the MS MARCO v2.1 schema: missing column(s) {missing}; has {sorted(names)}"
+        )
+    cols = [c for c in _COLUMNS if c in names]
+    row = 0
+    for batch in pf.iter_batches(batch_size=4096, columns=cols):
+        for rec in batch.to_pylist():
+            yield row, rec
+            row += 1
+
+
+def _iter_json(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    text = decode_utf8(path.read_bytes(), path)
+    stripped = text.lstrip()
+    if path.suffix == ".jsonl" or (stripped.startswith("{") and "\n{" in stripped):
+        for line_no, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataFormatError(path, f"invalid JSON ({exc.msg})", row=line_no) from None
+            if not isinstance(rec, dict):
+                raise DataFormatError(path, "a JSON Lines row must be an object", row=line_no)
+            yield line_no, rec
+        return
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DataFormatError(path, f"invalid JSON ({exc.msg})", row=exc.lineno) from None
+    if isinstance(data, list):
+        yield from enumerate(data)
+    elif isinstance(data, dict) and isinstance(data.get("query"), dict):
+        keys = list(data["query"].keys())
+        for i, key in enumerate(keys):
+            yield i, {c: data[c].get(key) for c in _COLUMNS if isinstance(data.get(c), dict)}
+    else:
+        raise DataFormatError(path, "JSON must be a list of rows or MS MARCO column-oriented")
+
+
+def _passages_of(rec: dict[str, Any], path: Path, row: int) -> tuple[list[str], list[int]]:
+    passages = rec.get("passages")
+    if isinstance(passages, dict):
+        texts, selected = passages.get("passage_text"), passages.get("is_selected")
+    elif isinstance(passages, list):
+        try:
+            texts = [p["passage_text"] for p in passages]
+            selected = [p["is_selected"] for p in passages]
+        except (TypeError, KeyError):
+            raise DataFormatError(
+                path, "passages must carry passage_text and is_selected", row
+            ) from None
+    else:
+        raise DataFormatError(path, "missing or malformed 'passages'", row)
+    if not isinstance(texts, list) or not isinstance(selected, list) or len(texts) != len(selected):
+        raise DataFormatError(path, "passages.passage_text / is_selected lengths differ", row)
+    return texts, [int(s) for s in selected]
+
+
+def read_msmarco(
+    path: str | Path, split: str = "validation", limit: int | None = None
+) -> RetrievalSplit:
+    """Read MS MARCO v2.1 rows into a split (``K`` = 10, grade = ``is_selected``).
+
+    Args:
+        path: parquet file, directory of parquet shards, or JSON / JSONL file.
+        split: name given to the split (and shard-name filter for directories).
+        limit: keep only the first ``limit`` queries (rows), read lazily.
+
+    Returns:
+        `RetrievalSplit` with ``query_types`` and ``relevance_threshold = 1``.
+
+    Raises:
+        DataFormatError: missing file, wrong schema, empty or non-string query, bad UTF-8/JSON.
+    """
+    b = SplitBuilder(split, "msmarco", relevance_threshold=1)
+    files = msmarco_files(path, split)
+    n_empty = 0
+    n_rows = 0
+    for f in files:
+        require_file(f)
+        rows = _iter_parquet(f) if f.suffix == ".parquet" else _iter_json(f)
+        for row, rec in rows:
+            if limit is not None and n_rows >= limit:
+                break
+            if not isinstance(rec, dict) or "query" not in rec or "query_id" not in rec:
+                raise DataFormatError(f, "row lacks 'query' / 'query_id'", row)
+            query = rec["query"]
+            if not isinstance(query, str) or not query.strip():
+                raise DataFormatError(f, f"empty query (query_id {rec.get('query_id')})", row)
+            texts, selected = _passages_of(rec, f, row)
+            qsrc = str(rec["query_id"])
+            qid = b.add_query(qsrc, query, str(rec.get("query_type") or ""))
+            for slot, (text, sel) in enumerate(zip(texts, selected, strict=True)):
+                if not isinstance(text, str) or not text.strip():
+                    n_empty += 1
+                    b.add_candidate(qid, -1, 0)
+                    continue
+                b.add_candidate(qid, b.add_passage(f"{qsrc}:{slot}", text), sel)
+            n_rows += 1
+        if limit is not None and n_rows >= limit:
+            break
+    longest = max([len(c) for c in b._cands] + [MSMARCO_K])
+    out = b.build(k=longest, keep_query_types=True)
+    out.meta.update(
+        {"files": [str(f) for f in files], "n_empty_passages_skipped": n_empty, "limit": limit}
+    )
+    return out

@@ -1,0 +1,46 @@
+"""`Run`: the ranked passages a system returned for every query of a split."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class Run:
+    """Top-k passages per query, best first.
+
+    Attributes:
+        name: system name (used for file names and table rows).
+        ids: ``int64 (n_queries, k)`` passage ids (store row numbers), best first; ``-1`` pads rows
+            that have fewer than ``k`` results (always at the end of a row).
+        scores: ``float32 (n_queries, k)`` the system's scores, non-increasing along each row;
+            ``-inf`` on padding. Rows are ordered by score, ties by ascending passage id.
+    """
+
+    name: str
+    ids: np.ndarray
+    scores: np.ndarray
+
+    def __post_init__(self) -> None:
+        self.ids = np.ascontiguousarray(self.ids, dtype=np.int64)
+        self.scores = np.ascontiguousarray(self.scores, dtype=np.float32)
+        if self.ids.ndim != 2 or self.ids.shape != self.scores.shape:
+            raise ValueError(
+                f"run {self.name!r}: ids {self.ids.shape} and scores {self.scores.shape} must be "
+                "equal-shaped (n_queries, k) arrays"
+            )
+
+    @property
+    def n_queries(self) -> int:
+        return int(self.ids.shape[0])
+
+    @property
+    def k(self) -> int:
+        """Depth of the run (columns)."""
+        return int(self.ids.shape[1])
+
+    def truncate(self, k: int) -> Run:
+        """The same run cut to its first ``k`` columns."""
+        return Run(self.name, self.ids[:, :k], self.scores[:, :k])

@@ -1,0 +1,296 @@
+"""Retrieval systems over a store split, and ``build_system(spec)`` from strings.
+
+A :class:`System` returns a :class:`~treerank.search.run.Run` of the top ``k`` passages of the
+split for every query of the split (the evaluation contract: candidates are all passages of the
+split). Specs (one registry table, :data:`SYSTEM_TYPES`, feeds parsing and ``--help``):
+
+==========================================  ==================================================
+``cosine``                                  exact search on the stored vectors, L2-normalised
+``bm25`` / ``bm25:k1=0.9,b=0.4,method=...``  BM25 over the passage texts (:mod:`.bm25`)
+``rrf:<A>+<B>[:k=60]``                      Reciprocal Rank Fusion of two systems
+``linear-fusion:<A>+<B>[:w=0.5,norm=...]``  normalised linear fusion (w weighs ``A``)
+``ckpt:<dir>``                              any checkpoint (dense head, DRT, forest)
+==========================================  ==================================================
+
+``ckpt:`` loads through :func:`treerank.models.registry.load_model` with the store's encoder
+fingerprint (a checkpoint trained on another encoder's vectors is refused); a loaded object that
+has ``retrieve(store, k)`` (the forest) is used as is, a
+:class:`~treerank.models.base.DenseScorer` is wrapped in :class:`DenseSystem`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from treerank.models.base import DenseScorer
+from treerank.models.cosine import CosineScorer
+from treerank.search.bm25 import BM25_METHODS, BM25Index, BM25Params
+from treerank.search.exact import DEFAULT_CHUNK_SIZE, exact_search
+from treerank.search.fusion import DEFAULT_RRF_K, NORMALISATIONS, linear_fusion, rrf
+from treerank.search.run import Run
+
+
+@runtime_checkable
+class System(Protocol):
+    """Anything that ranks all passages of a store split for each of its queries."""
+
+    name: str
+
+    def retrieve(self, store: Any, k: int = 1000) -> Run:
+        """Top-``k`` passages of the split for each of its queries (row ``i`` = query ``i``)."""
+        ...
+
+
+class DenseSystem:
+    """Exact inner-product search with a :class:`DenseScorer`'s two towers.
+
+    Queries go through ``scorer.encode_queries`` once; passages through ``scorer.encode_passages``
+    chunk by chunk while streaming the memory-mapped store (:func:`exact_search`).
+    """
+
+    def __init__(
+        self,
+        scorer: DenseScorer,
+        name: str | None = None,
+        chunk_size: int = DEFAULT_CHUNK_SIZE,
+        progress: bool = False,
+        backend: str = "faiss",
+    ) -> None:
+        self.scorer = scorer
+        self.name = name or getattr(scorer, "name", "dense")
+        self.chunk_size = chunk_size
+        self.progress = progress
+        self.backend = backend
+
+    def retrieve(self, store: Any, k: int = 1000) -> Run:
+        q = np.asarray(self.scorer.encode_queries(np.asarray(store.queries, dtype=np.float32)))
+        ids, scores = exact_search(
+            q,
+            store.passages,
+            k=k,
+            chunk_size=self.chunk_size,
+            passage_transform=self.scorer.encode_passages,
+            progress=self.progress,
+            backend=self.backend,
+        )
+        return Run(self.name, ids, scores)
+
+
+class BM25System:
+    """BM25 over the split's passage texts, queries tokenised the same way (:mod:`.bm25`).
+
+    The index is built on first use per store path and kept for later calls.
+    """
+
+    def __init__(self, params: BM25Params | None = None, name: str = "bm25") -> None:
+        self.params = params or BM25Params()
+        self.name = name
+        self._cache: tuple[str, BM25Index] | None = None
+
+    def index_for(self, store: Any) -> BM25Index:
+        key = str(getattr(store, "path", id(store)))
+        if self._cache is None or self._cache[0] != key:
+            self._cache = (key, BM25Index(store.passage_texts(), self.params))
+        return self._cache[1]
+
+    def retrieve(self, store: Any, k: int = 1000) -> Run:
+        ids, scores = self.index_for(store).search(store.query_texts(), k)
+        return Run(self.name, ids, scores)
+
+
+class FusionSystem:
+    """Fusion of two systems' runs: ``method="rrf"`` (``rrf_k``) or ``"linear"`` (``weight``,
+    ``norm``); both runs are retrieved at depth ``max(k, depth)``."""
+
+    def __init__(
+        self,
+        a: System,
+        b: System,
+        method: str = "rrf",
+        rrf_k: int = DEFAULT_RRF_K,
+        weight: float = 0.5,
+        norm: str = "minmax",
+        depth: int = 1000,
+        name: str | None = None,
+    ) -> None:
+        if method not in ("rrf", "linear"):
+            raise ValueError(f"unknown fusion method {method!r}; known: rrf, linear")
+        if norm not in NORMALISATIONS:
+            raise ValueError(f"unknown normalisation {norm!r}; known: {', '.join(NORMALISATIONS)}")
+        self.a, self.b = a, b
+        self.method, self.rrf_k, self.weight, self.norm, self.depth = (
+            method,
+            rrf_k,
+            weight,
+            norm,
+            depth,
+        )
+        self.name = name or (
+            f"rrf:{a.name}+{b.name}"
+            if method == "rrf"
+            else f"linear-fusion:{a.name}+{b.name}:w={weight}"
+        )
+
+    def retrieve(self, store: Any, k: int = 1000) -> Run:
+        d = max(k, self.depth)
+        ra, rb = self.a.retrieve(store, d), self.b.retrieve(store, d)
+        if self.method == "rrf":
+            return rrf(ra, rb, k=k, rrf_k=self.rrf_k, name=self.name)
+        return linear_fusion(ra, rb, k=k, weight=self.weight, norm=self.norm, name=self.name)
+
+
+class CheckpointSystem:
+    """A checkpoint directory, loaded for the store it is asked to rank (fingerprint-checked)."""
+
+    def __init__(self, path: str | Path, name: str | None = None) -> None:
+        self.path = Path(path)
+        self.name = name or self.path.name
+        self._loaded: tuple[str | None, System] | None = None
+
+    def system_for(self, store: Any) -> System:
+        from treerank.models.registry import load_model
+
+        fp = getattr(store, "encoder_fingerprint", None)
+        if self._loaded is None or self._loaded[0] != fp:
+            model = load_model(self.path, expected_fingerprint=fp)
+            if callable(getattr(model, "retrieve", None)):
+                system: System = model
+            elif getattr(model, "model_type", None) == "forest":  # match-count search, not dense
+                from treerank.search.forest_index import ForestSystem
+
+                system = ForestSystem(model, name=self.name)
+            elif isinstance(model, DenseScorer):
+                system = DenseSystem(model, name=self.name)
+            else:
+                raise TypeError(
+                    f"{self.path}: {type(model).__name__} neither retrieves nor scores densely"
+                )
+            self._loaded = (fp, system)
+        return self._loaded[1]
+
+    def retrieve(self, store: Any, k: int = 1000) -> Run:
+        run = self.system_for(store).retrieve(store, k)
+        return Run(self.name, run.ids, run.scores)
+
+
+# ----------------------------------------------------------------------------- spec parsing
+def _params(text: str, spec: str, allowed: dict[str, type]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if not text:
+        return out
+    for item in text.split(","):
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or key not in allowed:
+            raise ValueError(
+                f"bad system spec {spec!r}: {item!r} is not one of "
+                f"{', '.join(k + '=...' for k in allowed)}"
+            )
+        try:
+            out[key] = allowed[key](value.strip())
+        except ValueError:
+            raise ValueError(
+                f"bad system spec {spec!r}: {key}={value!r} is not a {allowed[key].__name__}"
+            ) from None
+    return out
+
+
+_BM25_KEYS: dict[str, type] = {"k1": float, "b": float, "method": str}
+_RRF_KEYS: dict[str, type] = {"k": int, "depth": int}
+_LIN_KEYS: dict[str, type] = {"w": float, "norm": str, "depth": int}
+
+
+def _split_fusion(body: str, spec: str, keys: dict[str, type]) -> tuple[str, str, dict[str, Any]]:
+    left, plus, right = body.partition("+")
+    if not plus or not left or not right:
+        raise ValueError(f"bad system spec {spec!r}: fusion needs two systems, '<A>+<B>'")
+    params: dict[str, Any] = {}
+    head, colon, tail = right.rpartition(":")
+    if colon and tail and all(p.partition("=")[0].strip() in keys for p in tail.split(",")):
+        params, right = _params(tail, spec, keys), head
+    return left, right, params
+
+
+def _build_cosine(body: str, spec: str, **opts: Any) -> System:
+    if body:
+        raise ValueError(f"bad system spec {spec!r}: cosine takes no parameters")
+    return DenseSystem(CosineScorer(), name="cosine", **opts)
+
+
+def _build_bm25(body: str, spec: str, **opts: Any) -> System:
+    p = _params(body, spec, _BM25_KEYS)
+    if p.get("method", "lucene") not in BM25_METHODS:
+        raise ValueError(
+            f"bad system spec {spec!r}: method must be one of {', '.join(BM25_METHODS)}"
+        )
+    return BM25System(BM25Params(**p), name=spec)
+
+
+def _build_rrf(body: str, spec: str, **opts: Any) -> System:
+    a, b, p = _split_fusion(body, spec, _RRF_KEYS)
+    return FusionSystem(
+        build_system(a, **opts),
+        build_system(b, **opts),
+        "rrf",
+        rrf_k=p.get("k", DEFAULT_RRF_K),
+        depth=p.get("depth", 1000),
+        name=spec,
+    )
+
+
+def _build_linear(body: str, spec: str, **opts: Any) -> System:
+    a, b, p = _split_fusion(body, spec, _LIN_KEYS)
+    return FusionSystem(
+        build_system(a, **opts),
+        build_system(b, **opts),
+        "linear",
+        weight=p.get("w", 0.5),
+        norm=p.get("norm", "minmax"),
+        depth=p.get("depth", 1000),
+        name=spec,
+    )
+
+
+def _build_ckpt(body: str, spec: str, **opts: Any) -> System:
+    if not body:
+        raise ValueError(f"bad system spec {spec!r}: expected ckpt:<checkpoint dir>")
+    return CheckpointSystem(body, name=spec)
+
+
+SYSTEM_TYPES: dict[str, tuple[Callable[..., System], str]] = {
+    "cosine": (_build_cosine, "cosine of the stored vectors (exact search)"),
+    "bm25": (_build_bm25, "BM25 over passage texts; bm25:k1=0.9,b=0.4,method=lucene"),
+    "rrf": (_build_rrf, "reciprocal rank fusion; rrf:<A>+<B>[:k=60]"),
+    "linear-fusion": (
+        _build_linear,
+        "normalised linear fusion; linear-fusion:<A>+<B>[:w=0.5,norm=minmax|zscore]",
+    ),
+    "ckpt": (_build_ckpt, "a trained checkpoint directory; ckpt:<dir>"),
+}
+
+
+def build_system(spec: str, **options: Any) -> System:
+    """Parse a system spec (see module docstring) into a :class:`System`.
+
+    Args:
+        spec: e.g. ``"cosine"``, ``"bm25:k1=1.2,b=0.75"``, ``"rrf:bm25+cosine"``,
+            ``"linear-fusion:bm25+cosine:w=0.3,norm=zscore"``, ``"ckpt:runs/linear"``.
+        options: passed to dense systems (``chunk_size``, ``progress``, ``backend``).
+
+    Raises:
+        ValueError: an unknown system type or malformed parameters (the message lists the
+            known types).
+    """
+    spec = spec.strip()
+    kind, _, body = spec.partition(":")
+    if kind not in SYSTEM_TYPES:
+        raise ValueError(
+            f"unknown system {spec!r}; known: "
+            + "; ".join(f"{k} ({h})" for k, (_, h) in SYSTEM_TYPES.items())
+        )
+    dense_opts = {k: v for k, v in options.items() if k in ("chunk_size", "progress", "backend")}
+    return SYSTEM_TYPES[kind][0](body, spec, **dense_opts)

@@ -1,0 +1,444 @@
+"""`embed_split`: encode a `RetrievalSplit` into a store directory, resumably.
+
+The run is a fixed plan: queries then passages, each sorted by token length and cut into
+batches of at most ``token_budget`` padded tokens (`plan_batches`). Text tables, candidate and
+label tables are written first, the two vector files are pre-sized, and after every batch the
+rows are flushed and then ``progress.json`` records how many batches are done. ``meta.json`` is
+written LAST and ``progress.json`` removed, so a directory without ``meta.json`` is never taken
+for a finished store (`EmbeddingStore.open` raises `IncompleteStoreError`).
+
+``resume=True`` re-plans from the same inputs, checks that the plan's signature (data digest,
+encoder fingerprint, prompts, truncation, batching) equals the recorded one, and encodes only
+the batches not yet done. Because every batch is encoded exactly as in an uninterrupted run, the
+result is byte-identical to one (the vector files, text and label tables; ``meta.json`` differs
+only in its timing stats).
+
+Passage reuse: when a complete sibling split store (``<out_dir>/../<other split>``) was written
+with the same encoder weights, passage prompt and truncation, passages whose exact text is found
+there are copied instead of encoded (SciFact's train and test share one corpus). The copied
+vectors come from batches of different composition, so they equal a fresh encoding to float
+rounding (cosine > 0.9999), not byte for byte; ``meta.json`` records the count and the sources.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from treerank.encoders.batching import padding_stats
+from treerank.encoders.sentence import SentenceEncoder
+from treerank.readers.split import RetrievalSplit
+from treerank.store.format import (
+    ALIASES_TSV,
+    ARRAYS_DIR,
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    INDEX_DTYPE,
+    INDICES_BIN,
+    LABEL_DTYPE,
+    META_JSON,
+    PASSAGES_BIN,
+    PASSAGES_JSONL,
+    PROGRESS_JSON,
+    QUERIES_BIN,
+    QUERIES_JSONL,
+    SELECTED_BIN,
+    STORE_FILES,
+    VECTOR_DTYPE,
+    StoreFormatError,
+    atomic_write_bytes,
+    atomic_write_json,
+)
+from treerank.store.reuse import match_passages, reusable_stores
+
+
+class StoreExistsError(StoreFormatError):
+    """The output directory already holds a (complete or partial) store that would be
+    overwritten; nothing was changed."""
+
+
+@dataclass
+class EmbedStats:
+    """Counts and timings of one embed run (cumulative over resumed runs).
+
+    ``*_tokens`` are padded tokens the encoder computed (rows x longest length per batch);
+    ``*_real_tokens`` the non-pad ones. Seconds are wall-clock encoding time.
+    """
+
+    n_queries: int = 0
+    n_passages: int = 0
+    n_reused_passages: int = 0
+    query_batches: int = 0
+    passage_batches: int = 0
+    query_tokens: int = 0
+    query_real_tokens: int = 0
+    passage_tokens: int = 0
+    passage_real_tokens: int = 0
+    query_seconds: float = 0.0
+    passage_seconds: float = 0.0
+    resumed: bool = False
+    reused_from: list[str] = field(default_factory=list)
+
+    @property
+    def padding_ratio(self) -> float:
+        """Fraction of computed tokens that were padding (queries and passages together)."""
+        padded = self.query_tokens + self.passage_tokens
+        real = self.query_real_tokens + self.passage_real_tokens
+        return 1.0 - real / padded if padded else 0.0
+
+    @property
+    def seconds(self) -> float:
+        return self.query_seconds + self.passage_seconds
+
+    def rows(self) -> list[tuple[str, int, float | None]]:
+        """``(what, total, per second)`` rows for the stats table (None: no rate)."""
+
+        def rate(n: int, s: float) -> float | None:
+            return n / s if s > 0 else None
+
+        encoded = self.n_passages - self.n_reused_passages
+        return [
+            ("queries", self.n_queries, rate(self.n_queries, self.query_seconds)),
+            ("passages encoded", encoded, rate(encoded, self.passage_seconds)),
+            ("passages reused", self.n_reused_passages, None),
+            ("tokens", self.query_tokens + self.passage_tokens, rate(
+                self.query_tokens + self.passage_tokens, self.seconds)),
+            ("non-pad tokens", self.query_real_tokens + self.passage_real_tokens, rate(
+                self.query_real_tokens + self.passage_real_tokens, self.seconds)),
+        ]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["padding_ratio"] = self.padding_ratio
+        return d
+
+
+def split_digest(split: RetrievalSplit) -> str:
+    """SHA-256 of a split's content: ids, texts, types, candidates and labels.
+
+    Returns:
+        ``"sha256:<hex>"``; equal splits give equal digests whatever file they came from.
+    """
+    h = hashlib.sha256()
+    for name, items in (
+        ("qid", split.query_ids),
+        ("qtext", split.query_texts),
+        ("qtype", split.query_types or []),
+        ("pid", split.passage_ids),
+        ("ptext", split.passage_texts),
+    ):
+        h.update(f"{name}:{len(items)}\n".encode())
+        for s in items:
+            b = s.encode("utf-8")
+            h.update(len(b).to_bytes(8, "little"))
+            h.update(b)
+    h.update(f"{split.candidates.shape}|{split.relevance_threshold}".encode())
+    h.update(np.ascontiguousarray(split.candidates, dtype=INDEX_DTYPE).tobytes())
+    h.update(np.ascontiguousarray(split.labels, dtype=LABEL_DTYPE).tobytes())
+    return "sha256:" + h.hexdigest()
+
+
+def _jsonl(rows: Sequence[dict[str, Any]]) -> bytes:
+    return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode("utf-8")
+
+
+def _write_tables(split: RetrievalSplit, out: Path) -> None:
+    types = split.query_types
+    qrows = [
+        {"id": q, "text": t, **({"type": types[i]} if types is not None else {})}
+        for i, (q, t) in enumerate(zip(split.query_ids, split.query_texts, strict=True))
+    ]
+    atomic_write_bytes(out / QUERIES_JSONL, _jsonl(qrows))
+    prows = [{"id": p, "text": t} for p, t in zip(split.passage_ids, split.passage_texts, strict=True)]
+    atomic_write_bytes(out / PASSAGES_JSONL, _jsonl(prows))
+    aliases = [
+        f"{sid}\t{pid}\n"
+        for sid, pid in split.passage_aliases.items()
+        if split.passage_ids[pid] != sid
+    ]
+    atomic_write_bytes(out / ALIASES_TSV, "".join(aliases).encode("utf-8"))
+    atomic_write_bytes(out / INDICES_BIN, np.ascontiguousarray(split.candidates, INDEX_DTYPE).tobytes())
+    atomic_write_bytes(out / SELECTED_BIN, np.ascontiguousarray(split.labels, LABEL_DTYPE).tobytes())
+
+
+def _presize(path: Path, n_bytes: int) -> None:
+    with open(path, "wb") as f:
+        f.truncate(n_bytes)
+
+
+def _open_rw(path: Path, n: int, dim: int) -> np.ndarray | None:
+    if n == 0 or dim == 0:
+        return None
+    return np.memmap(path, dtype=VECTOR_DTYPE, mode="r+", shape=(n, dim))
+
+
+def clear_store(out: Path) -> None:
+    """Remove the store files (and only those) from ``out``."""
+    for name in STORE_FILES:
+        (out / name).unlink(missing_ok=True)
+    if (out / ARRAYS_DIR).is_dir():
+        shutil.rmtree(out / ARRAYS_DIR)
+
+
+def embed_split(
+    split: RetrievalSplit,
+    encoder: SentenceEncoder,
+    out_dir: str | Path,
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+    reuse: bool | Sequence[str | Path] = True,
+    progress: bool = True,
+    stop_after_batches: int | None = None,
+) -> EmbedStats:
+    """Encode ``split`` with ``encoder`` into the store directory ``out_dir``.
+
+    Args:
+        split: the split (validated here).
+        encoder: the text encoder; its ``token_budget`` / ``max_batch_size`` set the batches.
+        out_dir: the split directory to write (created).
+        resume: continue an interrupted run into ``out_dir`` (a no-op on a finished store
+            with the same signature).
+        overwrite: replace an existing (complete or partial) store in ``out_dir``.
+        reuse: True: copy passages found in complete sibling stores with the same encoder
+            (see module doc); a list: those store directories; False: encode everything.
+        progress: tqdm bars on stderr (items/s and ETA).
+        stop_after_batches: test hook simulating Ctrl-C: raise ``KeyboardInterrupt`` after
+            this many batches were written in this call.
+
+    Returns:
+        `EmbedStats` (cumulative when resumed).
+
+    Raises:
+        StoreExistsError: ``out_dir`` holds a store or partial store and neither ``resume`` nor
+            ``overwrite`` was given, or ``resume`` found a run with a different signature
+            (other data, encoder, prompt or batching); nothing is overwritten.
+        StoreFormatError: partial files with unexpected sizes on resume.
+        ValueError: an invalid split.
+    """
+    split.validate()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    dim = encoder.dim
+    nq, npas = split.n_queries, split.n_passages
+    has_meta = (out / META_JSON).is_file()
+    has_progress = (out / PROGRESS_JSON).is_file()
+    has_files = any((out / n).exists() for n in (QUERIES_BIN, PASSAGES_BIN, INDICES_BIN))
+
+    # ------------------------------------------------------------------ plan
+    if reuse is True:
+        sources = reusable_stores(out, encoder.fingerprint, encoder.passage_prompt, encoder.max_seq_length)
+    elif reuse is False:
+        sources = []
+    else:
+        sources = [Path(p) for p in reuse]
+    if sources and not (resume and has_meta):
+        src_idx, src_stores, src_row, matched = match_passages(split.passage_texts, sources)
+    else:
+        src_stores = []
+        src_idx = src_row = np.full(npas, -1, dtype=np.int64)
+        matched = np.zeros(npas, dtype=bool)
+    to_encode = np.flatnonzero(~matched)
+    q_len = encoder.token_lengths(split.query_texts, "query")
+    p_len = encoder.token_lengths([split.passage_texts[i] for i in to_encode], "passage")
+    q_batches = encoder.plan(q_len)
+    p_batches = [to_encode[b] for b in encoder.plan(p_len)]
+    data_sha = split_digest(split)
+    reuse_sig = hashlib.sha256(
+        json.dumps([str(s.path) for s in src_stores]).encode() + matched.tobytes()
+        + src_row.tobytes()
+    ).hexdigest()
+    signature = hashlib.sha256(
+        json.dumps(
+            {
+                "data": data_sha,
+                "encoder": encoder.fingerprint,
+                "query_prompt": encoder.query_prompt,
+                "passage_prompt": encoder.passage_prompt,
+                "max_seq_length": encoder.max_seq_length,
+                "token_budget": encoder.token_budget,
+                "max_batch_size": encoder.max_batch_size,
+                "max_padding": encoder.max_padding,
+                "dim": dim,
+                "reuse": reuse_sig if matched.any() else None,
+            },
+            sort_keys=True,
+        ).encode()
+    ).hexdigest()
+
+    # ------------------------------------------------------ state of out_dir
+    if has_meta and not overwrite:
+        meta = json.loads((out / META_JSON).read_text(encoding="utf-8"))
+        if resume and meta.get("signature") == signature:
+            stats = EmbedStats(**{k: v for k, v in meta.get("stats", {}).items()
+                                  if k in EmbedStats.__dataclass_fields__})
+            return stats
+        raise StoreExistsError(
+            f"{out / META_JSON}: a finished store is already here"
+            + (" with a different data/encoder/batching signature" if resume else "")
+            + "; pass overwrite (--overwrite) to replace it"
+        )
+    if has_progress and not resume and not overwrite:
+        raise StoreExistsError(
+            f"{out / PROGRESS_JSON}: an unfinished embed run is here; pass resume (--resume) to "
+            "continue it or overwrite (--overwrite) to start again"
+        )
+    if not has_progress and not has_meta and has_files and not overwrite:
+        raise StoreExistsError(
+            f"{out}: holds store files but neither {META_JSON} nor {PROGRESS_JSON}; "
+            "pass overwrite (--overwrite) to replace them"
+        )
+    state: dict[str, Any]
+    if has_progress and resume and not overwrite:
+        state = json.loads((out / PROGRESS_JSON).read_text(encoding="utf-8"))
+        if state.get("signature") != signature:
+            raise StoreExistsError(
+                f"{out / PROGRESS_JSON}: the unfinished run used other data, encoder, prompt or "
+                "batching settings; nothing was overwritten (pass --overwrite to start again)"
+            )
+        for name, n in ((QUERIES_BIN, nq), (PASSAGES_BIN, npas)):
+            size = (out / name).stat().st_size if (out / name).is_file() else -1
+            if size != n * dim * 4:
+                raise StoreFormatError(
+                    f"{out / name}: {size} bytes, the unfinished run needs {n * dim * 4}; "
+                    "nothing was overwritten (pass --overwrite to start again)"
+                )
+        stats = EmbedStats(**state["stats"])
+        stats.resumed = True
+    else:
+        clear_store(out)
+        _write_tables(split, out)
+        _presize(out / QUERIES_BIN, nq * dim * 4)
+        _presize(out / PASSAGES_BIN, npas * dim * 4)
+        stats = EmbedStats(n_queries=nq, n_passages=npas)
+        state = {"signature": signature, "reuse_done": False, "query_batches_done": 0,
+                 "passage_batches_done": 0, "stats": asdict(stats)}
+        atomic_write_json(out / PROGRESS_JSON, state)
+
+    qmm = _open_rw(out / QUERIES_BIN, nq, dim)
+    pmm = _open_rw(out / PASSAGES_BIN, npas, dim)
+
+    def checkpoint() -> None:
+        for mm in (qmm, pmm):
+            if mm is not None:
+                mm.flush()
+        state["stats"] = asdict(stats)
+        atomic_write_json(out / PROGRESS_JSON, state)
+
+    # --------------------------------------------------------------- reuse
+    if not state["reuse_done"]:
+        hits = np.flatnonzero(matched)
+        if len(hits) and pmm is not None:
+            for s_i, store in enumerate(src_stores):
+                sel = hits[src_idx[hits] == s_i]
+                for c in range(0, len(sel), 65536):
+                    rows = sel[c : c + 65536]
+                    pmm[rows] = store.passages[src_row[rows]]
+            stats.reused_from = [str(s.path) for s in src_stores]
+        stats.n_reused_passages = len(hits)
+        state["reuse_done"] = True
+        checkpoint()
+
+    # -------------------------------------------------------------- encode
+    from tqdm.auto import tqdm
+
+    written = 0
+    for kind, batches, mm, texts, key in (
+        ("query", q_batches, qmm, split.query_texts, "query_batches_done"),
+        ("passage", p_batches, pmm, split.passage_texts, "passage_batches_done"),
+    ):
+        done = int(state[key])
+        total = sum(len(b) for b in batches)
+        bar = tqdm(
+            total=total,
+            initial=sum(len(b) for b in batches[:done]),
+            unit=" queries" if kind == "query" else " passages",
+            desc="queries" if kind == "query" else "passages",
+            disable=not progress,
+            file=sys.stderr,
+            mininterval=1.0,
+            dynamic_ncols=True,
+        )
+        try:
+            for b_i in range(done, len(batches)):
+                idx = batches[b_i]
+                t0 = time.perf_counter()
+                res = encoder.encode_batch([texts[i] for i in idx], kind)
+                if mm is not None:
+                    mm[idx] = res.vectors
+                dt = time.perf_counter() - t0
+                if kind == "query":
+                    stats.query_batches += 1
+                    stats.query_tokens += res.padded_tokens
+                    stats.query_real_tokens += res.real_tokens
+                    stats.query_seconds += dt
+                else:
+                    stats.passage_batches += 1
+                    stats.passage_tokens += res.padded_tokens
+                    stats.passage_real_tokens += res.real_tokens
+                    stats.passage_seconds += dt
+                state[key] = b_i + 1
+                checkpoint()
+                bar.update(len(idx))
+                written += 1
+                if stop_after_batches is not None and written >= stop_after_batches:
+                    raise KeyboardInterrupt(f"test hook: stopped after {written} batches")
+        finally:
+            bar.close()
+
+    # -------------------------------------------------------------- finish
+    planned_padded = padding_stats(p_len, encoder.plan(p_len))
+    meta = {
+        "format": FORMAT_NAME,
+        "format_version": FORMAT_VERSION,
+        "complete": True,
+        "split": split.name,
+        "source": split.source,
+        "dim": dim,
+        "k": split.k,
+        "n_queries": nq,
+        "n_passages": npas,
+        "dtype": "float32",
+        "byteorder": "little",
+        "index_dtype": "int32",
+        "label_dtype": "uint8",
+        "normalized": True,
+        "relevance_threshold": split.relevance_threshold,
+        "encoder": {
+            "name": encoder.name,
+            "fingerprint": encoder.fingerprint,
+            "query_prompt": encoder.query_prompt,
+            "passage_prompt": encoder.passage_prompt,
+            "max_seq_length": encoder.max_seq_length,
+            "token_budget": encoder.token_budget,
+            "max_batch_size": encoder.max_batch_size,
+            "max_padding": encoder.max_padding,
+        },
+        "data_sha256": data_sha,
+        "signature": signature,
+        "files": {
+            "queries": QUERIES_BIN,
+            "passages": PASSAGES_BIN,
+            "candidates": INDICES_BIN,
+            "labels": SELECTED_BIN,
+            "query_table": QUERIES_JSONL,
+            "passage_table": PASSAGES_JSONL,
+            "passage_aliases": ALIASES_TSV,
+        },
+        "stats": stats.to_dict(),
+        "planned_passage_padding": {"padded_tokens": planned_padded[0], "real_tokens": planned_padded[1]},
+        "source_meta": split.meta,
+        "created_unix": time.time(),
+    }
+    atomic_write_json(out / META_JSON, meta)
+    (out / PROGRESS_JSON).unlink(missing_ok=True)
+    return stats

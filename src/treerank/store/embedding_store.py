@@ -1,0 +1,345 @@
+"""`EmbeddingStore`: a split's vectors and candidate tables, memory-mapped, random access by id."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from treerank.store.format import (
+    ALIASES_TSV,
+    ARRAYS_DIR,
+    INDEX_DTYPE,
+    INDICES_BIN,
+    LABEL_DTYPE,
+    LEGACY_INDICES_BIN,
+    LEGACY_SELECTED_BIN,
+    META_JSON,
+    PASSAGES_BIN,
+    PASSAGES_JSONL,
+    PROGRESS_JSON,
+    QUERIES_BIN,
+    QUERIES_JSONL,
+    SELECTED_BIN,
+    VECTOR_DTYPE,
+    IncompleteStoreError,
+    StoreFormatError,
+    atomic_write_bytes,
+    atomic_write_json,
+    memmap_rows,
+    rows_in,
+)
+
+_ARRAY_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+
+class EmbeddingStore:
+    """One split of an embedding store, opened read-only with memory maps.
+
+    Nothing is read whole: ``queries`` / ``passages`` are ``np.memmap`` views, so row ``i`` is
+    query / passage id ``i`` and costs one page read. The id -> text tables are loaded on first
+    use only.
+
+    Attributes:
+        path: the split directory.
+        queries: ``float32 (n_queries, dim)`` memmap (L2-normalised when ``normalized``).
+        passages: ``float32 (n_passages, dim)`` memmap.
+        candidates: ``int32 (n_queries, K)`` passage ids of each query's candidates, -1 padding.
+        labels: ``uint8 (n_queries, K)`` grades (1 = selected for MS MARCO), 0 for padding.
+        meta: the parsed ``meta.json`` (for Go-tool stores: a minimal dict with ``legacy``).
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        queries: np.ndarray,
+        passages: np.ndarray,
+        candidates: np.ndarray,
+        labels: np.ndarray,
+        meta: dict[str, Any],
+    ) -> None:
+        self.path = path
+        self.queries = queries
+        self.passages = passages
+        self.candidates = candidates
+        self.labels = labels
+        self.meta = meta
+        self._query_table: list[dict[str, Any]] | None = None
+        self._passage_table: list[dict[str, Any]] | None = None
+
+    # ------------------------------------------------------------------ opening
+    @classmethod
+    def open(cls, split_dir: str | Path, dim: int | None = None) -> EmbeddingStore:
+        """Open a split directory.
+
+        Args:
+            split_dir: directory with the store files.
+            dim: vector dimension; required only for stores without ``meta.json`` (written by
+                the original Go ``cmd/embed`` tool, 3840 dims), checked against meta otherwise.
+
+        Raises:
+            IncompleteStoreError: an embed run into this directory has not finished.
+            StoreFormatError: missing files, sizes that are not whole rows, row counts that
+                disagree between files, out-of-range candidate ids, ``dim`` disagreeing with meta.
+        """
+        path = Path(split_dir)
+        if not path.is_dir():
+            raise StoreFormatError(f"{path}: store directory not found")
+        meta_path = path / META_JSON
+        if not meta_path.is_file():
+            if (path / PROGRESS_JSON).is_file():
+                raise IncompleteStoreError(
+                    f"{path}: incomplete store (an embed run was interrupted; no {META_JSON}); "
+                    "finish it with `treerank embed ... --resume`"
+                )
+            if dim is None:
+                raise StoreFormatError(
+                    f"{meta_path}: file not found; for a store written by the Go cmd/embed tool "
+                    "pass its dimension (dim=3840)"
+                )
+            return cls._open_legacy(path, dim)
+        try:
+            meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise StoreFormatError(f"{meta_path}: not valid JSON ({exc})") from None
+        if not meta.get("complete", False):
+            raise IncompleteStoreError(f"{meta_path}: store is marked incomplete")
+        d, k = int(meta["dim"]), int(meta["k"])
+        if dim is not None and dim != d:
+            raise StoreFormatError(f"{meta_path}: dim is {d}, caller expects {dim}")
+        nq = rows_in(path / QUERIES_BIN, d * 4)
+        npas = rows_in(path / PASSAGES_BIN, d * 4)
+        for name, n, want in ((QUERIES_BIN, nq, "n_queries"), (PASSAGES_BIN, npas, "n_passages")):
+            if n != int(meta[want]):
+                raise StoreFormatError(f"{path / name}: {n} rows, {META_JSON} says {meta[want]}")
+        cand, lab = cls._open_tables(path, INDICES_BIN, SELECTED_BIN, nq, k, npas)
+        return cls(
+            path,
+            memmap_rows(path / QUERIES_BIN, VECTOR_DTYPE, nq, d),
+            memmap_rows(path / PASSAGES_BIN, VECTOR_DTYPE, npas, d),
+            cand,
+            lab,
+            meta,
+        )
+
+    @classmethod
+    def _open_legacy(cls, path: Path, dim: int) -> EmbeddingStore:
+        idx_name = INDICES_BIN if (path / INDICES_BIN).is_file() else LEGACY_INDICES_BIN
+        sel_name = SELECTED_BIN if (path / SELECTED_BIN).is_file() else LEGACY_SELECTED_BIN
+        nq = rows_in(path / QUERIES_BIN, dim * 4)
+        npas = rows_in(path / PASSAGES_BIN, dim * 4)
+        n_idx = rows_in(path / idx_name, 4)
+        if nq == 0:
+            k = 0
+        elif n_idx % nq:
+            raise StoreFormatError(
+                f"{path / idx_name}: {n_idx} ids is not a whole number of rows for {nq} queries "
+                f"(from {QUERIES_BIN} at dim {dim})"
+            )
+        else:
+            k = n_idx // nq
+        cand, lab = cls._open_tables(path, idx_name, sel_name, nq, k, npas)
+        meta: dict[str, Any] = {
+            "legacy": True,
+            "dim": dim,
+            "k": k,
+            "n_queries": nq,
+            "n_passages": npas,
+            "normalized": None,
+            "relevance_threshold": 1,
+            "split": path.name,
+            "encoder": {"name": None, "fingerprint": None},
+        }
+        return cls(
+            path,
+            memmap_rows(path / QUERIES_BIN, VECTOR_DTYPE, nq, dim),
+            memmap_rows(path / PASSAGES_BIN, VECTOR_DTYPE, npas, dim),
+            cand,
+            lab,
+            meta,
+        )
+
+    @staticmethod
+    def _open_tables(
+        path: Path, idx_name: str, sel_name: str, nq: int, k: int, npas: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        n_idx = rows_in(path / idx_name, 4)
+        n_sel = rows_in(path / sel_name, 1)
+        if n_idx != nq * k:
+            raise StoreFormatError(
+                f"{path / idx_name}: {n_idx} ids, expected {nq} queries x K={k} = {nq * k}"
+            )
+        if n_sel != nq * k:
+            raise StoreFormatError(
+                f"{path / sel_name}: {n_sel} labels, expected {nq} queries x K={k} = {nq * k}"
+            )
+        cand = np.asarray(memmap_rows(path / idx_name, INDEX_DTYPE, nq, k)).astype(np.int32)
+        lab = np.array(memmap_rows(path / sel_name, LABEL_DTYPE, nq, k), dtype=np.uint8)
+        if cand.size and (int(cand.max()) >= npas or int(cand.min()) < -1):
+            raise StoreFormatError(
+                f"{path / idx_name}: passage id out of range [-1, {npas}) "
+                f"(min {int(cand.min())}, max {int(cand.max())})"
+            )
+        return cand, lab
+
+    # --------------------------------------------------------------- properties
+    @property
+    def n_queries(self) -> int:
+        return int(self.queries.shape[0])
+
+    @property
+    def n_passages(self) -> int:
+        return int(self.passages.shape[0])
+
+    @property
+    def dim(self) -> int:
+        return int(self.meta["dim"])
+
+    @property
+    def k(self) -> int:
+        """Candidates per query (columns of ``candidates``)."""
+        return int(self.candidates.shape[1])
+
+    @property
+    def relevance_threshold(self) -> int:
+        """A grade ``>=`` this counts as relevant (1; 2 for TREC DL)."""
+        return int(self.meta.get("relevance_threshold", 1))
+
+    @property
+    def encoder_name(self) -> str | None:
+        return self.meta.get("encoder", {}).get("name")
+
+    @property
+    def encoder_fingerprint(self) -> str | None:
+        """``"sha256:..."`` of the encoder's weights (`weights_fingerprint`); None for Go stores."""
+        return self.meta.get("encoder", {}).get("fingerprint")
+
+    @property
+    def query_prompt(self) -> str | None:
+        return self.meta.get("encoder", {}).get("query_prompt")
+
+    @property
+    def normalized(self) -> bool:
+        """Whether stored rows are L2-normalised (False when unknown, as for Go stores)."""
+        return bool(self.meta.get("normalized"))
+
+    @property
+    def split(self) -> str:
+        return str(self.meta.get("split", self.path.name))
+
+    @property
+    def source(self) -> str | None:
+        return self.meta.get("source")
+
+    # -------------------------------------------------------------- text tables
+    def _table(self, name: str) -> list[dict[str, Any]]:
+        p = self.path / name
+        if not p.is_file():
+            raise StoreFormatError(f"{p}: file not found (Go-tool stores have no text tables)")
+        rows = [json.loads(line) for line in p.read_text(encoding="utf-8").splitlines()]
+        want = self.n_queries if name == QUERIES_JSONL else self.n_passages
+        if len(rows) != want:
+            raise StoreFormatError(f"{p}: {len(rows)} rows, expected {want}")
+        return rows
+
+    def _queries_table(self) -> list[dict[str, Any]]:
+        if self._query_table is None:
+            self._query_table = self._table(QUERIES_JSONL)
+        return self._query_table
+
+    def _passages_table(self) -> list[dict[str, Any]]:
+        if self._passage_table is None:
+            self._passage_table = self._table(PASSAGES_JSONL)
+        return self._passage_table
+
+    def query_texts(self) -> list[str]:
+        """Text of each query id (without the prompt)."""
+        return [r["text"] for r in self._queries_table()]
+
+    def passage_texts(self) -> list[str]:
+        """Text of each passage id."""
+        return [r["text"] for r in self._passages_table()]
+
+    def query_ids(self) -> list[str]:
+        """Source id of each query id."""
+        return [r["id"] for r in self._queries_table()]
+
+    def passage_ids(self) -> list[str]:
+        """Source id of each passage id (its first occurrence)."""
+        return [r["id"] for r in self._passages_table()]
+
+    def query_types(self) -> list[str] | None:
+        """Per-query type (MS MARCO ``query_type``) or None when the source has none."""
+        rows = self._queries_table()
+        if not rows or "type" not in rows[0]:
+            return None
+        return [r["type"] for r in rows]
+
+    def passage_aliases(self) -> dict[str, int]:
+        """Every source passage id -> passage id (first occurrences and dedup-folded ones)."""
+        out = {sid: i for i, sid in enumerate(self.passage_ids())}
+        p = self.path / ALIASES_TSV
+        if p.is_file():
+            for line in p.read_text(encoding="utf-8").splitlines():
+                sid, pid = line.rsplit("\t", 1)
+                out[sid] = int(pid)
+        return out
+
+    # --------------------------------------------------------------- iteration
+    def iter_passage_chunks(self, chunk_size: int = 65536) -> Iterator[tuple[int, np.ndarray]]:
+        """Yield ``(start_row, float32 (<=chunk_size, dim) block)`` over all passages in order.
+
+        Blocks are memmap slices: only the pages touched are read.
+        """
+        if chunk_size < 1:
+            raise ValueError("chunk_size must be >= 1")
+        for start in range(0, self.n_passages, chunk_size):
+            yield start, self.passages[start : start + chunk_size]
+
+    # ---------------------------------------------------------- sidecar arrays
+    def _array_path(self, name: str) -> Path:
+        if not _ARRAY_NAME.match(name):
+            raise ValueError(f"array name {name!r}: use letters, digits, '_', '-', '.'")
+        return self.path / ARRAYS_DIR / f"{name}.npy"
+
+    def save_array(self, name: str, arr: np.ndarray, meta: dict[str, Any] | None = None) -> Path:
+        """Save a sidecar array ``arrays/<name>.npy`` (+ ``<name>.json`` for ``meta``) atomically.
+
+        Returns:
+            the ``.npy`` path.
+        """
+        import io
+
+        p = self._array_path(name)
+        p.parent.mkdir(exist_ok=True)
+        buf = io.BytesIO()
+        np.save(buf, np.ascontiguousarray(arr), allow_pickle=False)
+        if meta is not None:
+            atomic_write_json(p.with_suffix(".json"), meta)
+        atomic_write_bytes(p, buf.getvalue())
+        return p
+
+    def has_array(self, name: str) -> bool:
+        return self._array_path(name).is_file()
+
+    def load_array(self, name: str) -> np.ndarray | None:
+        """The sidecar array ``name`` (memory-mapped read-only), or None if absent."""
+        p = self._array_path(name)
+        if not p.is_file():
+            return None
+        return np.load(p, mmap_mode="r", allow_pickle=False)
+
+    def load_array_meta(self, name: str) -> dict[str, Any] | None:
+        """The JSON saved beside sidecar array ``name``, or None."""
+        p = self._array_path(name).with_suffix(".json")
+        return json.loads(p.read_text(encoding="utf-8")) if p.is_file() else None
+
+    def __repr__(self) -> str:
+        return (
+            f"EmbeddingStore({str(self.path)!r}, split={self.split!r}, n_queries={self.n_queries}, "
+            f"n_passages={self.n_passages}, dim={self.dim}, k={self.k})"
+        )

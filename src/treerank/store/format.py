@@ -1,0 +1,117 @@
+"""The store's on-disk format: file names, dtypes, errors, atomic writes (DESIGN.md, kept exact).
+
+One directory per split:
+
+==========================  =============================================================
+``queries.bin``             ``n_queries x dim`` float32 little-endian, row = query id
+``passages.bin``            ``n_passages x dim`` float32 little-endian, row = passage id
+``query_indices.bin``       ``n_queries x K`` int32 little-endian passage ids, -1 = padding
+``query_is_selected.bin``   ``n_queries x K`` uint8 grade (1 = selected), 0 for padding
+``meta.json``               dim, K, counts, dtypes, encoder name + weights fingerprint,
+                            prompts, ``normalized``, source, stats; written LAST
+``queries.jsonl``           one ``{"id": source id, "text": ..., "type": ...}`` per query id
+``passages.jsonl``          one ``{"id": source id, "text": ...}`` per passage id
+``passage_aliases.tsv``     ``source_id<TAB>passage_id`` for source ids folded by dedup
+``progress.json``           present only while an embed run is unfinished (resume state)
+``arrays/<name>.npy``       sidecar arrays (e.g. mined hard negatives) + ``<name>.json``
+==========================  =============================================================
+
+Stores written by the original Go ``cmd/embed`` tool have no sidecars and name the label tables
+``queries_passage_ids.bin`` / ``queries_is_selected.bin``; they open when the caller gives ``dim``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+FORMAT_NAME = "treerank-store"
+FORMAT_VERSION = 1
+
+QUERIES_BIN = "queries.bin"
+PASSAGES_BIN = "passages.bin"
+INDICES_BIN = "query_indices.bin"
+SELECTED_BIN = "query_is_selected.bin"
+LEGACY_INDICES_BIN = "queries_passage_ids.bin"
+LEGACY_SELECTED_BIN = "queries_is_selected.bin"
+META_JSON = "meta.json"
+QUERIES_JSONL = "queries.jsonl"
+PASSAGES_JSONL = "passages.jsonl"
+ALIASES_TSV = "passage_aliases.tsv"
+PROGRESS_JSON = "progress.json"
+ARRAYS_DIR = "arrays"
+
+VECTOR_DTYPE = np.dtype("<f4")
+INDEX_DTYPE = np.dtype("<i4")
+LABEL_DTYPE = np.dtype("u1")
+
+STORE_FILES = (
+    QUERIES_BIN,
+    PASSAGES_BIN,
+    INDICES_BIN,
+    SELECTED_BIN,
+    META_JSON,
+    QUERIES_JSONL,
+    PASSAGES_JSONL,
+    ALIASES_TSV,
+    PROGRESS_JSON,
+)
+
+
+class StoreFormatError(ValueError):
+    """A store file is missing, has a size that is not a whole number of rows, or disagrees
+    with another file. The message names the file."""
+
+
+class IncompleteStoreError(StoreFormatError):
+    """The directory holds a store whose embed run has not finished (no ``meta.json``)."""
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` via a temporary file in the same directory + ``os.replace``."""
+    p = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_json(path: str | Path, obj: Any) -> None:
+    """Write ``obj`` as indented UTF-8 JSON, atomically."""
+    atomic_write_bytes(path, (json.dumps(obj, indent=2, ensure_ascii=False) + "\n").encode())
+
+
+def rows_in(path: Path, row_bytes: int) -> int:
+    """Number of rows of ``row_bytes`` in ``path``.
+
+    Raises:
+        StoreFormatError: missing file, or a size that is not a whole number of rows.
+    """
+    if not path.is_file():
+        raise StoreFormatError(f"{path}: file not found")
+    size = path.stat().st_size
+    if row_bytes <= 0:
+        raise StoreFormatError(f"{path}: row size must be positive, got {row_bytes}")
+    if size % row_bytes:
+        raise StoreFormatError(
+            f"{path}: size {size} bytes is not a whole number of {row_bytes}-byte rows"
+        )
+    return size // row_bytes
+
+
+def memmap_rows(path: Path, dtype: np.dtype, n_rows: int, n_cols: int) -> np.ndarray:
+    """Read-only memory map of a ``(n_rows, n_cols)`` array (a zero-filled array when empty)."""
+    if n_rows == 0 or n_cols == 0:
+        return np.zeros((n_rows, n_cols), dtype=dtype)
+    return np.memmap(path, dtype=dtype, mode="r", shape=(n_rows, n_cols))

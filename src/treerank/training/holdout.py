@@ -1,0 +1,88 @@
+"""Held-out training queries for early stopping (a seeded, reproducible split).
+
+Early stopping needs queries the model never trains on, scored against the split's full passage
+set (the DPR lesson: a model selected on in-batch accuracy is selected on the wrong task).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import numpy as np
+
+__all__ = ["ValidationConfig", "holdout_split"]
+
+
+@dataclass
+class ValidationConfig:
+    """The ``validation:`` section of a training config (same keys for every model type).
+
+    Attributes:
+        fraction: share of the training queries held out (0: no validation callback).
+        max_queries: cap on held-out queries.
+        max_passages: score against at most this many passages: every judged passage of the
+            held-out queries plus a fixed random remainder (None: the full split).
+        k: search depth of the held-out run.
+        metrics: metrics returned by the callback.
+    """
+
+    fraction: float = 0.2
+    max_queries: int | None = 2000
+    max_passages: int | None = 500_000
+    k: int = 100
+    metrics: list[str] = field(default_factory=lambda: ["mrr@10", "ndcg@10", "recall@100"])
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any], where: str = "config") -> ValidationConfig:
+        """Read ``config["validation"]`` (missing: defaults).
+
+        Raises:
+            ValueError: unknown key or bad value (the message names it).
+        """
+        sec = dict(config.get("validation") or {})
+        names = {f.name for f in fields(cls)}
+        for k in sec:
+            if k not in names:
+                raise ValueError(
+                    f"{where}: validation: unknown key {k!r}; known: {', '.join(sorted(names))}"
+                )
+        out = cls(**sec)
+        if not 0 <= out.fraction < 1:
+            raise ValueError(f"{where}: validation.fraction must be in [0, 1), got {out.fraction}")
+        return out
+
+
+def holdout_split(
+    has_relevant: np.ndarray, fraction: float, seed: int = 0, max_queries: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Split query ids into training and held-out sets.
+
+    Only queries with a relevant passage are held out (others cannot be scored); they stay in
+    the training set (where the sampler skips them anyway).
+
+    Args:
+        has_relevant: ``bool (nq,)``, True for queries with at least one relevant passage.
+        fraction: share of those queries to hold out, in ``[0, 1)``; 0 holds out nothing.
+        seed: seed of the draw (``numpy.random.default_rng(seed)``).
+        max_queries: cap on the held-out count (large splits: a few thousand queries are enough
+            to rank checkpoints and cheap to score against the full passage set).
+
+    Returns:
+        ``(train_rows, heldout_rows)``: ``int64`` ascending query ids, disjoint, covering all.
+
+    Raises:
+        ValueError: ``fraction`` outside ``[0, 1)``.
+    """
+    if not 0.0 <= fraction < 1.0:
+        raise ValueError(f"held-out fraction must be in [0, 1), got {fraction}")
+    has_relevant = np.asarray(has_relevant, dtype=bool)
+    eligible = np.flatnonzero(has_relevant)
+    n_out = int(round(fraction * eligible.size))
+    if max_queries is not None:
+        n_out = min(n_out, int(max_queries))
+    rng = np.random.default_rng(seed)
+    held = np.sort(rng.choice(eligible, size=n_out, replace=False)) if n_out else eligible[:0]
+    train = np.setdiff1d(np.arange(has_relevant.size), held)
+    return train.astype(np.int64), held.astype(np.int64)

@@ -1,0 +1,404 @@
+"""The generic contrastive trainer: any two-tower torch module, InfoNCE, early stopping.
+
+What a trainable model provides (:class:`ContrastiveModule`; the thin heads and DRT do):
+
+* ``encode_queries_t(x: Tensor (B, d)) -> Tensor (B, ...)``: query representations;
+* ``encode_passages_t(x: Tensor (M, d)) -> Tensor (M, ...)``: passage representations;
+* ``score_matrix(q_repr, p_repr) -> Tensor (B, M)``: the **logits** of InfoNCE, i.e. the ranking
+  score already divided by the temperature (a learned temperature therefore lives in the model);
+* optionally ``extra_loss(q_repr, p_repr) -> Tensor`` (0-d), added to the InfoNCE loss (DRT's
+  decorrelation term, any regulariser);
+* optionally ``log_values() -> dict[str, float]``, extra numbers for the training log (the
+  current temperature, ...).
+
+The training loop (:func:`fit`) draws batches from a
+:class:`~treerank.training.sampler.ContrastiveSampler`, gathers the stored vectors of each
+batch, computes ``info_nce(score_matrix(...), positive, mask_out)`` (plus the passage -> query
+term when ``symmetric_weight > 0``), and steps AdamW under a warmup + cosine schedule. Every
+``eval_every`` steps (and at step 0, the untrained model) it calls ``validate(model)`` -- a
+callback, so this layer never imports search or evaluation -- keeps the best state by
+``early_stopping_metric`` and stops after ``patience`` evaluations without improvement. The best
+state is restored at the end.
+
+A model trainer for ``treerank train`` (``treerank.pipeline.training.TRAINERS``) is a function
+``train_xxx(store, config: dict, *, train_rows=None, validate=None, log_path=None, progress=True)
+-> TrainOutput`` (:class:`TrainFunction`): ``train_rows`` are the query ids it may train on (the
+pipeline holds the others out for ``validate``); the pipeline saves
+``TrainOutput.model.to_checkpoint(...)``. ``treerank.training.heads.train_contrastive`` does
+"store + config + module -> trained module" for any :class:`ContrastiveModule`.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from treerank.training.history import TrainingLog
+from treerank.training.losses import info_nce, info_nce_symmetric
+from treerank.training.monitor import batch_stats
+from treerank.training.sampler import Batch, ContrastiveSampler
+from treerank.training.schedule import warmup_cosine_scheduler
+
+__all__ = [
+    "ContrastiveModule",
+    "FitResult",
+    "TrainFunction",
+    "TrainOutput",
+    "TrainerConfig",
+    "Validate",
+    "fit",
+]
+
+Validate = Callable[[Any], Mapping[str, float]]
+"""``validate(model) -> {"mrr@10": ..., "ndcg@10": ...}`` on held-out queries (eval mode)."""
+
+
+@runtime_checkable
+class ContrastiveModule(Protocol):
+    """What :func:`fit` needs from a ``torch.nn.Module`` (see the module docstring)."""
+
+    def encode_queries_t(self, x: Tensor) -> Tensor: ...
+
+    def encode_passages_t(self, x: Tensor) -> Tensor: ...
+
+    def score_matrix(self, q_repr: Tensor, p_repr: Tensor) -> Tensor: ...
+
+
+@dataclass
+class TrainerConfig:
+    """Hyperparameters of :func:`fit` (every one has a config-file key of the same name).
+
+    Attributes:
+        epochs: maximum number of passes over the training queries.
+        max_steps: stop after this many optimiser steps (None: ``epochs * batches_per_epoch``).
+        lr: peak AdamW learning rate.
+        weight_decay: AdamW decoupled weight decay on parameters with ``ndim >= 2`` (biases and
+            temperatures are not decayed).
+        betas: AdamW betas.
+        warmup_ratio: fraction of the total steps spent in linear warmup.
+        min_lr_ratio: the cosine decays to ``lr * min_lr_ratio``.
+        grad_clip: max global gradient norm (None: no clipping).
+        symmetric_weight: weight of the passage -> query InfoNCE term (0: query -> passage only).
+        log_every: steps between training-log records.
+        eval_every: steps between held-out evaluations (None: once per epoch).
+        early_stopping_metric: key of ``validate``'s result to maximise.
+        patience: evaluations without improvement before stopping (None: never stop early).
+        min_delta: an improvement must exceed this.
+        seed: seeds torch (dropout, init done inside ``fit``) for a deterministic run.
+        threads: ``torch.set_num_threads`` for the run (None: leave torch's setting).
+    """
+
+    epochs: int = 20
+    max_steps: int | None = None
+    lr: float = 1e-3
+    weight_decay: float = 0.01
+    betas: tuple[float, float] = (0.9, 0.999)
+    warmup_ratio: float = 0.1
+    min_lr_ratio: float = 0.0
+    grad_clip: float | None = 1.0
+    symmetric_weight: float = 0.0
+    log_every: int = 10
+    eval_every: int | None = None
+    early_stopping_metric: str = "ndcg@10"
+    patience: int | None = 5
+    min_delta: float = 0.0
+    seed: int = 0
+    threads: int | None = None
+
+    @classmethod
+    def from_dict(cls, cfg: Mapping[str, Any], *, where: str = "config") -> TrainerConfig:
+        """Build from a mapping, ignoring keys that belong to other sections' consumers.
+
+        Raises:
+            ValueError: a value has the wrong type or range (message names ``where`` and key).
+        """
+        names = {f.name for f in fields(cls)}
+        kw = {k: v for k, v in cfg.items() if k in names}
+        if "betas" in kw:
+            kw["betas"] = tuple(kw["betas"])
+        out = cls(**kw)
+        if out.epochs < 1 or out.lr <= 0 or out.log_every < 1:
+            raise ValueError(f"{where}: epochs >= 1, lr > 0 and log_every >= 1 are required")
+        if not 0 <= out.warmup_ratio < 1:
+            raise ValueError(f"{where}: warmup_ratio must be in [0, 1), got {out.warmup_ratio}")
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["betas"] = list(self.betas)
+        return d
+
+
+@dataclass
+class FitResult:
+    """What :func:`fit` did.
+
+    Attributes:
+        steps: optimiser steps taken.
+        epochs: epochs started.
+        best_step: step of the best held-out evaluation (0 = the untrained model), or the last
+            step when there was no validation.
+        best_metrics: held-out metrics at ``best_step`` (empty without validation).
+        stopped_early: patience ran out before the step budget.
+        seconds: wall time of the loop.
+        records: every log record (also in the JSONL log).
+    """
+
+    steps: int
+    epochs: int
+    best_step: int
+    best_metrics: dict[str, float]
+    stopped_early: bool
+    seconds: float
+    records: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class TrainOutput:
+    """What a model trainer returns to the pipeline: the trained model and a JSON summary."""
+
+    model: Any
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+class TrainFunction(Protocol):
+    """``train_xxx(store, config, *, train_rows, validate, log_path, progress) -> TrainOutput``.
+
+    The pipeline passes only the keyword arguments a trainer's signature accepts.
+    """
+
+    def __call__(
+        self,
+        store: Any,
+        config: dict[str, Any],
+        *,
+        train_rows: np.ndarray | None = None,
+        validate: Validate | None = None,
+        log_path: str | Path | None = None,
+        progress: bool = True,
+    ) -> TrainOutput: ...
+
+
+def _vector_source(x: np.ndarray) -> np.ndarray:
+    """Stored vectors as an in-memory array when they fit comfortably (< 2 GiB), else as given."""
+    if isinstance(x, np.memmap) and x.nbytes < (2 << 30):
+        return np.array(x, dtype=np.float32)
+    return x
+
+
+def _gather(x: np.ndarray, rows: np.ndarray) -> Tensor:
+    return torch.from_numpy(np.ascontiguousarray(x[rows], dtype=np.float32))
+
+
+def compute_loss(
+    model: Any, batch: Batch, q: Tensor, p: Tensor, symmetric_weight: float = 0.0
+) -> tuple[Tensor, dict[str, Any]]:
+    """The training loss of one batch and what :func:`fit` logs about it.
+
+    Args:
+        model: a :class:`ContrastiveModule`.
+        batch: the batch (its masks become bool tensors).
+        q: ``float32 (B, d)`` stored query vectors of ``batch.query_rows``.
+        p: ``float32 (M, d)`` stored passage vectors of ``batch.passage_rows``.
+        symmetric_weight: weight of the passage -> query term.
+
+    Returns:
+        ``(loss, parts)``: the 0-d loss and ``parts`` with the logits, masks, query
+        representations and the value of each loss term.
+    """
+    positive = torch.from_numpy(batch.positive)
+    mask_out = torch.from_numpy(batch.mask_out)
+    q_repr = model.encode_queries_t(q)  # (B, ...)
+    p_repr = model.encode_passages_t(p)  # (M, ...)
+    logits = model.score_matrix(q_repr, p_repr)  # (B, M)
+    loss = info_nce(logits, positive, mask_out)
+    parts: dict[str, Any] = {"q2p_loss": float(loss.detach())}
+    if symmetric_weight > 0:
+        sym = info_nce_symmetric(logits, positive, mask_out)
+        parts["p2q_loss"] = float(sym.detach())
+        loss = loss + symmetric_weight * sym
+    extra = getattr(model, "extra_loss", None)
+    if callable(extra):
+        ex = extra(q_repr, p_repr)
+        parts["extra_loss"] = float(ex.detach())
+        loss = loss + ex
+    parts.update(logits=logits, positive=positive, mask_out=mask_out, q_repr=q_repr)
+    return loss, parts
+
+
+def _param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
+    groups = [{"params": decay, "weight_decay": weight_decay}]
+    if no_decay:
+        groups.append({"params": no_decay, "weight_decay": 0.0})
+    return groups
+
+
+def fit(
+    model: torch.nn.Module,
+    sampler: ContrastiveSampler,
+    query_vectors: np.ndarray,
+    passage_vectors: np.ndarray,
+    config: TrainerConfig | None = None,
+    *,
+    validate: Validate | None = None,
+    log: TrainingLog | None = None,
+    progress: bool = True,
+) -> FitResult:
+    """Train ``model`` with InfoNCE on the sampler's batches; restore the best held-out state.
+
+    Args:
+        model: a ``torch.nn.Module`` implementing :class:`ContrastiveModule`.
+        sampler: batches of query / passage ids and masks (store rows).
+        query_vectors: ``float32 (nq, d)`` stored query vectors (array or memmap).
+        passage_vectors: ``float32 (np, d)`` stored passage vectors.
+        config: hyperparameters (defaults: :class:`TrainerConfig`).
+        validate: held-out evaluation callback (None: train for the full budget, keep the last
+            state).
+        log: where to write records (None: in memory only).
+        progress: show a tqdm progress bar.
+
+    Returns:
+        :class:`FitResult`.
+
+    Raises:
+        TypeError: ``model`` lacks the :class:`ContrastiveModule` methods.
+        KeyError: ``validate`` does not return ``config.early_stopping_metric``.
+    """
+    cfg = config or TrainerConfig()
+    if not isinstance(model, ContrastiveModule):
+        raise TypeError(
+            f"{type(model).__name__} is not trainable: it needs encode_queries_t, "
+            "encode_passages_t and score_matrix"
+        )
+    log = log or TrainingLog()
+    old_threads = torch.get_num_threads()
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    queries = _vector_source(query_vectors)
+    passages = _vector_source(passage_vectors)
+
+    per_epoch = len(sampler)
+    total = cfg.max_steps if cfg.max_steps is not None else cfg.epochs * per_epoch
+    total = max(1, min(total, cfg.epochs * per_epoch))
+    eval_every = cfg.eval_every or per_epoch
+    opt = torch.optim.AdamW(_param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=cfg.betas)
+    sched = warmup_cosine_scheduler(opt, total, int(cfg.warmup_ratio * total), cfg.min_lr_ratio)
+
+    best_value = -math.inf
+    best_step = 0
+    best_metrics: dict[str, float] = {}
+    best_state: dict[str, Tensor] | None = None
+    bad_evals = 0
+    stopped = False
+    t0 = time.perf_counter()
+
+    def evaluate(step: int, epoch: int) -> bool:
+        """Run validation; returns True when patience has run out."""
+        nonlocal best_value, best_step, best_metrics, best_state, bad_evals
+        if validate is None:
+            return False
+        model.eval()
+        with torch.no_grad():
+            metrics = {k: float(v) for k, v in validate(model).items()}
+        model.train()
+        if cfg.early_stopping_metric not in metrics:
+            raise KeyError(
+                f"validate() returned {sorted(metrics)}, not the early-stopping metric "
+                f"{cfg.early_stopping_metric!r}"
+            )
+        value = metrics[cfg.early_stopping_metric]
+        improved = value > best_value + cfg.min_delta
+        if improved:
+            best_value, best_step, best_metrics = value, step, metrics
+            best_state = copy.deepcopy(model.state_dict())
+            bad_evals = 0
+        else:
+            bad_evals += 1
+        log.write("eval", step=step, epoch=epoch, best=improved, **metrics)
+        if bar is not None:
+            bar.set_postfix_str(f"{cfg.early_stopping_metric}={value:.4f} best={best_value:.4f}")
+        return cfg.patience is not None and bad_evals >= cfg.patience
+
+    bar = tqdm(total=total, desc="train", unit="step", disable=not progress, leave=False)
+    step, epoch = 0, 0
+    try:
+        model.train()
+        evaluate(0, 0)
+        while step < total and not stopped:
+            for batch in sampler.epoch(epoch):
+                if step >= total:
+                    break
+                q = _gather(queries, batch.query_rows)
+                p = _gather(passages, batch.passage_rows)
+                loss, parts = compute_loss(model, batch, q, p, cfg.symmetric_weight)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                grad_norm = None
+                if cfg.grad_clip is not None:
+                    grad_norm = float(
+                        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+                    )
+                opt.step()
+                sched.step()
+                step += 1
+                bar.update(1)
+                if step % cfg.log_every == 0 or step == 1:
+                    stats = batch_stats(
+                        parts["logits"].detach(),
+                        parts["positive"],
+                        parts["mask_out"],
+                        parts["q_repr"],
+                    )
+                    extra_vals = getattr(model, "log_values", None)
+                    rec = log.write(
+                        "train",
+                        step=step,
+                        epoch=epoch,
+                        loss=float(loss.detach()),
+                        lr=float(sched.get_last_lr()[0]),
+                        grad_norm=grad_norm,
+                        **{k: v for k, v in parts.items() if k.endswith("_loss")},
+                        **stats,
+                        **(extra_vals() if callable(extra_vals) else {}),
+                    )
+                    if validate is None:
+                        bar.set_postfix_str(f"loss={rec['loss']:.4f}")
+                if step % eval_every == 0 and evaluate(step, epoch):
+                    stopped = step < total
+                    break
+            epoch += 1
+        if validate is not None and step % eval_every != 0:
+            evaluate(step, epoch - 1)
+    finally:
+        bar.close()
+        if cfg.threads:
+            torch.set_num_threads(old_threads)
+    if best_state is not None:
+        model.load_state_dict(best_state)
+    else:
+        best_step = step
+    model.eval()
+    seconds = time.perf_counter() - t0
+    log.write(
+        "summary",
+        steps=step,
+        epochs=epoch,
+        best_step=best_step,
+        stopped_early=stopped,
+        seconds=seconds,
+        **{f"best_{k}": v for k, v in best_metrics.items()},
+    )
+    return FitResult(step, epoch, best_step, best_metrics, stopped, seconds, log.records)

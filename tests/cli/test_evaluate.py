@@ -1,0 +1,48 @@
+"""`treerank evaluate` end to end on a tiny on-disk store."""
+
+from __future__ import annotations
+
+import json
+
+from tests.search.tiny_store import write_tiny_store
+from typer.testing import CliRunner
+
+from treerank.cli.main import app
+
+
+def test_evaluate_prints_table_and_writes_files(tmp_path) -> None:
+    write_tiny_store(tmp_path / "test")
+    result = CliRunner().invoke(
+        app,
+        [
+            "evaluate",
+            "--store",
+            str(tmp_path / "test"),
+            "--system",
+            "bm25",
+            "--system",
+            "rrf:bm25+cosine",
+            "--baseline",
+            "cosine",
+            "--out",
+            str(tmp_path / "out"),
+            "--permutations",
+            "100",
+            "--no-progress",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert (
+        "(baseline)" in result.output and "ndcg@10" in result.output and "McNemar" in result.output
+    )
+    res = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert set(res["systems"]) == {"cosine", "bm25", "rrf:bm25+cosine"}
+
+
+def test_evaluate_bad_spec_is_a_clear_error(tmp_path) -> None:
+    write_tiny_store(tmp_path / "test")
+    result = CliRunner().invoke(
+        app, ["evaluate", "--store", str(tmp_path / "test"), "--system", "bm26"]
+    )
+    assert result.exit_code == 2
+    assert "unknown system" in result.output

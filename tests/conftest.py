@@ -1,0 +1,174 @@
+"""Shared fixtures: real data paths, the default encoder, and cached real embedding stores.
+
+Stores are built once with the default encoder (all-MiniLM-L6-v2) and cached on disk under
+``<repo>/.cache/test-stores/<name>-<split>-<data digest>-<encoder fingerprint>/``, so repeated
+test runs (and parallel pytest sessions, which wait on a file lock) do not re-encode. The key
+changes when the data or the encoder weights change. ``TREERANK_SEED_STORES`` (an
+``os.pathsep``-separated list of store roots) lets a finished store with the same data digest
+and fingerprint be copied instead of built, e.g. ``TREERANK_SEED_STORES=/work/cache/stores``.
+
+Fixtures (session-scoped):
+
+* ``scifact_store``: ``{"train": EmbeddingStore, "test": EmbeddingStore}``, BEIR's splits, full
+  5,183-passage corpus in both (test reuses train's passage vectors; first build ~3-10 min).
+* ``msmarco_store``: ``{"validation": EmbeddingStore}``, the 10-query MS MARCO v2.1 sample.
+* ``dl19_store``: ``{"test": EmbeddingStore}``, a subset of the DL19 pool to keep CI time sane:
+  the first 10 topics (file order) with every judged pool passage of theirs, plus the first
+  other pool passages up to 2,000 passages in all (`subset_split`).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("MPLBACKEND", "Agg")
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data"
+SAMPLES = REPO / "data" / "samples"
+CACHE = REPO / ".cache" / "test-stores"
+
+DL19_TEST_TOPICS = 10
+DL19_TEST_MAX_PASSAGES = 2000
+
+
+def _scifact_path() -> Path:
+    p = SHARED_DATA / "beir-scifact" / "scifact.zip"
+    return p if p.is_file() else SAMPLES / "scifact" / "scifact.zip"
+
+
+def _msmarco_path() -> Path:
+    p = SHARED_DATA / "msmarco-qna-v2.1-validation10" / "ms_marco_v2.1_validation_10.parquet"
+    return p if p.is_file() else SAMPLES / "msmarco" / "ms_marco_v2.1_validation_10.parquet"
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    """``../shared/data`` beside the repo (skips when absent)."""
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"real data folder {SHARED_DATA} not found")
+    return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def scifact_zip() -> Path:
+    return _scifact_path()
+
+
+@pytest.fixture(scope="session")
+def msmarco_parquet() -> Path:
+    return _msmarco_path()
+
+
+@pytest.fixture(scope="session")
+def dl19_dir(shared_data: Path) -> Path:
+    return shared_data / "msmarco-trec-dl19"
+
+
+@pytest.fixture(scope="session")
+def encoder():
+    """The default `SentenceEncoder` (all-MiniLM-L6-v2, offline), loaded once per session."""
+    from treerank.encoders import SentenceEncoder
+
+    return SentenceEncoder()
+
+
+def _seed_dirs() -> list[Path]:
+    raw = os.environ.get("TREERANK_SEED_STORES", "")
+    return [Path(p) for p in raw.split(os.pathsep) if p]
+
+
+def _find_seed(data_sha: str, fingerprint: str, split: str) -> Path | None:
+    for root in _seed_dirs():
+        for meta_path in sorted(root.glob(f"**/{split}/meta.json")):
+            try:
+                meta = json.loads(meta_path.read_text(encoding="utf-8"))
+            except (OSError, json.JSONDecodeError):
+                continue
+            if (
+                meta.get("complete")
+                and meta.get("data_sha256") == data_sha
+                and meta.get("encoder", {}).get("fingerprint") == fingerprint
+                and not meta.get("encoder", {}).get("query_prompt")
+            ):
+                return meta_path.parent
+    return None
+
+
+def cached_store(name: str, split_loader: Callable[[], object], encoder) -> dict[str, object]:
+    """Build (or reuse) the cached store of one dataset; see the module doc.
+
+    ``split_loader`` returns a list of `RetrievalSplit` written in order under one root, so a
+    later split reuses an earlier one's passage vectors.
+    """
+    from treerank.store import EmbeddingStore, embed_split, split_digest
+
+    splits = split_loader()
+    assert isinstance(splits, list)
+    digest = "-".join(split_digest(s)[7:15] for s in splits)
+    root = CACHE / f"{name}-{digest}-{encoder.fingerprint[7:19]}"
+    root.mkdir(parents=True, exist_ok=True)
+    out: dict[str, object] = {}
+    with open(root / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        for split in splits:
+            dest = root / split.name
+            if not (dest / "meta.json").is_file():
+                seed = _find_seed(split_digest(split), encoder.fingerprint, split.name)
+                if seed is not None:
+                    tmp = root / f".{split.name}.copy"
+                    shutil.rmtree(tmp, ignore_errors=True)
+                    shutil.copytree(seed, tmp)
+                    shutil.rmtree(dest, ignore_errors=True)
+                    os.replace(tmp, dest)
+                else:
+                    embed_split(split, encoder, dest, resume=True, progress=False)
+            out[split.name] = EmbeddingStore.open(dest)
+    return out
+
+
+@pytest.fixture(scope="session")
+def scifact_store(encoder) -> dict[str, object]:
+    """``{"train", "test"}`` -> EmbeddingStore of BEIR SciFact with the full corpus."""
+    from treerank.readers.scifact import read_scifact
+
+    return cached_store(
+        "scifact", lambda: [read_scifact(_scifact_path(), s) for s in ("train", "test")], encoder
+    )
+
+
+@pytest.fixture(scope="session")
+def msmarco_store(encoder) -> dict[str, object]:
+    """``{"validation"}`` -> EmbeddingStore of the 10-query MS MARCO v2.1 sample."""
+    from treerank.readers.msmarco import read_msmarco
+
+    return cached_store("msmarco", lambda: [read_msmarco(_msmarco_path(), "validation")], encoder)
+
+
+@pytest.fixture(scope="session")
+def dl19_store(encoder, dl19_dir: Path) -> dict[str, object]:
+    """``{"test"}`` -> EmbeddingStore of the DL19 pool subset (first 10 topics, <= 2,000 passages)."""
+    from treerank.readers import read_split
+
+    return cached_store(
+        "dl19",
+        lambda: [read_split(dl19_dir, "trec-dl", "test", DL19_TEST_TOPICS, DL19_TEST_MAX_PASSAGES)],
+        encoder,
+    )
+
+
+@pytest.fixture
+def tmp_store_root(tmp_path: Path) -> Iterator[Path]:
+    """An empty directory for stores written by a test."""
+    root = tmp_path / "stores"
+    root.mkdir()
+    yield root

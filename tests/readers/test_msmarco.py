@@ -1,0 +1,91 @@
+"""MS MARCO v2.1 reader on the real HF parquet sample, shards, JSON/JSONL, dedup and errors."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from treerank.readers.errors import DataFormatError
+from treerank.readers.msmarco import read_msmarco
+
+
+@pytest.fixture(scope="module")
+def rows(msmarco_parquet):
+    return pq.read_table(msmarco_parquet).to_pylist()
+
+
+def test_candidates_and_labels_equal_source(msmarco_parquet, rows):
+    s = read_msmarco(msmarco_parquet, "validation")
+    assert s.n_queries == 10 and s.k == 10
+    assert s.query_ids == [str(r["query_id"]) for r in rows]
+    assert s.query_texts == [r["query"] for r in rows]
+    assert s.query_types == [r["query_type"] for r in rows]
+    for i, r in enumerate(rows):
+        texts = r["passages"]["passage_text"]
+        sel = r["passages"]["is_selected"]
+        for j in range(10):
+            if j < len(texts) and texts[j].strip():
+                assert s.passage_texts[s.candidates[i, j]] == texts[j]
+                assert s.labels[i, j] == sel[j]
+            else:
+                assert s.candidates[i, j] == -1 and s.labels[i, j] == 0
+
+
+def _jsonl(path, recs):
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs), encoding="utf-8")
+    return path
+
+
+def test_dedup_shares_ids_and_empty_slot_skipped(tmp_path, rows):
+    a, b = rows[0], rows[1]
+    shared_text = a["passages"]["passage_text"][0]
+    b2 = json.loads(json.dumps(b))
+    b2["passages"]["passage_text"][3] = shared_text  # real MS MARCO repeats passages
+    b2["passages"]["passage_text"][5] = ""
+    s = read_msmarco(_jsonl(tmp_path / "x.jsonl", [a, b2]), "validation")
+    assert s.candidates[1, 3] == s.candidates[0, 0] == 0
+    assert s.candidates[1, 5] == -1 and s.labels[1, 5] == 0
+    assert s.n_passages == 20 - 2
+    assert s.passage_aliases[f"{b2['query_id']}:3"] == 0
+    assert s.meta["n_empty_passages_skipped"] == 1
+
+
+def test_shards_json_and_jsonl_agree_with_parquet(tmp_path, msmarco_parquet, rows):
+    ref = read_msmarco(msmarco_parquet, "validation")
+    t = pq.read_table(msmarco_parquet)
+    d = tmp_path / "shards"
+    d.mkdir()
+    pq.write_table(t.slice(0, 4), d / "validation-00000-of-00002.parquet")
+    pq.write_table(t.slice(4), d / "validation-00001-of-00002.parquet")
+    pq.write_table(t.slice(0, 1), d / "train-00000-of-00001.parquet")  # other split: ignored
+    (tmp_path / "rows.json").write_text(json.dumps(rows), encoding="utf-8")
+    for src in (d, _jsonl(tmp_path / "rows.jsonl", rows), tmp_path / "rows.json"):
+        s = read_msmarco(src, "validation")
+        assert s.query_ids == ref.query_ids and s.passage_texts == ref.passage_texts
+        np.testing.assert_array_equal(s.candidates, ref.candidates)
+        np.testing.assert_array_equal(s.labels, ref.labels)
+
+
+def test_limit_reads_first_rows(msmarco_parquet):
+    s = read_msmarco(msmarco_parquet, "validation", limit=3)
+    assert s.n_queries == 3 and s.n_passages <= 30
+
+
+def test_errors_name_file_and_row(tmp_path, rows):
+    bad = json.loads(json.dumps(rows[:3]))
+    bad[2]["query"] = "   "
+    with pytest.raises(DataFormatError, match=r"x\.jsonl, row 3: empty query"):
+        read_msmarco(_jsonl(tmp_path / "x.jsonl", bad))
+    p = tmp_path / "bad.jsonl"
+    p.write_bytes(json.dumps(rows[0]).encode() + b"\n" + b'{"query": "caf\xe9"}\n')
+    with pytest.raises(DataFormatError, match=r"bad\.jsonl, row 2: invalid UTF-8"):
+        read_msmarco(p)
+    pq.write_table(pa.table({"query": ["q"]}), tmp_path / "s.parquet")
+    with pytest.raises(DataFormatError, match=r"s\.parquet: not the MS MARCO v2.1 schema"):
+        read_msmarco(tmp_path / "s.parquet")
+    with pytest.raises(DataFormatError, match="not found"):
+        read_msmarco(tmp_path / "missing.parquet")

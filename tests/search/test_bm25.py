@@ -1,0 +1,70 @@
+"""BM25: the Lucene formula recomputed by hand on a tiny corpus, tokenisation, ranking ties."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import bm25s
+import numpy as np
+import pytest
+import Stemmer
+
+from treerank.search.bm25 import BM25Index, BM25Params
+
+CORPUS = [
+    "The running dogs were running fast",
+    "A cat sleeps all day",
+    "Dogs and cats are friends",
+    "Fast cars race on the track",
+    "Nothing relevant here",
+]
+
+
+def _lucene(corpus_tokens: list[list[str]], query: list[str], k1: float, b: float) -> np.ndarray:
+    n = len(corpus_tokens)
+    avgdl = sum(map(len, corpus_tokens)) / n
+    df = Counter(t for doc in corpus_tokens for t in set(doc))
+    out = np.zeros(n)
+    for j, doc in enumerate(corpus_tokens):
+        tf = Counter(doc)
+        for t in set(query):
+            if tf[t]:
+                idf = math.log(1 + (n - df[t] + 0.5) / (df[t] + 0.5))
+                out[j] += idf * tf[t] / (tf[t] + k1 * (1 - b + b * len(doc) / avgdl))
+    return out
+
+
+@pytest.mark.parametrize(("k1", "b"), [(0.9, 0.4), (1.5, 0.75)])
+def test_scores_equal_hand_computed_lucene_bm25(k1: float, b: float) -> None:
+    index = BM25Index(CORPUS, BM25Params(k1=k1, b=b))
+    toks = bm25s.tokenize(
+        CORPUS,
+        stopwords="en",
+        stemmer=Stemmer.Stemmer("english"),
+        return_ids=False,
+        show_progress=False,
+    )
+    corpus_tokens = [list(t) for t in toks]
+    assert corpus_tokens[0] == ["run", "dog", "were", "run", "fast"]  # "the" gone, stemmed
+    queries = ["running dog", "fast cats", "zebra"]
+    got = index.scores(queries)
+    for i, q in enumerate(index.query_tokens(queries)):
+        np.testing.assert_allclose(got[i], _lucene(corpus_tokens, q, k1, b), rtol=1e-5, atol=1e-6)
+    assert not got[2].any()  # no known term: all zero
+
+
+def test_search_orders_by_score_then_id() -> None:
+    index = BM25Index(CORPUS)
+    ids, scores = index.search(["dogs", "zebra"], k=10)
+    assert ids.shape == (2, 5)  # k clipped to the corpus
+    assert set(ids[0, :2].tolist()) == {0, 2} and scores[0, 2] == 0.0
+    assert ids[0, 2:].tolist() == [1, 3, 4]  # zero-score tail by ascending id
+    assert ids[1].tolist() == [0, 1, 2, 3, 4]
+
+
+def test_bad_params_rejected() -> None:
+    with pytest.raises(ValueError, match="method"):
+        BM25Params(method="bm26")
+    with pytest.raises(ValueError, match="b <= 1"):
+        BM25Params(b=1.5)

@@ -1,0 +1,182 @@
+"""Forest inverted lists and search: brute-force parity, ties, adding passages."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from treerank.models.forest import Forest, ForestConfig
+from treerank.search.forest_index import (
+    ForestHits,
+    ForestIndex,
+    ForestSystem,
+    build_inverted_lists,
+    class_entropy,
+)
+
+
+def brute_force(qc, qp, pc, pp, k):
+    """Reference: full (nq, n) match-count and secondary matrices, lexsorted per query."""
+    match = (qc[:, None, :] == pc[None, :, :]) & (pc[None, :, :] >= 0)  # (nq, n, M)
+    counts = match.sum(-1)
+    sec = np.where(match, qp[:, None, :].astype(np.float64) * pp[None, :, :], 0.0).sum(-1)
+    ids = np.full((len(qc), k), -1)
+    for i in range(len(qc)):
+        order = np.lexsort((np.arange(pc.shape[0]), -sec[i], -counts[i]))
+        order = order[counts[i, order] > 0][:k]
+        ids[i, : len(order)] = order
+    return ids, counts, sec
+
+
+def random_tables(seed=0, nq=40, n=300, m=12, c=6, nr=0.15):
+    rng = np.random.default_rng(seed)
+    qc = rng.integers(0, c, size=(nq, m)).astype(np.int32)
+    qp = rng.random((nq, m)).astype(np.float32)
+    pc = rng.integers(0, c, size=(n, m)).astype(np.int32)
+    pc[rng.random((n, m)) < nr] = -1
+    pp = np.where(pc >= 0, rng.random((n, m)), 0).astype(np.float32)
+    return qc, qp, pc, pp, c
+
+
+def test_build_inverted_lists_hand_fixture() -> None:
+    classes = np.array([[0, 1], [1, -1], [0, 0]])
+    probs = np.array([[0.9, 0.8], [0.7, 0.0], [0.6, 0.5]], dtype=np.float32)
+    off, ids, pr = build_inverted_lists(classes, probs, n_classes=2)
+    # lists: (m0,c0)=[0,2] (m0,c1)=[1] (m1,c0)=[2] (m1,c1)=[0]
+    np.testing.assert_array_equal(off, [0, 2, 3, 4, 5])
+    np.testing.assert_array_equal(ids, [0, 2, 1, 2, 0])
+    np.testing.assert_allclose(pr, [0.9, 0.6, 0.7, 0.5, 0.8])
+    with pytest.raises(ValueError, match="classes must lie"):
+        build_inverted_lists(np.array([[2]]), np.array([[1.0]]), n_classes=2)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_search_equals_brute_force_match_count(seed) -> None:
+    qc, qp, pc, pp, c = random_tables(seed)
+    index = ForestIndex.build(pc, pp, c)
+    k = pc.shape[0]
+    hits = index.search(qc, qp, k)
+    ref_ids, counts, sec = brute_force(qc, qp, pc, pp, k)
+    np.testing.assert_array_equal(hits.ids, ref_ids)
+    for i in range(len(qc)):
+        got = hits.ids[i][hits.ids[i] >= 0]
+        np.testing.assert_array_equal(hits.counts[i, : len(got)], counts[i, got])
+        np.testing.assert_allclose(hits.secondary[i, : len(got)], sec[i, got], rtol=1e-12)
+    # truncated depth = prefix of the full ranking
+    np.testing.assert_array_equal(index.search(qc, qp, 10).ids, ref_ids[:, :10])
+
+
+def test_search_small_blocks_equal_one_block(monkeypatch) -> None:
+    qc, qp, pc, pp, c = random_tables(5)
+    index = ForestIndex.build(pc, pp, c)
+    one = index.search(qc, qp, 25)
+    import treerank.search.forest_index as fi
+
+    monkeypatch.setattr(fi, "_BLOCK_BUDGET", 1)  # one query per block
+    many = index.search(qc, qp, 25)
+    np.testing.assert_array_equal(one.ids, many.ids)
+
+
+def test_ties_are_broken_by_secondary_then_ascending_id() -> None:
+    # 1 model, 1 class used: every passage matches with count 1. Passages 3 and 1 have the
+    # highest passage prob (equal), then 0, 2, 4 tie exactly -> ascending id.
+    pc = np.zeros((5, 1), dtype=np.int32)
+    pp = np.array([[0.5], [0.9], [0.5], [0.9], [0.5]], dtype=np.float32)
+    index = ForestIndex.build(pc, pp, n_classes=2)
+    q = np.zeros((3, 1), dtype=np.int32)
+    qp = np.ones((3, 1), dtype=np.float32)
+    hits = index.search(q, qp, 5)
+    np.testing.assert_array_equal(hits.ids, [[1, 3, 0, 2, 4]] * 3)
+    # k cutting through a tie keeps the smallest ids
+    np.testing.assert_array_equal(index.search(q, qp, 3).ids, [[1, 3, 0]] * 3)
+    # a query of the other class matches nothing: all padding
+    miss = index.search(np.ones((1, 1), np.int32), np.ones((1, 1), np.float32), 3)
+    np.testing.assert_array_equal(miss.ids, [[-1, -1, -1]])
+    assert np.all(np.isneginf(miss.scores(1)))
+
+
+def test_search_is_deterministic_under_query_reordering() -> None:
+    qc, qp, pc, pp, c = random_tables(7, m=4, c=3)  # few models, few classes: heavy ties
+    index = ForestIndex.build(pc, pp, c)
+    a = index.search(qc, qp, 50)
+    perm = np.random.default_rng(0).permutation(len(qc))
+    b = index.search(qc[perm], qp[perm], 50)
+    np.testing.assert_array_equal(a.ids[perm], b.ids)
+
+
+def test_adding_passages_equals_building_at_once() -> None:
+    qc, qp, pc, pp, c = random_tables(3)
+    full = ForestIndex.build(pc, pp, c)
+    inc = ForestIndex.build(pc[:120], pp[:120], c)
+    new_ids = inc.add(pc[120:200], pp[120:200])
+    np.testing.assert_array_equal(new_ids, np.arange(120, 200))
+    inc.add(pc[200:], pp[200:])
+    assert inc.n_passages == full.n_passages
+    np.testing.assert_array_equal(inc.offsets, full.offsets)
+    np.testing.assert_array_equal(inc.ids, full.ids)
+    np.testing.assert_array_equal(inc.probs, full.probs)
+    np.testing.assert_array_equal(inc.search(qc, qp, 30).ids, full.search(qc, qp, 30).ids)
+
+
+def test_new_passages_are_retrieved_without_retraining() -> None:
+    forest = Forest.random(ForestConfig(n_models=16, n_classes=4, dim=8), seed=0)
+    rng = np.random.default_rng(0)
+    old = rng.standard_normal((50, 8)).astype(np.float32)
+    index = ForestIndex.build(*forest.passage_classes(old), n_classes=4)
+    new = rng.standard_normal((3, 8)).astype(np.float32)
+    ids = index.add(*forest.passage_classes(new))
+    # a query equal to a new passage matches it under every model that indexes it
+    qc, qp = forest.query_classes(new)
+    hits = index.search(qc, qp, 1)
+    np.testing.assert_array_equal(hits.ids[:, 0], ids)
+    np.testing.assert_array_equal(hits.counts[:, 0], 16)
+
+
+def test_tie_stats_hand_fixture() -> None:
+    ids = np.array([[0, 1, 2], [0, 1, 2], [0, 1, -1]])
+    counts = np.array([[3, 2, 2], [3, 3, 3], [3, 1, 0]], dtype=np.int32)
+    sec = np.array([[1.0, 0.5, 0.4], [1.0, 0.9, 0.9], [1.0, 0.2, 0.0]])
+    st = ForestHits(ids, counts, sec).tie_stats(at=2)
+    assert st["count_tie"] == pytest.approx(2 / 3)  # rows 0 and 1
+    assert st["secondary_tie"] == pytest.approx(1 / 3)  # row 1
+    assert st["mean_tied_at_boundary"] == pytest.approx((2 + 3 + 1) / 3)
+    with pytest.raises(ValueError, match="k > 3"):
+        ForestHits(ids, counts, sec).tie_stats(at=3)
+
+
+def test_class_entropy_and_stats() -> None:
+    classes = np.array([[0, 0], [1, 0], [0, -1], [1, 0]])
+    ent = class_entropy(classes, 2)
+    np.testing.assert_allclose(ent, [np.log(2), 0.0])
+    st = ForestIndex.build(classes, np.ones((4, 2), np.float32), 2).stats()
+    np.testing.assert_allclose(st["passage_class_entropy"], ent)
+    assert st["not_retrievable_fraction"] == pytest.approx(1 / 8)
+    assert st["passages_never_indexed"] == 0
+
+
+class _Store:
+    def __init__(self, q, p):
+        self.queries, self.passages = q, p
+
+    def iter_passage_chunks(self, chunk_size):
+        for s in range(0, len(self.passages), chunk_size):
+            yield s, self.passages[s : s + chunk_size]
+
+
+def test_forest_system_run_matches_index_search() -> None:
+    rng = np.random.default_rng(1)
+    forest = Forest.random(ForestConfig(n_models=8, n_classes=3, dim=6), seed=1, name="f")
+    store = _Store(
+        rng.standard_normal((10, 6)).astype(np.float32),
+        rng.standard_normal((70, 6)).astype(np.float32),
+    )
+    system = ForestSystem(forest, chunk_size=16)  # several chunks -> incremental add
+    run = system.retrieve(store, k=80)
+    ref = ForestIndex.build(*forest.passage_classes(store.passages), 3).search(
+        *forest.query_classes(store.queries), 80
+    )
+    np.testing.assert_array_equal(run.ids, ref.ids)
+    assert run.name == "f" and run.ids.shape == (10, 80) and run.ids[0, -1] == -1
+    finite = np.where(np.isfinite(run.scores), run.scores, -1.0)
+    assert np.all(np.diff(finite, axis=1) <= 0)
+    np.testing.assert_array_equal(np.isneginf(run.scores), run.ids < 0)

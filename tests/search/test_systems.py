@@ -1,0 +1,103 @@
+"""Systems and spec parsing on a tiny on-disk store in the real format."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from tests.search.tiny_store import write_tiny_store
+
+from treerank.models.checkpoint import EncoderMismatchError, save_checkpoint
+from treerank.models.cosine import CosineScorer
+from treerank.search.fusion import rrf
+from treerank.search.run import Run
+from treerank.search.systems import (
+    SYSTEM_TYPES,
+    BM25System,
+    CheckpointSystem,
+    DenseSystem,
+    FusionSystem,
+    build_system,
+)
+
+
+@pytest.fixture
+def store(tmp_path):
+    return write_tiny_store(tmp_path / "test")
+
+
+def test_cosine_system_ranks_all_passages(store) -> None:
+    run = build_system("cosine").retrieve(store, k=100)
+    assert run.ids.shape == (4, 8)
+    assert run.ids[:, 0].tolist() == [1, 0, 2, 3]  # each query was built next to its passage
+    q, p = np.asarray(store.queries), np.asarray(store.passages)
+    np.testing.assert_allclose(run.scores, -np.sort(-(q @ p.T), axis=1), atol=1e-6)
+
+
+def test_bm25_system_uses_texts(store) -> None:
+    system = build_system("bm25:k1=1.2,b=0.75")
+    assert isinstance(system, BM25System) and system.params.k1 == 1.2 and system.params.b == 0.75
+    run = system.retrieve(store, k=3)
+    assert run.ids[1, 0] == 0  # "dogs bark loudly" -> "the dog barked loudly at night"
+    assert run.ids[2, 0] == 2 and run.ids[3, 0] == 3
+
+
+def test_fusion_specs(store) -> None:
+    s = build_system("rrf:bm25+cosine:k=10")
+    assert isinstance(s, FusionSystem) and s.method == "rrf" and s.rrf_k == 10
+    fused = s.retrieve(store, k=5)
+    ref = rrf(
+        build_system("bm25").retrieve(store, 1000),
+        build_system("cosine").retrieve(store, 1000),
+        k=5,
+        rrf_k=10,
+    )
+    assert fused.ids.tolist() == ref.ids.tolist()
+    lin = build_system("linear-fusion:bm25:k1=1.2+cosine:w=0.3,norm=zscore")
+    assert isinstance(lin, FusionSystem) and lin.weight == 0.3 and lin.norm == "zscore"
+    assert isinstance(lin.a, BM25System) and lin.a.params.k1 == 1.2
+    assert isinstance(lin.b, DenseSystem)
+    assert lin.retrieve(store, k=4).ids.shape == (4, 4)
+
+
+@pytest.mark.parametrize(
+    ("spec", "match"),
+    [
+        ("bm26", "unknown system"),
+        ("bm25:k2=3", "k1="),
+        ("rrf:bm25", "two systems"),
+        ("cosine:x=1", "no parameters"),
+        ("bm25:k1=abc", "float"),
+    ],
+)
+def test_bad_specs(spec: str, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        build_system(spec)
+
+
+def test_registry_table_lists_every_type() -> None:
+    assert set(SYSTEM_TYPES) == {"cosine", "bm25", "rrf", "linear-fusion", "ckpt"}
+
+
+def test_ckpt_dense_and_retrieving_models(store, tmp_path, monkeypatch) -> None:
+    save_checkpoint(tmp_path / "cos", CosineScorer().to_checkpoint("fake", "sha256:fake"))
+    s = build_system(f"ckpt:{tmp_path / 'cos'}")
+    assert isinstance(s, CheckpointSystem)
+    run = s.retrieve(store, k=8)
+    assert run.ids.tolist() == build_system("cosine").retrieve(store, 8).ids.tolist()
+    save_checkpoint(tmp_path / "other", CosineScorer().to_checkpoint("fake", "sha256:other"))
+    with pytest.raises(EncoderMismatchError):
+        build_system(f"ckpt:{tmp_path / 'other'}").retrieve(store, 8)
+
+    class Retriever:  # a model with its own search (the forest's shape)
+        name = "forest"
+
+        def retrieve(self, store, k=1000):
+            return Run(
+                "forest", np.zeros((store.n_queries, 1), np.int64), np.ones((store.n_queries, 1))
+            )
+
+    monkeypatch.setattr(
+        "treerank.models.registry.load_model", lambda path, expected_fingerprint=None: Retriever()
+    )
+    out = build_system(f"ckpt:{tmp_path / 'cos'}").retrieve(store, 8)
+    assert out.ids.shape == (4, 1) and out.name == f"ckpt:{tmp_path / 'cos'}"

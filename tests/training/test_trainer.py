@@ -1,0 +1,193 @@
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from treerank.models.linear import LinearHead
+from treerank.training.heads import HeadConfig, build_sampler, train_head, train_linear
+from treerank.training.history import TrainingLog, plot_curves, read_log
+from treerank.training.holdout import holdout_split
+from treerank.training.trainer import TrainerConfig, fit
+
+
+def mrr_validator(store, rows):
+    gold = store.candidates[rows, 0]
+
+    def validate(model):
+        q = model.encode_queries(store.queries[rows])
+        p = model.encode_passages(store.passages)
+        s = q @ p.T
+        rank = (s > s[np.arange(len(rows)), gold][:, None]).sum(axis=1) + 1
+        rr = np.where(rank <= 10, 1.0 / rank, 0.0)
+        return {"mrr@10": float(rr.mean()), "ndcg@10": float(rr.mean())}
+
+    return validate
+
+
+CFG = {
+    "seed": 1,
+    "sampler": {"batch_size": 16, "n_hard": 0},
+    "trainer": {"epochs": 15, "lr": 5e-3, "log_every": 2, "patience": None},
+}
+
+
+def test_training_improves_held_out_metric_and_logs(toy_store, tmp_path):
+    tr, va = holdout_split(np.ones(toy_store.n_queries, bool), 0.25, seed=0)
+    log = tmp_path / "log.jsonl"
+    out = train_linear(
+        toy_store,
+        CFG,
+        train_rows=tr,
+        validate=mrr_validator(toy_store, va),
+        log_path=log,
+        progress=False,
+    )
+    recs = read_log(log)
+    evals = [r for r in recs if r["kind"] == "eval"]
+    assert evals[0]["step"] == 0
+    assert out.summary["best_metrics"]["mrr@10"] > evals[0]["mrr@10"] + 0.05
+    train = [r for r in recs if r["kind"] == "train"]
+    for key in (
+        "loss",
+        "chance_loss",
+        "accuracy",
+        "max_neg_prob",
+        "query_norm",
+        "neg_participation",
+        "lr",
+        "temperature",
+    ):
+        assert key in train[0]
+    assert train[-1]["loss"] < train[0]["loss"]
+    assert train[0]["chance_loss"] == pytest.approx(np.log(16), abs=1e-5)
+    png = plot_curves(recs, tmp_path / "curves.png")
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    # the restored model is the best one
+    assert mrr_validator(toy_store, va)(out.model)["mrr@10"] == pytest.approx(
+        out.summary["best_metrics"]["mrr@10"]
+    )
+    assert out.model.extra["training"]["best_step"] == out.summary["best_step"]
+
+
+def test_same_seed_same_weights(toy_store):
+    a = train_head(
+        "mlp", toy_store, {**CFG, "trainer": {**CFG["trainer"], "epochs": 2}}, progress=False
+    )
+    b = train_head(
+        "mlp", toy_store, {**CFG, "trainer": {**CFG["trainer"], "epochs": 2}}, progress=False
+    )
+    for k, v in a.model.state_dict().items():
+        assert torch.equal(v, b.model.state_dict()[k]), k
+    assert not torch.equal(
+        a.model.query_tower.fc2.weight, torch.zeros_like(a.model.query_tower.fc2.weight)
+    )
+
+
+def test_early_stopping_restores_best_state(toy_store):
+    calls = []
+
+    def worse_and_worse(model):
+        calls.append(1)
+        return {"ndcg@10": 1.0 - 0.1 * len(calls)}
+
+    cfg = HeadConfig.from_dict(
+        {
+            "sampler": {"batch_size": 16},
+            "trainer": {"epochs": 50, "eval_every": 2, "patience": 3, "log_every": 1},
+        }
+    )
+    head = LinearHead(toy_store.dim)
+    sampler, _ = build_sampler(toy_store, cfg.sampler)
+    res = fit(
+        head,
+        sampler,
+        toy_store.queries,
+        toy_store.passages,
+        cfg.trainer,
+        validate=worse_and_worse,
+        progress=False,
+    )
+    assert res.stopped_early and res.best_step == 0 and len(calls) == 4
+    assert res.steps == 6
+    # step 0 = identity init is restored
+    assert torch.equal(head.query_tower.weight, torch.zeros_like(head.query_tower.weight))
+
+
+class WithExtra(LinearHead):
+    def extra_loss(self, q_repr, p_repr):
+        return q_repr.sum() * 0 + 5.0
+
+
+def test_extra_loss_hook_is_added(toy_store):
+    head = WithExtra(toy_store.dim)
+    sampler, _ = build_sampler(toy_store, HeadConfig().sampler)
+    log = TrainingLog()
+    fit(
+        head,
+        sampler,
+        toy_store.queries,
+        toy_store.passages,
+        TrainerConfig(epochs=1, log_every=1, patience=None),
+        log=log,
+        progress=False,
+    )
+    rec = [r for r in log.records if r["kind"] == "train"][0]
+    assert rec["extra_loss"] == pytest.approx(5.0)
+    assert rec["loss"] == pytest.approx(rec["q2p_loss"] + 5.0, abs=1e-5)
+
+
+def test_symmetric_term_logged(toy_store):
+    head = LinearHead(toy_store.dim)
+    sampler, _ = build_sampler(toy_store, HeadConfig().sampler)
+    log = TrainingLog()
+    fit(
+        head,
+        sampler,
+        toy_store.queries,
+        toy_store.passages,
+        TrainerConfig(epochs=1, log_every=1, symmetric_weight=0.5, patience=None),
+        log=log,
+        progress=False,
+    )
+    rec = [r for r in log.records if r["kind"] == "train"][0]
+    assert rec["loss"] == pytest.approx(rec["q2p_loss"] + 0.5 * rec["p2q_loss"], abs=1e-5)
+
+
+def test_non_module_rejected(toy_store):
+    sampler, _ = build_sampler(toy_store, HeadConfig().sampler)
+    with pytest.raises(TypeError, match="encode_queries_t"):
+        fit(torch.nn.Linear(2, 2), sampler, toy_store.queries, toy_store.passages, progress=False)
+
+
+def test_config_errors_name_the_key():
+    with pytest.raises(ValueError, match="sampler: unknown key 'batchsize'"):
+        HeadConfig.from_dict({"sampler": {"batchsize": 3}})
+    with pytest.raises(ValueError, match="unknown section 'optim'"):
+        HeadConfig.from_dict({"optim": {}})
+    with pytest.raises(ValueError, match="early_stopping_metric"):
+        HeadConfig.from_dict({"trainer": {"early_stopping_metric": "map"}})
+    cfg = HeadConfig.from_dict({"seed": 4})
+    assert cfg.trainer.seed == 4
+    assert json.loads(json.dumps(cfg.to_dict()))["sampler"]["batch_size"] == 64
+
+
+def test_mined_negatives_used_when_candidates_have_none(toy_store):
+    rng = np.random.default_rng(0)
+    mined = rng.integers(0, toy_store.n_passages, size=(toy_store.n_queries, 20)).astype(np.int32)
+    toy_store.save_array("bm25_negatives", mined)
+    cfg = HeadConfig.from_dict(
+        {"sampler": {"n_hard": 2, "guard_skip_top": 3, "guard_margin": None}}
+    )
+    sampler, info = build_sampler(toy_store, cfg.sampler)
+    assert info["resolved_source"] == "mined"
+    assert info["guard_dropped_fraction"] == pytest.approx(3 / 20)
+    batch = next(sampler.epoch(0))
+    assert batch.size[1] > cfg.sampler.batch_size  # hard negatives added columns
+    with pytest.raises(ValueError, match="no sidecar array"):
+        build_sampler(
+            toy_store,
+            HeadConfig.from_dict(
+                {"sampler": {"hard_negatives": "mined", "mined_array": "nope"}}
+            ).sampler,
+        )
