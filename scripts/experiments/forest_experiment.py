@@ -107,6 +107,9 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--cv-folds", type=int, default=0, help="k-fold CV over --test's queries")
     ap.add_argument("--set", nargs="*", default=[], help="config overrides key=yaml_value")
+    ap.add_argument(
+        "--systems", nargs="*", default=[], help="extra system specs to evaluate (ckpt:<dir>, bm25)"
+    )
     args = ap.parse_args()
     cfg = yaml.safe_load(args.config.read_text())
     for kv in args.set:
@@ -179,6 +182,13 @@ def main() -> None:
             retrieve_seconds={"forest_index_and_search": f_sec, "cosine_exact": c_sec},
             passages_bytes=int(test.n_passages * test.dim * 4),
         )
+        from treerank.search.systems import build_system
+
+        for spec in args.systems:
+            run = build_system(spec).retrieve(test, k)
+            result.setdefault("others", {})[spec] = evaluate_run(
+                run, Qrels.from_store(test), METRICS
+            ).mean
     result["wall_seconds"] = time.perf_counter() - t0
     if result["curve"]:
         plot_metric_vs_models(
@@ -186,7 +196,7 @@ def main() -> None:
             args.out / "forest_metric_vs_m.png",
             title=f"{cfg.get('name', 'forest')} on {args.test.parent.name}/{args.test.name} "
             f"(C={cfg.get('n_classes')})",
-            baselines={"cosine": result["cosine"]},
+            baselines={"cosine": result["cosine"], **result.get("others", {})},
         )
     (args.out / "results.json").write_text(json.dumps(result, indent=2, default=str))
     print(json.dumps({kk: result[kk] for kk in ("forest", "cosine", "wall_seconds")}, indent=2))

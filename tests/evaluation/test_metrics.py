@@ -124,3 +124,29 @@ def test_parity_with_ir_measures_on_dl19_runs() -> None:
     pindex = {p: i for i, p in enumerate(docids)}
     _parity(judged, runs, qids, pindex, threshold=2)
     _parity(judged, {"BM25": runs["BM25"]}, qids, pindex, threshold=1)
+
+
+def test_parity_with_ir_measures_on_scifact_bm25_run() -> None:
+    from pathlib import Path
+
+    from treerank.readers.scifact import read_scifact
+    from treerank.search.bm25 import BM25Index
+
+    data = Path("/work/shared/data/beir-scifact")
+    if not (data / "scifact.zip").is_file():
+        pytest.skip("SciFact not available")
+    split = read_scifact(data / "scifact.zip", "test")
+    ids, scores = BM25Index(split.passage_texts).search(split.query_texts, k=100)
+    judged = read_qrels(data / "qrels.beir-v1.0.0-scifact.test.txt")
+    pindex = {p: i for i, p in enumerate(split.passage_ids)}
+    # the reader's candidates/labels are the same judgments as BEIR's qrels file
+    from_store = Qrels(split.candidates, split.labels, split.relevance_threshold)
+    from_file = Qrels.from_dict(judged, split.query_ids, pindex)
+    assert from_store.index()[0].tolist() == from_file.index()[0].tolist()
+    ranking = {
+        q: [(split.passage_ids[p], 0.0) for p in ids[i]] for i, q in enumerate(split.query_ids)
+    }
+    _parity(judged, {"bm25": ranking}, split.query_ids, pindex, threshold=1)
+    ours = evaluate_run(ids, from_store, ("ndcg@10",))
+    assert ours.n_evaluated == 300
+    assert abs(ours.mean["ndcg@10"] - 0.676) < 0.02  # Anserini's BEIR SciFact BM25 flat

@@ -113,3 +113,17 @@ def test_topk_desc_rejects_nan_and_handles_small_rows() -> None:
         topk_desc(np.array([[1.0, np.nan, 0.0]], np.float32), 2)
     ids, vals = topk_desc(np.array([[1.0, 3.0, 3.0]], np.float32), 5, id_offset=10)
     assert ids.tolist() == [[11, 12, 10]] and vals.tolist() == [[3.0, 3.0, 1.0]]
+
+
+def test_release_pages_only_touches_read_only_memmaps(tmp_path) -> None:
+    from treerank.search.exact import release_pages
+
+    x = np.arange(4096 * 8, dtype=np.float32).reshape(-1, 8)
+    assert not release_pages(x, 0, x.shape[0])  # anonymous memory is never released
+    x.tofile(tmp_path / "x.bin")
+    mm = np.memmap(tmp_path / "x.bin", dtype=np.float32, mode="r", shape=x.shape)
+    assert float(mm[:].sum()) == float(x.sum())
+    assert release_pages(mm, 0, x.shape[0])
+    np.testing.assert_array_equal(mm[100:200], x[100:200])  # data faults back in unchanged
+    rw = np.memmap(tmp_path / "x.bin", dtype=np.float32, mode="r+", shape=x.shape)
+    assert not release_pages(rw, 0, x.shape[0])

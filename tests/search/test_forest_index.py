@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from treerank.models.forest import Forest, ForestConfig
 from treerank.search.forest_index import (
@@ -180,3 +181,28 @@ def test_forest_system_run_matches_index_search() -> None:
     finite = np.where(np.isfinite(run.scores), run.scores, -1.0)
     assert np.all(np.diff(finite, axis=1) <= 0)
     np.testing.assert_array_equal(np.isneginf(run.scores), run.ids < 0)
+
+
+def test_dense_view_inner_product_equals_index_ranking() -> None:
+    """Forest.encode_queries @ encode_passages.T = count + secondary / (M + 1)."""
+    rng = np.random.default_rng(4)
+    forest = Forest.random(ForestConfig(n_models=10, n_classes=3, dim=5, nr_threshold=0.5), seed=4)
+    # make the not-retrievable outcome fire for some passages
+    forest.passage_weights[0][:, :, -1] = (
+        torch.randn(10, 5, generator=torch.Generator().manual_seed(0)) * 6
+    )
+    q = rng.standard_normal((12, 5)).astype(np.float32)
+    p = rng.standard_normal((90, 5)).astype(np.float32)
+    pc, pp = forest.passage_classes(p)
+    assert (pc < 0).any()
+    qc, qp = forest.query_classes(q)
+    index = ForestIndex.build(pc, pp, 3)
+    hits = index.search(qc, qp, 90)
+    dense = forest.encode_queries(q).astype(np.float64) @ forest.encode_passages(p).T
+    ok = hits.ids >= 0
+    expect = hits.counts + hits.secondary / 11
+    np.testing.assert_allclose(
+        np.take_along_axis(dense, np.where(ok, hits.ids, 0), 1)[ok], expect[ok], rtol=1e-6
+    )
+    _, counts, _ = brute_force(qc, qp, pc, pp, 90)
+    np.testing.assert_array_equal(np.floor(dense + 1e-6), counts)

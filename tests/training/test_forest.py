@@ -141,3 +141,19 @@ def test_bad_config_names_the_key() -> None:
         ForestTrainConfig.from_dict({"uniformity": "kl"})
     with pytest.raises(ValueError, match="bag_queries"):
         ForestTrainConfig.from_dict({"bag_queries": 0.0})
+
+
+def test_train_rows_restrict_training_and_pipeline_entry_point(toy_store, tmp_path) -> None:
+    rows = np.arange(0, 40)
+    out = train_forest(toy_store, {**SMALL, "n_models": 1}, train_rows=rows, progress=False)
+    assert out.summary["n_train_queries"] == 40
+    # through the pipeline (held-out validation via the forest's dense match-count view)
+    from treerank.pipeline.training import train_model
+
+    cfg = {**SMALL, "n_models": 2, "validation": {"fraction": 0.25}}
+    res = train_model("forest", toy_store, cfg, tmp_path / "ck", progress=False)
+    assert isinstance(res.model, Forest) and res.model.n_models == 2
+    assert res.summary["n_train_queries"] == toy_store.n_queries - res.heldout_rows.size
+    curve = res.summary["curve"]
+    assert [p["n_models"] for p in curve] == [1, 2] and 0.0 <= curve[-1]["mrr@10"] <= 1.0
+    assert isinstance(load_model(tmp_path / "ck"), Forest)

@@ -94,12 +94,12 @@ def recall_at(
 
 def success_at(grades: np.ndarray, cutoff: int, threshold: int) -> np.ndarray:
     """``float64 (nq,)`` 1.0 where a relevant passage is in the top ``cutoff``, else 0.0."""
-    return (grades[:, :cutoff] >= threshold).any(axis=1).astype(np.float64)
+    return np.asarray((grades[:, :cutoff] >= threshold).any(axis=1), dtype=np.float64)
 
 
 def precision_at(grades: np.ndarray, cutoff: int, threshold: int) -> np.ndarray:
     """``float64 (nq,)`` relevant passages in the top ``cutoff`` divided by ``cutoff``."""
-    return (grades[:, :cutoff] >= threshold).sum(axis=1) / float(cutoff)
+    return np.asarray((grades[:, :cutoff] >= threshold).sum(axis=1) / float(cutoff), np.float64)
 
 
 @dataclass

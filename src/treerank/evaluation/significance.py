@@ -139,9 +139,9 @@ def mcnemar(
         system_hit, baseline_hit: ``(n_queries,)`` 0/1 (NaN pairs dropped).
         exact_below: use the exact binomial test when ``b + c`` is below this.
     """
-    a, b_ = np.asarray(system_hit, np.float64), np.asarray(baseline_hit, np.float64)
-    keep = ~(np.isnan(a) | np.isnan(b_))
-    a, b_ = a[keep] > 0.5, b_[keep] > 0.5
+    fa, fb = np.asarray(system_hit, np.float64), np.asarray(baseline_hit, np.float64)
+    keep = ~(np.isnan(fa) | np.isnan(fb))
+    a, b_ = fa[keep] > 0.5, fb[keep] > 0.5
     b, c = int((a & ~b_).sum()), int((~a & b_).sum())
     if b + c == 0:
         return McNemarResult(b, c, 0.0, 1.0, True)

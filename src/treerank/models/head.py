@@ -134,7 +134,7 @@ class TwoTowerHead(nn.Module):
         out = np.empty((x.shape[0], self.out_dim), dtype=np.float32)
         with torch.no_grad():
             for s in range(0, x.shape[0], chunk):
-                y = tower(torch.from_numpy(np.ascontiguousarray(x[s : s + chunk], np.float32)))
+                y = tower(torch.from_numpy(np.require(x[s : s + chunk], np.float32, ["C", "W"])))
                 if self.scoring == "cosine":
                     y = nn.functional.normalize(y, dim=-1)
                 out[s : s + chunk] = y.numpy()

@@ -46,10 +46,16 @@ def parse_sentence_array(cell: str) -> list[str]:
     body = cell.strip()
     if not (body.startswith("[") and body.endswith("]")):
         raise ValueError("abstract is not a bracketed list")
-    out = [ast.literal_eval(m.group(0)) for m in _LITERAL.finditer(body)]
-    rest = _LITERAL.sub("", body[1:-1])
-    if rest.strip(" \n\r\t,"):
-        raise ValueError(f"unexpected text between sentences: {rest.strip()[:40]!r}")
+    out: list[str] = []
+    pos, end = 1, len(body) - 1
+    for m in _LITERAL.finditer(body, 1, end):
+        if body[pos : m.start()].strip(" \n\r\t,"):
+            raise ValueError(f"unexpected text between sentences: {body[pos:m.start()][:40]!r}")
+        lit = m.group(0)
+        out.append(ast.literal_eval(lit) if "\\" in lit else lit[1:-1])
+        pos = m.end()
+    if body[pos:end].strip(" \n\r\t,"):
+        raise ValueError(f"unexpected text after sentences: {body[pos:end][:40]!r}")
     return out
 
 

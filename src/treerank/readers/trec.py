@@ -84,7 +84,8 @@ def build_judged_split(
 ) -> RetrievalSplit:
     """Add ``topics`` to builder ``b`` (passages already added) with qrels as candidates.
 
-    Judgments on passages absent from the corpus are dropped and counted in ``meta``.
+    Judgments on passages absent from the corpus are dropped and counted in ``meta``. With
+    ``keep_unjudged_queries=False`` a topic without any judgment on a corpus passage is left out.
     """
     by_query: dict[str, list[tuple[str, int]]] = {}
     for qid, docid, grade in qrels:
@@ -92,7 +93,7 @@ def build_judged_split(
     n_missing = 0
     for qsrc, text in topics:
         judged = by_query.get(qsrc, [])
-        if not judged and not keep_unjudged_queries:
+        if not keep_unjudged_queries and not any(d in b.aliases for d, _ in judged):
             continue
         qid = b.add_query(qsrc, text)
         for docid, grade in judged:

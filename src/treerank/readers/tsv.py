@@ -6,7 +6,7 @@ Folder layout (MS MARCO passage-ranking style)::
     queries.<split>.tsv | queries.tsv    qid<TAB>text
     qrels.<split>.tsv|.txt | qrels.tsv|.txt   TREC qrels (qid iter pid grade)
 
-Queries without judgments are dropped (nothing to evaluate); candidates are the judged
+Queries without a judgment on a collection passage are dropped (nothing to evaluate); candidates are the judged
 passages with their grades.
 """
 

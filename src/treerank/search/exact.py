@@ -20,6 +20,10 @@ FAISS ``IndexFlatIP`` keeps the same *set* on ties but lists tied ids in descend
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import mmap
+import sys
 from collections.abc import Callable
 
 import numpy as np
@@ -158,6 +162,36 @@ def _chunk_topk_faiss(
 
 
 _CHUNK_TOPK = {"faiss": _chunk_topk_faiss, "torch": _chunk_topk_torch}
+_LIBC: ctypes.CDLL | None = None
+
+
+def release_pages(passages: np.ndarray, start: int, stop: int) -> bool:
+    """Drop rows ``[start, stop)`` of a read-only ``np.memmap`` from this process's resident set.
+
+    Pages of a file mapping stay resident (and counted in RSS) after they were read; this
+    ``madvise(MADV_DONTNEED)``s the whole pages of the range so that streaming a corpus keeps RSS
+    bounded by the chunk size. Safe only for read-only file mappings (the page cache keeps the
+    data; a later read faults it back in): anything else is left alone.
+
+    Returns:
+        True when pages were released.
+    """
+    global _LIBC
+    if not (isinstance(passages, np.memmap) and passages.mode == "r" and sys.platform == "linux"):
+        return False
+    if not passages.flags.c_contiguous or stop <= start:
+        return False
+    if _LIBC is None:
+        _LIBC = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    row = passages.strides[0]
+    page = mmap.PAGESIZE
+    lo = passages.ctypes.data + start * row
+    hi = passages.ctypes.data + stop * row
+    lo = -(-lo // page) * page
+    hi = hi // page * page
+    if hi <= lo:
+        return False
+    return _LIBC.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), 4) == 0  # MADV_DONTNEED
 
 
 def merge_topk(keys_a: np.ndarray, keys_b: np.ndarray, k: int) -> np.ndarray:
@@ -238,5 +272,6 @@ def exact_search(
         keys = merge_topk(keys, rank_keys(new_ids, new_vals), k)
         bar.update(block.shape[0])
         del block
+        release_pages(passages, start, min(start + chunk_size, n))
     bar.close()
     return decode_keys(np.sort(keys, axis=1))

@@ -61,7 +61,7 @@ class DenseSystem:
         backend: str = "faiss",
     ) -> None:
         self.scorer = scorer
-        self.name = name or getattr(scorer, "name", "dense")
+        self.name: str = name or str(getattr(scorer, "name", "dense"))
         self.chunk_size = chunk_size
         self.progress = progress
         self.backend = backend

@@ -290,14 +290,18 @@ def _mine_hard_negatives(
     return rows.astype(np.int64), best_i[rows, cols].astype(np.int64)
 
 
-def _pair_data(store: Any, hard_negatives: int) -> _PairData:
+def _pair_data(store: Any, hard_negatives: int, train_rows: np.ndarray | None) -> _PairData:
     cand = np.asarray(store.candidates)
     lab = np.asarray(store.labels)
     thr = int(store.relevance_threshold)
     n_pass = int(store.n_passages)
     valid = cand >= 0
     pos = valid & (lab >= thr)
-    has_pos = pos.any(axis=1)
+    has_pos: np.ndarray = np.asarray(pos.any(axis=1))
+    if train_rows is not None:
+        allowed = np.zeros(has_pos.shape[0], dtype=np.bool_)
+        allowed[np.asarray(train_rows, dtype=np.int64)] = True
+        has_pos = has_pos & allowed
     queries = np.nonzero(has_pos)[0].astype(np.int64)
     if len(queries) == 0:
         raise ValueError(f"{store.path}: no query has a selected passage; cannot train a forest")
@@ -482,6 +486,7 @@ def train_forest(
     config: Mapping[str, Any],
     out_dir: str | Path | None = None,
     *,
+    train_rows: np.ndarray | None = None,
     validate: Callable[[Forest], Mapping[str, float]] | None = None,
     log_path: str | Path | None = None,
     progress: bool = True,
@@ -490,9 +495,12 @@ def train_forest(
 
     Args:
         store: an ``EmbeddingStore`` with labelled queries (selected passages).
-        config: :class:`ForestTrainConfig` keys.
+        config: :class:`ForestTrainConfig` keys (a ``validation`` section, read by the pipeline's
+            ``treerank.pipeline.training.train_model``, is ignored here).
         out_dir: if given, the checkpoint is saved to ``out_dir/checkpoint`` and the history to
             ``out_dir/history.jsonl`` (+ ``out_dir/forest_metric_vs_m.png`` with ``validate``).
+        train_rows: query rows to train on (default: all with a selected passage); the pipeline
+            passes the rows it did not hold out for validation.
         validate: ``validate(forest) -> {"mrr@10": ..., ...}`` on held-out queries; called on the
             first ``m`` pairs for every ``m`` in ``validate_at`` (default: powers of two and M),
             which gives the metric-vs-M curve at no extra training cost.
@@ -507,11 +515,11 @@ def train_forest(
     Raises:
         ValueError: bad config (names the key) or a store without selected passages.
     """
-    cfg = ForestTrainConfig.from_dict(config)
+    cfg = ForestTrainConfig.from_dict({k: v for k, v in config.items() if k != "validation"})
     t_start = time.perf_counter()
     torch_gen = torch.Generator().manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
-    data = _pair_data(store, cfg.hard_negatives)
+    data = _pair_data(store, cfg.hard_negatives, train_rows)
     n_pass = int(store.n_passages)
     dim = int(store.dim)
     fcfg = cfg.forest_config(dim)

@@ -1,0 +1,44 @@
+"""``treerank run``: the whole loop from raw data to a comparison report."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+
+def run(
+    experiment: Path = typer.Argument(..., help="Experiment YAML (see configs/sample.yaml)."),
+    quick: bool = typer.Option(
+        False, "--quick", help="Merge the file's `quick:` profile: fewer steps and models, every stage."
+    ),
+    out: Path | None = typer.Option(None, "--out", "-o", help="Output directory (default: the file's output_dir)."),
+    force: bool = typer.Option(False, "--force", help="Re-run every stage even if its inputs are unchanged."),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bars."),
+) -> None:
+    """Embed -> BM25 + cosine -> train heads, forest, DRT -> evaluate on the full split ->
+    significance -> diagnostics -> one report (report.md + report.json)."""
+    from rich.console import Console
+
+    from treerank.pipeline.config import ConfigError, load_experiment
+    from treerank.pipeline.experiment import run_experiment
+    from treerank.pipeline.stages import StageError
+
+    console = Console(stderr=True)
+    try:
+        cfg = load_experiment(experiment, quick=quick, output_dir=out)
+        res = run_experiment(cfg, quick=quick, force=force, progress=progress, log=console.print)
+    except (ConfigError, FileNotFoundError) as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from exc
+    except StageError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        console.print("Finished stages are kept; fix the cause and re-run the same command to continue.")
+        raise typer.Exit(1) from exc
+    typer.echo(f"report: {res.report_md}")
+    typer.echo(f"numbers: {res.report_json}")
+    typer.echo(f"total: {res.seconds:.1f} s")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("run")(run)

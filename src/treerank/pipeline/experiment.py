@@ -1,0 +1,396 @@
+"""``treerank run``: one experiment from raw data to a comparison report.
+
+Stages, each incremental (reused when its inputs' fingerprints match, see
+:mod:`treerank.pipeline.stages`) and each a thin call of the same library function that its own
+command uses, so the report's numbers are exactly what ``treerank embed / train / evaluate /
+diagnose`` print:
+
+1. ``embed:<dataset>:<split>`` -> ``<out>/stores/<dataset>/<split>/`` (:func:`embed_split`,
+   resumable; the test split reuses the train split's passage vectors when texts match)
+2. ``train:<dataset>:<model>`` -> ``<out>/models/<dataset>/<model>/checkpoint`` (:func:`train_model`)
+3. ``evaluate:<dataset>`` -> ``<out>/eval/<dataset>/`` (:func:`compare_systems`: every system on
+   every passage of the evaluation split, paired tests against the baselines)
+4. ``diagnose:<dataset>`` -> ``<out>/diagnose/<dataset>/`` (:func:`run_diagnostics`)
+5. the report -> ``<out>/report.md`` + ``<out>/report.json`` (always rewritten; cheap)
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from treerank.pipeline.config import DatasetConfig, ExperimentConfig
+from treerank.pipeline.stages import StageRecord, file_sha256, fingerprint, run_stage
+
+STORE_FORMAT_VERSION = 1
+
+
+@dataclass
+class DatasetOutcome:
+    """Everything the run produced for one dataset."""
+
+    name: str
+    eval_split: str
+    store: Path
+    train_store: Path | None = None
+    checkpoints: dict[str, Path] = field(default_factory=dict)
+    training: dict[str, dict[str, Any]] = field(default_factory=dict)
+    comparison: dict[str, Any] = field(default_factory=dict)
+    comparison_markdown: str = ""
+    eval_dir: Path | None = None
+    diagnostics: dict[str, Any] | None = None
+    diagnose_dir: Path | None = None
+    store_stats: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+@dataclass
+class ExperimentResult:
+    """The outcome of :func:`run_experiment`: per-dataset results, stage records, report paths."""
+
+    config: ExperimentConfig
+    quick: bool
+    datasets: dict[str, DatasetOutcome]
+    stages: list[StageRecord]
+    encoder: dict[str, Any]
+    seconds: float
+    report_md: Path
+    report_json: Path
+
+
+class _Encoder:
+    """Loads the sentence-transformers model only when a stage really has to encode."""
+
+    def __init__(self, cfg: ExperimentConfig) -> None:
+        self.cfg = cfg
+        self._enc: Any = None
+
+    def key(self) -> dict[str, Any]:
+        """What identifies the encoder without loading it: its weights' bytes where local."""
+        from treerank.encoders.sentence import default_model_path
+
+        model = self.cfg.encoder.model
+        path = Path(default_model_path() if model is None else model)
+        ident = file_sha256(path) if path.exists() else str(model)
+        return {
+            "model": model or "default",
+            "weights": ident,
+            "query_prompt": self.cfg.encoder.query_prompt,
+            "token_budget": self.cfg.encoder.token_budget,
+        }
+
+    def get(self) -> Any:
+        if self._enc is None:
+            from treerank.encoders import SentenceEncoder
+
+            self._enc = SentenceEncoder(
+                self.cfg.encoder.model,
+                query_prompt=self.cfg.encoder.query_prompt,
+                token_budget=self.cfg.encoder.token_budget,
+            )
+        return self._enc
+
+
+def _rel(path: Path, root: Path) -> str:
+    try:
+        return str(path.relative_to(root))
+    except ValueError:
+        return str(path)
+
+
+def run_experiment(
+    cfg: ExperimentConfig,
+    *,
+    quick: bool = False,
+    force: bool = False,
+    progress: bool = True,
+    log: Callable[[str], None] = print,
+) -> ExperimentResult:
+    """Run every stage of ``cfg`` (skipping those whose inputs are unchanged) and write the report.
+
+    Args:
+        cfg: a loaded experiment (:func:`treerank.pipeline.config.load_experiment`).
+        quick: recorded in the report (the profile itself was merged when loading ``cfg``).
+        force: re-run every stage even when it could be reused.
+        progress: progress bars inside stages.
+        log: where stage lines go.
+
+    Raises:
+        StageError: a stage failed; it names the stage and the cause. Every stage finished
+            before it (and that stage's own earlier result) stays intact on disk.
+    """
+    t0 = time.perf_counter()
+    out = cfg.output_dir
+    out.mkdir(parents=True, exist_ok=True)
+    encoder = _Encoder(cfg)
+    enc_key = encoder.key()
+    records: list[StageRecord] = []
+    outcomes: dict[str, DatasetOutcome] = {}
+    stage_keys: dict[str, str] = {}
+
+    for ds in cfg.datasets:
+        data_sha = file_sha256(ds.path)
+        splits = [s for s in (ds.train_split, ds.eval_split) if s]
+        for split in dict.fromkeys(splits):
+            rec = _embed_stage(cfg, ds, split, data_sha, enc_key, encoder, force, progress, log)
+            records.append(rec)
+            stage_keys[f"store:{ds.name}:{split}"] = rec.key
+        outcomes[ds.name] = DatasetOutcome(
+            name=ds.name,
+            eval_split=ds.eval_split,
+            store=out / "stores" / ds.name / ds.eval_split,
+            train_store=(out / "stores" / ds.name / ds.train_split) if ds.train_split else None,
+            store_stats={
+                r.name.split(":")[-1]: r.summary
+                for r in records
+                if r.name.startswith(f"embed:{ds.name}:")
+            },
+        )
+        if ds.train_split:
+            for model_type, mcfg in cfg.models.items():
+                rec = _train_stage(cfg, ds, model_type, mcfg, stage_keys, force, progress, log)
+                records.append(rec)
+                stage_keys[f"model:{ds.name}:{model_type}"] = rec.key
+                outcomes[ds.name].checkpoints[model_type] = rec.path / "checkpoint"
+                outcomes[ds.name].training[model_type] = rec.summary
+
+    for ds in cfg.datasets:
+        o = outcomes[ds.name]
+        systems = _systems_for(cfg, ds, outcomes)
+        rec = _evaluate_stage(cfg, ds, o, systems, stage_keys, force, progress, log)
+        records.append(rec)
+        o.eval_dir = rec.path
+        o.comparison = rec.summary.get("comparison", {})
+        o.comparison_markdown = rec.summary.get("markdown", "")
+        dmodel = cfg.diagnose.model
+        if dmodel and dmodel in o.checkpoints:
+            rec = _diagnose_stage(cfg, ds, o, dmodel, stage_keys, force, progress, log)
+            records.append(rec)
+            o.diagnose_dir = rec.path
+            o.diagnostics = rec.summary
+
+    from treerank.pipeline.report import write_report
+
+    seconds = time.perf_counter() - t0
+    enc_meta = _encoder_meta(outcomes)
+    md, js = write_report(cfg, quick, outcomes, records, enc_meta, seconds)
+    log(f"[report] {md}")
+    return ExperimentResult(cfg, quick, outcomes, records, enc_meta, seconds, md, js)
+
+
+# ----------------------------------------------------------------------------- stages
+
+
+def _embed_stage(
+    cfg: ExperimentConfig,
+    ds: DatasetConfig,
+    split: str,
+    data_sha: str,
+    enc_key: dict[str, Any],
+    encoder: _Encoder,
+    force: bool,
+    progress: bool,
+    log: Callable[[str], None],
+) -> StageRecord:
+    path = cfg.output_dir / "stores" / ds.name / split
+    key = fingerprint(
+        "embed",
+        STORE_FORMAT_VERSION,
+        _version("treerank"),
+        data_sha,
+        ds.format,
+        split,
+        ds.limit,
+        ds.max_passages,
+        enc_key,
+    )
+
+    def work(d: Path) -> dict[str, Any]:
+        from treerank.readers import read_split
+        from treerank.store import StoreExistsError, embed_split
+
+        data = read_split(ds.path, ds.format, split, limit=ds.limit, max_passages=ds.max_passages)
+        enc = encoder.get()
+        try:
+            # resume=True continues an interrupted run of the same inputs (byte-identical result).
+            stats = embed_split(data, enc, d, resume=not force, overwrite=force, progress=progress)
+        except StoreExistsError:
+            # A finished store from other inputs (or an unrelated partial run): start over.
+            stats = embed_split(data, enc, d, overwrite=True, progress=progress)
+        return {
+            "n_queries": data.n_queries,
+            "n_passages": data.n_passages,
+            "k": data.k,
+            "encoder": enc.name,
+            "encoder_fingerprint": enc.fingerprint,
+            "stats": stats.to_dict(),
+        }
+
+    return run_stage(
+        f"embed:{ds.name}:{split}", key, path, work, force=force, in_place=True, log=log
+    )
+
+
+def _train_stage(
+    cfg: ExperimentConfig,
+    ds: DatasetConfig,
+    model_type: str,
+    mcfg: dict[str, Any],
+    stage_keys: dict[str, str],
+    force: bool,
+    progress: bool,
+    log: Callable[[str], None],
+) -> StageRecord:
+    assert ds.train_split is not None
+    store_dir = cfg.output_dir / "stores" / ds.name / ds.train_split
+    path = cfg.output_dir / "models" / ds.name / model_type
+    key = fingerprint(
+        "train", _version("treerank"), stage_keys[f"store:{ds.name}:{ds.train_split}"], model_type, mcfg
+    )
+
+    def work(d: Path) -> dict[str, Any]:
+        from treerank.pipeline.training import train_model
+        from treerank.store import EmbeddingStore
+
+        (d / "config.yaml").write_text(yaml.safe_dump(mcfg, sort_keys=True))
+        res = train_model(model_type, EmbeddingStore.open(store_dir), mcfg, d / "checkpoint", progress=progress)
+        return {"model_type": model_type, "summary": _jsonable(res.summary)}
+
+    return run_stage(f"train:{ds.name}:{model_type}", key, path, work, force=force, log=log)
+
+
+def _systems_for(
+    cfg: ExperimentConfig, ds: DatasetConfig, outcomes: dict[str, DatasetOutcome]
+) -> dict[str, str]:
+    """System name -> spec for one dataset: the configured specs + every model trained on it."""
+    specs = ds.systems if ds.systems is not None else cfg.systems
+    systems = {s: s for s in specs}
+    for model_type, ckpt in outcomes[ds.name].checkpoints.items():
+        systems[model_type] = f"ckpt:{ckpt}"
+    for base in cfg.evaluate.baselines:
+        systems.setdefault(base, base)
+    return systems
+
+
+def _evaluate_stage(
+    cfg: ExperimentConfig,
+    ds: DatasetConfig,
+    o: DatasetOutcome,
+    systems: dict[str, str],
+    stage_keys: dict[str, str],
+    force: bool,
+    progress: bool,
+    log: Callable[[str], None],
+) -> StageRecord:
+    path = cfg.output_dir / "eval" / ds.name
+    deps = {
+        name: (stage_keys[f"model:{ds.name}:{name}"] if spec.startswith("ckpt:") else spec)
+        for name, spec in systems.items()
+    }
+    ev = cfg.evaluate
+    key = fingerprint(
+        "evaluate",
+        _version("treerank"),
+        stage_keys[f"store:{ds.name}:{ds.eval_split}"],
+        deps,
+        ev.k,
+        ev.baselines,
+        ev.metrics,
+        ev.seed,
+    )
+
+    def work(d: Path) -> dict[str, Any]:
+        from treerank.evaluation.compare import compare_systems
+        from treerank.store import EmbeddingStore
+
+        store = EmbeddingStore.open(o.store)
+        comp = compare_systems(
+            store,
+            systems,
+            baseline=ev.baselines[0],
+            second_baseline=ev.baselines[1] if len(ev.baselines) > 1 else None,
+            k=ev.k,
+            out_dir=d,
+            metrics=tuple(ev.metrics),
+            seed=ev.seed,
+            progress=progress,
+        )
+        log(comp.markdown())
+        return {"comparison": _jsonable(comp.to_dict()), "markdown": comp.markdown()}
+
+    return run_stage(f"evaluate:{ds.name}", key, path, work, force=force, log=log)
+
+
+def _diagnose_stage(
+    cfg: ExperimentConfig,
+    ds: DatasetConfig,
+    o: DatasetOutcome,
+    model_type: str,
+    stage_keys: dict[str, str],
+    force: bool,
+    progress: bool,
+    log: Callable[[str], None],
+) -> StageRecord:
+    path = cfg.output_dir / "diagnose" / ds.name
+    key = fingerprint(
+        "diagnose",
+        _version("treerank"),
+        stage_keys[f"store:{ds.name}:{ds.eval_split}"],
+        stage_keys[f"model:{ds.name}:{model_type}"],
+        cfg.diagnose.baseline,
+        cfg.evaluate.k,
+    )
+
+    def work(d: Path) -> dict[str, Any]:
+        from treerank.diagnostics.procedure import run_diagnostics
+        from treerank.store import EmbeddingStore
+
+        doc = run_diagnostics(
+            o.checkpoints[model_type],
+            EmbeddingStore.open(o.store),
+            d,
+            baseline=cfg.diagnose.baseline,
+            k=cfg.evaluate.k,
+            progress=progress,
+        )
+        return _jsonable(doc)
+
+    return run_stage(f"diagnose:{ds.name}", key, path, work, force=force, log=log)
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _jsonable(doc: Any) -> Any:
+    return json.loads(json.dumps(doc, default=str))
+
+
+def _encoder_meta(outcomes: dict[str, DatasetOutcome]) -> dict[str, Any]:
+    """Encoder name and fingerprint as recorded by the stores (all must agree)."""
+    from treerank.store import EmbeddingStore
+
+    seen: dict[str, Any] = {}
+    for o in outcomes.values():
+        s = EmbeddingStore.open(o.store)
+        seen[s.encoder_fingerprint] = {
+            "name": s.encoder_name,
+            "fingerprint": s.encoder_fingerprint,
+            "query_prompt": s.meta.get("query_prompt"),
+            "dim": s.dim,
+        }
+    if len(seen) != 1:
+        raise RuntimeError(f"stores were embedded with {len(seen)} different encoders: {list(seen)}")
+    return next(iter(seen.values()))

@@ -1,0 +1,180 @@
+"""The experiment report: ``report.md`` (readable, with plots) and ``report.json`` (same numbers).
+
+Every number in the report is copied from the stage that produced it (the evaluation stage's
+``results.json``, the training summaries, the diagnostics JSON), never recomputed, so the report
+and each stage's own command agree exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+if TYPE_CHECKING:
+    from treerank.pipeline.config import ExperimentConfig
+    from treerank.pipeline.experiment import DatasetOutcome
+    from treerank.pipeline.stages import StageRecord
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
+
+
+def _rel(path: Path | str | None, root: Path) -> str:
+    if path is None:
+        return ""
+    p = Path(path)
+    try:
+        return p.resolve().relative_to(root.resolve()).as_posix()
+    except ValueError:
+        return str(p)
+
+
+def _fmt_seconds(s: float) -> str:
+    return f"{s:.1f} s" if s < 120 else f"{s / 60:.1f} min"
+
+
+def _training_rows(name: str, summary: dict[str, Any]) -> list[str]:
+    s = summary.get("summary", {})
+    keep = [
+        (k, s[k])
+        for k in (
+            "steps",
+            "best_step",
+            "best_metric",
+            "best_value",
+            "stopped_early",
+            "seconds",
+            "n_models",
+            "n_train_queries",
+        )
+        if k in s and not isinstance(s[k], dict | list)
+    ]
+    cells = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in keep)
+    return [f"| `{name}` | {cells or '—'} |"]
+
+
+def write_report(
+    cfg: ExperimentConfig,
+    quick: bool,
+    outcomes: dict[str, DatasetOutcome],
+    records: list[StageRecord],
+    encoder: dict[str, Any],
+    seconds: float,
+) -> tuple[Path, Path]:
+    """Write ``<output_dir>/report.md`` and ``report.json`` atomically; returns both paths."""
+    root = cfg.output_dir
+    now = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    stages = [
+        {"stage": r.name, "seconds": round(r.seconds, 2), "reused": r.reused, "path": _rel(r.path, root)}
+        for r in records
+    ]
+    doc: dict[str, Any] = {
+        "experiment": cfg.name,
+        "config_file": str(cfg.source),
+        "quick": quick,
+        "created": now,
+        "encoder": encoder,
+        "seconds_this_run": round(seconds, 2),
+        "stages": stages,
+        "config": cfg.raw,
+        "datasets": {},
+    }
+    md: list[str] = [
+        f"# treerank report: {cfg.name}{' (quick profile)' if quick else ''}",
+        "",
+        f"- created: {now}; this run took {_fmt_seconds(seconds)} "
+        f"({sum(r.reused for r in records)} of {len(records)} stages reused)",
+        f"- config: `{cfg.source}`",
+        f"- encoder: `{encoder.get('name')}` (dim {encoder.get('dim')}), weights fingerprint "
+        f"`{str(encoder.get('fingerprint'))[:16]}`, query prompt: "
+        f"{repr(encoder.get('query_prompt')) if encoder.get('query_prompt') else 'none'}",
+        "- evaluation: every query of the evaluation split ranked against **all passages of that "
+        "split**; MRR@10 leaves out queries without a relevant passage (counted below); "
+        "p = paired randomization test against the baseline (* p < 0.05).",
+        "",
+    ]
+    for name, o in outcomes.items():
+        comp = o.comparison
+        systems = comp.get("systems", {})
+        any_sys = next(iter(systems.values()), {})
+        doc["datasets"][name] = {
+            "eval_split": o.eval_split,
+            "store": _rel(o.store, root),
+            "store_stats": o.store_stats,
+            "comparison": comp,
+            "training": o.training,
+            "diagnostics": o.diagnostics,
+        }
+        md += [f"## {name} — {o.eval_split} split", ""]
+        st = o.store_stats.get(o.eval_split, {})
+        if st:
+            md.append(
+                f"{st.get('n_queries')} queries against {st.get('n_passages')} passages "
+                f"(K = {st.get('k')} candidates per query); "
+                f"{any_sys.get('n_evaluated', '?')} queries evaluated, "
+                f"{any_sys.get('n_left_out', '?')} left out (no relevant passage)."
+            )
+            md.append("")
+        md.append(o.comparison_markdown.strip())
+        md.append("")
+        if o.eval_dir is not None:
+            for png, title in (("metrics.png", "Metrics per system"), ("recall_at_k.png", "Recall@k")):
+                p = o.eval_dir / "plots" / png
+                if p.exists():
+                    md.append(f"![{title} — {name}]({_rel(p, root)})")
+            md += [
+                "",
+                f"Files: per-query values `{_rel(o.eval_dir / 'per_query.jsonl', root)}`, "
+                f"TREC runs `{_rel(o.eval_dir / 'runs', root)}/`, "
+                f"numbers `{_rel(o.eval_dir / 'results.json', root)}`.",
+                "",
+            ]
+        if o.training:
+            md += ["### Training", "", "| model | summary |", "|---|---|"]
+            for m, s in o.training.items():
+                md += _training_rows(m, s)
+            md.append("")
+            for m, ck in o.checkpoints.items():
+                for png in sorted(Path(ck).glob("*.png")):
+                    md.append(f"![{m}: {png.stem}]({_rel(png, root)})")
+            md.append("")
+        if o.diagnostics is not None and o.diagnose_dir is not None:
+            md += ["### Diagnostics", ""]
+            rules = o.diagnostics.get("decision_rules") or o.diagnostics.get("rules") or []
+            for r in rules if isinstance(rules, list) else []:
+                if isinstance(r, dict):
+                    md.append(f"- **{r.get('rule', r.get('name', ''))}**: {r.get('verdict', r.get('conclusion', ''))}")
+                else:
+                    md.append(f"- {r}")
+            rep = o.diagnose_dir / "report.md"
+            if rep.exists():
+                md.append(f"\nFull diagnostics (tables, plots): [{_rel(rep, root)}]({_rel(rep, root)})")
+            md.append("")
+    md += ["## Stages", "", "| stage | time | reused |", "|---|---:|:---:|"]
+    for s in stages:
+        md.append(f"| `{s['stage']}` | {_fmt_seconds(s['seconds'])} | {'yes' if s['reused'] else ''} |")
+    md += [
+        "",
+        "Times of reused stages are those of the run that produced them.",
+        "",
+        "## Configuration",
+        "",
+        "```yaml",
+        yaml.safe_dump(cfg.raw, sort_keys=False).strip(),
+        "```",
+        "",
+    ]
+    md_path, json_path = root / "report.md", root / "report.json"
+    _atomic_write(json_path, json.dumps(doc, indent=2, sort_keys=False, default=str))
+    _atomic_write(md_path, "\n".join(md) + "\n")
+    return md_path, json_path
