@@ -50,10 +50,6 @@ def test_drt_diagnostics_end_to_end(scifact_test, tmp_path) -> None:
 
     # the learned variant is the model searched as a plain DenseScorer
     qrels = Qrels.from_store(store)
-    ids, _ = exact_search(
-        store.queries, store.passages, k=100, passage_transform=head.encode_passages
-    )
-    del ids
     q = head.encode_queries(np.asarray(store.queries))
     ids, _ = exact_search(q, store.passages, k=100, passage_transform=head.encode_passages)
     direct = evaluate_run(ids, qrels, metrics=("ndcg@10",)).mean["ndcg@10"]

@@ -101,3 +101,28 @@ def test_ckpt_dense_and_retrieving_models(store, tmp_path, monkeypatch) -> None:
     )
     out = build_system(f"ckpt:{tmp_path / 'cos'}").retrieve(store, 8)
     assert out.ids.shape == (4, 1) and out.name == f"ckpt:{tmp_path / 'cos'}"
+
+
+def test_shared_cache_runs_each_system_once(store, monkeypatch) -> None:
+    cache: dict = {}
+    fused = build_system("rrf:bm25+cosine", cache)
+    bm25 = build_system("bm25", cache)
+    assert (
+        isinstance(fused, FusionSystem)
+        and fused.a is bm25
+        and fused.b is build_system("cosine", cache)
+    )
+    calls = []
+    real = type(bm25.index_for(store)).search
+
+    def counting(self, texts, k=1000, batch=256):
+        calls.append(k)
+        return real(self, texts, k, batch)
+
+    monkeypatch.setattr(type(bm25.index_for(store)), "search", counting)
+    bm25._memo = type(bm25._memo)()
+    deep = fused.retrieve(store, k=8)
+    shallow = bm25.retrieve(store, k=3)
+    assert calls == [8]  # clipped to the 8 passages, computed once
+    assert shallow.ids.tolist() == bm25.retrieve(store, 8).ids[:, :3].tolist()
+    assert deep.k == 8

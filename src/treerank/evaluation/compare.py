@@ -133,10 +133,11 @@ def _as_systems(
     else:
         items = [(s, s) for s in systems]
     out: dict[str, System] = {}
+    cache: dict[str, System] = {}
     for name, sys_ in items:
         if name in out:
             raise ValueError(f"system {name!r} given twice")
-        out[name] = build_system(sys_, **opts) if isinstance(sys_, str) else sys_
+        out[name] = build_system(sys_, cache, **opts) if isinstance(sys_, str) else sys_
     return out
 
 

@@ -35,6 +35,7 @@ import numpy as np
 from treerank.evaluation.qrels import Qrels
 
 DEFAULT_METRICS = ("mrr@10", "ndcg@10", "recall@100", "recall@1000")
+_BLOCK = 8192  # queries graded at once
 GAINS = ("linear", "exp")
 
 
@@ -193,11 +194,16 @@ def evaluate_run(
     if gain not in GAINS:
         raise ValueError(f"unknown nDCG gain {gain!r}; known: {', '.join(GAINS)}")
     parsed = [(f"{m}@{c}", m, c) for m, c in map(parse_metric, metrics)]
-    if ids.shape[1] > 1:
-        s = np.sort(ids, axis=1)
-        if ((s[:, 1:] == s[:, :-1]) & (s[:, 1:] >= 0)).any():
-            raise ValueError("run repeats a passage within a query's ranking")
-    grades = qrels.grades_of(ids)
+    if ids.shape[0] != qrels.n_queries:
+        raise ValueError(f"run has {ids.shape[0]} rows; qrels have {qrels.n_queries} queries")
+    grades = np.empty(ids.shape, np.int16)
+    for start in range(0, ids.shape[0], _BLOCK):  # bounded temporaries on long runs
+        block = ids[start : start + _BLOCK]
+        if block.shape[1] > 1:
+            s = np.sort(block, axis=1)
+            if ((s[:, 1:] == s[:, :-1]) & (s[:, 1:] >= 0)).any():
+                raise ValueError("run repeats a passage within a query's ranking")
+        grades[start : start + _BLOCK] = qrels.grades_of(block, row_offset=start)
     max_cut = max((c for _, _, c in parsed), default=1)
     n_rel = qrels.n_relevant()
     x = _Inputs(grades, qrels.ideal_grades(max_cut), n_rel, qrels.relevance_threshold, gain)

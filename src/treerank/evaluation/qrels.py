@@ -121,26 +121,32 @@ class Qrels:
             self._index = (keys[first], grades[first])
         return self._index
 
-    def grades_of(self, ids: np.ndarray) -> np.ndarray:
+    def grades_of(self, ids: np.ndarray, row_offset: int = 0) -> np.ndarray:
         """Grade of each retrieved passage.
 
         Args:
-            ids: ``int64 (n_queries, k)`` passage ids per query, ``-1`` padding.
+            ids: ``int64 (n, k)`` passage ids per query, ``-1`` padding; row ``i`` is query
+                ``row_offset + i`` (so a long run can be graded block by block).
+            row_offset: first query row of ``ids``.
 
         Returns:
-            ``int64 (n_queries, k)`` grades (0 for unjudged passages and padding).
+            ``int16 (n, k)`` grades (0 for unjudged passages and padding).
 
         Raises:
-            ValueError: the run's row count differs from the qrels'.
+            ValueError: the rows run past the qrels' queries.
         """
         ids = np.asarray(ids, dtype=np.int64)
-        if ids.ndim != 2 or ids.shape[0] != self.n_queries:
-            raise ValueError(f"run has shape {ids.shape}; qrels have {self.n_queries} queries")
+        if ids.ndim != 2 or row_offset < 0 or row_offset + ids.shape[0] > self.n_queries:
+            raise ValueError(
+                f"run rows {row_offset}..{row_offset + ids.shape[0]} (shape {ids.shape}) do not "
+                f"fit the qrels' {self.n_queries} queries"
+            )
         keys, grades = self.index()
-        out = np.zeros(ids.shape, np.int64)
+        out = np.zeros(ids.shape, np.int16)
         if keys.size == 0:
             return out
-        qk = (np.arange(self.n_queries, dtype=np.int64)[:, None] << _SHIFT) | np.maximum(ids, 0)
+        rows = np.arange(row_offset, row_offset + ids.shape[0], dtype=np.int64)[:, None]
+        qk = (rows << _SHIFT) | np.maximum(ids, 0)
         pos = np.minimum(np.searchsorted(keys, qk), keys.size - 1)
         hit = (ids >= 0) & (keys[pos] == qk)
         out[hit] = grades[pos[hit]]

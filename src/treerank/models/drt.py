@@ -246,9 +246,7 @@ class DRTHead(nn.Module):
         try:
             with torch.no_grad():
                 for s in range(0, x.shape[0], batch_size):
-                    xb = torch.from_numpy(
-                        np.ascontiguousarray(x[s : s + batch_size], dtype=np.float32)
-                    )
+                    xb = torch.from_numpy(np.array(x[s : s + batch_size], dtype=np.float32))
                     outs.append(fn(xb).numpy().astype(np.float32, copy=False))
         finally:
             self.train(was_training)

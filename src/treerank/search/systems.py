@@ -45,6 +45,28 @@ class System(Protocol):
         ...
 
 
+def _store_key(store: Any) -> str:
+    return f"{getattr(store, 'path', '')}#{id(store)}"
+
+
+class _RunMemo:
+    """Keeps the deepest run computed for the last store, so that a system shared by several
+    fusions (``rrf:bm25+cosine`` next to ``bm25`` and ``cosine``) runs once."""
+
+    def __init__(self) -> None:
+        self._memo: tuple[str, Run] | None = None
+
+    def get(self, store: Any, k: int) -> Run | None:
+        if self._memo and self._memo[0] == _store_key(store) and self._memo[1].k >= k:
+            run = self._memo[1]
+            return run if run.k == k else run.truncate(min(k, run.k))
+        return None
+
+    def put(self, store: Any, run: Run) -> Run:
+        self._memo = (_store_key(store), run)
+        return run
+
+
 class DenseSystem:
     """Exact inner-product search with a :class:`DenseScorer`'s two towers.
 
@@ -65,8 +87,12 @@ class DenseSystem:
         self.chunk_size = chunk_size
         self.progress = progress
         self.backend = backend
+        self._memo = _RunMemo()
 
     def retrieve(self, store: Any, k: int = 1000) -> Run:
+        k = min(k, int(store.n_passages))
+        if (hit := self._memo.get(store, k)) is not None:
+            return hit
         q = np.asarray(self.scorer.encode_queries(np.asarray(store.queries, dtype=np.float32)))
         ids, scores = exact_search(
             q,
@@ -77,7 +103,7 @@ class DenseSystem:
             progress=self.progress,
             backend=self.backend,
         )
-        return Run(self.name, ids, scores)
+        return self._memo.put(store, Run(self.name, ids, scores))
 
 
 class BM25System:
@@ -90,16 +116,20 @@ class BM25System:
         self.params = params or BM25Params()
         self.name = name
         self._cache: tuple[str, BM25Index] | None = None
+        self._memo = _RunMemo()
 
     def index_for(self, store: Any) -> BM25Index:
-        key = str(getattr(store, "path", id(store)))
+        key = _store_key(store)
         if self._cache is None or self._cache[0] != key:
             self._cache = (key, BM25Index(store.passage_texts(), self.params))
         return self._cache[1]
 
     def retrieve(self, store: Any, k: int = 1000) -> Run:
+        k = min(k, int(store.n_passages))
+        if (hit := self._memo.get(store, k)) is not None:
+            return hit
         ids, scores = self.index_for(store).search(store.query_texts(), k)
-        return Run(self.name, ids, scores)
+        return self._memo.put(store, Run(self.name, ids, scores))
 
 
 class FusionSystem:
@@ -215,13 +245,13 @@ def _split_fusion(body: str, spec: str, keys: dict[str, type]) -> tuple[str, str
     return left, right, params
 
 
-def _build_cosine(body: str, spec: str, **opts: Any) -> System:
+def _build_cosine(body: str, spec: str, cache: Any = None, **opts: Any) -> System:
     if body:
         raise ValueError(f"bad system spec {spec!r}: cosine takes no parameters")
     return DenseSystem(CosineScorer(), name="cosine", **opts)
 
 
-def _build_bm25(body: str, spec: str, **opts: Any) -> System:
+def _build_bm25(body: str, spec: str, cache: Any = None, **opts: Any) -> System:
     p = _params(body, spec, _BM25_KEYS)
     if p.get("method", "lucene") not in BM25_METHODS:
         raise ValueError(
@@ -230,11 +260,11 @@ def _build_bm25(body: str, spec: str, **opts: Any) -> System:
     return BM25System(BM25Params(**p), name=spec)
 
 
-def _build_rrf(body: str, spec: str, **opts: Any) -> System:
+def _build_rrf(body: str, spec: str, cache: Any = None, **opts: Any) -> System:
     a, b, p = _split_fusion(body, spec, _RRF_KEYS)
     return FusionSystem(
-        build_system(a, **opts),
-        build_system(b, **opts),
+        build_system(a, cache, **opts),
+        build_system(b, cache, **opts),
         "rrf",
         rrf_k=p.get("k", DEFAULT_RRF_K),
         depth=p.get("depth", 1000),
@@ -242,11 +272,11 @@ def _build_rrf(body: str, spec: str, **opts: Any) -> System:
     )
 
 
-def _build_linear(body: str, spec: str, **opts: Any) -> System:
+def _build_linear(body: str, spec: str, cache: Any = None, **opts: Any) -> System:
     a, b, p = _split_fusion(body, spec, _LIN_KEYS)
     return FusionSystem(
-        build_system(a, **opts),
-        build_system(b, **opts),
+        build_system(a, cache, **opts),
+        build_system(b, cache, **opts),
         "linear",
         weight=p.get("w", 0.5),
         norm=p.get("norm", "minmax"),
@@ -255,7 +285,7 @@ def _build_linear(body: str, spec: str, **opts: Any) -> System:
     )
 
 
-def _build_ckpt(body: str, spec: str, **opts: Any) -> System:
+def _build_ckpt(body: str, spec: str, cache: Any = None, **opts: Any) -> System:
     if not body:
         raise ValueError(f"bad system spec {spec!r}: expected ckpt:<checkpoint dir>")
     return CheckpointSystem(body, name=spec)
@@ -273,12 +303,14 @@ SYSTEM_TYPES: dict[str, tuple[Callable[..., System], str]] = {
 }
 
 
-def build_system(spec: str, **options: Any) -> System:
+def build_system(spec: str, cache: dict[str, System] | None = None, **options: Any) -> System:
     """Parse a system spec (see module docstring) into a :class:`System`.
 
     Args:
         spec: e.g. ``"cosine"``, ``"bm25:k1=1.2,b=0.75"``, ``"rrf:bm25+cosine"``,
             ``"linear-fusion:bm25+cosine:w=0.3,norm=zscore"``, ``"ckpt:runs/linear"``.
+        cache: spec -> system already built; pass one dict to several calls so that a system
+            named twice (alone and inside a fusion) is built, and run, once.
         options: passed to dense systems (``chunk_size``, ``progress``, ``backend``).
 
     Raises:
@@ -286,11 +318,16 @@ def build_system(spec: str, **options: Any) -> System:
             known types).
     """
     spec = spec.strip()
+    if cache is not None and spec in cache:
+        return cache[spec]
     kind, _, body = spec.partition(":")
     if kind not in SYSTEM_TYPES:
         raise ValueError(
             f"unknown system {spec!r}; known: "
             + "; ".join(f"{k} ({h})" for k, (_, h) in SYSTEM_TYPES.items())
         )
-    dense_opts = {k: v for k, v in options.items() if k in ("chunk_size", "progress", "backend")}
-    return SYSTEM_TYPES[kind][0](body, spec, **dense_opts)
+    opts = {k: v for k, v in options.items() if k in ("chunk_size", "progress", "backend")}
+    system = SYSTEM_TYPES[kind][0](body, spec, cache=cache, **opts)
+    if cache is not None:
+        cache[spec] = system
+    return system

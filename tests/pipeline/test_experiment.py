@@ -1,0 +1,79 @@
+"""End to end: `treerank run` on a small real SciFact slice, every stage, then a no-op re-run."""
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from treerank.pipeline.config import load_experiment
+from treerank.pipeline.experiment import run_experiment
+from treerank.pipeline.stages import StageError
+
+REPO = Path(__file__).resolve().parents[2]
+SAMPLE = REPO / "configs" / "sample.yaml"
+
+
+def _small_config(tmp_path: Path, **model_over: dict) -> Path:
+    """configs/sample.yaml's quick profile on 60 SciFact queries and 400 passages per split."""
+    raw = yaml.safe_load(SAMPLE.read_text())
+    quick = raw.pop("quick", {})
+    for key, sect in quick.items():
+        if isinstance(sect, dict) and isinstance(raw.get(key), dict):
+            for k2, v2 in sect.items():
+                if isinstance(v2, dict) and isinstance(raw[key].get(k2), dict):
+                    raw[key][k2].update(v2)
+                else:
+                    raw[key][k2] = v2
+        else:
+            raw[key] = sect
+    for ds in raw["datasets"]:
+        ds["path"] = str((SAMPLE.parent / ds["path"]).resolve())
+        ds["limit"] = 60
+        ds["max_passages"] = 400
+    for m, over in model_over.items():
+        raw["models"][m].update(over)
+    p = tmp_path / "exp.yaml"
+    p.write_text(yaml.safe_dump(raw))
+    return p
+
+
+@pytest.mark.slow
+def test_run_end_to_end_then_reuse_then_failure_keeps_results(tmp_path: Path) -> None:
+    cfg_path = _small_config(tmp_path)
+    out = tmp_path / "out"
+    lines: list[str] = []
+    res = run_experiment(load_experiment(cfg_path, output_dir=out), log=lambda s: lines.append(str(s)), progress=False)
+
+    # every stage ran once; every trained model was evaluated beside the baselines
+    names = [r.name for r in res.stages]
+    assert not any(r.reused for r in res.stages)
+    assert "embed:scifact:train" in names and "evaluate:scifact" in names
+    for m in ("linear", "mlp", "forest", "drt"):
+        assert f"train:scifact:{m}" in names
+    assert "diagnose:scifact" in names
+
+    report = json.loads(res.report_json.read_text())
+    sci = report["datasets"]["scifact"]["comparison"]["systems"]
+    assert {"bm25", "cosine", "linear", "mlp", "forest", "drt"} <= set(sci)
+    # the report's numbers are the evaluation stage's own results.json, exactly
+    results = json.loads((out / "eval" / "scifact" / "results.json").read_text())
+    for system, vals in results["systems"].items():
+        assert sci[system]["mean"] == vals["mean"]
+    assert 0.0 < sci["cosine"]["mean"]["ndcg@10"] <= 1.0
+    md = res.report_md.read_text()
+    assert "| cosine" in md or "cosine" in md
+    assert "## Stages" in md
+
+    # a second run with nothing changed reuses every stage
+    res2 = run_experiment(load_experiment(cfg_path, output_dir=out), log=lambda s: None, progress=False)
+    assert all(r.reused for r in res2.stages)
+    assert json.loads(res2.report_json.read_text())["datasets"]["scifact"]["comparison"] == report["datasets"]["scifact"]["comparison"]
+
+    # a failing stage names itself and leaves earlier results intact
+    bad = _small_config(tmp_path, mlp={"trainer": {"lr": "not-a-number"}})
+    before = (out / "models" / "scifact" / "mlp" / "stage.json").read_text()
+    with pytest.raises(StageError, match="train:scifact:mlp"):
+        run_experiment(load_experiment(bad, output_dir=out), log=lambda s: None, progress=False)
+    assert (out / "models" / "scifact" / "mlp" / "stage.json").read_text() == before
+    assert (out / "eval" / "scifact" / "results.json").exists()

@@ -1,0 +1,93 @@
+"""Opening stores: Go-tool stores given the dimension, size/row-count errors, sidecar arrays."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from treerank.store import EmbeddingStore, IncompleteStoreError, StoreFormatError
+
+
+def _go_store(root, nq=3, npas=5, dim=3840, k=10):
+    rng = np.random.default_rng(1)
+    root.mkdir(parents=True, exist_ok=True)
+    q = rng.standard_normal((nq, dim), dtype=np.float32)
+    p = rng.standard_normal((npas, dim), dtype=np.float32)
+    cand = np.full((nq, k), -1, dtype="<i4")
+    cand[:, :3] = [[0, 1, 2], [2, 3, 4], [4, 0, 1]]
+    sel = np.zeros((nq, k), dtype=np.uint8)
+    sel[:, 0] = 1
+    q.astype("<f4").tofile(root / "queries.bin")
+    p.astype("<f4").tofile(root / "passages.bin")
+    cand.tofile(root / "queries_passage_ids.bin")
+    sel.tofile(root / "queries_is_selected.bin")
+    return q, p, cand, sel
+
+
+def test_go_tool_store_opens_with_dim(tmp_path):
+    q, p, cand, sel = _go_store(tmp_path / "validation")
+    with pytest.raises(StoreFormatError, match=r"meta\.json: file not found.*dim=3840"):
+        EmbeddingStore.open(tmp_path / "validation")
+    s = EmbeddingStore.open(tmp_path / "validation", dim=3840)
+    assert (s.n_queries, s.n_passages, s.dim, s.k) == (3, 5, 3840, 10)
+    assert isinstance(s.passages, np.memmap)
+    np.testing.assert_array_equal(s.queries[1], q[1])
+    np.testing.assert_array_equal(s.passages[4], p[4])
+    np.testing.assert_array_equal(s.candidates, cand)
+    np.testing.assert_array_equal(s.labels, sel)
+    assert s.encoder_fingerprint is None and not s.normalized and s.relevance_threshold == 1
+    assert [(a, b.shape[0]) for a, b in s.iter_passage_chunks(2)] == [(0, 2), (2, 2), (4, 1)]
+
+
+def test_sizes_and_row_counts_are_checked(tmp_path):
+    root = tmp_path / "s"
+    _go_store(root)
+    with open(root / "passages.bin", "ab") as f:
+        f.write(b"\0" * 8)
+    with pytest.raises(StoreFormatError, match=r"passages\.bin: size .* not a whole number"):
+        EmbeddingStore.open(root, dim=3840)
+    _go_store(root)
+    with open(root / "queries_is_selected.bin", "ab") as f:
+        f.write(b"\0" * 10)
+    with pytest.raises(StoreFormatError, match=r"queries_is_selected\.bin: 40 labels, expected 3"):
+        EmbeddingStore.open(root, dim=3840)
+    _go_store(root)
+    np.full(31, 0, dtype="<i4").tofile(root / "queries_passage_ids.bin")
+    with pytest.raises(StoreFormatError, match=r"queries_passage_ids\.bin: 31 ids is not a whole"):
+        EmbeddingStore.open(root, dim=3840)
+    _go_store(root)
+    np.full(30, 7, dtype="<i4").tofile(root / "queries_passage_ids.bin")
+    with pytest.raises(StoreFormatError, match=r"queries_passage_ids\.bin: passage id out of range"):
+        EmbeddingStore.open(root, dim=3840)
+    with pytest.raises(StoreFormatError, match="not found"):
+        EmbeddingStore.open(tmp_path / "missing")
+
+
+def test_incomplete_store_is_never_taken_for_finished(tmp_path):
+    root = tmp_path / "s"
+    _go_store(root)
+    (root / "progress.json").write_text("{}")
+    with pytest.raises(IncompleteStoreError, match="--resume"):
+        EmbeddingStore.open(root, dim=3840)
+    (root / "meta.json").write_text(json.dumps({"complete": False, "dim": 3840, "k": 10}))
+    with pytest.raises(IncompleteStoreError):
+        EmbeddingStore.open(root)
+
+
+def test_sidecar_arrays(msmarco_store):
+    s = msmarco_store["validation"]
+    neg = np.arange(12, dtype=np.int32).reshape(3, 4)
+    name = "test_sidecar_tmp"
+    try:
+        s.save_array(name, neg, {"kind": "hard negatives", "k": 4})
+        assert s.has_array(name)
+        np.testing.assert_array_equal(s.load_array(name), neg)
+        assert s.load_array_meta(name) == {"kind": "hard negatives", "k": 4}
+        assert s.load_array("absent") is None and not s.has_array("absent")
+        with pytest.raises(ValueError):
+            s.save_array("../escape", neg)
+    finally:
+        for suffix in (".npy", ".json"):
+            (s.path / "arrays" / f"{name}{suffix}").unlink(missing_ok=True)
