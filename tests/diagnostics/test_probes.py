@@ -74,6 +74,13 @@ def test_run_probes_and_specialisation() -> None:
     res = run_probes(reps, {"t": y})
     assert [r.representation for r in res] == ["slot-0", "slot-1"]
     spec = slot_specialisation(res, ["slot-0", "slot-1"])
-    assert spec["t"]["specialised"] is True and spec["t"]["best_slot"] == "slot-0"
+    assert spec["t"]["verdict"] == "specialised" and spec["t"]["best_slot"] == "slot-0"
+    p = np.mean([r.accuracy for r in res])
+    assert spec["t"]["noise_band"] == pytest.approx(1.96 * np.sqrt(2 * p * (1 - p) / 30))
     same = run_probes({"slot-0": good, "slot-1": good.copy()}, {"t": y})
-    assert slot_specialisation(same, ["slot-0", "slot-1"])["t"]["specialised"] is False
+    assert slot_specialisation(same, ["slot-0", "slot-1"])["t"]["verdict"] == "none"
+    # a spread above 1% but inside the noise band of 30 held-out queries is inconclusive
+    jitter = np.random.default_rng(5).standard_normal((100, 3))
+    noisy = run_probes({"slot-0": good, "slot-1": good + 0.3 * jitter}, {"t": y})
+    v = slot_specialisation(noisy, ["slot-0", "slot-1"])["t"]
+    assert v["spread"] == pytest.approx(1 / 30) and v["verdict"] == "inconclusive"  # 1 of 30

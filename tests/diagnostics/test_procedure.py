@@ -111,24 +111,23 @@ def test_paired_bootstrap_and_rules() -> None:
     b = np.zeros(200)
     p = paired_bootstrap(b + 0.1, b)
     assert p["delta"] == pytest.approx(0.1) and p["ci_low"] == pytest.approx(0.1)
+    pair = {"mean_a": 0.5, "n": 10}
     results = {
         "variants": {
             "paired": {
                 "concat-cosine": {
-                    "mean_a": 0.5,
+                    **pair,
                     "mean_b": 0.4,
                     "delta": 0.1,
                     "ci_low": 0.05,
                     "ci_high": 0.15,
-                    "n": 10,
                 },
                 "uniform": {
-                    "mean_a": 0.5,
+                    **pair,
                     "mean_b": 0.49,
                     "delta": 0.01,
                     "ci_low": -0.02,
                     "ci_high": 0.03,
-                    "n": 10,
                 },
             }
         },
@@ -139,6 +138,10 @@ def test_paired_bootstrap_and_rules() -> None:
                     "max": 0.505,
                     "spread": 0.005,
                     "best_slot": "slot-0",
+                    "majority": 0.5,
+                    "noise_band": 0.1,
+                    "n_test": 90,
+                    "verdict": "none",
                     "specialised": False,
                 }
             }
@@ -151,3 +154,10 @@ def test_paired_bootstrap_and_rules() -> None:
     assert "learned nothing" in rules[1]["conclusion"]
     assert "no slot specialises" in rules[2]["conclusion"]
     assert "re-shaped" in rules[3]["conclusion"]
+    # a tiny but "significant" difference is practically equal (within the 0.01 margin)
+    results["variants"]["paired"]["uniform"].update(delta=-0.004, ci_low=-0.007, ci_high=-0.001)
+    results["probes"]["specialisation"]["t"].update(spread=0.05, verdict="inconclusive")
+    rules = decision_rules(results, metric="ndcg@10")
+    assert rules[1]["holds"] and "practically equal" in rules[1]["conclusion"]
+    assert not rules[2]["holds"] and "inconclusive" in rules[2]["conclusion"]
+    assert not decision_rules(results, metric="ndcg@10", equal_margin=0.001)[1]["holds"]

@@ -43,7 +43,11 @@ def test_run_end_to_end_then_reuse_then_failure_keeps_results(tmp_path: Path) ->
     cfg_path = _small_config(tmp_path)
     out = tmp_path / "out"
     lines: list[str] = []
-    res = run_experiment(load_experiment(cfg_path, output_dir=out), log=lambda s: lines.append(str(s)), progress=False)
+    res = run_experiment(
+        load_experiment(cfg_path, output_dir=out),
+        log=lambda s: lines.append(str(s)),
+        progress=False,
+    )
 
     # every stage ran once; every trained model was evaluated beside the baselines
     names = [r.name for r in res.stages]
@@ -66,9 +70,14 @@ def test_run_end_to_end_then_reuse_then_failure_keeps_results(tmp_path: Path) ->
     assert "## Stages" in md
 
     # a second run with nothing changed reuses every stage
-    res2 = run_experiment(load_experiment(cfg_path, output_dir=out), log=lambda s: None, progress=False)
+    res2 = run_experiment(
+        load_experiment(cfg_path, output_dir=out), log=lambda s: None, progress=False
+    )
     assert all(r.reused for r in res2.stages)
-    assert json.loads(res2.report_json.read_text())["datasets"]["scifact"]["comparison"] == report["datasets"]["scifact"]["comparison"]
+    assert (
+        json.loads(res2.report_json.read_text())["datasets"]["scifact"]["comparison"]
+        == report["datasets"]["scifact"]["comparison"]
+    )
 
     # a failing stage names itself and leaves earlier results intact
     bad = _small_config(tmp_path, mlp={"trainer": {"lr": "not-a-number"}})

@@ -88,17 +88,19 @@ def test_dl19_round_trip(dl19_store, encoder, dl19_dir):
 
 def test_resume_is_byte_identical(tmp_path, small_split, small_encoder):
     full, part = tmp_path / "full", tmp_path / "part"
-    stats = embed_split(small_split, small_encoder, full, progress=False)
+    stats = embed_split(small_split, small_encoder, full, progress=False, reuse=False)
     assert stats.passage_batches > 4
     with pytest.raises(KeyboardInterrupt):
-        embed_split(small_split, small_encoder, part, progress=False, stop_after_batches=3)
+        embed_split(
+            small_split, small_encoder, part, progress=False, stop_after_batches=3, reuse=False
+        )
     with pytest.raises(IncompleteStoreError):
         EmbeddingStore.open(part)
     progress = json.loads((part / "progress.json").read_text())
     assert progress["query_batches_done"] + progress["passage_batches_done"] == 3
     with pytest.raises(StoreExistsError, match="--resume"):
         embed_split(small_split, small_encoder, part, progress=False)
-    resumed = embed_split(small_split, small_encoder, part, progress=False, resume=True)
+    resumed = embed_split(small_split, small_encoder, part, progress=False, resume=True, reuse=False)
     assert resumed.resumed
     assert resumed.passage_batches == stats.passage_batches
     assert resumed.passage_real_tokens == stats.passage_real_tokens

@@ -10,15 +10,22 @@ import typer
 def run(
     experiment: Path = typer.Argument(..., help="Experiment YAML (see configs/sample.yaml)."),
     quick: bool = typer.Option(
-        False, "--quick", help="Merge the file's `quick:` profile: fewer steps and models, every stage."
+        False,
+        "--quick",
+        help="Merge the file's `quick:` profile: fewer steps and models, every stage.",
     ),
-    out: Path | None = typer.Option(None, "--out", "-o", help="Output directory (default: the file's output_dir)."),
-    force: bool = typer.Option(False, "--force", help="Re-run every stage even if its inputs are unchanged."),
+    out: Path | None = typer.Option(
+        None, "--out", "-o", help="Output directory (default: the file's output_dir)."
+    ),
+    force: bool = typer.Option(
+        False, "--force", help="Re-run every stage even if its inputs are unchanged."
+    ),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bars."),
 ) -> None:
     """Embed -> BM25 + cosine -> train heads, forest, DRT -> evaluate on the full split ->
     significance -> diagnostics -> one report (report.md + report.json)."""
     from rich.console import Console
+    from rich.markup import escape
 
     from treerank.pipeline.config import ConfigError, load_experiment
     from treerank.pipeline.experiment import run_experiment
@@ -27,13 +34,21 @@ def run(
     console = Console(stderr=True)
     try:
         cfg = load_experiment(experiment, quick=quick, output_dir=out)
-        res = run_experiment(cfg, quick=quick, force=force, progress=progress, log=console.print)
+        res = run_experiment(
+            cfg,
+            quick=quick,
+            force=force,
+            progress=progress,
+            log=lambda line: console.print(line, markup=False, highlight=False),
+        )
     except (ConfigError, FileNotFoundError) as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        console.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(2) from exc
     except StageError as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        console.print("Finished stages are kept; fix the cause and re-run the same command to continue.")
+        console.print(f"[red]error:[/red] {escape(str(exc))}")
+        console.print(
+            "Finished stages are kept; fix the cause and re-run the same command to continue."
+        )
         raise typer.Exit(1) from exc
     typer.echo(f"report: {res.report_md}")
     typer.echo(f"numbers: {res.report_json}")

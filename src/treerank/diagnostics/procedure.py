@@ -128,13 +128,17 @@ def decision_rules(
     metric: str,
     probe_tol: float = 0.01,
     cka_high: float = 0.8,
+    equal_margin: float = 0.01,
 ) -> list[dict[str, Any]]:
     """The seed's four decision rules evaluated on the results of :func:`run_diagnostics`.
 
     * concat-cosine == full DRT  ->  the representation, not the scoring function, is the
-      bottleneck (equal = the paired 95% bootstrap CI of the difference contains 0);
-    * learned == uniform alpha   ->  the attention head learned nothing;
-    * slot probe accuracies within ``probe_tol`` (1%) of each other  ->  no specialisation;
+      bottleneck ("equal": the paired 95% bootstrap CI of the difference contains 0, or the
+      difference is within ``equal_margin``, 0.01 of the metric, the seed's 1% read as
+      percentage points);
+    * learned == uniform alpha   ->  the attention head learned nothing (same test);
+    * slot probe accuracies within ``probe_tol`` (1%) of each other  ->  no specialisation
+      (with a resolution guard, see :func:`~treerank.diagnostics.probes.slot_specialisation`);
     * CKA(model, frozen embeddings) >= ``cka_high``  ->  drift, not damage.
 
     Returns:
@@ -166,7 +170,13 @@ def decision_rules(
             p = pairs.get(other)
             if p is None:
                 continue
-            equal = bool(p["ci_low"] <= 0.0 <= p["ci_high"])
+            in_ci = bool(p["ci_low"] <= 0.0 <= p["ci_high"])
+            equal = in_ci or abs(p["delta"]) <= equal_margin
+            why = (
+                "the 95% CI contains 0"
+                if in_ci
+                else f"|delta| <= {equal_margin} (practically equal, though the CI excludes 0)"
+            )
             rules.append(
                 {
                     "rule": rule,
@@ -176,29 +186,38 @@ def decision_rules(
                         f"{p['ci_high']:+.4f}, n={p['n']})"
                     ),
                     "holds": equal,
-                    "conclusion": yes if equal else (no_better if p["delta"] > 0 else no_worse),
+                    "conclusion": (
+                        f"{yes} ({why})" if equal else (no_better if p["delta"] > 0 else no_worse)
+                    ),
                 }
             )
     probes = results.get("probes")
     if probes and probes.get("specialisation"):
         spec = probes["specialisation"]
-        spread = {t: s["spread"] for t, s in spec.items()}
-        none = all(not s["specialised"] for s in spec.values())
+        verdicts = {t: str(v["verdict"]) for t, v in spec.items()}
+        none = all(v == "none" for v in verdicts.values())
+        special = [t for t, v in verdicts.items() if v == "specialised"]
+        unclear = [t for t, v in verdicts.items() if v == "inconclusive"]
+        parts = []
+        if special:
+            parts.append("slots specialise on " + ", ".join(special))
+        if unclear:
+            parts.append(
+                "spread above the tolerance but within probe noise or no slot above the "
+                "majority baseline on " + ", ".join(unclear) + " (inconclusive)"
+            )
         rules.append(
             {
                 "rule": f"slots within {probe_tol:.0%} on probes => no specialisation",
                 "numbers": "; ".join(
                     f"{t}: slot accuracy {s['min']:.3f}..{s['max']:.3f} (spread {s['spread']:.3f}, "
-                    f"best {s['best_slot']})"
+                    f"best {s['best_slot']}; majority {s['majority']:.3f}; 95% noise band "
+                    f"{s['noise_band']:.3f} on {s['n_test']} queries)"
                     for t, s in spec.items()
                 ),
                 "holds": none,
                 "conclusion": (
-                    "no slot specialises on any probed property"
-                    if none
-                    else "slots differ on "
-                    + ", ".join(t for t, v in spread.items() if v > probe_tol)
-                    + " (spread > tolerance): some specialisation"
+                    "no slot specialises on any probed property" if none else "; ".join(parts)
                 ),
             }
         )
@@ -236,6 +255,7 @@ def run_diagnostics(
     bootstrap_seed: int = 0,
     probe_tol: float = 0.01,
     cka_high: float = 0.8,
+    equal_margin: float = 0.01,
     plots: bool = True,
     progress: bool = False,
 ) -> dict[str, Any]:
@@ -254,7 +274,7 @@ def run_diagnostics(
         top_n, n_examples: failure-analysis sizes.
         probe_seed: the probes' split seed (42 = the seed's).
         bootstrap_seed: seed of the paired bootstrap CIs.
-        probe_tol, cka_high: decision-rule thresholds.
+        probe_tol, cka_high, equal_margin: decision-rule thresholds (see :func:`decision_rules`).
         plots: write PNG plots.
 
     Returns:
@@ -412,7 +432,7 @@ def run_diagnostics(
     results["cka"] = cka
 
     results["rules"] = decision_rules(
-        results, metric=metric, probe_tol=probe_tol, cka_high=cka_high
+        results, metric=metric, probe_tol=probe_tol, cka_high=cka_high, equal_margin=equal_margin
     )
     timings["total"] = time.perf_counter() - t0
     results["meta"]["seconds"] = {k_: round(v, 3) for k_, v in timings.items()}

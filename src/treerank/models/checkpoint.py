@@ -59,7 +59,9 @@ def save_checkpoint(path: str | Path, ckpt: Checkpoint) -> Path:
             "extra": ckpt.extra,
         }
         (tmp / CONFIG_FILE).write_text(json.dumps(doc, indent=2, sort_keys=True))
-        save_file({k: v.detach().contiguous().cpu() for k, v in ckpt.state.items()}, tmp / WEIGHTS_FILE)
+        save_file(
+            {k: v.detach().contiguous().cpu() for k, v in ckpt.state.items()}, tmp / WEIGHTS_FILE
+        )
         if path.exists():
             old = path.with_name(path.name + ".old")
             shutil.rmtree(old, ignore_errors=True)

@@ -31,7 +31,9 @@ def model_class(model_type: str) -> Any:
     try:
         target = MODEL_TYPES[model_type]
     except KeyError:
-        raise KeyError(f"unknown model type {model_type!r}; known: {', '.join(MODEL_TYPES)}") from None
+        raise KeyError(
+            f"unknown model type {model_type!r}; known: {', '.join(MODEL_TYPES)}"
+        ) from None
     module, _, cls = target.partition(":")
     return getattr(importlib.import_module(module), cls)
 

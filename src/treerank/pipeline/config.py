@@ -88,7 +88,9 @@ def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _take(doc: dict[str, Any], allowed: dict[str, type | tuple[type, ...]], where: str, src: Path) -> dict[str, Any]:
+def _take(
+    doc: dict[str, Any], allowed: dict[str, type | tuple[type, ...]], where: str, src: Path
+) -> dict[str, Any]:
     if not isinstance(doc, dict):
         raise ConfigError(f"{src}: {where} must be a mapping, got {type(doc).__name__}")
     unknown = sorted(set(doc) - set(allowed))
@@ -98,17 +100,22 @@ def _take(doc: dict[str, Any], allowed: dict[str, type | tuple[type, ...]], wher
         )
     for key, typ in allowed.items():
         if key in doc and doc[key] is not None and not isinstance(doc[key], typ):
-            raise ConfigError(f"{src}: {where}.{key} has the wrong type ({type(doc[key]).__name__})")
+            raise ConfigError(
+                f"{src}: {where}.{key} has the wrong type ({type(doc[key]).__name__})"
+            )
     return doc
 
 
-def load_experiment(path: str | Path, *, quick: bool = False, output_dir: str | Path | None = None) -> ExperimentConfig:
+def load_experiment(
+    path: str | Path, *, quick: bool = False, output_dir: str | Path | None = None
+) -> ExperimentConfig:
     """Read and validate an experiment YAML.
 
     Args:
         path: the YAML file.
         quick: deep-merge its ``quick:`` section over the rest.
-        output_dir: overrides ``output_dir`` (default: ``runs/<name>`` beside the current directory).
+        output_dir: overrides ``output_dir`` (default: ``runs/<name>`` under the current
+            directory).
 
     Raises:
         FileNotFoundError: ``path`` (or a dataset path in it) does not exist.
@@ -143,7 +150,12 @@ def load_experiment(path: str | Path, *, quick: bool = False, output_dir: str | 
     base = src.parent
     name = str(top.get("name") or src.stem)
 
-    enc = _take(top.get("encoder") or {}, {"model": str, "query_prompt": str, "token_budget": int}, "encoder", src)
+    enc = _take(
+        top.get("encoder") or {},
+        {"model": str, "query_prompt": str, "token_budget": int},
+        "encoder",
+        src,
+    )
     encoder = EncoderConfig(**enc)
 
     datasets: list[DatasetConfig] = []
@@ -168,7 +180,8 @@ def load_experiment(path: str | Path, *, quick: bool = False, output_dir: str | 
                 raise ConfigError(f"{src}: datasets[{i}] needs '{req}'")
         if d["format"] not in READER_FORMATS:
             raise ConfigError(
-                f"{src}: datasets[{i}].format {d['format']!r} unknown; known: {', '.join(READER_FORMATS)}"
+                f"{src}: datasets[{i}].format {d['format']!r} unknown; "
+                f"known: {', '.join(READER_FORMATS)}"
             )
         p = Path(d["path"])
         p = p if p.is_absolute() else (base / p)
@@ -191,13 +204,24 @@ def load_experiment(path: str | Path, *, quick: bool = False, output_dir: str | 
             raise ConfigError(f"{src}: models.{m} must be a mapping of hyperparameters")
     models = {m: dict(cfg or {}) for m, cfg in models.items()}
 
-    ev = _take(top.get("evaluate") or {}, {"k": int, "baselines": list, "metrics": list, "seed": int}, "evaluate", src)
+    ev = _take(
+        top.get("evaluate") or {},
+        {"k": int, "baselines": list, "metrics": list, "seed": int},
+        "evaluate",
+        src,
+    )
     dg = _take(top.get("diagnose") or {}, {"model": str, "baseline": str}, "diagnose", src)
     diagnose = DiagnoseConfig(**dg)
     if diagnose.model is not None and diagnose.model not in models:
-        raise ConfigError(f"{src}: diagnose.model {diagnose.model!r} is not among models ({', '.join(models)})")
+        raise ConfigError(
+            f"{src}: diagnose.model {diagnose.model!r} is not among models ({', '.join(models)})"
+        )
 
-    out = Path(output_dir) if output_dir is not None else Path(top.get("output_dir") or f"runs/{name}")
+    out = (
+        Path(output_dir)
+        if output_dir is not None
+        else Path(top.get("output_dir") or f"runs/{name}")
+    )
     return ExperimentConfig(
         name=name,
         source=src.resolve(),

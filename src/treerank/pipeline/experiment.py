@@ -7,7 +7,8 @@ diagnose`` print:
 
 1. ``embed:<dataset>:<split>`` -> ``<out>/stores/<dataset>/<split>/`` (:func:`embed_split`,
    resumable; the test split reuses the train split's passage vectors when texts match)
-2. ``train:<dataset>:<model>`` -> ``<out>/models/<dataset>/<model>/checkpoint`` (:func:`train_model`)
+2. ``train:<dataset>:<model>`` -> ``<out>/models/<dataset>/<model>/checkpoint``
+   (:func:`train_model`)
 3. ``evaluate:<dataset>`` -> ``<out>/eval/<dataset>/`` (:func:`compare_systems`: every system on
    every passage of the evaluation split, paired tests against the baselines)
 4. ``diagnose:<dataset>`` -> ``<out>/diagnose/<dataset>/`` (:func:`run_diagnostics`)
@@ -251,7 +252,11 @@ def _train_stage(
     store_dir = cfg.output_dir / "stores" / ds.name / ds.train_split
     path = cfg.output_dir / "models" / ds.name / model_type
     key = fingerprint(
-        "train", _version("treerank"), stage_keys[f"store:{ds.name}:{ds.train_split}"], model_type, mcfg
+        "train",
+        _version("treerank"),
+        stage_keys[f"store:{ds.name}:{ds.train_split}"],
+        model_type,
+        mcfg,
     )
 
     def work(d: Path) -> dict[str, Any]:
@@ -259,7 +264,9 @@ def _train_stage(
         from treerank.store import EmbeddingStore
 
         (d / "config.yaml").write_text(yaml.safe_dump(mcfg, sort_keys=True))
-        res = train_model(model_type, EmbeddingStore.open(store_dir), mcfg, d / "checkpoint", progress=progress)
+        res = train_model(
+            model_type, EmbeddingStore.open(store_dir), mcfg, d / "checkpoint", progress=progress
+        )
         return {"model_type": model_type, "summary": _jsonable(res.summary)}
 
     return run_stage(f"train:{ds.name}:{model_type}", key, path, work, force=force, log=log)
@@ -385,12 +392,14 @@ def _encoder_meta(outcomes: dict[str, DatasetOutcome]) -> dict[str, Any]:
     seen: dict[str, Any] = {}
     for o in outcomes.values():
         s = EmbeddingStore.open(o.store)
-        seen[s.encoder_fingerprint] = {
+        seen[str(s.encoder_fingerprint)] = {
             "name": s.encoder_name,
             "fingerprint": s.encoder_fingerprint,
             "query_prompt": s.meta.get("query_prompt"),
             "dim": s.dim,
         }
     if len(seen) != 1:
-        raise RuntimeError(f"stores were embedded with {len(seen)} different encoders: {list(seen)}")
+        raise RuntimeError(
+            f"stores were embedded with {len(seen)} different encoders: {list(seen)}"
+        )
     return next(iter(seen.values()))

@@ -75,7 +75,12 @@ def write_report(
     root = cfg.output_dir
     now = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     stages = [
-        {"stage": r.name, "seconds": round(r.seconds, 2), "reused": r.reused, "path": _rel(r.path, root)}
+        {
+            "stage": r.name,
+            "seconds": round(r.seconds, 2),
+            "reused": r.reused,
+            "path": _rel(r.path, root),
+        }
         for r in records
     ]
     doc: dict[str, Any] = {
@@ -106,7 +111,7 @@ def write_report(
     for name, o in outcomes.items():
         comp = o.comparison
         systems = comp.get("systems", {})
-        any_sys = next(iter(systems.values()), {})
+        any_sys: dict[str, Any] = next(iter(systems.values()), {})
         doc["datasets"][name] = {
             "eval_split": o.eval_split,
             "store": _rel(o.store, root),
@@ -128,7 +133,10 @@ def write_report(
         md.append(o.comparison_markdown.strip())
         md.append("")
         if o.eval_dir is not None:
-            for png, title in (("metrics.png", "Metrics per system"), ("recall_at_k.png", "Recall@k")):
+            for png, title in (
+                ("metrics.png", "Metrics per system"),
+                ("recall_at_k.png", "Recall@k"),
+            ):
                 p = o.eval_dir / "plots" / png
                 if p.exists():
                     md.append(f"![{title} — {name}]({_rel(p, root)})")
@@ -145,24 +153,27 @@ def write_report(
                 md += _training_rows(m, s)
             md.append("")
             for m, ck in o.checkpoints.items():
-                for png in sorted(Path(ck).glob("*.png")):
-                    md.append(f"![{m}: {png.stem}]({_rel(png, root)})")
+                for fig in sorted(Path(ck).glob("*.png")):
+                    md.append(f"![{m}: {fig.stem}]({_rel(fig, root)})")
             md.append("")
         if o.diagnostics is not None and o.diagnose_dir is not None:
             md += ["### Diagnostics", ""]
-            rules = o.diagnostics.get("decision_rules") or o.diagnostics.get("rules") or []
-            for r in rules if isinstance(rules, list) else []:
-                if isinstance(r, dict):
-                    md.append(f"- **{r.get('rule', r.get('name', ''))}**: {r.get('verdict', r.get('conclusion', ''))}")
-                else:
-                    md.append(f"- {r}")
+            md.append("The DRT seed's decision rules, next to the numbers they read:")
+            md.append("")
+            for r in o.diagnostics.get("rules") or []:
+                md.append(f"- *{r.get('rule', '')}*: {r.get('numbers', '')}")
+                md.append(
+                    f"  - **{'holds' if r.get('holds') else 'does not hold'}**: "
+                    f"{r.get('conclusion', '')}"
+                )
             rep = o.diagnose_dir / "report.md"
             if rep.exists():
-                md.append(f"\nFull diagnostics (tables, plots): [{_rel(rep, root)}]({_rel(rep, root)})")
+                link = _rel(rep, root)
+                md.append(f"\nFull diagnostics (tables, plots): [{link}]({link})")
             md.append("")
     md += ["## Stages", "", "| stage | time | reused |", "|---|---:|:---:|"]
-    for s in stages:
-        md.append(f"| `{s['stage']}` | {_fmt_seconds(s['seconds'])} | {'yes' if s['reused'] else ''} |")
+    for r in records:
+        md.append(f"| `{r.name}` | {_fmt_seconds(r.seconds)} | {'yes' if r.reused else ''} |")
     md += [
         "",
         "Times of reused stages are those of the run that produced them.",

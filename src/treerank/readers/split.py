@@ -79,7 +79,9 @@ class RetrievalSplit:
         if self.candidates.ndim != 2 or self.candidates.shape != self.labels.shape:
             raise ValueError(f"{self.name}: candidates/labels must be equal-shaped 2-D arrays")
         if self.candidates.shape[0] != nq:
-            raise ValueError(f"{self.name}: candidates have {self.candidates.shape[0]} rows, {nq} queries")
+            raise ValueError(
+                f"{self.name}: candidates have {self.candidates.shape[0]} rows, {nq} queries"
+            )
         if self.candidates.size and (self.candidates.max() >= npas or self.candidates.min() < -1):
             raise ValueError(f"{self.name}: candidate passage id out of range [-1, {npas})")
         if np.any(self.labels[self.candidates < 0] != 0):

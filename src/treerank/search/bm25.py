@@ -25,6 +25,7 @@ from treerank.search.exact import topk_desc
 BM25_METHODS = ("lucene", "robertson", "atire", "bm25l", "bm25+")
 DEFAULT_K1 = 0.9
 DEFAULT_B = 0.4
+_SCORE_BUDGET = 32_000_000  # dense scores held at once (128 MB of float32)
 
 
 @dataclass(frozen=True)
@@ -99,13 +100,15 @@ class BM25Index:
     def search(
         self, query_texts: Sequence[str], k: int = 1000, batch: int = 256
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Top-``k`` passages per query.
+        """Top-``k`` passages per query (``batch`` queries' dense score rows at a time, fewer on
+        big corpora so that at most 32M scores are held).
 
         Returns:
             ``(ids int64 (nq, k'), scores float32 (nq, k'))``, ``k' = min(k, n_passages)``,
             sorted by score, ties by ascending passage id.
         """
         k = min(k, self.n_passages)
+        batch = max(1, min(batch, _SCORE_BUDGET // max(self.n_passages, 1)))
         ids = np.empty((len(query_texts), k), np.int64)
         vals = np.empty((len(query_texts), k), np.float32)
         for s in range(0, len(query_texts), batch):

@@ -2,8 +2,12 @@
 
 The passages are read in chunks (a memory-mapped store is never loaded whole) and every chunk's
 top-k is merged into a running top-k per query, the scheme of FAISS's
-``contrib/exhaustive_search.py``. Peak memory is ``O(chunk_size * d + n_queries * k)`` whatever the
-corpus size (plus ``query_batch * chunk_size`` scores for the ``"torch"`` backend).
+``contrib/exhaustive_search.py``. The running top-k is held as int64 rank keys (score and id in
+one sortable integer, :func:`rank_keys`), so merging is one ``np.partition`` with exact ties.
+Peak memory is ``O(chunk_size * d + n_queries * k)`` whatever the corpus size (plus
+``query_batch * chunk_size`` scores for the ``"torch"`` backend and for tie repairs); pages of a
+memory-mapped corpus are dropped from the resident set once their chunk is done
+(:func:`release_pages`), so RSS stays bounded by the chunk, not the corpus.
 
 Two backends compute a chunk's top-k; both are exact and give the same ids:
 
@@ -31,7 +35,7 @@ import torch
 from tqdm.auto import tqdm
 
 DEFAULT_CHUNK_SIZE = 131_072
-DEFAULT_QUERY_BATCH = 1_024
+DEFAULT_QUERY_BATCH = 256
 BACKENDS = ("faiss", "torch")
 
 

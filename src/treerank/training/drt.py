@@ -242,7 +242,7 @@ def train_drt(
         config: a mapping, a :class:`DRTTrainConfig`, or a YAML path (None: the defaults).
         out_dir: if given, the checkpoint is saved there (``config.json`` +
             ``weights.safetensors``, bound to the store's encoder fingerprint), with the JSONL
-            training log (``training_log.jsonl``) and its curves (``training_curves.png``) beside it.
+            training log (``training_log.jsonl``) and its curves (``training_curves.png``).
         train_rows: query ids to train on (None: all with a relevant passage).
         validate: held-out callback for early stopping, ``validate(model) -> {metric: value}``
             (None: train the full budget and keep the last state).

@@ -76,8 +76,8 @@ class SamplerConfig:
     hard_pool_depth: int | None = 30
     mined_array: str = "bm25_negatives"
     mine_depth: int = 100
-    guard_skip_top: int = 0
-    guard_margin: float | None = 0.0
+    guard_skip_top: int = 3
+    guard_margin: float | None = None
     drop_last: bool = True
 
 

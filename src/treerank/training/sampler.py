@@ -14,9 +14,16 @@ above 0): such passages are neither pushed away nor pulled in. Two queries shari
 share its column, positive for both.
 
 The false-negative guard for mined negatives (:func:`guard_mined_negatives`) drops the top of a
-BM25 list and anything the frozen encoder scores within a margin of the query's best positive;
-the defaults are justified by the measurement in ``tests/training/test_sampler.py``'s docstring
-and the issue note.
+BM25 list and/or anything the frozen encoder scores within a margin of the query's best positive.
+Default (``treerank.training.heads.SamplerConfig``): skip the first 3 BM25 ranks, no margin.
+Measured on SciFact train (``bench/scifact_heads.py guard``): hiding one of the relevant
+passages of each of the 77 queries with >= 2 of them (187 trials), the hidden positive sat in
+the BM25 top-30 negative pool in 148 trials (median rank 2.5), i.e. ~26 false negatives per
+1,000 pool negatives. Skipping the first 3 ranks removes 50% of them at the cost of 6.7% of the
+pool (skip 1: 22% for 1.9%; skip 10: 89% for 28%; margin 0 on the frozen cosine: 44% for 10%,
+a worse trade). Downstream (held-out nDCG@10, 3 seeds) no guard, skip 3, skip 10 and margin 0
+were within seed noise (0.791-0.797, std ~0.015), so the default takes the cheap half of the
+false negatives out without a measurable cost.
 
 Reference: Karpukhin et al. (2020), "Dense Passage Retrieval" (in-batch + BM25 hard negatives);
 Qu et al. (2021), "RocketQA" (denoising false negatives among mined hard negatives).
