@@ -54,7 +54,7 @@ def bench_head(head: torch.nn.Module, b: int, dim: int, steps: int) -> float:
     sampler = ContrastiveSampler(
         cand, lab, batch_size=b, n_hard=1, hard_pool=np.where(lab == 0, cand, -1).astype(np.int64)
     )
-    cfg = TrainerConfig(epochs=1, max_steps=steps, log_every=10**9, patience=None)
+    cfg = TrainerConfig(epochs=10**6, max_steps=steps, log_every=10**9, patience=None)
     fit(head, sampler, q, p, TrainerConfig(epochs=1, max_steps=3, patience=None), progress=False)
     t0 = time.perf_counter()
     res = fit(head, sampler, q, p, cfg, progress=False)

@@ -36,7 +36,7 @@ from treerank.pipeline.training import ensure_mined_negatives, make_validator, t
 from treerank.search.bm25 import BM25Index
 from treerank.store import EmbeddingStore
 from treerank.training.heads import train_head
-from treerank.training.holdout import ValidationConfig, holdout_split
+from treerank.training.holdout import ValidationConfig, holdout_split, passage_groups
 from treerank.training.sampler import relevant_lists
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,8 +62,11 @@ def guard_study(store: EmbeddingStore, depth: int = 100, pool_depth: int = 30) -
         for h_idx, h in enumerate(r):
             visible = np.delete(r, h_idx)
             best_vis = float(np.delete(cos_r, h_idx).max())
-            lst = [(rank, int(pid)) for rank, pid in enumerate(ids[row])
-                   if pid not in visible and scores[row, rank] > 0]
+            lst = [
+                (rank, int(pid))
+                for rank, pid in enumerate(ids[row])
+                if pid not in visible and scores[row, rank] > 0
+            ]
             lst = lst[:pool_depth]
             for rank, pid in lst:
                 gap = float(p[pid] @ q[qi]) - best_vis
@@ -75,31 +78,41 @@ def guard_study(store: EmbeddingStore, depth: int = 100, pool_depth: int = 30) -
     settings = [(s, m) for s in (0, 1, 3, 5, 10) for m in (None, 0.0, -0.05, 0.05, 0.1)]
     rows = []
     for s, m in settings:
+
         def dropped(e: dict[str, float], s: int = s, m: float | None = m) -> bool:
             return e["rank"] < s or (m is not None and e["gap"] >= -m)
 
         caught = sum(dropped(e) for e in hidden)
         lost = sum(dropped(e) for e in pool_all)
-        rows.append({
-            "skip_top": s,
-            "margin": m,
-            "hidden_positives_in_pool": len(hidden),
-            "hidden_caught": caught,
-            "hidden_caught_frac": caught / max(1, len(hidden)),
-            "negatives_dropped_frac": lost / max(1, len(pool_all)),
-            "false_negatives_left_per_1000_negatives": 1000 * (len(hidden) - caught)
-            / max(1, len(hidden) - caught + len(pool_all) - lost),
-        })
+        rows.append(
+            {
+                "skip_top": s,
+                "margin": m,
+                "hidden_positives_in_pool": len(hidden),
+                "hidden_caught": caught,
+                "hidden_caught_frac": caught / max(1, len(hidden)),
+                "negatives_dropped_frac": lost / max(1, len(pool_all)),
+                "false_negatives_left_per_1000_negatives": 1000
+                * (len(hidden) - caught)
+                / max(1, len(hidden) - caught + len(pool_all) - lost),
+            }
+        )
     return {
         "queries_with_2plus_relevant": int(multi.size),
         "hidden_trials": n_hidden_total,
         "hidden_in_bm25_pool": len(hidden),
         "pool_depth": pool_depth,
-        "hidden_rank_quantiles": np.quantile([e["rank"] for e in hidden], [0.25, 0.5, 0.75]).tolist()
-        if hidden else None,
+        "hidden_rank_quantiles": np.quantile(
+            [e["rank"] for e in hidden], [0.25, 0.5, 0.75]
+        ).tolist()
+        if hidden
+        else None,
         "hidden_gap_quantiles": np.quantile([e["gap"] for e in hidden], [0.25, 0.5, 0.75]).tolist()
-        if hidden else None,
-        "pool_gap_quantiles": np.quantile([e["gap"] for e in pool_all], [0.25, 0.5, 0.75, 0.9]).tolist(),
+        if hidden
+        else None,
+        "pool_gap_quantiles": np.quantile(
+            [e["gap"] for e in pool_all], [0.25, 0.5, 0.75, 0.9]
+        ).tolist(),
         "settings": rows,
     }
 
@@ -121,23 +134,26 @@ def sweep(
             vcfg = ValidationConfig.from_config(cfg)
             cand, lab = np.asarray(store.candidates), np.asarray(store.labels)
             has_rel = ((cand >= 0) & (lab >= 1)).any(axis=1)
-            tr, held = holdout_split(has_rel, vcfg.fraction, seed, vcfg.max_queries)
+            groups = passage_groups(cand, lab) if vcfg.group_by_passage else None
+            tr, held = holdout_split(has_rel, vcfg.fraction, seed, vcfg.max_queries, groups)
             validate = make_validator(store, held, vcfg, seed)
             ensure_mined_negatives(store, cfg)
             t0 = time.perf_counter()
             res = train_head(model, store, cfg, train_rows=tr, validate=validate, progress=False)
             s = res.summary
             init = validate(type(res.model)(store.dim, **cfg["model"]))
-            runs.append({
-                "seed": seed,
-                "best_step": s["best_step"],
-                "steps": s["steps"],
-                "heldout_at_init": init,
-                "heldout_best": s["best_metrics"],
-                "gain_ndcg@10": s["best_metrics"]["ndcg@10"] - init["ndcg@10"],
-                "sampler": s["sampler"],
-                "seconds": round(time.perf_counter() - t0, 1),
-            })
+            runs.append(
+                {
+                    "seed": seed,
+                    "best_step": s["best_step"],
+                    "steps": s["steps"],
+                    "heldout_at_init": init,
+                    "heldout_best": s["best_metrics"],
+                    "gain_ndcg@10": s["best_metrics"]["ndcg@10"] - init["ndcg@10"],
+                    "sampler": s["sampler"],
+                    "seconds": round(time.perf_counter() - t0, 1),
+                }
+            )
         nd = np.array([r["heldout_best"]["ndcg@10"] for r in runs])
         gain = np.array([r["gain_ndcg@10"] for r in runs])
         out[name] = {
@@ -149,9 +165,12 @@ def sweep(
             "gain_std": float(gain.std(ddof=1)) if gain.size > 1 else None,
             "runs": runs,
         }
-        print(f"{name:28s} nDCG@10 {nd.mean():.4f} (gain {gain.mean():+.4f} +- "
-              f"{(gain.std(ddof=1) if gain.size > 1 else 0):.4f}) best_steps "
-              f"{[r['best_step'] for r in runs]}", flush=True)
+        print(
+            f"{name:28s} nDCG@10 {nd.mean():.4f} (gain {gain.mean():+.4f} +- "
+            f"{(gain.std(ddof=1) if gain.size > 1 else 0):.4f}) best_steps "
+            f"{[r['best_step'] for r in runs]}",
+            flush=True,
+        )
     return out
 
 
@@ -162,14 +181,22 @@ SWEEP: dict[str, tuple[str, dict[str, Any]]] = {
     "linear_h1_skip3": ("linear", {"sampler": {"guard_margin": None, "guard_skip_top": 3}}),
     "linear_h1_skip3_margin0": ("linear", {"sampler": {"guard_margin": 0.0, "guard_skip_top": 3}}),
     "linear_h1_skip10": ("linear", {"sampler": {"guard_margin": None, "guard_skip_top": 10}}),
-    "linear_h3_skip3": ("linear", {"sampler": {"n_hard": 3, "guard_margin": None,
-                                               "guard_skip_top": 3}}),
+    "linear_h3_skip3": (
+        "linear",
+        {"sampler": {"n_hard": 3, "guard_margin": None, "guard_skip_top": 3}},
+    ),
     "linear_wd0.1": ("linear", {"trainer": {"weight_decay": 0.1}}),
     "linear_lr3e-4": ("linear", {"trainer": {"lr": 3e-4}}),
     "linear_lr3e-3": ("linear", {"trainer": {"lr": 3e-3}}),
     "linear_shared": ("linear", {"model": {"shared": True}}),
     "linear_learn_tau": ("linear", {"model": {"learn_temperature": True}}),
     "linear_sym": ("linear", {"trainer": {"symmetric_weight": 1.0}}),
+    "linear_grouped": ("linear", {"validation": {"group_by_passage": True}}),
+    "linear_grouped_inbatch": (
+        "linear",
+        {"validation": {"group_by_passage": True}, "sampler": {"n_hard": 0}},
+    ),
+    "mlp_grouped": ("mlp", {"validation": {"group_by_passage": True}}),
     "mlp_default": ("mlp", {}),
     "mlp_inbatch": ("mlp", {"sampler": {"n_hard": 0}}),
     "mlp_drop0.3": ("mlp", {"model": {"dropout": 0.3}}),
@@ -182,17 +209,60 @@ def final(train: EmbeddingStore, test: EmbeddingStore, out: Path, models: list[s
 
     systems: dict[str, str] = {"cosine": "cosine", "bm25": "bm25"}
     trained = {}
-    for model in models:
-        ck = out / f"ckpt-{model}"
-        res = train_model(model, train, load_cfg(model), ck, progress=False)
-        trained[model] = {"best_step": res.summary["best_step"],
-                          "heldout_best": res.summary["best_metrics"],
-                          "seconds": res.summary["seconds"]}
-        systems[model] = f"ckpt:{ck}"
-    comp = compare_systems(test, systems, baseline="cosine", second_baseline="bm25",
-                           k=1000, out_dir=out / "compare-test",
-                           metrics=("mrr@10", "ndcg@10", "recall@100"))
-    return {"trained": trained, "comparison": _jsonable(comp)}
+    for name in models:
+        model, over = SWEEP[name] if name in SWEEP else (name, {})
+        cfg = load_cfg(model)
+        for sec, vals in over.items():
+            cfg[sec] = {**cfg.get(sec, {}), **vals} if isinstance(vals, dict) else vals
+        ck = out / f"ckpt-{name}"
+        res = train_model(model, train, cfg, ck, progress=False)
+        trained[name] = {
+            "best_step": res.summary["best_step"],
+            "heldout_best": res.summary["best_metrics"],
+            "seconds": res.summary["seconds"],
+        }
+        systems[name] = f"ckpt:{ck}"
+    comp = compare_systems(
+        test,
+        systems,
+        baseline="cosine",
+        second_baseline="bm25",
+        k=1000,
+        out_dir=out / "compare-test",
+        metrics=("mrr@10", "ndcg@10", "recall@100"),
+    )
+    return {
+        "trained": trained,
+        "comparison": _jsonable(comp),
+        "by_overlap": overlap_breakdown(train, test, out / "compare-test"),
+    }
+
+
+def overlap_breakdown(train: EmbeddingStore, test: EmbeddingStore, comp_dir: Path) -> dict:
+    """nDCG@10 against cosine on test queries whose relevant passage is / is not relevant to
+    some training query (SciFact's claims share cited papers), with the paired tests."""
+    from treerank.evaluation.significance import compare_paired
+
+    def gold(s: EmbeddingStore) -> list[set[int]]:
+        c, lab = np.asarray(s.candidates), np.asarray(s.labels)
+        return [set(c[i][(lab[i] > 0) & (c[i] >= 0)].tolist()) for i in range(len(c))]
+
+    seen = set().union(*gold(train))
+    overlap = np.array([bool(g & seen) for g in gold(test)])
+    per: dict[str, np.ndarray] = {}
+    for line in (comp_dir / "per_query.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        per.setdefault(r["system"], np.full(test.n_queries, np.nan))[r["query_index"]] = r[
+            "ndcg@10"
+        ]
+    out: dict[str, Any] = {"n_overlap": int(overlap.sum()), "n_unseen": int((~overlap).sum())}
+    for part, mask in (("overlap", overlap), ("unseen", ~overlap)):
+        for name, vals in per.items():
+            if name == "cosine":
+                continue
+            t = compare_paired({"ndcg@10": vals[mask]}, {"ndcg@10": per["cosine"][mask]})
+            out[f"{part}/{name}"] = t["ndcg@10"].to_dict()
+    return out
 
 
 def _jsonable(x: Any) -> Any:

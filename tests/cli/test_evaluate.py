@@ -46,3 +46,28 @@ def test_evaluate_bad_spec_is_a_clear_error(tmp_path) -> None:
     )
     assert result.exit_code == 2
     assert "unknown system" in result.output
+
+
+def test_evaluate_store_root_with_split_and_missing_store(tmp_path) -> None:
+    write_tiny_store(tmp_path / "root" / "test")
+    ok = CliRunner().invoke(
+        app,
+        [
+            "evaluate",
+            "--store",
+            str(tmp_path / "root"),
+            "--split",
+            "test",
+            "--system",
+            "bm25",
+            "--metric",
+            "mrr@10",
+            "--permutations",
+            "50",
+            "--no-progress",
+        ],
+    )
+    assert ok.exit_code == 0, ok.output
+    assert "mrr@10" in ok.output and "recall@1000" not in ok.output
+    missing = CliRunner().invoke(app, ["evaluate", "--store", str(tmp_path / "nope")])
+    assert missing.exit_code == 2 and "not found" in missing.output

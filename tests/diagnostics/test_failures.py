@@ -18,6 +18,7 @@ def test_delta_and_summary() -> None:
         b,
         texts,
         query_types=["t1", "t2", "t1", "t2", "t1", "t2"],
+        groups={"entity": ["no", "no", "no", "no", "yes", "yes"]},
         top_n=2,
         n_examples=1,
         name_a="drt",
@@ -40,6 +41,13 @@ def test_delta_and_summary() -> None:
     assert prof["length"]["<=5"]["n"] == 2
     assert rep["all"]["length"]["<=5"]["n"] == 3
     assert rep["delta"][3] is None
+    assert prof["entity"] == {
+        "no": {"n": 1, "share": 0.5, "mean_delta": 0.5},
+        "yes": {"n": 1, "share": 0.5, "mean_delta": 0.9},
+    }
+    assert rep["top_losses"]["profile"]["entity"] == {
+        "no": {"n": 1, "share": 1.0, "mean_delta": -1.0}
+    }
 
 
 def test_errors() -> None:

@@ -6,7 +6,12 @@ import numpy as np
 import pytest
 
 from treerank.diagnostics.labels import factoid_type, is_entity_bearing, length_bucket, query_labels
-from treerank.diagnostics.probes import probe_accuracy, run_probes, slot_specialisation
+from treerank.diagnostics.probes import (
+    ProbeResult,
+    probe_accuracy,
+    run_probes,
+    slot_specialisation,
+)
 
 
 @pytest.mark.parametrize(
@@ -22,6 +27,16 @@ from treerank.diagnostics.probes import probe_accuracy, run_probes, slot_special
         ("what is a b cell", "entity"),
         ("0-dimensional biomaterials show inductive properties.", "numeric"),  # a SciFact claim
         ("ALDH1 expression is associated with poorer prognosis.", "description"),
+        (
+            "Deletion of αvβ8 does not result in a spontaneous inflammatory phenotype.",
+            "description",
+        ),
+        (
+            "Pretreatment with the Arp2/3 inhibitor CK-666 affects lamelliopodia formation.",
+            "description",
+        ),
+        ("Arginine 90 in p150n is important for interaction with EB1.", "numeric"),
+        ("Up to 50% of patients relapse.", "numeric"),
     ],
 )
 def test_factoid_type(text: str, want: str) -> None:
@@ -79,8 +94,12 @@ def test_run_probes_and_specialisation() -> None:
     assert spec["t"]["noise_band"] == pytest.approx(1.96 * np.sqrt(2 * p * (1 - p) / 30))
     same = run_probes({"slot-0": good, "slot-1": good.copy()}, {"t": y})
     assert slot_specialisation(same, ["slot-0", "slot-1"])["t"]["verdict"] == "none"
-    # a spread above 1% but inside the noise band of 30 held-out queries is inconclusive
+    # a spread above 1% but inside the noise band of 30 held-out queries is not resolvable
     jitter = np.random.default_rng(5).standard_normal((100, 3))
     noisy = run_probes({"slot-0": good, "slot-1": good + 0.3 * jitter}, {"t": y})
     v = slot_specialisation(noisy, ["slot-0", "slot-1"])["t"]
-    assert v["spread"] == pytest.approx(1 / 30) and v["verdict"] == "inconclusive"  # 1 of 30
+    assert v["spread"] == pytest.approx(1 / 30) and v["verdict"] == "undetectable"  # 1 of 30
+    # beyond the noise band, but every slot at or below the majority: inconclusive
+    low = ProbeResult("t", "slot-1", 0.1, 0.5, 70, 30, {"a": 50, "b": 50})
+    top = ProbeResult("t", "slot-0", 0.5, 0.5, 70, 30, {"a": 50, "b": 50})
+    assert slot_specialisation([top, low], ["slot-0", "slot-1"])["t"]["verdict"] == "inconclusive"

@@ -85,9 +85,12 @@ def test_drt_diagnostics_end_to_end(scifact_test, tmp_path) -> None:
     assert len(res["rules"]) == 4
 
 
-def test_generic_dense_checkpoint_identity_head_equals_cosine(scifact_test, tmp_path) -> None:
+def test_generic_dense_checkpoint_identity_head_equals_cosine(
+    scifact_store, scifact_test, tmp_path
+) -> None:
     """Steps 2-4 on a non-DRT model: a linear head at identity init IS cosine, so every query
-    ties, the paired delta is exactly 0 and its CKA against the frozen embeddings is 1."""
+    ties, the paired delta is exactly 0 and its CKA against the frozen embeddings is 1 (on the
+    test queries plus the train split's, given as a probe store)."""
     from treerank.models.linear import LinearHead
 
     store = scifact_test
@@ -96,9 +99,19 @@ def test_generic_dense_checkpoint_identity_head_equals_cosine(scifact_test, tmp_
         tmp_path / "lin", head.to_checkpoint(store.encoder_name, store.encoder_fingerprint)
     )
     res = run_diagnostics(
-        tmp_path / "lin", store, tmp_path / "d", "cosine", k=100, metrics=("ndcg@10",), plots=False
+        tmp_path / "lin",
+        store,
+        tmp_path / "d",
+        "cosine",
+        k=100,
+        metrics=("ndcg@10",),
+        plots=False,
+        probe_stores=[scifact_store["train"]],
     )
     assert res["variants"] is None
+    assert sum(res["probes"]["queries"].values()) == 300 + 809
+    assert sum(res["probes"]["labels"]["length"].values()) == 1109
+    assert res["probes"]["results"][0]["n_test"] == 333  # ceil(0.3 * 1109)
     assert res["failures"]["summary"]["ties"] == 300 and res["model"]["vs_baseline"]["delta"] == 0.0
     assert res["cka"]["model_vs_frozen"] == pytest.approx(1.0, abs=1e-6)
     assert [r["rule"].startswith("high CKA") for r in res["rules"]] == [True]
@@ -160,4 +173,6 @@ def test_paired_bootstrap_and_rules() -> None:
     rules = decision_rules(results, metric="ndcg@10")
     assert rules[1]["holds"] and "practically equal" in rules[1]["conclusion"]
     assert not rules[2]["holds"] and "inconclusive" in rules[2]["conclusion"]
+    results["probes"]["specialisation"]["t"].update(verdict="undetectable")
+    assert "noise band on t" in decision_rules(results, metric="ndcg@10")[2]["conclusion"]
     assert not decision_rules(results, metric="ndcg@10", equal_margin=0.001)[1]["holds"]

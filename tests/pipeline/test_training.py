@@ -54,9 +54,17 @@ def write_store(root: Path, nq: int = 80, npas: int = 300, dim: int = 16, seed: 
             "".join(json.dumps({"id": f"{pre}{i}", "text": t}) + "\n" for i, t in enumerate(texts))
         )
     meta = {
-        "format": "treerank-store", "version": 1, "complete": True, "dim": dim, "k": 2,
-        "n_queries": nq, "n_passages": npas, "normalized": True, "split": "train",
-        "relevance_threshold": 1, "encoder": {"name": "toy", "fingerprint": "sha256:toy"},
+        "format": "treerank-store",
+        "version": 1,
+        "complete": True,
+        "dim": dim,
+        "k": 2,
+        "n_queries": nq,
+        "n_passages": npas,
+        "normalized": True,
+        "split": "train",
+        "relevance_threshold": 1,
+        "encoder": {"name": "toy", "fingerprint": "sha256:toy"},
     }
     (root / "meta.json").write_text(json.dumps(meta))
     return EmbeddingStore.open(root)
@@ -138,12 +146,50 @@ def test_cli_train_with_shipped_config(store, tmp_path):
     path.write_text(yaml.safe_dump(cfg))
     root = store.path.parent  # a store root holding train/
     out = tmp_path / "ck-mlp"
-    r = CliRunner().invoke(app, ["train", "--model", "mlp", "--store", str(root), "--config",
-                                 str(path), "--out", str(out), "--no-progress"])
+    r = CliRunner().invoke(
+        app,
+        [
+            "train",
+            "--model",
+            "mlp",
+            "--store",
+            str(root),
+            "--config",
+            str(path),
+            "--out",
+            str(out),
+            "--no-progress",
+        ],
+    )
     assert r.exit_code == 0, r.output
     assert load_model(out, "sha256:toy").config()["dropout"] == cfg["model"]["dropout"]
     bad = tmp_path / "bad.yaml"
     bad.write_text("sampler: {batchsize: 3}\n")
-    r = CliRunner().invoke(app, ["train", "--model", "linear", "--store", str(root), "--config",
-                                 str(bad), "--out", str(tmp_path / "x"), "--no-progress"])
+    r = CliRunner().invoke(
+        app,
+        [
+            "train",
+            "--model",
+            "linear",
+            "--store",
+            str(root),
+            "--config",
+            str(bad),
+            "--out",
+            str(tmp_path / "x"),
+            "--no-progress",
+        ],
+    )
     assert r.exit_code == 2 and "batchsize" in r.output
+
+
+def test_grouped_holdout_config_runs(store, tmp_path):
+    cfg = {
+        **CFG,
+        "trainer": {**CFG["trainer"], "epochs": 1},
+        "validation": {**CFG["validation"], "group_by_passage": True},
+    }
+    res = train_model("linear", store, cfg, tmp_path / "ck", progress=False)
+    held = set(res.heldout_rows.tolist())
+    assert len(held) >= 20
+    assert res.summary["validation"]["group_by_passage"] is True

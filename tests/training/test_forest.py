@@ -129,6 +129,7 @@ def test_same_seed_same_forest_and_seed_matters(toy_store) -> None:
 @pytest.mark.parametrize("mode", ["alternate"])
 def test_alternate_joint_mode_and_hidden_layer_train(toy_store, mode) -> None:
     cfg = {**SMALL, "n_models": 2, "joint_mode": mode, "hidden": [8], "uniformity": "gini"}
+    cfg["passage_uniformity_weight"] = 1.0
     forest = train_forest(toy_store, cfg, progress=False).model
     assert forest.config.hidden == (8,)
     assert forest.query_classes(toy_store.queries)[0].shape == (toy_store.n_queries, 2)

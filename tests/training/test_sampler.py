@@ -150,3 +150,23 @@ def test_holdout_split():
     assert holdout_split(has, 0.0)[1].size == 0
     with pytest.raises(ValueError):
         holdout_split(has, 1.0)
+
+
+def test_passage_groups_connect_queries_sharing_a_relevant_passage():
+    from treerank.training.holdout import passage_groups
+
+    # q0-q1 share 7; q2 alone; q3 alone; q4 shares 3 with q3; q5 has no relevant passage
+    cand = np.array([[5, 7], [7, -1], [9, -1], [3, 4], [3, -1], [1, -1]], dtype=np.int32)
+    lab = np.array([[1, 1], [1, 0], [1, 0], [1, 0], [1, 0], [0, 0]], dtype=np.uint8)
+    g = passage_groups(cand, lab)
+    assert g[0] == g[1] and g[3] == g[4]
+    assert len({g[0], g[2], g[3], g[5]}) == 4
+    # grouped holdout never splits a group: held-out relevant passages are never training ones
+    has = (lab > 0).any(axis=1)
+    for seed in range(10):
+        tr, va = holdout_split(has, 0.4, seed=seed, groups=g)
+        assert va.size >= 2
+        train_rel = set(cand[tr][lab[tr] > 0].tolist())
+        held_rel = set(cand[va][lab[va] > 0].tolist())
+        assert not train_rel & held_rel
+        assert 5 not in va  # no relevant passage: never held out

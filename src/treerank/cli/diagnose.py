@@ -32,6 +32,12 @@ def diagnose(
     top_n: int = typer.Option(10, help="Top wins / losses profiled in the failure analysis."),
     examples: int = typer.Option(5, help="Example queries listed for wins and for losses."),
     plots: bool = typer.Option(True, "--plots/--no-plots", help="Write PNG plots."),
+    probe_store: list[Path] = typer.Option(  # noqa: B006
+        [],
+        "--probe-store",
+        help="More store splits (same encoder, e.g. the train split) whose queries join the "
+        "probes and CKA for statistical power; repeatable.",
+    ),
 ) -> None:
     """Scoring variants, per-slot probes, per-query failures and linear CKA, with the seed's
     decision rules printed next to the numbers."""
@@ -45,6 +51,7 @@ def diagnose(
     metrics = tuple(dict.fromkeys([*DEFAULT_METRICS, metric]))
     try:
         st = EmbeddingStore.open(store)
+        extra = [EmbeddingStore.open(p) for p in probe_store]
         res = run_diagnostics(
             checkpoint,
             st,
@@ -56,6 +63,7 @@ def diagnose(
             top_n=top_n,
             n_examples=examples,
             plots=plots,
+            probe_stores=extra,
         )
     except (FileNotFoundError, ValueError, KeyError) as exc:
         console.print(f"[red]error:[/red] {exc}")

@@ -19,6 +19,9 @@ def evaluate(
     store: Path = typer.Option(
         ..., "--store", "-s", help="Store split directory (e.g. stores/scifact/test)."
     ),
+    split: str | None = typer.Option(
+        None, "--split", help="Split under --store when --store is a store root (e.g. test)."
+    ),
     systems: list[str] = typer.Option(
         ["cosine", "bm25"],
         "--system",
@@ -71,7 +74,7 @@ def evaluate(
     if baseline not in systems:
         systems = [baseline, *systems]
     try:
-        st = EmbeddingStore.open(store, dim=dim)
+        st = EmbeddingStore.open(store / split if split else store, dim=dim)
         comp = compare_systems(
             st,
             systems,

@@ -10,7 +10,7 @@ about DRT: any two runs (or any two arrays) can be compared.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -55,6 +55,7 @@ def failure_analysis(
     *,
     query_types: Sequence[str] | None = None,
     query_ids: Sequence[str] | None = None,
+    groups: Mapping[str, Sequence[str]] | None = None,
     top_n: int = 10,
     n_examples: int = 5,
     name_a: str = "A",
@@ -71,6 +72,8 @@ def failure_analysis(
         query_types: optional ``nq`` type labels (e.g. MS MARCO ``query_type`` or
             :func:`~treerank.diagnostics.labels.factoid_type`); absent -> profiled by length only.
         query_ids: optional source ids shown in the examples.
+        groups: more per-query labellings to profile by, name -> ``nq`` labels (e.g.
+            ``{"entity": [...]}``).
         top_n: how many wins and losses to profile (the largest ``|delta|`` each way).
         n_examples: example queries listed for each of wins and losses.
         tol: ``|delta| <= tol`` counts as a tie.
@@ -87,6 +90,10 @@ def failure_analysis(
         raise ValueError(f"{len(query_texts)} query texts for {nq} per-query values")
     if query_types is not None and len(query_types) != nq:
         raise ValueError(f"{len(query_types)} query types for {nq} per-query values")
+    extra = {k: list(v) for k, v in (groups or {}).items()}
+    for k, v in extra.items():
+        if len(v) != nq:
+            raise ValueError(f"{len(v)} {k!r} labels for {nq} per-query values")
     a = np.asarray(a, dtype=np.float64)
     b = np.asarray(b, dtype=np.float64)
     valid = np.flatnonzero(~np.isnan(delta))
@@ -104,6 +111,8 @@ def failure_analysis(
         prof: dict[str, Any] = {"length": _profile(idx, lengths, delta)}
         if types is not None:
             prof["type"] = _profile(idx, types, delta)
+        for k, v in extra.items():
+            prof[k] = _profile(idx, v, delta)
         examples = [
             {
                 "query_index": int(i),

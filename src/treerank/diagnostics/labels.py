@@ -32,8 +32,9 @@ _WH = [
     ),
     ("entity", re.compile(r"^\s*(what|which|name)\b", re.I)),
 ]
-# a number standing alone (not the digit of a name such as ALDH1 or IL-6), or a percentage
-_DIGIT = re.compile(r"(?<![A-Za-z0-9-])\d|%|\bper\s*cent\b", re.I)
+# a number standing alone (not the digit of a name such as ALDH1, IL-6, Arp2/3 or αvβ8), or a
+# percentage
+_DIGIT = re.compile(r"(?<![\w/-])\d|%|\bper\s*cent\b", re.I)
 _ACRONYM = re.compile(r"\b[A-Z]{2,}[A-Za-z0-9]*\b")
 _ALNUM = re.compile(r"\b(?=[A-Za-z0-9-]*[A-Za-z])(?=[A-Za-z0-9-]*\d)[A-Za-z0-9-]{2,}\b")
 _CAP = re.compile(r"^[A-Z][a-z]+")

@@ -145,16 +145,22 @@ def slot_specialisation(
     resolution guard.
 
     The seed's rule: slots within ``tol`` (1 percentage point) of each other did not specialise.
-    On a small held-out set a spread above 1% can be noise (one query of 90 is 1.1%), so a
-    spread is called ``"specialised"`` only when it also exceeds the 95% noise band of a
-    difference of two accuracies on ``n_test`` queries, ``1.96 * sqrt(2 p (1 - p) / n_test)``
-    (``p`` = mean slot accuracy), and the best slot beats the majority-class baseline; otherwise
-    a spread above ``tol`` is ``"inconclusive"``.
+    On a small held-out set a spread above 1% can be noise (one query of 90 is 1.1%), so the
+    verdict per task is:
+
+    * ``"none"``: spread <= ``tol`` (the seed's rule);
+    * ``"undetectable"``: spread above ``tol`` but within the 95% noise band of a difference of
+      two accuracies on ``n_test`` queries, ``1.96 * sqrt(2 p (1 - p) / n_test)`` (``p`` = mean
+      slot accuracy): no specialisation that this probe set can resolve;
+    * ``"specialised"``: spread beyond the noise band *and* the best slot beats the majority
+      baseline ``m`` by more than ``1.96 * sqrt(m (1 - m) / n_test)`` (it encodes the property);
+    * ``"inconclusive"``: spread beyond the noise band but no slot clearly above the majority
+      (the slots differ only in how far below chance they fall).
 
     Returns:
-        ``task -> {"min", "max", "spread", "best_slot", "majority", "noise_band", "n_test",
-        "verdict": "none" | "inconclusive" | "specialised", "specialised": bool}`` for tasks
-        where at least two slot probes ran.
+        ``task -> {"min", "max", "spread", "best_slot", "majority", "noise_band",
+        "majority_band", "n_test", "verdict", "specialised": verdict == "specialised"}`` for
+        tasks where at least two slot probes ran.
     """
     by_task: dict[str, list[ProbeResult]] = {}
     for r in results:
@@ -170,9 +176,12 @@ def slot_specialisation(
         p = float(np.mean(list(accs.values())))
         noise = 1.96 * float(np.sqrt(2 * p * (1 - p) / max(n_test, 1)))
         majority = rs[0].majority
+        majority_band = 1.96 * float(np.sqrt(majority * (1 - majority) / max(n_test, 1)))
         if hi - lo <= tol:
             verdict = "none"
-        elif hi - lo > noise and hi > majority:
+        elif hi - lo <= noise:
+            verdict = "undetectable"
+        elif hi - majority > majority_band:
             verdict = "specialised"
         else:
             verdict = "inconclusive"
@@ -183,6 +192,7 @@ def slot_specialisation(
             "best_slot": max(accs, key=lambda k: accs[k]),
             "majority": majority,
             "noise_band": noise,
+            "majority_band": majority_band,
             "n_test": n_test,
             "verdict": verdict,
             "specialised": verdict == "specialised",

@@ -34,6 +34,9 @@ from treerank.diagnostics.probes import run_probes, slot_specialisation
 from treerank.diagnostics.variants import evaluate_variants, l2_normalize
 
 DEFAULT_METRICS = ("mrr@10", "ndcg@10", "recall@100", "recall@1000")
+MAX_REPRESENTATION_FLOATS = 50_000_000
+"""Cap on ``n_queries * width`` of a model's query representation in steps 2 and 4 (200 MB);
+a forest's match-count features (``2 * M * C`` wide) can exceed it."""
 STEP_FILES = {
     "variants": "variants.json",
     "probes": "probes.json",
@@ -114,14 +117,6 @@ def _run_ids(system_spec: str, store: Any, k: int) -> np.ndarray:
     return np.asarray(build_system(system_spec).retrieve(store, k).ids)
 
 
-def _dense_search_ids(model: Any, store: Any, k: int) -> np.ndarray:
-    from treerank.search.exact import exact_search
-
-    q = model.encode_queries(np.asarray(store.queries, dtype=np.float32))
-    ids, _ = exact_search(q, store.passages, k=k, passage_transform=model.encode_passages)
-    return ids
-
-
 def decision_rules(
     results: dict[str, Any],
     *,
@@ -196,16 +191,18 @@ def decision_rules(
         spec = probes["specialisation"]
         verdicts = {t: str(v["verdict"]) for t, v in spec.items()}
         none = all(v == "none" for v in verdicts.values())
-        special = [t for t, v in verdicts.items() if v == "specialised"]
-        unclear = [t for t, v in verdicts.items() if v == "inconclusive"]
+        groups = {
+            "specialised": "slots specialise on {}",
+            "undetectable": "slots differ by more than the tolerance but within the probe's "
+            "noise band on {} (no specialisation this probe set can resolve)",
+            "inconclusive": "slots differ beyond the noise band on {} but none is clearly above "
+            "the majority baseline (inconclusive)",
+        }
         parts = []
-        if special:
-            parts.append("slots specialise on " + ", ".join(special))
-        if unclear:
-            parts.append(
-                "spread above the tolerance but within probe noise or no slot above the "
-                "majority baseline on " + ", ".join(unclear) + " (inconclusive)"
-            )
+        for verdict, text in groups.items():
+            tasks = [t for t, v in verdicts.items() if v == verdict]
+            if tasks:
+                parts.append(text.format(", ".join(tasks)))
         rules.append(
             {
                 "rule": f"slots within {probe_tol:.0%} on probes => no specialisation",
@@ -257,6 +254,7 @@ def run_diagnostics(
     cka_high: float = 0.8,
     equal_margin: float = 0.01,
     plots: bool = True,
+    probe_stores: Sequence[Any] = (),
     progress: bool = False,
 ) -> dict[str, Any]:
     """Run the four diagnostics of one checkpoint on one store and write the report.
@@ -276,10 +274,14 @@ def run_diagnostics(
         bootstrap_seed: seed of the paired bootstrap CIs.
         probe_tol, cka_high, equal_margin: decision-rule thresholds (see :func:`decision_rules`).
         plots: write PNG plots.
+        probe_stores: more stores embedded with the same encoder (e.g. the train split) whose
+            queries join the probes and CKA (steps 2 and 4) for statistical power; steps 1 and 3
+            always use ``store`` alone.
 
     Returns:
-        The JSON-serialisable results (also in ``diagnostics.json``): ``meta``, ``variants``
-        (or None), ``probes``, ``failures``, ``cka``, ``rules``, ``files``.
+        The results as plain JSON types (``diagnostics.json`` holds the same): ``meta``,
+        ``baseline``, ``model``, ``variants`` (or None), ``probes``, ``failures``, ``cka``,
+        ``rules``, ``files``.
 
     Raises:
         FileNotFoundError / EncoderMismatchError: see :func:`treerank.models.registry.load_model`.
@@ -305,7 +307,20 @@ def run_diagnostics(
     texts = store.query_texts()
     qids = store.query_ids()
     labels = query_labels(texts, store.query_types())
-    qx = np.asarray(store.queries, dtype=np.float32)
+    # queries of steps 2 and 4: the evaluation store's, plus those of any probe stores
+    rep_stores = [store, *probe_stores]
+    for ps in probe_stores:
+        if ps.encoder_fingerprint != store.encoder_fingerprint:
+            raise ValueError(
+                f"probe store {getattr(ps, 'path', ps)} was embedded with another encoder "
+                f"({str(ps.encoder_fingerprint)[:12]} vs {str(store.encoder_fingerprint)[:12]})"
+            )
+    all_types: list[list[str] | None] = [s_.query_types() for s_ in rep_stores]
+    probe_types: list[str] | None = None
+    if all(all_types):
+        probe_types = [t for ts in all_types for t in (ts or [])]
+    probe_labels = query_labels([t for s_ in rep_stores for t in s_.query_texts()], probe_types)
+    qx = np.concatenate([np.asarray(s_.queries, dtype=np.float32) for s_ in rep_stores])
     timings: dict[str, float] = {}
 
     # --- the two systems' per-query metrics -------------------------------------------------
@@ -357,11 +372,7 @@ def run_diagnostics(
         results["variants"] = var
         model_pq = per_query["learned"]
         timings["variants"] = time.perf_counter() - t
-    elif is_dense:
-        model_pq = evaluate_run(
-            _dense_search_ids(model, store, k), qrels, metrics=metrics
-        ).per_query
-    else:
+    else:  # the systems registry picks the search (dense exact, forest inverted lists)
         model_pq = evaluate_run(
             _run_ids(f"ckpt:{checkpoint_dir}", store, k), qrels, metrics=metrics
         ).per_query
@@ -382,17 +393,27 @@ def run_diagnostics(
             slot_names.append(f"slot-{i}")
         reps["concat"] = q_slots.reshape(q_slots.shape[0], -1)
         reps["alpha"] = model.query_alpha(qx)
+    notes: list[str] = []
     if is_dense:
-        reps[model_name] = model.encode_queries(qx)
+        width = int(model.encode_queries(qx[:1]).shape[1])
+        if width * qx.shape[0] <= MAX_REPRESENTATION_FLOATS:
+            reps[model_name] = model.encode_queries(qx)
+        else:
+            notes.append(
+                f"{model_name}'s query representation ({width} dims) is too wide for probes and "
+                f"CKA on {qx.shape[0]} queries; left out"
+            )
     reps["frozen"] = qx
+    results["meta"]["notes"] = notes
 
     # --- step 2: probes -----------------------------------------------------------------------
     t = time.perf_counter()
-    probe_results = run_probes(reps, labels, seed=probe_seed)
+    probe_results = run_probes(reps, probe_labels, seed=probe_seed)
     results["probes"] = {
-        "labels": {task: dict(sorted(_count(v).items())) for task, v in labels.items()},
+        "queries": {str(getattr(s_, "path", "")): int(s_.n_queries) for s_ in rep_stores},
+        "labels": {task: dict(sorted(_count(v).items())) for task, v in probe_labels.items()},
         "label_source": {
-            "query_type": "store query_type" if store.query_types() else "factoid regex",
+            "query_type": "store query_type" if all(all_types) else "factoid regex",
             "entity": "entity-bearing heuristic",
             "length": "word-count bucket",
         },
@@ -408,6 +429,7 @@ def run_diagnostics(
         texts,
         query_types=labels["query_type"],
         query_ids=qids,
+        groups={"entity": labels["entity"]},
         top_n=top_n,
         n_examples=n_examples,
         name_a=model_name,
@@ -448,7 +470,7 @@ def run_diagnostics(
     files.update(write_report(results, out, plots=plots))
     results["files"] = files
     _dump(out / "diagnostics.json", results)
-    return results
+    return to_json(results)  # plain JSON types, NaN -> None, as in diagnostics.json
 
 
 def _count(values: Sequence[str]) -> dict[str, int]:

@@ -144,6 +144,8 @@ def render_markdown(results: dict[str, Any], plots: dict[str, str]) -> str:
         f"Encoder `{meta['encoder']}` (fingerprint `{str(meta['encoder_fingerprint'])[:12]}`). "
         f"Baseline: `{meta['baseline']}`. Decision metric: {metric}.\n"
     )
+    for note in meta.get("notes") or []:
+        md.append(f"Note: {note}\n")
     md.append("## Decision rules (the DRT seed's)\n")
     if results["rules"]:
         md.append(
@@ -210,6 +212,12 @@ def render_markdown(results: dict[str, Any], plots: dict[str, str]) -> str:
 
     pr = results["probes"]
     md.append("## 2. Probes (logistic regression, 70/30 stratified split, seed 42)\n")
+    if len(pr.get("queries", {})) > 1:
+        md.append(
+            "Probe queries (and CKA rows): "
+            + ", ".join(f"`{p}` ({n})" for p, n in pr["queries"].items())
+            + "\n"
+        )
     md.append(
         "Labels: "
         + "; ".join(f"{t} ({pr['label_source'][t]}): {pr['labels'][t]}" for t in pr["labels"])
@@ -250,7 +258,7 @@ def render_markdown(results: dict[str, Any], plots: dict[str, str]) -> str:
     )
     for label, block in (("top wins", f["top_wins"]), ("top losses", f["top_losses"])):
         md.append(f"### {label.capitalize()} ({block['n']})\n")
-        for dim in ("length", "type"):
+        for dim in block["profile"]:
             prof = block["profile"].get(dim)
             if not prof:
                 continue

@@ -249,7 +249,10 @@ class Forest:
                 f"forest {self.name!r}: expected inputs of shape (n, {self.config.dim}), "
                 f"got {arr.shape}"
             )
-        return torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float32))
+        out = np.ascontiguousarray(arr, dtype=np.float32)
+        if not out.flags.writeable:  # read-only memmap: torch wants a writable buffer
+            out = out.copy()
+        return torch.from_numpy(out)
 
     def _blocks(self, n: int, width: int) -> tuple[int, int]:
         """Row block and model block so that one logits block stays ~64 MiB."""

@@ -27,7 +27,7 @@ import numpy as np
 
 from treerank.models.checkpoint import save_checkpoint
 from treerank.training.history import plot_curves, read_log
-from treerank.training.holdout import ValidationConfig, holdout_split
+from treerank.training.holdout import ValidationConfig, holdout_split, passage_groups
 from treerank.training.trainer import TrainOutput
 
 __all__ = [
@@ -236,7 +236,10 @@ def train_model(
     seed = int(config.get("seed", 0))
     cand, lab = np.asarray(store.candidates), np.asarray(store.labels)
     has_rel = np.asarray(((cand >= 0) & (lab >= int(store.relevance_threshold))).any(axis=1))
-    train_rows, held = holdout_split(has_rel, vcfg.fraction, seed, vcfg.max_queries)
+    groups = (
+        passage_groups(cand, lab, int(store.relevance_threshold)) if vcfg.group_by_passage else None
+    )
+    train_rows, held = holdout_split(has_rel, vcfg.fraction, seed, vcfg.max_queries, groups)
     validate = make_validator(store, held, vcfg, seed) if held.size else None
     mined = ensure_mined_negatives(store, config) if model_type in MINING_MODELS else None
 

@@ -72,11 +72,21 @@ class IncompleteStoreError(StoreFormatError):
     """The directory holds a store whose embed run has not finished (no ``meta.json``)."""
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a temporary file in the same directory + ``os.replace``."""
+    """Write ``data`` to ``path`` via a temporary file in the same directory + ``os.replace``.
+
+    The file gets the usual ``0o666 & ~umask`` permissions (not mkstemp's 0600).
+    """
     p = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
     try:
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()

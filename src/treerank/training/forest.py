@@ -181,6 +181,7 @@ class ForestTrainConfig:
     hard_negatives: int = 8
     uniformity: str = "entropy"
     uniformity_weight: float = 1.0
+    passage_uniformity_weight: float = 0.0
     sharpness_weight: float = 0.5
     init_scale: float = 1.0
     lr: float = 0.05
@@ -403,6 +404,14 @@ def _train_group(
             return torch.zeros(n_g)
         return cfg.nr_penalty * _weighted_mean(logp[..., -1].exp(), g.pmask)
 
+    def passage_balance(pp: Tensor) -> Tensor:
+        """Uniformity of the bag's passages over the C real classes (0 when switched off)."""
+        if cfg.passage_uniformity_weight <= 0:
+            return torch.zeros(n_g)
+        real = pp[..., :-1] * g.pmask.unsqueeze(-1)
+        pbar = real.sum(1) / real.sum((1, 2)).clamp_min(_EPS).unsqueeze(-1)
+        return cfg.passage_uniformity_weight * uniformity_loss(pbar, cfg.uniformity)
+
     def p_loss(_: int) -> Tensor:
         logp = torch.log_softmax(
             stacked_forward(g.xp, pw, pb, dropout=cfg.dropout, training=True), -1
@@ -411,7 +420,8 @@ def _train_group(
         lp_neg = logp[rows, g.neg_p.unsqueeze(0), t_neg]
         loss = _weighted_mean(-lp_pos, g.pos_w)
         loss = loss + _weighted_mean(-torch.log1p(-lp_neg.exp().clamp_max(1 - 1e-6)), g.neg_w)
-        return (loss + nr_term(logp) + cfg.weight_decay * _l2(pw)).sum()
+        loss = loss + nr_term(logp) + passage_balance(logp.exp())
+        return (loss + cfg.weight_decay * _l2(pw)).sum()
 
     loss2 = _run_steps([*pw, *pb], cfg.steps_passage, cfg.lr, p_loss) / n_g
 
@@ -433,6 +443,7 @@ def _train_group(
             loss = loss + cfg.sharpness_weight * sharpness_loss(pq, w)
         if cfg.nr_penalty > 0:
             loss = loss + cfg.nr_penalty * _weighted_mean(pp[..., -1], g.pmask)
+        loss = loss + passage_balance(pp)
         return (loss + cfg.weight_decay * (_l2(qw) + _l2(pw))).sum()
 
     if cfg.joint_mode == "joint":

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ValidationConfig", "holdout_split"]
+__all__ = ["ValidationConfig", "holdout_split", "passage_groups"]
 
 
 @dataclass
@@ -26,6 +26,11 @@ class ValidationConfig:
             held-out queries plus a fixed random remainder (None: the full split).
         k: search depth of the held-out run.
         metrics: metrics returned by the callback.
+        group_by_passage: hold out whole groups of queries connected by shared relevant
+            passages (:func:`passage_groups`), so no held-out query's relevant passage is ever a
+            training positive: the held-out metric then measures generalisation to passages
+            never seen as positives, not memorisation of which passages are relevant (on
+            SciFact, 65% of test queries share a relevant passage with a training query).
     """
 
     fraction: float = 0.2
@@ -33,6 +38,7 @@ class ValidationConfig:
     max_passages: int | None = 500_000
     k: int = 100
     metrics: list[str] = field(default_factory=lambda: ["mrr@10", "ndcg@10", "recall@100"])
+    group_by_passage: bool = False
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any], where: str = "config") -> ValidationConfig:
@@ -54,8 +60,43 @@ class ValidationConfig:
         return out
 
 
+def passage_groups(
+    candidates: np.ndarray, labels: np.ndarray, relevance_threshold: int = 1
+) -> np.ndarray:
+    """Group id of every query: connected components of the query -- relevant-passage graph.
+
+    Two queries are in the same group when they share a relevant passage (directly or through a
+    chain of queries). Queries without a relevant passage get a group of their own.
+
+    Args:
+        candidates: ``int32 (nq, K)`` passage ids, ``-1`` padding. labels: ``uint8 (nq, K)``.
+        relevance_threshold: grade ``>=`` this is relevant.
+
+    Returns:
+        ``int64 (nq,)`` group ids in ``[0, n_groups)``.
+    """
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+
+    cand = np.asarray(candidates, dtype=np.int64)
+    nq = cand.shape[0]
+    keep = (cand >= 0) & (np.asarray(labels) >= relevance_threshold)
+    q_idx = np.broadcast_to(np.arange(nq)[:, None], cand.shape)[keep]
+    p_idx = cand[keep]
+    n_p = int(p_idx.max()) + 1 if p_idx.size else 0
+    # bipartite graph: nodes [0, nq) queries, [nq, nq + n_p) passages
+    graph = coo_matrix((np.ones(q_idx.size), (q_idx, nq + p_idx)), shape=(nq + n_p, nq + n_p))
+    _, comp = connected_components(graph, directed=False)
+    _, groups = np.unique(comp[:nq], return_inverse=True)
+    return groups.astype(np.int64)
+
+
 def holdout_split(
-    has_relevant: np.ndarray, fraction: float, seed: int = 0, max_queries: int | None = None
+    has_relevant: np.ndarray,
+    fraction: float,
+    seed: int = 0,
+    max_queries: int | None = None,
+    groups: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Split query ids into training and held-out sets.
 
@@ -68,6 +109,8 @@ def holdout_split(
         seed: seed of the draw (``numpy.random.default_rng(seed)``).
         max_queries: cap on the held-out count (large splits: a few thousand queries are enough
             to rank checkpoints and cheap to score against the full passage set).
+        groups: ``int (nq,)`` group id per query (:func:`passage_groups`): whole groups are held
+            out, drawn in a seeded order until the held-out count reaches the target.
 
     Returns:
         ``(train_rows, heldout_rows)``: ``int64`` ascending query ids, disjoint, covering all.
@@ -83,6 +126,13 @@ def holdout_split(
     if max_queries is not None:
         n_out = min(n_out, int(max_queries))
     rng = np.random.default_rng(seed)
-    held = np.sort(rng.choice(eligible, size=n_out, replace=False)) if n_out else eligible[:0]
+    if groups is not None and n_out:
+        groups = np.asarray(groups)
+        order = rng.permutation(np.unique(groups[eligible]))
+        sizes = np.bincount(groups[eligible], minlength=int(groups.max()) + 1)[order]
+        take = order[: int(np.searchsorted(np.cumsum(sizes), n_out)) + 1]
+        held = eligible[np.isin(groups[eligible], take)]
+    else:
+        held = np.sort(rng.choice(eligible, size=n_out, replace=False)) if n_out else eligible[:0]
     train = np.setdiff1d(np.arange(has_relevant.size), held)
     return train.astype(np.int64), held.astype(np.int64)

@@ -1,0 +1,93 @@
+"""`treerank embed` end to end: stats table, bad input exit codes, a real Ctrl-C then --resume."""
+
+from __future__ import annotations
+
+import filecmp
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from typer.testing import CliRunner
+
+from treerank.cli.main import app
+from treerank.store import EmbeddingStore
+
+runner = CliRunner()
+
+
+def test_embed_msmarco_sample(tmp_path, msmarco_parquet):
+    res = runner.invoke(
+        app, ["embed", str(msmarco_parquet), "-o", str(tmp_path), "--limit", "1", "--no-progress"]
+    )
+    assert res.exit_code == 0, res.output
+    for row in ("queries", "passages encoded", "tokens", "non-pad tokens", "padding ratio"):
+        assert row in res.output
+    st = EmbeddingStore.open(tmp_path / "validation")
+    assert st.n_queries == 1 and st.k == 10 and st.encoder_name == "sentence-transformers/all-MiniLM-L6-v2"
+    res = runner.invoke(app, ["embed", str(msmarco_parquet), "-o", str(tmp_path), "--limit", "1"])
+    assert res.exit_code == 2 and "--overwrite" in res.output
+
+
+@pytest.mark.parametrize(
+    ("content", "fmt", "expect"),
+    [
+        (None, "auto", "not found"),
+        (b"a,b\n", "auto", "cannot detect"),
+        (b"{}", "nosuch", "unknown format 'nosuch'"),
+        (b'{"query_id": 1, "query": " ", "passages": {"passage_text": [], "is_selected": []}}\n',
+         "msmarco", "row 1: empty query"),
+        (b'{"query_id": 1, "query": "caf\xe9"}\n', "msmarco", "row 1: invalid UTF-8 byte 0xe9"),
+        (b'{"query_id": 1, "text": "q"}\n', "msmarco", "row 1: row lacks 'query'"),
+    ],
+)
+def test_bad_input_exits_2_naming_file_and_row(tmp_path, content, fmt, expect):
+    path = tmp_path / ("in.jsonl" if fmt != "auto" else "in.csv")
+    if content is not None:
+        path.write_bytes(content)
+    res = runner.invoke(app, ["embed", str(path), "-f", fmt, "-o", str(tmp_path / "out")])
+    assert res.exit_code == 2, res.output
+    flat = " ".join(res.output.split())
+    assert expect in flat and "in." in flat
+    assert not (tmp_path / "out" / "validation" / "meta.json").exists()
+
+
+def _cli(*args):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    return [sys.executable, "-m", "treerank.cli.main", "embed", *args], env
+
+
+def test_ctrl_c_then_resume_is_byte_identical(tmp_path, msmarco_parquet):
+    common = [str(msmarco_parquet), "--limit", "2", "--token-budget", "300",
+              "--max-batch-size", "2", "--no-reuse", "--no-progress"]
+    cmd, env = _cli(*common, "-o", str(tmp_path / "full"))
+    subprocess.run(cmd, env=env, check=True, capture_output=True)
+    part = tmp_path / "part" / "validation"
+    cmd, env = _cli(*common, "-o", str(tmp_path / "part"))
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            done = json.loads((part / "progress.json").read_text())["passage_batches_done"]
+        except (OSError, ValueError, KeyError):
+            done = 0
+        if done >= 2:
+            proc.send_signal(signal.SIGINT)
+            break
+        time.sleep(0.05)
+    _, err = proc.communicate(timeout=600)
+    if proc.returncode == 0:
+        pytest.skip("the run finished before it could be interrupted")
+    assert proc.returncode == 130, err.decode()
+    assert b"--resume" in err
+    assert (part / "progress.json").exists() and not (part / "meta.json").exists()
+    cmd, env = _cli(*common, "-o", str(tmp_path / "part"), "--resume")
+    subprocess.run(cmd, env=env, check=True, capture_output=True)
+    for name in ("queries.bin", "passages.bin", "query_indices.bin", "query_is_selected.bin",
+                 "queries.jsonl", "passages.jsonl"):
+        assert filecmp.cmp(tmp_path / "full" / "validation" / name, part / name, shallow=False)
+    meta = json.loads((part / "meta.json").read_text())
+    assert meta["stats"]["resumed"] is True
