@@ -100,8 +100,11 @@ def child_memory(n: int, out: str) -> None:
     embed_split(passage_only_split(texts), enc, out, progress=False, reuse=False)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     text_mib = sum(len(t.encode()) for t in texts) / 2**20
-    print(json.dumps({"n": n, "peak_rss_mib": rss, "rss_after_load_mib": rss_loaded,
-                      "text_mib": text_mib}))
+    print(
+        json.dumps(
+            {"n": n, "peak_rss_mib": rss, "rss_after_load_mib": rss_loaded, "text_mib": text_mib}
+        )
+    )
 
 
 def main() -> None:
@@ -131,8 +134,9 @@ def main() -> None:
             ref = model.encode(texts, batch_size=args.batch_size, normalize_embeddings=True)
             t_ref = min(t_ref, time.perf_counter() - t0)
             t0 = time.perf_counter()
-            stats = embed_split(passage_only_split(texts), enc, Path(tmp) / f"s{r}",
-                                progress=False, reuse=False)
+            stats = embed_split(
+                passage_only_split(texts), enc, Path(tmp) / f"s{r}", progress=False, reuse=False
+            )
             t_ours = min(t_ours, time.perf_counter() - t0)
         from treerank.store import EmbeddingStore
 
@@ -152,33 +156,51 @@ def main() -> None:
     peak = matmul_peak_gflops()
     achieved = flops / t_ours / 1e9
 
-    print(f"passages: {len(texts):,} SciFact (title + text), model {enc.name}, "
-          f"torch threads {__import__('torch').get_num_threads()}")
-    print(f"plain SentenceTransformer.encode (batch {args.batch_size}): {t_ref:8.2f} s  "
-          f"{len(texts) / t_ref:7.1f} passages/s  padding {ref_padding:.1%}")
-    print(f"treerank embed_split (budget {enc.token_budget}):        {t_ours:8.2f} s  "
-          f"{len(texts) / t_ours:7.1f} passages/s  padding {stats.padding_ratio:.1%}")
+    print(
+        f"passages: {len(texts):,} SciFact (title + text), model {enc.name}, "
+        f"torch threads {__import__('torch').get_num_threads()}"
+    )
+    print(
+        f"plain SentenceTransformer.encode (batch {args.batch_size}): {t_ref:8.2f} s  "
+        f"{len(texts) / t_ref:7.1f} passages/s  padding {ref_padding:.1%}"
+    )
+    print(
+        f"treerank embed_split (budget {enc.token_budget}):        {t_ours:8.2f} s  "
+        f"{len(texts) / t_ours:7.1f} passages/s  padding {stats.padding_ratio:.1%}"
+    )
     print(f"throughput ratio (treerank / plain): {t_ref / t_ours:.3f}   (target >= 0.95)")
     print(f"min cosine treerank vs plain encode: {cos.min():.6f}")
-    print(f"encoder fp32 matmul work: {flops / 1e9:.1f} GFLOP -> {achieved:.1f} GFLOP/s; "
-          f"torch.mm peak {peak:.1f} GFLOP/s -> {achieved / peak:.1%} of peak")
+    print(
+        f"encoder fp32 matmul work: {flops / 1e9:.1f} GFLOP -> {achieved:.1f} GFLOP/s; "
+        f"torch.mm peak {peak:.1f} GFLOP/s -> {achieved / peak:.1%} of peak"
+    )
 
     rows = []
     for n in [int(x) for x in args.memory_sizes.split(",") if x]:
         with tempfile.TemporaryDirectory() as tmp:
-            out = subprocess.run(
-                [sys.executable, __file__, "--child", str(n), str(Path(tmp) / "m")],
-                capture_output=True, text=True, check=True,
-            ).stdout.strip().splitlines()[-1]
+            out = (
+                subprocess.run(
+                    [sys.executable, __file__, "--child", str(n), str(Path(tmp) / "m")],
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                )
+                .stdout.strip()
+                .splitlines()[-1]
+            )
         rows.append(json.loads(out))
     for r in rows:
-        print(f"peak RSS embedding {r['n']:>6,} passages: {r['peak_rss_mib']:7.1f} MiB "
-              f"(after model load {r['rss_after_load_mib']:.1f} MiB; texts {r['text_mib']:.2f} MiB)")
+        print(
+            f"peak RSS embedding {r['n']:>6,} passages: {r['peak_rss_mib']:7.1f} MiB "
+            f"(after model load {r['rss_after_load_mib']:.1f} MiB; texts {r['text_mib']:.2f} MiB)"
+        )
     if len(rows) >= 2:
         a, b = rows[0], rows[-1]
-        print(f"RSS growth {a['n']:,} -> {b['n']:,} passages: "
-              f"{b['peak_rss_mib'] - a['peak_rss_mib']:+.1f} MiB for "
-              f"{b['text_mib'] - a['text_mib']:+.2f} MiB more text")
+        print(
+            f"RSS growth {a['n']:,} -> {b['n']:,} passages: "
+            f"{b['peak_rss_mib'] - a['peak_rss_mib']:+.1f} MiB for "
+            f"{b['text_mib'] - a['text_mib']:+.2f} MiB more text"
+        )
 
 
 if __name__ == "__main__":

@@ -156,7 +156,7 @@ def msmarco_store(encoder) -> dict[str, object]:
 
 @pytest.fixture(scope="session")
 def dl19_store(encoder, dl19_dir: Path) -> dict[str, object]:
-    """``{"test"}`` -> EmbeddingStore of the DL19 pool subset (first 10 topics, <= 2,000 passages)."""
+    """``{"test"}`` -> EmbeddingStore of the DL19 subset (10 topics, <= 2,000 passages)."""
     from treerank.readers import read_split
 
     return cached_store(

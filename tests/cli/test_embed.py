@@ -27,7 +27,11 @@ def test_embed_msmarco_sample(tmp_path, msmarco_parquet):
     for row in ("queries", "passages encoded", "tokens", "non-pad tokens", "padding ratio"):
         assert row in res.output
     st = EmbeddingStore.open(tmp_path / "validation")
-    assert st.n_queries == 1 and st.k == 10 and st.encoder_name == "sentence-transformers/all-MiniLM-L6-v2"
+    assert (
+        st.n_queries == 1
+        and st.k == 10
+        and st.encoder_name == "sentence-transformers/all-MiniLM-L6-v2"
+    )
     res = runner.invoke(app, ["embed", str(msmarco_parquet), "-o", str(tmp_path), "--limit", "1"])
     assert res.exit_code == 2 and "--overwrite" in res.output
 
@@ -38,8 +42,11 @@ def test_embed_msmarco_sample(tmp_path, msmarco_parquet):
         (None, "auto", "not found"),
         (b"a,b\n", "auto", "cannot detect"),
         (b"{}", "nosuch", "unknown format 'nosuch'"),
-        (b'{"query_id": 1, "query": " ", "passages": {"passage_text": [], "is_selected": []}}\n',
-         "msmarco", "row 1: empty query"),
+        (
+            b'{"query_id": 1, "query": " ", "passages": {"passage_text": [], "is_selected": []}}\n',
+            "msmarco",
+            "row 1: empty query",
+        ),
         (b'{"query_id": 1, "query": "caf\xe9"}\n', "msmarco", "row 1: invalid UTF-8 byte 0xe9"),
         (b'{"query_id": 1, "text": "q"}\n', "msmarco", "row 1: row lacks 'query'"),
     ],
@@ -61,8 +68,17 @@ def _cli(*args):
 
 
 def test_ctrl_c_then_resume_is_byte_identical(tmp_path, msmarco_parquet):
-    common = [str(msmarco_parquet), "--limit", "2", "--token-budget", "300",
-              "--max-batch-size", "2", "--no-reuse", "--no-progress"]
+    common = [
+        str(msmarco_parquet),
+        "--limit",
+        "2",
+        "--token-budget",
+        "300",
+        "--max-batch-size",
+        "2",
+        "--no-reuse",
+        "--no-progress",
+    ]
     cmd, env = _cli(*common, "-o", str(tmp_path / "full"))
     subprocess.run(cmd, env=env, check=True, capture_output=True)
     part = tmp_path / "part" / "validation"
@@ -86,8 +102,14 @@ def test_ctrl_c_then_resume_is_byte_identical(tmp_path, msmarco_parquet):
     assert (part / "progress.json").exists() and not (part / "meta.json").exists()
     cmd, env = _cli(*common, "-o", str(tmp_path / "part"), "--resume")
     subprocess.run(cmd, env=env, check=True, capture_output=True)
-    for name in ("queries.bin", "passages.bin", "query_indices.bin", "query_is_selected.bin",
-                 "queries.jsonl", "passages.jsonl"):
+    for name in (
+        "queries.bin",
+        "passages.bin",
+        "query_indices.bin",
+        "query_is_selected.bin",
+        "queries.jsonl",
+        "passages.jsonl",
+    ):
         assert filecmp.cmp(tmp_path / "full" / "validation" / name, part / name, shallow=False)
     meta = json.loads((part / "meta.json").read_text())
     assert meta["stats"]["resumed"] is True

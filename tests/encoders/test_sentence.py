@@ -44,7 +44,9 @@ def test_query_prompt(encoder):
     assert np.all((q * ref).sum(1) > 0.9999)
     plain = encoder.encode_queries(TEXTS[:2])
     assert np.all((q * plain).sum(1) < 0.999)
-    np.testing.assert_array_equal(enc.encode_passages(TEXTS[:1]), encoder.encode_passages(TEXTS[:1]))
+    np.testing.assert_array_equal(
+        enc.encode_passages(TEXTS[:1]), encoder.encode_passages(TEXTS[:1])
+    )
     assert enc.token_lengths(TEXTS[:1], "query")[0] > encoder.token_lengths(TEXTS[:1], "query")[0]
 
 

@@ -49,7 +49,9 @@ def test_beir_errors(beir_dir, tmp_path):
     bad = tmp_path / "bad"
     (bad / "qrels").mkdir(parents=True)
     (bad / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\n")
-    (bad / "corpus.jsonl").write_text('{"_id": "d1", "title": "", "text": "x"}\n{"_id": "d2", "text": \n')
+    (bad / "corpus.jsonl").write_text(
+        '{"_id": "d1", "title": "", "text": "x"}\n{"_id": "d2", "text": \n'
+    )
     (bad / "queries.jsonl").write_text('{"_id": "q1", "text": "q"}\n')
     with pytest.raises(DataFormatError, match=r"corpus\.jsonl, row 2: invalid JSON"):
         read_beir(bad, "test")

@@ -13,8 +13,16 @@ def test_subset_keeps_labels_exact(scifact_zip):
     s = subset_split(full, limit=20, max_passages=100)
     assert s.n_queries == 20 and s.n_passages == 100
     for i in range(20):
-        got = {(s.passage_ids[p], int(g)) for p, g in zip(s.candidates[i], s.labels[i], strict=True) if p >= 0}
-        want = {(full.passage_ids[p], int(g)) for p, g in zip(full.candidates[i], full.labels[i], strict=True) if p >= 0}
+        got = {
+            (s.passage_ids[p], int(g))
+            for p, g in zip(s.candidates[i], s.labels[i], strict=True)
+            if p >= 0
+        }
+        want = {
+            (full.passage_ids[p], int(g))
+            for p, g in zip(full.candidates[i], full.labels[i], strict=True)
+            if p >= 0
+        }
         assert got == want
     # original order kept; the first non-candidate passages fill the remaining room
     order = [full.passage_ids.index(p) for p in s.passage_ids]

@@ -18,7 +18,10 @@ def test_real_topics_and_qrels(dl19_dir):
 
 def test_gz_topics(scifact_zip):
     topics = read_trec_topics(scifact_zip.parent / "topics.beir-v1.0.0-scifact.test.tsv.gz")
-    assert len(topics) == 300 and topics[0] == ("1", "0-dimensional biomaterials show inductive properties.")
+    assert len(topics) == 300 and topics[0] == (
+        "1",
+        "0-dimensional biomaterials show inductive properties.",
+    )
 
 
 def test_errors_name_line(tmp_path):

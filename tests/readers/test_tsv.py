@@ -23,7 +23,9 @@ def test_tsv_folder(tmp_path, dl19_dir):
     s = read_tsv(tmp_path, "dev")
     assert s.n_passages == 300 and s.passage_texts == [t for _, t in docs]
     kept = {d for d, _ in docs}
-    qrels = [(q, d, g) for q, d, g in read_trec_qrels(dl19_dir / "qrels.dl19-passage.txt") if d in kept]
+    qrels = [
+        (q, d, g) for q, d, g in read_trec_qrels(dl19_dir / "qrels.dl19-passage.txt") if d in kept
+    ]
     assert int((s.candidates >= 0).sum()) == len(qrels)
     judged = {q for q, _, _ in qrels}
     assert s.query_ids == [q for q, _ in topics if q in judged]  # unjudged queries dropped

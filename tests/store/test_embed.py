@@ -81,7 +81,9 @@ def test_dl19_round_trip(dl19_store, encoder, dl19_dir):
     from tests.conftest import DL19_TEST_MAX_PASSAGES, DL19_TEST_TOPICS
 
     st = dl19_store["test"]
-    _same_tables(st, read_split(dl19_dir, "trec-dl", "test", DL19_TEST_TOPICS, DL19_TEST_MAX_PASSAGES))
+    _same_tables(
+        st, read_split(dl19_dir, "trec-dl", "test", DL19_TEST_TOPICS, DL19_TEST_MAX_PASSAGES)
+    )
     assert st.relevance_threshold == 2
     _reencode_check(st, encoder, seed=4)
 
@@ -100,7 +102,9 @@ def test_resume_is_byte_identical(tmp_path, small_split, small_encoder):
     assert progress["query_batches_done"] + progress["passage_batches_done"] == 3
     with pytest.raises(StoreExistsError, match="--resume"):
         embed_split(small_split, small_encoder, part, progress=False)
-    resumed = embed_split(small_split, small_encoder, part, progress=False, resume=True, reuse=False)
+    resumed = embed_split(
+        small_split, small_encoder, part, progress=False, resume=True, reuse=False
+    )
     assert resumed.resumed
     assert resumed.passage_batches == stats.passage_batches
     assert resumed.passage_real_tokens == stats.passage_real_tokens
@@ -123,7 +127,9 @@ def test_resume_with_other_settings_overwrites_nothing(tmp_path, small_split, sm
     with pytest.raises(StoreExistsError, match="nothing was overwritten"):
         embed_split(small_split, other, out, progress=False, resume=True)
     with pytest.raises(StoreExistsError):
-        embed_split(read_msmarco_limit(small_split, 1), small_encoder, out, progress=False, resume=True)
+        embed_split(
+            read_msmarco_limit(small_split, 1), small_encoder, out, progress=False, resume=True
+        )
     assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
     (out / "passages.bin").write_bytes(b"\0" * 12)
     with pytest.raises(Exception, match=r"passages\.bin: 12 bytes"):

@@ -59,7 +59,9 @@ def test_sizes_and_row_counts_are_checked(tmp_path):
         EmbeddingStore.open(root, dim=3840)
     _go_store(root)
     np.full(30, 7, dtype="<i4").tofile(root / "queries_passage_ids.bin")
-    with pytest.raises(StoreFormatError, match=r"queries_passage_ids\.bin: passage id out of range"):
+    with pytest.raises(
+        StoreFormatError, match=r"queries_passage_ids\.bin: passage id out of range"
+    ):
         EmbeddingStore.open(root, dim=3840)
     with pytest.raises(StoreFormatError, match="not found"):
         EmbeddingStore.open(tmp_path / "missing")

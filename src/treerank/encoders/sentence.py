@@ -106,7 +106,9 @@ class SentenceEncoder:
 
     @property
     def max_seq_length(self) -> int:
-        return int(self.model.max_seq_length)
+        """Truncation length in tokens (the tokenizer's limit when the model sets none)."""
+        m = self.model.max_seq_length
+        return int(m if m is not None else self.model.tokenizer.model_max_length)
 
     def prompt_for(self, kind: str) -> str:
         """The prefix for ``kind`` (``"query"`` or ``"passage"``), ``""`` when none."""
@@ -126,7 +128,9 @@ class SentenceEncoder:
         step = 8192
         for s in range(0, len(texts), step):
             chunk = [prompt + t for t in texts[s : s + step]]
-            enc = tok(chunk, add_special_tokens=True, truncation=True, max_length=self.max_seq_length)
+            enc = tok(
+                chunk, add_special_tokens=True, truncation=True, max_length=self.max_seq_length
+            )
             out[s : s + len(chunk)] = [len(ids) for ids in enc["input_ids"]]
         return out
 

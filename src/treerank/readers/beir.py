@@ -83,7 +83,8 @@ def read_beir(folder: str | Path, split: str = "test") -> RetrievalSplit:
     missing = [q for q in wanted if q not in texts]
     if missing:
         raise DataFormatError(
-            qrels_path, f"{len(missing)} query id(s) absent from {queries_path.name}, e.g. {missing[0]}"
+            qrels_path,
+            f"{len(missing)} query id(s) absent from {queries_path.name}, e.g. {missing[0]}",
         )
     out = build_judged_split(split, "beir", [(q, texts[q]) for q in wanted], qrels, b)
     out.meta.update({"path": str(root), "n_empty_documents_skipped": n_empty})

@@ -17,10 +17,18 @@ from treerank.readers.tsv import read_tsv
 
 #: format name -> (reader(path, split) -> RetrievalSplit, default split name, description)
 FORMATS: dict[str, tuple[Callable[[Path, str], RetrievalSplit], str, str]] = {
-    "msmarco": (read_msmarco, "validation", "MS MARCO v2.1 HF schema: parquet file/shard dir, JSON, JSONL"),
+    "msmarco": (
+        read_msmarco,
+        "validation",
+        "MS MARCO v2.1 HF schema: parquet file/shard dir, JSON, JSONL",
+    ),
     "beir": (read_beir, "test", "BEIR folder: corpus.jsonl, queries.jsonl, qrels/<split>.tsv"),
     "scifact": (read_scifact, "test", "SciFact export scifact.zip (BEIR splits train/test)"),
-    "trec-dl": (read_trec_dl_pool, "test", "TREC DL pool: topics, qrels, retrieve_results/<RUN>/*.json"),
+    "trec-dl": (
+        read_trec_dl_pool,
+        "test",
+        "TREC DL pool: topics, qrels, retrieve_results/<RUN>/*.json",
+    ),
     "tsv": (read_tsv, "test", "collection.tsv + queries[.<split>].tsv + TREC qrels"),
 }
 
@@ -44,7 +52,9 @@ def detect_format(path: str | Path) -> str:
                         return "scifact"
             except zipfile.BadZipFile:
                 raise DataFormatError(p, "not a zip archive") from None
-        raise DataFormatError(p, f"cannot detect the format of this file; use one of {sorted(FORMATS)}")
+        raise DataFormatError(
+            p, f"cannot detect the format of this file; use one of {sorted(FORMATS)}"
+        )
     if (p / "corpus.jsonl").is_file():
         return "beir"
     if (p / "scifact.zip").is_file() or (p / "corpus_train.csv").is_file():
@@ -55,7 +65,9 @@ def detect_format(path: str | Path) -> str:
         return "tsv"
     if any(p.glob("*.parquet")) or any(p.glob("*.jsonl")):
         return "msmarco"
-    raise DataFormatError(p, f"cannot detect the format of this directory; use one of {sorted(FORMATS)}")
+    raise DataFormatError(
+        p, f"cannot detect the format of this directory; use one of {sorted(FORMATS)}"
+    )
 
 
 def read_split(

@@ -63,7 +63,9 @@ def read_pool_passages(run_files: list[Path]) -> dict[str, str]:
                 for h in hits:
                     texts.setdefault(str(h["docid"]), h["content"])
             except (TypeError, KeyError, ValueError) as exc:
-                raise DataFormatError(f, f"entry lacks hits/docid/content/rank ({exc})", row=i) from None
+                raise DataFormatError(
+                    f, f"entry lacks hits/docid/content/rank ({exc})", row=i
+                ) from None
     return texts
 
 

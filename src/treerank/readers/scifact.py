@@ -50,7 +50,7 @@ def parse_sentence_array(cell: str) -> list[str]:
     pos, end = 1, len(body) - 1
     for m in _LITERAL.finditer(body, 1, end):
         if body[pos : m.start()].strip(" \n\r\t,"):
-            raise ValueError(f"unexpected text between sentences: {body[pos:m.start()][:40]!r}")
+            raise ValueError(f"unexpected text between sentences: {body[pos : m.start()][:40]!r}")
         lit = m.group(0)
         out.append(ast.literal_eval(lit) if "\\" in lit else lit[1:-1])
         pos = m.end()
@@ -112,14 +112,18 @@ def read_scifact_corpus(path: str | Path) -> tuple[list[str], list[str], list[st
     return ids, titles, texts
 
 
-def read_scifact_qrels(path: str | Path, split: str) -> tuple[list[str], list[str], list[list[str]]]:
+def read_scifact_qrels(
+    path: str | Path, split: str
+) -> tuple[list[str], list[str], list[list[str]]]:
     """Return (claim ids, claim texts, cited doc ids per claim) for BEIR ``split``.
 
     Raises:
         DataFormatError: unknown split, missing member, wrong columns, empty claim.
     """
     if split not in SCIFACT_SPLITS:
-        raise DataFormatError(path, f"unknown SciFact split {split!r}; use {sorted(SCIFACT_SPLITS)}")
+        raise DataFormatError(
+            path, f"unknown SciFact split {split!r}; use {sorted(SCIFACT_SPLITS)}"
+        )
     text, display = _open_member(Path(path), SCIFACT_SPLITS[split])
     ids: list[str] = []
     claims: list[str] = []

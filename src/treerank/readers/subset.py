@@ -57,9 +57,13 @@ def subset_split(
         relevance_threshold=split.relevance_threshold,
         query_types=None if split.query_types is None else split.query_types[:nq],
         passage_aliases={s: int(new_id[p]) for s, p in split.passage_aliases.items() if keep[p]},
-        meta={**split.meta, "limit": limit, "max_passages": max_passages,
-              "n_queries_before_subset": split.n_queries,
-              "n_passages_before_subset": split.n_passages},
+        meta={
+            **split.meta,
+            "limit": limit,
+            "max_passages": max_passages,
+            "n_queries_before_subset": split.n_queries,
+            "n_passages_before_subset": split.n_passages,
+        },
     )
     out.validate()
     return out

@@ -65,7 +65,9 @@ def read_trec_qrels(path: str | Path) -> list[tuple[str, str, int]]:
         elif len(parts) == 3:
             qid, docid, grade = parts
         else:
-            raise DataFormatError(path, f"expected 'qid iter docid grade', got {len(parts)} fields", line_no)
+            raise DataFormatError(
+                path, f"expected 'qid iter docid grade', got {len(parts)} fields", line_no
+            )
         try:
             g = int(float(grade))
         except ValueError:
@@ -95,13 +97,13 @@ def build_judged_split(
         judged = by_query.get(qsrc, [])
         if not keep_unjudged_queries and not any(d in b.aliases for d, _ in judged):
             continue
-        qid = b.add_query(qsrc, text)
+        row = b.add_query(qsrc, text)
         for docid, grade in judged:
             pid = b.aliases.get(docid)
             if pid is None:
                 n_missing += 1
                 continue
-            b.add_candidate(qid, pid, grade)
+            b.add_candidate(row, pid, grade)
     out = b.build()
     topic_ids = {q for q, _ in topics}
     out.meta.update(

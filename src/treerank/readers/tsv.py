@@ -6,8 +6,8 @@ Folder layout (MS MARCO passage-ranking style)::
     queries.<split>.tsv | queries.tsv    qid<TAB>text
     qrels.<split>.tsv|.txt | qrels.tsv|.txt   TREC qrels (qid iter pid grade)
 
-Queries without a judgment on a collection passage are dropped (nothing to evaluate); candidates are the judged
-passages with their grades.
+Queries without a judgment on a collection passage are dropped (nothing to evaluate);
+candidates are the judged passages with their grades.
 """
 
 from __future__ import annotations

@@ -110,10 +110,16 @@ class EmbedStats:
             ("queries", self.n_queries, rate(self.n_queries, self.query_seconds)),
             ("passages encoded", encoded, rate(encoded, self.passage_seconds)),
             ("passages reused", self.n_reused_passages, None),
-            ("tokens", self.query_tokens + self.passage_tokens, rate(
-                self.query_tokens + self.passage_tokens, self.seconds)),
-            ("non-pad tokens", self.query_real_tokens + self.passage_real_tokens, rate(
-                self.query_real_tokens + self.passage_real_tokens, self.seconds)),
+            (
+                "tokens",
+                self.query_tokens + self.passage_tokens,
+                rate(self.query_tokens + self.passage_tokens, self.seconds),
+            ),
+            (
+                "non-pad tokens",
+                self.query_real_tokens + self.passage_real_tokens,
+                rate(self.query_real_tokens + self.passage_real_tokens, self.seconds),
+            ),
         ]
 
     def to_dict(self) -> dict[str, Any]:
@@ -158,7 +164,9 @@ def _write_tables(split: RetrievalSplit, out: Path) -> None:
         for i, (q, t) in enumerate(zip(split.query_ids, split.query_texts, strict=True))
     ]
     atomic_write_bytes(out / QUERIES_JSONL, _jsonl(qrows))
-    prows = [{"id": p, "text": t} for p, t in zip(split.passage_ids, split.passage_texts, strict=True)]
+    prows = [
+        {"id": p, "text": t} for p, t in zip(split.passage_ids, split.passage_texts, strict=True)
+    ]
     atomic_write_bytes(out / PASSAGES_JSONL, _jsonl(prows))
     aliases = [
         f"{sid}\t{pid}\n"
@@ -166,8 +174,12 @@ def _write_tables(split: RetrievalSplit, out: Path) -> None:
         if split.passage_ids[pid] != sid
     ]
     atomic_write_bytes(out / ALIASES_TSV, "".join(aliases).encode("utf-8"))
-    atomic_write_bytes(out / INDICES_BIN, np.ascontiguousarray(split.candidates, INDEX_DTYPE).tobytes())
-    atomic_write_bytes(out / SELECTED_BIN, np.ascontiguousarray(split.labels, LABEL_DTYPE).tobytes())
+    atomic_write_bytes(
+        out / INDICES_BIN, np.ascontiguousarray(split.candidates, INDEX_DTYPE).tobytes()
+    )
+    atomic_write_bytes(
+        out / SELECTED_BIN, np.ascontiguousarray(split.labels, LABEL_DTYPE).tobytes()
+    )
 
 
 def _presize(path: Path, n_bytes: int) -> None:
@@ -175,7 +187,7 @@ def _presize(path: Path, n_bytes: int) -> None:
         f.truncate(n_bytes)
 
 
-def _open_rw(path: Path, n: int, dim: int) -> np.ndarray | None:
+def _open_rw(path: Path, n: int, dim: int) -> np.memmap | None:
     if n == 0 or dim == 0:
         return None
     return np.memmap(path, dtype=VECTOR_DTYPE, mode="r+", shape=(n, dim))
@@ -236,7 +248,9 @@ def embed_split(
 
     # ------------------------------------------------------------------ plan
     if reuse is True:
-        sources = reusable_stores(out, encoder.fingerprint, encoder.passage_prompt, encoder.max_seq_length)
+        sources = reusable_stores(
+            out, encoder.fingerprint, encoder.passage_prompt, encoder.max_seq_length
+        )
     elif reuse is False:
         sources = []
     else:
@@ -254,7 +268,8 @@ def embed_split(
     p_batches = [to_encode[b] for b in encoder.plan(p_len)]
     data_sha = split_digest(split)
     reuse_sig = hashlib.sha256(
-        json.dumps([str(s.path) for s in src_stores]).encode() + matched.tobytes()
+        json.dumps([str(s.path) for s in src_stores]).encode()
+        + matched.tobytes()
         + src_row.tobytes()
     ).hexdigest()
     signature = hashlib.sha256(
@@ -279,8 +294,13 @@ def embed_split(
     if has_meta and not overwrite:
         meta = json.loads((out / META_JSON).read_text(encoding="utf-8"))
         if resume and meta.get("signature") == signature:
-            stats = EmbedStats(**{k: v for k, v in meta.get("stats", {}).items()
-                                  if k in EmbedStats.__dataclass_fields__})
+            stats = EmbedStats(
+                **{
+                    k: v
+                    for k, v in meta.get("stats", {}).items()
+                    if k in EmbedStats.__dataclass_fields__
+                }
+            )
             return stats
         raise StoreExistsError(
             f"{out / META_JSON}: a finished store is already here"
@@ -320,8 +340,13 @@ def embed_split(
         _presize(out / QUERIES_BIN, nq * dim * 4)
         _presize(out / PASSAGES_BIN, npas * dim * 4)
         stats = EmbedStats(n_queries=nq, n_passages=npas)
-        state = {"signature": signature, "reuse_done": False, "query_batches_done": 0,
-                 "passage_batches_done": 0, "stats": asdict(stats)}
+        state = {
+            "signature": signature,
+            "reuse_done": False,
+            "query_batches_done": 0,
+            "passage_batches_done": 0,
+            "stats": asdict(stats),
+        }
         atomic_write_json(out / PROGRESS_JSON, state)
 
     qmm = _open_rw(out / QUERIES_BIN, nq, dim)
@@ -435,7 +460,10 @@ def embed_split(
             "passage_aliases": ALIASES_TSV,
         },
         "stats": stats.to_dict(),
-        "planned_passage_padding": {"padded_tokens": planned_padded[0], "real_tokens": planned_padded[1]},
+        "planned_passage_padding": {
+            "padded_tokens": planned_padded[0],
+            "real_tokens": planned_padded[1],
+        },
         "source_meta": split.meta,
         "created_unix": time.time(),
     }

@@ -21,7 +21,7 @@ def reusable_stores(
     fingerprint, passage prompt and ``max_seq_length`` (the things a passage vector depends on).
     """
     out = Path(out_dir).resolve()
-    found = []
+    found: list[Path] = []
     if not out.parent.is_dir():
         return found
     for meta_path in sorted(out.parent.glob(f"*/{META_JSON}")):
@@ -53,7 +53,7 @@ def match_passages(
     """
     stores: list[EmbeddingStore] = []
     where: dict[str, tuple[int, int]] = {}
-    for s_i, src in enumerate(sources):
+    for src in sources:
         try:
             store = EmbeddingStore.open(src)
             src_texts = store.passage_texts()
