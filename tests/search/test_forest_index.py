@@ -206,3 +206,19 @@ def test_dense_view_inner_product_equals_index_ranking() -> None:
     )
     _, counts, _ = brute_force(qc, qp, pc, pp, 90)
     np.testing.assert_array_equal(np.floor(dense + 1e-6), counts)
+
+
+def test_ckpt_system_spec_uses_forest_search(tmp_path) -> None:
+    from treerank.models.checkpoint import save_checkpoint
+    from treerank.search.systems import build_system
+
+    rng = np.random.default_rng(2)
+    forest = Forest.random(ForestConfig(n_models=6, n_classes=3, dim=4), seed=2, name="f")
+    save_checkpoint(tmp_path / "f", forest.to_checkpoint("enc", "fp"))
+    store = _Store(
+        rng.standard_normal((5, 4)).astype(np.float32),
+        rng.standard_normal((40, 4)).astype(np.float32),
+    )
+    store.encoder_fingerprint = "fp"  # type: ignore[attr-defined]
+    run = build_system(f"ckpt:{tmp_path / 'f'}").retrieve(store, 40)
+    np.testing.assert_array_equal(run.ids, ForestSystem(forest).retrieve(store, 40).ids)

@@ -167,6 +167,9 @@ def test_reuse_from_sibling_split(tmp_path, small_split, small_encoder):
     rows = [texts_a.index(t) for t in b.passage_texts()]
     np.testing.assert_array_equal(np.asarray(a.passages)[rows], b.passages)
     assert b.meta["stats"]["n_reused_passages"] == one.n_passages
+    # a finished store made with reuse: --resume is a no-op even though siblings changed
+    again = embed_split(one, small_encoder, root / "b", progress=False, resume=True)
+    assert again.n_reused_passages == one.n_passages
     fresh = embed_split(one, small_encoder, tmp_path / "alone" / "b", progress=False, reuse=False)
     assert fresh.n_reused_passages == 0
     c = EmbeddingStore.open(tmp_path / "alone" / "b")

@@ -9,7 +9,8 @@ for a finished store (`EmbeddingStore.open` raises `IncompleteStoreError`).
 
 ``resume=True`` re-plans from the same inputs, checks that the plan's signature (data digest,
 encoder fingerprint, prompts, truncation, batching) equals the recorded one, and encodes only
-the batches not yet done. Because every batch is encoded exactly as in an uninterrupted run, the
+the batches not yet done (passage reuse is re-derived from the sources the first part chose and
+must match). Because every batch is encoded exactly as in an uninterrupted run, the
 result is byte-identical to one (the vector files, text and label tables; ``meta.json`` differs
 only in its timing stats).
 
@@ -153,6 +154,28 @@ def split_digest(split: RetrievalSplit) -> str:
     return "sha256:" + h.hexdigest()
 
 
+def embed_signature(data_sha: str, encoder: SentenceEncoder) -> str:
+    """Hex SHA-256 of what fixes an embed run's bytes: data digest, encoder weights
+    fingerprint, prompts, truncation, batching settings and dimension (recorded in
+    ``progress.json`` and ``meta.json``; ``--resume`` requires it unchanged)."""
+    return hashlib.sha256(
+        json.dumps(
+            {
+                "data": data_sha,
+                "encoder": encoder.fingerprint,
+                "query_prompt": encoder.query_prompt,
+                "passage_prompt": encoder.passage_prompt,
+                "max_seq_length": encoder.max_seq_length,
+                "token_budget": encoder.token_budget,
+                "max_batch_size": encoder.max_batch_size,
+                "max_padding": encoder.max_padding,
+                "dim": encoder.dim,
+            },
+            sort_keys=True,
+        ).encode()
+    ).hexdigest()
+
+
 def _jsonl(rows: Sequence[dict[str, Any]]) -> bytes:
     return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode("utf-8")
 
@@ -246,62 +269,14 @@ def embed_split(
     has_progress = (out / PROGRESS_JSON).is_file()
     has_files = any((out / n).exists() for n in (QUERIES_BIN, PASSAGES_BIN, INDICES_BIN))
 
-    # ------------------------------------------------------------------ plan
-    if reuse is True:
-        sources = reusable_stores(
-            out, encoder.fingerprint, encoder.passage_prompt, encoder.max_seq_length
-        )
-    elif reuse is False:
-        sources = []
-    else:
-        sources = [Path(p) for p in reuse]
-    if sources and not (resume and has_meta):
-        src_idx, src_stores, src_row, matched = match_passages(split.passage_texts, sources)
-    else:
-        src_stores = []
-        src_idx = src_row = np.full(npas, -1, dtype=np.int64)
-        matched = np.zeros(npas, dtype=bool)
-    to_encode = np.flatnonzero(~matched)
-    q_len = encoder.token_lengths(split.query_texts, "query")
-    p_len = encoder.token_lengths([split.passage_texts[i] for i in to_encode], "passage")
-    q_batches = encoder.plan(q_len)
-    p_batches = [to_encode[b] for b in encoder.plan(p_len)]
-    data_sha = split_digest(split)
-    reuse_sig = hashlib.sha256(
-        json.dumps([str(s.path) for s in src_stores]).encode()
-        + matched.tobytes()
-        + src_row.tobytes()
-    ).hexdigest()
-    signature = hashlib.sha256(
-        json.dumps(
-            {
-                "data": data_sha,
-                "encoder": encoder.fingerprint,
-                "query_prompt": encoder.query_prompt,
-                "passage_prompt": encoder.passage_prompt,
-                "max_seq_length": encoder.max_seq_length,
-                "token_budget": encoder.token_budget,
-                "max_batch_size": encoder.max_batch_size,
-                "max_padding": encoder.max_padding,
-                "dim": dim,
-                "reuse": reuse_sig if matched.any() else None,
-            },
-            sort_keys=True,
-        ).encode()
-    ).hexdigest()
-
     # ------------------------------------------------------ state of out_dir
+    data_sha = split_digest(split)
+    signature = embed_signature(data_sha, encoder)
     if has_meta and not overwrite:
         meta = json.loads((out / META_JSON).read_text(encoding="utf-8"))
         if resume and meta.get("signature") == signature:
-            stats = EmbedStats(
-                **{
-                    k: v
-                    for k, v in meta.get("stats", {}).items()
-                    if k in EmbedStats.__dataclass_fields__
-                }
-            )
-            return stats
+            fields = EmbedStats.__dataclass_fields__
+            return EmbedStats(**{k: v for k, v in meta.get("stats", {}).items() if k in fields})
         raise StoreExistsError(
             f"{out / META_JSON}: a finished store is already here"
             + (" with a different data/encoder/batching signature" if resume else "")
@@ -317,13 +292,49 @@ def embed_split(
             f"{out}: holds store files but neither {META_JSON} nor {PROGRESS_JSON}; "
             "pass overwrite (--overwrite) to replace them"
         )
-    state: dict[str, Any]
+    state: dict[str, Any] | None = None
     if has_progress and resume and not overwrite:
         state = json.loads((out / PROGRESS_JSON).read_text(encoding="utf-8"))
         if state.get("signature") != signature:
             raise StoreExistsError(
                 f"{out / PROGRESS_JSON}: the unfinished run used other data, encoder, prompt or "
                 "batching settings; nothing was overwritten (pass --overwrite to start again)"
+            )
+
+    # ------------------------------------------------------------------ plan
+    # a resumed run reuses exactly the sources its first part chose
+    if state is not None:
+        sources = [Path(p) for p in state.get("reuse_sources", [])]
+    elif reuse is True:
+        sources = reusable_stores(
+            out, encoder.fingerprint, encoder.passage_prompt, encoder.max_seq_length
+        )
+    elif reuse is False:
+        sources = []
+    else:
+        sources = [Path(p) for p in reuse]
+    if sources:
+        src_idx, src_stores, src_row, matched = match_passages(split.passage_texts, sources)
+    else:
+        src_stores = []
+        src_idx = src_row = np.full(npas, -1, dtype=np.int64)
+        matched = np.zeros(npas, dtype=bool)
+    reuse_digest = hashlib.sha256(
+        json.dumps([str(s.path) for s in src_stores]).encode()
+        + matched.tobytes()
+        + src_row.tobytes()
+    ).hexdigest()
+    to_encode = np.flatnonzero(~matched)
+    q_len = encoder.token_lengths(split.query_texts, "query")
+    p_len = encoder.token_lengths([split.passage_texts[i] for i in to_encode], "passage")
+    q_batches = encoder.plan(q_len)
+    p_batches = [to_encode[b] for b in encoder.plan(p_len)]
+
+    if state is not None:
+        if state.get("reuse_digest") != reuse_digest:
+            raise StoreExistsError(
+                f"{out / PROGRESS_JSON}: the stores it reused passages from have changed; "
+                "nothing was overwritten (pass --overwrite to start again)"
             )
         for name, n in ((QUERIES_BIN, nq), (PASSAGES_BIN, npas)):
             size = (out / name).stat().st_size if (out / name).is_file() else -1
@@ -342,12 +353,15 @@ def embed_split(
         stats = EmbedStats(n_queries=nq, n_passages=npas)
         state = {
             "signature": signature,
+            "reuse_sources": [str(s.path) for s in src_stores],
+            "reuse_digest": reuse_digest,
             "reuse_done": False,
             "query_batches_done": 0,
             "passage_batches_done": 0,
             "stats": asdict(stats),
         }
         atomic_write_json(out / PROGRESS_JSON, state)
+    run_state: dict[str, Any] = state
 
     qmm = _open_rw(out / QUERIES_BIN, nq, dim)
     pmm = _open_rw(out / PASSAGES_BIN, npas, dim)
@@ -356,11 +370,11 @@ def embed_split(
         for mm in (qmm, pmm):
             if mm is not None:
                 mm.flush()
-        state["stats"] = asdict(stats)
-        atomic_write_json(out / PROGRESS_JSON, state)
+        run_state["stats"] = asdict(stats)
+        atomic_write_json(out / PROGRESS_JSON, run_state)
 
     # --------------------------------------------------------------- reuse
-    if not state["reuse_done"]:
+    if not run_state["reuse_done"]:
         hits = np.flatnonzero(matched)
         if len(hits) and pmm is not None:
             for s_i, store in enumerate(src_stores):
@@ -370,7 +384,7 @@ def embed_split(
                     pmm[rows] = store.passages[src_row[rows]]
             stats.reused_from = [str(s.path) for s in src_stores]
         stats.n_reused_passages = len(hits)
-        state["reuse_done"] = True
+        run_state["reuse_done"] = True
         checkpoint()
 
     # -------------------------------------------------------------- encode
@@ -381,7 +395,7 @@ def embed_split(
         ("query", q_batches, qmm, split.query_texts, "query_batches_done"),
         ("passage", p_batches, pmm, split.passage_texts, "passage_batches_done"),
     ):
-        done = int(state[key])
+        done = int(run_state[key])
         total = sum(len(b) for b in batches)
         bar = tqdm(
             total=total,
@@ -411,7 +425,7 @@ def embed_split(
                     stats.passage_tokens += res.padded_tokens
                     stats.passage_real_tokens += res.real_tokens
                     stats.passage_seconds += dt
-                state[key] = b_i + 1
+                run_state[key] = b_i + 1
                 checkpoint()
                 bar.update(len(idx))
                 written += 1

@@ -28,7 +28,9 @@ The TreeRank seed (Training section), implemented step by step. For every pair `
 3. **Joint round** (``steps_joint`` steps, ``joint_mode`` ``"joint"`` or ``"alternate"``): both
    models together on the *soft collision probability* ``s(q, p) = sum_c P_q(c) P_p(c)``:
    ``-log s`` for selected pairs, ``-negative_weight * log(1 - s)`` for non-selected pairs, plus
-   the query uniformity/sharpness terms so the query classes stay balanced. ``"alternate"``
+   the query uniformity/sharpness terms so the query classes stay balanced (and, with
+   ``passage_uniformity_weight > 0``, the same uniformity loss on the bag's passages over the
+   ``C`` real classes, also in stage 2). ``"alternate"``
    updates the query model on even steps and the passage model on odd steps.
 
 Every stage is plain **full-batch** gradient descent (Adam on the whole bag, no mini-batches), with
@@ -46,6 +48,17 @@ terms of stages 2 and 3.
 **Negatives** per query: its judged non-selected candidates, ``hard_negatives`` most
 cosine-similar passages that are not selected for it, and ``random_negatives`` uniformly drawn
 passages (re-drawn for every group of pairs).
+
+**What the SciFact sweep says** (train 809 queries -> test 300 queries over all 5,183 passages,
+M = 32, C = 32, nDCG@10; cosine = 0.645; ``configs/forest/scifact.yaml``): an untrained forest
+(random query models, passage models copied) 0.351; stage 1 alone 0.182 (the uniformity loss on
+~570 bagged queries overfits a 384 x 32 linear model: test-query class entropy falls from 3.14
+to 2.71 nats); all three stages with ``uniformity_weight`` 1: 0.284 (the joint round collapses the
+classes), 5: 0.443; stage 1 switched off (``steps_query: 0``) 0.583; plus
+``passage_uniformity_weight`` 5: 0.604. ``weight_decay`` 0.01 (summed L2 on N(0, 1) weights)
+shrinks the logits until every query is soft and the argmax collapses to one class: exactly
+the failure of a mean-only uniformity loss that the sharpness term is there to resist. The
+not-retrievable outcome never crossed its threshold on SciFact (0 % of passages dropped).
 
 **Vectorised training**: ``group_size`` pairs are trained at once as stacked parameters (each with
 its own bag, init and dropout; the losses are summed, so each pair's gradients are exactly those
