@@ -131,7 +131,9 @@ def main() -> None:
     ap.add_argument("--queries", type=int, default=1_000)
     ap.add_argument("--dim", type=int, default=384)
     ap.add_argument("--k", type=int, default=1000)
-    ap.add_argument("--chunk-size", type=int, default=131_072)
+    ap.add_argument(
+        "--chunk-size", type=int, default=262_144, help="rows (treerank's default at 384 dims)"
+    )
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--scale-passages", type=int, default=1_000_000)
     ap.add_argument("--scale-queries", type=int, default=1_000)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
-from tests.search.tiny_store import write_tiny_store
 from typer.testing import CliRunner
 
+from tests.search.tiny_store import write_tiny_store
 from treerank.cli.main import app
 
 

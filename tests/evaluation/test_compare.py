@@ -6,8 +6,8 @@ import json
 
 import numpy as np
 import pytest
-from tests.search.tiny_store import write_tiny_store
 
+from tests.search.tiny_store import write_tiny_store
 from treerank.evaluation.compare import compare_systems
 from treerank.evaluation.metrics import evaluate_run
 from treerank.evaluation.qrels import Qrels

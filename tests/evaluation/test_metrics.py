@@ -8,8 +8,8 @@ import ir_measures
 import numpy as np
 import pytest
 from ir_measures import RR, R, Success, nDCG
-from tests.evaluation.dl19 import load_runs, require_dl19, topic_ids
 
+from tests.evaluation.dl19 import load_runs, require_dl19, topic_ids
 from treerank.evaluation.metrics import evaluate_run, ndcg_at, parse_metric
 from treerank.evaluation.qrels import Qrels
 from treerank.evaluation.trec_io import read_qrels, run_from_dict

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from tests.search.tiny_store import write_tiny_store
 
+from tests.search.tiny_store import write_tiny_store
 from treerank.models.checkpoint import EncoderMismatchError, save_checkpoint
 from treerank.models.cosine import CosineScorer
 from treerank.search.fusion import rrf

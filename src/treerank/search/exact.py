@@ -34,7 +34,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-DEFAULT_CHUNK_SIZE = 131_072
+DEFAULT_CHUNK_BYTES = 384 * 2**20  # passage block per chunk: 262,144 rows at 384 dims
+DEFAULT_CHUNK_SIZE: int | None = None  # None: as many rows as fit DEFAULT_CHUNK_BYTES
 DEFAULT_QUERY_BATCH = 256
 BACKENDS = ("faiss", "torch")
 
@@ -221,7 +222,7 @@ def exact_search(
     queries: np.ndarray,
     passages: np.ndarray,
     k: int = 1000,
-    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    chunk_size: int | None = DEFAULT_CHUNK_SIZE,
     passage_transform: Callable[[np.ndarray], np.ndarray] | None = None,
     progress: bool = False,
     query_batch: int = DEFAULT_QUERY_BATCH,
@@ -235,7 +236,9 @@ def exact_search(
         passages: ``(n_passages, d)`` stored passage vectors, an ndarray or a read-only
             ``np.memmap``; read ``chunk_size`` rows at a time, never written.
         k: results per query (default 1000), clipped to ``n_passages``.
-        chunk_size: passages per chunk; the block costs ``chunk_size * d * 4`` bytes.
+        chunk_size: passages per chunk; the block costs ``chunk_size * d * 4`` bytes. ``None``
+            (default): ``DEFAULT_CHUNK_BYTES // (d * 4)`` rows (384 MiB: 262,144 rows at 384
+            dims, 26,214 at 3,840).
         passage_transform: the model's passage tower applied to each chunk, ``float32 (c, d) ->
             float32 (c, d')``; ``None`` scores the stored vectors as they are.
         progress: show a tqdm bar over passages.
@@ -258,6 +261,8 @@ def exact_search(
         raise ValueError(f"queries {q.shape} and passages {passages.shape} must be 2-D")
     nq, n = q.shape[0], passages.shape[0]
     k = min(int(k), n)
+    if chunk_size is None:
+        chunk_size = max(1, DEFAULT_CHUNK_BYTES // (4 * max(int(passages.shape[1]), 1)))
     if k <= 0 or chunk_size <= 0 or query_batch <= 0:
         raise ValueError(f"k={k}, chunk_size={chunk_size}, query_batch={query_batch} must be > 0")
     chunk_topk = _CHUNK_TOPK[backend]

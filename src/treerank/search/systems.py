@@ -78,7 +78,7 @@ class DenseSystem:
         self,
         scorer: DenseScorer,
         name: str | None = None,
-        chunk_size: int = DEFAULT_CHUNK_SIZE,
+        chunk_size: int | None = DEFAULT_CHUNK_SIZE,
         progress: bool = False,
         backend: str = "faiss",
     ) -> None:
