@@ -46,6 +46,8 @@ class DatasetOutcome:
     comparison: dict[str, Any] = field(default_factory=dict)
     comparison_markdown: str = ""
     eval_dir: Path | None = None
+    overlap: dict[str, Any] | None = None
+    overlap_markdown: str = ""
     diagnostics: dict[str, Any] | None = None
     diagnose_dir: Path | None = None
     store_stats: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -169,6 +171,8 @@ def run_experiment(
         o.eval_dir = rec.path
         o.comparison = rec.summary.get("comparison", {})
         o.comparison_markdown = rec.summary.get("markdown", "")
+        o.overlap = rec.summary.get("overlap")
+        o.overlap_markdown = rec.summary.get("overlap_markdown", "")
         dmodel = cfg.diagnose.model
         if dmodel and dmodel in o.checkpoints:
             rec = _diagnose_stage(cfg, ds, o, dmodel, stage_keys, force, progress, log)
@@ -329,7 +333,26 @@ def _evaluate_stage(
             progress=progress,
         )
         log(comp.markdown())
-        return {"comparison": _jsonable(comp.to_dict()), "markdown": comp.markdown()}
+        summary: dict[str, Any] = {
+            "comparison": _jsonable(comp.to_dict()),
+            "markdown": comp.markdown(),
+        }
+        if o.train_store is not None:
+            from treerank.evaluation.overlap import (
+                overlap_breakdown,
+                overlap_markdown,
+                seen_positive_mask,
+            )
+
+            seen = seen_positive_mask(store, EmbeddingStore.open(o.train_store))
+            per_query = {s: r.per_query for s, r in comp.results.items()}
+            doc = overlap_breakdown(per_query, seen, ev.baselines[0], ev.metrics, seed=ev.seed)
+            (d / "overlap.json").write_text(json.dumps(_jsonable(doc), indent=2))
+            metric = "ndcg@10" if "ndcg@10" in ev.metrics else ev.metrics[0]
+            summary["overlap"] = _jsonable(doc)
+            summary["overlap_markdown"] = overlap_markdown(doc, metric, ev.baselines[0])
+            log(summary["overlap_markdown"])
+        return summary
 
     return run_stage(f"evaluate:{ds.name}", key, path, work, force=force, log=log)
 

@@ -117,6 +117,7 @@ def write_report(
             "store": _rel(o.store, root),
             "store_stats": o.store_stats,
             "comparison": comp,
+            "overlap": o.overlap,
             "training": o.training,
             "diagnostics": o.diagnostics,
         }
@@ -132,6 +133,17 @@ def write_report(
             md.append("")
         md.append(o.comparison_markdown.strip())
         md.append("")
+        if o.overlap_markdown:
+            md += [
+                "### Seen vs unseen positives",
+                "",
+                "Queries split by whether one of their relevant passages was also relevant to a "
+                "training query (matched by source passage id). A trained model's gain on the "
+                "first group can be memorised citations; the second group shows what generalises.",
+                "",
+                o.overlap_markdown.strip(),
+                "",
+            ]
         if o.eval_dir is not None:
             for png, title in (
                 ("metrics.png", "Metrics per system"),

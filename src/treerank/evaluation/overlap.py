@@ -1,0 +1,129 @@
+"""Train/test positive overlap: how much of a trained model's gain is memorised passages.
+
+On SciFact (and any collection whose test queries cite passages that training queries also cite)
+a head can "beat cosine" by learning *which passages get cited*, not by retrieving better. This
+module splits the evaluation queries into those with at least one relevant passage that was also
+a relevant passage of some training query ("seen") and the rest ("unseen"), and reports every
+system's metrics and paired tests on each part, so that the gain that generalises is visible.
+
+Passages are matched across splits by their **source id** (``store.passage_ids()``, the id in
+the original collection), which identifies the same document in both splits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from treerank.evaluation.significance import compare_paired
+
+
+def relevant_source_ids(
+    candidates: np.ndarray, labels: np.ndarray, passage_ids: Sequence[str], threshold: int
+) -> list[set[str]]:
+    """Per query, the source ids of its relevant passages.
+
+    Args:
+        candidates: ``int32 (nq, K)`` passage ids, ``-1`` padding.
+        labels: ``uint8 (nq, K)`` grades.
+        passage_ids: source id of each passage id.
+        threshold: a grade ``>=`` this is relevant.
+    """
+    rel = (candidates >= 0) & (labels >= threshold)
+    return [{passage_ids[int(p)] for p in row[r]} for row, r in zip(candidates, rel, strict=True)]
+
+
+def seen_positive_mask(eval_store: Any, train_store: Any) -> np.ndarray:
+    """``bool (n_eval_queries,)``: True where a relevant passage of the evaluation query is also
+    relevant to at least one training query (matched by source passage id)."""
+    train_pos = set().union(
+        *relevant_source_ids(
+            np.asarray(train_store.candidates),
+            np.asarray(train_store.labels),
+            train_store.passage_ids(),
+            int(train_store.relevance_threshold),
+        )
+    )
+    per_q = relevant_source_ids(
+        np.asarray(eval_store.candidates),
+        np.asarray(eval_store.labels),
+        eval_store.passage_ids(),
+        int(eval_store.relevance_threshold),
+    )
+    return np.array([bool(s & train_pos) for s in per_q], dtype=bool)
+
+
+def overlap_breakdown(
+    per_query: Mapping[str, Mapping[str, np.ndarray]],
+    seen: np.ndarray,
+    baseline: str,
+    metrics: Sequence[str],
+    *,
+    n_permutations: int = 10_000,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Every system's mean metrics and paired tests against ``baseline`` on the seen / unseen parts.
+
+    Args:
+        per_query: system -> metric -> ``float64 (nq,)`` per-query values (NaN = left out).
+        seen: ``bool (nq,)`` from :func:`seen_positive_mask`.
+        baseline: a key of ``per_query``.
+        metrics: metrics to report.
+
+    Returns:
+        ``{"n_seen", "n_unseen", "parts": {part: {system: {metric: {"mean", "delta", "p",
+        "ci_low", "ci_high"}}}}}`` (``delta``/``p``/CI against the baseline, absent for it).
+
+    Raises:
+        KeyError: ``baseline`` not in ``per_query``.
+    """
+    if baseline not in per_query:
+        raise KeyError(f"baseline {baseline!r} not among systems {sorted(per_query)}")
+    out: dict[str, Any] = {"n_seen": int(seen.sum()), "n_unseen": int((~seen).sum()), "parts": {}}
+    for part, mask in (("seen", seen), ("unseen", ~seen)):
+        rows: dict[str, Any] = {}
+        base = {m: np.asarray(per_query[baseline][m])[mask] for m in metrics}
+        for system, pq in per_query.items():
+            vals = {m: np.asarray(pq[m])[mask] for m in metrics}
+            cell: dict[str, Any] = {
+                m: {"mean": float(np.nanmean(v)) if np.isfinite(v).any() else None}
+                for m, v in vals.items()
+            }
+            if system != baseline and mask.any():
+                for m, t in compare_paired(
+                    vals, base, metrics, n_permutations, n_permutations, seed
+                ).items():
+                    cell[m].update(
+                        delta=t.delta, p=t.p_randomization, ci_low=t.ci_low, ci_high=t.ci_high
+                    )
+            rows[system] = cell
+        out["parts"][part] = rows
+    return out
+
+
+def overlap_markdown(doc: Mapping[str, Any], metric: str, baseline: str) -> str:
+    """A Markdown table of one metric on the seen / unseen parts (delta and p vs ``baseline``)."""
+    parts = doc["parts"]
+    head = (
+        f"| system | {metric}, {doc['n_seen']} queries with a training positive | "
+        f"{metric}, {doc['n_unseen']} queries without |\n|---|---:|---:|\n"
+    )
+    lines = []
+    for system in parts["seen"]:
+        cells = []
+        for part in ("seen", "unseen"):
+            c = parts[part][system][metric]
+            if c.get("mean") is None:
+                cells.append("—")
+            elif "delta" in c:
+                cells.append(f"{c['mean']:.4f} ({c['delta']:+.4f}, p={c['p']:.3g})")
+            else:
+                cells.append(f"{c['mean']:.4f}")
+        lines.append(f"| {system} | {cells[0]} | {cells[1]} |")
+    return (
+        head
+        + "\n".join(lines)
+        + f"\n\n(delta and p: paired randomization test against `{baseline}`)\n"
+    )
