@@ -65,8 +65,11 @@ def test_run_end_to_end_then_reuse_then_failure_keeps_results(tmp_path: Path) ->
     for system, vals in results["systems"].items():
         assert sci[system]["mean"] == vals["mean"]
     assert 0.0 < sci["cosine"]["mean"]["ndcg@10"] <= 1.0
+    ov = report["datasets"]["scifact"]["overlap"]
+    assert ov["n_seen"] + ov["n_unseen"] == 60
+    assert set(ov["parts"]["unseen"]) == set(sci)
     md = res.report_md.read_text()
-    assert "| cosine" in md or "cosine" in md
+    assert "Seen vs unseen positives" in md
     assert "## Stages" in md
 
     # a second run with nothing changed reuses every stage

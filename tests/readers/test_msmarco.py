@@ -89,3 +89,22 @@ def test_errors_name_file_and_row(tmp_path, rows):
         read_msmarco(tmp_path / "s.parquet")
     with pytest.raises(DataFormatError, match="not found"):
         read_msmarco(tmp_path / "missing.parquet")
+
+
+def test_original_column_oriented_json(tmp_path, msmarco_parquet, rows):
+    ref = read_msmarco(msmarco_parquet, "validation")
+    cols = {c: {} for c in ("query_id", "query", "query_type", "passages")}
+    for i, r in enumerate(rows):
+        p = r["passages"]
+        cols["query_id"][str(i)] = r["query_id"]
+        cols["query"][str(i)] = r["query"]
+        cols["query_type"][str(i)] = r["query_type"]
+        cols["passages"][str(i)] = [
+            {"is_selected": s, "passage_text": t, "url": u}
+            for s, t, u in zip(p["is_selected"], p["passage_text"], p["url"], strict=True)
+        ]
+    (tmp_path / "dev_v2.1.json").write_text(json.dumps(cols), encoding="utf-8")
+    s = read_msmarco(tmp_path / "dev_v2.1.json", "validation")
+    assert s.query_ids == ref.query_ids and s.passage_texts == ref.passage_texts
+    np.testing.assert_array_equal(s.candidates, ref.candidates)
+    np.testing.assert_array_equal(s.labels, ref.labels)
