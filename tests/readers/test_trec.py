@@ -39,3 +39,12 @@ def test_errors_name_line(tmp_path):
     q.write_bytes(b"1 0 d1 1\n1 0 d\xff 1\n")
     with pytest.raises(DataFormatError, match=r"row 2: invalid UTF-8 byte 0xff"):
         read_trec_qrels(q)
+
+
+def test_lines_split_only_on_newline() -> None:
+    from treerank.readers.errors import split_lines
+
+    # U+0085 (NEL) and U+2028 occur inside real MS MARCO / DL19 passage text
+    text = "1\tcaf\u00e9 \u0085 ok\r\n2\tline\u2028sep\n"
+    assert split_lines(text) == ["1\tcaf\u00e9 \u0085 ok", "2\tline\u2028sep"]
+    assert split_lines("") == []

@@ -93,3 +93,28 @@ def test_sidecar_arrays(msmarco_store):
     finally:
         for suffix in (".npy", ".json"):
             (s.path / "arrays" / f"{name}{suffix}").unlink(missing_ok=True)
+
+
+def test_text_tables_keep_unicode_line_separators(tmp_path) -> None:
+    """A passage containing U+0085 / U+2028 (DL19 mojibake) must round-trip as one row."""
+    from tests.search.tiny_store import PASSAGES, write_tiny_store
+    from treerank.readers.split import RetrievalSplit
+    from treerank.store import EmbeddingStore
+    from treerank.store.embed import _write_tables
+
+    store = write_tiny_store(tmp_path)
+    texts = ["a\u0085b"] + ["c\u2028d"] + PASSAGES[2:]
+    split = RetrievalSplit(
+        name="test",
+        source="unit",
+        query_ids=[f"q{i}" for i in range(store.n_queries)],
+        query_texts=["what\u2028is"] + store.query_texts()[1:],
+        passage_ids=[f"p{i}" for i in range(store.n_passages)],
+        passage_texts=texts,
+        candidates=np.asarray(store.candidates).copy(),
+        labels=np.asarray(store.labels).copy(),
+    )
+    _write_tables(split, tmp_path)
+    reopened = EmbeddingStore.open(tmp_path)
+    assert reopened.passage_texts() == texts
+    assert reopened.query_texts()[0] == "what\u2028is"

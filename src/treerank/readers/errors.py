@@ -48,7 +48,19 @@ def read_text_lines(path: str | Path) -> list[str]:
 
     p = require_file(path)
     raw = gzip.open(p, "rb").read() if p.suffix == ".gz" else p.read_bytes()
-    return decode_utf8(raw, p).splitlines()
+    return split_lines(decode_utf8(raw, p))
+
+
+def split_lines(text: str) -> list[str]:
+    """Lines of ``text`` split on ``\\n`` (a trailing ``\\r`` dropped), nothing else.
+
+    ``str.splitlines()`` would also break on U+0085, U+2028, form feeds, ... which real passage
+    text contains (MS MARCO / DL19 mojibake), silently splitting one row into two.
+    """
+    lines = [line[:-1] if line.endswith("\r") else line for line in text.split("\n")]
+    if lines and lines[-1] == "":
+        lines.pop()
+    return lines
 
 
 def decode_utf8(raw: bytes, path: str | Path) -> str:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from treerank.readers.builder import SplitBuilder
-from treerank.readers.errors import DataFormatError, decode_utf8, require_file
+from treerank.readers.errors import DataFormatError, decode_utf8, require_file, split_lines
 from treerank.readers.split import RetrievalSplit
 
 MSMARCO_K = 10
@@ -76,7 +76,7 @@ def _iter_json(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     text = decode_utf8(path.read_bytes(), path)
     stripped = text.lstrip()
     if path.suffix == ".jsonl" or (stripped.startswith("{") and "\n{" in stripped):
-        for line_no, line in enumerate(text.splitlines(), start=1):
+        for line_no, line in enumerate(split_lines(text), start=1):
             if not line.strip():
                 continue
             try:

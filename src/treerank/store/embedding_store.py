@@ -240,7 +240,10 @@ class EmbeddingStore:
         p = self.path / name
         if not p.is_file():
             raise StoreFormatError(f"{p}: file not found (Go-tool stores have no text tables)")
-        rows = [json.loads(line) for line in p.read_text(encoding="utf-8").splitlines()]
+        # Split on "\n" only: str.splitlines() also breaks on U+0085 / U+2028, which real text
+        # (DL19's mojibake) contains inside JSON strings.
+        text = p.read_text(encoding="utf-8")
+        rows = [json.loads(line) for line in text.split("\n") if line]
         want = self.n_queries if name == QUERIES_JSONL else self.n_passages
         if len(rows) != want:
             raise StoreFormatError(f"{p}: {len(rows)} rows, expected {want}")
@@ -284,7 +287,9 @@ class EmbeddingStore:
         out = {sid: i for i, sid in enumerate(self.passage_ids())}
         p = self.path / ALIASES_TSV
         if p.is_file():
-            for line in p.read_text(encoding="utf-8").splitlines():
+            for line in p.read_text(encoding="utf-8").split("\n"):
+                if not line:
+                    continue
                 sid, pid = line.rsplit("\t", 1)
                 out[sid] = int(pid)
         return out
