@@ -19,7 +19,6 @@ step 3 also runs for a forest. The seed's decision rules are evaluated next to t
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from treerank.atomic import atomic_write_text
 from treerank.diagnostics.cka import linear_cka
 from treerank.diagnostics.failures import failure_analysis
 from treerank.diagnostics.labels import query_labels
@@ -100,9 +100,7 @@ def to_json(doc: Any) -> Any:
 
 
 def _dump(path: Path, doc: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(to_json(doc), indent=2, allow_nan=False))
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(to_json(doc), indent=2, allow_nan=False))
 
 
 def _run_ids(system_spec: str, store: Any, k: int) -> np.ndarray:

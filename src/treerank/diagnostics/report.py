@@ -7,11 +7,12 @@ atomically; so is ``report.md``.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from treerank.atomic import atomic_savefig, atomic_write_text
 
 REPORT_FILE = "report.md"
 
@@ -28,16 +29,6 @@ def _table(header: list[str], rows: list[list[Any]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(_fmt(c) for c in r) + " |" for r in rows]
     return "\n".join(lines)
-
-
-def _savefig(fig: Any, path: Path) -> None:
-    import matplotlib.pyplot as plt
-
-    tmp = path.with_name(f".{path.stem}.tmp.png")
-    fig.tight_layout()
-    fig.savefig(tmp, dpi=100)
-    plt.close(fig)
-    os.replace(tmp, path)
 
 
 def _plt() -> Any:
@@ -65,7 +56,8 @@ def plot_variants(results: dict[str, Any], path: Path) -> Path:
     ax.set_title("DRT scoring variants (no retraining)")
     ax.tick_params(axis="x", rotation=45)
     ax.legend()
-    _savefig(fig, path)
+    fig.tight_layout()
+    atomic_savefig(fig, path, dpi=100)
     return path
 
 
@@ -93,7 +85,8 @@ def plot_probes(results: dict[str, Any], path: Path) -> Path:
     ax.set_ylim(0, 1)
     ax.set_title("linear probes per representation")
     ax.legend(fontsize=7, ncol=2)
-    _savefig(fig, path)
+    fig.tight_layout()
+    atomic_savefig(fig, path, dpi=100)
     return path
 
 
@@ -112,7 +105,8 @@ def plot_failures(results: dict[str, Any], path: Path) -> Path:
         f"{f['system_a']} - {f['system_b']}: {s['wins']} wins, {s['losses']} losses, "
         f"{s['ties']} ties"
     )
-    _savefig(fig, path)
+    fig.tight_layout()
+    atomic_savefig(fig, path, dpi=100)
     return path
 
 
@@ -127,7 +121,8 @@ def plot_cka(results: dict[str, Any], path: Path) -> Path:
     ax.set_ylabel("linear CKA vs frozen")
     ax.tick_params(axis="x", rotation=45)
     ax.set_title("representation similarity (Kornblith et al., 2019)")
-    _savefig(fig, path)
+    fig.tight_layout()
+    atomic_savefig(fig, path, dpi=100)
     return path
 
 
@@ -352,8 +347,6 @@ def write_report(
                 fn(results, out / f"{name}.png")
                 written[name] = f"{name}.png"
     text = render_markdown(results, written)
-    tmp = out / f".{REPORT_FILE}.tmp"
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, out / REPORT_FILE)
+    atomic_write_text(out / REPORT_FILE, text)
     written["report"] = REPORT_FILE
     return written

@@ -2,24 +2,12 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
-
-def _save(fig, path: Path) -> Path:  # type: ignore[no-untyped-def]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".png", dir=path.parent)
-    os.close(fd)
-    try:
-        fig.savefig(tmp, dpi=120, bbox_inches="tight")
-        os.replace(tmp, path)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
-    return path
+from treerank.atomic import atomic_savefig
 
 
 def ci95(values: np.ndarray) -> float:
@@ -66,7 +54,7 @@ def plot_metric_bars(
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     ax.grid(axis="y", alpha=0.3)
     try:
-        return _save(fig, Path(path))
+        return atomic_savefig(fig, path, bbox_inches="tight")
     finally:
         plt.close(fig)
 
@@ -97,6 +85,6 @@ def plot_recall_curve(
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     try:
-        return _save(fig, Path(path))
+        return atomic_savefig(fig, path, bbox_inches="tight")
     finally:
         plt.close(fig)

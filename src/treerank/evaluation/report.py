@@ -4,30 +4,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-
-def atomic_write_text(path: str | Path, text: str | Iterable[str]) -> Path:
-    """Write ``text`` (a string or an iterable of lines) to ``path`` atomically."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            if isinstance(text, str):
-                f.write(text)
-            else:
-                for chunk in text:
-                    f.write(chunk)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+from treerank.atomic import atomic_write_text
 
 
 def _clean(x: Any) -> Any:

@@ -9,30 +9,14 @@ lists of the split. Writes are atomic (temporary file, then ``os.replace``).
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
 
+from treerank.atomic import atomic_write_text
 from treerank.evaluation.qrels import Qrels
 from treerank.search.run import Run
-
-
-def _atomic_write_lines(path: str | Path, lines: Iterable[str]) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            for line in lines:
-                f.write(line)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
 
 
 def write_trec_run(
@@ -64,7 +48,7 @@ def write_trec_run(
                     break
                 yield f"{qid} Q0 {passage_ids[pid]} {r + 1} {float(s):.6g} {tag}\n"
 
-    return _atomic_write_lines(path, lines())
+    return atomic_write_text(path, lines())
 
 
 def read_trec_run(path: str | Path) -> dict[str, list[tuple[str, float]]]:
@@ -162,4 +146,4 @@ def write_qrels(
         for key, g in zip(keys.tolist(), grades.tolist(), strict=True):
             yield f"{query_ids[key >> 32]} 0 {passage_ids[key & 0xFFFFFFFF]} {g}\n"
 
-    return _atomic_write_lines(path, lines())
+    return atomic_write_text(path, lines())

@@ -8,25 +8,18 @@ and each stage's own command agree exactly.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from treerank.atomic import atomic_write_text
+
 if TYPE_CHECKING:
     from treerank.pipeline.config import ExperimentConfig
     from treerank.pipeline.experiment import DatasetOutcome
     from treerank.pipeline.stages import StageRecord
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(text)
-    os.replace(tmp, path)
 
 
 def _rel(path: Path | str | None, root: Path) -> str:
@@ -198,6 +191,6 @@ def write_report(
         "",
     ]
     md_path, json_path = root / "report.md", root / "report.json"
-    _atomic_write(json_path, json.dumps(doc, indent=2, sort_keys=False, default=str))
-    _atomic_write(md_path, "\n".join(md) + "\n")
+    atomic_write_text(json_path, json.dumps(doc, indent=2, sort_keys=False, default=str))
+    atomic_write_text(md_path, "\n".join(md) + "\n")
     return md_path, json_path

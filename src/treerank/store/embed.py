@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from treerank.atomic import atomic_write_bytes, atomic_write_json
 from treerank.encoders.batching import padding_stats
 from treerank.encoders.sentence import SentenceEncoder
 from treerank.readers.split import RetrievalSplit
@@ -56,8 +57,6 @@ from treerank.store.format import (
     STORE_FILES,
     VECTOR_DTYPE,
     StoreFormatError,
-    atomic_write_bytes,
-    atomic_write_json,
 )
 from treerank.store.reuse import match_passages, reusable_stores
 

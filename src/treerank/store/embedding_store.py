@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from treerank.atomic import atomic_write_bytes, atomic_write_json
 from treerank.store.format import (
     ALIASES_TSV,
     ARRAYS_DIR,
@@ -28,8 +29,6 @@ from treerank.store.format import (
     VECTOR_DTYPE,
     IncompleteStoreError,
     StoreFormatError,
-    atomic_write_bytes,
-    atomic_write_json,
     memmap_rows,
     rows_in,
 )

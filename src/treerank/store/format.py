@@ -22,11 +22,7 @@ Stores written by the original Go ``cmd/embed`` tool have no sidecars and name t
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -70,36 +66,6 @@ class StoreFormatError(ValueError):
 
 class IncompleteStoreError(StoreFormatError):
     """The directory holds a store whose embed run has not finished (no ``meta.json``)."""
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a temporary file in the same directory + ``os.replace``.
-
-    The file gets the usual ``0o666 & ~umask`` permissions (not mkstemp's 0600).
-    """
-    p = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
-    try:
-        os.fchmod(fd, 0o666 & ~_umask())
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, p)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def atomic_write_json(path: str | Path, obj: Any) -> None:
-    """Write ``obj`` as indented UTF-8 JSON, atomically."""
-    atomic_write_bytes(path, (json.dumps(obj, indent=2, ensure_ascii=False) + "\n").encode())
 
 
 def rows_in(path: Path, row_bytes: int) -> int:

@@ -74,8 +74,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
@@ -87,6 +85,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from treerank.atomic import atomic_savefig, atomic_write_text
 from treerank.models.forest import (
     Forest,
     ForestConfig,
@@ -501,13 +500,6 @@ def _default_validate_at(n_models: int) -> list[int]:
     return sorted({p for p in pts if p <= n_models} | {n_models})
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(text)
-    os.replace(tmp, path)
-
-
 def train_forest(
     store: Any,
     config: Mapping[str, Any],
@@ -691,7 +683,7 @@ def train_forest(
                 str(store.encoder_name), str(store.encoder_fingerprint), extra={"summary": summary}
             ),
         )
-        _atomic_write(out / "summary.json", json.dumps(summary, indent=2, default=str))
+        atomic_write_text(out / "summary.json", json.dumps(summary, indent=2, default=str))
         if curve:
             plot_metric_vs_models(curve, out / "forest_metric_vs_m.png", title=cfg.name)
     return TrainOutput(model=forest, summary=summary)
@@ -759,8 +751,5 @@ def plot_metric_vs_models(
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    tmp = path.with_name(f".{path.stem}.tmp.png")
-    fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    os.replace(tmp, path)
+    atomic_savefig(fig, path, dpi=120)
     return path

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 from typing import Any
+
+from treerank.atomic import atomic_savefig
 
 __all__ = ["TrainingLog", "plot_curves", "read_log"]
 
@@ -117,8 +118,5 @@ def plot_curves(
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=100)
-    plt.close(fig)
-    os.replace(tmp, path)
+    atomic_savefig(fig, path, dpi=100)
     return path
