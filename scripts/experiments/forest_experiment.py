@@ -30,7 +30,7 @@ from treerank.evaluation.metrics import evaluate_run
 from treerank.evaluation.qrels import Qrels
 from treerank.models.forest import Forest
 from treerank.search.exact import exact_search
-from treerank.search.forest_index import ForestSystem, class_entropy
+from treerank.search.forest_index import ForestSystem
 from treerank.store import EmbeddingStore
 from treerank.training.forest import plot_metric_vs_models, train_forest
 
@@ -91,26 +91,6 @@ def paired_p(forest_parts: list[Any], cos_parts: list[Any]) -> dict[str, float]:
     return out
 
 
-def balance_stats(system: ForestSystem, forest: Forest, view: Any) -> dict[str, Any]:
-    assert system.index is not None and system.hits is not None
-    st = system.index.stats()
-    qc, _ = forest.query_classes(np.asarray(view.queries, dtype=np.float32))
-    q_ent = class_entropy(qc, forest.n_classes)
-    p_ent = np.asarray(st["passage_class_entropy"])
-    return {
-        "max_entropy_log_c": st["max_entropy"],
-        "query_class_entropy_mean": float(q_ent.mean()),
-        "query_class_entropy_min": float(q_ent.min()),
-        "passage_class_entropy_mean": float(p_ent.mean()),
-        "passage_class_entropy_min": float(p_ent.min()),
-        "not_retrievable_fraction": st["not_retrievable_fraction"],
-        "passages_never_indexed": st["passages_never_indexed"],
-        "index_bytes": st["nbytes"],
-        "ties_at_rank_10": system.hits.tie_stats(10),
-        "mean_retrieved_per_query": float((system.hits.ids >= 0).sum(1).mean()),
-    }
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--train", type=Path, help="training store split dir")
@@ -157,7 +137,7 @@ def main() -> None:
             res, system, _ = forest_eval(out.model, ev, k)
             forest_parts.append(res)
             cos_parts.append(cosine_eval(ev, k)[0])
-            fold_stats.append(balance_stats(system, out.model, ev))
+            fold_stats.append(system.balance_stats())
         curve = [{"n_models": m, **pooled_mean(v)} for m, v in sorted(per_m.items())]
         result.update(
             protocol=f"{args.cv_folds}-fold CV over the {len(rows)} topics with a relevant "
@@ -190,7 +170,7 @@ def main() -> None:
             p_value_vs_cosine=paired_p([res], [cres]),
             n_evaluated=res.n_evaluated,
             curve=out.summary["curve"],
-            stats=balance_stats(system, out.model, test),
+            stats=system.balance_stats(),
             train_summary={kk: v for kk, v in out.summary.items() if kk not in ("config", "curve")},
             train_seconds=out.summary["seconds"],
             retrieve_seconds={"forest_index_and_search": f_sec, "cosine_exact": c_sec},

@@ -65,6 +65,12 @@ def test_run_end_to_end_then_reuse_then_failure_keeps_results(tmp_path: Path) ->
     for system, vals in results["systems"].items():
         assert sci[system]["mean"] == vals["mean"]
     assert 0.0 < sci["cosine"]["mean"]["ndcg@10"] <= 1.0
+    fst = report["datasets"]["scifact"]["forest_stats"]["forest"]
+    assert 0.0 < fst["query_class_entropy_mean"] <= fst["max_entropy_log_c"] + 1e-9
+    assert 0.0 <= fst["not_retrievable_fraction"] <= 1.0
+    assert (
+        out / "models" / "scifact" / "forest" / "checkpoint" / "forest_metric_vs_m.png"
+    ).exists()
     ov = report["datasets"]["scifact"]["overlap"]
     assert ov["n_seen"] + ov["n_unseen"] == 60
     assert set(ov["parts"]["unseen"]) == set(sci)

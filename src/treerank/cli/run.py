@@ -31,7 +31,7 @@ def run(
     from treerank.pipeline.experiment import run_experiment
     from treerank.pipeline.stages import StageError
 
-    console = Console(stderr=True)
+    console = Console(stderr=True, soft_wrap=True)
     try:
         cfg = load_experiment(experiment, quick=quick, output_dir=out)
         res = run_experiment(
@@ -50,6 +50,13 @@ def run(
             "Finished stages are kept; fix the cause and re-run the same command to continue."
         )
         raise typer.Exit(1) from exc
+    for name, o in res.datasets.items():
+        typer.echo(f"\n## {name} ({o.eval_split} split, all passages)\n")
+        typer.echo(o.comparison_markdown.strip())
+        if o.overlap_markdown:
+            typer.echo("\nSeen vs unseen positives (train/test overlap):\n")
+            typer.echo(o.overlap_markdown.strip())
+    typer.echo("")
     typer.echo(f"report: {res.report_md}")
     typer.echo(f"numbers: {res.report_json}")
     typer.echo(f"total: {res.seconds:.1f} s")

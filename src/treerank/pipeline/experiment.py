@@ -47,6 +47,7 @@ class DatasetOutcome:
     comparison_markdown: str = ""
     eval_dir: Path | None = None
     overlap: dict[str, Any] | None = None
+    forest_stats: dict[str, Any] = field(default_factory=dict)
     overlap_markdown: str = ""
     diagnostics: dict[str, Any] | None = None
     diagnose_dir: Path | None = None
@@ -172,6 +173,7 @@ def run_experiment(
         o.comparison = rec.summary.get("comparison", {})
         o.comparison_markdown = rec.summary.get("markdown", "")
         o.overlap = rec.summary.get("overlap")
+        o.forest_stats = rec.summary.get("forest_stats") or {}
         o.overlap_markdown = rec.summary.get("overlap_markdown", "")
         dmodel = cfg.diagnose.model
         if dmodel and dmodel in o.checkpoints:
@@ -321,9 +323,15 @@ def _evaluate_stage(
         from treerank.store import EmbeddingStore
 
         store = EmbeddingStore.open(o.store)
+        # Forests are passed as objects so that their index statistics can be read afterwards.
+        forests = {
+            name: _forest_system(spec, store)
+            for name, spec in systems.items()
+            if spec.startswith("ckpt:") and _checkpoint_type(spec) == "forest"
+        }
         comp = compare_systems(
             store,
-            systems,
+            {**systems, **forests},
             baseline=ev.baselines[0],
             second_baseline=ev.baselines[1] if len(ev.baselines) > 1 else None,
             k=ev.k,
@@ -332,11 +340,12 @@ def _evaluate_stage(
             seed=ev.seed,
             progress=progress,
         )
-        log(comp.markdown())
         summary: dict[str, Any] = {
             "comparison": _jsonable(comp.to_dict()),
             "markdown": comp.markdown(),
         }
+        if forests:
+            summary["forest_stats"] = {n: _jsonable(f.balance_stats()) for n, f in forests.items()}
         if o.train_store is not None:
             from treerank.evaluation.overlap import (
                 overlap_breakdown,
@@ -351,7 +360,6 @@ def _evaluate_stage(
             metric = "ndcg@10" if "ndcg@10" in ev.metrics else ev.metrics[0]
             summary["overlap"] = _jsonable(doc)
             summary["overlap_markdown"] = overlap_markdown(doc, metric, ev.baselines[0])
-            log(summary["overlap_markdown"])
         return summary
 
     return run_stage(f"evaluate:{ds.name}", key, path, work, force=force, log=log)
@@ -395,6 +403,19 @@ def _diagnose_stage(
 
 
 # ----------------------------------------------------------------------------- helpers
+
+
+def _checkpoint_type(spec: str) -> str:
+    """The ``model_type`` of a ``ckpt:<dir>`` spec, read from its ``config.json``."""
+    doc = json.loads((Path(spec[len("ckpt:") :]) / "config.json").read_text())
+    return str(doc.get("model_type", ""))
+
+
+def _forest_system(spec: str, store: Any) -> Any:
+    from treerank.models.registry import load_model
+    from treerank.search.forest_index import ForestSystem
+
+    return ForestSystem(load_model(spec[len("ckpt:") :], store.encoder_fingerprint))
 
 
 def _version(dist: str) -> str:

@@ -275,9 +275,20 @@ def train_model(
             log_path = out_dir / LOG_FILE
             os.replace(tmp_log, log_path)
             try:
-                curves = plot_curves(
-                    read_log(log_path), out_dir / CURVES_FILE, title=f"{model_type} on {store.path}"
-                )
+                if model_type == "forest" and summary.get("curve"):
+                    from treerank.training.forest import plot_metric_vs_models
+
+                    curves = plot_metric_vs_models(
+                        summary["curve"],
+                        out_dir / "forest_metric_vs_m.png",
+                        title=f"forest on {store.path}: held-out metrics vs M",
+                    )
+                else:
+                    curves = plot_curves(
+                        read_log(log_path),
+                        out_dir / CURVES_FILE,
+                        title=f"{model_type} on {store.path}",
+                    )
             except Exception:  # a broken plot must never lose a trained checkpoint
                 curves = None
     finally:

@@ -398,6 +398,7 @@ class ForestSystem:
         self.chunk_size = chunk_size
         self.index: ForestIndex | None = None
         self.hits: ForestHits | None = None
+        self._query_classes = np.zeros((0, forest.n_models), dtype=np.int64)
 
     def build_index(self, store: Any) -> ForestIndex:
         """Index every passage of ``store`` (an ``EmbeddingStore``)."""
@@ -416,4 +417,35 @@ class ForestSystem:
         self.index = self.build_index(store)
         qc, qp = self.forest.query_classes(np.asarray(store.queries, dtype=np.float32))
         self.hits = self.index.search(qc, qp, k)
+        self._query_classes = qc
         return Run(name=self.name, ids=self.hits.ids, scores=self.hits.scores(self.forest.n_models))
+
+    def balance_stats(self) -> dict[str, Any]:
+        """Class balance, not-retrievable share and ties of the last :meth:`retrieve`.
+
+        Returns:
+            ``max_entropy_log_c``; mean / min over models of the class-usage entropy (nats) of the
+            split's queries and indexed passages; ``not_retrievable_fraction`` of (passage, model)
+            entries; ``passages_never_indexed``; ``index_bytes``; ``ties_at_rank_10``
+            (:meth:`ForestHits.tie_stats`); ``mean_retrieved_per_query``.
+
+        Raises:
+            RuntimeError: :meth:`retrieve` has not run yet.
+        """
+        if self.index is None or self.hits is None:
+            raise RuntimeError("balance_stats: call retrieve(store, k) first")
+        st = self.index.stats()
+        q_ent = class_entropy(self._query_classes, self.forest.n_classes)
+        p_ent = np.asarray(st["passage_class_entropy"])
+        return {
+            "max_entropy_log_c": st["max_entropy"],
+            "query_class_entropy_mean": float(q_ent.mean()),
+            "query_class_entropy_min": float(q_ent.min()),
+            "passage_class_entropy_mean": float(p_ent.mean()),
+            "passage_class_entropy_min": float(p_ent.min()),
+            "not_retrievable_fraction": st["not_retrievable_fraction"],
+            "passages_never_indexed": st["passages_never_indexed"],
+            "index_bytes": st["nbytes"],
+            "ties_at_rank_10": self.hits.tie_stats(10) if self.hits.ids.shape[1] > 10 else None,
+            "mean_retrieved_per_query": float((self.hits.ids >= 0).sum(1).mean()),
+        }
