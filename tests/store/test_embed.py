@@ -174,3 +174,13 @@ def test_reuse_from_sibling_split(tmp_path, small_split, small_encoder):
     assert fresh.n_reused_passages == 0
     c = EmbeddingStore.open(tmp_path / "alone" / "b")
     assert np.all((np.asarray(c.passages) * np.asarray(b.passages)).sum(1) > 0.9999)
+
+
+def test_cranfield_round_trip(tmp_path, encoder, shared_data):
+    """Cranfield (SMART tarball): 20 queries, their judged documents + others up to 300."""
+    split = read_split(shared_data / "cranfield" / "cran.tar.gz", "cranfield", None, 20, 300)
+    embed_split(split, encoder, tmp_path / "test", progress=False)
+    st = EmbeddingStore.open(tmp_path / "test")
+    assert st.meta["source"] == "cranfield" and st.n_passages == 300 and st.n_queries == 20
+    _same_tables(st, split)
+    _reencode_check(st, encoder, seed=5)

@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 TRAINABLE_MODELS = ("linear", "mlp", "forest", "drt")
-READER_FORMATS = ("msmarco", "beir", "scifact", "trec-dl", "tsv")
+READER_FORMATS = ("msmarco", "beir", "scifact", "trec-dl", "tsv", "cranfield")
 
 
 class ConfigError(ValueError):

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from treerank.readers.beir import read_beir
+from treerank.readers.cranfield import read_cranfield
 from treerank.readers.dl19 import read_trec_dl_pool
 from treerank.readers.errors import DataFormatError
 from treerank.readers.msmarco import read_msmarco
@@ -30,6 +31,7 @@ FORMATS: dict[str, tuple[Callable[[Path, str], RetrievalSplit], str, str]] = {
         "TREC DL pool: topics, qrels, retrieve_results/<RUN>/*.json",
     ),
     "tsv": (read_tsv, "test", "collection.tsv + queries[.<split>].tsv + TREC qrels"),
+    "cranfield": (read_cranfield, "test", "Cranfield SMART files: cran.tar.gz or a folder"),
 }
 
 
@@ -45,6 +47,8 @@ def detect_format(path: str | Path) -> str:
     if p.is_file():
         if p.suffix in (".parquet", ".jsonl", ".json"):
             return "msmarco"
+        if p.name.endswith((".tar.gz", ".tgz", ".tar")) and "cran" in p.name:
+            return "cranfield"
         if p.suffix == ".zip":
             try:
                 with zipfile.ZipFile(p) as zf:
@@ -61,6 +65,8 @@ def detect_format(path: str | Path) -> str:
         return "scifact"
     if (p / "retrieve_results").is_dir():
         return "trec-dl"
+    if (p / "cran.all.1400").is_file():
+        return "cranfield"
     if (p / "collection.tsv").is_file():
         return "tsv"
     if any(p.glob("*.parquet")) or any(p.glob("*.jsonl")):
