@@ -71,3 +71,8 @@ def test_deep_merge_does_not_mutate() -> None:
     b = {"x": {"y": 5}, "w": [2]}
     assert deep_merge(a, b) == {"x": {"y": 5, "z": 2}, "w": [2]}
     assert a == {"x": {"y": 1, "z": 2}, "w": [1]}
+
+
+def test_quick_profile_gets_its_own_output_dir(tmp_path: Path) -> None:
+    assert load_experiment(_base(tmp_path), quick=True).output_dir == Path("runs/t-quick")
+    assert load_experiment(_base(tmp_path), quick=True, output_dir="x").output_dir == Path("x")

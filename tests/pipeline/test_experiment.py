@@ -76,6 +76,7 @@ def test_run_end_to_end_then_reuse_then_failure_keeps_results(tmp_path: Path) ->
     assert set(ov["parts"]["unseen"]) == set(sci)
     md = res.report_md.read_text()
     assert "Seen vs unseen positives" in md
+    assert "## Summary" in md and "never training positives" in md
     assert "## Stages" in md
 
     # a second run with nothing changed reuses every stage

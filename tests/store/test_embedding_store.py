@@ -118,3 +118,15 @@ def test_text_tables_keep_unicode_line_separators(tmp_path) -> None:
     reopened = EmbeddingStore.open(tmp_path)
     assert reopened.passage_texts() == texts
     assert reopened.query_texts()[0] == "what\u2028is"
+
+
+def test_store_root_error_names_the_splits(tmp_path) -> None:
+    import pytest
+
+    from tests.search.tiny_store import write_tiny_store
+    from treerank.store import EmbeddingStore, StoreFormatError
+
+    write_tiny_store(tmp_path / "train")
+    write_tiny_store(tmp_path / "test")
+    with pytest.raises(StoreFormatError, match=r"store root holding the split\(s\) test, train"):
+        EmbeddingStore.open(tmp_path)

@@ -35,7 +35,7 @@ def embed(
         "auto", "--format", "-f", help=f"Input format: auto or one of {', '.join(FORMATS)}."
     ),
     splits: list[str] = typer.Option(
-        [], "--split", "-s", help="Split(s) to embed, repeatable (default per format)."
+        [], "--split", help="Split(s) to embed, repeatable (default per format)."
     ),
     model: str | None = typer.Option(
         None,

@@ -115,7 +115,7 @@ def load_experiment(
         path: the YAML file.
         quick: deep-merge its ``quick:`` section over the rest.
         output_dir: overrides ``output_dir`` (default: ``runs/<name>`` under the current
-            directory).
+            directory; with ``quick``, ``runs/<name>-quick``).
 
     Raises:
         FileNotFoundError: ``path`` (or a dataset path in it) does not exist.
@@ -217,11 +217,12 @@ def load_experiment(
             f"{src}: diagnose.model {diagnose.model!r} is not among models ({', '.join(models)})"
         )
 
-    out = (
-        Path(output_dir)
-        if output_dir is not None
-        else Path(top.get("output_dir") or f"runs/{name}")
-    )
+    if output_dir is not None:
+        out = Path(output_dir)
+    else:
+        out = Path(top.get("output_dir") or f"runs/{name}")
+        if quick:  # the quick profile never overwrites a full run's results
+            out = out.with_name(out.name + "-quick")
     return ExperimentConfig(
         name=name,
         source=src.resolve(),

@@ -95,6 +95,13 @@ class EmbeddingStore:
                     f"{path}: incomplete store (an embed run was interrupted; no {META_JSON}); "
                     "finish it with `treerank embed ... --resume`"
                 )
+            splits = sorted(d.name for d in path.iterdir() if (d / META_JSON).is_file())
+            if splits:
+                raise StoreFormatError(
+                    f"{path}: a store root holding the split(s) {', '.join(splits)}; open one "
+                    f"split directory (e.g. {path / splits[-1]}) or pass the split name "
+                    "(--split on the command line)"
+                )
             if dim is None:
                 raise StoreFormatError(
                     f"{meta_path}: file not found; for a store written by the Go cmd/embed tool "
