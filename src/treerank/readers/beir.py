@@ -10,39 +10,12 @@ grades (``K`` = the largest judged set).
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 from treerank.readers.builder import SplitBuilder
-from treerank.readers.errors import DataFormatError, decode_utf8, require_file
+from treerank.readers.errors import DataFormatError, iter_jsonl
 from treerank.readers.split import RetrievalSplit
 from treerank.readers.trec import build_judged_split, read_trec_qrels
-
-
-def iter_jsonl(path: str | Path, required: tuple[str, ...]) -> Iterator[tuple[int, dict[str, Any]]]:
-    """Yield ``(1-based line, object)`` from a JSON Lines file.
-
-    Raises:
-        DataFormatError: missing file, bad UTF-8, invalid JSON, or a missing required key.
-    """
-    p = require_file(path)
-    with open(p, "rb") as f:
-        for line_no, raw in enumerate(f, start=1):
-            line = decode_utf8(raw, p) if raw.strip() else ""
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataFormatError(p, f"invalid JSON ({exc.msg})", row=line_no) from None
-            if not isinstance(rec, dict):
-                raise DataFormatError(p, "expected a JSON object", row=line_no)
-            missing = [k for k in required if k not in rec]
-            if missing:
-                raise DataFormatError(p, f"missing key(s) {missing}", row=line_no)
-            yield line_no, rec
 
 
 def beir_passage_text(title: str | None, text: str | None) -> str:

@@ -1,8 +1,12 @@
-"""`DataFormatError`: bad input data, with the file and row it was found in."""
+"""`DataFormatError`: bad input data, with the file and row it was found in; and the text-reading
+helpers (UTF-8 decoding, line splitting, JSON Lines) that raise it."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 
 class DataFormatError(ValueError):
@@ -77,3 +81,27 @@ def decode_utf8(raw: bytes, path: str | Path) -> str:
             path, f"invalid UTF-8 byte 0x{raw[exc.start]:02x} at byte {exc.start}", row=line
         ) from None
     return text[1:] if text.startswith("\ufeff") else text
+
+
+def iter_jsonl(path: str | Path, required: tuple[str, ...]) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Yield ``(1-based line, object)`` from a JSON Lines file.
+
+    Raises:
+        DataFormatError: missing file, bad UTF-8, invalid JSON, or a missing required key.
+    """
+    p = require_file(path)
+    with open(p, "rb") as f:
+        for line_no, raw in enumerate(f, start=1):
+            line = decode_utf8(raw, p) if raw.strip() else ""
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataFormatError(p, f"invalid JSON ({exc.msg})", row=line_no) from None
+            if not isinstance(rec, dict):
+                raise DataFormatError(p, "expected a JSON object", row=line_no)
+            missing = [k for k in required if k not in rec]
+            if missing:
+                raise DataFormatError(p, f"missing key(s) {missing}", row=line_no)
+            yield line_no, rec

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from treerank.readers.builder import SplitBuilder
-from treerank.readers.errors import DataFormatError, decode_utf8, require_file, split_lines
+from treerank.readers.errors import DataFormatError, decode_utf8, iter_jsonl, require_file
 from treerank.readers.split import RetrievalSplit
 
 MSMARCO_K = 10
@@ -76,16 +76,7 @@ def _iter_json(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     text = decode_utf8(path.read_bytes(), path)
     stripped = text.lstrip()
     if path.suffix == ".jsonl" or (stripped.startswith("{") and "\n{" in stripped):
-        for line_no, line in enumerate(split_lines(text), start=1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataFormatError(path, f"invalid JSON ({exc.msg})", row=line_no) from None
-            if not isinstance(rec, dict):
-                raise DataFormatError(path, "a JSON Lines row must be an object", row=line_no)
-            yield line_no, rec
+        yield from iter_jsonl(path, ())
         return
     try:
         data = json.loads(text)
