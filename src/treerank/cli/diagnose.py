@@ -7,6 +7,8 @@ from pathlib import Path
 
 import typer
 
+from treerank.cli.errors import fail
+
 
 def diagnose(
     checkpoint: Path = typer.Argument(
@@ -66,8 +68,7 @@ def diagnose(
             probe_stores=extra,
         )
     except (FileNotFoundError, ValueError, KeyError) as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(code=2) from exc
+        raise fail(exc) from exc
 
     if res.get("variants"):
         t = Table(

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import typer
 
+from treerank.cli.errors import fail
 from treerank.readers.detect import FORMATS
 
 
@@ -127,8 +128,7 @@ def embed(
             )
             console.print(_stats_table(split_name, dest, stats))
     except (DataFormatError, StoreFormatError, ValueError) as exc:
-        err.print(f"[red]error:[/red] {exc}", highlight=False, markup=True)
-        raise typer.Exit(2) from None
+        raise fail(exc) from None
     except KeyboardInterrupt:
         err.print(
             "[yellow]interrupted[/yellow]: the partial store is marked incomplete; "

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import typer
 
+from treerank.cli.errors import fail
+
 
 def _systems_help() -> str:
     from treerank.search.systems import SYSTEM_TYPES
@@ -90,8 +92,7 @@ def evaluate(
             progress=progress,
         )
     except (ValueError, FileNotFoundError, KeyError) as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2) from None
+        raise fail(exc) from None
     console.print(comp.rich())
     if second_baseline:
         console.print(comp.rich(second_baseline))

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import typer
 
+from treerank.cli.errors import fail, print_error
+
 
 def run(
     experiment: Path = typer.Argument(..., help="Experiment YAML (see configs/sample.yaml)."),
@@ -25,7 +27,6 @@ def run(
     """Embed -> BM25 + cosine -> train heads, forest, DRT -> evaluate on the full split ->
     significance -> diagnostics -> one report (report.md + report.json)."""
     from rich.console import Console
-    from rich.markup import escape
 
     from treerank.pipeline.config import ConfigError, load_experiment
     from treerank.pipeline.experiment import run_experiment
@@ -42,10 +43,9 @@ def run(
             log=lambda line: console.print(line, markup=False, highlight=False),
         )
     except (ConfigError, FileNotFoundError) as exc:
-        console.print(f"[red]error:[/red] {escape(str(exc))}")
-        raise typer.Exit(2) from exc
+        raise fail(exc, 2) from exc
     except StageError as exc:
-        console.print(f"[red]error:[/red] {escape(str(exc))}")
+        print_error(exc, console)
         console.print(
             "Finished stages are kept; fix the cause and re-run the same command to continue."
         )

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import typer
 
+from treerank.cli.errors import fail
+
 _MODELS = ("linear", "mlp", "drt", "forest")
 
 
@@ -36,20 +38,17 @@ def train(
 
     from treerank.pipeline.training import TRAINERS, open_train_store, train_model
 
-    err, console = Console(stderr=True), Console()
+    console = Console()
     if model not in TRAINERS:
-        err.print(f"[red]unknown model {model!r}; known: {', '.join(TRAINERS)}[/red]")
-        raise typer.Exit(2)
+        raise fail(f"unknown model {model!r}; known: {', '.join(TRAINERS)}")
     cfg: dict = {}
     if config is not None:
         try:
             loaded = yaml.safe_load(config.read_text(encoding="utf-8"))
         except (OSError, yaml.YAMLError) as exc:
-            err.print(f"[red]{config}: cannot read config ({exc})[/red]")
-            raise typer.Exit(2) from exc
+            raise fail(f"{config}: cannot read config ({exc})") from exc
         if loaded is not None and not isinstance(loaded, dict):
-            err.print(f"[red]{config}: the config must be a mapping of sections[/red]")
-            raise typer.Exit(2)
+            raise fail(f"{config}: the config must be a mapping of sections")
         cfg = loaded or {}
     if seed is not None:
         cfg["seed"] = seed
@@ -58,8 +57,7 @@ def train(
         res = train_model(model, st, cfg, out, progress=progress)
     except (ValueError, KeyError, FileNotFoundError) as exc:
         where = f"{config}: " if config is not None and isinstance(exc, ValueError) else ""
-        err.print(f"[red]{where}{exc}[/red]")
-        raise typer.Exit(2) from exc
+        raise fail(f"{where}{exc}") from exc
     s = res.summary
     table = Table(title=f"train {model} -> {res.checkpoint}", title_justify="left")
     table.add_column("what")
