@@ -101,11 +101,30 @@ class _Encoder:
         return self._enc
 
 
-def _rel(path: Path, root: Path) -> str:
-    try:
-        return str(path.relative_to(root))
-    except ValueError:
-        return str(path)
+@dataclass
+class _Run:
+    """What every stage of one ``run_experiment`` call shares."""
+
+    cfg: ExperimentConfig
+    force: bool
+    progress: bool
+    log: Callable[[str], None]
+    stage_keys: dict[str, str] = field(default_factory=dict)
+    records: list[StageRecord] = field(default_factory=list)
+
+    def stage(
+        self,
+        name: str,
+        key: str,
+        path: Path,
+        work: Callable[[Path], dict[str, Any] | None],
+        *,
+        in_place: bool = False,
+    ) -> StageRecord:
+        """:func:`run_stage` with this run's settings; the record is kept in ``records``."""
+        rec = run_stage(name, key, path, work, force=self.force, in_place=in_place, log=self.log)
+        self.records.append(rec)
+        return rec
 
 
 def run_experiment(
@@ -134,17 +153,15 @@ def run_experiment(
     out.mkdir(parents=True, exist_ok=True)
     encoder = _Encoder(cfg)
     enc_key = encoder.key()
-    records: list[StageRecord] = []
+    run = _Run(cfg, force, progress, log)
     outcomes: dict[str, DatasetOutcome] = {}
-    stage_keys: dict[str, str] = {}
 
     for ds in cfg.datasets:
         data_sha = file_sha256(ds.path)
         splits = [s for s in (ds.train_split, ds.eval_split) if s]
         for split in dict.fromkeys(splits):
-            rec = _embed_stage(cfg, ds, split, data_sha, enc_key, encoder, force, progress, log)
-            records.append(rec)
-            stage_keys[f"store:{ds.name}:{split}"] = rec.key
+            rec = _embed_stage(run, ds, split, data_sha, enc_key, encoder)
+            run.stage_keys[f"store:{ds.name}:{split}"] = rec.key
         outcomes[ds.name] = DatasetOutcome(
             name=ds.name,
             eval_split=ds.eval_split,
@@ -152,23 +169,21 @@ def run_experiment(
             train_store=(out / "stores" / ds.name / ds.train_split) if ds.train_split else None,
             store_stats={
                 r.name.split(":")[-1]: r.summary
-                for r in records
+                for r in run.records
                 if r.name.startswith(f"embed:{ds.name}:")
             },
         )
         if ds.train_split:
             for model_type, mcfg in cfg.models.items():
-                rec = _train_stage(cfg, ds, model_type, mcfg, stage_keys, force, progress, log)
-                records.append(rec)
-                stage_keys[f"model:{ds.name}:{model_type}"] = rec.key
+                rec = _train_stage(run, ds, model_type, mcfg)
+                run.stage_keys[f"model:{ds.name}:{model_type}"] = rec.key
                 outcomes[ds.name].checkpoints[model_type] = rec.path / "checkpoint"
                 outcomes[ds.name].training[model_type] = rec.summary
 
     for ds in cfg.datasets:
         o = outcomes[ds.name]
         systems = _systems_for(cfg, ds, outcomes)
-        rec = _evaluate_stage(cfg, ds, o, systems, stage_keys, force, progress, log)
-        records.append(rec)
+        rec = _evaluate_stage(run, ds, o, systems)
         o.eval_dir = rec.path
         o.comparison = rec.summary.get("comparison", {})
         o.comparison_markdown = rec.summary.get("markdown", "")
@@ -177,8 +192,7 @@ def run_experiment(
         o.overlap_markdown = rec.summary.get("overlap_markdown", "")
         dmodel = cfg.diagnose.model
         if dmodel and dmodel in o.checkpoints:
-            rec = _diagnose_stage(cfg, ds, o, dmodel, stage_keys, force, progress, log)
-            records.append(rec)
+            rec = _diagnose_stage(run, ds, o, dmodel)
             o.diagnose_dir = rec.path
             o.diagnostics = rec.summary
 
@@ -186,26 +200,23 @@ def run_experiment(
 
     seconds = time.perf_counter() - t0
     enc_meta = _encoder_meta(outcomes)
-    md, js = write_report(cfg, quick, outcomes, records, enc_meta, seconds)
+    md, js = write_report(cfg, quick, outcomes, run.records, enc_meta, seconds)
     log(f"[report] {md}")
-    return ExperimentResult(cfg, quick, outcomes, records, enc_meta, seconds, md, js)
+    return ExperimentResult(cfg, quick, outcomes, run.records, enc_meta, seconds, md, js)
 
 
 # ----------------------------------------------------------------------------- stages
 
 
 def _embed_stage(
-    cfg: ExperimentConfig,
+    run: _Run,
     ds: DatasetConfig,
     split: str,
     data_sha: str,
     enc_key: dict[str, Any],
     encoder: _Encoder,
-    force: bool,
-    progress: bool,
-    log: Callable[[str], None],
 ) -> StageRecord:
-    path = cfg.output_dir / "stores" / ds.name / split
+    path = run.cfg.output_dir / "stores" / ds.name / split
     key = fingerprint(
         "embed",
         STORE_FORMAT_VERSION,
@@ -226,10 +237,12 @@ def _embed_stage(
         enc = encoder.get()
         try:
             # resume=True continues an interrupted run of the same inputs (byte-identical result).
-            stats = embed_split(data, enc, d, resume=not force, overwrite=force, progress=progress)
+            stats = embed_split(
+                data, enc, d, resume=not run.force, overwrite=run.force, progress=run.progress
+            )
         except StoreExistsError:
             # A finished store from other inputs (or an unrelated partial run): start over.
-            stats = embed_split(data, enc, d, overwrite=True, progress=progress)
+            stats = embed_split(data, enc, d, overwrite=True, progress=run.progress)
         return {
             "n_queries": data.n_queries,
             "n_passages": data.n_passages,
@@ -239,28 +252,22 @@ def _embed_stage(
             "stats": stats.to_dict(),
         }
 
-    return run_stage(
-        f"embed:{ds.name}:{split}", key, path, work, force=force, in_place=True, log=log
-    )
+    return run.stage(f"embed:{ds.name}:{split}", key, path, work, in_place=True)
 
 
 def _train_stage(
-    cfg: ExperimentConfig,
+    run: _Run,
     ds: DatasetConfig,
     model_type: str,
     mcfg: dict[str, Any],
-    stage_keys: dict[str, str],
-    force: bool,
-    progress: bool,
-    log: Callable[[str], None],
 ) -> StageRecord:
     assert ds.train_split is not None
-    store_dir = cfg.output_dir / "stores" / ds.name / ds.train_split
-    path = cfg.output_dir / "models" / ds.name / model_type
+    store_dir = run.cfg.output_dir / "stores" / ds.name / ds.train_split
+    path = run.cfg.output_dir / "models" / ds.name / model_type
     key = fingerprint(
         "train",
         _version("treerank"),
-        stage_keys[f"store:{ds.name}:{ds.train_split}"],
+        run.stage_keys[f"store:{ds.name}:{ds.train_split}"],
         model_type,
         mcfg,
     )
@@ -271,11 +278,15 @@ def _train_stage(
 
         (d / "config.yaml").write_text(yaml.safe_dump(mcfg, sort_keys=True))
         res = train_model(
-            model_type, EmbeddingStore.open(store_dir), mcfg, d / "checkpoint", progress=progress
+            model_type,
+            EmbeddingStore.open(store_dir),
+            mcfg,
+            d / "checkpoint",
+            progress=run.progress,
         )
         return {"model_type": model_type, "summary": _jsonable(res.summary)}
 
-    return run_stage(f"train:{ds.name}:{model_type}", key, path, work, force=force, log=log)
+    return run.stage(f"train:{ds.name}:{model_type}", key, path, work)
 
 
 def _systems_for(
@@ -292,25 +303,21 @@ def _systems_for(
 
 
 def _evaluate_stage(
-    cfg: ExperimentConfig,
+    run: _Run,
     ds: DatasetConfig,
     o: DatasetOutcome,
     systems: dict[str, str],
-    stage_keys: dict[str, str],
-    force: bool,
-    progress: bool,
-    log: Callable[[str], None],
 ) -> StageRecord:
-    path = cfg.output_dir / "eval" / ds.name
+    path = run.cfg.output_dir / "eval" / ds.name
     deps = {
-        name: (stage_keys[f"model:{ds.name}:{name}"] if spec.startswith("ckpt:") else spec)
+        name: (run.stage_keys[f"model:{ds.name}:{name}"] if spec.startswith("ckpt:") else spec)
         for name, spec in systems.items()
     }
-    ev = cfg.evaluate
+    ev = run.cfg.evaluate
     key = fingerprint(
         "evaluate",
         _version("treerank"),
-        stage_keys[f"store:{ds.name}:{ds.eval_split}"],
+        run.stage_keys[f"store:{ds.name}:{ds.eval_split}"],
         deps,
         ev.k,
         ev.baselines,
@@ -338,7 +345,7 @@ def _evaluate_stage(
             out_dir=d,
             metrics=tuple(ev.metrics),
             seed=ev.seed,
-            progress=progress,
+            progress=run.progress,
         )
         summary: dict[str, Any] = {
             "comparison": _jsonable(comp.to_dict()),
@@ -362,27 +369,23 @@ def _evaluate_stage(
             summary["overlap_markdown"] = overlap_markdown(doc, metric, ev.baselines[0])
         return summary
 
-    return run_stage(f"evaluate:{ds.name}", key, path, work, force=force, log=log)
+    return run.stage(f"evaluate:{ds.name}", key, path, work)
 
 
 def _diagnose_stage(
-    cfg: ExperimentConfig,
+    run: _Run,
     ds: DatasetConfig,
     o: DatasetOutcome,
     model_type: str,
-    stage_keys: dict[str, str],
-    force: bool,
-    progress: bool,
-    log: Callable[[str], None],
 ) -> StageRecord:
-    path = cfg.output_dir / "diagnose" / ds.name
+    path = run.cfg.output_dir / "diagnose" / ds.name
     key = fingerprint(
         "diagnose",
         _version("treerank"),
-        stage_keys[f"store:{ds.name}:{ds.eval_split}"],
-        stage_keys[f"model:{ds.name}:{model_type}"],
-        cfg.diagnose.baseline,
-        cfg.evaluate.k,
+        run.stage_keys[f"store:{ds.name}:{ds.eval_split}"],
+        run.stage_keys[f"model:{ds.name}:{model_type}"],
+        run.cfg.diagnose.baseline,
+        run.cfg.evaluate.k,
     )
 
     def work(d: Path) -> dict[str, Any]:
@@ -393,13 +396,13 @@ def _diagnose_stage(
             o.checkpoints[model_type],
             EmbeddingStore.open(o.store),
             d,
-            baseline=cfg.diagnose.baseline,
-            k=cfg.evaluate.k,
-            progress=progress,
+            baseline=run.cfg.diagnose.baseline,
+            k=run.cfg.evaluate.k,
+            progress=run.progress,
         )
         return _jsonable(doc)
 
-    return run_stage(f"diagnose:{ds.name}", key, path, work, force=force, log=log)
+    return run.stage(f"diagnose:{ds.name}", key, path, work)
 
 
 # ----------------------------------------------------------------------------- helpers
