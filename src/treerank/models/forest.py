@@ -27,12 +27,13 @@ Search lives in :mod:`treerank.search.forest_index`; training in :mod:`treerank.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
+from torch import Tensor
 
 from treerank.models.checkpoint import Checkpoint
 
@@ -80,6 +81,12 @@ def stacked_forward(
             h = torch.nn.functional.dropout(h, dropout, True)
         h = torch.baddbmm(b.unsqueeze(1), h, w)
     return h
+
+
+def _argmax(p: Tensor) -> tuple[Tensor, Tensor]:
+    """``(max prob, argmax class)`` over the last axis."""
+    pmax, cls = p.max(dim=-1)
+    return pmax, cls
 
 
 @dataclass(frozen=True)
@@ -275,21 +282,7 @@ class Forest:
         Raises:
             ValueError: wrong input shape.
         """
-        t = self._check_input(x)
-        n = t.shape[0]
-        classes = np.empty((n, self.n_models), dtype=np.int32)
-        probs = np.empty((n, self.n_models), dtype=np.float32)
-        rb, mb = self._blocks(n, self.n_classes)
-        for m0 in range(0, self.n_models, mb):
-            ws = [w[m0 : m0 + mb] for w in self.query_weights]
-            bs = [b[m0 : m0 + mb] for b in self.query_biases]
-            for r0 in range(0, n, rb):
-                logits = stacked_forward(t[r0 : r0 + rb], ws, bs)  # (g, r, C)
-                p = torch.softmax(logits, dim=-1)
-                pmax, cls = p.max(dim=-1)
-                classes[r0 : r0 + rb, m0 : m0 + mb] = cls.T.numpy()
-                probs[r0 : r0 + rb, m0 : m0 + mb] = pmax.T.numpy()
-        return classes, probs
+        return self._classify(x, self.query_weights, self.query_biases, self.n_classes, _argmax)
 
     @torch.no_grad()
     def passage_classes(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -307,21 +300,39 @@ class Forest:
         Raises:
             ValueError: wrong input shape.
         """
+        thr = self.config.nr_threshold
+
+        def pick(p: Tensor) -> tuple[Tensor, Tensor]:
+            pmax, cls = p[..., :-1].max(dim=-1)
+            nr = p[..., -1] > thr
+            cls = torch.where(nr, torch.full_like(cls, NOT_RETRIEVABLE), cls)
+            return torch.where(nr, torch.zeros_like(pmax), pmax), cls
+
+        return self._classify(
+            x, self.passage_weights, self.passage_biases, self.n_classes + 1, pick
+        )
+
+    def _classify(
+        self,
+        x: np.ndarray,
+        weights: list[Tensor],
+        biases: list[Tensor],
+        width: int,
+        pick: Callable[[Tensor], tuple[Tensor, Tensor]],
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Softmax every model's logits over ``x`` in memory-bounded blocks and ``pick``
+        ``(prob, class)`` per (row, model) -> ``(int32 (n, M), float32 (n, M))``."""
         t = self._check_input(x)
         n = t.shape[0]
         classes = np.empty((n, self.n_models), dtype=np.int32)
         probs = np.empty((n, self.n_models), dtype=np.float32)
-        rb, mb = self._blocks(n, self.n_classes + 1)
-        thr = self.config.nr_threshold
+        rb, mb = self._blocks(n, width)
         for m0 in range(0, self.n_models, mb):
-            ws = [w[m0 : m0 + mb] for w in self.passage_weights]
-            bs = [b[m0 : m0 + mb] for b in self.passage_biases]
+            ws = [w[m0 : m0 + mb] for w in weights]
+            bs = [b[m0 : m0 + mb] for b in biases]
             for r0 in range(0, n, rb):
-                p = torch.softmax(stacked_forward(t[r0 : r0 + rb], ws, bs), dim=-1)
-                pmax, cls = p[..., :-1].max(dim=-1)
-                nr = p[..., -1] > thr
-                cls = torch.where(nr, torch.full_like(cls, NOT_RETRIEVABLE), cls)
-                pmax = torch.where(nr, torch.zeros_like(pmax), pmax)
+                p = torch.softmax(stacked_forward(t[r0 : r0 + rb], ws, bs), dim=-1)  # (g, r, W)
+                pmax, cls = pick(p)
                 classes[r0 : r0 + rb, m0 : m0 + mb] = cls.T.numpy()
                 probs[r0 : r0 + rb, m0 : m0 + mb] = pmax.T.numpy()
         return classes, probs
