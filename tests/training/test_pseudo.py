@@ -95,7 +95,7 @@ def test_pseudo_split_on_real_passages(corpus):
 def test_pseudo_store_encodes_new_texts_once(scifact_store, encoder, tmp_path):
     train = scifact_store["train"]
     cfg = PseudoConfig(methods=["ict"], cap=12, seed=0)
-    st = build_pseudo_store(
+    st, stats = build_pseudo_store(
         train, cfg, encoder=encoder, out_dir=tmp_path / "pseudo", progress=False
     )
     assert st.n_queries == 12 and st.n_passages == train.n_passages + 12
