@@ -112,3 +112,20 @@ def test_pseudo_store_encodes_new_texts_once(scifact_store, encoder, tmp_path):
     )
     assert (tmp_path / "pseudo" / "passages.bin").stat().st_mtime_ns == before  # nothing redone
     assert st2.n_queries == 12
+
+
+def test_two_passes_try_both_recipes_on_each_passage(corpus):
+    ids, titles, bodies, full = corpus
+    s = make_pseudo_split(
+        ids,
+        full,
+        PseudoConfig(methods=["title", "ict"], passes=2, cap=10_000),
+        titles=titles,
+        bodies=bodies,
+    )
+    by_source: dict[str, set[str]] = {}
+    for q in s.query_ids:
+        method, _, rest = q.partition(":")
+        by_source.setdefault(rest.split("#")[0], set()).add(method)
+    with_two = [m for m in by_source.values() if len(m) == 2]
+    assert len(with_two) >= 150 and s.meta["pairs"]["title"] == 200  # every passage has a title

@@ -56,8 +56,11 @@ class PseudoConfig:
     """How pseudo-queries are made (the ``pseudo`` source of the training-data section).
 
     Attributes:
-        methods: recipes to use, in order, from :data:`PSEUDO_METHODS`; each passage gets one
-            pair from the first recipe of a seeded rotation that applies to it.
+        methods: recipes to use, in order, from :data:`PSEUDO_METHODS`; on each pass a passage
+            gets one pair from the first recipe of a rotation that applies to it (pass ``p``
+            starts the rotation ``p`` recipes later, so ``passes = len(methods)`` tries every
+            recipe on every passage).
+        passes: passes over the (seeded) passage order, until ``cap``.
         cap: at most this many pseudo-queries (encoding ~100K new texts costs ~50 minutes on
             two CPU cores, so keep it in the tens of thousands).
         min_query_words: shortest pseudo-query kept (words).
@@ -67,6 +70,7 @@ class PseudoConfig:
 
     methods: list[str] = field(default_factory=lambda: ["ict"])
     cap: int = 20_000
+    passes: int = 1
     min_query_words: int = 4
     crop_min: float = 0.1
     crop_max: float = 0.5
@@ -76,8 +80,10 @@ class PseudoConfig:
         bad = [m for m in self.methods if m not in PSEUDO_METHODS]
         if bad or not self.methods:
             raise ValueError(f"pseudo.methods: unknown {bad}; known: {', '.join(PSEUDO_METHODS)}")
-        if self.cap < 1 or not 0 < self.crop_min <= self.crop_max <= 1:
-            raise ValueError("pseudo: cap >= 1 and 0 < crop_min <= crop_max <= 1 are required")
+        if self.cap < 1 or self.passes < 1 or not 0 < self.crop_min <= self.crop_max <= 1:
+            raise ValueError(
+                "pseudo: cap >= 1, passes >= 1 and 0 < crop_min <= crop_max <= 1 are required"
+            )
 
 
 def sentences(text: str) -> list[str]:
@@ -151,7 +157,7 @@ def make_pseudo_split(
     Returns:
         A ``RetrievalSplit`` named ``pseudo`` (source ``pseudo``, relevance threshold 2): the
         corpus as passages ``0..n-1`` then the new positive texts; one query per pair, query id
-        ``"<method>:<source passage id>"``, ``meta["pairs"]`` counting pairs per recipe.
+        ``"<method>:<source passage id>[#<pass>]"``, ``meta["pairs"]`` counting pairs per recipe.
 
     Raises:
         ValueError: mismatched lengths, or no passage yields a pair.
@@ -166,11 +172,13 @@ def make_pseudo_split(
         b.add_passage(f"corpus:{pid}", text)
     order = rng.permutation(n)
     counts = dict.fromkeys(cfg.methods, 0)
-    for j, row in enumerate(order):
+    visits = [(p, j, int(row)) for p in range(cfg.passes) for j, row in enumerate(order)]
+    for p, j, row in visits:
         if len(b.query_texts) >= cfg.cap:
             break
         text = passage_texts[row]
-        start = j % len(cfg.methods)
+        tag = f"#{p}" if p else ""
+        start = (j + p) % len(cfg.methods)
         for method in cfg.methods[start:] + cfg.methods[:start]:
             pair: tuple[str, str] | None
             if method == "ict":
@@ -186,8 +194,8 @@ def make_pseudo_split(
             if pair is None:
                 continue
             query, positive = pair
-            qid = b.add_query(f"{method}:{passage_ids[row]}", query)
-            b.add_candidate(qid, b.add_passage(f"{method}:{passage_ids[row]}", positive), 2)
+            qid = b.add_query(f"{method}:{passage_ids[row]}{tag}", query)
+            b.add_candidate(qid, b.add_passage(f"{method}:{passage_ids[row]}{tag}", positive), 2)
             b.add_candidate(qid, int(row), 1)  # folded into grade 2 if the texts coincide
             counts[method] += 1
             break
