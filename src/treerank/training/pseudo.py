@@ -242,9 +242,12 @@ def build_pseudo_store(
         store.passage_ids(), store.passage_texts(), config, titles=titles, bodies=bodies
     )
     if encoder is None:
-        from treerank.encoders import SentenceEncoder
+        from treerank.encoders import DEFAULT_MODEL_NAME, SentenceEncoder
 
-        encoder = SentenceEncoder(store.encoder_name, query_prompt=store.query_prompt)
+        name = store.encoder_name
+        encoder = SentenceEncoder(
+            None if name in (None, DEFAULT_MODEL_NAME) else name, query_prompt=store.query_prompt
+        )
     if store.encoder_fingerprint and encoder.fingerprint != store.encoder_fingerprint:
         raise ValueError(
             f"{store.path}: embedded with encoder {store.encoder_fingerprint}, the pseudo split "

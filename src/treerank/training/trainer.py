@@ -44,7 +44,12 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from treerank.training.history import TrainingLog
-from treerank.training.losses import info_nce, info_nce_symmetric
+from treerank.training.losses import (
+    full_corpus_softmax,
+    info_nce,
+    info_nce_symmetric,
+    listwise_kl,
+)
 from treerank.training.monitor import batch_stats
 from treerank.training.sampler import Batch, ContrastiveSampler
 from treerank.training.schedule import warmup_cosine_scheduler
@@ -96,6 +101,9 @@ class TrainerConfig:
         min_delta: an improvement must exceed this.
         seed: seeds torch (dropout, init done inside ``fit``) for a deterministic run.
         threads: ``torch.set_num_threads`` for the run (None: leave torch's setting).
+        negatives: ``"batch"`` (in-batch + hard negatives) or ``"all"`` (the exact softmax
+            over every passage of the split, chunked; with frozen vectors a head can afford it).
+        chunk_size: passages per chunk for ``negatives: all`` (memory ~ chunk x (d + B)).
     """
 
     epochs: int = 20
@@ -114,6 +122,8 @@ class TrainerConfig:
     min_delta: float = 0.0
     seed: int = 0
     threads: int | None = None
+    negatives: str = "batch"
+    chunk_size: int = 8192
 
     @classmethod
     def from_dict(cls, cfg: Mapping[str, Any], *, where: str = "config") -> TrainerConfig:
@@ -129,6 +139,11 @@ class TrainerConfig:
         out = cls(**kw)
         if out.epochs < 1 or out.lr <= 0 or out.log_every < 1:
             raise ValueError(f"{where}: epochs >= 1, lr > 0 and log_every >= 1 are required")
+        if out.negatives not in ("batch", "all") or out.chunk_size < 1:
+            raise ValueError(
+                f"{where}: negatives must be 'batch' or 'all' (got {out.negatives!r}) "
+                "and chunk_size >= 1"
+            )
         if not 0 <= out.warmup_ratio < 1:
             raise ValueError(f"{where}: warmup_ratio must be in [0, 1), got {out.warmup_ratio}")
         return out
@@ -201,7 +216,13 @@ def _gather(x: np.ndarray, rows: np.ndarray) -> Tensor:
 
 
 def compute_loss(
-    model: Any, batch: Batch, q: Tensor, p: Tensor, symmetric_weight: float = 0.0
+    model: Any,
+    batch: Batch,
+    q: Tensor,
+    p: Tensor,
+    symmetric_weight: float = 0.0,
+    all_passages: Tensor | None = None,
+    chunk_size: int = 8192,
 ) -> tuple[Tensor, dict[str, Any]]:
     """The training loss of one batch and what :func:`fit` logs about it.
 
@@ -211,6 +232,13 @@ def compute_loss(
         q: ``float32 (B, d)`` stored query vectors of ``batch.query_rows``.
         p: ``float32 (M, d)`` stored passage vectors of ``batch.passage_rows``.
         symmetric_weight: weight of the passage -> query term.
+        all_passages: ``float32 (N, d)`` every stored passage of the split: the softmax runs
+            over all of them (``negatives: all``, :func:`full_corpus_softmax`) instead of the
+            batch's columns; None: in-batch (+ hard) negatives.
+        chunk_size: passages per chunk of the full-corpus softmax.
+
+    With ``batch.target`` (soft labels) the in-batch loss is listwise KL
+    (:func:`listwise_kl`), else InfoNCE on the designated positives.
 
     Returns:
         ``(loss, parts)``: the 0-d loss and ``parts`` with the logits, masks, query
@@ -221,7 +249,24 @@ def compute_loss(
     q_repr = model.encode_queries_t(q)  # (B, ...)
     p_repr = model.encode_passages_t(p)  # (M, ...)
     logits = model.score_matrix(q_repr, p_repr)  # (B, M)
-    loss = info_nce(logits, positive, mask_out)
+    if all_passages is not None:
+        if batch.target_ids is None or batch.target_weights is None:
+            raise ValueError("negatives: all needs batches with target_ids / target_weights")
+        excl = batch.exclude_ids
+        loss = full_corpus_softmax(
+            q_repr,
+            all_passages,
+            model.encode_passages_t,
+            model.score_matrix,
+            torch.from_numpy(batch.target_ids),
+            torch.from_numpy(batch.target_weights),
+            None if excl is None else torch.from_numpy(excl),
+            chunk_size=chunk_size,
+        )
+    elif batch.target is not None:
+        loss = listwise_kl(logits, torch.from_numpy(batch.target), mask_out)
+    else:
+        loss = info_nce(logits, positive, mask_out)
     parts: dict[str, Any] = {"q2p_loss": float(loss.detach())}
     if symmetric_weight > 0:
         sym = info_nce_symmetric(logits, positive, mask_out)
@@ -247,7 +292,7 @@ def _param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str,
 
 def fit(
     model: torch.nn.Module,
-    sampler: ContrastiveSampler,
+    sampler: ContrastiveSampler | Any,
     query_vectors: np.ndarray,
     passage_vectors: np.ndarray,
     config: TrainerConfig | None = None,
@@ -289,6 +334,11 @@ def fit(
     torch.manual_seed(cfg.seed)
     queries = _vector_source(query_vectors)
     passages = _vector_source(passage_vectors)
+    all_passages = (
+        torch.from_numpy(np.ascontiguousarray(passages, dtype=np.float32))
+        if cfg.negatives == "all"
+        else None
+    )
 
     per_epoch = len(sampler)
     total = cfg.max_steps if cfg.max_steps is not None else cfg.epochs * per_epoch
@@ -343,7 +393,9 @@ def fit(
                     break
                 q = _gather(queries, batch.query_rows)
                 p = _gather(passages, batch.passage_rows)
-                loss, parts = compute_loss(model, batch, q, p, cfg.symmetric_weight)
+                loss, parts = compute_loss(
+                    model, batch, q, p, cfg.symmetric_weight, all_passages, cfg.chunk_size
+                )
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 grad_norm = None
