@@ -129,3 +129,18 @@ def test_two_passes_try_both_recipes_on_each_passage(corpus):
         by_source.setdefault(rest.split("#")[0], set()).add(method)
     with_two = [m for m in by_source.values() if len(m) == 2]
     assert len(with_two) >= 150 and s.meta["pairs"]["title"] == 200  # every passage has a title
+
+
+def test_source_positive_adds_no_passage(corpus):
+    ids, titles, bodies, full = corpus
+    s = make_pseudo_split(
+        ids,
+        full,
+        PseudoConfig(methods=["title"], cap=50, positive="source"),
+        titles=titles,
+        bodies=bodies,
+    )
+    assert s.n_passages == 200 and s.n_queries == 50
+    for i in range(50):
+        src = ids.index(s.query_ids[i].split(":", 1)[1])
+        assert s.candidates[i, 0] == src and s.labels[i, 0] == 2 and s.query_texts[i] == titles[src]
