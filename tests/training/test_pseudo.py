@@ -80,7 +80,7 @@ def test_pseudo_split_on_real_passages(corpus):
         if method == "ict":
             assert q in full[src] and q not in ptext
         elif method == "title":
-            assert q == titles[src] and ptext == bodies[src]
+            assert q == titles[src].strip() and ptext == bodies[src].strip()
         else:
             words = " ".join(full[src].split())  # crops are word spans (white space normalised)
             assert q in words and ptext in words
@@ -143,4 +143,8 @@ def test_source_positive_adds_no_passage(corpus):
     assert s.n_passages == 200 and s.n_queries == 50
     for i in range(50):
         src = ids.index(s.query_ids[i].split(":", 1)[1])
-        assert s.candidates[i, 0] == src and s.labels[i, 0] == 2 and s.query_texts[i] == titles[src]
+        assert (
+            s.candidates[i, 0] == src
+            and s.labels[i, 0] == 2
+            and s.query_texts[i] == titles[src].strip()
+        )
