@@ -26,10 +26,13 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
+from treerank.training.history import TrainingLog
 from treerank.training.sampler import Batch, relevant_lists
+from treerank.training.trainer import FitResult, TrainerConfig, Validate, fit
 
 __all__ = [
     "PairSampler",
@@ -38,6 +41,7 @@ __all__ = [
     "label_pairs",
     "teacher_pairs",
     "text_keys",
+    "train_on_pairs",
 ]
 
 MODES = ("sample", "soft")
@@ -358,3 +362,50 @@ class PairSampler:
             target_weights=t_w,
             exclude_ids=e_ids,
         )
+
+
+def train_on_pairs(
+    model: Any,
+    query_vectors: np.ndarray,
+    passage_vectors: np.ndarray,
+    sources: Sequence[PairSet],
+    config: TrainerConfig | None = None,
+    *,
+    weights: Sequence[float] | None = None,
+    batch_size: int = 64,
+    epoch_size: int | None = None,
+    collisions: bool = True,
+    seed: int = 0,
+    validate: Validate | None = None,
+    log: TrainingLog | None = None,
+    progress: bool = True,
+) -> FitResult:
+    """Train a :class:`~treerank.training.trainer.ContrastiveModule` on a mixture of sources.
+
+    Args:
+        model: the module (heads, DRT).
+        query_vectors, passage_vectors: the store's vectors (``float32 (nq, d)``, ``(N, d)``);
+            every pair set indexes them.
+        sources: pair sets (:func:`label_pairs`, :func:`teacher_pairs`, pseudo labels).
+        config: trainer settings; ``negatives: all`` takes the softmax over all ``N`` passages.
+        weights, batch_size, epoch_size, collisions, seed: see :class:`PairSampler`.
+        validate, log, progress: see :func:`~treerank.training.trainer.fit`.
+    """
+    sampler = PairSampler(
+        sources,
+        weights=weights,
+        batch_size=batch_size,
+        epoch_size=epoch_size,
+        seed=seed,
+        collisions=collisions,
+    )
+    return fit(
+        model,
+        sampler,
+        query_vectors,
+        passage_vectors,
+        config,
+        validate=validate,
+        log=log,
+        progress=progress,
+    )

@@ -104,6 +104,8 @@ class TrainerConfig:
         negatives: ``"batch"`` (in-batch + hard negatives) or ``"all"`` (the exact softmax
             over every passage of the split, chunked; with frozen vectors a head can afford it).
         chunk_size: passages per chunk for ``negatives: all`` (memory ~ chunk x (d + B)).
+        refresh_every: steps between model-refreshed hard-negative mining (ANCE; needs a
+            ``refresh`` callback in :func:`fit`); None: negatives are mined once.
     """
 
     epochs: int = 20
@@ -124,6 +126,7 @@ class TrainerConfig:
     threads: int | None = None
     negatives: str = "batch"
     chunk_size: int = 8192
+    refresh_every: int | None = None
 
     @classmethod
     def from_dict(cls, cfg: Mapping[str, Any], *, where: str = "config") -> TrainerConfig:
@@ -300,6 +303,7 @@ def fit(
     validate: Validate | None = None,
     log: TrainingLog | None = None,
     progress: bool = True,
+    refresh: Callable[[Any, int], Mapping[str, Any]] | None = None,
 ) -> FitResult:
     """Train ``model`` with InfoNCE on the sampler's batches; restore the best held-out state.
 
@@ -313,6 +317,9 @@ def fit(
             state).
         log: where to write records (None: in memory only).
         progress: show a tqdm progress bar.
+        refresh: ``refresh(model, step)`` called (in eval mode, no grad) every
+            ``config.refresh_every`` steps to re-mine hard negatives with the current model
+            (``treerank.training.refresh.NegativeRefresher``); what it returns is logged.
 
     Returns:
         :class:`FitResult`.
@@ -428,6 +435,12 @@ def fit(
                     )
                     if validate is None:
                         bar.set_postfix_str(f"loss={rec['loss']:.4f}")
+                if refresh is not None and cfg.refresh_every and step % cfg.refresh_every == 0:
+                    model.eval()
+                    with torch.no_grad():  # the sampler builds later batches from the new pool
+                        info = dict(refresh(model, step))
+                    model.train()
+                    log.write("refresh", **info)
                 if step % eval_every == 0 and evaluate(step, epoch):
                     stopped = step < total
                     break
