@@ -29,7 +29,7 @@ import yaml
 from treerank.evaluation.metrics import evaluate_run
 from treerank.evaluation.qrels import Qrels
 from treerank.models.forest import Forest
-from treerank.search.exact import exact_search
+from treerank.kernels.topk import exact_search
 from treerank.search.forest_index import ForestSystem
 from treerank.store import EmbeddingStore
 from treerank.config import load_yaml

@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from treerank.evaluation.metrics import evaluate_run
 from treerank.evaluation.qrels import Qrels
+from treerank.kernels.topk import exact_search
 from treerank.models.checkpoint import EncoderMismatchError
 from treerank.models.families import trainable_families
 from treerank.models.linear import LinearHead
@@ -21,7 +22,6 @@ from treerank.pipeline.training import (
     make_validator,
     train_model,
 )
-from treerank.search.exact import exact_search
 from treerank.store import EmbeddingStore
 from treerank.training.holdout import ValidationConfig
 

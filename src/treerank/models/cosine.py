@@ -12,26 +12,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from treerank.kernels.vectors import l2_normalize
 from treerank.models.checkpoint import CheckpointMixin
 
-_EPS = 1e-12
-
-
-def l2_normalize(x: np.ndarray) -> np.ndarray:
-    """Row-wise L2 normalisation.
-
-    Args:
-        x: ``float (n, d)`` vectors (any float dtype; memmaps are read, never written).
-
-    Returns:
-        ``float32 (n, d)`` unit-norm rows; an all-zero row stays all-zero (its norm is floored at
-        1e-12), so it scores 0 against everything instead of NaN.
-    """
-    x = np.asarray(x, dtype=np.float32)
-    if x.ndim != 2:
-        raise ValueError(f"expected a 2-D (n, d) array, got shape {x.shape}")
-    norms = np.linalg.norm(x, axis=1, keepdims=True)
-    return (x / np.maximum(norms, _EPS)).astype(np.float32, copy=False)
+__all__ = ["CosineScorer", "l2_normalize"]
 
 
 class CosineScorer(CheckpointMixin):

@@ -1,8 +1,8 @@
 """``train_model``: train a model of any registered family on a store and write its directory.
 
-This is where the training layer meets search and evaluation: the held-out validation callback
-(early stopping on full-split MRR@10 / nDCG@10 of held-out training queries) is built here from
-``treerank.search.exact.exact_search`` and ``treerank.evaluation.metrics.evaluate_run``, and
+This is where the training layer meets evaluation: the held-out validation callback (early
+stopping on full-split MRR@10 / nDCG@10 of held-out training queries) is built here from
+``treerank.kernels.topk.exact_search`` and ``treerank.evaluation.metrics.evaluate_run``, and
 handed to the family's trainer, which never imports those layers.
 
 The family (``treerank.models.families``) supplies the config parser, the trainer and whether it
@@ -107,7 +107,7 @@ def make_validator(
     """
     from treerank.evaluation.metrics import evaluate_run
     from treerank.evaluation.qrels import Qrels
-    from treerank.search.exact import exact_search
+    from treerank.kernels.topk import exact_search
 
     rows = np.asarray(rows, dtype=np.int64)
     queries = np.asarray(store.queries[rows], dtype=np.float32)

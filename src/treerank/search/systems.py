@@ -30,10 +30,10 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from treerank.kernels.topk import DEFAULT_CHUNK_SIZE, exact_search
 from treerank.models.base import DenseScorer
 from treerank.models.cosine import CosineScorer
 from treerank.search.bm25 import BM25_METHODS, BM25Index, BM25Params
-from treerank.search.exact import DEFAULT_CHUNK_SIZE, exact_search
 from treerank.search.fusion import DEFAULT_RRF_K, NORMALISATIONS, linear_fusion, rrf
 from treerank.search.run import Run
 

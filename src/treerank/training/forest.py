@@ -86,6 +86,8 @@ from tqdm.auto import tqdm
 
 from treerank.atomic import atomic_savefig
 from treerank.config import ConfigError
+from treerank.kernels.topk import exact_search
+from treerank.kernels.vectors import l2_normalize
 from treerank.models.forest import (
     Forest,
     ForestConfig,
@@ -354,29 +356,22 @@ class _PairData:
 def _mine_hard_negatives(
     q: np.ndarray, passages: Any, pos_q: np.ndarray, pos_p: np.ndarray, k: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Top-``k`` cosine passages per query that are not selected for it (chunked numpy)."""
+    """Top-``k`` cosine passages per query that are not selected for it.
+
+    Cosine of the stored vectors (both sides L2-normalised, the one rule of
+    ``treerank.kernels.vectors``), ranked by the exact streaming kernel
+    (``treerank.kernels.topk.exact_search``: ties by ascending passage id).
+    """
     nq, n = len(q), passages.shape[0]
     if k == 0 or nq == 0:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
     kk = min(n, k + int(np.bincount(pos_q, minlength=nq).max()))
-    best_s = np.full((nq, 0), -np.inf, dtype=np.float32)
-    best_i = np.zeros((nq, 0), dtype=np.int64)
-    chunk = 65536
-    for s in range(0, n, chunk):
-        block = np.asarray(passages[s : s + chunk], dtype=np.float32)
-        sc = q @ block.T
-        cand_s = np.concatenate([best_s, sc], axis=1)
-        cand_i = np.concatenate([best_i, np.arange(s, s + len(block))[None, :].repeat(nq, 0)], 1)
-        top = np.argpartition(-cand_s, min(kk, cand_s.shape[1]) - 1, axis=1)[:, :kk]
-        best_s = np.take_along_axis(cand_s, top, 1)
-        best_i = np.take_along_axis(cand_i, top, 1)
-    order = np.lexsort((best_i, -best_s), axis=-1)
-    best_i = np.take_along_axis(best_i, order, 1)
+    best_i, _ = exact_search(l2_normalize(q), passages, k=kk, passage_transform=l2_normalize)
     is_pos = np.isin(
         np.arange(nq)[:, None] * n + best_i, pos_q * n + pos_p
     )  # (nq, kk) selected ones are not negatives
     rank = np.cumsum(~is_pos, axis=1)
-    keep = ~is_pos & (rank <= k)
+    keep = ~is_pos & (rank <= k) & (best_i >= 0)
     rows, cols = np.nonzero(keep)
     return rows.astype(np.int64), best_i[rows, cols].astype(np.int64)
 
