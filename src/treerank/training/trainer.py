@@ -345,7 +345,7 @@ def fit(
     queries = _vector_source(query_vectors)
     passages = _vector_source(passage_vectors)
     all_passages = (
-        torch.from_numpy(np.ascontiguousarray(passages, dtype=np.float32))
+        torch.from_numpy(np.array(passages, dtype=np.float32))  # a writable copy
         if cfg.negatives == "all"
         else None
     )
