@@ -78,7 +78,12 @@ class ModelSpec:
 
 @dataclass
 class ExperimentConfig:
-    """A whole ``treerank run`` experiment (see ``configs/sample.yaml`` for a commented example)."""
+    """A whole ``treerank run`` experiment (see ``configs/sample.yaml`` for a commented example).
+
+    ``transfer: true`` evaluates every model trained on any dataset on every dataset of the
+    experiment (system name ``<model>@<training dataset>`` on the other datasets) and adds the
+    transfer table to the report (``treerank.pipeline.transfer``).
+    """
 
     name: str
     source: Path
@@ -90,6 +95,7 @@ class ExperimentConfig:
     evaluate: EvaluateConfig
     diagnose: DiagnoseConfig
     raw: dict[str, Any]
+    transfer: bool = False
 
 
 def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -143,6 +149,7 @@ def load_experiment(
             "systems": list,
             "evaluate": dict,
             "diagnose": dict,
+            "transfer": bool,
             "quick": dict,
         },
         "the top level",
@@ -231,6 +238,7 @@ def load_experiment(
         evaluate=EvaluateConfig(**ev),
         diagnose=diagnose,
         raw=top,
+        transfer=bool(top.get("transfer", False)),
     )
 
 

@@ -294,6 +294,11 @@ def _systems_for(
     systems = {s: s for s in specs}
     for model_name, ckpt in outcomes[ds.name].checkpoints.items():
         systems[model_name] = f"ckpt:{ckpt}"
+    if cfg.transfer:  # every model trained elsewhere, zero-shot on this dataset
+        for other, o in outcomes.items():
+            if other != ds.name:
+                for model_name, ckpt in o.checkpoints.items():
+                    systems[f"{model_name}@{other}"] = f"ckpt:{ckpt}"
     for base in cfg.evaluate.baselines:
         systems.setdefault(base, base)
     return systems
@@ -307,7 +312,13 @@ def _evaluate_stage(
 ) -> StageRecord:
     path = run.cfg.output_dir / "eval" / ds.name
     deps = {
-        name: run.stage_keys.get(f"model:{ds.name}:{name}", spec) for name, spec in systems.items()
+        name: run.stage_keys.get(
+            f"model:{name.split('@')[1]}:{name.split('@')[0]}"
+            if "@" in name
+            else f"model:{ds.name}:{name}",
+            spec,
+        )
+        for name, spec in systems.items()
     }
     ev = run.cfg.evaluate
     key = fingerprint(
