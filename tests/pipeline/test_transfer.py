@@ -101,3 +101,20 @@ def test_transfer_key_parses(tmp_path, scifact_zip):
     (tmp_path / "c.yaml").write_text(body + "transfer: 3\n")
     with pytest.raises(ConfigError, match="transfer"):
         load_experiment(tmp_path / "c.yaml")
+
+
+def test_dataset_models_list(tmp_path, scifact_zip):
+    import pytest
+
+    from treerank.pipeline.config import ConfigError, load_experiment
+
+    head = "models:\n  a: {family: linear}\n  b: {family: mlp}\n"
+    ds = (
+        f"datasets:\n  - {{name: s, path: {scifact_zip}, format: scifact, eval_split: test, "
+        "train_split: train, models: [MODELS]}\n"
+    )
+    (tmp_path / "a.yaml").write_text(head + ds.replace("MODELS", "b"))
+    assert load_experiment(tmp_path / "a.yaml").datasets[0].models == ["b"]
+    (tmp_path / "b.yaml").write_text(head + ds.replace("MODELS", "c"))
+    with pytest.raises(ConfigError, match=r"datasets\[0\].models names \['c'\]"):
+        load_experiment(tmp_path / "b.yaml")

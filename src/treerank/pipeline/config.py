@@ -41,6 +41,7 @@ class DatasetConfig:
     limit: int | None = None
     max_passages: int | None = None
     systems: list[str] | None = None  # None = the experiment's systems + every trained model
+    models: list[str] | None = None  # models trained on this dataset's train split (None: all)
 
 
 @dataclass
@@ -182,6 +183,7 @@ def load_experiment(
                 "limit": int,
                 "max_passages": int,
                 "systems": list,
+                "models": list,
             },
             f"datasets[{i}]",
             src,
@@ -205,6 +207,13 @@ def load_experiment(
         raise ConfigError(f"{src}: dataset names must be unique, got {names}")
 
     models = _models(top.get("models"), src)
+    for i, d in enumerate(datasets):
+        unknown = [m for m in d.models or [] if m not in models]
+        if unknown:
+            raise ConfigError(
+                f"{src}: datasets[{i}].models names {unknown}, not among models "
+                f"({', '.join(models) or 'none'})"
+            )
     ev = _take(
         top.get("evaluate") or {},
         {"k": int, "baselines": list, "metrics": list, "seed": int},

@@ -174,6 +174,8 @@ def run_experiment(
         )
         if ds.train_split:
             for spec in cfg.models.values():
+                if ds.models is not None and spec.name not in ds.models:
+                    continue
                 rec = _train_stage(run, ds, spec)
                 run.stage_keys[f"model:{ds.name}:{spec.name}"] = rec.key
                 outcomes[ds.name].checkpoints[spec.name] = rec.path / "checkpoint"
