@@ -1,4 +1,4 @@
-"""The store's on-disk format: file names, dtypes, errors, atomic writes (DESIGN.md, kept exact).
+"""The store's on-disk format: file names, dtypes, errors, atomic writes (docs/DESIGN.md).
 
 One directory per split:
 
