@@ -31,12 +31,19 @@ class EncoderConfig:
 
 @dataclass
 class DatasetConfig:
-    """One dataset: where it is, how to read it, which split trains and which is evaluated."""
+    """One dataset: where it is, how to read it, which split trains and which is evaluated.
+
+    Either raw data (``path`` + ``format``: embedded by the run) or an existing store root
+    (``store``: a directory holding ``<split>/`` store directories, used as is; ``dim`` for
+    stores written by the Go ``cmd/embed`` tool, which have no ``meta.json``).
+    """
 
     name: str
-    path: Path
-    format: str
     eval_split: str
+    path: Path | None = None
+    format: str | None = None
+    store: Path | None = None
+    dim: int | None = None
     train_split: str | None = None
     limit: int | None = None
     max_passages: int | None = None
@@ -178,6 +185,8 @@ def load_experiment(
                 "name": str,
                 "path": str,
                 "format": str,
+                "store": str,
+                "dim": int,
                 "eval_split": str,
                 "train_split": str,
                 "limit": int,
@@ -188,18 +197,27 @@ def load_experiment(
             f"datasets[{i}]",
             src,
         )
-        for req in ("name", "path", "format", "eval_split"):
+        if d.get("store"):
+            if d.get("path") or d.get("format"):
+                raise ConfigError(
+                    f"{src}: datasets[{i}] has 'store' and 'path'/'format'; give one of them"
+                )
+            required: tuple[str, ...] = ("name", "eval_split")
+        else:
+            required = ("name", "path", "format", "eval_split")
+        for req in required:
             if not d.get(req):
-                raise ConfigError(f"{src}: datasets[{i}] needs '{req}'")
-        if d["format"] not in FORMATS:
+                raise ConfigError(f"{src}: datasets[{i}] needs '{req}' (or 'store')")
+        if d.get("format") is not None and d["format"] not in FORMATS:
             raise ConfigError(
                 f"{src}: datasets[{i}].format {d['format']!r} unknown; known: {', '.join(FORMATS)}"
             )
-        p = Path(d["path"])
+        key = "store" if d.get("store") else "path"
+        p = Path(d[key])
         p = p if p.is_absolute() else (base / p)
         if not p.exists():
-            raise FileNotFoundError(f"{src}: datasets[{i}].path {p} does not exist")
-        datasets.append(DatasetConfig(**{**d, "path": p.resolve()}))
+            raise FileNotFoundError(f"{src}: datasets[{i}].{key} {p} does not exist")
+        datasets.append(DatasetConfig(**{**d, key: p.resolve()}))
     if not datasets:
         raise ConfigError(f"{src}: 'datasets' must list at least one dataset")
     names = [d.name for d in datasets]

@@ -57,11 +57,16 @@ class TrainResult:
     curves_path: Path | None = None
 
 
-def open_train_store(path: str | Path, split: str = "train") -> Any:
+def open_train_store(path: str | Path, split: str = "train", dim: int | None = None) -> Any:
     """Open a store from a split directory, or from a store root holding ``<root>/<split>/``.
+
+    Args:
+        dim: the vector dimension, needed only for stores written by the Go ``cmd/embed`` tool
+            (no ``meta.json``; 3840 dims).
 
     Raises:
         FileNotFoundError: neither ``path/meta.json`` nor ``path/<split>/`` exists.
+        StoreFormatError: a Go-layout store opened without ``dim`` (the message says so).
     """
     from treerank.store import EmbeddingStore
 
@@ -72,7 +77,7 @@ def open_train_store(path: str | Path, split: str = "train") -> Any:
         raise FileNotFoundError(
             f"{path}: no such store directory (expected a split dir or a root holding {split}/)"
         )
-    return EmbeddingStore.open(path)
+    return EmbeddingStore.open(path, dim=dim)
 
 
 def _subsample_passages(

@@ -25,6 +25,7 @@ import torch
 from treerank.config import ConfigError
 from treerank.models.linear import LinearHead
 from treerank.models.mlp import MLPHead
+from treerank.store.format import MINED_NEGATIVES_ARRAY
 from treerank.training.config import TrainConfig, parse_train_config
 from treerank.training.data import build_training_table, parse_sources
 from treerank.training.history import TrainingLog
@@ -84,7 +85,7 @@ class SamplerConfig:
     n_hard: int = 1
     hard_negatives: str = "auto"
     hard_pool_depth: int | None = 30
-    mined_array: str = "bm25_negatives"
+    mined_array: str = MINED_NEGATIVES_ARRAY
     mine_depth: int = 100
     guard_skip_top: int = 3
     guard_margin: float | None = None
