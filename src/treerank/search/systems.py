@@ -46,7 +46,10 @@ class System(Protocol):
 
 
 def _store_key(store: Any) -> str:
-    return f"{getattr(store, 'path', '')}#{id(store)}"
+    # A query view (treerank.search.query.QueryView) carries its own unique key: views are
+    # short-lived, and a reused id() must never return another view's memoised run.
+    key = getattr(store, "memo_key", None)
+    return str(key) if key else f"{getattr(store, 'path', '')}#{id(store)}"
 
 
 class _RunMemo:
@@ -119,7 +122,7 @@ class BM25System:
         self._memo = _RunMemo()
 
     def index_for(self, store: Any) -> BM25Index:
-        key = _store_key(store)
+        key = _store_key(getattr(store, "base", store))  # a query view shares its index
         if self._cache is None or self._cache[0] != key:
             self._cache = (key, BM25Index(store.passage_texts(), self.params))
         return self._cache[1]
@@ -291,6 +294,19 @@ def _build_ckpt(body: str, spec: str, cache: Any = None, **opts: Any) -> System:
     return CheckpointSystem(body, name=spec)
 
 
+def _build_faiss(body: str, spec: str, cache: Any = None, **opts: Any) -> System:
+    from treerank.search.faiss_index import faiss_system
+
+    return faiss_system(body, spec, progress=bool(opts.get("progress", False)))
+
+
+def _build_rescore(body: str, spec: str, cache: Any = None, **opts: Any) -> System:
+    from treerank.search.rescore import RescoreSystem, parse_rescore
+
+    first, depth, scorer = parse_rescore(body, spec)
+    return RescoreSystem(build_system(first, cache, **opts), scorer, depth, name=spec)
+
+
 SYSTEM_TYPES: dict[str, tuple[Callable[..., System], str]] = {
     "cosine": (_build_cosine, "cosine of the stored vectors (exact search)"),
     "bm25": (_build_bm25, "BM25 over passage texts; bm25:k1=0.9,b=0.4,method=lucene"),
@@ -300,6 +316,14 @@ SYSTEM_TYPES: dict[str, tuple[Callable[..., System], str]] = {
         "normalised linear fusion; linear-fusion:<A>+<B>[:w=0.5,norm=minmax|zscore]",
     ),
     "ckpt": (_build_ckpt, "a trained checkpoint directory; ckpt:<dir>"),
+    "faiss": (
+        _build_faiss,
+        "a cached FAISS index; faiss:<flat|hnsw|ivfflat|ivfpq|int8|fp16|binary>[:k=v,...]",
+    ),
+    "rescore": (
+        _build_rescore,
+        "exact dense rescoring of a first stage; rescore:<A>[:depth=100,scorer=cosine|ckpt:<dir>]",
+    ),
 }
 
 
