@@ -97,7 +97,7 @@ def child(args: argparse.Namespace) -> None:
 
 
 def exact_reference(store_dir: Path, n_queries: int, out: Path, reps: int) -> dict:
-    from treerank.search.exact import exact_search
+    from treerank.kernels.topk import exact_search
     from treerank.store import EmbeddingStore
 
     store = EmbeddingStore.open(store_dir)

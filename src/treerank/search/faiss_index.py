@@ -26,7 +26,7 @@ defaults to 1000): the index's top ``max(k, N)`` are rescored exactly with the s
 **Building** (:func:`build_index`): trained kinds are trained on ``train_size`` passages sampled
 uniformly (seed 0; default ``min(n, max(50 * nlist, 20000))``), then passages are added
 ``chunk_size`` rows at a time from the memory map (pages dropped after each chunk with
-:func:`~treerank.search.exact.release_pages`), so peak memory is the index plus one chunk plus the
+:func:`~treerank.kernels.topk.release_pages`), so peak memory is the index plus one chunk plus the
 training sample, never the raw corpus on top of a compressed index.
 
 **Caching**: the index is written to ``<store>/indexes/<kind>-<key>/`` (``index.faiss`` +
@@ -56,8 +56,8 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from treerank.atomic import atomic_write_json
+from treerank.kernels.topk import release_pages, sort_rows
 from treerank.models.base import DenseScorer
-from treerank.search.exact import release_pages, sort_rows
 from treerank.search.rescore import RescoreSystem, dense_scorer
 from treerank.search.run import Run
 
@@ -118,7 +118,9 @@ def _make_ivfpq(d: int, p: dict[str, Any]) -> Any:
     opq = f"OPQ{p['m']}," if p["opq"] else ""
     index = faiss.index_factory(d, f"{opq}IVF{p['nlist']},PQ{p['m']}x{p['nbits']}", _ip())
     if p["opq"]:  # OPQ alternates PQ training and a rotation fit: opq = its iterations
-        faiss.downcast_VectorTransform(faiss.downcast_index(index).chain.at(0)).niter = p["opq"]
+        chain: Any = faiss.downcast_index(index)
+        rotation: Any = faiss.downcast_VectorTransform(chain.chain.at(0))
+        rotation.niter = p["opq"]
     return index
 
 
@@ -544,6 +546,11 @@ class FaissSystem:
         q = self.scorer_for(store).encode_queries(np.asarray(store.queries, dtype=np.float32))
         ids, scores = index.search(np.asarray(q), k, self.spec.search)
         return Run(self.name, ids, scores)
+
+
+def build_faiss_system(body: str, spec: str, cache: Any = None, **opts: Any) -> Any:
+    """The ``faiss:`` system kind's builder (registered in :mod:`treerank.search.systems`)."""
+    return faiss_system(body, spec, progress=bool(opts.get("progress", False)))
 
 
 def faiss_system(

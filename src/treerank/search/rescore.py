@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from treerank.kernels.topk import sort_rows
 from treerank.models.base import DenseScorer
-from treerank.search.exact import sort_rows
 from treerank.search.run import Run
 
 DEFAULT_DEPTH = 100
@@ -207,3 +207,12 @@ def parse_rescore(body: str, spec: str) -> tuple[str, int, str]:
         else:
             scorer = value
     return inner, depth, scorer
+
+
+def build_rescore_system(body: str, spec: str, cache: Any = None, **opts: Any) -> RescoreSystem:
+    """The ``rescore:`` system kind's builder (registered in :mod:`treerank.search.systems`);
+    the first stage is built with ``build_system`` (same ``cache`` and options)."""
+    from treerank.search.systems import build_system
+
+    first, depth, scorer = parse_rescore(body, spec)
+    return RescoreSystem(build_system(first, cache, **opts), scorer, depth, name=spec)
