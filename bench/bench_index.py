@@ -199,7 +199,10 @@ def main() -> None:
         )
     elif args.store:
         store_dir = args.store
-        title = f"{store_dir}, first {args.queries} queries"
+        from treerank.store import EmbeddingStore
+
+        nq = min(args.queries, EmbeddingStore.open(store_dir).n_queries)
+        title = f"{store_dir}, {nq} queries (the first {args.queries} at most)"
     else:
         ap.error("give --store or --synthetic N --fit-store STORE")
     ref = exact_reference(store_dir, args.queries, args.out, args.reps)

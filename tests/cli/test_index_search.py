@@ -17,7 +17,7 @@ def test_index_build_then_info(scifact_store, tmp_path) -> None:
     args = ["index", "build", "--store", str(store.path), "--index", "faiss:ivfflat:nlist=16"]
     res = runner.invoke(app, [*args, "--index-dir", str(tmp_path), "--no-progress", "--json"])
     assert res.exit_code == 0, res.output
-    meta = json.loads(res.output)
+    meta = json.loads(res.stdout)
     assert meta["kind"] == "ivfflat" and meta["build"]["nlist"] == 16
     assert meta["n_passages"] == 5183 and meta["index_bytes"] > 5183 * 384 * 4
     res = runner.invoke(app, ["index", "info", meta["path"]])
@@ -37,7 +37,7 @@ def test_search_formats(scifact_store, tmp_path) -> None:
     base = ["search", "--store", str(store.path), "--queries", str(qfile), "-k", "3"]
     res = runner.invoke(app, [*base, "--format", "json"])
     assert res.exit_code == 0, res.output
-    doc = json.loads(res.output)
+    doc = json.loads(res.stdout)  # the model's loading bar goes to stderr
     exact = build_system("cosine").retrieve(store, 3)
     assert [d["query_id"] for d in doc] == ["a1", "b2"]
     assert [h["passage_id"] for h in doc[0]["hits"]] == exact.ids[0].tolist()

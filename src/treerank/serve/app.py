@@ -15,45 +15,43 @@ fit the schema, unknown fields included; 400: an unknown system); an unexpected 
 search is a 500 with a one-line message, never a traceback.
 """
 
-from __future__ import annotations
-
 import logging
 import time
-from typing import Any
+from typing import Any, Self
+
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from treerank.serve.service import SearchService
 
 log = logging.getLogger("treerank.serve")
 
 
-def create_app(service: SearchService) -> Any:
+class SearchRequest(BaseModel):
+    """The body of ``POST /search`` (unknown fields are refused)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    query: str | None = Field(None, min_length=1, description="One query text.")
+    queries: list[str] | None = Field(None, min_length=1, description="A batch of query texts.")
+    k: int = Field(10, ge=1, description="Hits per query (at most the server's max_k).")
+    system: str | None = Field(None, description="A served system spec (see /info).")
+
+    @model_validator(mode="after")
+    def one_of(self) -> Self:
+        if (self.query is None) == (self.queries is None):
+            raise ValueError("give exactly one of 'query' (a string) or 'queries' (a list)")
+        if self.queries is not None and any(not q.strip() for q in self.queries):
+            raise ValueError("'queries' holds an empty text")
+        if self.query is not None and not self.query.strip():
+            raise ValueError("'query' is empty")
+        return self
+
+
+def create_app(service: SearchService) -> FastAPI:
     """The FastAPI application answering from ``service``."""
-    from fastapi import FastAPI, HTTPException, Request
-    from fastapi.responses import JSONResponse
-    from pydantic import BaseModel, ConfigDict, Field, model_validator
-
     max_k, max_batch = service.config.max_k, service.config.max_batch
-
-    class SearchRequest(BaseModel):
-        model_config = ConfigDict(extra="forbid")
-
-        query: str | None = Field(None, min_length=1, description="One query text.")
-        queries: list[str] | None = Field(
-            None, min_length=1, max_length=max_batch, description="A batch of query texts."
-        )
-        k: int = Field(10, ge=1, le=max_k, description="Hits per query.")
-        system: str | None = Field(None, description="A served system spec (see /info).")
-
-        @model_validator(mode="after")
-        def one_of(self) -> SearchRequest:
-            if (self.query is None) == (self.queries is None):
-                raise ValueError("give exactly one of 'query' (a string) or 'queries' (a list)")
-            if self.queries is not None and any(not q.strip() for q in self.queries):
-                raise ValueError("'queries' holds an empty text")
-            if self.query is not None and not self.query.strip():
-                raise ValueError("'query' is empty")
-            return self
-
     app = FastAPI(title="treerank search", version="1")
 
     @app.exception_handler(Exception)
@@ -73,13 +71,17 @@ def create_app(service: SearchService) -> Any:
 
     @app.post("/search")
     def search(req: SearchRequest) -> dict[str, Any]:
+        if req.k > max_k:
+            raise HTTPException(422, detail=f"k must be less than or equal to {max_k}")
+        texts = [req.query] if req.query is not None else list(req.queries or [])
+        if len(texts) > max_batch:
+            raise HTTPException(422, detail=f"at most {max_batch} queries per request")
         system = req.system or service.default_system
         if system not in service.systems:
             raise HTTPException(
                 status_code=400,
                 detail=f"system {system!r} is not served; served: {', '.join(service.systems)}",
             )
-        texts = [req.query] if req.query is not None else list(req.queries or [])
         t0 = time.perf_counter()
         hits = service.search(texts, k=req.k, system=system)
         return {
