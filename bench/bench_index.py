@@ -173,6 +173,13 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--index-dir", type=Path, help="Index cache (default OUT/indexes).")
+    ap.add_argument(
+        "--from-log",
+        type=Path,
+        help="Rebuild results.json / table.md / pareto.png in --out from the JSON lines a run "
+        "printed (for a run stopped before its end); --title names it.",
+    )
+    ap.add_argument("--title", default="")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--exact", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -180,6 +187,11 @@ def main() -> None:
         child(args)
         return
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.from_log:
+        lines = args.from_log.read_text().splitlines()
+        found = [json.loads(x) for x in lines if x.startswith('{"system"')]
+        write_results(found, args.out, args.title or str(args.from_log))
+        return
     index_dir = args.index_dir or args.out / "indexes"
     if args.synthetic:
         from treerank.store import EmbeddingStore
@@ -235,12 +247,15 @@ def main() -> None:
         row = json.loads(res.stdout.strip().splitlines()[-1])
         print(json.dumps(row), flush=True)
         rows.append(row)
-    (args.out / "results.json").write_text(
-        json.dumps({"title": title, "rows": rows}, indent=2) + "\n"
-    )
-    md = f"{title}\n\n" + table(rows, ref["qps"])
-    (args.out / "table.md").write_text(md)
-    plot(rows, args.out / "pareto.png", title)
+    write_results(rows, args.out, title)
+
+
+def write_results(rows: list[dict], out: Path, title: str) -> None:
+    """``results.json``, ``table.md`` and ``pareto.png``; ``rows[0]`` is the exact reference."""
+    (out / "results.json").write_text(json.dumps({"title": title, "rows": rows}, indent=2) + "\n")
+    md = f"{title}\n\n" + table(rows, rows[0]["qps"])
+    (out / "table.md").write_text(md)
+    plot(rows, out / "pareto.png", title)
     print(md)
 
 
