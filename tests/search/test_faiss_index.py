@@ -142,6 +142,9 @@ def test_cache_reuse_and_keys(store, tmp_path) -> None:
     assert a.meta["encoder"]["fingerprint"] == store.encoder_fingerprint
     with pytest.raises(ValueError, match="cannot train nlist=100000"):
         build_index(store, "ivfflat:nlist=100000", index_dir=tmp_path)
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(ValueError, match="afile/idx: cannot write the index cache"):
+        build_index(store, "flat", index_dir=tmp_path / "afile" / "idx")
     with pytest.raises(ValueError, match="must divide the dimension 384"):
         build_index(store, "ivfpq:nlist=8,m=7", index_dir=tmp_path)
 

@@ -403,8 +403,8 @@ def build_index(
         build seconds, index bytes and the process's peak RSS (MiB) after the build.
 
     Raises:
-        ValueError: a store with fewer passages than ``nlist`` (IVF), a bad ``m``.
-        OSError: the cache directory cannot be written.
+        ValueError: a store with fewer passages than ``nlist`` (IVF), a bad ``m``, a cache
+            directory that cannot be written.
     """
     import faiss
 
@@ -463,10 +463,16 @@ def build_index(
         "faiss_version": faiss.__version__,
         "created_unix": time.time(),
     }
-    root.mkdir(parents=True, exist_ok=True)
     tmp = root / f".{dest.name}.{os.getpid()}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+    except OSError as exc:
+        raise ValueError(
+            f"{root}: cannot write the index cache ({exc.strerror}); give another index_dir "
+            "(--index-dir)"
+        ) from None
     try:
         faiss.write_index(index, str(tmp / INDEX_FILE))
         meta["index_bytes"] = (tmp / INDEX_FILE).stat().st_size
