@@ -48,6 +48,7 @@ class DatasetConfig:
     limit: int | None = None
     max_passages: int | None = None
     systems: list[str] | None = None  # None = the experiment's systems + every trained model
+    models: list[str] | None = None  # models trained on this dataset's train split (None: all)
 
 
 @dataclass
@@ -85,7 +86,12 @@ class ModelSpec:
 
 @dataclass
 class ExperimentConfig:
-    """A whole ``treerank run`` experiment (see ``configs/sample.yaml`` for a commented example)."""
+    """A whole ``treerank run`` experiment (see ``configs/sample.yaml`` for a commented example).
+
+    ``transfer: true`` evaluates every model trained on any dataset on every dataset of the
+    experiment (system name ``<model>@<training dataset>`` on the other datasets) and adds the
+    transfer table to the report (``treerank.pipeline.transfer``).
+    """
 
     name: str
     source: Path
@@ -97,6 +103,7 @@ class ExperimentConfig:
     evaluate: EvaluateConfig
     diagnose: DiagnoseConfig
     raw: dict[str, Any]
+    transfer: bool = False
 
 
 def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -150,6 +157,7 @@ def load_experiment(
             "systems": list,
             "evaluate": dict,
             "diagnose": dict,
+            "transfer": bool,
             "quick": dict,
         },
         "the top level",
@@ -184,6 +192,7 @@ def load_experiment(
                 "limit": int,
                 "max_passages": int,
                 "systems": list,
+                "models": list,
             },
             f"datasets[{i}]",
             src,
@@ -216,6 +225,13 @@ def load_experiment(
         raise ConfigError(f"{src}: dataset names must be unique, got {names}")
 
     models = _models(top.get("models"), src)
+    for i, d in enumerate(datasets):
+        unknown = [m for m in d.models or [] if m not in models]
+        if unknown:
+            raise ConfigError(
+                f"{src}: datasets[{i}].models names {unknown}, not among models "
+                f"({', '.join(models) or 'none'})"
+            )
     ev = _take(
         top.get("evaluate") or {},
         {"k": int, "baselines": list, "metrics": list, "seed": int},
@@ -249,6 +265,7 @@ def load_experiment(
         evaluate=EvaluateConfig(**ev),
         diagnose=diagnose,
         raw=top,
+        transfer=bool(top.get("transfer", False)),
     )
 
 

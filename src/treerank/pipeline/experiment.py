@@ -183,6 +183,8 @@ def run_experiment(
         )
         if ds.train_split:
             for spec in cfg.models.values():
+                if ds.models is not None and spec.name not in ds.models:
+                    continue
                 rec = _train_stage(run, ds, spec)
                 run.stage_keys[f"model:{ds.name}:{spec.name}"] = rec.key
                 outcomes[ds.name].checkpoints[spec.name] = rec.path / "checkpoint"
@@ -329,6 +331,11 @@ def _systems_for(
     systems = {s: s for s in specs}
     for model_name, ckpt in outcomes[ds.name].checkpoints.items():
         systems[model_name] = f"ckpt:{ckpt}"
+    if cfg.transfer:  # every model trained elsewhere, zero-shot on this dataset
+        for other, o in outcomes.items():
+            if other != ds.name:
+                for model_name, ckpt in o.checkpoints.items():
+                    systems[f"{model_name}@{other}"] = f"ckpt:{ckpt}"
     for base in cfg.evaluate.baselines:
         systems.setdefault(base, base)
     return systems
@@ -342,7 +349,13 @@ def _evaluate_stage(
 ) -> StageRecord:
     path = run.cfg.output_dir / "eval" / ds.name
     deps = {
-        name: run.stage_keys.get(f"model:{ds.name}:{name}", spec) for name, spec in systems.items()
+        name: run.stage_keys.get(
+            f"model:{name.split('@')[1]}:{name.split('@')[0]}"
+            if "@" in name
+            else f"model:{ds.name}:{name}",
+            spec,
+        )
+        for name, spec in systems.items()
     }
     ev = run.cfg.evaluate
     key = fingerprint(
