@@ -32,6 +32,7 @@ from treerank.diagnostics.failures import failure_analysis
 from treerank.diagnostics.labels import query_labels
 from treerank.diagnostics.probes import run_probes, slot_specialisation
 from treerank.diagnostics.variants import evaluate_variants, l2_normalize
+from treerank.lock import writes_dir
 
 DEFAULT_METRICS = ("mrr@10", "ndcg@10", "recall@100", "recall@1000")
 MAX_REPRESENTATION_FLOATS = 50_000_000
@@ -235,6 +236,7 @@ def decision_rules(
     return rules
 
 
+@writes_dir("out_dir", "diagnose")
 def run_diagnostics(
     checkpoint_dir: str | Path,
     store: Any,

@@ -1,10 +1,17 @@
 """TREC run and qrels files: read and write.
 
 - Run: one line per retrieved passage, ``qid Q0 pid rank score tag``, ranks from 1, best first.
+  Scores are written so that the file gives ``trec_eval`` (which re-sorts by score, ties by
+  descending doc id) exactly treerank's order: every float32 score in its shortest text that
+  reads back to the same float32, and where treerank broke a tie by passage id (or a passage
+  stands for several source ids), the later entries are nudged down by the smallest double
+  step, so the written scores are strictly decreasing and still read back to the same float32
+  (:func:`trec_scores`).
 - Qrels: ``qid 0 pid grade`` (the second column is ignored on read).
 
 Ids are the source ids (strings) of the store; conversion to row numbers goes through the id
-lists of the split. Writes are atomic (temporary file, then ``os.replace``).
+lists of the split. An id holding white space cannot be written (it would read back as two
+columns): the writers raise. Writes are atomic (temporary file, then ``os.replace``).
 """
 
 from __future__ import annotations
@@ -17,6 +24,40 @@ import numpy as np
 from treerank.atomic import atomic_write_text
 from treerank.evaluation.qrels import Qrels
 from treerank.search.run import Run
+
+
+def trec_scores(scores: np.ndarray) -> list[str]:
+    """Score texts of one ranked row for a TREC run file (see the module doc).
+
+    Args:
+        scores: ``float32 (k,)`` non-increasing finite scores of one query's ranking.
+
+    Returns:
+        ``k`` strings whose values, read as doubles, are strictly decreasing and each read back
+        as float32 to the input score.
+    """
+    out: list[str] = []
+    prev = np.inf
+    for s in np.asarray(scores, np.float32).tolist():
+        text = np.format_float_positional(np.float32(s), unique=True, trim="-")
+        if abs(s) >= 1e16 or (s != 0 and abs(s) < 1e-4):
+            text = np.format_float_scientific(np.float32(s), unique=True, trim="-")
+        value = float(text)
+        if value >= prev:
+            value = float(np.nextafter(prev, -np.inf))
+            text = repr(value)
+        out.append(text)
+        prev = value
+    return out
+
+
+def _check_ids(ids: Sequence[str], what: str, path: str | Path) -> None:
+    bad = next((i for i in ids if not i or any(c.isspace() for c in i)), None)
+    if bad is not None:
+        raise ValueError(
+            f"{path}: {what} id {bad!r} is empty or holds white space; a TREC file cannot hold "
+            "it unambiguously"
+        )
 
 
 def write_trec_run(
@@ -35,18 +76,20 @@ def write_trec_run(
         tag: run tag (last column); defaults to ``run.name`` with spaces replaced.
 
     Raises:
-        ValueError: ``len(query_ids)`` differs from the run's rows.
+        ValueError: ``len(query_ids)`` differs from the run's rows, or an id holds white space.
     """
     if len(query_ids) != run.n_queries:
         raise ValueError(f"{path}: {len(query_ids)} query ids for a run of {run.n_queries} rows")
     tag = (tag or run.name or "treerank").replace(" ", "_")
+    _check_ids(query_ids, "query", path)
+    _check_ids(passage_ids, "passage", path)
 
     def lines() -> Iterable[str]:
         for i, qid in enumerate(query_ids):
-            for r, (pid, s) in enumerate(zip(run.ids[i], run.scores[i], strict=True)):
-                if pid < 0:
-                    break
-                yield f"{qid} Q0 {passage_ids[pid]} {r + 1} {float(s):.6g} {tag}\n"
+            n = int((run.ids[i] >= 0).sum())
+            texts = trec_scores(run.scores[i, :n])
+            for r, (pid, s) in enumerate(zip(run.ids[i, :n].tolist(), texts, strict=True)):
+                yield f"{qid} Q0 {passage_ids[pid]} {r + 1} {s} {tag}\n"
 
     return atomic_write_text(path, lines())
 
@@ -141,6 +184,8 @@ def write_qrels(
     if len(query_ids) != qrels.n_queries:
         raise ValueError(f"{path}: {len(query_ids)} query ids for {qrels.n_queries} qrels rows")
     keys, grades = qrels.index()
+    _check_ids(query_ids, "query", path)
+    _check_ids(passage_ids, "passage", path)
 
     def lines() -> Iterable[str]:
         for key, g in zip(keys.tolist(), grades.tolist(), strict=True):

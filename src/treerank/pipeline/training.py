@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from treerank.lock import writes_dir
 from treerank.models.checkpoint import save_checkpoint
 from treerank.training.history import plot_curves, read_log
 from treerank.training.holdout import ValidationConfig, holdout_split, passage_groups
@@ -202,6 +203,7 @@ def _call_trainer(fn: Callable[..., Any], store: Any, config: dict[str, Any], **
     return fn(store, config, **{k: v for k, v in kw.items() if takes_any or k in params})
 
 
+@writes_dir("out_dir", "train")
 def train_model(
     model_type: str,
     train_store: Any,
