@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from treerank.cli.errors import fail
+from treerank.lock import LockHeldError
 
 _MODELS = ("linear", "mlp", "drt", "forest")
 
@@ -55,7 +56,7 @@ def train(
     try:
         st = open_train_store(store, split)
         res = train_model(model, st, cfg, out, progress=progress)
-    except (ValueError, KeyError, FileNotFoundError) as exc:
+    except (ValueError, KeyError, FileNotFoundError, LockHeldError) as exc:
         where = f"{config}: " if config is not None and isinstance(exc, ValueError) else ""
         raise fail(f"{where}{exc}") from exc
     s = res.summary

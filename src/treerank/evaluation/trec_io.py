@@ -1,11 +1,11 @@
 """TREC run and qrels files: read and write.
 
 - Run: one line per retrieved passage, ``qid Q0 pid rank score tag``, ranks from 1, best first.
-  Scores are written so that the file gives ``trec_eval`` (which re-sorts by score, ties by
-  descending doc id) exactly treerank's order: every float32 score in its shortest text that
-  reads back to the same float32, and where treerank broke a tie by passage id (or a passage
-  stands for several source ids), the later entries are nudged down by the smallest double
-  step, so the written scores are strictly decreasing and still read back to the same float32
+  Scores are written so that the file gives ``trec_eval`` (which reads scores as float32 and
+  re-sorts by score, ties by descending doc id) exactly treerank's order: every float32 score
+  in its shortest text that reads back to the same float32, and where treerank broke a tie by
+  passage id (or a passage stands for several source ids) the later entries are written one
+  float32 step below the previous one, so the written scores strictly decrease
   (:func:`trec_scores`).
 - Qrels: ``qid 0 pid grade`` (the second column is ignored on read).
 
@@ -29,26 +29,34 @@ from treerank.search.run import Run
 def trec_scores(scores: np.ndarray) -> list[str]:
     """Score texts of one ranked row for a TREC run file (see the module doc).
 
+    ``trec_eval`` (and pytrec_eval, ir-measures' default provider) holds scores as float32 and
+    breaks equal scores by descending doc id, so a tie treerank broke by ascending passage id
+    would come back reversed. Each score is written as the shortest text that reads back to its
+    float32; a score not below the previous written one (a tie) is written one float32 step
+    below it instead.
+
     Args:
-        scores: ``float32 (k,)`` non-increasing finite scores of one query's ranking.
+        scores: ``float32 (k,)`` non-increasing scores of one query's ranking.
 
     Returns:
-        ``k`` strings whose values, read as doubles, are strictly decreasing and each read back
-        as float32 to the input score.
+        ``k`` strings, strictly decreasing as float32; equal to the input scores except at ties,
+        which move down by as few float32 steps as keep the order.
     """
     out: list[str] = []
-    prev = np.inf
-    for s in np.asarray(scores, np.float32).tolist():
-        text = np.format_float_positional(np.float32(s), unique=True, trim="-")
-        if abs(s) >= 1e16 or (s != 0 and abs(s) < 1e-4):
-            text = np.format_float_scientific(np.float32(s), unique=True, trim="-")
-        value = float(text)
-        if value >= prev:
-            value = float(np.nextafter(prev, -np.inf))
-            text = repr(value)
-        out.append(text)
-        prev = value
+    prev = np.float32(np.inf)
+    step_down = np.float32(-np.inf)
+    for s in np.asarray(scores, np.float32):
+        w = s if s < prev else np.nextafter(prev, step_down)
+        out.append(_float32_text(w))
+        prev = w
     return out
+
+
+def _float32_text(x: np.float32) -> str:
+    """Shortest decimal text that reads back (as float32) to ``x``."""
+    if x != 0 and np.isfinite(x) and not 1e-4 <= abs(x) < 1e16:
+        return np.format_float_scientific(x, unique=True, trim="-")
+    return np.format_float_positional(x, unique=True, trim="-")
 
 
 def _check_ids(ids: Sequence[str], what: str, path: str | Path) -> None:
