@@ -184,3 +184,20 @@ def test_cranfield_round_trip(tmp_path, encoder, shared_data):
     assert st.meta["source"] == "cranfield" and st.n_passages == 300 and st.n_queries == 20
     _same_tables(st, split)
     _reencode_check(st, encoder, seed=5)
+
+
+def test_truncation_is_counted(tmp_path, small_split):
+    # issue 10, item 11: passages longer than the encoder's max sequence length were cut silently
+    enc = SentenceEncoder(max_seq_length=48)
+    stats = embed_split(small_split, enc, tmp_path / "s", progress=False, reuse=False)
+    tok = enc.model.tokenizer
+    full = [len(ids) for ids in tok(small_split.passage_texts, verbose=False)["input_ids"]]
+    cut = [n - 48 for n in full if n > 48]
+    assert 0 < len(cut) < small_split.n_passages
+    assert (stats.n_truncated_passages, stats.truncated_passage_tokens) == (len(cut), sum(cut))
+    assert stats.n_truncated_queries == 0  # MS MARCO questions are short
+    meta = json.loads((tmp_path / "s" / "meta.json").read_text())
+    assert meta["stats"]["n_truncated_passages"] == len(cut)
+    assert meta["stats"]["truncated_passage_tokens"] == sum(cut)
+    rows = {what: total for what, total, _ in stats.rows()}
+    assert rows["passages truncated"] == len(cut) and rows["tokens cut by truncation"] == sum(cut)
