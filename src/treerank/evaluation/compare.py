@@ -118,7 +118,9 @@ class Comparison:
         for name, err in self.failed.items():
             out.append(f"**{name} failed**: {err}\n")
         if any(self.departures.values()):
-            items = ", ".join(f"{k.replace('_', ' ')}: {v:,}" for k, v in self.departures.items())
+            items = ", ".join(
+                f"{k.replace('_', ' ')}: {v:,}" for k, v in self.departures.items() if v
+            )
             out.append(f"Departures from the source: {items}\n")
         return "\n".join(out)
 
