@@ -11,7 +11,13 @@ import pytest
 from treerank.encoders import SentenceEncoder
 from treerank.readers import read_split
 from treerank.readers.msmarco import read_msmarco
-from treerank.store import EmbeddingStore, IncompleteStoreError, StoreExistsError, embed_split
+from treerank.store import (
+    EmbeddingStore,
+    IncompleteStoreError,
+    StoreExistsError,
+    StoreFormatError,
+    embed_split,
+)
 
 COMPARED = [
     "queries.bin",
@@ -201,3 +207,31 @@ def test_truncation_is_counted(tmp_path, small_split):
     assert meta["stats"]["truncated_passage_tokens"] == sum(cut)
     rows = {what: total for what, total, _ in stats.rows()}
     assert rows["passages truncated"] == len(cut) and rows["tokens cut by truncation"] == sum(cut)
+
+
+def test_source_qrels_added_to_an_older_store(tmp_path, encoder, shared_data):
+    # a store embedded before stores kept qrels.tsv gets it without re-embedding
+    from treerank.evaluation.qrels import Qrels
+    from treerank.store import add_source_qrels
+
+    from treerank.readers.subset import subset_split
+
+    full = read_split(shared_data / "msmarco-trec-dl19", "trec-dl", "test")
+    split = subset_split(full, 2, 60)
+    assert split.qrels is not None
+    dest = tmp_path / "test"
+    embed_split(split, encoder, dest, progress=False)
+    (dest / "qrels.tsv").unlink()  # as written before
+    before = Qrels.from_store(EmbeddingStore.open(dest))
+    assert before.doc_ids is None and before.n_relevant().sum() < sum(
+        1 for _, _, g in split.qrels if g >= 2
+    )
+    vectors = (dest / "passages.bin").read_bytes()
+    add_source_qrels(split, dest)
+    st = EmbeddingStore.open(dest)
+    assert st.source_qrels() == split.qrels and (dest / "passages.bin").read_bytes() == vectors
+    after = Qrels.from_store(st)
+    assert after.n_relevant().sum() == sum(1 for _, _, g in split.qrels if g >= 2)
+    other = subset_split(full, 3, 60)
+    with pytest.raises(StoreFormatError, match="not embedded from this split"):
+        add_source_qrels(other, dest)
