@@ -212,9 +212,8 @@ def test_truncation_is_counted(tmp_path, small_split):
 def test_source_qrels_added_to_an_older_store(tmp_path, encoder, shared_data):
     # a store embedded before stores kept qrels.tsv gets it without re-embedding
     from treerank.evaluation.qrels import Qrels
-    from treerank.store import add_source_qrels
-
     from treerank.readers.subset import subset_split
+    from treerank.store import add_source_qrels
 
     full = read_split(shared_data / "msmarco-trec-dl19", "trec-dl", "test")
     split = subset_split(full, 2, 60)
