@@ -42,21 +42,25 @@ def trec_scores(scores: np.ndarray) -> list[str]:
         ``k`` strings, strictly decreasing as float32; equal to the input scores except at ties,
         which move down by as few float32 steps as keep the order.
     """
-    out: list[str] = []
-    prev = np.float32(np.inf)
-    step_down = np.float32(-np.inf)
-    for s in np.asarray(scores, np.float32):
-        w = s if s < prev else np.nextafter(prev, step_down)
-        out.append(_float32_text(w))
-        prev = w
-    return out
+    s = np.asarray(scores, np.float32) + np.float32(0)  # -0.0 -> 0.0
+    if s.size == 0:
+        return []
+    # order-preserving integer image of float32 (consecutive floats differ by 1), so "one
+    # float32 step below the previous written score" is "- 1": w_i = min(s_i, w_{i-1} - 1), in
+    # closed form a running minimum of s_j + j, minus i
+    b = s.view(np.int32).astype(np.int64)
+    order = np.where(b < 0, (b ^ 0x7FFFFFFF) + 1, b)  # -0.0 skipped: 0.0 -> 0, -1e-45 -> -1
+    pos = np.arange(s.size, dtype=np.int64)
+    w = np.minimum.accumulate(order + pos) - pos
+    w = np.where(w < 0, (w - 1) ^ 0x7FFFFFFF, w).astype(np.int32).view(np.float32)
+    return [_float32_text(x) for x in w]
 
 
 def _float32_text(x: np.float32) -> str:
     """Shortest decimal text that reads back (as float32) to ``x``."""
-    if x != 0 and np.isfinite(x) and not 1e-4 <= abs(x) < 1e16:
-        return np.format_float_scientific(x, unique=True, trim="-")
-    return np.format_float_positional(x, unique=True, trim="-")
+    if 1e-4 <= abs(x) < 1e16 or x == 0:
+        return np.format_float_positional(x, unique=True, trim="-")
+    return np.format_float_scientific(x, unique=True, trim="-")
 
 
 def _check_ids(ids: Sequence[str], what: str, path: str | Path) -> None:
