@@ -102,7 +102,7 @@ def evaluate(
     except (ValueError, FileNotFoundError, KeyError, LockHeldError) as exc:
         raise fail(exc) from None
     for name, err in comp.failed.items():
-        console.print(f"system {name} failed: {err}", markup=False, style="red")
+        console.print(f"system {name} failed: {err}", markup=False, style="red", soft_wrap=True)
     if not comp.results:
         raise typer.Exit(1)
     if baseline in comp.results:
