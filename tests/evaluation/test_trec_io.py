@@ -83,3 +83,14 @@ def test_ids_with_white_space_are_not_written(tmp_path) -> None:
     run = Run("r", np.array([[0]]), np.array([[1.0]]))
     with pytest.raises(ValueError, match="'doc 1' is empty or holds white space"):
         write_trec_run(tmp_path / "r.trec", run, ["q"], ["doc 1"])
+
+
+def test_read_qrels_rejects_conflicting_grades(tmp_path) -> None:
+    p = tmp_path / "q.txt"
+    p.write_text("a 0 d1 1\na 0 d1 1\nb 0 d1 2\n")
+    assert read_qrels(p) == {"a": {"d1": 1}, "b": {"d1": 2}}
+    p.write_text("a 0 d1 1\nb 0 d1 2\na 0 d1 2\n")
+    with pytest.raises(
+        ValueError, match=r"q\.txt:3: query a judges d1 twice with different grades"
+    ):
+        read_qrels(p)

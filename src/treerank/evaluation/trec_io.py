@@ -170,7 +170,8 @@ def read_qrels(path: str | Path) -> dict[str, dict[str, int]]:
     """Read TREC qrels ``qid iter pid grade`` into ``{qid: {pid: grade}}``.
 
     Raises:
-        FileNotFoundError: missing file. ValueError: a malformed line (file and line number).
+        FileNotFoundError: missing file. ValueError: a malformed line, or a (query, doc) judged
+            twice with different grades (file and line number).
     """
     path = Path(path)
     out: dict[str, dict[str, int]] = {}
@@ -185,7 +186,12 @@ def read_qrels(path: str | Path) -> dict[str, dict[str, int]]:
                 grade = int(parts[3])
             except ValueError:
                 raise ValueError(f"{path}:{n}: grade not an integer in {line!r}") from None
-            out.setdefault(parts[0], {})[parts[2]] = grade
+            row = out.setdefault(parts[0], {})
+            if row.setdefault(parts[2], grade) != grade:
+                raise ValueError(
+                    f"{path}:{n}: query {parts[0]} judges {parts[2]} twice with different grades "
+                    f"({row[parts[2]]} and {grade}); trec_eval refuses such qrels"
+                )
     return out
 
 
