@@ -60,9 +60,14 @@ def read_trec_qrels(path: str | Path) -> list[tuple[str, str, int]]:
         DataFormatError: missing file, bad UTF-8, wrong column count, non-integer grade, an id
             with white space, or a pair judged twice with different grades (both lines named).
     """
+    return parse_trec_qrels(read_text_lines(path), path)
+
+
+def parse_trec_qrels(lines: Sequence[str], path: str | Path) -> list[tuple[str, str, int]]:
+    """:func:`read_trec_qrels` on lines already read (``path`` names them in errors)."""
     out: list[tuple[str, str, int]] = []
     seen: dict[tuple[str, str], tuple[int, int]] = {}
-    for line_no, line in enumerate(read_text_lines(path), start=1):
+    for line_no, line in enumerate(lines, start=1):
         if "\t" in line:
             parts = [p.strip() for p in line.split("\t")]
             if parts and parts[-1] == "":
