@@ -158,3 +158,106 @@ def test_train_rows_restrict_training_and_pipeline_entry_point(toy_store, tmp_pa
     curve = res.summary["curve"]
     assert [p["n_models"] for p in curve] == [1, 2] and 0.0 <= curve[-1]["mrr@10"] <= 1.0
     assert isinstance(load_model(tmp_path / "ck"), Forest)
+
+
+def test_group_of_pairs_trains_like_separate_runs_with_dropout(toy_store) -> None:
+    """Per-pair seeds, bags, random negatives and dropout streams: a group of G = 3 pairs gives
+    the parameters of training the 3 pairs one by one (boosting off, so the order is free)."""
+    cfg = {**SMALL, "n_models": 3, "boosting": False, "dropout": 0.3, "hidden": [6]}
+    grouped = train_forest(toy_store, {**cfg, "group_size": 3}, progress=False).model
+    alone = train_forest(toy_store, {**cfg, "group_size": 1}, progress=False).model
+    for a, b in zip(
+        grouped.query_weights + grouped.passage_weights + grouped.passage_biases,
+        alone.query_weights + alone.passage_weights + alone.passage_biases,
+        strict=True,
+    ):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+    # the pairs really differ from each other (own init, bag and masks)
+    assert not torch.allclose(grouped.query_weights[0][0], grouped.query_weights[0][1])
+
+
+def test_pair_seed_draws_do_not_depend_on_the_group() -> None:
+    from treerank.training.forest import pair_seed
+
+    a = np.random.default_rng(pair_seed(0, 5)).integers(1 << 30, size=4)
+    b = np.random.default_rng(pair_seed(0, 5)).integers(1 << 30, size=4)
+    c = np.random.default_rng(pair_seed(0, 6)).integers(1 << 30, size=4)
+    np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(a, c)
+
+
+def test_not_retrievable_targets_hand_fixture() -> None:
+    from treerank.training.forest import not_retrievable_targets
+
+    # 1 model, 4 passages, C = 2 (+ NR column). Passage classes (argmax real): 0, 1, 0, 1.
+    pp = torch.tensor([[[0.6, 0.3, 0.1], [0.2, 0.7, 0.1], [0.8, 0.1, 0.1], [0.1, 0.8, 0.1]]])
+    neg_p = torch.tensor([0, 1, 2, 3])
+    neg_class = torch.tensor([[0, 0, 0, 1]])  # query classes of the negatives' queries
+    neg_w = torch.tensor([[1.0, 1.0, 0.0, 1.0]])  # negative of passage 2 not in the bag
+    wanted = torch.tensor([[False, False, False, True]])  # passage 3 is someone's positive
+    pmask = torch.ones(1, 4)
+    got = not_retrievable_targets(pp, neg_p, neg_class, neg_w, wanted, pmask)
+    # 0: met in its class 0 -> target; 1: met by a class-0 query but sits in 1 -> no;
+    # 2: negative out of the bag -> no; 3: met in its class but wanted -> no
+    assert got.tolist() == [[True, False, False, False]]
+
+
+def _distractor_store(seed: int = 0):
+    """Queries around 12 topics, each with its gold passage near it. Every topic also has 4
+    distractor passages: close to the topic (off along a topic-specific direction), judged
+    non-relevant for every query of the topic, relevant to nothing."""
+    from tests.training.conftest import ToyStore
+
+    rng = np.random.default_rng(seed)
+    d, topics, per, n_dis = 16, 12, 10, 4
+
+    def unit(x):
+        return (x / np.linalg.norm(x, axis=-1, keepdims=True)).astype(np.float32)
+
+    centres = unit(rng.standard_normal((topics, d)))
+    offsets = unit(rng.standard_normal((topics, d)))
+
+    def near(c, n, s):
+        return unit(c + s * rng.standard_normal((n, d)) / np.sqrt(d))
+
+    gold = np.concatenate([near(centres[t], per, 0.5) for t in range(topics)])
+    distract = np.concatenate(
+        [near(centres[t] + 0.8 * offsets[t], n_dis, 0.2) for t in range(topics)]
+    )
+    queries = np.concatenate([near(centres[t], per, 0.3) for t in range(topics)])
+    passages = np.concatenate([gold, distract])
+    n_gold = len(gold)
+    topic = np.repeat(np.arange(topics), per)
+    cand = np.full((len(queries), 1 + n_dis), -1, dtype=np.int32)
+    cand[:, 0] = np.arange(n_gold)  # query i -> gold passage i
+    cand[:, 1:] = n_gold + topic[:, None] * n_dis + np.arange(n_dis)[None, :]
+    labels = np.zeros(cand.shape, dtype=np.uint8)
+    labels[:, 0] = 1
+    return ToyStore(queries, passages, cand, labels), n_gold
+
+
+def test_learned_not_retrievable_fires_for_never_relevant_passages() -> None:
+    store, n_gold = _distractor_store()
+    cfg = {
+        **SMALL,
+        "n_models": 4,
+        "n_classes": 4,
+        "group_size": 1,
+        "hidden": [16],  # a linear NR column cannot cut distractors from golds of one topic
+        "bag_queries": 1.0,
+        "hard_negatives": 0,
+        "random_negatives": 2,
+        "steps_passage": 60,
+        "steps_joint": 20,
+        "nr_weight": 1.0,
+        "nr_penalty": 0.0,
+    }
+    forest = train_forest(store, cfg, progress=False).model
+    pc, _ = forest.passage_classes(store.passages)
+    nr = pc < 0
+    gold_nr, distract_nr = nr[:n_gold].mean(), nr[n_gold:].mean()
+    assert distract_nr > 0.8, distract_nr  # never-relevant passages leave the index (0.95)
+    assert gold_nr < 0.06, gold_nr  # relevant ones stay (0.03 of (gold, model) cells leave)
+    # off by default: the same training without the term indexes everything
+    plain = train_forest(store, {**cfg, "nr_weight": 0.0, "nr_penalty": 1.0}, progress=False)
+    assert (plain.model.passage_classes(store.passages)[0] < 0).mean() == 0.0

@@ -48,37 +48,58 @@ def stacked_forward(
     biases: Sequence[torch.Tensor],
     *,
     dropout: float = 0.0,
-    training: bool = False,
+    generators: Sequence[torch.Generator] | None = None,
 ) -> torch.Tensor:
-    """Logits of ``G`` stacked feed-forward classifiers on the same inputs.
+    """Logits of ``G`` stacked feed-forward classifiers.
 
     Args:
-        x: ``float32 (n, d)`` inputs (frozen embeddings), shared by all ``G`` models.
+        x: ``float32 (n, d)`` inputs shared by all ``G`` models, or ``float32 (G, n, d)`` one
+            input block per model.
         weights: per layer ``float32 (G, d_in, d_out)``.
         biases: per layer ``float32 (G, d_out)``.
-        dropout: dropout probability on the input (one mask shared by the ``G`` stacked models,
-            so the input is never copied ``G`` times: 6x faster on CPU) and on every hidden layer
-            (independent per model); only when ``training``.
-        training: apply dropout.
+        dropout: dropout probability on the input and on every hidden layer; applied only when
+            ``generators`` is given.
+        generators: one ``torch.Generator`` per model: model ``g``'s masks are drawn from
+            ``generators[g]`` alone (``torch.rand`` over its ``(n, width)`` block, in layer
+            order), so a model's masks do not depend on which other models share the call. This
+            is what makes a group of ``G`` pairs train exactly like ``G`` separate runs.
 
     Returns:
         ``float32 (G, n, d_out_last)`` logits.
 
     Raises:
-        ValueError: no layers, or weight/bias shapes that do not chain.
+        ValueError: no layers, weight/bias shapes that do not chain, or a generator count that is
+            not ``G``.
     """
     if not weights or len(weights) != len(biases):
         raise ValueError("stacked_forward: need one bias per weight and at least one layer")
-    if training and dropout > 0.0:
-        x = torch.nn.functional.dropout(x, dropout, True)
     g, d, o = weights[0].shape
-    # One (n, d) x (d, G*o) GEMM for all models (an einsum would broadcast x G times).
-    h = (x @ weights[0].permute(1, 0, 2).reshape(d, g * o)).view(-1, g, o).transpose(0, 1)
-    h = h + biases[0].unsqueeze(1)
+    drop = generators is not None and dropout > 0.0
+    if drop and len(generators or ()) != g:
+        raise ValueError(
+            f"stacked_forward: need {g} dropout generators, got {len(generators or ())}"
+        )
+
+    def masked(h: torch.Tensor) -> torch.Tensor:  # (G, n, w) -> same, one mask per model
+        assert generators is not None
+        keep = torch.stack(
+            [torch.rand(h.shape[1:], generator=gen) >= dropout for gen in generators]
+        )
+        return h * keep.to(h.dtype) / (1.0 - dropout)
+
+    if x.ndim == 2 and not drop:
+        # One (n, d) x (d, G*o) GEMM for all models (an einsum would broadcast x G times).
+        h = (x @ weights[0].permute(1, 0, 2).reshape(d, g * o)).view(-1, g, o).transpose(0, 1)
+        h = h + biases[0].unsqueeze(1)
+    else:
+        xs = x.unsqueeze(0).expand(g, -1, -1) if x.ndim == 2 else x
+        if drop:
+            xs = masked(xs)
+        h = torch.baddbmm(biases[0].unsqueeze(1), xs, weights[0])
     for w, b in zip(weights[1:], biases[1:], strict=True):
         h = torch.relu(h)
-        if training and dropout > 0.0:
-            h = torch.nn.functional.dropout(h, dropout, True)
+        if drop:
+            h = masked(h)
         h = torch.baddbmm(b.unsqueeze(1), h, w)
     return h
 

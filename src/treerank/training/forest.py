@@ -98,6 +98,9 @@ from treerank.training.trainer import TrainOutput
 __all__ = [
     "ForestTrainConfig",
     "boosting_weights",
+    "not_retrievable_loss",
+    "not_retrievable_targets",
+    "pair_seed",
     "sharpness_loss",
     "train_forest",
     "uniformity_loss",
@@ -175,6 +178,69 @@ def _weighted_mean(values: Tensor, weights: Tensor) -> Tensor:
     return (values * weights).sum(-1) / weights.sum(-1).clamp_min(_EPS)
 
 
+def not_retrievable_targets(
+    passage_probs: Tensor,
+    neg_p: Tensor,
+    neg_class: Tensor,
+    neg_w: Tensor,
+    wanted: Tensor,
+    pmask: Tensor,
+) -> Tensor:
+    """Passages that no bagged training query is expected to meet where they are.
+
+    A passage is a target of the not-retrievable outcome under model ``g`` when some bagged
+    query whose class equals the passage's current (argmax real) class has it as a negative, and
+    no training query has it as a positive: every query that would meet it in its class should
+    not, and nothing says another would.
+
+    Args:
+        passage_probs: ``float32 (G, n, C + 1)`` passage softmax (last column: not retrievable).
+        neg_p: ``int64 (E,)`` passage row of each negative example.
+        neg_class: ``int64 (G, E)`` class of each negative example's query under each model.
+        neg_w: ``float32 (G, E)`` example weights (0 = not in the model's bag).
+        wanted: ``bool (G, n)`` the passage is a positive of some training query.
+        pmask: ``float32 (G, n)`` passages in the bag.
+
+    Returns:
+        ``bool (G, n)``.
+    """
+    with torch.no_grad():
+        cls = passage_probs[..., :-1].argmax(-1)  # (G, n)
+        meets = ((cls[:, neg_p] == neg_class) & (neg_w > 0)).float()  # (G, E)
+        met = torch.zeros(cls.shape).index_add_(1, neg_p, meets) > 0
+        return met & ~wanted & (pmask > 0)
+
+
+def not_retrievable_loss(
+    passage_probs: Tensor,
+    neg_p: Tensor,
+    neg_class: Tensor,
+    neg_w: Tensor,
+    wanted: Tensor,
+    pmask: Tensor,
+) -> Tensor:
+    """The learned not-retrievable objective, a binary cross-entropy on ``P(not retrievable)``:
+    ``-log P`` averaged over the passages of :func:`not_retrievable_targets` plus ``-log(1 - P)``
+    averaged over the bag's known positives (each mean 0 when empty).
+
+    This is how the TreeRank seed's per-model relevance filter is learned: a passage met only by
+    queries that should not retrieve it leaves the model's index (it stays retrievable through the
+    other models); positives are pulled into their query's class by the positive term instead.
+    The trade-off against recall is ``nr_weight`` (this term) against ``nr_penalty`` (a push
+    against the outcome on every bagged passage) and the threshold ``nr_threshold``.
+
+    Args: as :func:`not_retrievable_targets`.
+
+    Returns:
+        ``float32 (G,)``.
+    """
+    target = not_retrievable_targets(passage_probs, neg_p, neg_class, neg_w, wanted, pmask)
+    p_nr = passage_probs[..., -1]
+    out = _weighted_mean(-torch.log(p_nr.clamp_min(_EPS)), target.to(p_nr.dtype))
+    keep = (wanted & (pmask > 0)).to(p_nr.dtype)
+    return out + _weighted_mean(-torch.log1p(-p_nr.clamp_max(1 - 1e-6)), keep)
+
+
 # ---------------------------------------------------------------------------------- config
 @dataclass
 class ForestTrainConfig:
@@ -209,6 +275,7 @@ class ForestTrainConfig:
     negative_weight: float = 1.0
     nr_bias_init: float = -4.0
     nr_penalty: float = 1.0
+    nr_weight: float = 0.0
     boosting: bool = True
     num_threads: int | None = 1
     validate_at: list[int] | None = None
@@ -251,6 +318,8 @@ class ForestTrainConfig:
             bad(f"joint_mode must be one of {JOINT_MODES} (got {self.joint_mode!r})")
         if not 0.0 <= self.dropout < 1.0:
             bad(f"dropout must be in [0, 1) (got {self.dropout})")
+        if self.nr_weight < 0 or self.nr_penalty < 0:
+            bad("nr_weight and nr_penalty must be >= 0")
         for name in ("steps_query", "steps_passage", "steps_joint", "random_negatives"):
             if getattr(self, name) < 0:
                 bad(f"{name} must be >= 0")
@@ -345,27 +414,33 @@ def _pair_data(store: Any, hard_negatives: int, train_rows: np.ndarray | None) -
 # ---------------------------------------------------------------------------------- training
 @dataclass
 class _Group:
-    """Tensors of one group of ``G`` pairs trained together."""
+    """Tensors of one group of ``G`` independent pairs trained together.
 
-    xq: Tensor  # (nq, d)
-    xp: Tensor  # (nU, d)
+    Every pair has its own passage rows: the shared rows ``S`` (every positive and fixed
+    negative passage, in ascending id order) followed by its own ``R`` random-negative rows, so
+    each pair's tensors have exactly the shapes they have when it is trained alone.
+    """
+
+    xq: Tensor  # (nq, d) training queries (shared)
+    xp: Tensor  # (G, nS + R, d) per-pair passage rows
     qmask: Tensor  # (G, nq) bag of queries
     pos_q: Tensor  # (E+,) index into xq
-    pos_p: Tensor  # (E+,) index into xp
+    pos_p: Tensor  # (E+,) index into the pair's passage rows (a shared row)
     pos_w: Tensor  # (G, E+) bag * boosting weight
-    neg_q: Tensor
-    neg_p: Tensor
-    neg_w: Tensor  # (G, E-) bag * negative_weight
-    pmask: Tensor  # (G, nU) passages in the bag
+    neg_q: Tensor  # (E-,) index into xq
+    neg_p: Tensor  # (E-,) index into the pair's passage rows
+    neg_w: Tensor  # (G, E-) bag * negative_weight (0 for a random draw that is a positive)
+    pmask: Tensor  # (G, nS + R) passages in the bag
+    wanted: Tensor  # (G, nS + R) bool: the row is a positive of some training query
+    gens: list[torch.Generator]  # one dropout stream per pair
 
 
 def _l2(ws: list[Tensor]) -> Tensor:
     return sum((w**2).sum(dim=tuple(range(1, w.ndim))) for w in ws)  # type: ignore[return-value]
 
 
-def _query_terms(cfg: ForestTrainConfig, g: _Group, qw: list[Tensor], qb: list[Tensor]) -> Tensor:
-    """``(G,)`` uniformity + sharpness of the query models on their bags."""
-    pq = torch.softmax(stacked_forward(g.xq, qw, qb, dropout=cfg.dropout, training=True), -1)
+def _query_terms(cfg: ForestTrainConfig, g: _Group, pq: Tensor) -> Tensor:
+    """``(G,)`` uniformity + sharpness of the query models' ``(G, nq, C)`` softmax on their bags."""
     w = g.qmask
     pbar = (pq * w.unsqueeze(-1)).sum(1) / w.sum(1, keepdim=True).clamp_min(_EPS)
     loss = cfg.uniformity_weight * uniformity_loss(pbar, cfg.uniformity)
@@ -391,33 +466,47 @@ def _run_steps(
 
 
 def _train_group(
-    cfg: ForestTrainConfig, g: _Group, qw: list[Tensor], qb: list[Tensor], gen: torch.Generator
+    cfg: ForestTrainConfig, g: _Group, qw: list[Tensor], qb: list[Tensor]
 ) -> tuple[list[Tensor], list[Tensor], list[Tensor], list[Tensor], dict[str, float]]:
-    """Stages 1-3 for one group; returns trained (query, passage) stacks and stage losses."""
+    """Stages 1-3 for one group; returns trained (query, passage) stacks and stage losses.
+
+    Each pair's loss depends on its own parameters, rows, bag, weights and dropout stream only,
+    and the group's loss is the sum, so every pair gets exactly the gradients (and Adam updates)
+    of training it alone.
+    """
     n_g = qw[0].shape[0]
     for t in (*qw, *qb):
         t.requires_grad_(True)
+    xq = g.xq.unsqueeze(0).expand(n_g, -1, -1)  # batched matmul: per-pair results as if alone
+    drop = cfg.dropout
 
-    # Stage 1: query model, uniformity (+ sharpness) on the bag.
+    def q_probs(ws: list[Tensor], bs: list[Tensor]) -> Tensor:
+        return torch.softmax(stacked_forward(xq, ws, bs, dropout=drop, generators=g.gens), -1)
+
+    # Stage 1 (step A): query model, uniformity (+ sharpness) on the bag.
     def q_loss(_: int) -> Tensor:
-        return (_query_terms(cfg, g, qw, qb) + cfg.weight_decay * _l2(qw)).sum()
+        return (_query_terms(cfg, g, q_probs(qw, qb)) + cfg.weight_decay * _l2(qw)).sum()
 
     loss1 = _run_steps([*qw, *qb], cfg.steps_query, cfg.lr, q_loss) / n_g
 
     # Stage 2: passage model from the query model's weights; the query classes are the targets.
     with torch.no_grad():
-        target = stacked_forward(g.xq, qw, qb).argmax(-1)  # (G, nq)
+        target = stacked_forward(xq, qw, qb).argmax(-1)  # (G, nq)
     pw, pb = passage_init_from_query(qw, qb, cfg.nr_bias_init)
     for t in (*pw, *pb):
         t.requires_grad_(True)
     rows = torch.arange(n_g).unsqueeze(1)
-    t_pos = target[:, g.pos_q]  # (G, E+)
-    t_neg = target[:, g.neg_q]
 
-    def nr_term(logp: Tensor) -> Tensor:
-        if cfg.nr_penalty <= 0:
-            return torch.zeros(n_g)
-        return cfg.nr_penalty * _weighted_mean(logp[..., -1].exp(), g.pmask)
+    def nr_terms(pp: Tensor, t_neg: Tensor) -> Tensor:
+        """``(G,)`` not-retrievable terms of the ``(G, nP, C+1)`` passage softmax."""
+        loss = torch.zeros(n_g)
+        if cfg.nr_penalty > 0:
+            loss = loss + cfg.nr_penalty * _weighted_mean(pp[..., -1], g.pmask)
+        if cfg.nr_weight > 0:
+            loss = loss + cfg.nr_weight * not_retrievable_loss(
+                pp, g.neg_p, t_neg, g.neg_w, g.wanted, g.pmask
+            )
+        return loss
 
     def passage_balance(pp: Tensor) -> Tensor:
         """Uniformity of the bag's passages over the C real classes (0 when switched off)."""
@@ -427,38 +516,34 @@ def _train_group(
         pbar = real.sum(1) / real.sum((1, 2)).clamp_min(_EPS).unsqueeze(-1)
         return cfg.passage_uniformity_weight * uniformity_loss(pbar, cfg.uniformity)
 
+    def p_logits(ws: list[Tensor], bs: list[Tensor]) -> Tensor:
+        return stacked_forward(g.xp, ws, bs, dropout=drop, generators=g.gens)  # (G, nP, C+1)
+
+    t_pos = target[:, g.pos_q]  # (G, E+)
+    t_neg = target[:, g.neg_q]
+
     def p_loss(_: int) -> Tensor:
-        logp = torch.log_softmax(
-            stacked_forward(g.xp, pw, pb, dropout=cfg.dropout, training=True), -1
-        )  # (G, nU, C+1)
+        logp = torch.log_softmax(p_logits(pw, pb), -1)
         lp_pos = logp[rows, g.pos_p.unsqueeze(0), t_pos]
         lp_neg = logp[rows, g.neg_p.unsqueeze(0), t_neg]
         loss = _weighted_mean(-lp_pos, g.pos_w)
         loss = loss + _weighted_mean(-torch.log1p(-lp_neg.exp().clamp_max(1 - 1e-6)), g.neg_w)
-        loss = loss + nr_term(logp) + passage_balance(logp.exp())
+        pp = logp.exp()
+        loss = loss + nr_terms(pp, t_neg) + passage_balance(pp)
         return (loss + cfg.weight_decay * _l2(pw)).sum()
 
     loss2 = _run_steps([*pw, *pb], cfg.steps_passage, cfg.lr, p_loss) / n_g
 
     # Stage 3: joint (or alternating) round on the soft collision probability.
     def j_loss(_: int) -> Tensor:
-        zq = stacked_forward(g.xq, qw, qb, dropout=cfg.dropout, training=True)
-        pq = torch.softmax(zq, -1)  # (G, nq, C)
-        pp = torch.softmax(
-            stacked_forward(g.xp, pw, pb, dropout=cfg.dropout, training=True), -1
-        )  # (G, nU, C+1)
+        pq = q_probs(qw, qb)  # (G, nq, C)
+        pp = torch.softmax(p_logits(pw, pb), -1)  # (G, nP, C+1)
         s_pos = (pq[:, g.pos_q] * pp[:, g.pos_p, :-1]).sum(-1)
         s_neg = (pq[:, g.neg_q] * pp[:, g.neg_p, :-1]).sum(-1)
         loss = _weighted_mean(-torch.log(s_pos.clamp_min(_EPS)), g.pos_w)
         loss = loss + _weighted_mean(-torch.log1p(-s_neg.clamp_max(1 - 1e-6)), g.neg_w)
-        w = g.qmask
-        pbar = (pq * w.unsqueeze(-1)).sum(1) / w.sum(1, keepdim=True).clamp_min(_EPS)
-        loss = loss + cfg.uniformity_weight * uniformity_loss(pbar, cfg.uniformity)
-        if cfg.sharpness_weight > 0:
-            loss = loss + cfg.sharpness_weight * sharpness_loss(pq, w)
-        if cfg.nr_penalty > 0:
-            loss = loss + cfg.nr_penalty * _weighted_mean(pp[..., -1], g.pmask)
-        loss = loss + passage_balance(pp)
+        loss = loss + _query_terms(cfg, g, pq)
+        loss = loss + nr_terms(pp, pq.detach().argmax(-1)[:, g.neg_q]) + passage_balance(pp)
         return (loss + cfg.weight_decay * (_l2(qw) + _l2(pw))).sum()
 
     if cfg.joint_mode == "joint":
@@ -486,13 +571,113 @@ def _train_group(
     )
 
 
-def _bernoulli_mask(gen: np.random.Generator, n_g: int, n: int, frac: float) -> np.ndarray:
-    """``(G, n)`` float32 0/1 with exactly ``ceil(frac * n)`` ones per row."""
-    k = max(1, math.ceil(frac * n))
-    mask = np.zeros((n_g, n), dtype=np.float32)
-    for i in range(n_g):
-        mask[i, gen.choice(n, size=k, replace=False)] = 1.0
+def _exact_bag(gen: np.random.Generator, n: int, frac: float) -> np.ndarray:
+    """``float32 (n,)`` 0/1 with exactly ``ceil(frac * n)`` ones at random places."""
+    mask = np.zeros(n, dtype=np.float32)
+    mask[gen.choice(n, size=max(1, math.ceil(frac * n)), replace=False)] = 1.0
     return mask
+
+
+@dataclass
+class _PairDraw:
+    """One pair's random choices, all from its own seed (:func:`pair_seed`)."""
+
+    init: torch.Generator
+    dropout: torch.Generator
+    qmask: np.ndarray  # float32 (nq,)
+    smask: np.ndarray  # float32 (nS,) bag over the shared passage rows
+    rand_p: np.ndarray  # int64 (nq * R,) random negative passages (store ids)
+    rmask: np.ndarray  # float32 (nq * R,) bag over them
+
+
+def pair_seed(seed: int, pair: int) -> np.random.SeedSequence:
+    """The seed of pair ``pair`` of a forest trained with ``seed``: every random choice of the
+    pair (init, bags, random negatives, dropout masks) comes from it, so pair ``m`` is the same
+    whatever ``group_size``."""
+    return np.random.SeedSequence([int(seed), int(pair)])
+
+
+def _draw_pair(cfg: ForestTrainConfig, pair: int, nq: int, n_shared: int, n_pass: int) -> _PairDraw:
+    rng = np.random.default_rng(pair_seed(cfg.seed, pair))
+    init = torch.Generator().manual_seed(int(rng.integers(2**62)))
+    dropout = torch.Generator().manual_seed(int(rng.integers(2**62)))
+    qmask = _exact_bag(rng, nq, cfg.bag_queries)
+    smask = _exact_bag(rng, n_shared, cfg.bag_passages)
+    rand_p = rng.integers(0, n_pass, size=nq * cfg.random_negatives).astype(np.int64)
+    rmask = (
+        _exact_bag(rng, len(rand_p), cfg.bag_passages) if len(rand_p) else np.zeros(0, np.float32)
+    )
+    return _PairDraw(init, dropout, qmask, smask, rand_p, rmask)
+
+
+@dataclass
+class _Shared:
+    """Passage rows every pair shares: positives and fixed negatives."""
+
+    ids: np.ndarray  # int64 (nS,) ascending store ids
+    x: Tensor  # float32 (nS, d)
+    pos: np.ndarray  # int64 (E+,) row of each positive example
+    neg: np.ndarray  # int64 (E-fixed,) row of each fixed negative example
+
+
+def _shared_rows(store: Any, data: _PairData) -> _Shared:
+    ids = np.unique(np.concatenate([data.pos_p, data.neg_p]))
+    x = torch.from_numpy(np.asarray(store.passages[ids], dtype=np.float32))
+    return _Shared(ids, x, np.searchsorted(ids, data.pos_p), np.searchsorted(ids, data.neg_p))
+
+
+def _build_group(
+    cfg: ForestTrainConfig,
+    store: Any,
+    data: _PairData,
+    shared: _Shared,
+    xq: Tensor,
+    draws: list[_PairDraw],
+    boost: np.ndarray,
+) -> _Group:
+    """Tensors of the pairs of ``draws``: shared rows, then each pair's random-negative rows."""
+    n_g, nq, n_s = len(draws), len(xq), len(shared.ids)
+    n_pass = int(store.n_passages)
+    rand_q = np.repeat(np.arange(nq, dtype=np.int64), cfg.random_negatives)
+    n_r = len(rand_q)
+    xp = torch.empty(n_g, n_s + n_r, xq.shape[1])
+    xp[:, :n_s] = shared.x
+    qmask = np.stack([d.qmask for d in draws])
+    pmask = np.concatenate(
+        [np.stack([d.smask for d in draws]), np.stack([d.rmask for d in draws])], axis=1
+    )
+    rand_ok = np.empty((n_g, n_r), dtype=np.float32)
+    for i, d in enumerate(draws):
+        if n_r:
+            order = np.argsort(d.rand_p)  # ascending reads of a memory-mapped store
+            rows = np.empty((n_r, xq.shape[1]), dtype=np.float32)
+            rows[order] = np.asarray(store.passages[d.rand_p[order]], dtype=np.float32)
+            xp[i, n_s:] = torch.from_numpy(rows)
+        # a random draw that is one of its query's positives is not a negative
+        rand_ok[i] = ~np.isin(rand_q * n_pass + d.rand_p, data.pos_keys)
+    pos_in = qmask[:, data.pos_q]  # (G, E+)
+    g_rows, e_cols = np.nonzero(pos_in)
+    pmask[g_rows, shared.pos[e_cols]] = 1.0  # a bagged query keeps its positives
+    wanted = np.zeros(pmask.shape, dtype=np.bool_)
+    wanted[:, shared.pos] = True  # known relevant to some training query: never a target
+    neg_q = np.concatenate([data.neg_q, rand_q])
+    neg_p = np.concatenate([shared.neg, n_s + np.arange(n_r, dtype=np.int64)])
+    ok = np.concatenate([np.ones((n_g, len(data.neg_q)), np.float32), rand_ok], axis=1)
+    neg_w = qmask[:, neg_q] * pmask[:, neg_p] * ok * cfg.negative_weight
+    return _Group(
+        xq=xq,
+        xp=xp,
+        qmask=torch.from_numpy(qmask),
+        pos_q=torch.from_numpy(data.pos_q),
+        pos_p=torch.from_numpy(shared.pos.astype(np.int64)),
+        pos_w=torch.from_numpy((pos_in * boost[None, :]).astype(np.float32)),
+        neg_q=torch.from_numpy(neg_q),
+        neg_p=torch.from_numpy(neg_p),
+        neg_w=torch.from_numpy(neg_w.astype(np.float32)),
+        pmask=torch.from_numpy(pmask.astype(np.float32)),
+        wanted=torch.from_numpy(wanted),
+        gens=[d.dropout for d in draws],
+    )
 
 
 def _default_validate_at(n_models: int) -> list[int]:
@@ -536,9 +721,8 @@ def train_forest(
     """
     cfg = ForestTrainConfig.from_dict({k: v for k, v in config.items() if k != "validation"})
     t_start = time.perf_counter()
-    torch_gen = torch.Generator().manual_seed(cfg.seed)
-    rng = np.random.default_rng(cfg.seed)
     data = _pair_data(store, cfg.hard_negatives, train_rows)
+    shared = _shared_rows(store, data)
     n_pass = int(store.n_passages)
     dim = int(store.dim)
     fcfg = cfg.forest_config(dim)
@@ -569,91 +753,66 @@ def train_forest(
     if cfg.num_threads:
         # Each step is tiny: one thread avoids oversubscription (6x faster on a busy 2-core box).
         torch.set_num_threads(cfg.num_threads)
-    with torch.random.fork_rng():
-        torch.manual_seed(cfg.seed)  # dropout masks: reproducible, global RNG left untouched
-        try:
-            while n_done < cfg.n_models:
-                n_g = min(cfg.group_size, cfg.n_models - n_done)
-                t0 = time.perf_counter()
-                # Negatives of this group: fixed (judged + hard) plus fresh random draws.
-                rq = np.repeat(np.arange(nq, dtype=np.int64), cfg.random_negatives)
-                rp = rng.integers(0, n_pass, size=len(rq))
-                not_pos = ~np.isin(rq * n_pass + rp, data.pos_keys)
-                neg_q = np.concatenate([data.neg_q, rq[not_pos]])
-                neg_p = np.concatenate([data.neg_p, rp[not_pos]])
-                used, inv = np.unique(np.concatenate([data.pos_p, neg_p]), return_inverse=True)
-                pos_pi, neg_pi = inv[: len(data.pos_p)], inv[len(data.pos_p) :]
-                xp = torch.from_numpy(np.asarray(store.passages[used], dtype=np.float32))
-                # Bagging: queries, and negatives' passages; a bagged query keeps its positives.
-                qmask = _bernoulli_mask(rng, n_g, nq, cfg.bag_queries)
-                pmask = _bernoulli_mask(rng, n_g, len(used), cfg.bag_passages)
-                pos_in = qmask[:, data.pos_q]
-                g_rows, e_cols = np.nonzero(pos_in)
-                pmask[g_rows, pos_pi[e_cols]] = 1.0
-                boost = (
-                    boosting_weights(misses, n_done) if cfg.boosting else np.ones(len(misses))
-                ).astype(np.float32)
-                group = _Group(
-                    xq=xq_all,
-                    xp=xp,
-                    qmask=torch.from_numpy(qmask),
-                    pos_q=torch.from_numpy(data.pos_q),
-                    pos_p=torch.from_numpy(pos_pi.astype(np.int64)),
-                    pos_w=torch.from_numpy(pos_in * boost[None, :]),
-                    neg_q=torch.from_numpy(neg_q),
-                    neg_p=torch.from_numpy(neg_pi.astype(np.int64)),
-                    neg_w=torch.from_numpy(
-                        (qmask[:, neg_q] * pmask[:, neg_pi] * cfg.negative_weight).astype(
-                            np.float32
-                        )
-                    ),
-                    pmask=torch.from_numpy(pmask),
-                )
-                qw, qb = init_layers(fcfg.layer_shapes("query"), n_g, torch_gen, cfg.init_scale)
-                qw, qb, pw, pb, losses = _train_group(cfg, group, qw, qb, torch_gen)
-                for stack, ts in zip(q_stacks, (qw, qb, pw, pb), strict=True):
-                    stack.append(ts)  # type: ignore[arg-type]
-                # Boosting bookkeeping over every training example (not only the bag).
-                part = Forest(
-                    ForestConfig(n_g, fcfg.n_classes, dim, fcfg.hidden, fcfg.nr_threshold),
-                    qw,
-                    qb,
-                    pw,
-                    pb,
-                )
-                qc, _ = part.query_classes(xq_all.numpy())
-                pc, _ = part.passage_classes(xp.numpy())
-                miss = qc[data.pos_q] != pc[pos_pi]  # (E+, G)
-                misses += miss.sum(axis=1)
-                ent_q = _entropy_rows(qc, fcfg.n_classes)
-                rec = {
-                    "kind": "pair",
-                    "models": [n_done, n_done + n_g],
-                    **losses,
-                    "train_match_rate": float(1.0 - miss.mean()),
-                    "query_class_entropy": float(ent_q.mean()),
-                    "max_entropy": math.log(fcfg.n_classes),
-                    "not_retrievable_fraction": float((pc < 0).mean()),
-                    "mean_boost_weight": float(boost.mean()),
-                    "seconds": time.perf_counter() - t0,
-                }
-                log(rec)
-                n_done += n_g
-                bar.update(n_g)
-                bar.set_postfix(
-                    match=f"{rec['train_match_rate']:.2f}",
-                    nr=f"{rec['not_retrievable_fraction']:.2f}",
-                )
-                if validate is not None:
-                    for m in [v for v in validate_at if n_done - n_g < v <= n_done]:
-                        forest_m = _assemble(fcfg, q_stacks, cfg.name).subset(m)
-                        metrics = {k: float(v) for k, v in validate(forest_m).items()}
-                        point = {"n_models": m, **metrics}
-                        curve.append(point)
-                        log({"kind": "eval", **point})
-        finally:
-            bar.close()
-            torch.set_num_threads(threads)
+    try:
+        while n_done < cfg.n_models:
+            n_g = min(cfg.group_size, cfg.n_models - n_done)
+            t0 = time.perf_counter()
+            draws = [
+                _draw_pair(cfg, m, nq, len(shared.ids), n_pass) for m in range(n_done, n_done + n_g)
+            ]
+            boost = (
+                boosting_weights(misses, n_done) if cfg.boosting else np.ones(len(misses))
+            ).astype(np.float32)
+            group = _build_group(cfg, store, data, shared, xq_all, draws, boost)
+            inits = [
+                init_layers(fcfg.layer_shapes("query"), 1, d.init, cfg.init_scale) for d in draws
+            ]
+            qw = [torch.cat([w[i] for w, _ in inits]) for i in range(len(inits[0][0]))]
+            qb = [torch.cat([b[i] for _, b in inits]) for i in range(len(inits[0][1]))]
+            qw, qb, pw, pb, losses = _train_group(cfg, group, qw, qb)
+            for stack, ts in zip(q_stacks, (qw, qb, pw, pb), strict=True):
+                stack.append(ts)  # type: ignore[arg-type]
+            # Boosting bookkeeping over every training example (not only the bag).
+            part = Forest(
+                ForestConfig(n_g, fcfg.n_classes, dim, fcfg.hidden, fcfg.nr_threshold),
+                qw,
+                qb,
+                pw,
+                pb,
+            )
+            qc, _ = part.query_classes(xq_all.numpy())
+            pc, _ = part.passage_classes(shared.x.numpy())
+            miss = qc[data.pos_q] != pc[shared.pos]  # (E+, G)
+            misses += miss.sum(axis=1)
+            ent_q = _entropy_rows(qc, fcfg.n_classes)
+            rec = {
+                "kind": "pair",
+                "models": [n_done, n_done + n_g],
+                **losses,
+                "train_match_rate": float(1.0 - miss.mean()),
+                "query_class_entropy": float(ent_q.mean()),
+                "max_entropy": math.log(fcfg.n_classes),
+                "not_retrievable_fraction": float((pc < 0).mean()),
+                "mean_boost_weight": float(boost.mean()),
+                "seconds": time.perf_counter() - t0,
+            }
+            log(rec)
+            n_done += n_g
+            bar.update(n_g)
+            bar.set_postfix(
+                match=f"{rec['train_match_rate']:.2f}",
+                nr=f"{rec['not_retrievable_fraction']:.2f}",
+            )
+            if validate is not None:
+                for m in [v for v in validate_at if n_done - n_g < v <= n_done]:
+                    forest_m = _assemble(fcfg, q_stacks, cfg.name).subset(m)
+                    metrics = {k: float(v) for k, v in validate(forest_m).items()}
+                    point = {"n_models": m, **metrics}
+                    curve.append(point)
+                    log({"kind": "eval", **point})
+    finally:
+        bar.close()
+        torch.set_num_threads(threads)
     forest = _assemble(fcfg, q_stacks, cfg.name)
     pair_recs = [r for r in records if r["kind"] == "pair"]
     summary: dict[str, Any] = {
