@@ -269,6 +269,21 @@ class Forest:
             name=f"{self.name}[:{n_models}]",
         )
 
+    def with_nr_threshold(self, nr_threshold: float) -> Forest:
+        """The same forest with another not-retrievable threshold (1.0 switches the outcome off:
+        every passage is indexed under its argmax real class)."""
+        cfg = ForestConfig(
+            self.n_models, self.n_classes, self.config.dim, self.config.hidden, nr_threshold
+        )
+        return Forest(
+            cfg,
+            self.query_weights,
+            self.query_biases,
+            self.passage_weights,
+            self.passage_biases,
+            name=self.name,
+        )
+
     # ------------------------------------------------------------------ prediction
     def _check_input(self, x: np.ndarray) -> torch.Tensor:
         arr = np.asarray(x)
