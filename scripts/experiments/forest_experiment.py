@@ -30,7 +30,7 @@ from treerank.evaluation.metrics import evaluate_run
 from treerank.evaluation.qrels import Qrels
 from treerank.models.forest import Forest
 from treerank.search.exact import exact_search
-from treerank.search.forest_index import ForestSystem
+from treerank.search.forest_index import ForestSystem, not_retrievable_stats
 from treerank.store import EmbeddingStore
 from treerank.training.forest import plot_metric_vs_models, train_forest
 
@@ -175,6 +175,7 @@ def main() -> None:
             train_seconds=out.summary["seconds"],
             retrieve_seconds={"forest_index_and_search": f_sec, "cosine_exact": c_sec},
             passages_bytes=int(test.n_passages * test.dim * 4),
+            not_retrievable=not_retrievable_stats(out.model, test, k=100),
         )
         from treerank.search.systems import build_system
 
@@ -193,7 +194,7 @@ def main() -> None:
             baselines={"cosine": result["cosine"], **result.get("others", {})},
         )
     (args.out / "results.json").write_text(json.dumps(result, indent=2, default=str))
-    keys = ("forest", "cosine", "p_value_vs_cosine", "wall_seconds")
+    keys = ("forest", "cosine", "p_value_vs_cosine", "wall_seconds", "train_seconds")
     print(json.dumps({kk: result[kk] for kk in keys}, indent=2))
 
 

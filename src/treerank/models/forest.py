@@ -57,12 +57,12 @@ def stacked_forward(
             input block per model.
         weights: per layer ``float32 (G, d_in, d_out)``.
         biases: per layer ``float32 (G, d_out)``.
-        dropout: dropout probability on the input and on every hidden layer; applied only when
-            ``generators`` is given.
+        dropout: dropout probability on the input and on every hidden layer, in steps of 1/256
+            (``round(256 p) / 256``); applied only when ``generators`` is given.
         generators: one ``torch.Generator`` per model: model ``g``'s masks are drawn from
-            ``generators[g]`` alone (``torch.rand`` over its ``(n, width)`` block, in layer
-            order), so a model's masks do not depend on which other models share the call. This
-            is what makes a group of ``G`` pairs train exactly like ``G`` separate runs.
+            ``generators[g]`` alone (over its ``(n, width)`` block, in layer order), so a
+            model's masks do not depend on which other models share the call. This is what
+            makes a group of ``G`` pairs train exactly like ``G`` separate runs.
 
     Returns:
         ``float32 (G, n, d_out_last)`` logits.
@@ -80,12 +80,19 @@ def stacked_forward(
             f"stacked_forward: need {g} dropout generators, got {len(generators or ())}"
         )
 
+    # Masks from random bytes (8 per int64 draw, 4x cheaper than bernoulli_): an entry is dropped
+    # when its byte is < t = round(256 p), i.e. with probability t / 256 (0.1 -> 26 / 256).
+    cut = round(256 * dropout)
+    scale = 256.0 / (256 - cut)
+
     def masked(h: torch.Tensor) -> torch.Tensor:  # (G, n, w) -> same, one mask per model
         assert generators is not None
-        keep = torch.stack(
-            [torch.rand(h.shape[1:], generator=gen) >= dropout for gen in generators]
-        )
-        return h * keep.to(h.dtype) / (1.0 - dropout)
+        n = h.shape[1] * h.shape[2]
+        keep = torch.empty(h.shape, dtype=torch.bool)
+        for i, gen in enumerate(generators):
+            r = torch.randint(-(2**63), 2**63 - 1, (n // 8 + 1,), dtype=torch.int64, generator=gen)
+            keep[i] = (r.view(torch.uint8)[:n] >= cut).view(h.shape[1:])
+        return h * keep * scale
 
     if x.ndim == 2 and not drop:
         # One (n, d) x (d, G*o) GEMM for all models (an einsum would broadcast x G times).

@@ -259,6 +259,7 @@ class ForestTrainConfig:
     bag_queries: float = 0.7
     bag_passages: float = 0.7
     random_negatives: int = 8
+    random_pool: int = 1024
     hard_negatives: int = 8
     uniformity: str = "entropy"
     uniformity_weight: float = 1.0
@@ -320,6 +321,8 @@ class ForestTrainConfig:
             bad(f"dropout must be in [0, 1) (got {self.dropout})")
         if self.nr_weight < 0 or self.nr_penalty < 0:
             bad("nr_weight and nr_penalty must be >= 0")
+        if self.random_pool < 1:
+            bad("random_pool must be >= 1")
         for name in ("steps_query", "steps_passage", "steps_joint", "random_negatives"):
             if getattr(self, name) < 0:
                 bad(f"{name} must be >= 0")
@@ -586,8 +589,8 @@ class _PairDraw:
     dropout: torch.Generator
     qmask: np.ndarray  # float32 (nq,)
     smask: np.ndarray  # float32 (nS,) bag over the shared passage rows
-    rand_p: np.ndarray  # int64 (nq * R,) random negative passages (store ids)
-    rmask: np.ndarray  # float32 (nq * R,) bag over them
+    rand_p: np.ndarray  # int64 (P,) the pair's pool of random negative passages (store ids)
+    rmask: np.ndarray  # float32 (P,) bag over them
 
 
 def pair_seed(seed: int, pair: int) -> np.random.SeedSequence:
@@ -597,13 +600,18 @@ def pair_seed(seed: int, pair: int) -> np.random.SeedSequence:
     return np.random.SeedSequence([int(seed), int(pair)])
 
 
+def _pool_size(cfg: ForestTrainConfig, nq: int, n_pass: int) -> int:
+    """Rows of a pair's random-negative pool: ``min(random_pool, nq * R, n_passages)``."""
+    return min(cfg.random_pool, nq * cfg.random_negatives, n_pass)
+
+
 def _draw_pair(cfg: ForestTrainConfig, pair: int, nq: int, n_shared: int, n_pass: int) -> _PairDraw:
     rng = np.random.default_rng(pair_seed(cfg.seed, pair))
     init = torch.Generator().manual_seed(int(rng.integers(2**62)))
     dropout = torch.Generator().manual_seed(int(rng.integers(2**62)))
     qmask = _exact_bag(rng, nq, cfg.bag_queries)
     smask = _exact_bag(rng, n_shared, cfg.bag_passages)
-    rand_p = rng.integers(0, n_pass, size=nq * cfg.random_negatives).astype(np.int64)
+    rand_p = rng.integers(0, n_pass, size=_pool_size(cfg, nq, n_pass)).astype(np.int64)
     rmask = (
         _exact_bag(rng, len(rand_p), cfg.bag_passages) if len(rand_p) else np.zeros(0, np.float32)
     )
@@ -638,15 +646,18 @@ def _build_group(
     """Tensors of the pairs of ``draws``: shared rows, then each pair's random-negative rows."""
     n_g, nq, n_s = len(draws), len(xq), len(shared.ids)
     n_pass = int(store.n_passages)
+    # Random negative r of query i is slot (i * R + r) mod P of the pair's own pool of P random
+    # passages: every pair draws its own passages, the slot layout is shared.
     rand_q = np.repeat(np.arange(nq, dtype=np.int64), cfg.random_negatives)
-    n_r = len(rand_q)
+    n_r = _pool_size(cfg, nq, n_pass)
+    slot = np.arange(len(rand_q), dtype=np.int64) % max(1, n_r)
     xp = torch.empty(n_g, n_s + n_r, xq.shape[1])
     xp[:, :n_s] = shared.x
     qmask = np.stack([d.qmask for d in draws])
     pmask = np.concatenate(
         [np.stack([d.smask for d in draws]), np.stack([d.rmask for d in draws])], axis=1
     )
-    rand_ok = np.empty((n_g, n_r), dtype=np.float32)
+    rand_ok = np.empty((n_g, len(rand_q)), dtype=np.float32)
     for i, d in enumerate(draws):
         if n_r:
             order = np.argsort(d.rand_p)  # ascending reads of a memory-mapped store
@@ -654,14 +665,14 @@ def _build_group(
             rows[order] = np.asarray(store.passages[d.rand_p[order]], dtype=np.float32)
             xp[i, n_s:] = torch.from_numpy(rows)
         # a random draw that is one of its query's positives is not a negative
-        rand_ok[i] = ~np.isin(rand_q * n_pass + d.rand_p, data.pos_keys)
+        rand_ok[i] = ~np.isin(rand_q * n_pass + d.rand_p[slot], data.pos_keys)
     pos_in = qmask[:, data.pos_q]  # (G, E+)
     g_rows, e_cols = np.nonzero(pos_in)
     pmask[g_rows, shared.pos[e_cols]] = 1.0  # a bagged query keeps its positives
     wanted = np.zeros(pmask.shape, dtype=np.bool_)
     wanted[:, shared.pos] = True  # known relevant to some training query: never a target
     neg_q = np.concatenate([data.neg_q, rand_q])
-    neg_p = np.concatenate([shared.neg, n_s + np.arange(n_r, dtype=np.int64)])
+    neg_p = np.concatenate([shared.neg, n_s + slot])
     ok = np.concatenate([np.ones((n_g, len(data.neg_q)), np.float32), rand_ok], axis=1)
     neg_w = qmask[:, neg_q] * pmask[:, neg_p] * ok * cfg.negative_weight
     return _Group(
