@@ -1,6 +1,6 @@
 """Forest search throughput against dense exact search, on the same queries and passages, one run.
 
-Reference measured in the same run: exact inner-product search (``treerank.search.exact``, FAISS
+Reference measured in the same run: exact inner-product search (``treerank.kernels.topk``, FAISS
 backend, the cosine baseline) over the same query batch and passages at the same depth ``k``.
 Printed per setting:
 
@@ -37,8 +37,8 @@ import numba
 import numpy as np
 import torch
 
+from treerank.kernels.topk import exact_search
 from treerank.models.forest import Forest, ForestConfig
-from treerank.search.exact import exact_search
 from treerank.search.forest_index import ForestIndex
 
 
