@@ -26,13 +26,14 @@ from typing import Any
 import numpy as np
 import yaml
 
-from treerank.evaluation.metrics import evaluate_run
-from treerank.evaluation.qrels import Qrels
-from treerank.models.forest import Forest
-from treerank.kernels.topk import exact_search
-from treerank.search.forest_index import ForestSystem, not_retrievable_stats
-from treerank.store import EmbeddingStore
 from treerank.config import load_yaml
+from treerank.evaluation.metrics import evaluate_run
+from treerank.evaluation.not_retrievable import not_retrievable_stats
+from treerank.evaluation.qrels import Qrels
+from treerank.kernels.topk import exact_search
+from treerank.models.forest import Forest
+from treerank.search.forest_index import ForestSystem
+from treerank.store import EmbeddingStore
 from treerank.training.forest import plot_metric_vs_models, train_forest
 from treerank.training.output import save_trained_model
 

@@ -49,19 +49,8 @@ terms of stages 2 and 3.
 cosine-similar passages that are not selected for it, and ``random_negatives`` uniformly drawn
 passages (re-drawn for every group of pairs).
 
-**What the SciFact sweep says** (train 809 queries -> test 300 queries over all 5,183 passages,
-M = 32, C = 32, nDCG@10; cosine = 0.645; ``configs/forest/scifact.yaml``): an untrained forest
-(random query models, passage models copied) 0.351; stage 1 alone 0.182 (the uniformity loss on
-~570 bagged queries overfits a 384 x 32 linear model: test-query class entropy falls from 3.14
-to 2.71 nats); all three stages with ``uniformity_weight`` 1: 0.284 (the joint round collapses the
-classes), 5: 0.443; stage 1 switched off (``steps_query: 0``) 0.583; plus
-``passage_uniformity_weight`` 5: 0.604. ``weight_decay`` 0.01 (summed L2 on N(0, 1) weights)
-shrinks the logits until every query is soft and the argmax collapses to one class: exactly
-the failure of a mean-only uniformity loss that the sharpness term is there to resist. The
-not-retrievable outcome never crossed its threshold on SciFact (0 % of passages dropped).
-At M = 128 that config reaches nDCG@10 0.667 (cosine 0.645, p = 0.48; the linear head 0.780).
-On the DL19 pool (5-fold CV over 43 topics, ~34 training topics per fold) training *hurts*:
-nDCG@10 0.012 trained, 0.592 untrained, cosine 0.643; too few queries to learn classes from.
+Measured results (SciFact, DL19, the sweeps behind the shipped settings) are in
+``docs/forest.md``; the configs in ``configs/forest/``.
 
 **Vectorised training**: ``group_size`` pairs are trained at once as stacked parameters (each with
 its own bag, init and dropout; the losses are summed, so each pair's gradients are exactly those
@@ -75,7 +64,6 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -85,9 +73,6 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from treerank.atomic import atomic_savefig
-from treerank.config import ConfigError
-from treerank.kernels.topk import exact_search
-from treerank.kernels.vectors import l2_normalize
 from treerank.models.forest import (
     Forest,
     ForestConfig,
@@ -95,7 +80,28 @@ from treerank.models.forest import (
     passage_init_from_query,
     stacked_forward,
 )
-from treerank.training.config import TrainConfig, parse_train_config
+from treerank.training.config import TrainConfig
+from treerank.training.forest_config import (
+    FOREST_SECTIONS,
+    ForestTrainConfig,
+    forest_train_config,
+    parse_forest_config,
+)
+from treerank.training.forest_data import (
+    PairGroup,
+    build_group,
+    draw_pair,
+    pair_data,
+    shared_rows,
+)
+from treerank.training.forest_losses import (
+    EPS,
+    boosting_weights,
+    not_retrievable_loss,
+    sharpness_loss,
+    uniformity_loss,
+    weighted_mean,
+)
 from treerank.training.history import TrainingLog
 from treerank.training.trainer import TrainOutput
 
@@ -105,418 +111,19 @@ __all__ = [
     "forest_train_config",
     "parse_forest_config",
     "plot_forest_curves",
-    "boosting_weights",
-    "not_retrievable_loss",
-    "not_retrievable_targets",
-    "pair_seed",
-    "sharpness_loss",
+    "plot_metric_vs_models",
     "train_forest",
-    "uniformity_loss",
 ]
-
-UNIFORMITY_KINDS = ("entropy", "gini")
-JOINT_MODES = ("joint", "alternate")
-_EPS = 1e-7
-
-
-# ---------------------------------------------------------------------------------- loss maths
-def uniformity_loss(mean_probs: Tensor, kind: str = "entropy") -> Tensor:
-    """Normalised uniformity loss of a class distribution (TreeRank seed, query-model step 1).
-
-    Args:
-        mean_probs: ``float32 (..., C)`` a distribution over ``C >= 2`` classes (rows sum to 1),
-            typically the batch mean of per-query softmax outputs.
-        kind: ``"entropy"``: ``(log C + sum_c p_c log p_c) / log C``; ``"gini"``:
-            ``(C * sum_c p_c^2 - 1) / (C - 1)``.
-
-    Returns:
-        ``float32 (...)``: 0 for the uniform distribution, 1 for a one-hot one.
-
-    Raises:
-        ValueError: unknown ``kind``.
-    """
-    c = mean_probs.shape[-1]
-    if kind == "entropy":
-        ent = -(mean_probs * torch.log(mean_probs.clamp_min(_EPS))).sum(-1)
-        return (math.log(c) - ent) / math.log(c)
-    if kind == "gini":
-        return (c * (mean_probs**2).sum(-1) - 1.0) / (c - 1.0)
-    raise ValueError(f"unknown uniformity loss {kind!r}; known: {', '.join(UNIFORMITY_KINDS)}")
-
-
-def sharpness_loss(probs: Tensor, weights: Tensor | None = None) -> Tensor:
-    """Mean per-example normalised entropy ``H(p_i) / log C`` (0 = every example one-hot).
-
-    Args:
-        probs: ``float32 (..., n, C)`` per-example class distributions.
-        weights: ``float32 (..., n)`` example weights (e.g. a bagging mask); None = equal.
-
-    Returns:
-        ``float32 (...)``.
-    """
-    c = probs.shape[-1]
-    ent = -(probs * torch.log(probs.clamp_min(_EPS))).sum(-1) / math.log(c)
-    if weights is None:
-        return ent.mean(-1)
-    return (ent * weights).sum(-1) / weights.sum(-1).clamp_min(_EPS)
-
-
-def boosting_weights(misses: np.ndarray, n_models: int) -> np.ndarray:
-    """The seed's boosting weight ``(1 + e) / (1 + n)`` per example.
-
-    Args:
-        misses: ``int (E,)`` ``e``: models (of those trained so far) that did not map the
-            example's passage to its query's class.
-        n_models: ``n``, models trained so far (``>= max(misses)``).
-
-    Returns:
-        ``float32 (E,)``; 1 for every example before the first model; in ``[1/(1+n), 1]``.
-
-    Raises:
-        ValueError: negative counts or ``e > n``.
-    """
-    e = np.asarray(misses)
-    if n_models < 0 or (e.size and (e.min() < 0 or e.max() > n_models)):
-        raise ValueError(f"boosting weights: need 0 <= e <= n (n={n_models})")
-    return ((1.0 + e) / (1.0 + n_models)).astype(np.float32)
-
-
-def _weighted_mean(values: Tensor, weights: Tensor) -> Tensor:
-    """``(G, E)`` values and weights -> ``(G,)`` weighted means (0 where all weights are 0)."""
-    return (values * weights).sum(-1) / weights.sum(-1).clamp_min(_EPS)
-
-
-def not_retrievable_targets(
-    passage_probs: Tensor,
-    neg_p: Tensor,
-    neg_class: Tensor,
-    neg_w: Tensor,
-    wanted: Tensor,
-    pmask: Tensor,
-) -> Tensor:
-    """Passages that no bagged training query is expected to meet where they are.
-
-    A passage is a target of the not-retrievable outcome under model ``g`` when some bagged
-    query whose class equals the passage's current (argmax real) class has it as a negative, and
-    no training query has it as a positive: every query that would meet it in its class should
-    not, and nothing says another would.
-
-    Args:
-        passage_probs: ``float32 (G, n, C + 1)`` passage softmax (last column: not retrievable).
-        neg_p: ``int64 (E,)`` passage row of each negative example.
-        neg_class: ``int64 (G, E)`` class of each negative example's query under each model.
-        neg_w: ``float32 (G, E)`` example weights (0 = not in the model's bag).
-        wanted: ``bool (G, n)`` the passage is a positive of some training query.
-        pmask: ``float32 (G, n)`` passages in the bag.
-
-    Returns:
-        ``bool (G, n)``.
-    """
-    with torch.no_grad():
-        cls = passage_probs[..., :-1].argmax(-1)  # (G, n)
-        meets = ((cls[:, neg_p] == neg_class) & (neg_w > 0)).float()  # (G, E)
-        met = torch.zeros(cls.shape).index_add_(1, neg_p, meets) > 0
-        return met & ~wanted & (pmask > 0)
-
-
-def not_retrievable_loss(
-    passage_probs: Tensor,
-    neg_p: Tensor,
-    neg_class: Tensor,
-    neg_w: Tensor,
-    wanted: Tensor,
-    pmask: Tensor,
-) -> Tensor:
-    """The learned not-retrievable objective, a binary cross-entropy on ``P(not retrievable)``:
-    ``-log P`` averaged over the passages of :func:`not_retrievable_targets` plus ``-log(1 - P)``
-    averaged over the bag's known positives (each mean 0 when empty).
-
-    This is how the TreeRank seed's per-model relevance filter is learned: a passage met only by
-    queries that should not retrieve it leaves the model's index (it stays retrievable through the
-    other models); positives are pulled into their query's class by the positive term instead.
-    The trade-off against recall is ``nr_weight`` (this term) against ``nr_penalty`` (a push
-    against the outcome on every bagged passage) and the threshold ``nr_threshold``.
-
-    Args: as :func:`not_retrievable_targets`.
-
-    Returns:
-        ``float32 (G,)``.
-    """
-    target = not_retrievable_targets(passage_probs, neg_p, neg_class, neg_w, wanted, pmask)
-    p_nr = passage_probs[..., -1]
-    out = _weighted_mean(-torch.log(p_nr.clamp_min(_EPS)), target.to(p_nr.dtype))
-    keep = (wanted & (pmask > 0)).to(p_nr.dtype)
-    return out + _weighted_mean(-torch.log1p(-p_nr.clamp_max(1 - 1e-6)), keep)
-
-
-# ---------------------------------------------------------------------------------- config
-@dataclass
-class ForestTrainConfig:
-    """Hyperparameters of :func:`train_forest` (the keys of ``models.forest`` in an experiment).
-
-    The seed's scale is ``n_models = 2000, n_classes = 1000``; the bundled configs use less so
-    that the sample pipeline fits a 2-core CPU budget (see ``configs/forest/``).
-    """
-
-    n_models: int = 64
-    n_classes: int = 64
-    hidden: list[int] = field(default_factory=list)
-    nr_threshold: float = 0.5
-    seed: int = 0
-    group_size: int = 16
-    bag_queries: float = 0.7
-    bag_passages: float = 0.7
-    random_negatives: int = 8
-    random_pool: int = 1024
-    hard_negatives: int = 8
-    uniformity: str = "entropy"
-    uniformity_weight: float = 1.0
-    passage_uniformity_weight: float = 0.0
-    sharpness_weight: float = 0.5
-    init_scale: float = 1.0
-    lr: float = 0.05
-    weight_decay: float = 1e-4
-    dropout: float = 0.1
-    steps_query: int = 40
-    steps_passage: int = 60
-    steps_joint: int = 30
-    joint_mode: str = "joint"
-    negative_weight: float = 1.0
-    nr_bias_init: float = -4.0
-    nr_penalty: float = 1.0
-    nr_weight: float = 0.0
-    boosting: bool = True
-    num_threads: int | None = 1
-    validate_at: list[int] | None = None
-    name: str = "forest"
-
-    @classmethod
-    def from_dict(
-        cls, cfg: Mapping[str, Any], *, where: str = "forest config"
-    ) -> ForestTrainConfig:
-        """Validate a config mapping.
-
-        Raises:
-            ValueError: unknown keys (listed with the allowed ones) or out-of-range values.
-        """
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(cfg) - known)
-        if unknown:
-            raise ValueError(
-                f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(known))}"
-            )
-        out = cls(**dict(cfg))
-        out.check(where)
-        return out
-
-    def check(self, where: str = "forest config") -> None:
-        def bad(msg: str) -> None:
-            raise ValueError(f"{where}: {msg}")
-
-        if self.n_models < 1 or self.n_classes < 2:
-            bad("n_models must be >= 1 and n_classes >= 2")
-        if self.group_size < 1:
-            bad("group_size must be >= 1")
-        for name in ("bag_queries", "bag_passages"):
-            v = getattr(self, name)
-            if not 0.0 < v <= 1.0:
-                bad(f"{name} must be in (0, 1] (got {v})")
-        if self.uniformity not in UNIFORMITY_KINDS:
-            bad(f"uniformity must be one of {UNIFORMITY_KINDS} (got {self.uniformity!r})")
-        if self.joint_mode not in JOINT_MODES:
-            bad(f"joint_mode must be one of {JOINT_MODES} (got {self.joint_mode!r})")
-        if not 0.0 <= self.dropout < 1.0:
-            bad(f"dropout must be in [0, 1) (got {self.dropout})")
-        if self.nr_weight < 0 or self.nr_penalty < 0:
-            bad("nr_weight and nr_penalty must be >= 0")
-        if self.random_pool < 1:
-            bad("random_pool must be >= 1")
-        for name in ("steps_query", "steps_passage", "steps_joint", "random_negatives"):
-            if getattr(self, name) < 0:
-                bad(f"{name} must be >= 0")
-        if self.hard_negatives < 0:
-            bad("hard_negatives must be >= 0")
-
-    def forest_config(self, dim: int) -> ForestConfig:
-        return ForestConfig(
-            self.n_models, self.n_classes, dim, tuple(self.hidden), self.nr_threshold
-        )
-
-
-FOREST_SECTIONS: dict[str, tuple[str, ...]] = {
-    "model": ("n_models", "n_classes", "hidden", "nr_threshold", "name"),
-    "data": ("bag_queries", "bag_passages", "random_negatives", "random_pool", "hard_negatives"),
-    "trainer": (
-        "group_size",
-        "uniformity",
-        "uniformity_weight",
-        "passage_uniformity_weight",
-        "sharpness_weight",
-        "init_scale",
-        "lr",
-        "weight_decay",
-        "dropout",
-        "steps_query",
-        "steps_passage",
-        "steps_joint",
-        "joint_mode",
-        "negative_weight",
-        "nr_bias_init",
-        "nr_penalty",
-        "nr_weight",
-        "boosting",
-        "num_threads",
-        "validate_at",
-    ),
-}
-"""Which :class:`ForestTrainConfig` field each section of the forest's config holds."""
-
-
-def forest_train_config(cfg: TrainConfig, where: str = "config") -> ForestTrainConfig:
-    """The flat :class:`ForestTrainConfig` of a parsed sectioned config (range-checked)."""
-    flat = {**cfg.model, **(cfg.data or {}), **(cfg.trainer or {}), "seed": cfg.seed}
-    return ForestTrainConfig.from_dict(flat, where=where)
-
-
-def parse_forest_config(
-    cfg: Mapping[str, Any] | TrainConfig | None, where: str = "config"
-) -> TrainConfig:
-    """The ``forest`` family's config: ``seed`` + ``model / data / trainer / validation``
-    sections holding the :class:`ForestTrainConfig` fields listed in :data:`FOREST_SECTIONS`.
-
-    Raises:
-        ConfigError: unknown key (names the key path and the allowed keys) or a bad value.
-    """
-    if isinstance(cfg, TrainConfig):
-        return cfg
-    out = parse_train_config(
-        cfg,
-        model=FOREST_SECTIONS["model"],
-        data=FOREST_SECTIONS["data"],
-        trainer=FOREST_SECTIONS["trainer"],
-        where=where,
-        model_exclude=(),
-    )
-    try:
-        forest_train_config(out, where)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(str(exc)) from exc
-    return out
-
-
-def plot_forest_curves(
-    records: list[dict[str, Any]], summary: dict[str, Any], path: str | Path, title: str = ""
-) -> Path | None:
-    """The forest's curves for its model directory: held-out metrics against M (or None when
-    it was trained without validation)."""
-    curve = summary.get("curve") or []
-    return plot_metric_vs_models(curve, path, title=title) if curve else None
-
-
-# ---------------------------------------------------------------------------------- data
-@dataclass
-class _PairData:
-    """Training examples over the store, in store ids."""
-
-    queries: np.ndarray  # int64 (nq,) store rows of queries with >= 1 selected passage
-    pos_q: np.ndarray  # int64 (E+,) index into ``queries``
-    pos_p: np.ndarray  # int64 (E+,) store passage ids
-    neg_q: np.ndarray  # int64 (E-,) fixed negatives (judged non-selected + hard)
-    neg_p: np.ndarray
-    pos_keys: np.ndarray  # sorted int64 keys q_index * n_passages + p of the positives
-
-
-def _mine_hard_negatives(
-    q: np.ndarray, passages: Any, pos_q: np.ndarray, pos_p: np.ndarray, k: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """Top-``k`` cosine passages per query that are not selected for it.
-
-    Cosine of the stored vectors (both sides L2-normalised, the one rule of
-    ``treerank.kernels.vectors``), ranked by the exact streaming kernel
-    (``treerank.kernels.topk.exact_search``: ties by ascending passage id).
-    """
-    nq, n = len(q), passages.shape[0]
-    if k == 0 or nq == 0:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    kk = min(n, k + int(np.bincount(pos_q, minlength=nq).max()))
-    best_i, _ = exact_search(l2_normalize(q), passages, k=kk, passage_transform=l2_normalize)
-    is_pos = np.isin(
-        np.arange(nq)[:, None] * n + best_i, pos_q * n + pos_p
-    )  # (nq, kk) selected ones are not negatives
-    rank = np.cumsum(~is_pos, axis=1)
-    keep = ~is_pos & (rank <= k) & (best_i >= 0)
-    rows, cols = np.nonzero(keep)
-    return rows.astype(np.int64), best_i[rows, cols].astype(np.int64)
-
-
-def _pair_data(store: Any, hard_negatives: int, train_rows: np.ndarray | None) -> _PairData:
-    cand = np.asarray(store.candidates)
-    lab = np.asarray(store.labels)
-    thr = int(store.relevance_threshold)
-    n_pass = int(store.n_passages)
-    valid = cand >= 0
-    pos = valid & (lab >= thr)
-    has_pos: np.ndarray = np.asarray(pos.any(axis=1))
-    if train_rows is not None:
-        allowed = np.zeros(has_pos.shape[0], dtype=np.bool_)
-        allowed[np.asarray(train_rows, dtype=np.int64)] = True
-        has_pos = has_pos & allowed
-    queries = np.nonzero(has_pos)[0].astype(np.int64)
-    if len(queries) == 0:
-        raise ValueError(f"{store.path}: no query has a selected passage; cannot train a forest")
-    cand, lab, pos, valid = cand[queries], lab[queries], pos[queries], valid[queries]
-    pq, pc = np.nonzero(pos)
-    nq_, nc = np.nonzero(valid & ~pos)
-    pos_p = cand[pq, pc].astype(np.int64)
-    neg_q, neg_p = nq_.astype(np.int64), cand[nq_, nc].astype(np.int64)
-    if hard_negatives > 0:
-        qv = np.asarray(store.queries[queries], dtype=np.float32)
-        hq, hp = _mine_hard_negatives(qv, store.passages, pq, pos_p, hard_negatives)
-        neg_q, neg_p = np.concatenate([neg_q, hq]), np.concatenate([neg_p, hp])
-        keys = np.unique(neg_q * n_pass + neg_p)
-        neg_q, neg_p = keys // n_pass, keys % n_pass
-    return _PairData(
-        queries=queries,
-        pos_q=pq.astype(np.int64),
-        pos_p=pos_p,
-        neg_q=neg_q,
-        neg_p=neg_p,
-        pos_keys=np.unique(pq.astype(np.int64) * n_pass + pos_p),
-    )
-
-
-# ---------------------------------------------------------------------------------- training
-@dataclass
-class _Group:
-    """Tensors of one group of ``G`` independent pairs trained together.
-
-    Every pair has its own passage rows: the shared rows ``S`` (every positive and fixed
-    negative passage, in ascending id order) followed by its own ``R`` random-negative rows, so
-    each pair's tensors have exactly the shapes they have when it is trained alone.
-    """
-
-    xq: Tensor  # (nq, d) training queries (shared)
-    xp: Tensor  # (G, nS + R, d) per-pair passage rows
-    qmask: Tensor  # (G, nq) bag of queries
-    pos_q: Tensor  # (E+,) index into xq
-    pos_p: Tensor  # (E+,) index into the pair's passage rows (a shared row)
-    pos_w: Tensor  # (G, E+) bag * boosting weight
-    neg_q: Tensor  # (E-,) index into xq
-    neg_p: Tensor  # (E-,) index into the pair's passage rows
-    neg_w: Tensor  # (G, E-) bag * negative_weight (0 for a random draw that is a positive)
-    pmask: Tensor  # (G, nS + R) passages in the bag
-    wanted: Tensor  # (G, nS + R) bool: the row is a positive of some training query
-    gens: list[torch.Generator]  # one dropout stream per pair
 
 
 def _l2(ws: list[Tensor]) -> Tensor:
     return sum((w**2).sum(dim=tuple(range(1, w.ndim))) for w in ws)  # type: ignore[return-value]
 
 
-def _query_terms(cfg: ForestTrainConfig, g: _Group, pq: Tensor) -> Tensor:
+def _query_terms(cfg: ForestTrainConfig, g: PairGroup, pq: Tensor) -> Tensor:
     """``(G,)`` uniformity + sharpness of the query models' ``(G, nq, C)`` softmax on their bags."""
     w = g.qmask
-    pbar = (pq * w.unsqueeze(-1)).sum(1) / w.sum(1, keepdim=True).clamp_min(_EPS)
+    pbar = (pq * w.unsqueeze(-1)).sum(1) / w.sum(1, keepdim=True).clamp_min(EPS)
     loss = cfg.uniformity_weight * uniformity_loss(pbar, cfg.uniformity)
     if cfg.sharpness_weight > 0:
         loss = loss + cfg.sharpness_weight * sharpness_loss(pq, w)
@@ -540,7 +147,7 @@ def _run_steps(
 
 
 def _train_group(
-    cfg: ForestTrainConfig, g: _Group, qw: list[Tensor], qb: list[Tensor]
+    cfg: ForestTrainConfig, g: PairGroup, qw: list[Tensor], qb: list[Tensor]
 ) -> tuple[list[Tensor], list[Tensor], list[Tensor], list[Tensor], dict[str, float]]:
     """Stages 1-3 for one group; returns trained (query, passage) stacks and stage losses.
 
@@ -575,7 +182,7 @@ def _train_group(
         """``(G,)`` not-retrievable terms of the ``(G, nP, C+1)`` passage softmax."""
         loss = torch.zeros(n_g)
         if cfg.nr_penalty > 0:
-            loss = loss + cfg.nr_penalty * _weighted_mean(pp[..., -1], g.pmask)
+            loss = loss + cfg.nr_penalty * weighted_mean(pp[..., -1], g.pmask)
         if cfg.nr_weight > 0:
             loss = loss + cfg.nr_weight * not_retrievable_loss(
                 pp, g.neg_p, t_neg, g.neg_w, g.wanted, g.pmask
@@ -587,7 +194,7 @@ def _train_group(
         if cfg.passage_uniformity_weight <= 0:
             return torch.zeros(n_g)
         real = pp[..., :-1] * g.pmask.unsqueeze(-1)
-        pbar = real.sum(1) / real.sum((1, 2)).clamp_min(_EPS).unsqueeze(-1)
+        pbar = real.sum(1) / real.sum((1, 2)).clamp_min(EPS).unsqueeze(-1)
         return cfg.passage_uniformity_weight * uniformity_loss(pbar, cfg.uniformity)
 
     def p_logits(ws: list[Tensor], bs: list[Tensor]) -> Tensor:
@@ -600,8 +207,8 @@ def _train_group(
         logp = torch.log_softmax(p_logits(pw, pb), -1)
         lp_pos = logp[rows, g.pos_p.unsqueeze(0), t_pos]
         lp_neg = logp[rows, g.neg_p.unsqueeze(0), t_neg]
-        loss = _weighted_mean(-lp_pos, g.pos_w)
-        loss = loss + _weighted_mean(-torch.log1p(-lp_neg.exp().clamp_max(1 - 1e-6)), g.neg_w)
+        loss = weighted_mean(-lp_pos, g.pos_w)
+        loss = loss + weighted_mean(-torch.log1p(-lp_neg.exp().clamp_max(1 - 1e-6)), g.neg_w)
         pp = logp.exp()
         loss = loss + nr_terms(pp, t_neg) + passage_balance(pp)
         return (loss + cfg.weight_decay * _l2(pw)).sum()
@@ -614,8 +221,8 @@ def _train_group(
         pp = torch.softmax(p_logits(pw, pb), -1)  # (G, nP, C+1)
         s_pos = (pq[:, g.pos_q] * pp[:, g.pos_p, :-1]).sum(-1)
         s_neg = (pq[:, g.neg_q] * pp[:, g.neg_p, :-1]).sum(-1)
-        loss = _weighted_mean(-torch.log(s_pos.clamp_min(_EPS)), g.pos_w)
-        loss = loss + _weighted_mean(-torch.log1p(-s_neg.clamp_max(1 - 1e-6)), g.neg_w)
+        loss = weighted_mean(-torch.log(s_pos.clamp_min(EPS)), g.pos_w)
+        loss = loss + weighted_mean(-torch.log1p(-s_neg.clamp_max(1 - 1e-6)), g.neg_w)
         loss = loss + _query_terms(cfg, g, pq)
         loss = loss + nr_terms(pp, pq.detach().argmax(-1)[:, g.neg_q]) + passage_balance(pp)
         return (loss + cfg.weight_decay * (_l2(qw) + _l2(pw))).sum()
@@ -642,123 +249,6 @@ def _train_group(
         detach[2],
         detach[3],
         {"loss_query": loss1, "loss_passage": loss2, "loss_joint": loss3},
-    )
-
-
-def _exact_bag(gen: np.random.Generator, n: int, frac: float) -> np.ndarray:
-    """``float32 (n,)`` 0/1 with exactly ``ceil(frac * n)`` ones at random places."""
-    mask = np.zeros(n, dtype=np.float32)
-    mask[gen.choice(n, size=max(1, math.ceil(frac * n)), replace=False)] = 1.0
-    return mask
-
-
-@dataclass
-class _PairDraw:
-    """One pair's random choices, all from its own seed (:func:`pair_seed`)."""
-
-    init: torch.Generator
-    dropout: torch.Generator
-    qmask: np.ndarray  # float32 (nq,)
-    smask: np.ndarray  # float32 (nS,) bag over the shared passage rows
-    rand_p: np.ndarray  # int64 (P,) the pair's pool of random negative passages (store ids)
-    rmask: np.ndarray  # float32 (P,) bag over them
-
-
-def pair_seed(seed: int, pair: int) -> np.random.SeedSequence:
-    """The seed of pair ``pair`` of a forest trained with ``seed``: every random choice of the
-    pair (init, bags, random negatives, dropout masks) comes from it, so pair ``m`` is the same
-    whatever ``group_size``."""
-    return np.random.SeedSequence([int(seed), int(pair)])
-
-
-def _pool_size(cfg: ForestTrainConfig, nq: int, n_pass: int) -> int:
-    """Rows of a pair's random-negative pool: ``min(random_pool, nq * R, n_passages)``."""
-    return min(cfg.random_pool, nq * cfg.random_negatives, n_pass)
-
-
-def _draw_pair(cfg: ForestTrainConfig, pair: int, nq: int, n_shared: int, n_pass: int) -> _PairDraw:
-    rng = np.random.default_rng(pair_seed(cfg.seed, pair))
-    init = torch.Generator().manual_seed(int(rng.integers(2**62)))
-    dropout = torch.Generator().manual_seed(int(rng.integers(2**62)))
-    qmask = _exact_bag(rng, nq, cfg.bag_queries)
-    smask = _exact_bag(rng, n_shared, cfg.bag_passages)
-    rand_p = rng.integers(0, n_pass, size=_pool_size(cfg, nq, n_pass)).astype(np.int64)
-    rmask = (
-        _exact_bag(rng, len(rand_p), cfg.bag_passages) if len(rand_p) else np.zeros(0, np.float32)
-    )
-    return _PairDraw(init, dropout, qmask, smask, rand_p, rmask)
-
-
-@dataclass
-class _Shared:
-    """Passage rows every pair shares: positives and fixed negatives."""
-
-    ids: np.ndarray  # int64 (nS,) ascending store ids
-    x: Tensor  # float32 (nS, d)
-    pos: np.ndarray  # int64 (E+,) row of each positive example
-    neg: np.ndarray  # int64 (E-fixed,) row of each fixed negative example
-
-
-def _shared_rows(store: Any, data: _PairData) -> _Shared:
-    ids = np.unique(np.concatenate([data.pos_p, data.neg_p]))
-    x = torch.from_numpy(np.asarray(store.passages[ids], dtype=np.float32))
-    return _Shared(ids, x, np.searchsorted(ids, data.pos_p), np.searchsorted(ids, data.neg_p))
-
-
-def _build_group(
-    cfg: ForestTrainConfig,
-    store: Any,
-    data: _PairData,
-    shared: _Shared,
-    xq: Tensor,
-    draws: list[_PairDraw],
-    boost: np.ndarray,
-) -> _Group:
-    """Tensors of the pairs of ``draws``: shared rows, then each pair's random-negative rows."""
-    n_g, nq, n_s = len(draws), len(xq), len(shared.ids)
-    n_pass = int(store.n_passages)
-    # Random negative r of query i is slot (i * R + r) mod P of the pair's own pool of P random
-    # passages: every pair draws its own passages, the slot layout is shared.
-    rand_q = np.repeat(np.arange(nq, dtype=np.int64), cfg.random_negatives)
-    n_r = _pool_size(cfg, nq, n_pass)
-    slot = np.arange(len(rand_q), dtype=np.int64) % max(1, n_r)
-    xp = torch.empty(n_g, n_s + n_r, xq.shape[1])
-    xp[:, :n_s] = shared.x
-    qmask = np.stack([d.qmask for d in draws])
-    pmask = np.concatenate(
-        [np.stack([d.smask for d in draws]), np.stack([d.rmask for d in draws])], axis=1
-    )
-    rand_ok = np.empty((n_g, len(rand_q)), dtype=np.float32)
-    for i, d in enumerate(draws):
-        if n_r:
-            order = np.argsort(d.rand_p)  # ascending reads of a memory-mapped store
-            rows = np.empty((n_r, xq.shape[1]), dtype=np.float32)
-            rows[order] = np.asarray(store.passages[d.rand_p[order]], dtype=np.float32)
-            xp[i, n_s:] = torch.from_numpy(rows)
-        # a random draw that is one of its query's positives is not a negative
-        rand_ok[i] = ~np.isin(rand_q * n_pass + d.rand_p[slot], data.pos_keys)
-    pos_in = qmask[:, data.pos_q]  # (G, E+)
-    g_rows, e_cols = np.nonzero(pos_in)
-    pmask[g_rows, shared.pos[e_cols]] = 1.0  # a bagged query keeps its positives
-    wanted = np.zeros(pmask.shape, dtype=np.bool_)
-    wanted[:, shared.pos] = True  # known relevant to some training query: never a target
-    neg_q = np.concatenate([data.neg_q, rand_q])
-    neg_p = np.concatenate([shared.neg, n_s + slot])
-    ok = np.concatenate([np.ones((n_g, len(data.neg_q)), np.float32), rand_ok], axis=1)
-    neg_w = qmask[:, neg_q] * pmask[:, neg_p] * ok * cfg.negative_weight
-    return _Group(
-        xq=xq,
-        xp=xp,
-        qmask=torch.from_numpy(qmask),
-        pos_q=torch.from_numpy(data.pos_q),
-        pos_p=torch.from_numpy(shared.pos.astype(np.int64)),
-        pos_w=torch.from_numpy((pos_in * boost[None, :]).astype(np.float32)),
-        neg_q=torch.from_numpy(neg_q),
-        neg_p=torch.from_numpy(neg_p),
-        neg_w=torch.from_numpy(neg_w.astype(np.float32)),
-        pmask=torch.from_numpy(pmask.astype(np.float32)),
-        wanted=torch.from_numpy(wanted),
-        gens=[d.dropout for d in draws],
     )
 
 
@@ -801,8 +291,8 @@ def train_forest(
     parsed = parse_forest_config(config)
     cfg = forest_train_config(parsed)
     t_start = time.perf_counter()
-    data = _pair_data(store, cfg.hard_negatives, train_rows)
-    shared = _shared_rows(store, data)
+    data = pair_data(store, cfg.hard_negatives, train_rows)
+    shared = shared_rows(store, data)
     n_pass = int(store.n_passages)
     dim = int(store.dim)
     fcfg = cfg.forest_config(dim)
@@ -830,12 +320,12 @@ def train_forest(
             n_g = min(cfg.group_size, cfg.n_models - n_done)
             t0 = time.perf_counter()
             draws = [
-                _draw_pair(cfg, m, nq, len(shared.ids), n_pass) for m in range(n_done, n_done + n_g)
+                draw_pair(cfg, m, nq, len(shared.ids), n_pass) for m in range(n_done, n_done + n_g)
             ]
             boost = (
                 boosting_weights(misses, n_done) if cfg.boosting else np.ones(len(misses))
             ).astype(np.float32)
-            group = _build_group(cfg, store, data, shared, xq_all, draws, boost)
+            group = build_group(cfg, store, data, shared, xq_all, draws, boost)
             inits = [
                 init_layers(fcfg.layer_shapes("query"), 1, d.init, cfg.init_scale) for d in draws
             ]
@@ -970,3 +460,12 @@ def plot_metric_vs_models(
     fig.tight_layout()
     atomic_savefig(fig, path, dpi=120)
     return path
+
+
+def plot_forest_curves(
+    records: list[dict[str, Any]], summary: dict[str, Any], path: str | Path, title: str = ""
+) -> Path | None:
+    """The forest's curves for its model directory: held-out metrics against M (or None when
+    it was trained without validation)."""
+    curve = summary.get("curve") or []
+    return plot_metric_vs_models(curve, path, title=title) if curve else None
