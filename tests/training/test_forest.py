@@ -220,3 +220,17 @@ def test_learned_not_retrievable_fires_for_never_relevant_passages() -> None:
         store, sectioned({**cfg, "nr_weight": 0.0, "nr_penalty": 1.0}), progress=False
     )
     assert (plain.model.passage_classes(store.passages)[0][n_gold:] < 0).mean() < 0.1
+
+
+def test_blocked_full_batch_gradient_equals_one_block(toy_store) -> None:
+    """chunk_size only bounds memory: 7-row blocks train the same forest as one block (no
+    dropout, whose masks are drawn per block)."""
+    cfg = {**SMALL, "n_models": 2, "dropout": 0.0, "hidden": [6], "group_size": 2}
+    one = train_forest(toy_store, sectioned({**cfg, "chunk_size": 100000}), progress=False).model
+    blocked = train_forest(toy_store, sectioned({**cfg, "chunk_size": 7}), progress=False).model
+    for a, b in zip(
+        one.query_weights + one.passage_weights,
+        blocked.query_weights + blocked.passage_weights,
+        strict=True,
+    ):
+        torch.testing.assert_close(a, b, rtol=0, atol=2e-5)

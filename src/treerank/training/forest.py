@@ -130,19 +130,79 @@ def _query_terms(cfg: ForestTrainConfig, g: PairGroup, pq: Tensor) -> Tensor:
     return loss
 
 
-def _run_steps(
-    params: list[Tensor], steps: int, lr: float, loss_fn: Callable[[int], Tensor]
+class _Side:
+    """One side of a group's models (query or passage) seen through its row blocks."""
+
+    def __init__(
+        self,
+        rows: Callable[[int, int], Tensor],
+        n: int,
+        weights: list[Tensor],
+        biases: list[Tensor],
+    ) -> None:
+        self.rows, self.n, self.weights, self.biases = rows, n, weights, biases
+
+    def logits(self, lo: int, hi: int, dropout: float, gens: list[torch.Generator]) -> Tensor:
+        return stacked_forward(
+            self.rows(lo, hi), self.weights, self.biases, dropout=dropout, generators=gens
+        )
+
+
+def _cached_step(
+    sides: list[_Side],
+    loss_fn: Callable[[list[Tensor]], Tensor],
+    chunk: int,
+    dropout: float,
+    gens: list[torch.Generator],
 ) -> float:
+    """One full-batch gradient in bounded memory (the GradCache scheme, Gao et al. 2021).
+
+    1. Every side's logits ``(G, n, width)`` are computed block by block without autograd (the
+       ``(n, d)`` inputs and dropout masks are never held whole);
+    2. ``loss_fn(logits)`` runs on them as leaf tensors and its gradient w.r.t. the logits is
+       taken;
+    3. each block is recomputed with autograd (the dropout streams are rewound, so the masks are
+       the same) and ``logits_block . grad_block`` is back-propagated into the parameters.
+
+    The parameter gradients are exactly those of the whole batch at once; memory is
+    ``O(n * width + chunk * d)`` per model instead of ``O(n * d)``.
+
+    Returns:
+        the loss value.
+    """
+    states = [gen.get_state() for gen in gens]
+    with torch.no_grad():
+        leaves = [
+            torch.cat(
+                [s.logits(lo, min(lo + chunk, s.n), dropout, gens) for lo in range(0, s.n, chunk)],
+                1,
+            ).requires_grad_(True)
+            for s in sides
+        ]
+    loss = loss_fn(leaves)
+    loss.backward()
+    for gen, st in zip(gens, states, strict=True):
+        gen.set_state(st)
+    for side, leaf in zip(sides, leaves, strict=True):
+        assert leaf.grad is not None
+        for lo in range(0, side.n, chunk):
+            hi = min(lo + chunk, side.n)
+            (side.logits(lo, hi, dropout, gens) * leaf.grad[:, lo:hi]).sum().backward()
+    return float(loss.detach())
+
+
+def _run_steps(
+    params: list[Tensor], steps: int, lr: float, step_fn: Callable[[int], float]
+) -> float:
+    """``steps`` Adam steps; ``step_fn(step)`` fills the gradients and returns the loss."""
     if steps == 0 or not params:
         return float("nan")
     opt = torch.optim.Adam(params, lr=lr)
     last = float("nan")
     for step in range(steps):
         opt.zero_grad(set_to_none=True)
-        loss = loss_fn(step)
-        loss.backward()
+        last = step_fn(step)
         opt.step()
-        last = float(loss.detach())
     return last
 
 
@@ -153,29 +213,42 @@ def _train_group(
 
     Each pair's loss depends on its own parameters, rows, bag, weights and dropout stream only,
     and the group's loss is the sum, so every pair gets exactly the gradients (and Adam updates)
-    of training it alone.
+    of training it alone. Every step is one full-batch gradient computed block by block
+    (:func:`_cached_step`, ``chunk_size`` rows per block).
     """
     n_g = qw[0].shape[0]
     for t in (*qw, *qb):
         t.requires_grad_(True)
-    xq = g.xq.unsqueeze(0).expand(n_g, -1, -1)  # batched matmul: per-pair results as if alone
-    drop = cfg.dropout
+    drop, chunk = cfg.dropout, cfg.chunk_size
+    nq = g.xq.shape[0]
 
-    def q_probs(ws: list[Tensor], bs: list[Tensor]) -> Tensor:
-        return torch.softmax(stacked_forward(xq, ws, bs, dropout=drop, generators=g.gens), -1)
+    def q_rows(lo: int, hi: int) -> Tensor:  # batched matmul: per-pair results as if alone
+        return g.xq[lo:hi].unsqueeze(0).expand(n_g, -1, -1)
+
+    q_side = _Side(q_rows, nq, qw, qb)
 
     # Stage 1 (step A): query model, uniformity (+ sharpness) on the bag.
-    def q_loss(_: int) -> Tensor:
-        return (_query_terms(cfg, g, q_probs(qw, qb)) + cfg.weight_decay * _l2(qw)).sum()
+    def q_step(_: int) -> float:
+        def loss(z: list[Tensor]) -> Tensor:
+            return _query_terms(cfg, g, torch.softmax(z[0], -1)).sum()
 
-    loss1 = _run_steps([*qw, *qb], cfg.steps_query, cfg.lr, q_loss) / n_g
+        value = _cached_step([q_side], loss, chunk, drop, g.gens)
+        l2 = (cfg.weight_decay * _l2(qw)).sum()
+        l2.backward()
+        return value + float(l2.detach())
+
+    loss1 = _run_steps([*qw, *qb], cfg.steps_query, cfg.lr, q_step) / n_g
 
     # Stage 2: passage model from the query model's weights; the query classes are the targets.
     with torch.no_grad():
-        target = stacked_forward(xq, qw, qb).argmax(-1)  # (G, nq)
+        target = torch.cat(
+            [q_side.logits(lo, min(lo + chunk, nq), 0.0, g.gens) for lo in range(0, nq, chunk)],
+            1,
+        ).argmax(-1)  # (G, nq)
     pw, pb = passage_init_from_query(qw, qb, cfg.nr_bias_init)
     for t in (*pw, *pb):
         t.requires_grad_(True)
+    p_side = _Side(g.passage_rows, g.n_passage_rows, pw, pb)
     rows = torch.arange(n_g).unsqueeze(1)
 
     def nr_terms(pp: Tensor, t_neg: Tensor) -> Tensor:
@@ -197,38 +270,51 @@ def _train_group(
         pbar = real.sum(1) / real.sum((1, 2)).clamp_min(EPS).unsqueeze(-1)
         return cfg.passage_uniformity_weight * uniformity_loss(pbar, cfg.uniformity)
 
-    def p_logits(ws: list[Tensor], bs: list[Tensor]) -> Tensor:
-        return stacked_forward(g.xp, ws, bs, dropout=drop, generators=g.gens)  # (G, nP, C+1)
-
     t_pos = target[:, g.pos_q]  # (G, E+)
     t_neg = target[:, g.neg_q]
 
-    def p_loss(_: int) -> Tensor:
-        logp = torch.log_softmax(p_logits(pw, pb), -1)
-        lp_pos = logp[rows, g.pos_p.unsqueeze(0), t_pos]
-        lp_neg = logp[rows, g.neg_p.unsqueeze(0), t_neg]
-        loss = weighted_mean(-lp_pos, g.pos_w)
-        loss = loss + weighted_mean(-torch.log1p(-lp_neg.exp().clamp_max(1 - 1e-6)), g.neg_w)
-        pp = logp.exp()
-        loss = loss + nr_terms(pp, t_neg) + passage_balance(pp)
-        return (loss + cfg.weight_decay * _l2(pw)).sum()
+    def p_step(_: int) -> float:
+        def loss(z: list[Tensor]) -> Tensor:
+            logp = torch.log_softmax(z[0], -1)  # (G, nP, C+1)
+            lp_pos = logp[rows, g.pos_p.unsqueeze(0), t_pos]
+            lp_neg = logp[rows, g.neg_p.unsqueeze(0), t_neg]
+            out = weighted_mean(-lp_pos, g.pos_w)
+            out = out + weighted_mean(-torch.log1p(-lp_neg.exp().clamp_max(1 - 1e-6)), g.neg_w)
+            pp = logp.exp()
+            return (out + nr_terms(pp, t_neg) + passage_balance(pp)).sum()
 
-    loss2 = _run_steps([*pw, *pb], cfg.steps_passage, cfg.lr, p_loss) / n_g
+        value = _cached_step([p_side], loss, chunk, drop, g.gens)
+        l2 = (cfg.weight_decay * _l2(pw)).sum()
+        l2.backward()
+        return value + float(l2.detach())
+
+    loss2 = _run_steps([*pw, *pb], cfg.steps_passage, cfg.lr, p_step) / n_g
 
     # Stage 3: joint (or alternating) round on the soft collision probability.
-    def j_loss(_: int) -> Tensor:
-        pq = q_probs(qw, qb)  # (G, nq, C)
-        pp = torch.softmax(p_logits(pw, pb), -1)  # (G, nP, C+1)
-        s_pos = (pq[:, g.pos_q] * pp[:, g.pos_p, :-1]).sum(-1)
-        s_neg = (pq[:, g.neg_q] * pp[:, g.neg_p, :-1]).sum(-1)
-        loss = weighted_mean(-torch.log(s_pos.clamp_min(EPS)), g.pos_w)
-        loss = loss + weighted_mean(-torch.log1p(-s_neg.clamp_max(1 - 1e-6)), g.neg_w)
-        loss = loss + _query_terms(cfg, g, pq)
-        loss = loss + nr_terms(pp, pq.detach().argmax(-1)[:, g.neg_q]) + passage_balance(pp)
-        return (loss + cfg.weight_decay * (_l2(qw) + _l2(pw))).sum()
+    def j_step(_: int) -> float:
+        def loss(z: list[Tensor]) -> Tensor:
+            pq = torch.softmax(z[0], -1)  # (G, nq, C)
+            pp = torch.softmax(z[1], -1)  # (G, nP, C+1)
+            s_pos = (pq[:, g.pos_q] * pp[:, g.pos_p, :-1]).sum(-1)
+            out = weighted_mean(-torch.log(s_pos.clamp_min(EPS)), g.pos_w)
+            # negatives in blocks: the (G, E-, C) gathers stay bounded
+            w_tot = g.neg_w.sum(-1).clamp_min(EPS)
+            for lo in range(0, len(g.neg_q), chunk):
+                sl = slice(lo, lo + chunk)
+                s_neg = (pq[:, g.neg_q[sl]] * pp[:, g.neg_p[sl], :-1]).sum(-1)
+                nll = -torch.log1p(-s_neg.clamp_max(1 - 1e-6))
+                out = out + (nll * g.neg_w[:, sl]).sum(-1) / w_tot
+            out = out + _query_terms(cfg, g, pq)
+            out = out + nr_terms(pp, pq.detach().argmax(-1)[:, g.neg_q]) + passage_balance(pp)
+            return out.sum()
+
+        value = _cached_step([q_side, p_side], loss, chunk, drop, g.gens)
+        l2 = (cfg.weight_decay * (_l2(qw) + _l2(pw))).sum()
+        l2.backward()
+        return value + float(l2.detach())
 
     if cfg.joint_mode == "joint":
-        loss3 = _run_steps([*qw, *qb, *pw, *pb], cfg.steps_joint, cfg.lr, j_loss) / n_g
+        loss3 = _run_steps([*qw, *qb, *pw, *pb], cfg.steps_joint, cfg.lr, j_step) / n_g
     else:
         loss3 = float("nan")
         if cfg.steps_joint > 0:
@@ -238,10 +324,8 @@ def _train_group(
                 opt = opt_q if step % 2 == 0 else opt_p
                 opt_q.zero_grad(set_to_none=True)
                 opt_p.zero_grad(set_to_none=True)
-                loss = j_loss(step)
-                loss.backward()
+                loss3 = j_step(step) / n_g
                 opt.step()
-                loss3 = float(loss.detach()) / n_g
     detach = [[t.detach() for t in ts] for ts in (qw, qb, pw, pb)]
     return (
         detach[0],
@@ -343,7 +427,12 @@ def train_forest(
                 pb,
             )
             qc, _ = part.query_classes(xq_all.numpy())
-            pc, _ = part.passage_classes(shared.x.numpy())
+            pc = np.concatenate(
+                [
+                    part.passage_classes(shared.rows(lo, lo + cfg.chunk_size))[0]
+                    for lo in range(0, len(shared.ids), cfg.chunk_size)
+                ]
+            )
             miss = qc[data.pos_q] != pc[shared.pos]  # (E+, G)
             misses += miss.sum(axis=1)
             ent_q = _entropy_rows(qc, fcfg.n_classes)

@@ -65,6 +65,7 @@ class ForestTrainConfig:
     nr_weight: float = 0.0
     boosting: bool = True
     num_threads: int | None = 1
+    chunk_size: int = 65536
     validate_at: list[int] | None = None
     name: str = "forest"
 
@@ -107,6 +108,8 @@ class ForestTrainConfig:
             bad(f"dropout must be in [0, 1) (got {self.dropout})")
         if self.nr_weight < 0 or self.nr_penalty < 0:
             bad("nr_weight and nr_penalty must be >= 0")
+        if self.chunk_size < 1:
+            bad("chunk_size must be >= 1")
         if self.random_pool < 1:
             bad("random_pool must be >= 1")
         for name in ("steps_query", "steps_passage", "steps_joint", "random_negatives"):
@@ -144,6 +147,7 @@ FOREST_SECTIONS: dict[str, tuple[str, ...]] = {
         "nr_weight",
         "boosting",
         "num_threads",
+        "chunk_size",
         "validate_at",
     ),
 }

@@ -108,29 +108,6 @@ def pair_data(store: Any, hard_negatives: int, train_rows: np.ndarray | None) ->
     )
 
 
-@dataclass
-class PairGroup:
-    """Tensors of one group of ``G`` independent pairs trained together.
-
-    Every pair has its own passage rows: the shared rows ``S`` (every positive and fixed
-    negative passage, in ascending id order) followed by its own ``R`` random-negative rows, so
-    each pair's tensors have exactly the shapes they have when it is trained alone.
-    """
-
-    xq: Tensor  # (nq, d) training queries (shared)
-    xp: Tensor  # (G, nS + R, d) per-pair passage rows
-    qmask: Tensor  # (G, nq) bag of queries
-    pos_q: Tensor  # (E+,) index into xq
-    pos_p: Tensor  # (E+,) index into the pair's passage rows (a shared row)
-    pos_w: Tensor  # (G, E+) bag * boosting weight
-    neg_q: Tensor  # (E-,) index into xq
-    neg_p: Tensor  # (E-,) index into the pair's passage rows
-    neg_w: Tensor  # (G, E-) bag * negative_weight (0 for a random draw that is a positive)
-    pmask: Tensor  # (G, nS + R) passages in the bag
-    wanted: Tensor  # (G, nS + R) bool: the row is a positive of some training query
-    gens: list[torch.Generator]  # one dropout stream per pair
-
-
 def _exact_bag(gen: np.random.Generator, n: int, frac: float) -> np.ndarray:
     """``float32 (n,)`` 0/1 with exactly ``ceil(frac * n)`` ones at random places."""
     mask = np.zeros(n, dtype=np.float32)
@@ -177,18 +154,64 @@ def draw_pair(cfg: ForestTrainConfig, pair: int, nq: int, n_shared: int, n_pass:
 
 @dataclass
 class SharedRows:
-    """Passage rows every pair shares: positives and fixed negatives."""
+    """Passage rows every pair shares: positives and fixed negatives (read from the store on
+    demand, a block at a time, so a 1M-passage store is never copied into memory)."""
 
+    store: Any
     ids: np.ndarray  # int64 (nS,) ascending store ids
-    x: Tensor  # float32 (nS, d)
     pos: np.ndarray  # int64 (E+,) row of each positive example
     neg: np.ndarray  # int64 (E-fixed,) row of each fixed negative example
+
+    def rows(self, lo: int, hi: int) -> np.ndarray:
+        """``float32 (hi - lo, d)`` vectors of shared rows ``lo .. hi - 1``."""
+        return np.asarray(self.store.passages[self.ids[lo:hi]], dtype=np.float32)
 
 
 def shared_rows(store: Any, data: PairData) -> SharedRows:
     ids = np.unique(np.concatenate([data.pos_p, data.neg_p]))
-    x = torch.from_numpy(np.asarray(store.passages[ids], dtype=np.float32))
-    return SharedRows(ids, x, np.searchsorted(ids, data.pos_p), np.searchsorted(ids, data.neg_p))
+    return SharedRows(
+        store, ids, np.searchsorted(ids, data.pos_p), np.searchsorted(ids, data.neg_p)
+    )
+
+
+@dataclass
+class PairGroup:
+    """Tensors of one group of ``G`` independent pairs trained together.
+
+    Every pair has its own passage rows: the shared rows ``S`` (every positive and fixed
+    negative passage, in ascending id order) followed by its own ``R`` random-negative rows, so
+    each pair's tensors have exactly the shapes they have when it is trained alone.
+    """
+
+    xq: Tensor  # (nq, d) training queries (shared)
+    shared: SharedRows  # the nS shared passage rows (read on demand)
+    pool_x: Tensor  # (G, R, d) each pair's random-negative pool rows
+    qmask: Tensor  # (G, nq) bag of queries
+    pos_q: Tensor  # (E+,) index into xq
+    pos_p: Tensor  # (E+,) index into the pair's passage rows (a shared row)
+    pos_w: Tensor  # (G, E+) bag * boosting weight
+    neg_q: Tensor  # (E-,) index into xq
+    neg_p: Tensor  # (E-,) index into the pair's passage rows
+    neg_w: Tensor  # (G, E-) bag * negative_weight (0 for a random draw that is a positive)
+    pmask: Tensor  # (G, nS + R) passages in the bag
+    wanted: Tensor  # (G, nS + R) bool: the row is a positive of some training query
+    gens: list[torch.Generator]  # one dropout stream per pair
+
+    @property
+    def n_passage_rows(self) -> int:
+        return len(self.shared.ids) + int(self.pool_x.shape[1])
+
+    def passage_rows(self, lo: int, hi: int) -> Tensor:
+        """``float32 (G, hi - lo, d)`` the pairs' passage rows ``lo .. hi - 1`` (shared, then
+        pool)."""
+        n_s = len(self.shared.ids)
+        parts = []
+        if lo < n_s:
+            x = torch.from_numpy(self.shared.rows(lo, min(hi, n_s)))
+            parts.append(x.unsqueeze(0).expand(self.pool_x.shape[0], -1, -1))
+        if hi > n_s:
+            parts.append(self.pool_x[:, max(lo, n_s) - n_s : hi - n_s])
+        return parts[0] if len(parts) == 1 else torch.cat(parts, 1)
 
 
 def build_group(
@@ -208,8 +231,7 @@ def build_group(
     rand_q = np.repeat(np.arange(nq, dtype=np.int64), cfg.random_negatives)
     n_r = _pool_size(cfg, nq, n_pass)
     slot = np.arange(len(rand_q), dtype=np.int64) % max(1, n_r)
-    xp = torch.empty(n_g, n_s + n_r, xq.shape[1])
-    xp[:, :n_s] = shared.x
+    pool_x = torch.empty(n_g, n_r, xq.shape[1])
     qmask = np.stack([d.qmask for d in draws])
     pmask = np.concatenate(
         [np.stack([d.smask for d in draws]), np.stack([d.rmask for d in draws])], axis=1
@@ -220,7 +242,7 @@ def build_group(
             order = np.argsort(d.rand_p)  # ascending reads of a memory-mapped store
             rows = np.empty((n_r, xq.shape[1]), dtype=np.float32)
             rows[order] = np.asarray(store.passages[d.rand_p[order]], dtype=np.float32)
-            xp[i, n_s:] = torch.from_numpy(rows)
+            pool_x[i] = torch.from_numpy(rows)
         # a random draw that is one of its query's positives is not a negative
         rand_ok[i] = ~np.isin(rand_q * n_pass + d.rand_p[slot], data.pos_keys)
     pos_in = qmask[:, data.pos_q]  # (G, E+)
@@ -234,7 +256,8 @@ def build_group(
     neg_w = qmask[:, neg_q] * pmask[:, neg_p] * ok * cfg.negative_weight
     return PairGroup(
         xq=xq,
-        xp=xp,
+        shared=shared,
+        pool_x=pool_x,
         qmask=torch.from_numpy(qmask),
         pos_q=torch.from_numpy(data.pos_q),
         pos_p=torch.from_numpy(shared.pos.astype(np.int64)),
