@@ -165,11 +165,16 @@ def _cached_step(
        the same) and ``logits_block . grad_block`` is back-propagated into the parameters.
 
     The parameter gradients are exactly those of the whole batch at once; memory is
-    ``O(n * width + chunk * d)`` per model instead of ``O(n * d)``.
+    ``O(n * width + chunk * d)`` per model instead of ``O(n * d)``. When every side fits in one
+    block, the step is a plain forward and backward (same masks, same gradient).
 
     Returns:
         the loss value.
     """
+    if all(s.n <= chunk for s in sides):  # one block: plain autograd, no recomputation
+        loss = loss_fn([s.logits(0, s.n, dropout, gens) for s in sides])
+        loss.backward()
+        return float(loss.detach())
     states = [gen.get_state() for gen in gens]
     with torch.no_grad():
         leaves = [
