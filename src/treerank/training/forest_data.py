@@ -73,6 +73,19 @@ def mine_hard_negatives(
 
 
 def pair_data(store: Any, hard_negatives: int, train_rows: np.ndarray | None) -> PairData:
+    """The training examples of a store split.
+
+    Args:
+        store: an ``EmbeddingStore`` (``candidates`` / ``labels`` / ``relevance_threshold``).
+        hard_negatives: cosine hard negatives mined per query (0 = none).
+        train_rows: query rows to train on (None: every query with a selected passage).
+
+    Returns:
+        :class:`PairData`: positives, fixed negatives (judged non-selected + mined), keys.
+
+    Raises:
+        ValueError: no query has a selected passage.
+    """
     cand = np.asarray(store.candidates)
     lab = np.asarray(store.labels)
     thr = int(store.relevance_threshold)
@@ -140,6 +153,9 @@ def _pool_size(cfg: ForestTrainConfig, nq: int, n_pass: int) -> int:
 
 
 def draw_pair(cfg: ForestTrainConfig, pair: int, nq: int, n_shared: int, n_pass: int) -> PairDraw:
+    """Every random choice of pair ``pair`` (global index), from :func:`pair_seed` alone:
+    init and dropout generators, bag of ``nq`` queries, bag of ``n_shared`` shared passage rows,
+    a pool of random passages out of ``n_pass`` and its bag."""
     rng = np.random.default_rng(pair_seed(cfg.seed, pair))
     init = torch.Generator().manual_seed(int(rng.integers(2**62)))
     dropout = torch.Generator().manual_seed(int(rng.integers(2**62)))
@@ -168,6 +184,7 @@ class SharedRows:
 
 
 def shared_rows(store: Any, data: PairData) -> SharedRows:
+    """The shared passage rows of ``data`` (positives and fixed negatives, ascending ids)."""
     ids = np.unique(np.concatenate([data.pos_p, data.neg_p]))
     return SharedRows(
         store, ids, np.searchsorted(ids, data.pos_p), np.searchsorted(ids, data.neg_p)
