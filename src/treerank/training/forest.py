@@ -21,10 +21,10 @@ The TreeRank seed (Training section), implemented step by step. For every pair `
    frozen so that each selected passage falls into its query's (argmax) class,
    ``-log P_p(class(q))``, and each non-selected candidate does not,
    ``-negative_weight * log(1 - P_p(class(q)))``. The ``C + 1``-way softmax includes the
-   not-retrievable class, which is how that outcome is learned: a passage pushed out of the
-   classes of the queries it is a negative for, and never pulled into one as a positive, drifts
-   into "not retrievable". ``nr_penalty * mean P_p(not retrievable)`` keeps the outcome from
-   swallowing passages that were simply never seen as positives.
+   not-retrievable class, learned by ``nr_weight * not_retrievable_loss`` (passages met in
+   their class only by queries that judge them negative go out of the model's index; known
+   positives stay in; :mod:`treerank.training.forest_losses`), against ``nr_penalty * mean
+   P_p(not retrievable)``.
 3. **Joint round** (``steps_joint`` steps, ``joint_mode`` ``"joint"`` or ``"alternate"``): both
    models together on the *soft collision probability* ``s(q, p) = sum_c P_q(c) P_p(c)``:
    ``-log s`` for selected pairs, ``-negative_weight * log(1 - s)`` for non-selected pairs, plus
@@ -46,17 +46,20 @@ passage in its query's class (not retrievable counts as a miss). It weights the 
 terms of stages 2 and 3.
 
 **Negatives** per query: its judged non-selected candidates, ``hard_negatives`` most
-cosine-similar passages that are not selected for it, and ``random_negatives`` uniformly drawn
-passages (re-drawn for every group of pairs).
+cosine-similar passages that are not selected for it (mined through the exact top-k kernel), and
+``random_negatives`` passages from the pair's own pool of ``random_pool`` random passages.
+
+**Bounded memory**: every step is one full-batch gradient, computed ``chunk_size`` rows at a
+time (:func:`_cached_step`).
 
 Measured results (SciFact, DL19, the sweeps behind the shipped settings) are in
 ``docs/forest.md``; the configs in ``configs/forest/``.
 
 **Vectorised training**: ``group_size`` pairs are trained at once as stacked parameters (each with
-its own bag, init and dropout; the losses are summed, so each pair's gradients are exactly those
-of training it alone). Boosting weights are updated after each group: with ``group_size = 1``
-(the strict seed order) ``n`` counts every earlier pair; with ``group_size = G`` the pairs of a
-group share the weights computed from the groups before it.
+its own seed, bag, init, random negatives and dropout stream; the losses are summed, so each pair
+trains exactly as it would alone, tested). Boosting weights are updated after each group: with
+``group_size = 1`` (the strict seed order, the default) ``n`` counts every earlier pair; with
+``group_size = G`` the pairs of a group share the weights computed from the groups before it.
 """
 
 from __future__ import annotations
