@@ -288,6 +288,11 @@ def test_forest_system_run_matches_index_search() -> None:
     )
     np.testing.assert_array_equal(run.ids, ref.ids)
     assert run.name == "f" and run.ids.shape == (10, 80) and run.ids[0, -1] == -1
+    sizes = system.index.list_sizes()
+    qc, _ = forest.query_classes(store.queries)
+    assert system.balance_stats()["mean_postings_scanned_per_query"] == pytest.approx(
+        sizes[np.arange(8)[None, :], qc].sum(1).mean()
+    )
     finite = np.where(np.isfinite(run.scores), run.scores, -1.0)
     assert np.all(np.diff(finite, axis=1) <= 0)
     np.testing.assert_array_equal(np.isneginf(run.scores), run.ids < 0)

@@ -336,7 +336,9 @@ class ForestSystem:
             ``max_entropy_log_c``; mean / min over models of the class-usage entropy (nats) of the
             split's queries and indexed passages; ``not_retrievable_fraction`` of (passage, model)
             entries; ``passages_never_indexed``; ``index_bytes``; ``ties_at_rank_10``
-            (:meth:`ForestHits.tie_stats`); ``mean_retrieved_per_query``.
+            (:meth:`ForestHits.tie_stats`); ``mean_retrieved_per_query``;
+            ``mean_postings_scanned_per_query`` (posting entries the counting search read, against
+            ``n_passages`` vectors for dense exact search).
 
         Raises:
             RuntimeError: :meth:`retrieve` has not run yet.
@@ -357,6 +359,9 @@ class ForestSystem:
             "index_bytes": st["nbytes"],
             "ties_at_rank_10": self.hits.tie_stats(10) if self.hits.ids.shape[1] > 10 else None,
             "mean_retrieved_per_query": float((self.hits.ids >= 0).sum(1).mean()),
+            "mean_postings_scanned_per_query": float(self.hits.scanned.mean())
+            if self.hits.scanned.size
+            else 0.0,
         }
 
 
@@ -376,8 +381,8 @@ def forest_report(systems: dict[str, ForestSystem]) -> dict[str, Any]:
         "",
         "| forest | query class entropy (mean / min, nats) | passage class entropy "
         "(mean / min) | max = log C | not retrievable | ties at rank 10 (count / "
-        "count + secondary) | passages retrieved per query |",
-        "|---|---|---|---|---|---|---|",
+        "count + secondary) | passages retrieved per query | postings scanned per query |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     nan = float("nan")
     for fname, st in stats.items():
@@ -388,6 +393,7 @@ def forest_report(systems: dict[str, ForestSystem]) -> dict[str, Any]:
             f" / {st['passage_class_entropy_min']:.3f} | {st['max_entropy_log_c']:.3f} | "
             f"{st['not_retrievable_fraction']:.1%} | {ties.get('count_tie', nan):.0%}"
             f" / {ties.get('secondary_tie', nan):.0%} | "
-            f"{st['mean_retrieved_per_query']:.0f} |"
+            f"{st['mean_retrieved_per_query']:.0f} | "
+            f"{st['mean_postings_scanned_per_query']:.0f} |"
         )
     return {"stats": stats, "markdown": "\n".join(md)}
