@@ -11,6 +11,10 @@ CSR-style layout (bm25s / scipy style: plain arrays, mmap-able):
 
 Passages not retrievable for model ``m`` appear in none of ``m``'s lists.
 
+Search (:meth:`ForestIndex.search`) runs the compiled counting kernel of
+:mod:`treerank.search.forest_kernel`: the match count stays sparse end to end and the top ``k``
+is taken over the passages the query's lists touch, never over all ``n`` passages.
+
 Ranking (TreeRank seed): ``count(q, p) = #{m : class_m(q) == class_m(p)}``. Integer counts tie
 massively, so the order is **lexicographic and deterministic**:
 
