@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -207,6 +207,14 @@ class DRTObjective(nn.Module):
         dec = (decorrelation_loss(qs) + decorrelation_loss(ps)) / 2
         self._last_dec = float(dec.detach())
         return self.lambda_dec * dec
+
+    def gather_batch_state(self, gather: Callable[[Tensor, str], Tensor]) -> None:
+        """Data-parallel training (``treerank.distributed.training``): replace this rank's
+        un-dropped slots by the whole batch's, so :meth:`extra_loss` sees every rank's rows."""
+        if self.head.last_query_slots is not None:
+            self.head.last_query_slots = gather(self.head.last_query_slots, "query")
+        if self.head.last_passage_slots is not None:
+            self.head.last_passage_slots = gather(self.head.last_passage_slots, "passage")
 
     def log_values(self) -> dict[str, float]:
         return {"decorrelation": self._last_dec, **self.head.log_values()}
