@@ -111,6 +111,45 @@ def _train_family(store, out: Path, family: str, rank: int) -> None:
     )
 
 
+SEARCH_CASES = {
+    # name: (k, chunk_size, query transform, passage transform)
+    "cosine-k100": (100, 1000, None, None),
+    "cosine-k4000": (4000, 700, None, None),  # k larger than a shard
+    "rounded-ties": (50, 900, "round", "round"),  # scores on a coarse grid: many exact ties
+    "constant": (20, 1000, None, "constant"),  # every score equal: ids 0..k-1
+}
+
+
+def search_case(store, name: str):
+    """``(queries, passages, kwargs)`` of a search case (the tests' reference reuses it)."""
+    k, chunk, qt, pt = SEARCH_CASES[name]
+    q = np.asarray(store.queries, dtype=np.float32)
+    if qt == "round":
+        q = np.round(q * 4) / 4
+    transform = None
+    if pt == "round":
+        transform = lambda x: np.round(np.asarray(x) * 4) / 4  # noqa: E731
+    elif pt == "constant":
+        transform = lambda x: np.ones_like(x)  # noqa: E731
+    return q, store.passages, {"k": k, "chunk_size": chunk, "passage_transform": transform}
+
+
+def search(store_path: str, out: str) -> None:
+    from treerank.distributed.context import launch, sharded_search
+    from treerank.search.exact import exact_search
+    from treerank.store import EmbeddingStore
+
+    store = EmbeddingStore.open(store_path)
+    with launch() as ctx, sharded_search():
+        assert ctx is not None
+        res = {}
+        for name in SEARCH_CASES:
+            q, p, kw = search_case(store, name)
+            ids, scores = exact_search(q, p, **kw)
+            res[f"{name}/ids"], res[f"{name}/scores"] = ids, scores
+        np.savez(Path(out) / f"search-rank{ctx.rank}.npz", **res)
+
+
 if __name__ == "__main__":
     cmd, *rest = sys.argv[1:]
-    {"train": train}[cmd](*rest)
+    {"train": train, "search": search}[cmd](*rest)

@@ -69,6 +69,7 @@ def evaluate(
     """Evaluate systems on every passage of a split; print and write a comparison table."""
     from rich.console import Console
 
+    from treerank.distributed.context import launch, sharded_search
     from treerank.evaluation.compare import compare_systems
     from treerank.store import EmbeddingStore
 
@@ -77,22 +78,27 @@ def evaluate(
         systems = [baseline, *systems]
     try:
         st = EmbeddingStore.open(store / split if split else store, dim=dim)
-        comp = compare_systems(
-            st,
-            systems,
-            baseline=baseline,
-            k=k,
-            out_dir=out,
-            metrics=metrics,
-            second_baseline=second_baseline,
-            n_permutations=permutations,
-            seed=seed,
-            gain=gain,
-            relevance_threshold=threshold,
-            progress=progress,
-        )
+        # under torchrun every rank searches a contiguous passage shard; rank 0 writes
+        with launch() as ctx, sharded_search():
+            main = ctx is None or ctx.is_main
+            comp = compare_systems(
+                st,
+                systems,
+                baseline=baseline,
+                k=k,
+                out_dir=out if main else None,
+                metrics=metrics,
+                second_baseline=second_baseline,
+                n_permutations=permutations,
+                seed=seed,
+                gain=gain,
+                relevance_threshold=threshold,
+                progress=progress and main,
+            )
     except (ValueError, FileNotFoundError, KeyError) as exc:
         raise fail(exc) from None
+    if not main:
+        return
     console.print(comp.rich())
     if second_baseline:
         console.print(comp.rich(second_baseline))

@@ -36,6 +36,7 @@ def train(
     from rich.console import Console
     from rich.table import Table
 
+    from treerank.distributed.context import launch
     from treerank.pipeline.training import TRAINERS, open_train_store, train_model
 
     console = Console()
@@ -54,7 +55,10 @@ def train(
         cfg["seed"] = seed
     try:
         st = open_train_store(store, split)
-        res = train_model(model, st, cfg, out, progress=progress)
+        with launch() as ctx:  # torchrun: data-parallel (treerank.distributed.training)
+            res = train_model(model, st, cfg, out, progress=progress)
+            if ctx is not None and not ctx.is_main:
+                return
     except (ValueError, KeyError, FileNotFoundError) as exc:
         where = f"{config}: " if config is not None and isinstance(exc, ValueError) else ""
         raise fail(f"{where}{exc}") from exc

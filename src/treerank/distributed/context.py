@@ -32,6 +32,8 @@ __all__ = [
     "launch",
     "main_first",
     "shard_bounds",
+    "sharded_search",
+    "sharded_search_context",
 ]
 
 T = TypeVar("T")
@@ -70,15 +72,45 @@ class DistContext:
         Treerank's heads train and search on the CPU; under NCCL their collectives run on a
         gloo group of the same ranks (created collectively: every rank must call this).
         """
+        global _CPU_GROUP
         if self.backend == "gloo":
             return self
-        group = dist.new_group(backend="gloo")
-        return DistContext(self.rank, self.world_size, "gloo", torch.device("cpu"), group)
+        if _CPU_GROUP is None:
+            _CPU_GROUP = dist.new_group(backend="gloo")
+        return DistContext(self.rank, self.world_size, "gloo", torch.device("cpu"), _CPU_GROUP)
+
+
+_CPU_GROUP: Any = None
+_SHARDED_SEARCH = False
+
+
+@contextmanager
+def sharded_search(enabled: bool = True) -> Iterator[None]:
+    """Within the body, ``treerank.search.exact.exact_search`` runs sharded over the ranks.
+
+    Every rank must then make the same ``exact_search`` calls in the same order (an evaluation
+    does: every rank ranks every system). Outside this context (e.g. held-out validation on
+    rank 0 during training) exact search stays local. A no-op in one process.
+    """
+    global _SHARDED_SEARCH
+    old = _SHARDED_SEARCH
+    _SHARDED_SEARCH = enabled
+    try:
+        yield
+    finally:
+        _SHARDED_SEARCH = old
+
+
+def sharded_search_context() -> DistContext | None:
+    """The group that exact search must shard over now (see :func:`sharded_search`), or None."""
+    return current() if _SHARDED_SEARCH else None
 
 
 def current() -> DistContext | None:
     """The initialised default process group with ``W >= 2`` ranks, else None (one process)."""
+    global _CPU_GROUP
     if not (dist.is_available() and dist.is_initialized()):
+        _CPU_GROUP = None
         return None
     world = dist.get_world_size()
     if world < 2:
@@ -103,9 +135,10 @@ def launch(timeout_s: float = 1800.0) -> Iterator[DistContext | None]:
 
     Reads ``WORLD_SIZE`` / ``RANK`` / ``MASTER_ADDR`` / ``MASTER_PORT`` (the ``env://``
     rendezvous). Backend: ``TREERANK_DIST_BACKEND`` if set, else ``nccl`` when CUDA is
-    available, else ``gloo``; with NCCL the process binds ``cuda:LOCAL_RANK``. On exit (normal
-    or by an exception) the group this call created is destroyed, which is what lets every
-    process exit cleanly; a group created by the caller is left alone.
+    available, else ``gloo``; with NCCL the process binds ``cuda:LOCAL_RANK``. On a normal exit
+    the ranks meet at a barrier and the group this call created is destroyed, which is what
+    lets every process exit cleanly (status 0); on an exception it is destroyed at once (torchrun
+    then stops the other ranks). A group created by the caller is left alone.
 
     Yields:
         :class:`DistContext`, or None when ``WORLD_SIZE`` is unset or 1.
@@ -125,8 +158,11 @@ def launch(timeout_s: float = 1800.0) -> Iterator[DistContext | None]:
     dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
     try:
         yield current()
-    finally:
-        dist.destroy_process_group()
+    except BaseException:
+        dist.destroy_process_group()  # torchrun stops the other ranks
+        raise
+    dist.barrier()  # nobody tears the group down while another rank still uses it
+    dist.destroy_process_group()
 
 
 @contextmanager

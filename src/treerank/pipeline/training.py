@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from treerank.distributed.context import is_main_process, main_first
 from treerank.models.checkpoint import save_checkpoint
 from treerank.training.history import plot_curves, read_log
 from treerank.training.holdout import ValidationConfig, holdout_split, passage_groups
@@ -241,7 +242,9 @@ def train_model(
     )
     train_rows, held = holdout_split(has_rel, vcfg.fraction, seed, vcfg.max_queries, groups)
     validate = make_validator(store, held, vcfg, seed) if held.size else None
-    mined = ensure_mined_negatives(store, config) if model_type in MINING_MODELS else None
+    with main_first():  # under torchrun rank 0 mines, the others then read its sidecar
+        mined = ensure_mined_negatives(store, config) if model_type in MINING_MODELS else None
+    main = is_main_process()
 
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -254,7 +257,7 @@ def train_model(
             train_rows=train_rows,
             validate=validate,
             log_path=tmp_log,
-            progress=progress,
+            progress=progress and main,
         )
         if isinstance(out, TrainOutput):
             model, summary = out.model, dict(out.summary)
@@ -265,6 +268,8 @@ def train_model(
         if mined is not None:
             summary["mined_negatives"] = mined
         summary["validation"] = {**asdict(vcfg), "heldout_queries": int(held.size)}
+        if not main:  # data-parallel training: rank 0 writes the checkpoint
+            return TrainResult(model_type, out_dir, model, summary, held)
         ckpt = model.to_checkpoint(store.encoder_name or "", store.encoder_fingerprint or "")
         ckpt.extra.setdefault("training", summary)
         ckpt.extra["train_store"] = str(getattr(store, "path", ""))
