@@ -150,6 +150,29 @@ def search(store_path: str, out: str) -> None:
         np.savez(Path(out) / f"search-rank{ctx.rank}.npz", **res)
 
 
+EMBED_QUERIES, EMBED_PASSAGES, EMBED_BATCH = 10, 40, 8
+
+
+def embed_inputs(scifact_zip: str):
+    """A 40-passage SciFact slice and the default encoder with small batches (5 + 2 batches)."""
+    from treerank.encoders import SentenceEncoder
+    from treerank.readers import read_split
+
+    split = read_split(Path(scifact_zip), "scifact", "test", EMBED_QUERIES, EMBED_PASSAGES)
+    return split, SentenceEncoder(max_batch_size=EMBED_BATCH)
+
+
+def embed(scifact_zip: str, out: str) -> None:
+    from treerank.distributed.context import launch
+    from treerank.distributed.embed import embed_sharded
+
+    torch.set_num_threads(1)
+    split, encoder = embed_inputs(scifact_zip)
+    with launch() as ctx:
+        assert ctx is not None
+        embed_sharded(split, encoder, Path(out) / split.name, progress=False)
+
+
 if __name__ == "__main__":
     cmd, *rest = sys.argv[1:]
-    {"train": train, "search": search}[cmd](*rest)
+    {"train": train, "search": search, "embed": embed}[cmd](*rest)

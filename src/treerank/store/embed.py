@@ -28,7 +28,7 @@ import json
 import shutil
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,7 +37,7 @@ import numpy as np
 
 from treerank.atomic import atomic_write_bytes, atomic_write_json
 from treerank.encoders.batching import padding_stats
-from treerank.encoders.sentence import SentenceEncoder
+from treerank.encoders.sentence import BatchResult, SentenceEncoder
 from treerank.readers.split import RetrievalSplit
 from treerank.store.format import (
     ALIASES_TSV,
@@ -223,6 +223,88 @@ def clear_store(out: Path) -> None:
         shutil.rmtree(out / ARRAYS_DIR)
 
 
+@dataclass
+class EmbedPlan:
+    """The fixed plan of an embed run (what :func:`embed_split` encodes, in which batches).
+
+    Attributes:
+        src_stores: complete sibling stores passages are copied from (passage reuse).
+        src_idx, src_row: ``int64 (n_passages,)`` source store index and row of each reused
+            passage (``-1`` for encoded ones).
+        matched: ``bool (n_passages,)`` passages copied instead of encoded.
+        reuse_digest: hex digest of the reuse decisions (recorded for resume checks).
+        q_len, p_len: token lengths of the queries and of the passages to encode.
+        q_batches: query ids of each query batch, in encoding order.
+        p_batches: passage ids of each passage batch, in encoding order.
+    """
+
+    src_stores: list[Any]
+    src_idx: np.ndarray
+    src_row: np.ndarray
+    matched: np.ndarray
+    reuse_digest: str
+    q_len: np.ndarray
+    p_len: np.ndarray
+    q_batches: list[np.ndarray]
+    p_batches: list[np.ndarray]
+
+
+def plan_embed(
+    split: RetrievalSplit,
+    encoder: SentenceEncoder,
+    out: Path,
+    reuse: bool | Sequence[str | Path] = True,
+) -> EmbedPlan:
+    """The batch plan of embedding ``split`` into ``out``: passage reuse, then queries and
+    the passages left to encode, each sorted by token length and cut to the token budget.
+
+    Deterministic for equal inputs, so that a resumed run or several processes of a sharded run
+    (``treerank.distributed.embed``) all compute the same plan.
+    """
+    npas = split.n_passages
+    if reuse is True:
+        sources = reusable_stores(
+            out, encoder.fingerprint, encoder.passage_prompt, encoder.max_seq_length
+        )
+    elif reuse is False:
+        sources = []
+    else:
+        sources = [Path(p) for p in reuse]
+    if sources:
+        src_idx, src_stores, src_row, matched = match_passages(split.passage_texts, sources)
+    else:
+        src_stores = []
+        src_idx = src_row = np.full(npas, -1, dtype=np.int64)
+        matched = np.zeros(npas, dtype=bool)
+    reuse_digest = hashlib.sha256(
+        json.dumps([str(s.path) for s in src_stores]).encode()
+        + matched.tobytes()
+        + src_row.tobytes()
+    ).hexdigest()
+    to_encode = np.flatnonzero(~matched)
+    q_len = encoder.token_lengths(split.query_texts, "query")
+    p_len = encoder.token_lengths([split.passage_texts[i] for i in to_encode], "passage")
+    q_batches = encoder.plan(q_len)
+    p_batches = [to_encode[b] for b in encoder.plan(p_len)]
+    return EmbedPlan(
+        list(src_stores),
+        src_idx,
+        src_row,
+        matched,
+        reuse_digest,
+        q_len,
+        p_len,
+        q_batches,
+        p_batches,
+    )
+
+
+BatchSource = Callable[[str, int, np.ndarray], BatchResult]
+"""``source(kind, batch_index, ids) -> BatchResult``: batch ``batch_index`` of the plan's
+``"query"`` or ``"passage"`` batches, already encoded elsewhere (the merge step of a sharded
+run); a result may carry ``seconds``, the encoding time to record."""
+
+
 def embed_split(
     split: RetrievalSplit,
     encoder: SentenceEncoder,
@@ -233,6 +315,7 @@ def embed_split(
     reuse: bool | Sequence[str | Path] = True,
     progress: bool = True,
     stop_after_batches: int | None = None,
+    batch_source: BatchSource | None = None,
 ) -> EmbedStats:
     """Encode ``split`` with ``encoder`` into the store directory ``out_dir``.
 
@@ -248,6 +331,8 @@ def embed_split(
         progress: tqdm bars on stderr (items/s and ETA).
         stop_after_batches: test hook simulating Ctrl-C: raise ``KeyboardInterrupt`` after
             this many batches were written in this call.
+        batch_source: take each batch's vectors from here instead of the encoder (the merge
+            step of ``treerank.distributed.embed``; same plan, same bytes).
 
     Returns:
         `EmbedStats` (cumulative when resumed).
@@ -302,32 +387,20 @@ def embed_split(
 
     # ------------------------------------------------------------------ plan
     # a resumed run reuses exactly the sources its first part chose
-    if state is not None:
-        sources = [Path(p) for p in state.get("reuse_sources", [])]
-    elif reuse is True:
-        sources = reusable_stores(
-            out, encoder.fingerprint, encoder.passage_prompt, encoder.max_seq_length
-        )
-    elif reuse is False:
-        sources = []
-    else:
-        sources = [Path(p) for p in reuse]
-    if sources:
-        src_idx, src_stores, src_row, matched = match_passages(split.passage_texts, sources)
-    else:
-        src_stores = []
-        src_idx = src_row = np.full(npas, -1, dtype=np.int64)
-        matched = np.zeros(npas, dtype=bool)
-    reuse_digest = hashlib.sha256(
-        json.dumps([str(s.path) for s in src_stores]).encode()
-        + matched.tobytes()
-        + src_row.tobytes()
-    ).hexdigest()
-    to_encode = np.flatnonzero(~matched)
-    q_len = encoder.token_lengths(split.query_texts, "query")
-    p_len = encoder.token_lengths([split.passage_texts[i] for i in to_encode], "passage")
-    q_batches = encoder.plan(q_len)
-    p_batches = [to_encode[b] for b in encoder.plan(p_len)]
+    plan = plan_embed(
+        split,
+        encoder,
+        out,
+        reuse=[Path(p) for p in state.get("reuse_sources", [])] if state is not None else reuse,
+    )
+    src_idx, src_stores, src_row, matched = (
+        plan.src_idx,
+        plan.src_stores,
+        plan.src_row,
+        plan.matched,
+    )
+    reuse_digest, p_len = plan.reuse_digest, plan.p_len
+    q_batches, p_batches = plan.q_batches, plan.p_batches
 
     if state is not None:
         if state.get("reuse_digest") != reuse_digest:
@@ -410,10 +483,13 @@ def embed_split(
             for b_i in range(done, len(batches)):
                 idx = batches[b_i]
                 t0 = time.perf_counter()
-                res = encoder.encode_batch([texts[i] for i in idx], kind)
+                if batch_source is not None:
+                    res = batch_source(kind, b_i, idx)
+                else:
+                    res = encoder.encode_batch([texts[i] for i in idx], kind)
                 if mm is not None:
                     mm[idx] = res.vectors
-                dt = time.perf_counter() - t0
+                dt = float(getattr(res, "seconds", time.perf_counter() - t0))
                 if kind == "query":
                     stats.query_batches += 1
                     stats.query_tokens += res.padded_tokens
