@@ -19,9 +19,10 @@ def free_port() -> int:
 
 
 def torchrun(
-    args: list[str], nproc: int = 2, timeout: float = 240.0
+    args: list[str], nproc: int = 2, timeout: float = 300.0, cli: bool = False
 ) -> subprocess.CompletedProcess:
-    """Run ``workers.py ARGS`` under ``torchrun --nproc_per_node=nproc`` (gloo, one thread each).
+    """Run ``workers.py ARGS`` (``cli``: ``treerank ARGS``) under ``torchrun
+    --nproc_per_node=nproc`` (gloo, one thread each).
 
     Returns the finished process (its ``returncode`` is torchrun's: 0 only when every worker
     exited with 0).
@@ -43,7 +44,7 @@ def torchrun(
         "--nnodes=1",
         "--master_addr=127.0.0.1",
         f"--master_port={free_port()}",
-        str(WORKERS),
+        *(["-m", "treerank.cli.main"] if cli else [str(WORKERS)]),
         *args,
     ]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)

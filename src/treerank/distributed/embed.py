@@ -37,7 +37,14 @@ from treerank.readers.split import RetrievalSplit
 from treerank.store.embed import EmbedStats, embed_signature, embed_split, plan_embed, split_digest
 from treerank.store.format import META_JSON, StoreFormatError
 
-__all__ = ["SHARDS_DIR", "embed_sharded", "embed_shard", "merge_shards", "shard_dir"]
+__all__ = [
+    "SHARDS_DIR",
+    "embed_shard",
+    "embed_sharded",
+    "merge_shards",
+    "rank_device",
+    "shard_dir",
+]
 
 SHARDS_DIR = ".shards"
 _KINDS = ("query", "passage")
@@ -251,20 +258,43 @@ def embed_sharded(
     out_dir: str | Path,
     *,
     ctx: DistContext | None = None,
+    resume: bool = True,
+    overwrite: bool = False,
     reuse: bool = True,
     progress: bool = True,
 ) -> EmbedStats | None:
     """Every rank encodes its shard, rank 0 merges, all ranks wait for the finished store.
 
-    Without a process group this is ``embed_split(..., resume=True)``.
+    Without a process group this is ``embed_split``. Shards always resume (their progress is
+    per batch); ``resume`` / ``overwrite`` act on the store as in ``embed_split``: a finished
+    store is kept only with ``resume`` (and the same signature), ``overwrite`` removes it and
+    any shards first.
 
     Returns:
         The store's `EmbedStats` on rank 0 (and in one process), None on the other ranks.
+
+    Raises:
+        StoreExistsError: ``out_dir`` holds a finished store and neither ``resume`` nor
+            ``overwrite`` was given (raised on every rank).
     """
+    from treerank.store.embed import StoreExistsError, clear_store
+
     ctx = ctx if ctx is not None else current()
     out = Path(out_dir)
     if ctx is None:
-        return embed_split(split, encoder, out, resume=True, reuse=reuse, progress=progress)
+        return embed_split(
+            split, encoder, out, resume=resume, overwrite=overwrite, reuse=reuse, progress=progress
+        )
+    if (out / META_JSON).is_file() and not (resume or overwrite):
+        raise StoreExistsError(
+            f"{out / META_JSON}: a finished store is already here; pass overwrite (--overwrite) "
+            "to replace it"
+        )
+    if overwrite:
+        if ctx.is_main and out.is_dir():
+            clear_store(out)
+            shutil.rmtree(out / SHARDS_DIR, ignore_errors=True)
+        ctx.barrier()
     stats = None
     if not (out / META_JSON).is_file():
         embed_shard(
@@ -281,3 +311,11 @@ def embed_sharded(
         stats = merge_shards(split, encoder, out, ctx.world_size, reuse=reuse, progress=progress)
     ctx.barrier()
     return stats
+
+
+def rank_device(device: str) -> str:
+    """``"cuda"`` -> ``"cuda:LOCAL_RANK"`` under torchrun (one GPU per process); else as given."""
+    import os
+
+    local = os.environ.get("LOCAL_RANK")
+    return f"cuda:{local}" if device == "cuda" and local is not None else device
