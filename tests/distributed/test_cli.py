@@ -52,7 +52,7 @@ def test_train_is_the_one_process_run_with_double_batch(scifact_store, tmp_path)
     cfg = {
         "seed": 0,
         "model": {"learn_temperature": True},
-        "sampler": {"batch_size": 8, "n_hard": 0, "hard_negatives": "none"},
+        "data": {"batch_size": 8, "n_hard": 0, "hard_negatives": "none"},
         "trainer": {"max_steps": 4, "eval_every": 2, "lr": 0.01, "log_every": 1, "threads": 1},
         "validation": {"fraction": 0.1, "max_queries": 40, "k": 100},
     }
@@ -61,7 +61,7 @@ def test_train_is_the_one_process_run_with_double_batch(scifact_store, tmp_path)
     args += ["--config", str(tmp_path / "two.yaml"), "--out", str(tmp_path / "two")]
     proc = torchrun(args, cli=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    cfg["sampler"]["batch_size"] = 16
+    cfg["data"]["batch_size"] = 16
     train_model("linear", store, cfg, tmp_path / "one", progress=False)
     two, one = load_checkpoint(tmp_path / "two"), load_checkpoint(tmp_path / "one")
     assert sorted(two.state) == sorted(one.state)

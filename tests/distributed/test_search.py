@@ -8,7 +8,7 @@ import pytest
 from tests.distributed import workers
 from tests.distributed.helpers import torchrun
 from treerank.distributed.context import shard_bounds
-from treerank.search.exact import exact_search
+from treerank.kernels.topk import exact_search
 
 
 @pytest.fixture(scope="module")

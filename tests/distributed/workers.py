@@ -135,8 +135,9 @@ def search_case(store, name: str):
 
 
 def search(store_path: str, out: str) -> None:
-    from treerank.distributed.context import launch, sharded_search
-    from treerank.search.exact import exact_search
+    from treerank.distributed.context import launch
+    from treerank.distributed.search import sharded_search
+    from treerank.kernels.topk import exact_search
     from treerank.store import EmbeddingStore
 
     store = EmbeddingStore.open(store_path)

@@ -10,10 +10,10 @@ from treerank.cli.errors import fail
 
 
 def _systems_help() -> str:
-    from treerank.search.systems import SYSTEM_TYPES
+    from treerank.search.systems import SYSTEM_KINDS
 
     return "System spec, repeatable: " + "; ".join(
-        f"{k}: {h}" for k, (_, h) in SYSTEM_TYPES.items()
+        f"{k}: {h}" for k, (_, h) in SYSTEM_KINDS.items()
     )
 
 
@@ -69,7 +69,8 @@ def evaluate(
     """Evaluate systems on every passage of a split; print and write a comparison table."""
     from rich.console import Console
 
-    from treerank.distributed.context import launch, sharded_search
+    from treerank.distributed.context import launch
+    from treerank.distributed.search import sharded_search
     from treerank.evaluation.compare import compare_systems
     from treerank.store import EmbeddingStore
 

@@ -32,8 +32,8 @@ __all__ = [
     "launch",
     "main_first",
     "shard_bounds",
-    "sharded_search",
-    "sharded_search_context",
+    "search_hook",
+    "use_search_hook",
 ]
 
 T = TypeVar("T")
@@ -81,29 +81,28 @@ class DistContext:
 
 
 _CPU_GROUP: Any = None
-_SHARDED_SEARCH = False
+_SEARCH_HOOK: Callable[..., Any] | None = None
 
 
 @contextmanager
-def sharded_search(enabled: bool = True) -> Iterator[None]:
-    """Within the body, ``treerank.search.exact.exact_search`` runs sharded over the ranks.
-
-    Every rank must then make the same ``exact_search`` calls in the same order (an evaluation
-    does: every rank ranks every system). Outside this context (e.g. held-out validation on
-    rank 0 during training) exact search stays local. A no-op in one process.
+def use_search_hook(hook: Callable[..., Any] | None) -> Iterator[None]:
+    """Within the body, ``treerank.kernels.topk.exact_search`` delegates to ``hook`` (same
+    arguments and result); None restores the local search. Set by
+    :func:`treerank.distributed.search.sharded_search`, so that the low-level kernel needs no
+    import of the distributed search above it.
     """
-    global _SHARDED_SEARCH
-    old = _SHARDED_SEARCH
-    _SHARDED_SEARCH = enabled
+    global _SEARCH_HOOK
+    old = _SEARCH_HOOK
+    _SEARCH_HOOK = hook
     try:
         yield
     finally:
-        _SHARDED_SEARCH = old
+        _SEARCH_HOOK = old
 
 
-def sharded_search_context() -> DistContext | None:
-    """The group that exact search must shard over now (see :func:`sharded_search`), or None."""
-    return current() if _SHARDED_SEARCH else None
+def search_hook() -> Callable[..., Any] | None:
+    """The function exact search must delegate to now (see :func:`use_search_hook`), or None."""
+    return _SEARCH_HOOK
 
 
 def current() -> DistContext | None:

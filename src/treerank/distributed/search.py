@@ -4,7 +4,7 @@ Rank ``r`` of ``W`` searches rows ``[lo_r, hi_r)`` of the memory-mapped passage 
 (:func:`~treerank.distributed.context.shard_bounds`: contiguous, in rank order), so it only
 ever touches its ``1/W`` of the corpus (the pages of other shards are never read). Its local
 top-``k`` ids are shifted by ``lo_r`` to store rows and turned into the
-:func:`~treerank.search.exact.rank_keys` of the one-process search (score descending, then
+:func:`~treerank.kernels.topk.rank_keys` of the one-process search (score descending, then
 passage id ascending, in one int64). The ranks all-gather their keys block of queries by block
 of queries and keep the ``k`` smallest keys of the union: the keys are a total order without
 duplicates, so the global top-``k`` is contained in the union of the shard top-``k`` lists and
@@ -18,16 +18,18 @@ run (the queries are small, every rank holds them all).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import numpy as np
 import torch
 import torch.distributed as dist
 from tqdm.auto import tqdm
 
-from treerank.distributed.context import DistContext, current, shard_bounds, sharded_search
+from treerank.distributed.context import DistContext, current, shard_bounds, use_search_hook
+from treerank.kernels.topk import DEFAULT_QUERY_BATCH, decode_keys, exact_search, rank_keys
 
-__all__ = ["GATHER_BYTES", "sharded_exact_search"]
+__all__ = ["GATHER_BYTES", "sharded_exact_search", "sharded_search"]
 
 GATHER_BYTES = 32 * 2**20
 """Bytes of gathered keys per query block (all ranks together)."""
@@ -45,7 +47,7 @@ def sharded_exact_search(
     query_batch: int | None = None,
     backend: str = "faiss",
 ) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`treerank.search.exact.exact_search` over ``W`` ranks (same arguments and result).
+    """:func:`treerank.kernels.topk.exact_search` over ``W`` ranks (same arguments and result).
 
     Args:
         queries: ``float32 (nq, d')`` query search vectors, the same on every rank.
@@ -64,13 +66,6 @@ def sharded_exact_search(
     Raises:
         ValueError: as ``exact_search``.
     """
-    from treerank.search.exact import (
-        DEFAULT_QUERY_BATCH,
-        decode_keys,
-        exact_search,
-        rank_keys,
-    )
-
     ctx = ctx if ctx is not None else current()
     qb = query_batch or DEFAULT_QUERY_BATCH
     if ctx is None:
@@ -96,7 +91,7 @@ def sharded_exact_search(
     pad = rank_keys(np.array([-1]), np.array([-np.inf], dtype=np.float32))[0]
     keys = np.full((nq, k), pad, dtype=np.int64)
     if hi > lo:
-        with sharded_search(False):
+        with use_search_hook(None):
             ids, vals = exact_search(
                 q,
                 passages[lo:hi],
@@ -120,3 +115,20 @@ def sharded_exact_search(
         bar.update(mine.shape[0])
     bar.close()
     return decode_keys(np.sort(out, axis=1))
+
+
+@contextmanager
+def sharded_search() -> Iterator[None]:
+    """Within the body, every ``treerank.kernels.topk.exact_search`` call runs sharded.
+
+    Under ``torchrun`` every rank must then make the same ``exact_search`` calls in the same
+    order (an evaluation does: every rank ranks every system). Outside this context (e.g. the
+    held-out validation on rank 0 during training) exact search stays local. A no-op in one
+    process.
+    """
+    ctx = current()
+    if ctx is None:
+        yield
+        return
+    with use_search_hook(lambda *a, **kw: sharded_exact_search(*a, ctx=ctx, **kw)):
+        yield

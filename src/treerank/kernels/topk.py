@@ -21,7 +21,7 @@ for every query and earns exactly the MRR that this id order earns, never a perf
 (toolkits that keep the first-listed candidate on ties, or sort positives first, report 1.0).
 FAISS ``IndexFlatIP`` keeps the same *set* on ties but lists tied ids in descending order.
 
-Under ``torchrun``, inside :func:`treerank.distributed.context.sharded_search` (``treerank
+Under ``torchrun``, inside :func:`treerank.distributed.search.sharded_search` (``treerank
 evaluate`` enters it), each rank searches a contiguous passage shard and the top-k lists are
 merged to the same result (:mod:`treerank.distributed.search`).
 """
@@ -38,7 +38,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from treerank.distributed.context import sharded_search_context
+from treerank.distributed.context import search_hook
 
 DEFAULT_CHUNK_BYTES = 384 * 2**20  # passage block per chunk: 262,144 rows at 384 dims
 DEFAULT_CHUNK_SIZE: int | None = None  # None: as many rows as fit DEFAULT_CHUNK_BYTES
@@ -262,14 +262,11 @@ def exact_search(
     """
     if backend not in _CHUNK_TOPK:
         raise ValueError(f"unknown exact-search backend {backend!r}; known: {', '.join(BACKENDS)}")
-    if (group := sharded_search_context()) is not None:  # torchrun evaluation: shard the passages
-        from treerank.distributed.search import sharded_exact_search
-
-        return sharded_exact_search(
+    if (hook := search_hook()) is not None:  # torchrun evaluation: shard the passages
+        return hook(  # type: ignore[no-any-return]
             queries,
             passages,
             k,
-            ctx=group,
             chunk_size=chunk_size,
             passage_transform=passage_transform,
             progress=progress,
