@@ -402,7 +402,7 @@ def fit(
                         loss=float(loss.detach()),
                         lr=float(sched.get_last_lr()[0]),
                         grad_norm=grad_norm,
-                        **{k: v for k, v in parts.items() if k.endswith("_loss")},
+                        **{k: v for k, v in parts.items() if k.endswith(("_loss", "_bytes"))},
                         **stats,
                         **(extra_vals() if callable(extra_vals) else {}),
                     )
