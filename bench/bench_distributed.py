@@ -20,7 +20,11 @@ are excluded and reported apart):
   in-batch negatives (per-rank batch ``--batch / 2``); plus the measured gather volume per
   step (the formula is in ``treerank.distributed.gather``).
 
-Printed: seconds of each phase, ``single / sharded`` (> 1: the two processes are faster), and
+A control run of 1 process x 1 thread (``--no-control`` skips it) shows how much of the ratio is
+parallelism and how much is the 2-thread process losing to a busy machine (an OpenMP team of 2
+waits for its slower thread at every parallel region).
+
+Printed: seconds of each phase, ``1x2 / 2x1`` (> 1: the two processes are faster), and
 the gather bytes per step. Vectors embedded with 2 threads and with 1 thread per process differ
 in the last bits (the thread count changes the order of float sums); the sharded store equals a
 one-process store written with the same thread count (``tests/distributed/test_embed.py``).
@@ -99,7 +103,7 @@ def worker(args: argparse.Namespace) -> None:
     res: dict[str, float] = {}
     with launch():
         ctx = current()
-        tag = "sharded" if ctx is not None else "single"
+        tag = "sharded" if ctx is not None else f"single{os.environ.get('OMP_NUM_THREADS')}"
         # embed
         split = read_split(_scifact(), "scifact", "test", 10, args.embed_passages)
         encoder = SentenceEncoder(max_batch_size=16)
@@ -155,8 +159,8 @@ def _run(mode: str, args: argparse.Namespace, work: Path) -> tuple[dict, float]:
     wargs += ["--k", str(args.k), "--steps", str(args.steps), "--batch", str(args.batch)]
     wargs += ["--embed-passages", str(args.embed_passages)]
     env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "HF_HUB_OFFLINE": "1"}
-    if mode == "single":
-        env["OMP_NUM_THREADS"] = "2"
+    if mode in ("single", "single1"):
+        env["OMP_NUM_THREADS"] = "2" if mode == "single" else "1"
         cmd = [sys.executable, __file__, *wargs]
     else:
         env.update(OMP_NUM_THREADS="1", TREERANK_DIST_BACKEND="gloo")
@@ -176,6 +180,12 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--batch", type=int, default=256, help="global batch (per rank: half)")
     ap.add_argument("--embed-passages", type=int, default=200)
+    ap.add_argument(
+        "--control",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also run 1 process x 1 thread (shows what 2 threads cost on a busy machine)",
+    )
     ap.add_argument("--work", default=None)
     ap.add_argument("--result", default=None)
     ap.add_argument("--out", default=None, help="also write the results as JSON here")
@@ -196,23 +206,31 @@ def main() -> None:
         np.save(work / "queries.npy", _unit(rng, args.queries, DIM))
         single, wall_1 = _run("single", args, work)
         sharded, wall_2 = _run("sharded", args, work)
+        control = _run("single1", args, work)[0] if args.control else None
         same_ids = bool(
-            np.array_equal(np.load(work / "ids-single.npy"), np.load(work / "ids-sharded.npy"))
+            np.array_equal(np.load(work / "ids-single2.npy"), np.load(work / "ids-sharded.npy"))
         )
+        ref = "single1" if args.control else "single2"
         embed_same = all(
-            (work / "embed-single" / "test" / f).read_bytes()
+            (work / f"embed-{ref}" / "test" / f).read_bytes()
             == (work / "embed-sharded" / "test" / f).read_bytes()
             for f in ("queries.bin", "passages.bin")
         )
     b_rank = args.batch // 2
     # per step, rank 0 receives rank 1's query rows (B/2 x 384) and passage columns (<= B x 384)
     print(f"1 process x 2 threads vs 2 processes x 1 thread (gloo), {time.strftime('%F %T')}")
-    print(f"{'phase':<8} {'single s':>10} {'sharded s':>10} {'single/sharded':>15}")
+    head = f"{'phase':<8} {'1x2 s':>9} {'2x1 s':>9} {'1x2 / 2x1':>10}"
+    print(head + (f" {'1x1 s':>9} {'1x1 / 2x1':>10}" if control else ""))
     table = {}
     for phase in ("embed", "search", "train"):
         a, b = single[f"{phase}_s"], sharded[f"{phase}_s"]
-        table[phase] = {"single_s": a, "sharded_s": b, "ratio": a / b}
-        print(f"{phase:<8} {a:>10.2f} {b:>10.2f} {a / b:>15.2f}")
+        table[phase] = {"single_2threads_s": a, "sharded_2x1_s": b, "ratio": a / b}
+        line = f"{phase:<8} {a:>9.2f} {b:>9.2f} {a / b:>10.2f}"
+        if control:
+            c = control[f"{phase}_s"]
+            table[phase].update(single_1thread_s=c, ratio_1thread=c / b)
+            line += f" {c:>9.2f} {c / b:>10.2f}"
+        print(line)
     print(f"process wall incl. start-up: single {wall_1:.1f} s, sharded {wall_2:.1f} s")
     g = sharded.get("gather_bytes_per_step", 0.0)
     print(
@@ -220,7 +238,7 @@ def main() -> None:
         f"(global batch {args.batch}, {b_rank} queries per rank, 1 hard negative, {DIM}-d float32)"
     )
     print(
-        f"search top-{args.k} identical: {same_ids}; embedded vectors byte-identical: {embed_same}"
+        f"search top-{args.k} 1x2 == 2x1: {same_ids}; embedded vectors {ref} == 2x1: {embed_same}"
     )
     if args.out:
         Path(args.out).write_text(

@@ -107,9 +107,9 @@ class ShardedTraining:
         ctx = self.ctx
         g, m = batch.size
         qc, pc = self.counts(g), self.counts(m)
-        qlo, phi_lo = sum(qc[: ctx.rank]), sum(pc[: ctx.rank])
+        qlo, plo = sum(qc[: ctx.rank]), sum(pc[: ctx.rank])
         q_rows = batch.query_rows[qlo : qlo + qc[ctx.rank]]
-        p_rows = batch.passage_rows[phi_lo : phi_lo + pc[ctx.rank]]
+        p_rows = batch.passage_rows[plo : plo + pc[ctx.rank]]
         q = _vectors(queries, q_rows)
         p = _vectors(passages, p_rows)
         q_local, p_local = self.ddp(q, p)
