@@ -41,7 +41,7 @@ def _reference(store, family: str) -> dict[str, np.ndarray]:
 def two_process_run(scifact_store, tmp_path_factory):
     """One torchrun of 2 gloo processes training both families; its exit status and outputs."""
     out = tmp_path_factory.mktemp("dist-train")
-    proc = torchrun(["train", str(scifact_store["train"].path), str(out), "linear", "drt"])
+    proc = torchrun(["train", str(scifact_store["train"].path), str(out), "linear", "mlp", "drt"])
     return proc, out
 
 
@@ -51,7 +51,7 @@ def test_processes_exit_cleanly(two_process_run):
     assert "Traceback" not in proc.stderr and "abort" not in proc.stderr.lower()
 
 
-@pytest.mark.parametrize("family", ["linear", "drt"])
+@pytest.mark.parametrize("family", ["linear", "mlp", "drt"])
 def test_two_processes_equal_one_process_with_double_batch(scifact_store, two_process_run, family):
     proc, out = two_process_run
     assert proc.returncode == 0, proc.stderr[-3000:]

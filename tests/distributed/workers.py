@@ -40,6 +40,15 @@ def make_model(family: str, dim: int) -> torch.nn.Module:
         from treerank.models.linear import LinearHead
 
         return LinearHead(dim, learn_temperature=True)
+    if family == "mlp":
+        from treerank.models.mlp import MLPHead
+
+        mlp = MLPHead(dim, hidden=32, dropout=0.0)
+        with torch.no_grad():  # fc2 starts at 0 (identity head); perturb it so fc1 gets gradient
+            for name, prm in mlp.named_parameters():
+                if "fc2" in name:
+                    prm.normal_(0.0, 0.05)
+        return mlp
     from treerank.models.drt import DRTConfig, DRTHead
     from treerank.training.drt import DRTObjective
 
