@@ -279,8 +279,8 @@ def loss_from_representations(
 ) -> tuple[Tensor, dict[str, Any]]:
     """:func:`compute_loss` after the towers: ``q_repr (B, ...)``, ``p_repr (M, ...)`` in, loss
     out (the step that data-parallel training runs on gathered representations; with
-    ``all_passages`` every rank scores the whole corpus, which keeps the gradient exact but
-    does not split that work)."""
+    ``all_passages`` every rank scores the whole corpus: that work is not split, and this
+    combination is not covered by the distributed tests)."""
     positive = torch.from_numpy(batch.positive)
     mask_out = torch.from_numpy(batch.mask_out)
     logits = model.score_matrix(q_repr, p_repr)  # (B, M)
