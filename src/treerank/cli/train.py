@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from treerank.cli.errors import fail
+from treerank.lock import LockHeldError
 from treerank.models.families import trainable_families
 
 
@@ -63,7 +64,7 @@ def train(
             res = train_model(model, st, cfg, out, progress=progress, where=str(config or "config"))
             if ctx is not None and not ctx.is_main:
                 return
-    except (ValueError, KeyError, FileNotFoundError) as exc:
+    except (ValueError, KeyError, FileNotFoundError, LockHeldError) as exc:
         raise fail(str(exc)) from exc
     s = res.summary
     table = Table(title=f"train {model} -> {res.checkpoint}", title_justify="left")

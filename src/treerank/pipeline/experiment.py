@@ -27,6 +27,7 @@ from typing import Any
 
 import yaml
 
+from treerank.lock import writes_dir
 from treerank.pipeline.config import DatasetConfig, ExperimentConfig, ModelSpec
 from treerank.pipeline.stages import StageRecord, file_sha256, fingerprint, run_stage
 from treerank.store.format import FORMAT_VERSION as STORE_FORMAT_VERSION
@@ -127,6 +128,7 @@ class _Run:
         return rec
 
 
+@writes_dir("cfg", "run", attr="output_dir")
 def run_experiment(
     cfg: ExperimentConfig,
     *,

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from treerank.distributed.context import is_main_process, main_first
+from treerank.lock import writer_lock
 from treerank.models.families import family
 from treerank.training.history import TrainingLog
 from treerank.training.holdout import ValidationConfig, holdout_split, passage_groups
@@ -242,10 +243,30 @@ def train_model(
         progress: progress bars.
         where: names the config in error messages (``"<file>"`` or ``"<file>: models.<name>"``).
 
+    Under ``torchrun`` every rank trains (data-parallel, ``treerank.distributed.training``) and
+    only rank 0 takes the writer lock and writes the directory.
+
     Raises:
         KeyError: unknown or untrainable family. ConfigError: bad config. FileNotFoundError:
             no store.
     """
+    kw: dict[str, Any] = {"progress": progress, "where": where}
+    if not is_main_process():
+        return _train_model(family_name, train_store, config, out_dir, **kw)
+    with writer_lock(out_dir, "train"):
+        return _train_model(family_name, train_store, config, out_dir, **kw)
+
+
+def _train_model(
+    family_name: str,
+    train_store: Any,
+    config: Mapping[str, Any] | None,
+    out_dir: str | Path,
+    *,
+    progress: bool = True,
+    where: str = "config",
+) -> TrainResult:
+    """:func:`train_model` without the writer lock."""
     fam = family(family_name)
     fn = fam.train_function()
     cfg = fam.parse_config(dict(config or {}), where)
