@@ -75,7 +75,15 @@ def test_bad_specs(spec: str, match: str) -> None:
 
 
 def test_registry_table_lists_every_type() -> None:
-    assert set(SYSTEM_KINDS) == {"cosine", "bm25", "rrf", "linear-fusion", "ckpt"}
+    assert set(SYSTEM_KINDS) == {
+        "cosine",
+        "bm25",
+        "rrf",
+        "linear-fusion",
+        "ckpt",
+        "faiss",
+        "rescore",
+    }
 
 
 def test_ckpt_dense_and_retrieving_models(store, tmp_path, monkeypatch) -> None:

@@ -15,7 +15,17 @@ app = typer.Typer(
 )
 
 # Each subcommand lives in its own module `treerank.cli.<name>` exposing `register(app)`.
-_SUBCOMMANDS = ("embed", "evaluate", "train", "diagnose", "run", "audit")
+_SUBCOMMANDS = (
+    "embed",
+    "evaluate",
+    "train",
+    "diagnose",
+    "run",
+    "audit",
+    "index",
+    "search",
+    "serve",
+)
 for _name in _SUBCOMMANDS:
     try:
         _mod = importlib.import_module(f"treerank.cli.{_name}")
