@@ -15,10 +15,11 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "treerank"
 
 LAYERS = [
     ("base", {"treerank", "treerank.atomic", "treerank.config", "treerank.lock"}),
-    ("kernels", {"treerank.kernels"}),
+    ("distributed", {"treerank.distributed"}),  # process group, gather, DDP training step
+    ("kernels", {"treerank.kernels", "treerank.distributed.search"}),
     ("readers", {"treerank.readers"}),
     ("encoders", {"treerank.encoders"}),
-    ("store", {"treerank.store"}),
+    ("store", {"treerank.store", "treerank.distributed.embed"}),
     ("models", {"treerank.models"}),
     ("training", {"treerank.training"}),
     ("search", {"treerank.search"}),

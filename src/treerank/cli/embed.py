@@ -90,6 +90,8 @@ def embed(
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from rich.console import Console
 
+    from treerank.distributed.context import launch
+    from treerank.distributed.embed import embed_sharded, rank_device
     from treerank.encoders import SentenceEncoder
     from treerank.readers import DataFormatError, detect_format, read_split
     from treerank.store import StoreFormatError, embed_split
@@ -102,32 +104,41 @@ def embed(
             raise DataFormatError(input_path, f"unknown format {fmt!r}; use one of {list(FORMATS)}")
         todo = splits or [FORMATS[name][1]]
         encoder = None
-        for split_name in todo:
-            err.print(f"reading {input_path} ({name}, split {split_name})")
-            split = read_split(input_path, name, split_name, limit, max_passages)
-            err.print(f"  {split.n_queries:,} queries, {split.n_passages:,} passages, K={split.k}")
-            if encoder is None:
-                encoder = SentenceEncoder(
-                    model,
-                    query_prompt=query_prompt,
-                    passage_prompt=passage_prompt,
-                    device=device,
-                    max_seq_length=max_seq_length,
-                    token_budget=token_budget,
-                    max_batch_size=max_batch_size,
-                    max_padding=max_padding,
+        # under torchrun each rank encodes its share of the batch plan, rank 0 merges
+        with launch() as ctx:
+            main = ctx is None or ctx.is_main
+            for split_name in todo:
+                if main:
+                    err.print(f"reading {input_path} ({name}, split {split_name})")
+                split = read_split(input_path, name, split_name, limit, max_passages)
+                if main:
+                    err.print(
+                        f"  {split.n_queries:,} queries, {split.n_passages:,} passages, K={split.k}"
+                    )
+                if encoder is None:
+                    encoder = SentenceEncoder(
+                        model,
+                        query_prompt=query_prompt,
+                        passage_prompt=passage_prompt,
+                        device=rank_device(device),
+                        max_seq_length=max_seq_length,
+                        token_budget=token_budget,
+                        max_batch_size=max_batch_size,
+                        max_padding=max_padding,
+                    )
+                dest = out / split_name
+                run = embed_split if ctx is None else embed_sharded
+                stats = run(
+                    split,
+                    encoder,
+                    dest,
+                    resume=resume,
+                    overwrite=overwrite,
+                    reuse=reuse,
+                    progress=progress,
                 )
-            dest = out / split_name
-            stats = embed_split(
-                split,
-                encoder,
-                dest,
-                resume=resume,
-                overwrite=overwrite,
-                reuse=reuse,
-                progress=progress,
-            )
-            console.print(_stats_table(split_name, dest, stats))
+                if stats is not None:
+                    console.print(_stats_table(split_name, dest, stats))
     except (DataFormatError, StoreFormatError, ValueError, LockHeldError) as exc:
         raise fail(exc) from None
     except KeyboardInterrupt:

@@ -77,6 +77,8 @@ def evaluate(
     """Evaluate systems on every passage of a split; print and write a comparison table."""
     from rich.console import Console
 
+    from treerank.distributed.context import launch
+    from treerank.distributed.search import sharded_search
     from treerank.evaluation.compare import compare_systems
     from treerank.store import EmbeddingStore
 
@@ -85,23 +87,28 @@ def evaluate(
         systems = [baseline, *systems]
     try:
         st = EmbeddingStore.open(store / split if split else store, dim=dim)
-        comp = compare_systems(
-            st,
-            systems,
-            baseline=baseline,
-            k=k,
-            out_dir=out,
-            metrics=metrics,
-            second_baseline=second_baseline,
-            n_permutations=permutations,
-            seed=seed,
-            gain=gain,
-            relevance_threshold=threshold,
-            progress=progress,
-            ignore_identical_ids=ignore_identical_ids,
-        )
+        # under torchrun every rank searches a contiguous passage shard; rank 0 writes
+        with launch() as ctx, sharded_search():
+            main = ctx is None or ctx.is_main
+            comp = compare_systems(
+                st,
+                systems,
+                baseline=baseline,
+                k=k,
+                out_dir=out if main else None,
+                metrics=metrics,
+                second_baseline=second_baseline,
+                n_permutations=permutations,
+                seed=seed,
+                gain=gain,
+                relevance_threshold=threshold,
+                progress=progress and main,
+                ignore_identical_ids=ignore_identical_ids,
+            )
     except (ValueError, FileNotFoundError, KeyError, LockHeldError) as exc:
         raise fail(exc) from None
+    if not main:
+        return
     for name, err in comp.failed.items():
         console.print(f"system {name} failed: {err}", markup=False, style="red", soft_wrap=True)
     if not comp.results:

@@ -44,6 +44,7 @@ def train(
     from rich.table import Table
 
     from treerank.config import ConfigError, load_yaml
+    from treerank.distributed.context import launch
     from treerank.pipeline.training import open_train_store, train_model
 
     console = Console()
@@ -59,7 +60,10 @@ def train(
         cfg["seed"] = seed
     try:
         st = open_train_store(store, split, dim=dim)
-        res = train_model(model, st, cfg, out, progress=progress, where=str(config or "config"))
+        with launch() as ctx:  # torchrun: data-parallel (treerank.distributed.training)
+            res = train_model(model, st, cfg, out, progress=progress, where=str(config or "config"))
+            if ctx is not None and not ctx.is_main:
+                return
     except (ValueError, KeyError, FileNotFoundError, LockHeldError) as exc:
         raise fail(str(exc)) from exc
     s = res.summary

@@ -20,6 +20,10 @@ chunks and at the k-th position. A constant scorer therefore returns passages ``
 for every query and earns exactly the MRR that this id order earns, never a perfect score
 (toolkits that keep the first-listed candidate on ties, or sort positives first, report 1.0).
 FAISS ``IndexFlatIP`` keeps the same *set* on ties but lists tied ids in descending order.
+
+Under ``torchrun``, inside :func:`treerank.distributed.search.sharded_search` (``treerank
+evaluate`` enters it), each rank searches a contiguous passage shard and the top-k lists are
+merged to the same result (:mod:`treerank.distributed.search`).
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ from collections.abc import Callable
 import numpy as np
 import torch
 from tqdm.auto import tqdm
+
+from treerank.distributed.context import search_hook
 
 DEFAULT_CHUNK_BYTES = 384 * 2**20  # passage block per chunk: 262,144 rows at 384 dims
 DEFAULT_CHUNK_SIZE: int | None = None  # None: as many rows as fit DEFAULT_CHUNK_BYTES
@@ -281,6 +287,17 @@ def exact_search(
     """
     if backend not in _CHUNK_TOPK:
         raise ValueError(f"unknown exact-search backend {backend!r}; known: {', '.join(BACKENDS)}")
+    if (hook := search_hook()) is not None:  # torchrun evaluation: shard the passages
+        return hook(  # type: ignore[no-any-return]
+            queries,
+            passages,
+            k,
+            chunk_size=chunk_size,
+            passage_transform=passage_transform,
+            progress=progress,
+            query_batch=query_batch,
+            backend=backend,
+        )
     q = np.ascontiguousarray(queries, dtype=np.float32)
     if q.ndim != 2 or passages.ndim != 2:
         raise ValueError(f"queries {q.shape} and passages {passages.shape} must be 2-D")

@@ -19,7 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from treerank.lock import writes_dir
+from treerank.distributed.context import is_main_process, main_first
+from treerank.lock import writer_lock
 from treerank.models.families import family, family_names, resolve
 from treerank.training.history import TrainingLog
 from treerank.training.holdout import ValidationConfig, holdout_split, passage_groups
@@ -243,7 +244,6 @@ def ensure_training_sources(
     return done
 
 
-@writes_dir("out_dir", "train")
 def train_model(
     family_name: str,
     train_store: Any,
@@ -271,10 +271,30 @@ def train_model(
         progress: progress bars.
         where: names the config in error messages (``"<file>"`` or ``"<file>: models.<name>"``).
 
+    Under ``torchrun`` every rank trains (data-parallel, ``treerank.distributed.training``) and
+    only rank 0 takes the writer lock and writes the directory.
+
     Raises:
         KeyError: unknown or untrainable family. ConfigError: bad config. FileNotFoundError:
             no store.
     """
+    kw: dict[str, Any] = {"progress": progress, "where": where}
+    if not is_main_process():
+        return _train_model(family_name, train_store, config, out_dir, **kw)
+    with writer_lock(out_dir, "train"):
+        return _train_model(family_name, train_store, config, out_dir, **kw)
+
+
+def _train_model(
+    family_name: str,
+    train_store: Any,
+    config: Mapping[str, Any] | None,
+    out_dir: str | Path,
+    *,
+    progress: bool = True,
+    where: str = "config",
+) -> TrainResult:
+    """:func:`train_model` without the writer lock."""
     fam = family(family_name)
     fn = fam.train_function()
     cfg = fam.parse_config(dict(config or {}), where)
@@ -288,17 +308,23 @@ def train_model(
     )
     train_rows, held = holdout_split(has_rel, vcfg.fraction, seed, vcfg.max_queries, groups)
     validate = make_validator(store, held, vcfg, seed) if held.size else None
-    mined = ensure_mined_negatives(store, cfg.data) if fam.mines_negatives else None
-    sources = ensure_training_sources(store, cfg.data, progress=progress)
+    with main_first():  # under torchrun rank 0 mines / writes sidecars, the others read them
+        mined = ensure_mined_negatives(store, cfg.data) if fam.mines_negatives else None
+        sources = ensure_training_sources(store, cfg.data, progress=progress)
+    main = is_main_process()
 
     log = TrainingLog()
-    out = fn(store, cfg, train_rows=train_rows, validate=validate, log=log, progress=progress)
+    out = fn(
+        store, cfg, train_rows=train_rows, validate=validate, log=log, progress=progress and main
+    )
     summary = dict(out.summary)
     if mined is not None:
         summary["mined_negatives"] = mined
     if sources is not None:
         summary["training_sources"] = sources
     summary["validation"] = {**asdict(vcfg), "heldout_queries": int(held.size)}
+    if not main:  # data-parallel training (torchrun): rank 0 writes the model
+        return TrainResult(family_name, Path(out_dir), out.model, summary, held)
     ckpt_dir, log_path, curves = save_trained_model(
         out_dir,
         out.model,

@@ -28,7 +28,7 @@ import json
 import shutil
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,7 +37,7 @@ import numpy as np
 
 from treerank.atomic import atomic_write_bytes, atomic_write_json
 from treerank.encoders.batching import padding_stats
-from treerank.encoders.sentence import SentenceEncoder
+from treerank.encoders.sentence import BatchResult, SentenceEncoder
 from treerank.lock import writes_dir
 from treerank.readers.split import RetrievalSplit
 from treerank.store.format import (
@@ -263,6 +263,96 @@ def clear_store(out: Path) -> None:
         shutil.rmtree(out / ARRAYS_DIR)
 
 
+@dataclass
+class EmbedPlan:
+    """The fixed plan of an embed run (what :func:`embed_split` encodes, in which batches).
+
+    Attributes:
+        src_stores: complete sibling stores passages are copied from (passage reuse).
+        src_idx, src_row: ``int64 (n_passages,)`` source store index and row of each reused
+            passage (``-1`` for encoded ones).
+        matched: ``bool (n_passages,)`` passages copied instead of encoded.
+        reuse_digest: hex digest of the reuse decisions (recorded for resume checks).
+        q_len, p_len: token lengths (truncated) of the queries and of the passages to encode.
+        q_batches: query ids of each query batch, in encoding order.
+        p_batches: passage ids of each passage batch, in encoding order.
+        q_full, p_full: untruncated token lengths of every query and every passage.
+    """
+
+    src_stores: list[Any]
+    src_idx: np.ndarray
+    src_row: np.ndarray
+    matched: np.ndarray
+    reuse_digest: str
+    q_len: np.ndarray
+    p_len: np.ndarray
+    q_batches: list[np.ndarray]
+    p_batches: list[np.ndarray]
+    q_full: np.ndarray
+    p_full: np.ndarray
+
+
+def plan_embed(
+    split: RetrievalSplit,
+    encoder: SentenceEncoder,
+    out: Path,
+    reuse: bool | Sequence[str | Path] = True,
+) -> EmbedPlan:
+    """The batch plan of embedding ``split`` into ``out``: passage reuse, then queries and
+    the passages left to encode, each sorted by token length and cut to the token budget.
+
+    Deterministic for equal inputs, so that a resumed run or several processes of a sharded run
+    (``treerank.distributed.embed``) all compute the same plan.
+    """
+    npas = split.n_passages
+    if reuse is True:
+        sources = reusable_stores(
+            out, encoder.fingerprint, encoder.passage_prompt, encoder.max_seq_length
+        )
+    elif reuse is False:
+        sources = []
+    else:
+        sources = [Path(p) for p in reuse]
+    if sources:
+        src_idx, src_stores, src_row, matched = match_passages(split.passage_texts, sources)
+    else:
+        src_stores = []
+        src_idx = src_row = np.full(npas, -1, dtype=np.int64)
+        matched = np.zeros(npas, dtype=bool)
+    reuse_digest = hashlib.sha256(
+        json.dumps([str(s.path) for s in src_stores]).encode()
+        + matched.tobytes()
+        + src_row.tobytes()
+    ).hexdigest()
+    to_encode = np.flatnonzero(~matched)
+    max_len = encoder.max_seq_length
+    q_full = encoder.token_lengths(split.query_texts, "query", truncation=False)
+    p_full = encoder.token_lengths(split.passage_texts, "passage", truncation=False)
+    q_len = np.minimum(q_full, max_len)
+    p_len = np.minimum(p_full[to_encode], max_len)
+    q_batches = encoder.plan(q_len)
+    p_batches = [to_encode[b] for b in encoder.plan(p_len)]
+    return EmbedPlan(
+        list(src_stores),
+        src_idx,
+        src_row,
+        matched,
+        reuse_digest,
+        q_len,
+        p_len,
+        q_batches,
+        p_batches,
+        q_full,
+        p_full,
+    )
+
+
+BatchSource = Callable[[str, int, np.ndarray], BatchResult]
+"""``source(kind, batch_index, ids) -> BatchResult``: batch ``batch_index`` of the plan's
+``"query"`` or ``"passage"`` batches, already encoded elsewhere (the merge step of a sharded
+run); a result may carry ``seconds``, the encoding time to record."""
+
+
 @writes_dir("out_dir", "embed")
 def embed_split(
     split: RetrievalSplit,
@@ -274,6 +364,7 @@ def embed_split(
     reuse: bool | Sequence[str | Path] = True,
     progress: bool = True,
     stop_after_batches: int | None = None,
+    batch_source: BatchSource | None = None,
 ) -> EmbedStats:
     """Encode ``split`` with ``encoder`` into the store directory ``out_dir``.
 
@@ -289,6 +380,8 @@ def embed_split(
         progress: tqdm bars on stderr (items/s and ETA).
         stop_after_batches: test hook simulating Ctrl-C: raise ``KeyboardInterrupt`` after
             this many batches were written in this call.
+        batch_source: take each batch's vectors from here instead of the encoder (the merge
+            step of ``treerank.distributed.embed``; same plan, same bytes).
 
     Returns:
         `EmbedStats` (cumulative when resumed).
@@ -344,35 +437,21 @@ def embed_split(
 
     # ------------------------------------------------------------------ plan
     # a resumed run reuses exactly the sources its first part chose
-    if state is not None:
-        sources = [Path(p) for p in state.get("reuse_sources", [])]
-    elif reuse is True:
-        sources = reusable_stores(
-            out, encoder.fingerprint, encoder.passage_prompt, encoder.max_seq_length
-        )
-    elif reuse is False:
-        sources = []
-    else:
-        sources = [Path(p) for p in reuse]
-    if sources:
-        src_idx, src_stores, src_row, matched = match_passages(split.passage_texts, sources)
-    else:
-        src_stores = []
-        src_idx = src_row = np.full(npas, -1, dtype=np.int64)
-        matched = np.zeros(npas, dtype=bool)
-    reuse_digest = hashlib.sha256(
-        json.dumps([str(s.path) for s in src_stores]).encode()
-        + matched.tobytes()
-        + src_row.tobytes()
-    ).hexdigest()
-    to_encode = np.flatnonzero(~matched)
-    max_len = encoder.max_seq_length
-    q_full = encoder.token_lengths(split.query_texts, "query", truncation=False)
-    p_full = encoder.token_lengths(split.passage_texts, "passage", truncation=False)
-    q_len = np.minimum(q_full, max_len)
-    p_len = np.minimum(p_full[to_encode], max_len)
-    q_batches = encoder.plan(q_len)
-    p_batches = [to_encode[b] for b in encoder.plan(p_len)]
+    plan = plan_embed(
+        split,
+        encoder,
+        out,
+        reuse=[Path(p) for p in state.get("reuse_sources", [])] if state is not None else reuse,
+    )
+    src_idx, src_stores, src_row, matched = (
+        plan.src_idx,
+        plan.src_stores,
+        plan.src_row,
+        plan.matched,
+    )
+    reuse_digest, p_len = plan.reuse_digest, plan.p_len
+    q_batches, p_batches = plan.q_batches, plan.p_batches
+    max_len, q_full, p_full = encoder.max_seq_length, plan.q_full, plan.p_full
 
     if state is not None:
         if state.get("reuse_digest") != reuse_digest:
@@ -459,10 +538,13 @@ def embed_split(
             for b_i in range(done, len(batches)):
                 idx = batches[b_i]
                 t0 = time.perf_counter()
-                res = encoder.encode_batch([texts[i] for i in idx], kind)
+                if batch_source is not None:
+                    res = batch_source(kind, b_i, idx)
+                else:
+                    res = encoder.encode_batch([texts[i] for i in idx], kind)
                 if mm is not None:
                     mm[idx] = res.vectors
-                dt = time.perf_counter() - t0
+                dt = float(getattr(res, "seconds", time.perf_counter() - t0))
                 if kind == "query":
                     stats.query_batches += 1
                     stats.query_tokens += res.padded_tokens

@@ -16,7 +16,7 @@ Loss of one batch (queries ``B``, de-duplicated passage columns ``M``)::
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -159,6 +159,14 @@ class DRTObjective(nn.Module):
         dec = (decorrelation_loss(qs) + decorrelation_loss(ps)) / 2
         self._last_dec = float(dec.detach())
         return self.lambda_dec * dec
+
+    def gather_batch_state(self, gather: Callable[[Tensor, str], Tensor]) -> None:
+        """Data-parallel training (``treerank.distributed.training``): replace this rank's
+        un-dropped slots by the whole batch's, so :meth:`extra_loss` sees every rank's rows."""
+        if self.head.last_query_slots is not None:
+            self.head.last_query_slots = gather(self.head.last_query_slots, "query")
+        if self.head.last_passage_slots is not None:
+            self.head.last_passage_slots = gather(self.head.last_passage_slots, "passage")
 
     def log_values(self) -> dict[str, float]:
         return {"decorrelation": self._last_dec, **self.head.log_values()}

@@ -9,7 +9,13 @@ What a trainable model provides (:class:`ContrastiveModule`; the thin heads and 
 * optionally ``extra_loss(q_repr, p_repr) -> Tensor`` (0-d), added to the InfoNCE loss (DRT's
   decorrelation term, any regulariser);
 * optionally ``log_values() -> dict[str, float]``, extra numbers for the training log (the
-  current temperature, ...).
+  current temperature, ...);
+* optionally ``gather_batch_state(gather)``, for data-parallel training: called after the towers
+  so that an ``extra_loss`` reading per-batch state sees the whole batch (DRT's slots).
+
+Under ``torchrun`` (``W >= 2`` ranks) :func:`fit` trains data-parallel with DDP and cross-process
+in-batch negatives: the sampler's ``batch_size`` is per rank, each step is the one-process step
+on the global ``W * batch_size`` batch (``treerank.distributed.training``).
 
 The training loop (:func:`fit`) draws batches from a
 :class:`~treerank.training.sampler.ContrastiveSampler`, gathers the stored vectors of each
@@ -32,6 +38,7 @@ writes every trained model's directory. ``treerank.training.heads.train_contrast
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import time
 from collections.abc import Callable, Mapping
@@ -44,6 +51,8 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from treerank.config import build
+from treerank.distributed.context import broadcast_from_main
+from treerank.distributed.training import sharded_training
 from treerank.training.history import TrainingLog
 from treerank.training.losses import (
     full_corpus_softmax,
@@ -62,7 +71,9 @@ __all__ = [
     "TrainOutput",
     "TrainerConfig",
     "Validate",
+    "compute_loss",
     "fit",
+    "loss_from_representations",
 ]
 
 Validate = Callable[[Any], Mapping[str, float]]
@@ -250,10 +261,28 @@ def compute_loss(
         ``(loss, parts)``: the 0-d loss and ``parts`` with the logits, masks, query
         representations and the value of each loss term.
     """
-    positive = torch.from_numpy(batch.positive)
-    mask_out = torch.from_numpy(batch.mask_out)
     q_repr = model.encode_queries_t(q)  # (B, ...)
     p_repr = model.encode_passages_t(p)  # (M, ...)
+    return loss_from_representations(
+        model, batch, q_repr, p_repr, symmetric_weight, all_passages, chunk_size
+    )
+
+
+def loss_from_representations(
+    model: Any,
+    batch: Batch,
+    q_repr: Tensor,
+    p_repr: Tensor,
+    symmetric_weight: float = 0.0,
+    all_passages: Tensor | None = None,
+    chunk_size: int = 8192,
+) -> tuple[Tensor, dict[str, Any]]:
+    """:func:`compute_loss` after the towers: ``q_repr (B, ...)``, ``p_repr (M, ...)`` in, loss
+    out (the step that data-parallel training runs on gathered representations; with
+    ``all_passages`` every rank scores the whole corpus: that work is not split, and this
+    combination is not covered by the distributed tests)."""
+    positive = torch.from_numpy(batch.positive)
+    mask_out = torch.from_numpy(batch.mask_out)
     logits = model.score_matrix(q_repr, p_repr)  # (B, M)
     if all_passages is not None:
         if batch.target_ids is None or batch.target_weights is None:
@@ -342,6 +371,11 @@ def fit(
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
+    # under torchrun: DDP + cross-process in-batch negatives (treerank.distributed.training)
+    shard = sharded_training(model, cfg.seed)
+    if shard is not None:
+        sampler = shard.global_sampler(sampler)
+        progress = progress and shard.ctx.is_main
     queries = _vector_source(query_vectors)
     passages = _vector_source(passage_vectors)
     all_passages = (
@@ -372,7 +406,7 @@ def fit(
             return False
         model.eval()
         with torch.no_grad():
-            metrics = {k: float(v) for k, v in validate(model).items()}
+            metrics = broadcast_from_main(lambda: {k: float(v) for k, v in validate(model).items()})
         model.train()
         if cfg.early_stopping_metric not in metrics:
             raise KeyError(
@@ -401,11 +435,24 @@ def fit(
             for batch in sampler.epoch(epoch):
                 if step >= total:
                     break
-                q = _gather(queries, batch.query_rows)
-                p = _gather(passages, batch.passage_rows)
-                loss, parts = compute_loss(
-                    model, batch, q, p, cfg.symmetric_weight, all_passages, cfg.chunk_size
-                )
+                if shard is not None:
+                    loss, parts = shard.loss(
+                        batch,
+                        queries,
+                        passages,
+                        functools.partial(
+                            loss_from_representations,
+                            all_passages=all_passages,
+                            chunk_size=cfg.chunk_size,
+                        ),
+                        cfg.symmetric_weight,
+                    )
+                else:
+                    q = _gather(queries, batch.query_rows)
+                    p = _gather(passages, batch.passage_rows)
+                    loss, parts = compute_loss(
+                        model, batch, q, p, cfg.symmetric_weight, all_passages, cfg.chunk_size
+                    )
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 grad_norm = None
@@ -432,7 +479,7 @@ def fit(
                         loss=float(loss.detach()),
                         lr=float(sched.get_last_lr()[0]),
                         grad_norm=grad_norm,
-                        **{k: v for k, v in parts.items() if k.endswith("_loss")},
+                        **{k: v for k, v in parts.items() if k.endswith(("_loss", "_bytes"))},
                         **stats,
                         **(extra_vals() if callable(extra_vals) else {}),
                     )
