@@ -27,10 +27,11 @@ def run(
     """Embed -> BM25 + cosine -> train heads, forest, DRT -> evaluate on the full split ->
     significance -> diagnostics -> one report (report.md + report.json)."""
     from rich.console import Console
+    from rich.markup import escape
 
     from treerank.pipeline.config import ConfigError, load_experiment
     from treerank.pipeline.experiment import run_experiment
-    from treerank.pipeline.stages import StageError
+    from treerank.pipeline.stages import StageError, StageInterrupted
 
     console = Console(stderr=True, soft_wrap=True)
     try:
@@ -50,6 +51,16 @@ def run(
             "Finished stages are kept; fix the cause and re-run the same command to continue."
         )
         raise typer.Exit(1) from exc
+    except StageInterrupted as exc:
+        console.print(f"[yellow]interrupted[/yellow]: {escape(exc.advice())}", highlight=False)
+        raise typer.Exit(130) from None
+    except KeyboardInterrupt:
+        console.print(
+            "[yellow]interrupted[/yellow] between stages; every finished stage is kept. "
+            "Re-run the same command to continue.",
+            highlight=False,
+        )
+        raise typer.Exit(130) from None
     for name, o in res.datasets.items():
         typer.echo(f"\n## {name} ({o.eval_split} split, all passages)\n")
         typer.echo(o.comparison_markdown.strip())
