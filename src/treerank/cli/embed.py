@@ -88,6 +88,7 @@ def embed(
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from rich.console import Console
+    from rich.markup import escape
 
     from treerank.encoders import SentenceEncoder
     from treerank.readers import DataFormatError, detect_format, read_split
@@ -105,6 +106,8 @@ def embed(
             err.print(f"reading {input_path} ({name}, split {split_name})")
             split = read_split(input_path, name, split_name, limit, max_passages)
             err.print(f"  {split.n_queries:,} queries, {split.n_passages:,} passages, K={split.k}")
+            for warning in split.warnings():
+                err.print(f"  [yellow]warning:[/yellow] {escape(warning)}", highlight=False)
             if encoder is None:
                 encoder = SentenceEncoder(
                     model,

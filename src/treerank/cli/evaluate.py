@@ -42,12 +42,14 @@ def evaluate(
         "-o",
         help="Write results.json, per_query.jsonl, runs/, plots/, table.md here.",
     ),
-    k: int = typer.Option(1000, "--k", help="Run depth."),
+    k: int = typer.Option(1000, "--k", min=1, help="Run depth: passages retrieved per query."),
     metrics: list[str] = typer.Option(
-        ["mrr@10", "ndcg@10", "recall@100", "recall@1000"],
+        [],
         "--metric",
         "-m",
-        help="Metric, repeatable (mrr@k, ndcg@k, recall@k, success@k, precision@k).",
+        help="Metric, repeatable (mrr@k, ndcg@k, recall@k, success@k, precision@k); a cutoff "
+        "deeper than --k is refused. Default: mrr@10, ndcg@10, recall@100, recall@1000 "
+        "(those no deeper than --k).",
     ),
     threshold: int | None = typer.Option(
         None,
@@ -69,7 +71,9 @@ def evaluate(
     """Evaluate systems on every passage of a split; print and write a comparison table."""
     from rich.console import Console
 
+    from treerank.evaluation.checks import too_deep
     from treerank.evaluation.compare import compare_systems
+    from treerank.evaluation.metrics import DEFAULT_METRICS
     from treerank.store import EmbeddingStore
 
     console = Console()
@@ -77,6 +81,17 @@ def evaluate(
         systems = [baseline, *systems]
     try:
         st = EmbeddingStore.open(store / split if split else store, dim=dim)
+        if not metrics:
+            deep = too_deep(k, DEFAULT_METRICS, st.n_passages)
+            metrics = [m for m in DEFAULT_METRICS if m not in deep]
+            if not metrics:
+                raise ValueError(
+                    f"--k {k} is below the cutoff of every default metric "
+                    f"({', '.join(DEFAULT_METRICS)}): raise --k or pass --metric with a "
+                    f"cutoff <= {k}"
+                )
+            if deep:
+                console.print(f"note: {', '.join(deep)} left out (deeper than --k {k})")
         comp = compare_systems(
             st,
             systems,

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from treerank.evaluation.checks import check_depth, check_evaluable
 from treerank.evaluation.metrics import DEFAULT_METRICS, EvalResult, evaluate_run, parse_metric
 from treerank.evaluation.plots import plot_metric_bars, plot_recall_curve
 from treerank.evaluation.qrels import Qrels
@@ -178,9 +179,13 @@ def compare_systems(
         The :class:`Comparison`.
 
     Raises:
-        ValueError: the baseline is not among the systems, or a bad spec / metric.
+        ValueError: the baseline is not among the systems, a bad spec / metric, ``k`` below 1
+            or below a metric's cutoff, or a store that cannot be evaluated (no passages, no
+            queries, no relevant judgment; see :mod:`treerank.evaluation.checks`).
     """
     metrics = tuple(f"{m}@{c}" for m, c in map(parse_metric, metrics))
+    check_evaluable(store, relevance_threshold)
+    check_depth(k, metrics, int(store.n_passages))
     built = _as_systems(systems, {"progress": progress})
     for b in (baseline, second_baseline):
         if b is not None and b not in built:

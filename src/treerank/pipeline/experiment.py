@@ -234,6 +234,9 @@ def _embed_stage(
         from treerank.store import StoreExistsError, embed_split
 
         data = read_split(ds.path, ds.format, split, limit=ds.limit, max_passages=ds.max_passages)
+        warnings = data.warnings()
+        for w in warnings:
+            run.log(f"[warn]  embed:{ds.name}:{split}: {w}")
         enc = encoder.get()
         try:
             # resume=True continues an interrupted run of the same inputs (byte-identical result).
@@ -250,6 +253,7 @@ def _embed_stage(
             "encoder": enc.name,
             "encoder_fingerprint": enc.fingerprint,
             "stats": stats.to_dict(),
+            "warnings": warnings,
         }
 
     return run.stage(f"embed:{ds.name}:{split}", key, path, work, in_place=True)

@@ -190,6 +190,11 @@ def write_report(
                 f"{any_sys.get('n_left_out', '?')} left out (no relevant passage)."
             )
             md.append("")
+        warned = [(sp, w) for sp, sst in o.store_stats.items() for w in sst.get("warnings") or []]
+        for sp, w in warned:
+            md.append(f"- warning ({sp} split): {w}")
+        if warned:
+            md.append("")
         md.append(o.comparison_markdown.strip())
         md.append("")
         if o.overlap_markdown:
