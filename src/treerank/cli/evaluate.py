@@ -63,6 +63,18 @@ def evaluate(
         10_000, "--permutations", help="Randomization-test permutations / bootstrap resamples."
     ),
     seed: int = typer.Option(0, "--seed", help="Seed of the significance tests."),
+    train_store: Path | None = typer.Option(
+        None,
+        "--train-store",
+        help="Training split store (e.g. stores/scifact/train): adds metrics on the queries "
+        "with and without a training positive (memorisation check). Default: a sibling train/ "
+        "of the evaluated split, when there is one.",
+    ),
+    overlap: bool = typer.Option(
+        True,
+        "--overlap/--no-overlap",
+        help="Split queries by whether a relevant passage was a training positive.",
+    ),
     dim: int | None = typer.Option(
         None, "--dim", help="Vector dimension (only for Go-tool stores without meta.json)."
     ),
@@ -74,13 +86,18 @@ def evaluate(
     from treerank.evaluation.checks import too_deep
     from treerank.evaluation.compare import compare_systems
     from treerank.evaluation.metrics import DEFAULT_METRICS
+    from treerank.evaluation.overlap import find_train_store, overlap_markdown
+    from treerank.evaluation.summary import headline
     from treerank.store import EmbeddingStore
 
-    console = Console()
+    console = Console(soft_wrap=True)
     if baseline not in systems:
         systems = [baseline, *systems]
     try:
-        st = EmbeddingStore.open(store / split if split else store, dim=dim)
+        eval_dir = store / split if split else store
+        st = EmbeddingStore.open(eval_dir, dim=dim)
+        train_dir = (train_store or find_train_store(eval_dir)) if overlap else None
+        train = EmbeddingStore.open(train_dir, dim=dim) if train_dir is not None else None
         if not metrics:
             deep = too_deep(k, DEFAULT_METRICS, st.n_passages)
             metrics = [m for m in DEFAULT_METRICS if m not in deep]
@@ -105,6 +122,7 @@ def evaluate(
             gain=gain,
             relevance_threshold=threshold,
             progress=progress,
+            train_store=train,
         )
     except (ValueError, FileNotFoundError, KeyError) as exc:
         raise fail(exc) from None
@@ -124,8 +142,24 @@ def evaluate(
                 f"McNemar hit@10 {s} vs {b}: b={r.b} c={r.c} p={r.p_value:.4g}"
                 + (" (exact)" if r.exact else "")
             )
+    headline_metric = "ndcg@10" if "ndcg@10" in comp.metrics else comp.metrics[0]
+    if comp.overlap is not None:
+        console.print(
+            f"\nSeen vs unseen positives (training split {train_dir}; a gain on the first group "
+            "can be memorised citations):\n",
+            markup=False,
+        )
+        console.print(overlap_markdown(comp.overlap, headline_metric, baseline).strip())
+    doc = comp.to_dict()
+    lines = headline(st.split, doc, headline_metric, baseline)
+    if lines:
+        console.print("\nSummary:", markup=False)
+        for line in lines:
+            console.print(line.replace("**", "").replace("`", ""), markup=False)
     if out is not None:
         console.print(f"wrote {out}/results.json, per_query.jsonl, table.md, runs/, plots/")
+        for f in comp.removed_stale:
+            console.print(f"removed {out / f} (left by an earlier comparison)", markup=False)
 
 
 def register(app: typer.Typer) -> None:

@@ -9,6 +9,11 @@ evaluation stage. With ``out_dir`` it writes::
     plots/metrics.png   per-system metric bars with 95% CI error bars
     plots/recall_at_k.png  mean Recall@k curves
     table.md            the comparison table
+    overlap.json        with ``train_store``: metrics on queries with / without a training positive
+
+Files an earlier comparison left in ``out_dir`` for systems no longer evaluated (run files, an
+``overlap.json``) are removed and listed under ``removed_stale_files`` in ``results.json``, so
+the folder never mixes two comparisons.
 """
 
 from __future__ import annotations
@@ -24,11 +29,13 @@ import numpy as np
 
 from treerank.evaluation.checks import check_depth, check_evaluable
 from treerank.evaluation.metrics import DEFAULT_METRICS, EvalResult, evaluate_run, parse_metric
+from treerank.evaluation.overlap import overlap_breakdown, seen_positive_mask
 from treerank.evaluation.plots import plot_metric_bars, plot_recall_curve
 from treerank.evaluation.qrels import Qrels
 from treerank.evaluation.report import (
     atomic_write_text,
     markdown_table,
+    remove_stale,
     rich_table,
     table_rows,
     write_json,
@@ -57,6 +64,8 @@ class Comparison:
         recall_curves: system -> {k: mean Recall@k}.
         seconds: system -> retrieval wall time.
         files: name -> path written (empty without ``out_dir``).
+        overlap: with a train store, :func:`~treerank.evaluation.overlap.overlap_breakdown`.
+        removed_stale: files of an earlier comparison removed from ``out_dir``.
     """
 
     runs: dict[str, Run]
@@ -70,6 +79,8 @@ class Comparison:
     seconds: dict[str, float] = field(default_factory=dict)
     files: dict[str, Path] = field(default_factory=dict)
     settings: dict[str, Any] = field(default_factory=dict)
+    overlap: dict[str, Any] | None = None
+    removed_stale: list[str] = field(default_factory=list)
 
     def mean(self, system: str, metric: str) -> float:
         return self.results[system].mean[metric]
@@ -118,6 +129,8 @@ class Comparison:
             "mcnemar_hit@10": {
                 b: {s: r.to_dict() for s, r in by_sys.items()} for b, by_sys in self.mcnemar.items()
             },
+            "overlap": self.overlap,
+            "removed_stale_files": self.removed_stale,
         }
 
 
@@ -156,6 +169,7 @@ def compare_systems(
     relevance_threshold: int | None = None,
     progress: bool = False,
     runs: Mapping[str, Run] | None = None,
+    train_store: Any = None,
 ) -> Comparison:
     """Run, evaluate and compare systems on all passages of one store split.
 
@@ -174,6 +188,8 @@ def compare_systems(
         relevance_threshold: override the store's threshold.
         progress: tqdm bars in dense search.
         runs: precomputed runs by system name (skips retrieval for those).
+        train_store: the training split's store: adds the seen / unseen breakdown
+            (:mod:`treerank.evaluation.overlap`) against ``baseline``.
 
     Returns:
         The :class:`Comparison`.
@@ -238,6 +254,13 @@ def compare_systems(
                 res.per_query, base, metrics, n_permutations, n_permutations, seed
             )
             comp.mcnemar[b][name] = mcnemar(res.per_query[HIT_METRIC], base[HIT_METRIC])
+    if train_store is not None:
+        seen = seen_positive_mask(store, train_store)
+        per_query = {s: r.per_query for s, r in comp.results.items()}
+        comp.overlap = overlap_breakdown(
+            per_query, seen, baseline, metrics, n_permutations=n_permutations, seed=seed
+        )
+        comp.settings["train_store"] = str(getattr(train_store, "path", ""))
     if out_dir is not None:
         _write(comp, store, Path(out_dir))
     return comp
@@ -251,6 +274,11 @@ def _write(comp: Comparison, store: Any, out: Path) -> None:
         comp.files[f"run:{name}"] = write_trec_run(
             out / "runs" / f"{safe_name(name)}.trec", run, qids, pids, tag=safe_name(name)
         )
+    if comp.overlap is not None:
+        comp.files["overlap"] = write_json(out / "overlap.json", comp.overlap)
+    comp.removed_stale = remove_stale(
+        out, [*(out / "runs").glob("*.trec"), out / "overlap.json"], set(comp.files.values())
+    )
 
     def lines():  # type: ignore[no-untyped-def]
         import json

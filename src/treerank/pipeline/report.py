@@ -60,59 +60,15 @@ def _training_rows(name: str, summary: dict[str, Any]) -> list[str]:
     return [f"| `{name}` | {cells or '—'} |"]
 
 
-def _p(p: float | None) -> str:
-    if p is None:
-        return "p n/a"
-    return "p < 1e-4" if p < 1e-4 else f"p = {p:.2g}"
-
-
 def summary_lines(
     name: str, o: DatasetOutcome, metric: str, baseline: str, min_queries: int = 30
 ) -> list[str]:
-    """The headline for one dataset: the best system on ``metric`` and its margin over
-    ``baseline`` (paired randomization p, 95% bootstrap CI); on datasets with a train split, the
+    """The headline for one dataset (:func:`treerank.evaluation.summary.headline`): the best
+    system on ``metric``, its margin over ``baseline`` and, on datasets with a train split, the
     same on the queries whose relevant passages were never training positives."""
-    comp = o.comparison
-    systems = comp.get("systems", {})
-    if not systems:
-        return []
-    means = {s: v["mean"].get(metric) for s, v in systems.items()}
-    best = max((s for s in means if means[s] is not None), key=lambda s: means[s])
-    n_eval = next(iter(systems.values())).get("n_evaluated", 0)
-    head = f"- **{name}** ({n_eval} queries evaluated against every passage of the split): "
-    if n_eval < min_queries:
-        return [
-            head + f"too few queries for conclusions (best {metric}: `{best}` "
-            f"{means[best]:.4f}); this dataset exercises the format path."
-        ]
-    test = comp.get("tests", {}).get(baseline, {}).get(best, {}).get(metric)
-    if best == baseline or test is None:
-        line = head + f"best {metric}: `{best}` {means[best]:.4f}."
-    else:
-        line = head + (
-            f"best {metric}: `{best}` {means[best]:.4f}, {test['delta']:+.4f} over `{baseline}` "
-            f"({_p(test['p_randomization'])}, "
-            f"95% CI {test['ci_low']:+.3f}..{test['ci_high']:+.3f})."
-        )
-    out = [line]
-    ov = o.overlap
-    if ov and ov.get("n_unseen"):
-        unseen = ov["parts"]["unseen"]
-        u_means = {s: c[metric]["mean"] for s, c in unseen.items() if c[metric]["mean"] is not None}
-        u_best = max(u_means, key=lambda s: u_means[s])
-        cell = unseen[best][metric]
-        text = (
-            f"  - but on the {ov['n_unseen']} queries whose relevant passages were never training "
-            f"positives, `{best}` scores {cell['mean']:.4f}"
-        )
-        if "delta" in cell:
-            text += f" ({cell['delta']:+.4f} vs `{baseline}`, {_p(cell.get('p'))})"
-        text += f"; best there: `{u_best}` {u_means[u_best]:.4f}"
-        ucell = unseen[u_best][metric]
-        if "delta" in ucell:
-            text += f" ({ucell['delta']:+.4f}, {_p(ucell.get('p'))})"
-        out.append(text + ". Gains on the other queries can be memorised citations.")
-    return out
+    from treerank.evaluation.summary import headline
+
+    return headline(name, o.comparison, metric, baseline, o.overlap, min_queries)
 
 
 def write_report(
