@@ -6,7 +6,7 @@ evaluation stage. With ``out_dir`` it writes::
     results.json        settings, per-system means / counts / timings, paired tests, McNemar
     per_query.jsonl     one line per (system, query): query id and every metric (null = left out)
     runs/<system>.trec  TREC run files (source ids)
-    plots/metrics.png   per-system metric bars with 95% CI error bars
+    plots/deltas.png    each system's difference to the baseline, paired bootstrap 95% CI
     plots/recall_at_k.png  mean Recall@k curves
     table.md            the comparison table
     overlap.json        with ``train_store``: metrics on queries with / without a training positive
@@ -30,7 +30,7 @@ import numpy as np
 from treerank.evaluation.checks import check_depth, check_evaluable
 from treerank.evaluation.metrics import DEFAULT_METRICS, EvalResult, evaluate_run, parse_metric
 from treerank.evaluation.overlap import overlap_breakdown, seen_positive_mask
-from treerank.evaluation.plots import plot_metric_bars, plot_recall_curve
+from treerank.evaluation.plots import dataset_label, plot_deltas, plot_recall_curve
 from treerank.evaluation.qrels import Qrels
 from treerank.evaluation.report import (
     atomic_write_text,
@@ -299,10 +299,13 @@ def _write(comp: Comparison, store: Any, out: Path) -> None:
     comp.files["per_query"] = atomic_write_text(out / "per_query.jsonl", lines())
     comp.files["results"] = write_json(out / "results.json", comp.to_dict())
     comp.files["table"] = atomic_write_text(out / "table.md", comp.markdown())
-    per_q = {s: r.per_query for s, r in comp.results.items()}
-    comp.files["plot:metrics"] = plot_metric_bars(
-        per_q, comp.metrics, out / "plots" / "metrics.png"
+    dataset = dataset_label(comp.settings.get("store"), comp.settings.get("split"))
+    tests = {
+        s: {m: t.to_dict() for m, t in ts.items()} for s, ts in comp.tests[comp.baseline].items()
+    }
+    comp.files["plot:deltas"] = plot_deltas(
+        tests, comp.metrics, comp.baseline, out / "plots" / "deltas.png", dataset
     )
     comp.files["plot:recall"] = plot_recall_curve(
-        comp.recall_curves, out / "plots" / "recall_at_k.png"
+        comp.recall_curves, out / "plots" / "recall_at_k.png", dataset
     )

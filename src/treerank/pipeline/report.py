@@ -166,7 +166,7 @@ def write_report(
             ]
         if o.eval_dir is not None:
             for png, title in (
-                ("metrics.png", "Metrics per system"),
+                ("deltas.png", "Difference to the baseline per system"),
                 ("recall_at_k.png", "Recall@k"),
             ):
                 p = o.eval_dir / "plots" / png
