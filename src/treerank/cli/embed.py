@@ -36,7 +36,7 @@ def embed(
         "auto", "--format", "-f", help=f"Input format: auto or one of {', '.join(FORMATS)}."
     ),
     splits: list[str] = typer.Option(
-        [], "--split", help="Split(s) to embed, repeatable (default per format)."
+        [], "--split", metavar="SPLIT", help="Split(s) to embed, repeatable (default per format)."
     ),
     model: str | None = typer.Option(
         None,

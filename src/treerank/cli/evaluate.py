@@ -27,6 +27,7 @@ def evaluate(
     systems: list[str] = typer.Option(
         ["cosine", "bm25"],
         "--system",
+        metavar="SPEC",
         help="System spec, repeatable: cosine; bm25[:k1=..,b=..,method=..]; "
         "rrf:<A>+<B>[:k=60]; linear-fusion:<A>+<B>[:w=0.5,norm=minmax|zscore]; ckpt:<dir>.",
     ),
@@ -47,6 +48,7 @@ def evaluate(
         [],
         "--metric",
         "-m",
+        metavar="METRIC",
         help="Metric, repeatable (mrr@k, ndcg@k, recall@k, success@k, precision@k); a cutoff "
         "deeper than --k is refused. Default: mrr@10, ndcg@10, recall@100, recall@1000 "
         "(those no deeper than --k).",
