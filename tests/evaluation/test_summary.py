@@ -49,3 +49,23 @@ def test_headline_names_best_margin_and_caveat() -> None:
     assert len(headline("scifact", COMP, "ndcg@10", "cosine")) == 1
     assert "too few queries" in headline("x", COMP, "ndcg@10", "cosine", min_queries=301)[0]
     assert p_text(None) == "p n/a" and p_text(0.031) == "p = 0.031"
+
+
+def test_headline_uses_the_seed_average_never_a_single_seed() -> None:
+    comp = {
+        "systems": {
+            **COMP["systems"],
+            "linear@seed0": {"mean": {"ndcg@10": 0.80}, "n_evaluated": 300},
+            "linear@seed1": {"mean": {"ndcg@10": 0.70}, "n_evaluated": 300},
+        },
+        "tests": COMP["tests"],
+        "seed_spread": {
+            "linear": {
+                "seeds": [0, 1],
+                "systems": ["linear@seed0", "linear@seed1"],
+                "std": {"ndcg@10": 0.0707},
+            }
+        },
+    }
+    line = headline("scifact", comp, "ndcg@10", "cosine")[0]
+    assert "best ndcg@10: `linear` 0.7500 (mean of 2 training seeds, std 0.0707), +0.1500" in line

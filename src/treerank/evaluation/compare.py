@@ -40,6 +40,7 @@ from treerank.evaluation.report import (
     table_rows,
     write_json,
 )
+from treerank.evaluation.seeds import seed_average, seed_spread
 from treerank.evaluation.significance import McNemarResult, PairedTest, compare_paired, mcnemar
 from treerank.evaluation.trec_io import write_trec_run
 from treerank.search.run import Run
@@ -66,6 +67,8 @@ class Comparison:
         files: name -> path written (empty without ``out_dir``).
         overlap: with a train store, :func:`~treerank.evaluation.overlap.overlap_breakdown`.
         removed_stale: files of an earlier comparison removed from ``out_dir``.
+        seed_spread: model -> per-seed means, mean and std over seeds
+            (:func:`~treerank.evaluation.seeds.seed_spread`) for models given as seed groups.
     """
 
     runs: dict[str, Run]
@@ -81,6 +84,7 @@ class Comparison:
     settings: dict[str, Any] = field(default_factory=dict)
     overlap: dict[str, Any] | None = None
     removed_stale: list[str] = field(default_factory=list)
+    seed_spread: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def mean(self, system: str, metric: str) -> float:
         return self.results[system].mean[metric]
@@ -130,6 +134,7 @@ class Comparison:
                 b: {s: r.to_dict() for s, r in by_sys.items()} for b, by_sys in self.mcnemar.items()
             },
             "overlap": self.overlap,
+            "seed_spread": self.seed_spread,
             "removed_stale_files": self.removed_stale,
         }
 
@@ -170,6 +175,7 @@ def compare_systems(
     progress: bool = False,
     runs: Mapping[str, Run] | None = None,
     train_store: Any = None,
+    seed_groups: Mapping[str, Mapping[str, int]] | None = None,
 ) -> Comparison:
     """Run, evaluate and compare systems on all passages of one store split.
 
@@ -190,6 +196,10 @@ def compare_systems(
         runs: precomputed runs by system name (skips retrieval for those).
         train_store: the training split's store: adds the seen / unseen breakdown
             (:mod:`treerank.evaluation.overlap`) against ``baseline``.
+        seed_groups: model -> {system name: training seed} for a model trained with several
+            seeds: the model is added as a system whose per-query metrics are averaged over
+            its seeds (tested like any system; no run file, no McNemar) and its spread over
+            seeds is kept in ``seed_spread`` (:mod:`treerank.evaluation.seeds`).
 
     Returns:
         The :class:`Comparison`.
@@ -241,6 +251,10 @@ def compare_systems(
         res = evaluate_run(run.ids, qrels, all_metrics, gain=gain)
         comp.results[name] = res
         comp.recall_curves[name] = {c: res.mean[f"recall@{c}"] for c in curve_ks}
+    for model, members in (seed_groups or {}).items():
+        comp.results[model] = seed_average([comp.results[s] for s in members])
+        comp.recall_curves[model] = {c: comp.results[model].mean[f"recall@{c}"] for c in curve_ks}
+        comp.seed_spread[model] = seed_spread(comp.results, members, metrics)
     for b in (baseline, second_baseline):
         if b is None:
             continue
@@ -253,7 +267,8 @@ def compare_systems(
             comp.tests[b][name] = compare_paired(
                 res.per_query, base, metrics, n_permutations, n_permutations, seed
             )
-            comp.mcnemar[b][name] = mcnemar(res.per_query[HIT_METRIC], base[HIT_METRIC])
+            if name not in comp.seed_spread:  # hit@10 averaged over seeds is not binary
+                comp.mcnemar[b][name] = mcnemar(res.per_query[HIT_METRIC], base[HIT_METRIC])
     if train_store is not None:
         seen = seen_positive_mask(store, train_store)
         per_query = {s: r.per_query for s, r in comp.results.items()}

@@ -44,7 +44,10 @@ def headline(
         breakdown has unseen queries; empty without systems.
     """
     systems = comparison.get("systems", {})
-    means = {s: v["mean"].get(metric) for s, v in systems.items()}
+    spread = comparison.get("seed_spread") or {}
+    # a model trained with several seeds competes with its seed average, never a lucky seed
+    single_seeds = {n for g in spread.values() for n in g.get("systems", [])}
+    means = {s: v["mean"].get(metric) for s, v in systems.items() if s not in single_seeds}
     means = {s: m for s, m in means.items() if m is not None and m == m}
     if not means:
         return []
@@ -57,11 +60,17 @@ def headline(
             f"{means[best]:.4f}); this dataset exercises the format path."
         ]
     test = comparison.get("tests", {}).get(baseline, {}).get(best, {}).get(metric)
+    shown = f"`{best}` {means[best]:.4f}"
+    if best in spread and spread[best]["std"].get(metric) is not None:
+        shown += (
+            f" (mean of {len(spread[best]['seeds'])} training seeds, "
+            f"std {spread[best]['std'][metric]:.4f})"
+        )
     if best == baseline or test is None:
-        line = head + f"best {metric}: `{best}` {means[best]:.4f}."
+        line = head + f"best {metric}: {shown}."
     else:
         line = head + (
-            f"best {metric}: `{best}` {means[best]:.4f}, {test['delta']:+.4f} over `{baseline}` "
+            f"best {metric}: {shown}, {test['delta']:+.4f} over `{baseline}` "
             f"({p_text(test['p_randomization'])}, "
             f"95% CI {test['ci_low']:+.3f}..{test['ci_high']:+.3f})."
         )
@@ -69,7 +78,11 @@ def headline(
     ov = overlap if overlap is not None else comparison.get("overlap")
     if ov and ov.get("n_unseen") and metric in next(iter(ov["parts"]["unseen"].values()), {}):
         unseen = ov["parts"]["unseen"]
-        u_means = {s: c[metric]["mean"] for s, c in unseen.items() if c[metric]["mean"] is not None}
+        u_means = {
+            s: c[metric]["mean"]
+            for s, c in unseen.items()
+            if c[metric]["mean"] is not None and s not in single_seeds
+        }
         if not u_means or best not in unseen:
             return out
         u_best = max(u_means, key=lambda s: u_means[s])
