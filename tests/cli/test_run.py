@@ -13,7 +13,9 @@ REPO = Path(__file__).resolve().parents[2]
 # A `treerank run` whose first stage waits for Ctrl-C: run_experiment is replaced by one that
 # runs a single real pipeline stage (run_stage) that sleeps, so the signal lands inside it.
 _SCRIPT = """
-import sys, time
+import signal, sys, time
+# a shell that starts jobs in the background ignores SIGINT in them; Python then keeps it ignored
+signal.signal(signal.SIGINT, signal.default_int_handler)
 import treerank.pipeline.experiment as exp
 from treerank.pipeline.stages import run_stage
 
