@@ -10,6 +10,7 @@ from treerank.pipeline.stages import (
     fingerprint,
     read_stage,
     run_stage,
+    skip_stage,
 )
 
 
@@ -102,3 +103,16 @@ def test_ctrl_c_names_the_stage_and_keeps_finished_results(tmp_path: Path) -> No
     with pytest.raises(StageInterrupted) as info2:
         run_stage("embed:x:test", "k", tmp_path / "e", interrupted, in_place=True, log=print)
     assert "continues this stage where it stopped" in info2.value.advice()
+
+
+def test_skipped_stage_says_why(tmp_path: Path) -> None:
+    lines: list[str] = []
+    rec = skip_stage("train:msmarco", "no train_split", tmp_path / "m", log=lines.append)
+    assert lines == ["[skip]  train:msmarco  (no train_split)"]
+    assert rec.status == "skipped: no train_split" and not rec.reused
+    assert not (tmp_path / "m").exists()
+    ran = run_stage("a", "k", tmp_path / "a", _writer("x", []), log=lambda _: None)
+    assert ran.status == "ran"
+    assert run_stage("a", "k", tmp_path / "a", _writer("x", []), log=lambda _: None).status == (
+        "reused"
+    )

@@ -87,6 +87,7 @@ def write_report(
             "stage": r.name,
             "seconds": round(r.seconds, 2),
             "reused": r.reused,
+            "skipped": r.skipped,
             "path": _rel(r.path, root),
         }
         for r in records
@@ -106,7 +107,12 @@ def write_report(
         f"# treerank report: {cfg.name}{' (quick profile)' if quick else ''}",
         "",
         f"- created: {now}; this run took {_fmt_seconds(seconds)} "
-        f"({sum(r.reused for r in records)} of {len(records)} stages reused)",
+        f"({sum(r.reused for r in records)} of {len(records)} stages reused"
+        + (
+            f", {sum(r.skipped is not None for r in records)} skipped: see Stages)"
+            if any(r.skipped is not None for r in records)
+            else ")"
+        ),
         f"- config: `{cfg.source}`",
         f"- encoder: `{encoder.get('name')}` (dim {encoder.get('dim')}), weights fingerprint "
         f"`{str(encoder.get('fingerprint'))[:16]}`, query prompt: "
@@ -224,9 +230,10 @@ def write_report(
                 link = _rel(rep, root)
                 md.append(f"\nFull diagnostics (tables, plots): [{link}]({link})")
             md.append("")
-    md += ["## Stages", "", "| stage | time | reused |", "|---|---:|:---:|"]
+    md += ["## Stages", "", "| stage | time | status |", "|---|---:|---|"]
     for r in records:
-        md.append(f"| `{r.name}` | {_fmt_seconds(r.seconds)} | {'yes' if r.reused else ''} |")
+        time_cell = "—" if r.skipped is not None else _fmt_seconds(r.seconds)
+        md.append(f"| `{r.name}` | {time_cell} | {r.status} |")
     md += [
         "",
         "Times of reused stages are those of the run that produced them.",

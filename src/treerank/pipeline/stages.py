@@ -86,7 +86,7 @@ def file_sha256(path: str | Path, chunk: int = 1 << 20) -> str:
 
 @dataclass
 class StageRecord:
-    """What a finished stage left behind."""
+    """What a finished stage left behind; ``skipped`` says why a stage did nothing."""
 
     name: str
     key: str
@@ -94,6 +94,22 @@ class StageRecord:
     seconds: float
     reused: bool
     summary: dict[str, Any] = field(default_factory=dict)
+    skipped: str | None = None
+
+    @property
+    def status(self) -> str:
+        """``"ran"``, ``"reused"`` or ``"skipped: <why>"``."""
+        if self.skipped is not None:
+            return f"skipped: {self.skipped}"
+        return "reused" if self.reused else "ran"
+
+
+def skip_stage(
+    name: str, reason: str, path: Path, log: Callable[[str], None] = print
+) -> StageRecord:
+    """Record that stage ``name`` does nothing in this experiment, and say why in the log."""
+    log(f"[skip]  {name}  ({reason})")
+    return StageRecord(name, "", path, 0.0, False, {}, skipped=reason)
 
 
 def read_stage(path: Path) -> dict[str, Any] | None:
