@@ -145,9 +145,14 @@ def run_experiment(
         log: where stage lines go.
 
     Raises:
+        ConfigError: the experiment is invalid (every problem listed with its key path);
+            raised before anything is written.
         StageError: a stage failed; it names the stage and the cause. Every stage finished
             before it (and that stage's own earlier result) stays intact on disk.
     """
+    from treerank.pipeline.validate import validate_experiment
+
+    validate_experiment(cfg)  # every problem, before any stage writes anything
     t0 = time.perf_counter()
     out = cfg.output_dir
     out.mkdir(parents=True, exist_ok=True)

@@ -36,6 +36,10 @@ def _fmt_seconds(s: float) -> str:
     return f"{s:.1f} s" if s < 120 else f"{s / 60:.1f} min"
 
 
+def _seed_columns(spread: dict[str, Any]) -> list[int]:
+    return sorted({int(x) for g in spread.values() for x in g["seeds"]})
+
+
 def _training_rows(name: str, summary: dict[str, Any]) -> list[str]:
     s = summary.get("summary", {})
     keep = [
@@ -159,6 +163,34 @@ def write_report(
             md.append("")
         md.append(o.comparison_markdown.strip())
         md.append("")
+        spread = comp.get("seed_spread") or {}
+        if spread:
+            md += [
+                "### Training-seed variance",
+                "",
+                "Each model below was trained once per seed and every seed was evaluated. The "
+                f"row `<model>` in the table above is the seed average: per query, its {metric} "
+                "is the mean over seeds of that seed's own ranking's value (not a score "
+                "ensemble); its delta and p test that seed-averaged value against the baseline.",
+                "",
+                "| model | metric | "
+                + " | ".join(f"seed {x}" for x in _seed_columns(spread))
+                + " | mean | std |",
+                "|---|---|" + "---:|" * (len(_seed_columns(spread)) + 2),
+            ]
+            for model, g in spread.items():
+                for m in comp.get("metrics", []):
+                    by_seed = dict(zip(g["seeds"], g["per_seed"][m], strict=True))
+                    cells = [
+                        f"{by_seed[x]:.4f}" if x in by_seed else "—" for x in _seed_columns(spread)
+                    ]
+                    sd = g["std"].get(m)
+                    md.append(
+                        f"| `{model}` | {m} | "
+                        + " | ".join(cells)
+                        + f" | {g['mean'][m]:.4f} | {'—' if sd is None else f'{sd:.4f}'} |"
+                    )
+            md.append("")
         if o.overlap_markdown:
             md += [
                 "### Seen vs unseen positives",
