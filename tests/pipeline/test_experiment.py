@@ -78,6 +78,12 @@ def test_run_end_to_end_then_reuse_then_failure_keeps_results(tmp_path: Path) ->
     assert "Seen vs unseen positives" in md
     assert "## Summary" in md and "never training positives" in md
     assert "## Stages" in md
+    # the dataset without a train split says what it skipped, in the log and the report
+    skipped = {r.name: r.skipped for r in res.stages if r.skipped}
+    assert skipped["train:msmarco-sample"].startswith("no train_split")
+    assert "not trained on this dataset" in skipped["diagnose:msmarco-sample"]
+    assert "| `train:msmarco-sample` | — | skipped: no train_split" in md
+    assert any(line.startswith("[skip]  train:msmarco-sample") for line in lines)
 
     # a second run with nothing changed reuses every stage
     res2 = run_experiment(

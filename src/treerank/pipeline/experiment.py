@@ -28,7 +28,13 @@ from typing import Any
 import yaml
 
 from treerank.pipeline.config import DatasetConfig, ExperimentConfig
-from treerank.pipeline.stages import StageRecord, file_sha256, fingerprint, run_stage
+from treerank.pipeline.stages import (
+    StageRecord,
+    file_sha256,
+    fingerprint,
+    run_stage,
+    skip_stage,
+)
 
 STORE_FORMAT_VERSION = 1
 
@@ -126,6 +132,12 @@ class _Run:
         self.records.append(rec)
         return rec
 
+    def skip(self, name: str, reason: str, path: Path) -> StageRecord:
+        """Record (and log) a stage that does nothing here, with the reason."""
+        rec = skip_stage(name, reason, path, log=self.log)
+        self.records.append(rec)
+        return rec
+
 
 def run_experiment(
     cfg: ExperimentConfig,
@@ -178,6 +190,12 @@ def run_experiment(
                 if r.name.startswith(f"embed:{ds.name}:")
             },
         )
+        if cfg.models and not ds.train_split:
+            run.skip(
+                f"train:{ds.name}",
+                f"no train_split: {', '.join(cfg.models)} not trained here; baselines only",
+                out / "models" / ds.name,
+            )
         if ds.train_split:
             for model_type, mcfg in cfg.models.items():
                 rec = _train_stage(run, ds, model_type, mcfg)
@@ -200,6 +218,13 @@ def run_experiment(
             rec = _diagnose_stage(run, ds, o, dmodel)
             o.diagnose_dir = rec.path
             o.diagnostics = rec.summary
+        else:
+            why = (
+                "no diagnose.model given"
+                if not dmodel
+                else f"{dmodel!r} is not trained on this dataset (no train_split)"
+            )
+            run.skip(f"diagnose:{ds.name}", why, out / "diagnose" / ds.name)
 
     from treerank.pipeline.report import write_report
 

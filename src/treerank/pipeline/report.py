@@ -163,6 +163,12 @@ def write_report(
             md.append("")
         md.append(o.comparison_markdown.strip())
         md.append("")
+        if o.train_store is None:
+            md += [
+                "Seen / unseen split: skipped (this dataset has no train split, so no query "
+                "can have a training positive).",
+                "",
+            ]
         spread = comp.get("seed_spread") or {}
         if spread:
             md += [
