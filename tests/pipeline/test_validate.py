@@ -69,6 +69,6 @@ def test_cli_typo_exits_2_before_any_stage_writes(tmp_path: Path) -> None:
 
 
 def test_models_without_any_train_split_are_an_error(tmp_path: Path) -> None:
-    path = _cfg(tmp_path, models={"linear": {"seed": 0}})
+    path = _cfg(tmp_path, models={"linear": {"family": "linear", "seed": 0}})
     with pytest.raises(ConfigError, match="models: linear would train on nothing: no dataset has"):
         validate_experiment(load_experiment(path))
