@@ -15,11 +15,12 @@ stays cheap (torch, bm25s and matplotlib load only when a function needs them)::
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 __version__ = "0.1.0"
 
-# public name -> module that defines it
+# public name -> module that defines it. Loaded by name at first access (no import statement),
+# so the package root stays in the base layer of docs/DESIGN.md and imports nothing heavy.
 _API = {
     "EmbeddingStore": "treerank.store",
     "embed_split": "treerank.store",
@@ -45,17 +46,6 @@ __all__ = [
     "run_experiment",
     "train_model",
 ]
-
-if TYPE_CHECKING:
-    from treerank.diagnostics.procedure import run_diagnostics
-    from treerank.encoders import SentenceEncoder
-    from treerank.evaluation.compare import compare_systems
-    from treerank.evaluation.metrics import evaluate_run
-    from treerank.pipeline.config import load_experiment
-    from treerank.pipeline.experiment import run_experiment
-    from treerank.pipeline.training import train_model
-    from treerank.readers import read_split
-    from treerank.store import EmbeddingStore, embed_split
 
 
 def __getattr__(name: str) -> Any:
