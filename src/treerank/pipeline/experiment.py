@@ -197,10 +197,11 @@ def run_experiment(
             )
         if ds.train_split:
             for spec in cfg.models.values():
-                rec = _train_stage(run, ds, spec)
-                run.stage_keys[f"model:{ds.name}:{spec.name}"] = rec.key
-                outcomes[ds.name].checkpoints[spec.name] = rec.path / "checkpoint"
-                outcomes[ds.name].training[spec.name] = rec.summary
+                for run_name, config in spec.runs().items():
+                    rec = _train_stage(run, ds, spec, run_name, config)
+                    run.stage_keys[f"model:{ds.name}:{run_name}"] = rec.key
+                    outcomes[ds.name].checkpoints[run_name] = rec.path / "checkpoint"
+                    outcomes[ds.name].training[run_name] = rec.summary
 
     for ds in cfg.datasets:
         o = outcomes[ds.name]
@@ -213,6 +214,8 @@ def run_experiment(
         o.family_reports = rec.summary.get("family_reports") or {}
         o.overlap_markdown = rec.summary.get("overlap_markdown", "")
         dmodel = cfg.diagnose.model
+        if dmodel in cfg.models and cfg.models[dmodel].seeds:  # the first seed's checkpoint
+            dmodel = next(iter(cfg.models[dmodel].runs()))
         if dmodel and dmodel in o.checkpoints:
             rec = _diagnose_stage(run, ds, o, dmodel)
             o.diagnose_dir = rec.path
@@ -288,16 +291,19 @@ def _embed_stage(
     return run.stage(f"embed:{ds.name}:{split}", key, path, work, in_place=True)
 
 
-def _train_stage(run: _Run, ds: DatasetConfig, spec: ModelSpec) -> StageRecord:
+def _train_stage(
+    run: _Run, ds: DatasetConfig, spec: ModelSpec, run_name: str, config: dict[str, Any]
+) -> StageRecord:
+    """Train ``spec`` with ``config`` (one seed's, for a seeded model) as ``run_name``."""
     assert ds.train_split is not None
     store_dir = run.cfg.output_dir / "stores" / ds.name / ds.train_split
-    path = run.cfg.output_dir / "models" / ds.name / spec.name
+    path = run.cfg.output_dir / "models" / ds.name / run_name
     key = fingerprint(
         "train",
         _version("treerank"),
         run.stage_keys[f"store:{ds.name}:{ds.train_split}"],
         spec.family,
-        spec.config,
+        config,
     )
 
     def work(d: Path) -> dict[str, Any]:
@@ -305,19 +311,19 @@ def _train_stage(run: _Run, ds: DatasetConfig, spec: ModelSpec) -> StageRecord:
         from treerank.store import EmbeddingStore
 
         (d / "config.yaml").write_text(
-            yaml.safe_dump({"family": spec.family, **spec.config}, sort_keys=True)
+            yaml.safe_dump({"family": spec.family, **config}, sort_keys=True)
         )
         res = train_model(
             spec.family,
             EmbeddingStore.open(store_dir),
-            spec.config,
+            config,
             d / "checkpoint",
             progress=run.progress,
             where=f"{run.cfg.source}: models.{spec.name}",
         )
         return {"family": spec.family, "summary": _jsonable(res.summary)}
 
-    return run.stage(f"train:{ds.name}:{spec.name}", key, path, work)
+    return run.stage(f"train:{ds.name}:{run_name}", key, path, work)
 
 
 def _systems_for(
@@ -331,6 +337,17 @@ def _systems_for(
     for base in cfg.evaluate.baselines:
         systems.setdefault(base, base)
     return systems
+
+
+def _seed_groups(cfg: ExperimentConfig, systems: dict[str, str]) -> dict[str, dict[str, int]]:
+    """Seeded model -> {its seeds' system names: seed}, for those evaluated here."""
+    groups = {}
+    for spec in cfg.models.values():
+        if spec.seeds:
+            runs = dict(zip(spec.runs(), spec.seeds, strict=True))
+            if all(r in systems for r in runs):
+                groups[spec.name] = runs
+    return groups
 
 
 def _evaluate_stage(
@@ -375,6 +392,8 @@ def _evaluate_stage(
             metrics=tuple(ev.metrics),
             seed=ev.seed,
             progress=run.progress,
+            train_store=EmbeddingStore.open(o.train_store) if o.train_store else None,
+            seed_groups=_seed_groups(run.cfg, systems),
         )
         summary: dict[str, Any] = {
             "comparison": _jsonable(comp.to_dict()),
@@ -383,20 +402,12 @@ def _evaluate_stage(
         reports = family_reports(built, store)
         if reports:
             summary["family_reports"] = _jsonable(reports)
-        if o.train_store is not None:
-            from treerank.evaluation.overlap import (
-                overlap_breakdown,
-                overlap_markdown,
-                seen_positive_mask,
-            )
+        if comp.overlap is not None:  # written to overlap.json by compare_systems
+            from treerank.evaluation.overlap import overlap_markdown
 
-            seen = seen_positive_mask(store, EmbeddingStore.open(o.train_store))
-            per_query = {s: r.per_query for s, r in comp.results.items()}
-            doc = overlap_breakdown(per_query, seen, ev.baselines[0], ev.metrics, seed=ev.seed)
-            (d / "overlap.json").write_text(json.dumps(_jsonable(doc), indent=2))
             metric = "ndcg@10" if "ndcg@10" in ev.metrics else ev.metrics[0]
-            summary["overlap"] = _jsonable(doc)
-            summary["overlap_markdown"] = overlap_markdown(doc, metric, ev.baselines[0])
+            summary["overlap"] = _jsonable(comp.overlap)
+            summary["overlap_markdown"] = overlap_markdown(comp.overlap, metric, ev.baselines[0])
         return summary
 
     return run.stage(f"evaluate:{ds.name}", key, path, work)
