@@ -62,3 +62,14 @@ def test_baselines_only_experiment_reports_skipped_stages(tmp_path: Path) -> Non
     doc = json.loads(res.report_json.read_text())
     assert doc["stages"][-1]["skipped"] == "no diagnose.model given"
     assert doc["datasets"]["tiny"]["comparison"]["systems"]["bm25"]["mean"]["mrr@10"] == 1.0
+    # the command line says the same, after the tables (every stage reused this time)
+    from typer.testing import CliRunner
+
+    from treerank.cli.main import app
+
+    cli = CliRunner().invoke(
+        app, ["run", str(cfg), "--out", str(tmp_path / "out"), "--no-progress"]
+    )
+    assert cli.exit_code == 0, cli.output
+    assert "Skipped (nothing to do):\n- diagnose:tiny: no diagnose.model given" in cli.output
+    assert "Summary:\n- tiny (3 queries evaluated against every passage of the split)" in cli.output

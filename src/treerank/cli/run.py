@@ -67,6 +67,20 @@ def run(
         if o.overlap_markdown:
             typer.echo("\nSeen vs unseen positives (train/test overlap):\n")
             typer.echo(o.overlap_markdown.strip())
+    from treerank.pipeline.report import summary_lines
+
+    metric = (
+        "ndcg@10" if "ndcg@10" in res.config.evaluate.metrics else res.config.evaluate.metrics[0]
+    )
+    typer.echo("\nSummary:")
+    for name, o in res.datasets.items():
+        for line in summary_lines(name, o, metric, res.config.evaluate.baselines[0]):
+            typer.echo(line.replace("**", "").replace("`", ""))
+    skipped = [r for r in res.stages if r.skipped is not None]
+    if skipped:
+        typer.echo("\nSkipped (nothing to do):")
+        for r in skipped:
+            typer.echo(f"- {r.name}: {r.skipped}")
     typer.echo("")
     typer.echo(f"report: {res.report_md}")
     typer.echo(f"numbers: {res.report_json}")
