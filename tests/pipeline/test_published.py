@@ -24,7 +24,14 @@ def _comparison() -> dict:
         },
         "tests": {
             "cosine": {
-                "linear": {"ndcg@10": {"delta": 0.15, "p_randomization": 0.00001}},
+                "linear": {
+                    "ndcg@10": {
+                        "delta": 0.15,
+                        "p_randomization": 0.00001,
+                        "ci_low": 0.1,
+                        "ci_high": 0.2,
+                    }
+                },
                 "linear@seed0": {"ndcg@10": {"delta": 0.14, "p_randomization": 0.00001}},
             }
         },
@@ -57,6 +64,9 @@ def test_render_by_hand() -> None:
     }
     md = render(extract(report, "scifact"), metrics=("mrr@10", "ndcg@10"))
     rows = md.splitlines()
+    assert (
+        rows[0].startswith("- **scifact** (300 queries evaluated") and "`linear` 0.7900" in rows[0]
+    )
     assert "| cosine | 0.6000 | 0.6400 |  |" in rows
     assert "| linear (2 seeds) | 0.7500 ± 0.0141 | 0.7900 ± 0.0141 | +0.150, p < 1e-4 |" in rows
     assert not any(r.startswith("| linear@seed") for r in rows)  # never a single seed

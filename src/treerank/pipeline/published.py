@@ -14,6 +14,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from treerank.evaluation.summary import headline
+
 BEGIN = "<!-- BEGIN generated results (scripts/readme_results.py; do not edit by hand) -->"
 END = "<!-- END generated results -->"
 TABLE_METRICS = ("mrr@10", "ndcg@10", "recall@100")
@@ -61,7 +63,8 @@ def _delta(cell: Mapping[str, Any] | None, p_key: str) -> str:
 
 
 def render(doc: Mapping[str, Any], metrics: Sequence[str] = TABLE_METRICS) -> str:
-    """Markdown tables (main comparison, training seeds, seen / unseen split, diagnostics).
+    """The summary headline, then Markdown tables (main comparison, training seeds, seen /
+    unseen split) and the diagnostics' decision rules.
 
     Models trained with several seeds appear once, as ``mean ± std`` over seeds, with the delta
     and p of their seed-averaged per-query metrics; the seeds' own numbers get their own table.
@@ -76,6 +79,8 @@ def render(doc: Mapping[str, Any], metrics: Sequence[str] = TABLE_METRICS) -> st
     st = comp.get("settings") or {}
     any_sys = next(iter(systems.values()))
     lines = [
+        *headline(doc["dataset"], comp, head_metric, base, doc.get("overlap")),
+        "",
         f"{doc['dataset']} {doc['eval_split']}: {st.get('n_queries')} queries "
         f"({any_sys.get('n_evaluated')} with a relevant passage) ranked against all "
         f"{st.get('n_passages'):,} passages, encoder `{doc.get('encoder')}`; p from a paired "
