@@ -89,6 +89,7 @@ def evaluate(
     from treerank.evaluation.compare import compare_systems
     from treerank.evaluation.metrics import DEFAULT_METRICS
     from treerank.evaluation.overlap import find_train_store, overlap_markdown
+    from treerank.evaluation.plots import dataset_label
     from treerank.evaluation.summary import headline
     from treerank.store import EmbeddingStore
 
@@ -153,7 +154,7 @@ def evaluate(
         )
         console.print(overlap_markdown(comp.overlap, headline_metric, baseline).strip())
     doc = comp.to_dict()
-    lines = headline(st.split, doc, headline_metric, baseline)
+    lines = headline(dataset_label(st.path, st.split), doc, headline_metric, baseline)
     if lines:
         console.print("\nSummary:", markup=False)
         for line in lines:
