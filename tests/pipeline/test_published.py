@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -82,3 +85,14 @@ def test_replace_block_round_trips() -> None:
     assert read_block(new) == "new\n" and new.startswith("intro\n") and new.endswith("after\n")
     with pytest.raises(ValueError, match="no generated block"):
         read_block("no markers")
+
+
+def test_readme_numbers_equal_the_committed_report_results() -> None:
+    doc = json.loads((REPO / "docs" / "results" / "sample.json").read_text())
+    assert read_block((REPO / "README.md").read_text()) == render(doc)
+    check = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "readme_results.py"), "--check"],
+        capture_output=True,
+        text=True,
+    )
+    assert check.returncode == 0, check.stderr

@@ -213,7 +213,7 @@ def run_experiment(
         o.overlap = rec.summary.get("overlap")
         o.family_reports = rec.summary.get("family_reports") or {}
         o.overlap_markdown = rec.summary.get("overlap_markdown", "")
-        dmodel = cfg.diagnose.model
+        wanted = dmodel = cfg.diagnose.model
         if dmodel in cfg.models and cfg.models[dmodel].seeds:  # the first seed's checkpoint
             dmodel = next(iter(cfg.models[dmodel].runs()))
         if dmodel and dmodel in o.checkpoints:
@@ -224,7 +224,7 @@ def run_experiment(
             why = (
                 "no diagnose.model given"
                 if not dmodel
-                else f"{dmodel!r} is not trained on this dataset (no train_split)"
+                else f"{wanted!r} is not trained on this dataset (no train_split)"
             )
             run.skip(f"diagnose:{ds.name}", why, out / "diagnose" / ds.name)
 
