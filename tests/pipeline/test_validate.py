@@ -72,3 +72,32 @@ def test_models_without_any_train_split_are_an_error(tmp_path: Path) -> None:
     path = _cfg(tmp_path, models={"linear": {"family": "linear", "seed": 0}})
     with pytest.raises(ConfigError, match="models: linear would train on nothing: no dataset has"):
         validate_experiment(load_experiment(path))
+
+
+def test_model_sections_are_checked_at_load_and_their_metrics_here(tmp_path: Path) -> None:
+    split = {"train_split": "train"}
+    data = tmp_path / "data"
+    data.mkdir()
+    ds = [{"name": "d", "path": str(data), "format": "beir", "eval_split": "test", **split}]
+    typo = _cfg(
+        tmp_path,
+        datasets=ds,
+        models={"lin": {"family": "linear", "trainer": {"learning_rate": 0.1}}},
+    )
+    with pytest.raises(ConfigError, match=r"models.lin.trainer: unknown key\(s\) learning_rate"):
+        load_experiment(typo)
+    bad = _cfg(
+        tmp_path,
+        datasets=ds,
+        models={
+            "lin": {
+                "family": "linear",
+                "trainer": {"early_stopping_metric": "bogus@10"},
+                "validation": {"metrics": ["mrr@10", "bogus@10"]},
+            }
+        },
+    )
+    with pytest.raises(ConfigError) as info:
+        validate_experiment(load_experiment(bad))
+    assert "  - models.lin.validation.metrics[1]: bad metric 'bogus@10'" in str(info.value)
+    assert "  - models.lin.trainer.early_stopping_metric: bad metric 'bogus@10'" in str(info.value)

@@ -23,16 +23,15 @@ def _collect(problems: list[str], where: str, check: Callable[..., Any], *args: 
         problems.append(f"{where}: {text}")
 
 
-def validate_experiment(
-    cfg: ExperimentConfig,
-    validate_model: Callable[[str, dict[str, Any]], None] | None = None,
-) -> None:
-    """Check every system spec, metric, baseline and model section of ``cfg``.
+def validate_experiment(cfg: ExperimentConfig) -> None:
+    """Check every system spec, metric and baseline of ``cfg``, and that models can train.
+
+    Model sections were already parsed when ``cfg`` was loaded, by each family's strict config
+    helper (the one ``treerank train`` uses: unknown keys and wrong types fail there, with the
+    key path); here their metric names are checked too.
 
     Args:
         cfg: a loaded experiment.
-        validate_model: ``(name, section) -> None`` raising ``ValueError`` on a bad model
-            section (the strict helper ``treerank train`` uses); ``None`` skips models.
 
     Raises:
         ConfigError: every problem found, one per line, each naming the file and key path.
@@ -62,9 +61,15 @@ def validate_experiment(
             f"models: {', '.join(cfg.models)} would train on nothing: no dataset has a "
             "train_split (add train_split to a dataset, or remove the models section)"
         )
-    if validate_model is not None:
-        for name, section in cfg.models.items():
-            _collect(problems, f"models.{name}", validate_model, name, section)
+    for name, model in cfg.models.items():
+        # the metrics a trainer validates on (common config shape: trainer / validation)
+        val = model.config.get("validation") or {}
+        for i, m in enumerate(val.get("metrics") or [] if isinstance(val, dict) else []):
+            _collect(problems, f"models.{name}.validation.metrics[{i}]", parse_metric, m)
+        trainer = model.config.get("trainer") or {}
+        stop = trainer.get("early_stopping_metric") if isinstance(trainer, dict) else None
+        if isinstance(stop, str):
+            _collect(problems, f"models.{name}.trainer.early_stopping_metric", parse_metric, stop)
     if problems:
         n = len(problems)
         raise ConfigError(
