@@ -101,7 +101,13 @@ def test_run_end_to_end_then_reuse_then_failure_keeps_results(
     )
 
     # a metric no trainer can compute is refused before any stage runs, with its key path
-    bogus = _small_config(tmp_path, mlp={"validation": {"metrics": ["bogus@10"]}})
+    bogus = _small_config(
+        tmp_path,
+        mlp={
+            "trainer": {"early_stopping_metric": "bogus@10"},
+            "validation": {"metrics": ["bogus@10"]},
+        },
+    )
     with pytest.raises(ConfigError, match=r"models.mlp.validation.metrics\[0\]: bad metric"):
         run_experiment(load_experiment(bogus, output_dir=out), log=lambda s: None, progress=False)
 
