@@ -43,7 +43,7 @@ def test_headline_names_best_margin_and_caveat() -> None:
     assert lines[1] == (
         "  - but on the 100 queries whose relevant passages were never training positives, "
         "`linear` scores 0.6790 (-0.0010 vs `cosine`, p = 0.9); best there: `cosine` 0.6800. "
-        "Gains on the other queries can be memorised citations."
+        "A trained model's gains on the other queries can be memorised citations."
     )
     assert headline("scifact", {**COMP, "overlap": OVERLAP}, "ndcg@10", "cosine") == lines
     assert len(headline("scifact", COMP, "ndcg@10", "cosine")) == 1

@@ -97,5 +97,7 @@ def headline(
         ucell = unseen[u_best][metric]
         if "delta" in ucell:
             text += f" ({ucell['delta']:+.4f}, {p_text(ucell.get('p'))})"
-        out.append(text + ". Gains on the other queries can be memorised citations.")
+        out.append(
+            text + ". A trained model's gains on the other queries can be memorised citations."
+        )
     return out
