@@ -1,7 +1,8 @@
 """treerank: dense-retrieval research over frozen text embeddings.
 
-Layers (see DESIGN.md): readers -> encoders -> store -> models -> training -> search ->
-evaluation -> diagnostics -> pipeline -> cli. A layer imports only from layers before it.
+Layers (docs/DESIGN.md; checked by tests/test_layers.py): base -> kernels -> readers -> encoders
+-> store -> models -> training -> search -> evaluation -> diagnostics -> pipeline -> cli. A layer
+imports only from its own layer and the layers before it.
 
 The main API is importable from here; each name is loaded on first use, so ``import treerank``
 stays cheap (torch, bm25s and matplotlib load only when a function needs them)::

@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from treerank.cli.errors import fail
+from treerank.evaluation.metrics import DEFAULT_METRICS
 
 
 def _systems_help() -> str:
@@ -87,7 +88,6 @@ def evaluate(
 
     from treerank.evaluation.checks import too_deep
     from treerank.evaluation.compare import compare_systems
-    from treerank.evaluation.metrics import DEFAULT_METRICS
     from treerank.evaluation.overlap import find_train_store, overlap_markdown
     from treerank.evaluation.plots import dataset_label
     from treerank.evaluation.summary import headline
