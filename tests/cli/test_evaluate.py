@@ -160,3 +160,29 @@ def test_out_folder_never_mixes_two_comparisons(tmp_path) -> None:
     doc = json.loads((out / "results.json").read_text())
     assert doc["removed_stale_files"] == ["runs/rrf_bm25+cosine.trec"]
     assert "removed" in second.output and "rrf_bm25+cosine.trec" in second.output
+
+
+def test_evaluate_reports_a_failing_system_and_keeps_the_others(tmp_path) -> None:
+    write_tiny_store(tmp_path / "test")
+    missing = tmp_path / "no-such-ckpt"
+    result = CliRunner().invoke(
+        app,
+        [
+            "evaluate",
+            "--store",
+            str(tmp_path / "test"),
+            "--system",
+            "bm25",
+            "--system",
+            f"ckpt:{missing}",
+            "--out",
+            str(tmp_path / "out"),
+            "--permutations",
+            "10",
+            "--no-progress",
+        ],
+    )
+    assert result.exit_code == 1, result.output
+    assert f"system ckpt:{missing} failed" in result.output and "(baseline)" in result.output
+    res = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert set(res["systems"]) == {"cosine", "bm25"} and list(res["failed"]) == [f"ckpt:{missing}"]

@@ -89,7 +89,7 @@ def plot_deltas(
         ax.errorbar(d, y, xerr=[d - lo, hi - d], fmt="none", ecolor="black", capsize=3, lw=1)
         ax.axvline(0.0, color="black", lw=0.8)
         ax.set_yticks(y, systems if ax is axes[0][0] else [""] * len(systems))
-        ax.set_ylim(len(systems) - 0.5, -0.5)  # first system on top, same rows in every panel
+        ax.set_ylim(max(len(systems), 1) - 0.5, -0.5)  # first system on top, same rows per panel
         ax.set_xlabel(f"Δ {m} vs {baseline}")
         ax.set_title(m)
         ax.grid(axis="x", alpha=0.3)

@@ -27,6 +27,7 @@ from typing import Any
 
 import yaml
 
+from treerank.lock import writes_dir
 from treerank.pipeline.config import DatasetConfig, ExperimentConfig, ModelSpec
 from treerank.pipeline.stages import (
     StageRecord,
@@ -139,6 +140,7 @@ class _Run:
         return rec
 
 
+@writes_dir("cfg", "run", attr="output_dir")
 def run_experiment(
     cfg: ExperimentConfig,
     *,

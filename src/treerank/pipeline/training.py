@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from treerank.lock import writes_dir
 from treerank.models.families import family
 from treerank.training.history import TrainingLog
 from treerank.training.holdout import ValidationConfig, holdout_split, passage_groups
@@ -214,6 +215,7 @@ def ensure_training_sources(
     return done
 
 
+@writes_dir("out_dir", "train")
 def train_model(
     family_name: str,
     train_store: Any,
