@@ -113,3 +113,16 @@ def test_ctrl_c_then_resume_is_byte_identical(tmp_path, msmarco_parquet):
         assert filecmp.cmp(tmp_path / "full" / "validation" / name, part / name, shallow=False)
     meta = json.loads((part / "meta.json").read_text())
     assert meta["stats"]["resumed"] is True
+
+
+def test_empty_corpus_exits_2_naming_the_corpus_file(tmp_path):
+    root = tmp_path / "beir"
+    (root / "qrels").mkdir(parents=True)
+    (root / "corpus.jsonl").write_text("")
+    (root / "queries.jsonl").write_text('{"_id": "q1", "text": "what is it"}\n')
+    (root / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\n")
+    res = runner.invoke(app, ["embed", str(root), "-f", "beir", "-o", str(tmp_path / "out")])
+    flat = " ".join(res.output.split())
+    assert res.exit_code == 2, res.output
+    assert f"{root / 'corpus.jsonl'}: no passages in split 'test'" in flat
+    assert not (tmp_path / "out" / "test").exists()

@@ -73,6 +73,95 @@ def test_evaluate_store_root_with_split_and_missing_store(tmp_path) -> None:
     assert missing.exit_code == 2 and "not found" in missing.output
 
 
+def _invoke(tmp_path, *args: str):
+    return CliRunner().invoke(
+        app,
+        ["evaluate", "--store", str(tmp_path / "test"), "--permutations", "20", "--no-progress"]
+        + list(args),
+    )
+
+
+def test_k_is_validated_with_the_flags_name(tmp_path) -> None:
+    write_tiny_store(tmp_path / "test")
+    zero = _invoke(tmp_path, "--k", "0")
+    assert zero.exit_code == 2 and "'--k'" in zero.output and "chunk_size" not in zero.output
+    deep = _invoke(tmp_path, "--k", "5", "--metric", "recall@100")
+    flat = " ".join(deep.output.split())
+    assert deep.exit_code == 2, deep.output
+    assert "recall@100 cannot be measured on a top-5 run" in flat and "--k" in flat
+    too_shallow = _invoke(tmp_path, "--k", "5")
+    assert too_shallow.exit_code == 2
+    assert "--k 5 is below the cutoff of every default metric" in " ".join(
+        too_shallow.output.split()
+    )
+    # a depth that covers all 8 passages serves every cutoff exactly
+    full = _invoke(tmp_path, "--k", "8", "--system", "bm25")
+    assert full.exit_code == 0, full.output
+    assert "left out (deeper" not in full.output and "recall@1000" in full.output
+
+
+def test_unlabelled_and_empty_stores_are_refused_in_user_terms(tmp_path) -> None:
+    write_tiny_store(tmp_path / "test")
+    (tmp_path / "test" / "query_is_selected.bin").write_bytes(bytes(8))
+    res = _invoke(tmp_path)
+    flat = " ".join(res.output.split())
+    assert res.exit_code == 2
+    assert f"store {tmp_path / 'test'}: none of its 4 queries has a relevant passage" in flat
+
+    empty = tmp_path / "empty" / "test"
+    write_tiny_store(empty)
+    meta = json.loads((empty / "meta.json").read_text())
+    (empty / "meta.json").write_text(json.dumps({**meta, "n_passages": 0}))
+    (empty / "passages.bin").write_bytes(b"")
+    (empty / "passages.jsonl").write_text("")
+    (empty / "query_indices.bin").write_bytes(b"\xff" * 32)
+    (empty / "query_is_selected.bin").write_bytes(bytes(8))
+    res = _invoke(tmp_path / "empty")
+    flat = " ".join(res.output.split())
+    assert res.exit_code == 2, res.output
+    assert "has no passages, so there is nothing to rank" in flat and "chunk_size" not in flat
+
+
+def test_sibling_train_store_adds_seen_unseen_split(tmp_path) -> None:
+    write_tiny_store(tmp_path / "root" / "test")
+    write_tiny_store(tmp_path / "root" / "train")
+    # training positives: only query 0's passages (p1, p5); so only test query 0 is "seen"
+    (tmp_path / "root" / "train" / "query_is_selected.bin").write_bytes(bytes([2, 1] + [0] * 6))
+    args = ["--system", "bm25", "--permutations", "20", "--no-progress"]
+    res = CliRunner().invoke(
+        app,
+        ["evaluate", "--store", str(tmp_path / "root" / "test"), "--out", str(tmp_path / "o")]
+        + args,
+    )
+    assert res.exit_code == 0, res.output
+    assert "Seen vs unseen positives" in res.output
+    assert "1 queries with a training positive" in res.output
+    doc = json.loads((tmp_path / "o" / "results.json").read_text())
+    assert (doc["overlap"]["n_seen"], doc["overlap"]["n_unseen"]) == (1, 3)
+    assert doc["settings"]["train_store"] == str(tmp_path / "root" / "train")
+    assert json.loads((tmp_path / "o" / "overlap.json").read_text()) == doc["overlap"]
+
+    off = CliRunner().invoke(
+        app,
+        ["evaluate", "--store", str(tmp_path / "root" / "test"), "--no-overlap"] + args,
+    )
+    assert off.exit_code == 0 and "Seen vs unseen" not in off.output
+
+
+def test_out_folder_never_mixes_two_comparisons(tmp_path) -> None:
+    write_tiny_store(tmp_path / "test")
+    out = tmp_path / "o"
+    first = _invoke(tmp_path, "--system", "bm25", "--system", "rrf:bm25+cosine", "--out", str(out))
+    assert first.exit_code == 0, first.output
+    assert (out / "runs" / "rrf_bm25+cosine.trec").exists()
+    second = _invoke(tmp_path, "--system", "bm25", "--out", str(out))
+    assert second.exit_code == 0, second.output
+    assert sorted(p.name for p in (out / "runs").iterdir()) == ["bm25.trec", "cosine.trec"]
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["removed_stale_files"] == ["runs/rrf_bm25+cosine.trec"]
+    assert "removed" in second.output and "rrf_bm25+cosine.trec" in second.output
+
+
 def test_evaluate_reports_a_failing_system_and_keeps_the_others(tmp_path) -> None:
     write_tiny_store(tmp_path / "test")
     missing = tmp_path / "no-such-ckpt"

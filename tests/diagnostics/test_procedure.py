@@ -176,3 +176,12 @@ def test_paired_bootstrap_and_rules() -> None:
     results["probes"]["specialisation"]["t"].update(verdict="undetectable")
     assert "noise band on t" in decision_rules(results, metric="ndcg@10")[2]["conclusion"]
     assert not decision_rules(results, metric="ndcg@10", equal_margin=0.001)[1]["holds"]
+
+
+def test_plot_titles_name_the_dataset_and_split() -> None:
+    from treerank.diagnostics.report import _where
+
+    assert _where({"meta": {"store": "runs/sample/stores/scifact/test", "split": "test"}}) == (
+        "scifact/test: "
+    )
+    assert _where({"meta": {}}) == ""

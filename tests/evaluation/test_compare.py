@@ -39,7 +39,7 @@ def test_compare_writes_everything(tmp_path) -> None:
     lines = (out / "per_query.jsonl").read_text().splitlines()
     assert len(lines) == 3 * 4 and json.loads(lines[0])["query_id"] == "q0"
     assert (out / "runs" / "rrf_bm25+cosine.trec").read_text().startswith("q0 Q0 p")
-    assert (out / "plots" / "metrics.png").read_bytes()[:4] == b"\x89PNG"
+    assert (out / "plots" / "deltas.png").read_bytes()[:4] == b"\x89PNG"
     assert (out / "plots" / "recall_at_k.png").stat().st_size > 1000
     table = (out / "table.md").read_text()
     assert "cosine (baseline)" in table and "Δ ndcg@10" in table

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from treerank.pipeline.config import load_experiment
+from treerank.pipeline.config import ConfigError, load_experiment
 from treerank.pipeline.experiment import run_experiment
 from treerank.pipeline.stages import StageError
 
@@ -33,13 +33,18 @@ def _small_config(tmp_path: Path, **model_over: dict) -> Path:
         ds["max_passages"] = 400
     for m, over in model_over.items():
         raw["models"][m].update(over)
+    for section in raw["models"].values():  # two seeds keep the test short; the sample has three
+        if "seeds" in section:
+            section["seeds"] = [0, 1]
     p = tmp_path / "exp.yaml"
     p.write_text(yaml.safe_dump(raw))
     return p
 
 
 @pytest.mark.slow
-def test_run_end_to_end_then_reuse_then_failure_keeps_results(tmp_path: Path) -> None:
+def test_run_end_to_end_then_reuse_then_failure_keeps_results(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     cfg_path = _small_config(tmp_path)
     out = tmp_path / "out"
     lines: list[str] = []
@@ -53,13 +58,15 @@ def test_run_end_to_end_then_reuse_then_failure_keeps_results(tmp_path: Path) ->
     names = [r.name for r in res.stages]
     assert not any(r.reused for r in res.stages)
     assert "embed:scifact:train" in names and "evaluate:scifact" in names
-    for m in ("linear", "mlp", "forest", "drt"):
+    for m in ("linear@seed0", "linear@seed1", "mlp@seed0", "mlp@seed1", "forest", "drt@seed1"):
         assert f"train:scifact:{m}" in names
     assert "diagnose:scifact" in names
 
     report = json.loads(res.report_json.read_text())
     sci = report["datasets"]["scifact"]["comparison"]["systems"]
-    assert {"bm25", "cosine", "linear", "mlp", "forest", "drt"} <= set(sci)
+    assert {"bm25", "cosine", "linear", "mlp", "forest", "drt", "linear@seed1"} <= set(sci)
+    spread = report["datasets"]["scifact"]["comparison"]["seed_spread"]
+    assert set(spread) == {"linear", "mlp", "drt"} and spread["linear"]["seeds"] == [0, 1]
     # the report's numbers are the evaluation stage's own results.json, exactly
     results = json.loads((out / "eval" / "scifact" / "results.json").read_text())
     for system, vals in results["systems"].items():
@@ -76,29 +83,46 @@ def test_run_end_to_end_then_reuse_then_failure_keeps_results(tmp_path: Path) ->
     assert "Seen vs unseen positives" in md
     assert "## Summary" in md and "never training positives" in md
     assert "## Stages" in md
+    # the dataset without a train split says what it skipped, in the log and the report
+    skipped = {r.name: r.skipped for r in res.stages if r.skipped}
+    assert skipped["train:msmarco-sample"].startswith("no train_split")
+    assert "not trained on this dataset" in skipped["diagnose:msmarco-sample"]
+    assert "| `train:msmarco-sample` | — | skipped: no train_split" in md
+    assert any(line.startswith("[skip]  train:msmarco-sample") for line in lines)
 
     # a second run with nothing changed reuses every stage
     res2 = run_experiment(
         load_experiment(cfg_path, output_dir=out), log=lambda s: None, progress=False
     )
-    assert all(r.reused for r in res2.stages)
+    assert all(r.reused for r in res2.stages if r.skipped is None)
     assert (
         json.loads(res2.report_json.read_text())["datasets"]["scifact"]["comparison"]
         == report["datasets"]["scifact"]["comparison"]
     )
 
-    # a failing stage names itself and leaves earlier results intact
-    bad = _small_config(  # valid keys, but a metric the validation callback cannot compute
+    # a metric no trainer can compute is refused before any stage runs, with its key path
+    bogus = _small_config(
         tmp_path,
         mlp={
             "trainer": {"early_stopping_metric": "bogus@10"},
             "validation": {"metrics": ["bogus@10"]},
         },
     )
-    before = (out / "models" / "scifact" / "mlp" / "stage.json").read_text()
-    with pytest.raises(StageError, match="train:scifact:mlp"):
-        run_experiment(load_experiment(bad, output_dir=out), log=lambda s: None, progress=False)
-    assert (out / "models" / "scifact" / "mlp" / "stage.json").read_text() == before
+    with pytest.raises(ConfigError, match=r"models.mlp.validation.metrics\[0\]: bad metric"):
+        run_experiment(load_experiment(bogus, output_dir=out), log=lambda s: None, progress=False)
+
+    # a failing stage names itself and leaves earlier results intact
+    import treerank.pipeline.training as training
+
+    def boom(*args: object, **kwargs: object) -> None:
+        raise ValueError("loss is NaN")
+
+    monkeypatch.setattr(training, "train_model", boom)
+    changed = _small_config(tmp_path, mlp={"trainer": {"epochs": 2}})
+    before = (out / "models" / "scifact" / "mlp@seed0" / "stage.json").read_text()
+    with pytest.raises(StageError, match="train:scifact:mlp@seed0.*loss is NaN"):
+        run_experiment(load_experiment(changed, output_dir=out), log=lambda s: None, progress=False)
+    assert (out / "models" / "scifact" / "mlp@seed0" / "stage.json").read_text() == before
     assert (out / "eval" / "scifact" / "results.json").exists()
 
 
@@ -119,6 +143,9 @@ def test_baselines_only_experiment_skips_diagnostics(tmp_path: Path) -> None:
     cfg = load_experiment(tmp_path / "exp.yaml", output_dir=tmp_path / "out")
     assert cfg.diagnose.model is None
     res = run_experiment(cfg, log=lambda s: None, progress=False)
-    assert [r.name for r in res.stages] == ["evaluate:toy"]
+    assert [(r.name, r.status) for r in res.stages] == [
+        ("evaluate:toy", "ran"),
+        ("diagnose:toy", "skipped: no diagnose.model given"),
+    ]
     report = json.loads(res.report_json.read_text())
     assert set(report["datasets"]["toy"]["comparison"]["systems"]) == {"cosine", "bm25"}

@@ -3,7 +3,15 @@ from pathlib import Path
 
 import pytest
 
-from treerank.pipeline.stages import StageError, file_sha256, fingerprint, read_stage, run_stage
+from treerank.pipeline.stages import (
+    StageError,
+    StageInterrupted,
+    file_sha256,
+    fingerprint,
+    read_stage,
+    run_stage,
+    skip_stage,
+)
 
 
 def _writer(text: str, calls: list[str]):
@@ -74,3 +82,37 @@ def test_fingerprints_are_order_insensitive_for_dict_keys(tmp_path: Path) -> Non
     assert file_sha256(f) == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
     with pytest.raises(FileNotFoundError, match="nope"):
         file_sha256(tmp_path / "nope")
+
+
+def test_ctrl_c_names_the_stage_and_keeps_finished_results(tmp_path: Path) -> None:
+    out = tmp_path / "s"
+    run_stage("train:mlp", "k1", out, _writer("good", []), log=lambda _: None)
+
+    def interrupted(d: Path) -> dict:
+        (d / "out.txt").write_text("half-written")
+        raise KeyboardInterrupt
+
+    with pytest.raises(StageInterrupted) as info:
+        run_stage("train:mlp", "k2", out, interrupted, log=lambda _: None)
+    assert isinstance(info.value, KeyboardInterrupt)
+    assert info.value.stage == "train:mlp" and not info.value.in_place
+    assert "'train:mlp'" in info.value.advice() and "starts this stage again" in info.value.advice()
+    assert (out / "out.txt").read_text() == "good"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s"]
+
+    with pytest.raises(StageInterrupted) as info2:
+        run_stage("embed:x:test", "k", tmp_path / "e", interrupted, in_place=True, log=print)
+    assert "continues this stage where it stopped" in info2.value.advice()
+
+
+def test_skipped_stage_says_why(tmp_path: Path) -> None:
+    lines: list[str] = []
+    rec = skip_stage("train:msmarco", "no train_split", tmp_path / "m", log=lines.append)
+    assert lines == ["[skip]  train:msmarco  (no train_split)"]
+    assert rec.status == "skipped: no train_split" and not rec.reused
+    assert not (tmp_path / "m").exists()
+    ran = run_stage("a", "k", tmp_path / "a", _writer("x", []), log=lambda _: None)
+    assert ran.status == "ran"
+    assert run_stage("a", "k", tmp_path / "a", _writer("x", []), log=lambda _: None).status == (
+        "reused"
+    )

@@ -7,7 +7,7 @@ import torch
 from treerank.models.linear import LinearHead
 from treerank.models.mlp import MLPHead
 from treerank.training.heads import build_sampler, parse_linear_config, train_head, train_linear
-from treerank.training.history import TrainingLog, plot_curves, read_log
+from treerank.training.history import TrainingLog, best_step, plot_curves, read_log
 from treerank.training.holdout import holdout_split
 from treerank.training.trainer import TrainerConfig, fit
 
@@ -66,6 +66,8 @@ def test_training_improves_held_out_metric_and_logs(toy_store, tmp_path):
     assert train[0]["chance_loss"] == pytest.approx(np.log(16), abs=1e-5)
     png = plot_curves(recs, tmp_path / "curves.png")
     assert png.read_bytes()[:4] == b"\x89PNG"
+    # the marked best step is the last improving evaluation, the one the summary reports
+    assert best_step(recs) == out.summary["best_step"]
     # the restored model is the best one
     assert mrr_validator(toy_store, va)(out.model)["mrr@10"] == pytest.approx(
         out.summary["best_metrics"]["mrr@10"]

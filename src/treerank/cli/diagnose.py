@@ -41,6 +41,7 @@ def diagnose(
     probe_store: list[Path] = typer.Option(  # noqa: B006
         [],
         "--probe-store",
+        metavar="DIR",
         help="More store splits (same encoder, e.g. the train split) whose queries join the "
         "probes and CKA for statistical power; repeatable.",
     ),

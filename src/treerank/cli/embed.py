@@ -37,7 +37,7 @@ def embed(
         "auto", "--format", "-f", help=f"Input format: auto or one of {', '.join(FORMATS)}."
     ),
     splits: list[str] = typer.Option(
-        [], "--split", help="Split(s) to embed, repeatable (default per format)."
+        [], "--split", metavar="SPLIT", help="Split(s) to embed, repeatable (default per format)."
     ),
     model: str | None = typer.Option(
         None,
@@ -89,6 +89,7 @@ def embed(
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from rich.console import Console
+    from rich.markup import escape
 
     from treerank.distributed.context import launch
     from treerank.distributed.embed import embed_sharded, rank_device
@@ -115,6 +116,8 @@ def embed(
                     err.print(
                         f"  {split.n_queries:,} queries, {split.n_passages:,} passages, K={split.k}"
                     )
+                    for warning in split.warnings():
+                        err.print(f"  [yellow]warning:[/yellow] {escape(warning)}", highlight=False)
                 if encoder is None:
                     encoder = SentenceEncoder(
                         model,

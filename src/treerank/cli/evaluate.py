@@ -29,6 +29,7 @@ def evaluate(
     systems: list[str] = typer.Option(
         ["cosine", "bm25"],
         "--system",
+        metavar="SPEC",
         help="System spec, repeatable: cosine; bm25[:k1=..,b=..,method=..]; "
         "rrf:<A>+<B>[:k=60]; linear-fusion:<A>+<B>[:w=0.5,norm=minmax|zscore]; ckpt:<dir>.",
     ),
@@ -44,12 +45,15 @@ def evaluate(
         "-o",
         help="Write results.json, per_query.jsonl, runs/, plots/, table.md here.",
     ),
-    k: int = typer.Option(1000, "--k", help="Run depth."),
+    k: int = typer.Option(1000, "--k", min=1, help="Run depth: passages retrieved per query."),
     metrics: list[str] = typer.Option(
-        list(DEFAULT_METRICS),
+        [],
         "--metric",
         "-m",
-        help="Metric, repeatable (mrr@k, ndcg@k, recall@k, success@k, precision@k).",
+        metavar="METRIC",
+        help="Metric, repeatable (mrr@k, ndcg@k, recall@k, success@k, precision@k); a cutoff "
+        "deeper than --k is refused. Default: mrr@10, ndcg@10, recall@100, recall@1000 "
+        "(those no deeper than --k).",
     ),
     threshold: int | None = typer.Option(
         None,
@@ -63,6 +67,18 @@ def evaluate(
         10_000, "--permutations", help="Randomization-test permutations / bootstrap resamples."
     ),
     seed: int = typer.Option(0, "--seed", help="Seed of the significance tests."),
+    train_store: Path | None = typer.Option(
+        None,
+        "--train-store",
+        help="Training split store (e.g. stores/scifact/train): adds metrics on the queries "
+        "with and without a training positive (memorisation check). Default: a sibling train/ "
+        "of the evaluated split, when there is one.",
+    ),
+    overlap: bool = typer.Option(
+        True,
+        "--overlap/--no-overlap",
+        help="Split queries by whether a relevant passage was a training positive.",
+    ),
     dim: int | None = typer.Option(
         None, "--dim", help="Vector dimension (only for Go-tool stores without meta.json)."
     ),
@@ -79,14 +95,32 @@ def evaluate(
 
     from treerank.distributed.context import launch
     from treerank.distributed.search import sharded_search
+    from treerank.evaluation.checks import too_deep
     from treerank.evaluation.compare import compare_systems
+    from treerank.evaluation.overlap import find_train_store, overlap_markdown
+    from treerank.evaluation.plots import dataset_label
+    from treerank.evaluation.summary import headline
     from treerank.store import EmbeddingStore
 
-    console = Console()
+    console = Console(soft_wrap=True)
     if baseline not in systems:
         systems = [baseline, *systems]
     try:
-        st = EmbeddingStore.open(store / split if split else store, dim=dim)
+        eval_dir = store / split if split else store
+        st = EmbeddingStore.open(eval_dir, dim=dim)
+        train_dir = (train_store or find_train_store(eval_dir)) if overlap else None
+        train = EmbeddingStore.open(train_dir, dim=dim) if train_dir is not None else None
+        if not metrics:
+            deep = too_deep(k, DEFAULT_METRICS, st.n_passages)
+            metrics = [m for m in DEFAULT_METRICS if m not in deep]
+            if not metrics:
+                raise ValueError(
+                    f"--k {k} is below the cutoff of every default metric "
+                    f"({', '.join(DEFAULT_METRICS)}): raise --k or pass --metric with a "
+                    f"cutoff <= {k}"
+                )
+            if deep:
+                console.print(f"note: {', '.join(deep)} left out (deeper than --k {k})")
         # under torchrun every rank searches a contiguous passage shard; rank 0 writes
         with launch() as ctx, sharded_search():
             main = ctx is None or ctx.is_main
@@ -103,6 +137,7 @@ def evaluate(
                 gain=gain,
                 relevance_threshold=threshold,
                 progress=progress and main,
+                train_store=train,
                 ignore_identical_ids=ignore_identical_ids,
             )
     except (ValueError, FileNotFoundError, KeyError, LockHeldError) as exc:
@@ -135,8 +170,24 @@ def evaluate(
             "departures from the source: "
             + ", ".join(f"{k.replace('_', ' ')} {v:,}" for k, v in comp.departures.items())
         )
+    headline_metric = "ndcg@10" if "ndcg@10" in comp.metrics else comp.metrics[0]
+    if comp.overlap is not None:
+        console.print(
+            f"\nSeen vs unseen positives (training split {train_dir}; a gain on the first group "
+            "can be memorised citations):\n",
+            markup=False,
+        )
+        console.print(overlap_markdown(comp.overlap, headline_metric, baseline).strip())
+    doc = comp.to_dict()
+    lines = headline(dataset_label(st.path, st.split), doc, headline_metric, baseline)
+    if lines:
+        console.print("\nSummary:", markup=False)
+        for line in lines:
+            console.print(line.replace("**", "").replace("`", ""), markup=False)
     if out is not None:
         console.print(f"wrote {out}/results.json, per_query.jsonl, table.md, runs/, plots/")
+        for f in comp.removed_stale:
+            console.print(f"removed {out / f} (left by an earlier comparison)", markup=False)
     if comp.failed:
         raise typer.Exit(1)
 

@@ -28,10 +28,11 @@ def run(
     """Embed -> BM25 + cosine -> train heads, forest, DRT -> evaluate on the full split ->
     significance -> diagnostics -> one report (report.md + report.json)."""
     from rich.console import Console
+    from rich.markup import escape
 
     from treerank.pipeline.config import ConfigError, load_experiment
     from treerank.pipeline.experiment import run_experiment
-    from treerank.pipeline.stages import StageError
+    from treerank.pipeline.stages import StageError, StageInterrupted
 
     console = Console(stderr=True, soft_wrap=True)
     try:
@@ -51,12 +52,36 @@ def run(
             "Finished stages are kept; fix the cause and re-run the same command to continue."
         )
         raise typer.Exit(1) from exc
+    except StageInterrupted as exc:
+        console.print(f"[yellow]interrupted[/yellow]: {escape(exc.advice())}", highlight=False)
+        raise typer.Exit(130) from None
+    except KeyboardInterrupt:
+        console.print(
+            "[yellow]interrupted[/yellow] between stages; every finished stage is kept. "
+            "Re-run the same command to continue.",
+            highlight=False,
+        )
+        raise typer.Exit(130) from None
     for name, o in res.datasets.items():
         typer.echo(f"\n## {name} ({o.eval_split} split, all passages)\n")
         typer.echo(o.comparison_markdown.strip())
         if o.overlap_markdown:
             typer.echo("\nSeen vs unseen positives (train/test overlap):\n")
             typer.echo(o.overlap_markdown.strip())
+    from treerank.pipeline.report import summary_lines
+
+    metric = (
+        "ndcg@10" if "ndcg@10" in res.config.evaluate.metrics else res.config.evaluate.metrics[0]
+    )
+    typer.echo("\nSummary:")
+    for name, o in res.datasets.items():
+        for line in summary_lines(name, o, metric, res.config.evaluate.baselines[0]):
+            typer.echo(line.replace("**", "").replace("`", ""))
+    skipped = [r for r in res.stages if r.skipped is not None]
+    if skipped:
+        typer.echo("\nSkipped (nothing to do):")
+        for r in skipped:
+            typer.echo(f"- {r.name}: {r.skipped}")
     typer.echo("")
     typer.echo(f"report: {res.report_md}")
     typer.echo(f"numbers: {res.report_json}")

@@ -40,6 +40,16 @@ def _plt() -> Any:
     return plt
 
 
+def _where(results: dict[str, Any]) -> str:
+    """``"scifact/test: "``: the dataset and split a diagnostics plot is about (its title)."""
+    meta = results.get("meta") or {}
+    store = Path(str(meta.get("store") or ""))
+    split = meta.get("split") or store.name
+    data = store.parent.name if store.name == split else store.name
+    label = "/".join(x for x in (data, split) if x)
+    return f"{label}: " if label else ""
+
+
 def plot_variants(results: dict[str, Any], path: Path) -> Path:
     """Bar chart of every scoring variant's mean ``metric`` (baseline drawn as a line)."""
     plt = _plt()
@@ -53,7 +63,7 @@ def plot_variants(results: dict[str, Any], path: Path) -> Path:
         results["baseline"]["mean"][metric], color="k", ls="--", label=results["meta"]["baseline"]
     )
     ax.set_ylabel(metric)
-    ax.set_title("DRT scoring variants (no retraining)")
+    ax.set_title(f"{_where(results)}DRT scoring variants (no retraining)")
     ax.tick_params(axis="x", rotation=45)
     ax.legend()
     fig.tight_layout()
@@ -83,7 +93,7 @@ def plot_probes(results: dict[str, Any], path: Path) -> Path:
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(tasks))], tasks)
     ax.set_ylabel("held-out accuracy (dashed: majority)")
     ax.set_ylim(0, 1)
-    ax.set_title("linear probes per representation")
+    ax.set_title(f"{_where(results)}linear probes per representation")
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     atomic_savefig(fig, path, dpi=100)
@@ -102,8 +112,8 @@ def plot_failures(results: dict[str, Any], path: Path) -> Path:
     ax.set_xlabel("queries, sorted by delta")
     ax.set_ylabel(f"delta {f['metric']}")
     ax.set_title(
-        f"{f['system_a']} - {f['system_b']}: {s['wins']} wins, {s['losses']} losses, "
-        f"{s['ties']} ties"
+        f"{_where(results)}{f['system_a']} - {f['system_b']}: {s['wins']} wins, "
+        f"{s['losses']} losses, {s['ties']} ties"
     )
     fig.tight_layout()
     atomic_savefig(fig, path, dpi=100)
@@ -120,7 +130,7 @@ def plot_cka(results: dict[str, Any], path: Path) -> Path:
     ax.set_ylim(0, 1)
     ax.set_ylabel("linear CKA vs frozen")
     ax.tick_params(axis="x", rotation=45)
-    ax.set_title("representation similarity (Kornblith et al., 2019)")
+    ax.set_title(f"{_where(results)}representation similarity (Kornblith et al., 2019)")
     fig.tight_layout()
     atomic_savefig(fig, path, dpi=100)
     return path

@@ -7,9 +7,10 @@ evaluation stage. With ``out_dir`` it writes::
     per_query.jsonl     one line per (system, query): query id and every metric (null = left out)
     runs/<system>.trec  TREC run files (source ids; a passage that stands for several source ids
                         of identical text is listed as all of them, at consecutive ranks)
-    plots/metrics.png   per-system metric bars with 95% CI error bars
+    plots/deltas.png    each system's difference to the baseline, paired bootstrap 95% CI
     plots/recall_at_k.png  mean Recall@k curves
     table.md            the comparison table, then the departures from the source
+    overlap.json        with ``train_store``: metrics on queries with / without a training positive
 
 Every metric is computed on the ranking that the run file holds, against the source's own qrels
 when the store keeps them (:meth:`Qrels.from_store`), so ``trec_eval -c`` / ir-measures on
@@ -25,6 +26,10 @@ A system that raises (a bad checkpoint, an index that cannot be built) is record
 ``ignore_identical_ids=True`` drops, per query, a retrieved document whose id equals the
 query's id (BEIR's ``ignore_identical_ids`` for ArguAna / Quora, where queries are also corpus
 documents); ``k + 1`` passages are retrieved so that ``k`` remain.
+
+Files an earlier comparison left in ``out_dir`` for systems no longer evaluated (run files, an
+``overlap.json``) are removed and listed under ``removed_stale_files`` in ``results.json``, so
+the folder never mixes two comparisons.
 """
 
 from __future__ import annotations
@@ -38,16 +43,20 @@ from typing import Any
 
 import numpy as np
 
+from treerank.evaluation.checks import check_depth, check_evaluable
 from treerank.evaluation.metrics import DEFAULT_METRICS, EvalResult, evaluate_run, parse_metric
-from treerank.evaluation.plots import plot_metric_bars, plot_recall_curve
+from treerank.evaluation.overlap import overlap_breakdown, seen_positive_mask
+from treerank.evaluation.plots import dataset_label, plot_deltas, plot_recall_curve
 from treerank.evaluation.qrels import Qrels
 from treerank.evaluation.report import (
     atomic_write_text,
     markdown_table,
+    remove_stale,
     rich_table,
     table_rows,
     write_json,
 )
+from treerank.evaluation.seeds import seed_average, seed_spread
 from treerank.evaluation.significance import McNemarResult, PairedTest, compare_paired, mcnemar
 from treerank.evaluation.trec_io import write_trec_run
 from treerank.lock import writer_lock
@@ -78,6 +87,10 @@ class Comparison:
         doc_runs: system -> the ranking as scored and written: document ids (indices into
             ``doc_ids``), aliases expanded, self-hits dropped.
         doc_ids: source id of each document id (``None``: the store's passage ids).
+        overlap: with a train store, :func:`~treerank.evaluation.overlap.overlap_breakdown`.
+        removed_stale: files of an earlier comparison removed from ``out_dir``.
+        seed_spread: model -> per-seed means, mean and std over seeds
+            (:func:`~treerank.evaluation.seeds.seed_spread`) for models given as seed groups.
     """
 
     runs: dict[str, Run]
@@ -95,6 +108,9 @@ class Comparison:
     departures: dict[str, int] = field(default_factory=dict)
     doc_runs: dict[str, Run] = field(default_factory=dict)
     doc_ids: list[str] | None = None
+    overlap: dict[str, Any] | None = None
+    removed_stale: list[str] = field(default_factory=list)
+    seed_spread: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def mean(self, system: str, metric: str) -> float:
         return self.results[system].mean[metric]
@@ -154,6 +170,9 @@ class Comparison:
             },
             "failed": self.failed,
             "departures": self.departures,
+            "overlap": self.overlap,
+            "seed_spread": self.seed_spread,
+            "removed_stale_files": self.removed_stale,
         }
 
 
@@ -193,6 +212,8 @@ def compare_systems(
     progress: bool = False,
     runs: Mapping[str, Run] | None = None,
     ignore_identical_ids: bool = False,
+    train_store: Any = None,
+    seed_groups: Mapping[str, Mapping[str, int]] | None = None,
 ) -> Comparison:
     """Run, evaluate and compare systems on all passages of one store split.
 
@@ -213,15 +234,25 @@ def compare_systems(
         runs: precomputed runs by system name (skips retrieval for those).
         ignore_identical_ids: drop retrieved documents whose id is the query's id (BEIR's
             option for ArguAna / Quora; see the module doc).
+        train_store: the training split's store: adds the seen / unseen breakdown
+            (:mod:`treerank.evaluation.overlap`) against ``baseline``.
+        seed_groups: model -> {system name: training seed} for a model trained with several
+            seeds: the model is added as a system whose per-query metrics are averaged over
+            its seeds (tested like any system; no run file, no McNemar) and its spread over
+            seeds is kept in ``seed_spread`` (:mod:`treerank.evaluation.seeds`).
 
     Returns:
         The :class:`Comparison`; systems that raised are in ``failed``, not ``results``.
 
     Raises:
-        ValueError: the baseline is not among the systems, or a bad spec / metric.
+        ValueError: the baseline is not among the systems, a bad spec / metric, ``k`` below 1
+            or below a metric's cutoff, or a store that cannot be evaluated (no passages, no
+            queries, no relevant judgment; see :mod:`treerank.evaluation.checks`).
         LockHeldError: another process is writing ``out_dir``.
     """
     metrics = tuple(f"{m}@{c}" for m, c in map(parse_metric, metrics))
+    check_evaluable(store, relevance_threshold)
+    check_depth(k, metrics, int(store.n_passages))
     built = _as_systems(systems, {"progress": progress})
     for b in (baseline, second_baseline):
         if b is not None and b not in built:
@@ -242,6 +273,8 @@ def compare_systems(
                 relevance_threshold,
                 runs,
                 ignore_identical_ids,
+                train_store,
+                seed_groups,
             )
     return _compare(
         store,
@@ -257,6 +290,8 @@ def compare_systems(
         relevance_threshold,
         runs,
         ignore_identical_ids,
+        train_store,
+        seed_groups,
     )
 
 
@@ -288,6 +323,8 @@ def _compare(
     relevance_threshold: int | None,
     runs: Mapping[str, Run] | None,
     ignore_identical_ids: bool,
+    train_store: Any,
+    seed_groups: Mapping[str, Mapping[str, int]] | None,
 ) -> Comparison:
     qrels = Qrels.from_store(store, relevance_threshold)
     doc_qrels = replace(qrels, expansion=None)  # scored on rankings expanded here
@@ -346,6 +383,12 @@ def _compare(
         comp.results[name] = res
         comp.recall_curves[name] = {c: res.mean[f"recall@{c}"] for c in curve_ks}
     comp.settings["failed_systems"] = sorted(comp.failed)
+    for model, members in (seed_groups or {}).items():
+        if any(s not in comp.results for s in members):  # a seed's system failed
+            continue
+        comp.results[model] = seed_average([comp.results[s] for s in members])
+        comp.recall_curves[model] = {c: comp.results[model].mean[f"recall@{c}"] for c in curve_ks}
+        comp.seed_spread[model] = seed_spread(comp.results, members, metrics)
     for b in (baseline, second_baseline):
         if b is None or b in comp.failed:
             continue
@@ -358,7 +401,15 @@ def _compare(
             comp.tests[b][name] = compare_paired(
                 res.per_query, base, metrics, n_permutations, n_permutations, seed
             )
-            comp.mcnemar[b][name] = mcnemar(res.per_query[HIT_METRIC], base[HIT_METRIC])
+            if name not in comp.seed_spread:  # hit@10 averaged over seeds is not binary
+                comp.mcnemar[b][name] = mcnemar(res.per_query[HIT_METRIC], base[HIT_METRIC])
+    if train_store is not None and baseline in comp.results:
+        seen = seen_positive_mask(store, train_store)
+        per_query = {s: r.per_query for s, r in comp.results.items()}
+        comp.overlap = overlap_breakdown(
+            per_query, seen, baseline, metrics, n_permutations=n_permutations, seed=seed
+        )
+        comp.settings["train_store"] = str(getattr(train_store, "path", ""))
     if out_dir is not None:
         _write(comp, store, out_dir)
     return comp
@@ -372,6 +423,11 @@ def _write(comp: Comparison, store: Any, out: Path) -> None:
         comp.files[f"run:{name}"] = write_trec_run(
             out / "runs" / f"{safe_name(name)}.trec", run, qids, pids, tag=safe_name(name)
         )
+    if comp.overlap is not None:
+        comp.files["overlap"] = write_json(out / "overlap.json", comp.overlap)
+    comp.removed_stale = remove_stale(
+        out, [*(out / "runs").glob("*.trec"), out / "overlap.json"], set(comp.files.values())
+    )
 
     def lines():  # type: ignore[no-untyped-def]
         import json
@@ -392,10 +448,14 @@ def _write(comp: Comparison, store: Any, out: Path) -> None:
     comp.files["per_query"] = atomic_write_text(out / "per_query.jsonl", lines())
     comp.files["results"] = write_json(out / "results.json", comp.to_dict())
     comp.files["table"] = atomic_write_text(out / "table.md", comp.markdown())
-    per_q = {s: r.per_query for s, r in comp.results.items()}
-    comp.files["plot:metrics"] = plot_metric_bars(
-        per_q, comp.metrics, out / "plots" / "metrics.png"
+    dataset = dataset_label(comp.settings.get("store"), comp.settings.get("split"))
+    tests = {
+        s: {m: t.to_dict() for m, t in ts.items()}
+        for s, ts in comp.tests.get(comp.baseline, {}).items()
+    }
+    comp.files["plot:deltas"] = plot_deltas(
+        tests, comp.metrics, comp.baseline, out / "plots" / "deltas.png", dataset
     )
     comp.files["plot:recall"] = plot_recall_curve(
-        comp.recall_curves, out / "plots" / "recall_at_k.png"
+        comp.recall_curves, out / "plots" / "recall_at_k.png", dataset
     )

@@ -13,6 +13,7 @@ the original collection), which identifies the same document in both splits.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -33,6 +34,16 @@ def relevant_source_ids(
     """
     rel = (candidates >= 0) & (labels >= threshold)
     return [{passage_ids[int(p)] for p in row[r]} for row, r in zip(candidates, rel, strict=True)]
+
+
+def find_train_store(eval_dir: str | Path, train_split: str = "train") -> Path | None:
+    """The sibling ``<root>/train`` of a store split ``<root>/<split>`` (a finished store with a
+    ``meta.json``), or ``None`` when there is none or ``eval_dir`` is that split itself."""
+    here = Path(eval_dir)
+    cand = here.parent / train_split
+    if cand.resolve() == here.resolve() or not (cand / "meta.json").is_file():
+        return None
+    return cand
 
 
 def seen_positive_mask(eval_store: Any, train_store: Any) -> np.ndarray:

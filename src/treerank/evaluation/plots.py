@@ -1,9 +1,11 @@
-"""PNG plots of a comparison (matplotlib, Agg backend): metric bars and Recall@k curves."""
+"""PNG plots of a comparison (matplotlib, Agg backend): differences to the baseline with paired
+confidence intervals, and Recall@k curves. Every title names the dataset and split."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -19,40 +21,84 @@ def ci95(values: np.ndarray) -> float:
     return float(1.96 * v.std(ddof=1) / np.sqrt(v.size))
 
 
-def plot_metric_bars(
-    per_query: dict[str, dict[str, np.ndarray]],
-    metrics: Sequence[str],
-    path: str | Path,
-    title: str = "",
-) -> Path:
-    """Grouped bars: one group per metric, one bar per system, 95% CI error bars.
+def dataset_label(store_path: str | Path | None, split: str | None = None) -> str:
+    """``"scifact/test"`` from a store split directory ``.../scifact/test`` (for plot titles)."""
+    if not store_path:
+        return split or "store"
+    p = Path(store_path)
+    return f"{p.parent.name}/{p.name}" if p.parent.name else p.name
+
+
+def delta_rows(
+    tests: Mapping[str, Mapping[str, Mapping[str, Any]]], metrics: Sequence[str]
+) -> list[tuple[str, str, float, float, float]]:
+    """``(system, metric, delta, ci_low, ci_high)`` per system and metric, in input order.
 
     Args:
-        per_query: system -> metric -> ``float64 (n_queries,)`` (NaN = left out).
-        metrics: metrics to draw.
+        tests: system -> metric -> a paired test as a dict (``delta``, ``ci_low``, ``ci_high``:
+            the mean per-query difference against the baseline and its paired bootstrap 95% CI).
+        metrics: metrics to keep.
+    """
+    return [
+        (s, m, float(t[m]["delta"]), float(t[m]["ci_low"]), float(t[m]["ci_high"]))
+        for s, t in tests.items()
+        for m in metrics
+        if m in t
+    ]
+
+
+def plot_deltas(
+    tests: Mapping[str, Mapping[str, Mapping[str, Any]]],
+    metrics: Sequence[str],
+    baseline: str,
+    path: str | Path,
+    dataset: str,
+) -> Path:
+    """One panel per metric: each system's mean per-query difference to ``baseline`` with its
+    paired bootstrap 95% CI (a bar crossing 0 is no evidence of a difference).
+
+    Args:
+        tests: system -> metric -> paired test dict (see :func:`delta_rows`); the baseline
+            itself is absent.
+        metrics: metrics to draw, one panel each.
+        baseline: name of the baseline system (axis label).
         path: output PNG.
+        dataset: what was evaluated, e.g. ``"scifact/test"`` (in the title).
     """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    systems = list(per_query)
-    width = 0.8 / max(len(systems), 1)
-    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(metrics) * max(1, len(systems) / 2)), 4))
-    x = np.arange(len(metrics))
-    for i, s in enumerate(systems):
-        means = [float(np.nanmean(per_query[s][m])) for m in metrics]
-        errs = [ci95(per_query[s][m]) for m in metrics]
-        ax.bar(
-            x + (i - (len(systems) - 1) / 2) * width, means, width, yerr=errs, capsize=3, label=s
-        )
-    ax.set_xticks(x, list(metrics))
-    ax.set_ylim(0, 1)
-    ax.set_ylabel("mean over evaluated queries (95% CI)")
-    ax.set_title(title or "metrics per system")
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    ax.grid(axis="y", alpha=0.3)
+    systems = list(tests)
+    n = max(len(metrics), 1)
+    fig, axes = plt.subplots(
+        1, n, figsize=(3.6 * n + 1.5, 0.45 * max(len(systems), 1) + 1.6), squeeze=False
+    )
+    y = np.arange(len(systems))
+    for ax, m in zip(axes[0], metrics, strict=False):
+        rows = {s: r for s, r in ((r[0], r) for r in delta_rows(tests, [m]))}
+        d = np.array([rows[s][2] if s in rows else np.nan for s in systems])
+        lo = np.array([rows[s][3] if s in rows else np.nan for s in systems])
+        hi = np.array([rows[s][4] if s in rows else np.nan for s in systems])
+        colors = [
+            "C2" if low > 0 else "C3" if high < 0 else "C7"
+            for low, high in zip(lo, hi, strict=True)
+        ]
+        ax.barh(y, d, color=colors, alpha=0.8)
+        ax.errorbar(d, y, xerr=[d - lo, hi - d], fmt="none", ecolor="black", capsize=3, lw=1)
+        ax.axvline(0.0, color="black", lw=0.8)
+        ax.set_yticks(y, systems if ax is axes[0][0] else [""] * len(systems))
+        ax.set_ylim(max(len(systems), 1) - 0.5, -0.5)  # first system on top, same rows per panel
+        ax.set_xlabel(f"Δ {m} vs {baseline}")
+        ax.set_title(m)
+        ax.grid(axis="x", alpha=0.3)
+    fig.suptitle(
+        f"{dataset}: difference to {baseline} per system "
+        "(mean per-query Δ, paired bootstrap 95% CI; green/red: CI excludes 0)",
+        fontsize=9,
+    )
+    fig.tight_layout()
     try:
         return atomic_savefig(fig, path, bbox_inches="tight")
     finally:
@@ -60,13 +106,14 @@ def plot_metric_bars(
 
 
 def plot_recall_curve(
-    curves: dict[str, dict[int, float]], path: str | Path, title: str = ""
+    curves: dict[str, dict[int, float]], path: str | Path, dataset: str = ""
 ) -> Path:
     """Mean Recall@k against k (log x axis), one line per system.
 
     Args:
         curves: system -> {k: mean Recall@k}.
         path: output PNG.
+        dataset: what was evaluated, e.g. ``"scifact/test"`` (in the title).
     """
     import matplotlib
 
@@ -81,7 +128,7 @@ def plot_recall_curve(
     ax.set_xlabel("k (passages retrieved)")
     ax.set_ylabel("mean Recall@k")
     ax.set_ylim(0, 1.01)
-    ax.set_title(title or "Recall@k")
+    ax.set_title(f"{dataset}: mean Recall@k per system" if dataset else "mean Recall@k")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     try:

@@ -26,6 +26,17 @@ def write_json(path: str | Path, obj: Any) -> Path:
     return atomic_write_text(path, json.dumps(_clean(obj), indent=2, sort_keys=False) + "\n")
 
 
+def remove_stale(root: Path, candidates: Sequence[Path], keep: set[Path]) -> list[str]:
+    """Delete the ``candidates`` that exist and are not in ``keep``; their paths relative to
+    ``root``, sorted (what an earlier run left that this one did not rewrite)."""
+    gone = []
+    for p in candidates:
+        if p.is_file() and p not in keep:
+            p.unlink()
+            gone.append(p.relative_to(root).as_posix())
+    return sorted(gone)
+
+
 def _fmt(v: float | None, digits: int = 4) -> str:
     return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{digits}f}"
 

@@ -77,11 +77,24 @@ class ModelSpec:
         family: a registered trainable family (``treerank.models.families``).
         config: the family's training config (``seed`` + ``model / data / trainer /
             validation``), already validated by the family's parser.
+        seeds: ``seeds: [0, 1, 2]`` in the section: train once per seed (each seed overrides
+            ``seed``), evaluate every seed and report their spread and seed average
+            (:mod:`treerank.evaluation.seeds`); ``None``: one model.
     """
 
     name: str
     family: str
     config: dict[str, Any]
+    seeds: list[int] | None = None
+
+    def runs(self) -> dict[str, dict[str, Any]]:
+        """System / stage name -> training config: ``{name: config}`` for one model,
+        ``{"name@seed<s>": config with seed s}`` for each seed of a seeded model."""
+        from treerank.evaluation.seeds import seed_system_name
+
+        if self.seeds is None:
+            return {self.name: self.config}
+        return {seed_system_name(self.name, s): {**self.config, "seed": s} for s in self.seeds}
 
 
 @dataclass
@@ -282,11 +295,29 @@ def _models(doc: Any, src: Path) -> dict[str, ModelSpec]:
             )
         body = dict(cfg)
         fam = body.pop("family")
+        seeds = _seeds(body.pop("seeds", None), body, where)
         if fam not in FAMILIES or not FAMILIES[fam].trainable:
             raise ConfigError(
                 f"{where}.family: {fam!r} is not a trainable model family; "
                 f"known: {', '.join(trainable_families())}"
             )
         FAMILIES[fam].parse_config(body, where)
-        out[str(name)] = ModelSpec(str(name), str(fam), body)
+        out[str(name)] = ModelSpec(str(name), str(fam), body, seeds)
     return out
+
+
+def _seeds(doc: Any, body: dict[str, Any], where: str) -> list[int] | None:
+    """``models.<name>.seeds``: a non-empty list of distinct integers, not beside ``seed``."""
+    if doc is None:
+        return None
+    if (
+        not isinstance(doc, list)
+        or not doc
+        or not all(isinstance(x, int) and not isinstance(x, bool) for x in doc)
+    ):
+        raise ConfigError(f"{where}.seeds: expected a non-empty list of integers, got {doc!r}")
+    if len(set(doc)) != len(doc):
+        raise ConfigError(f"{where}.seeds: repeated seed in {doc}")
+    if "seed" in body:
+        raise ConfigError(f"{where}: give seed (one model) or seeds (one model per seed), not both")
+    return [int(x) for x in doc]

@@ -29,7 +29,13 @@ import yaml
 
 from treerank.lock import writes_dir
 from treerank.pipeline.config import DatasetConfig, ExperimentConfig, ModelSpec
-from treerank.pipeline.stages import StageRecord, file_sha256, fingerprint, run_stage
+from treerank.pipeline.stages import (
+    StageRecord,
+    file_sha256,
+    fingerprint,
+    run_stage,
+    skip_stage,
+)
 from treerank.store.format import FORMAT_VERSION as STORE_FORMAT_VERSION
 
 
@@ -127,6 +133,12 @@ class _Run:
         self.records.append(rec)
         return rec
 
+    def skip(self, name: str, reason: str, path: Path) -> StageRecord:
+        """Record (and log) a stage that does nothing here, with the reason."""
+        rec = skip_stage(name, reason, path, log=self.log)
+        self.records.append(rec)
+        return rec
+
 
 @writes_dir("cfg", "run", attr="output_dir")
 def run_experiment(
@@ -147,9 +159,14 @@ def run_experiment(
         log: where stage lines go.
 
     Raises:
+        ConfigError: the experiment is invalid (every problem listed with its key path);
+            raised before anything is written.
         StageError: a stage failed; it names the stage and the cause. Every stage finished
             before it (and that stage's own earlier result) stays intact on disk.
     """
+    from treerank.pipeline.validate import validate_experiment
+
+    validate_experiment(cfg)  # every problem, before any stage writes anything
     t0 = time.perf_counter()
     out = cfg.output_dir
     out.mkdir(parents=True, exist_ok=True)
@@ -183,14 +200,21 @@ def run_experiment(
             dim=ds.dim,
             store_stats=stats,
         )
+        if cfg.models and not ds.train_split:
+            run.skip(
+                f"train:{ds.name}",
+                f"no train_split: {', '.join(cfg.models)} not trained here; baselines only",
+                out / "models" / ds.name,
+            )
         if ds.train_split:
             for spec in cfg.models.values():
                 if ds.models is not None and spec.name not in ds.models:
                     continue
-                rec = _train_stage(run, ds, spec)
-                run.stage_keys[f"model:{ds.name}:{spec.name}"] = rec.key
-                outcomes[ds.name].checkpoints[spec.name] = rec.path / "checkpoint"
-                outcomes[ds.name].training[spec.name] = rec.summary
+                for run_name, config in spec.runs().items():
+                    rec = _train_stage(run, ds, spec, run_name, config)
+                    run.stage_keys[f"model:{ds.name}:{run_name}"] = rec.key
+                    outcomes[ds.name].checkpoints[run_name] = rec.path / "checkpoint"
+                    outcomes[ds.name].training[run_name] = rec.summary
 
     for ds in cfg.datasets:
         o = outcomes[ds.name]
@@ -202,11 +226,20 @@ def run_experiment(
         o.overlap = rec.summary.get("overlap")
         o.family_reports = rec.summary.get("family_reports") or {}
         o.overlap_markdown = rec.summary.get("overlap_markdown", "")
-        dmodel = cfg.diagnose.model
+        wanted = dmodel = cfg.diagnose.model
+        if dmodel in cfg.models and cfg.models[dmodel].seeds:  # the first seed's checkpoint
+            dmodel = next(iter(cfg.models[dmodel].runs()))
         if dmodel and dmodel in o.checkpoints:
             rec = _diagnose_stage(run, ds, o, dmodel)
             o.diagnose_dir = rec.path
             o.diagnostics = rec.summary
+        else:
+            why = (
+                "no diagnose.model given"
+                if not dmodel
+                else f"{wanted!r} is not trained on this dataset (no train_split)"
+            )
+            run.skip(f"diagnose:{ds.name}", why, out / "diagnose" / ds.name)
 
     from treerank.pipeline.report import write_report
 
@@ -247,6 +280,9 @@ def _embed_stage(
 
         assert ds.path is not None and ds.format is not None
         data = read_split(ds.path, ds.format, split, limit=ds.limit, max_passages=ds.max_passages)
+        warnings = data.warnings()
+        for w in warnings:
+            run.log(f"[warn]  embed:{ds.name}:{split}: {w}")
         enc = encoder.get()
         try:
             # resume=True continues an interrupted run of the same inputs (byte-identical result).
@@ -263,6 +299,7 @@ def _embed_stage(
             "encoder": enc.name,
             "encoder_fingerprint": enc.fingerprint,
             "stats": stats.to_dict(),
+            "warnings": warnings,
         }
 
     return run.stage(f"embed:{ds.name}:{split}", key, path, work, in_place=True)
@@ -293,16 +330,19 @@ def _store_dir(run: _Run, ds: DatasetConfig, split: str) -> Path:
     return root / split
 
 
-def _train_stage(run: _Run, ds: DatasetConfig, spec: ModelSpec) -> StageRecord:
+def _train_stage(
+    run: _Run, ds: DatasetConfig, spec: ModelSpec, run_name: str, config: dict[str, Any]
+) -> StageRecord:
+    """Train ``spec`` with ``config`` (one seed's, for a seeded model) as ``run_name``."""
     assert ds.train_split is not None
     store_dir = _store_dir(run, ds, ds.train_split)
-    path = run.cfg.output_dir / "models" / ds.name / spec.name
+    path = run.cfg.output_dir / "models" / ds.name / run_name
     key = fingerprint(
         "train",
         _version("treerank"),
         run.stage_keys[f"store:{ds.name}:{ds.train_split}"],
         spec.family,
-        spec.config,
+        config,
     )
 
     def work(d: Path) -> dict[str, Any]:
@@ -310,19 +350,19 @@ def _train_stage(run: _Run, ds: DatasetConfig, spec: ModelSpec) -> StageRecord:
         from treerank.store import EmbeddingStore
 
         (d / "config.yaml").write_text(
-            yaml.safe_dump({"family": spec.family, **spec.config}, sort_keys=True)
+            yaml.safe_dump({"family": spec.family, **config}, sort_keys=True)
         )
         res = train_model(
             spec.family,
             EmbeddingStore.open(store_dir, dim=ds.dim),
-            spec.config,
+            config,
             d / "checkpoint",
             progress=run.progress,
             where=f"{run.cfg.source}: models.{spec.name}",
         )
         return {"family": spec.family, "summary": _jsonable(res.summary)}
 
-    return run.stage(f"train:{ds.name}:{spec.name}", key, path, work)
+    return run.stage(f"train:{ds.name}:{run_name}", key, path, work)
 
 
 def _systems_for(
@@ -341,6 +381,21 @@ def _systems_for(
     for base in cfg.evaluate.baselines:
         systems.setdefault(base, base)
     return systems
+
+
+def _seed_groups(cfg: ExperimentConfig, systems: dict[str, str]) -> dict[str, dict[str, int]]:
+    """Seeded model -> {its seeds' system names: seed}, for those evaluated here."""
+    groups = {}
+    # "" on the training dataset; "@<dataset>" for models trained elsewhere (transfer: true)
+    suffixes = ["", *(f"@{ds.name}" for ds in cfg.datasets)]
+    for spec in cfg.models.values():
+        if not spec.seeds:
+            continue
+        for suffix in suffixes:
+            runs = {f"{r}{suffix}": s for r, s in zip(spec.runs(), spec.seeds, strict=True)}
+            if all(r in systems for r in runs):
+                groups[f"{spec.name}{suffix}"] = runs
+    return groups
 
 
 def _evaluate_stage(
@@ -391,6 +446,8 @@ def _evaluate_stage(
             metrics=tuple(ev.metrics),
             seed=ev.seed,
             progress=run.progress,
+            train_store=(EmbeddingStore.open(o.train_store, dim=o.dim) if o.train_store else None),
+            seed_groups=_seed_groups(run.cfg, systems),
         )
         summary: dict[str, Any] = {
             "comparison": _jsonable(comp.to_dict()),
@@ -399,20 +456,12 @@ def _evaluate_stage(
         reports = family_reports(built, store)
         if reports:
             summary["family_reports"] = _jsonable(reports)
-        if o.train_store is not None:
-            from treerank.evaluation.overlap import (
-                overlap_breakdown,
-                overlap_markdown,
-                seen_positive_mask,
-            )
+        if comp.overlap is not None:  # written to overlap.json by compare_systems
+            from treerank.evaluation.overlap import overlap_markdown
 
-            seen = seen_positive_mask(store, EmbeddingStore.open(o.train_store, dim=o.dim))
-            per_query = {s: r.per_query for s, r in comp.results.items()}
-            doc = overlap_breakdown(per_query, seen, ev.baselines[0], ev.metrics, seed=ev.seed)
-            (d / "overlap.json").write_text(json.dumps(_jsonable(doc), indent=2))
             metric = "ndcg@10" if "ndcg@10" in ev.metrics else ev.metrics[0]
-            summary["overlap"] = _jsonable(doc)
-            summary["overlap_markdown"] = overlap_markdown(doc, metric, ev.baselines[0])
+            summary["overlap"] = _jsonable(comp.overlap)
+            summary["overlap_markdown"] = overlap_markdown(comp.overlap, metric, ev.baselines[0])
         return summary
 
     return run.stage(f"evaluate:{ds.name}", key, path, work)

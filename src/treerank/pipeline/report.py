@@ -36,6 +36,10 @@ def _fmt_seconds(s: float) -> str:
     return f"{s:.1f} s" if s < 120 else f"{s / 60:.1f} min"
 
 
+def _seed_columns(spread: dict[str, Any]) -> list[int]:
+    return sorted({int(x) for g in spread.values() for x in g["seeds"]})
+
+
 def _training_rows(name: str, summary: dict[str, Any]) -> list[str]:
     s = summary.get("summary", {})
     keep = [
@@ -60,59 +64,15 @@ def _training_rows(name: str, summary: dict[str, Any]) -> list[str]:
     return [f"| `{name}` | {cells or '—'} |"]
 
 
-def _p(p: float | None) -> str:
-    if p is None:
-        return "p n/a"
-    return "p < 1e-4" if p < 1e-4 else f"p = {p:.2g}"
-
-
 def summary_lines(
     name: str, o: DatasetOutcome, metric: str, baseline: str, min_queries: int = 30
 ) -> list[str]:
-    """The headline for one dataset: the best system on ``metric`` and its margin over
-    ``baseline`` (paired randomization p, 95% bootstrap CI); on datasets with a train split, the
+    """The headline for one dataset (:func:`treerank.evaluation.summary.headline`): the best
+    system on ``metric``, its margin over ``baseline`` and, on datasets with a train split, the
     same on the queries whose relevant passages were never training positives."""
-    comp = o.comparison
-    systems = comp.get("systems", {})
-    if not systems:
-        return []
-    means = {s: v["mean"].get(metric) for s, v in systems.items()}
-    best = max((s for s in means if means[s] is not None), key=lambda s: means[s])
-    n_eval = next(iter(systems.values())).get("n_evaluated", 0)
-    head = f"- **{name}** ({n_eval} queries evaluated against every passage of the split): "
-    if n_eval < min_queries:
-        return [
-            head + f"too few queries for conclusions (best {metric}: `{best}` "
-            f"{means[best]:.4f}); this dataset exercises the format path."
-        ]
-    test = comp.get("tests", {}).get(baseline, {}).get(best, {}).get(metric)
-    if best == baseline or test is None:
-        line = head + f"best {metric}: `{best}` {means[best]:.4f}."
-    else:
-        line = head + (
-            f"best {metric}: `{best}` {means[best]:.4f}, {test['delta']:+.4f} over `{baseline}` "
-            f"({_p(test['p_randomization'])}, "
-            f"95% CI {test['ci_low']:+.3f}..{test['ci_high']:+.3f})."
-        )
-    out = [line]
-    ov = o.overlap
-    if ov and ov.get("n_unseen"):
-        unseen = ov["parts"]["unseen"]
-        u_means = {s: c[metric]["mean"] for s, c in unseen.items() if c[metric]["mean"] is not None}
-        u_best = max(u_means, key=lambda s: u_means[s])
-        cell = unseen[best][metric]
-        text = (
-            f"  - but on the {ov['n_unseen']} queries whose relevant passages were never training "
-            f"positives, `{best}` scores {cell['mean']:.4f}"
-        )
-        if "delta" in cell:
-            text += f" ({cell['delta']:+.4f} vs `{baseline}`, {_p(cell.get('p'))})"
-        text += f"; best there: `{u_best}` {u_means[u_best]:.4f}"
-        ucell = unseen[u_best][metric]
-        if "delta" in ucell:
-            text += f" ({ucell['delta']:+.4f}, {_p(ucell.get('p'))})"
-        out.append(text + ". Gains on the other queries can be memorised citations.")
-    return out
+    from treerank.evaluation.summary import headline
+
+    return headline(name, o.comparison, metric, baseline, o.overlap, min_queries)
 
 
 def write_report(
@@ -131,6 +91,7 @@ def write_report(
             "stage": r.name,
             "seconds": round(r.seconds, 2),
             "reused": r.reused,
+            "skipped": r.skipped,
             "path": _rel(r.path, root),
         }
         for r in records
@@ -150,7 +111,12 @@ def write_report(
         f"# treerank report: {cfg.name}{' (quick profile)' if quick else ''}",
         "",
         f"- created: {now}; this run took {_fmt_seconds(seconds)} "
-        f"({sum(r.reused for r in records)} of {len(records)} stages reused)",
+        f"({sum(r.reused for r in records)} of {len(records)} stages reused"
+        + (
+            f", {sum(r.skipped is not None for r in records)} skipped: see Stages)"
+            if any(r.skipped is not None for r in records)
+            else ")"
+        ),
         f"- config: `{cfg.source}`",
         f"- encoder: `{encoder.get('name')}` (dim {encoder.get('dim')}), weights fingerprint "
         f"`{str(encoder.get('fingerprint'))[:16]}`, query prompt: "
@@ -201,8 +167,47 @@ def write_report(
                 f"{any_sys.get('n_left_out', '?')} left out (no relevant passage)."
             )
             md.append("")
+        warned = [(sp, w) for sp, sst in o.store_stats.items() for w in sst.get("warnings") or []]
+        for sp, w in warned:
+            md.append(f"- warning ({sp} split): {w}")
+        if warned:
+            md.append("")
         md.append(o.comparison_markdown.strip())
         md.append("")
+        if o.train_store is None:
+            md += [
+                "Seen / unseen split: skipped (this dataset has no train split, so no query "
+                "can have a training positive).",
+                "",
+            ]
+        spread = comp.get("seed_spread") or {}
+        if spread:
+            md += [
+                "### Training-seed variance",
+                "",
+                "Each model below was trained once per seed and every seed was evaluated. The "
+                f"row `<model>` in the table above is the seed average: per query, its {metric} "
+                "is the mean over seeds of that seed's own ranking's value (not a score "
+                "ensemble); its delta and p test that seed-averaged value against the baseline.",
+                "",
+                "| model | metric | "
+                + " | ".join(f"seed {x}" for x in _seed_columns(spread))
+                + " | mean | std |",
+                "|---|---|" + "---:|" * (len(_seed_columns(spread)) + 2),
+            ]
+            for model, g in spread.items():
+                for m in comp.get("metrics", []):
+                    by_seed = dict(zip(g["seeds"], g["per_seed"][m], strict=True))
+                    cells = [
+                        f"{by_seed[x]:.4f}" if x in by_seed else "—" for x in _seed_columns(spread)
+                    ]
+                    sd = g["std"].get(m)
+                    md.append(
+                        f"| `{model}` | {m} | "
+                        + " | ".join(cells)
+                        + f" | {g['mean'][m]:.4f} | {'—' if sd is None else f'{sd:.4f}'} |"
+                    )
+            md.append("")
         if o.overlap_markdown:
             md += [
                 "### Seen vs unseen positives",
@@ -216,7 +221,7 @@ def write_report(
             ]
         if o.eval_dir is not None:
             for png, title in (
-                ("metrics.png", "Metrics per system"),
+                ("deltas.png", "Difference to the baseline per system"),
                 ("recall_at_k.png", "Recall@k"),
             ):
                 p = o.eval_dir / "plots" / png
@@ -256,9 +261,10 @@ def write_report(
                 link = _rel(rep, root)
                 md.append(f"\nFull diagnostics (tables, plots): [{link}]({link})")
             md.append("")
-    md += ["## Stages", "", "| stage | time | reused |", "|---|---:|:---:|"]
+    md += ["## Stages", "", "| stage | time | status |", "|---|---:|---|"]
     for r in records:
-        md.append(f"| `{r.name}` | {_fmt_seconds(r.seconds)} | {'yes' if r.reused else ''} |")
+        time_cell = "—" if r.skipped is not None else _fmt_seconds(r.seconds)
+        md.append(f"| `{r.name}` | {time_cell} | {r.status} |")
     md += [
         "",
         "Times of reused stages are those of the run that produced them.",

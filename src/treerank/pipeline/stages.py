@@ -34,6 +34,30 @@ class StageError(RuntimeError):
         super().__init__(f"stage {stage!r} failed: {type(cause).__name__}: {cause}")
 
 
+class StageInterrupted(KeyboardInterrupt):
+    """Ctrl-C (SIGINT) arrived while stage ``stage`` was running.
+
+    A ``KeyboardInterrupt``, so anything that handles Ctrl-C still does; ``in_place`` says
+    whether the stage works in place and resumes where it stopped (embedding) rather than
+    starting over. Finished stages are untouched either way.
+    """
+
+    def __init__(self, stage: str, in_place: bool) -> None:
+        self.stage = stage
+        self.in_place = in_place
+        super().__init__(stage)
+
+    def advice(self) -> str:
+        """What the user reads: which stage stopped and what a re-run does."""
+        again = (
+            "continues this stage where it stopped" if self.in_place else "starts this stage again"
+        )
+        return (
+            f"interrupted during stage {self.stage!r}; every finished stage is kept. "
+            f"Re-run the same command to continue: it reuses the finished stages and {again}."
+        )
+
+
 def fingerprint(*parts: Any) -> str:
     """SHA-256 hex digest of the canonical JSON of ``parts`` (dict keys sorted)."""
     blob = json.dumps(parts, sort_keys=True, default=str, separators=(",", ":"))
@@ -62,7 +86,7 @@ def file_sha256(path: str | Path, chunk: int = 1 << 20) -> str:
 
 @dataclass
 class StageRecord:
-    """What a finished stage left behind."""
+    """What a finished stage left behind; ``skipped`` says why a stage did nothing."""
 
     name: str
     key: str
@@ -70,6 +94,22 @@ class StageRecord:
     seconds: float
     reused: bool
     summary: dict[str, Any] = field(default_factory=dict)
+    skipped: str | None = None
+
+    @property
+    def status(self) -> str:
+        """``"ran"``, ``"reused"`` or ``"skipped: <why>"``."""
+        if self.skipped is not None:
+            return f"skipped: {self.skipped}"
+        return "reused" if self.reused else "ran"
+
+
+def skip_stage(
+    name: str, reason: str, path: Path, log: Callable[[str], None] = print
+) -> StageRecord:
+    """Record that stage ``name`` does nothing in this experiment, and say why in the log."""
+    log(f"[skip]  {name}  ({reason})")
+    return StageRecord(name, "", path, 0.0, False, {}, skipped=reason)
 
 
 def read_stage(path: Path) -> dict[str, Any] | None:
@@ -102,7 +142,8 @@ def run_stage(
     partial directory is never mistaken for a finished one, and a re-run can resume it.
 
     Raises:
-        StageError: ``work`` raised (KeyboardInterrupt passes through unchanged).
+        StageError: ``work`` raised.
+        StageInterrupted: Ctrl-C during ``work`` (a ``KeyboardInterrupt`` naming the stage).
     """
     done = read_stage(path)
     if not force and done is not None and done.get("key") == key:
@@ -130,10 +171,12 @@ def run_stage(
             "summary": summary,
         }
         (tmp / STAGE_FILE).write_text(json.dumps(doc, indent=2, sort_keys=True, default=str))
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         if not in_place:
             shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        if isinstance(exc, StageInterrupted):  # a nested stage already named itself
+            raise
+        raise StageInterrupted(name, in_place) from exc
     except Exception as exc:
         if not in_place:
             shutil.rmtree(tmp, ignore_errors=True)

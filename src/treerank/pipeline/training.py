@@ -336,6 +336,6 @@ def _train_model(
             "train_store": str(getattr(store, "path", "")),
             "heldout_query_rows": held.tolist(),
         },
-        title=f"{family_name} on {getattr(store, 'path', '')}",
+        title=f"{family_name}, seed {seed}, trained on {getattr(store, 'path', '')}",
     )
     return TrainResult(family_name, ckpt_dir, out.model, summary, held, log_path, curves)

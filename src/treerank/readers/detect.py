@@ -100,7 +100,8 @@ def read_split(
         max_passages: cap the corpus (see `subset_split`); None keeps it whole.
 
     Raises:
-        DataFormatError: unknown format, or any reader error (file and row named).
+        DataFormatError: unknown format, any reader error (file and row named), or a split
+            without a single passage (nothing could be embedded or retrieved).
     """
     name = detect_format(path) if fmt == "auto" else fmt
     if name not in FORMATS:
@@ -112,4 +113,11 @@ def read_split(
     else:
         out = reader(Path(path), split_name)
     out.meta["format"] = name
+    if out.n_passages == 0:
+        corpus = Path(path) / "corpus.jsonl"
+        raise DataFormatError(
+            corpus if corpus.is_file() else path,
+            f"no passages in split {split_name!r}: the corpus is empty or every document's "
+            "text is empty, so there is nothing to embed or retrieve",
+        )
     return subset_split(out, limit, max_passages)

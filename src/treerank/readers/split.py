@@ -67,6 +67,43 @@ class RetrievalSplit:
         """Candidates per query (columns of ``candidates``)."""
         return int(self.candidates.shape[1])
 
+    def warnings(self) -> list[str]:
+        """What the reader dropped or found unusable, as sentences for the user.
+
+        Read from ``meta`` (counts the readers record) and the labels: judgments on passages
+        absent from the corpus (count and an example), empty documents skipped, and a split
+        whose judgments match none of its passages (fine for label-free training and serving;
+        ``evaluate`` refuses it).
+        """
+        out: list[str] = []
+        n_missing = self.meta.get("n_judgments_on_missing_passages")
+        if isinstance(n_missing, int) and n_missing:
+            example = self.meta.get("example_judgment_on_missing_passage")
+            n_all = self.meta.get("n_judgments")
+            out.append(
+                f"{n_missing:,}{f' of {n_all:,}' if isinstance(n_all, int) else ''} judgments "
+                "name a passage that is not in the corpus and were dropped"
+                + (f" (e.g. {example})" if example else "")
+            )
+        n_empty = self.meta.get("n_empty_documents_skipped")
+        if isinstance(n_empty, int) and n_empty:
+            out.append(f"{n_empty:,} documents with empty text were skipped")
+        relevant = (self.candidates >= 0) & (self.labels >= self.relevance_threshold)
+        if self.n_queries and not relevant.any():
+            out.append(
+                f"none of the {self.n_queries:,} queries has a judgment on a passage of this "
+                "split: the store can serve search and label-free training, but evaluate will "
+                "refuse it"
+            )
+        elif self.n_queries:
+            n_unjudged = int((~relevant.any(axis=1)).sum())
+            if n_unjudged:
+                out.append(
+                    f"{n_unjudged:,} of {self.n_queries:,} queries have no relevant passage in "
+                    "this split; metrics leave them out (and count them)"
+                )
+        return out
+
     def validate(self) -> None:
         """Check internal consistency.
 

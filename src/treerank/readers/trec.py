@@ -126,6 +126,7 @@ def build_judged_split(
     for qid, docid, grade in qrels:
         by_query.setdefault(qid, []).append((docid, grade))
     n_missing = 0
+    example_missing: str | None = None
     for qsrc, text in topics:
         judged = by_query.get(qsrc, [])
         if not keep_unjudged_queries and not judged:
@@ -135,6 +136,7 @@ def build_judged_split(
             pid = b.aliases.get(docid)
             if pid is None:
                 n_missing += 1
+                example_missing = example_missing or f"query {qsrc} -> passage {docid}"
                 continue
             b.add_candidate(row, pid, grade)
     out = b.build()
@@ -144,6 +146,7 @@ def build_judged_split(
         {
             "n_judgments": len(qrels),
             "n_judgments_on_missing_passages": n_missing,
+            "example_judgment_on_missing_passage": example_missing,
             "n_judgments_on_unknown_topics": sum(1 for q, _, _ in qrels if q not in topic_ids),
         }
     )

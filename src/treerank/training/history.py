@@ -13,7 +13,7 @@ from typing import Any
 
 from treerank.atomic import atomic_savefig
 
-__all__ = ["TrainingLog", "plot_curves", "read_log"]
+__all__ = ["TrainingLog", "best_step", "plot_curves", "read_log"]
 
 
 class TrainingLog:
@@ -68,10 +68,20 @@ def read_log(path: str | Path) -> list[dict[str, Any]]:
     return out
 
 
+def best_step(records: list[dict[str, Any]]) -> int | None:
+    """The step of the last held-out evaluation that improved on every earlier one (the
+    checkpoint that early stopping restores), or ``None`` without such a record."""
+    steps = [r["step"] for r in records if r.get("kind") == "eval" and r.get("best")]
+    return int(steps[-1]) if steps else None
+
+
 def plot_curves(
     records: list[dict[str, Any]], path: str | Path, metric: str | None = None, title: str = ""
 ) -> Path:
     """PNG with two panels: training loss (and chance floor) by step; held-out metric by step.
+
+    A dotted vertical line and a star mark the best step (:func:`best_step`), the checkpoint
+    that is kept. Put the dataset in ``title``.
 
     Args:
         records: log records (``kind`` ``"train"`` with ``step``/``loss``/``chance_loss``;
@@ -94,7 +104,8 @@ def plot_curves(
         if any(r.get("chance_loss") is not None for r in train):
             ax1.plot(steps, [r.get("chance_loss") for r in train], "--", label="chance log(M)")
         ax1.legend()
-    ax1.set_xlabel("step")
+    ax1.set_xlabel("optimizer step")
+    ax1.set_ylabel("loss (nats per query: InfoNCE + regularisers)")
     ax1.set_title("training loss")
     if evals:
         keys = (
@@ -110,8 +121,18 @@ def plot_curves(
         )
         for k in keys:
             ax2.plot([r["step"] for r in evals], [r.get(k) for r in evals], "o-", label=k)
+        best = best_step(records)
+        if best is not None:
+            rec = [r for r in evals if r["step"] == best][-1]
+            for ax in (ax1, ax2):
+                ax.axvline(best, color="black", ls=":", lw=1)
+            for k in keys:
+                if isinstance(rec.get(k), int | float):
+                    ax2.plot([best], [rec[k]], "*", color="black", ms=12)
+            ax2.plot([], [], "*", color="black", label=f"best step {best} (kept)")
         ax2.legend()
-    ax2.set_xlabel("step")
+    ax2.set_xlabel("optimizer step")
+    ax2.set_ylabel("held-out metric (all passages of the split)")
     ax2.set_title("held-out metrics")
     if title:
         fig.suptitle(title)

@@ -1,0 +1,185 @@
+"""Numbers for a README or a paper, generated from an experiment's ``report.json``.
+
+Hand-typed result tables drift: a re-run changes a number and the prose keeps the old one. Here
+the only source is a report: :func:`extract` keeps one dataset's numbers from a ``report.json``
+(a small JSON that can be committed beside the README), :func:`render` turns that into Markdown
+tables, and :func:`replace_block` puts them between two marker comments. ``scripts/
+readme_results.py`` runs the three; a test checks that the README's block equals
+:func:`render` of the committed JSON, so the README can only change through the script.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from treerank.evaluation.summary import headline
+
+BEGIN = "<!-- BEGIN generated results (scripts/readme_results.py; do not edit by hand) -->"
+END = "<!-- END generated results -->"
+TABLE_METRICS = ("mrr@10", "ndcg@10", "recall@100")
+METRIC_LABELS = {"mrr@10": "MRR@10", "ndcg@10": "nDCG@10", "recall@100": "Recall@100"}
+
+
+def extract(report: Mapping[str, Any], dataset: str) -> dict[str, Any]:
+    """The part of a ``report.json`` that :func:`render` reads, for one dataset.
+
+    Raises:
+        KeyError: ``dataset`` is not in the report.
+    """
+    ds = report["datasets"][dataset]
+    diag = ds.get("diagnostics") or {}
+    return {
+        "experiment": report.get("experiment"),
+        "created": report.get("created"),
+        "seconds_this_run": report.get("seconds_this_run"),
+        "encoder": (report.get("encoder") or {}).get("name"),
+        "dataset": dataset,
+        "eval_split": ds.get("eval_split"),
+        "n_passages": (ds.get("store_stats") or {}).get(ds.get("eval_split"), {}).get("n_passages"),
+        "comparison": {
+            k: ds["comparison"].get(k)
+            for k in ("settings", "metrics", "baseline", "systems", "tests", "seed_spread")
+        },
+        "overlap": ds.get("overlap"),
+        "diagnostics_rules": [
+            {"rule": r.get("rule"), "numbers": r.get("numbers"), "holds": r.get("holds")}
+            for r in diag.get("rules") or []
+        ],
+    }
+
+
+def _p(p: float | None) -> str:
+    if p is None or (isinstance(p, float) and math.isnan(p)):
+        return "p n/a"
+    return "p < 1e-4" if p < 1e-4 else f"p = {p:.2g}"
+
+
+def _delta(cell: Mapping[str, Any] | None, p_key: str) -> str:
+    if not cell or cell.get("delta") is None:
+        return ""
+    return f"{cell['delta']:+.3f}, {_p(cell.get(p_key))}"
+
+
+def render(doc: Mapping[str, Any], metrics: Sequence[str] = TABLE_METRICS) -> str:
+    """The summary headline, then Markdown tables (main comparison, training seeds, seen /
+    unseen split) and the diagnostics' decision rules.
+
+    Models trained with several seeds appear once, as ``mean ± std`` over seeds, with the delta
+    and p of their seed-averaged per-query metrics; the seeds' own numbers get their own table.
+    """
+    comp = doc["comparison"]
+    base = comp["baseline"]
+    systems = comp["systems"]
+    spread = comp.get("seed_spread") or {}
+    single = {n for g in spread.values() for n in g["systems"]}
+    head_metric = "ndcg@10" if "ndcg@10" in comp["metrics"] else comp["metrics"][0]
+    tests = (comp.get("tests") or {}).get(base, {})
+    st = comp.get("settings") or {}
+    any_sys = next(iter(systems.values()))
+    lines = [
+        *headline(doc["dataset"], comp, head_metric, base, doc.get("overlap")),
+        "",
+        f"{doc['dataset']} {doc['eval_split']}: {st.get('n_queries')} queries "
+        f"({any_sys.get('n_evaluated')} with a relevant passage) ranked against all "
+        f"{st.get('n_passages'):,} passages, encoder `{doc.get('encoder')}`; p from a paired "
+        f"randomization test against {base} ({st.get('n_permutations'):,} permutations, seed "
+        f"{st.get('seed')})."
+        + (
+            " A model trained with several seeds shows mean ± std over seeds; its delta and p "
+            "use per-query metrics averaged over its seeds."
+            if spread
+            else ""
+        ),
+        "",
+        "| system | "
+        + " | ".join(METRIC_LABELS.get(m, m) for m in metrics)
+        + f" | {METRIC_LABELS.get(head_metric, head_metric)} vs {base} |",
+        "|---|" + "---:|" * len(metrics) + "---|",
+    ]
+    for name, s in systems.items():
+        if name in single:
+            continue
+        cells = []
+        for m in metrics:
+            v = s["mean"].get(m)
+            text = "—" if v is None else f"{v:.4f}"
+            sd = spread.get(name, {}).get("std", {}).get(m)
+            if sd is not None:
+                text += f" ± {sd:.4f}"
+            cells.append(text)
+        label = f"{name} ({len(spread[name]['seeds'])} seeds)" if name in spread else name
+        delta = _delta(tests.get(name, {}).get(head_metric), "p_randomization")
+        lines.append(f"| {label} | " + " | ".join(cells) + f" | {delta} |")
+    if spread:
+        lines += [
+            "",
+            f"| {METRIC_LABELS.get(head_metric, head_metric)} per training seed | seeds | "
+            "per seed | mean | std |",
+            "|---|---|---|---:|---:|",
+        ]
+        for name, g in spread.items():
+            per = ", ".join(f"{v:.4f}" for v in g["per_seed"][head_metric])
+            sd = g["std"].get(head_metric)
+            lines.append(
+                f"| {name} | {', '.join(map(str, g['seeds']))} | {per} | "
+                f"{g['mean'][head_metric]:.4f} | {'—' if sd is None else f'{sd:.4f}'} |"
+            )
+    ov = doc.get("overlap")
+    if ov and ov.get("n_unseen"):
+        label = METRIC_LABELS.get(head_metric, head_metric)
+        lines += [
+            "",
+            f"| {label} | {ov['n_seen']} queries with a training positive | "
+            f"{ov['n_unseen']} queries without |",
+            "|---|---:|---:|",
+        ]
+        for name in ov["parts"]["seen"]:
+            if name in single:
+                continue
+            cells = []
+            for part in ("seen", "unseen"):
+                c = ov["parts"][part][name][head_metric]
+                text = "—" if c.get("mean") is None else f"{c['mean']:.4f}"
+                if c.get("delta") is not None:
+                    text += f" ({_delta(c, 'p')})"
+                cells.append(text)
+            lines.append(f"| {name} | {cells[0]} | {cells[1]} |")
+    rules = doc.get("diagnostics_rules") or []
+    if rules:
+        lines += ["", "DRT diagnostics, the seed's decision rules with the numbers they read:", ""]
+        for r in rules:
+            verdict = "holds" if r.get("holds") else "does not hold"
+            lines.append(f"- {r.get('rule')}: {r.get('numbers')} ({verdict})")
+    secs = doc.get("seconds_this_run")
+    lines += [
+        "",
+        f"From `{doc.get('experiment')}`'s report of {doc.get('created')}"
+        + (f" (that run: {secs / 60:.1f} min)." if isinstance(secs, int | float) else "."),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def read_block(text: str) -> str:
+    """The text between :data:`BEGIN` and :data:`END` (exclusive, without the newline after
+    ``BEGIN``).
+
+    Raises:
+        ValueError: the markers are missing or out of order.
+    """
+    i, j = text.find(BEGIN), text.find(END)
+    if i < 0 or j < i:
+        raise ValueError(f"no generated block: expected {BEGIN!r} ... {END!r}")
+    return text[i + len(BEGIN) + 1 : j]
+
+
+def replace_block(text: str, block: str) -> str:
+    """``text`` with the generated block replaced by ``block``.
+
+    Raises:
+        ValueError: the markers are missing or out of order.
+    """
+    read_block(text)
+    i, j = text.find(BEGIN), text.find(END)
+    return text[: i + len(BEGIN)] + "\n" + block + text[j:]

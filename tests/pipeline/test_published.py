@@ -1,0 +1,98 @@
+"""README numbers come from a report: the block equals the render of the committed results."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from treerank.pipeline.published import BEGIN, END, extract, read_block, render, replace_block
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _comparison() -> dict:
+    return {
+        "settings": {"n_queries": 300, "n_passages": 5183, "n_permutations": 10000, "seed": 0},
+        "metrics": ["mrr@10", "ndcg@10"],
+        "baseline": "cosine",
+        "systems": {
+            "cosine": {"mean": {"mrr@10": 0.6, "ndcg@10": 0.64}, "n_evaluated": 300},
+            "linear@seed0": {"mean": {"mrr@10": 0.74, "ndcg@10": 0.78}, "n_evaluated": 300},
+            "linear@seed1": {"mean": {"mrr@10": 0.76, "ndcg@10": 0.80}, "n_evaluated": 300},
+            "linear": {"mean": {"mrr@10": 0.75, "ndcg@10": 0.79}, "n_evaluated": 300},
+        },
+        "tests": {
+            "cosine": {
+                "linear": {
+                    "ndcg@10": {
+                        "delta": 0.15,
+                        "p_randomization": 0.00001,
+                        "ci_low": 0.1,
+                        "ci_high": 0.2,
+                    }
+                },
+                "linear@seed0": {"ndcg@10": {"delta": 0.14, "p_randomization": 0.00001}},
+            }
+        },
+        "seed_spread": {
+            "linear": {
+                "seeds": [0, 1],
+                "systems": ["linear@seed0", "linear@seed1"],
+                "per_seed": {"ndcg@10": [0.78, 0.80], "mrr@10": [0.74, 0.76]},
+                "mean": {"ndcg@10": 0.79, "mrr@10": 0.75},
+                "std": {"ndcg@10": 0.0141, "mrr@10": 0.0141},
+            }
+        },
+    }
+
+
+def test_render_by_hand() -> None:
+    report = {
+        "experiment": "sample",
+        "created": "2026-12-01 01:00:00 UTC",
+        "seconds_this_run": 300.0,
+        "encoder": {"name": "all-MiniLM-L6-v2"},
+        "datasets": {
+            "scifact": {
+                "eval_split": "test",
+                "comparison": _comparison(),
+                "overlap": None,
+                "diagnostics": None,
+            }
+        },
+    }
+    md = render(extract(report, "scifact"), metrics=("mrr@10", "ndcg@10"))
+    rows = md.splitlines()
+    assert (
+        rows[0].startswith("- **scifact** (300 queries evaluated") and "`linear` 0.7900" in rows[0]
+    )
+    assert "| cosine | 0.6000 | 0.6400 |  |" in rows
+    assert "| linear (2 seeds) | 0.7500 ± 0.0141 | 0.7900 ± 0.0141 | +0.150, p < 1e-4 |" in rows
+    assert not any(r.startswith("| linear@seed") for r in rows)  # never a single seed
+    assert "| linear | 0, 1 | 0.7800, 0.8000 | 0.7900 | 0.0141 |" in rows
+    assert rows[-1] == "From `sample`'s report of 2026-12-01 01:00:00 UTC (that run: 5.0 min)."
+    with pytest.raises(KeyError):
+        extract(report, "nope")
+
+
+def test_replace_block_round_trips() -> None:
+    text = f"intro\n{BEGIN}\nold\n{END}\nafter\n"
+    new = replace_block(text, "new\n")
+    assert read_block(new) == "new\n" and new.startswith("intro\n") and new.endswith("after\n")
+    with pytest.raises(ValueError, match="no generated block"):
+        read_block("no markers")
+
+
+def test_readme_numbers_equal_the_committed_report_results() -> None:
+    doc = json.loads((REPO / "docs" / "results" / "sample.json").read_text())
+    assert read_block((REPO / "README.md").read_text()) == render(doc)
+    check = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "readme_results.py"), "--check"],
+        capture_output=True,
+        text=True,
+    )
+    assert check.returncode == 0, check.stderr
