@@ -73,6 +73,8 @@ class BM25Index:
         )
         self.model = bm25s.BM25(k1=self.params.k1, b=self.params.b, method=self.params.method)
         self.model.index(tokens, show_progress=False)
+        #: passage -> its token ids (bm25s vocabulary ids), kept for term statistics (RM3).
+        self.corpus_token_ids: list[list[int]] = list(tokens.ids)  # type: ignore[union-attr]
 
     def query_tokens(self, texts: Sequence[str]) -> list[list[str]]:
         """Tokenise queries exactly as the passages were."""
