@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from treerank.evaluation import fusion_tuning  # also registers the tuned fusion system kinds
 from treerank.evaluation.metrics import DEFAULT_METRICS, EvalResult, evaluate_run, parse_metric
 from treerank.evaluation.plots import plot_metric_bars, plot_recall_curve
 from treerank.evaluation.qrels import Qrels
@@ -69,6 +70,7 @@ class Comparison:
     seconds: dict[str, float] = field(default_factory=dict)
     files: dict[str, Path] = field(default_factory=dict)
     settings: dict[str, Any] = field(default_factory=dict)
+    tuning: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def mean(self, system: str, metric: str) -> float:
         return self.results[system].mean[metric]
@@ -87,6 +89,8 @@ class Comparison:
         for b in [self.baseline] + ([self.second_baseline] if self.second_baseline else []):
             out.append(f"Against baseline `{b}` (p: paired randomization test; * p < 0.05)\n\n")
             out.append(markdown_table(*self.table(b)))
+        if self.tuning:
+            out.append(fusion_tuning.tuning_markdown(self.tuning))
         return "\n".join(out)
 
     def rich(self, baseline: str | None = None) -> Any:
@@ -117,6 +121,7 @@ class Comparison:
             "mcnemar_hit@10": {
                 b: {s: r.to_dict() for s, r in by_sys.items()} for b, by_sys in self.mcnemar.items()
             },
+            "tuning": self.tuning,
         }
 
 
@@ -211,6 +216,8 @@ def compare_systems(
         t0 = time.perf_counter()
         run = runs[name] if runs and name in runs else system.retrieve(store, k)
         comp.seconds[name] = time.perf_counter() - t0
+        if getattr(system, "tuning", None):  # tuned fusion: the frozen weight and its curve
+            comp.tuning[name] = dict(system.tuning)  # type: ignore[attr-defined]
         run = Run(name, run.ids, run.scores)
         if run.n_queries != qrels.n_queries:
             raise ValueError(
@@ -273,3 +280,8 @@ def _write(comp: Comparison, store: Any, out: Path) -> None:
     comp.files["plot:recall"] = plot_recall_curve(
         comp.recall_curves, out / "plots" / "recall_at_k.png"
     )
+    if comp.tuning:
+        comp.files["tuning"] = write_json(out / "tuning.json", comp.tuning)
+        comp.files["plot:tuning"] = fusion_tuning.plot_tuning_curves(
+            comp.tuning, out / "plots" / "fusion_tuning.png"
+        )
