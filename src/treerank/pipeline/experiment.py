@@ -31,6 +31,8 @@ from treerank.pipeline.config import DatasetConfig, ExperimentConfig
 from treerank.pipeline.stages import StageRecord, file_sha256, fingerprint, run_stage
 
 STORE_FORMAT_VERSION = 1
+# What the evaluate stage writes besides the comparison (part of its key: a new output re-runs it).
+EVALUATE_OUTPUTS = ("overlap", "lexical_gap:v1", "fusion_tuning:v1")
 
 
 @dataclass
@@ -49,6 +51,8 @@ class DatasetOutcome:
     overlap: dict[str, Any] | None = None
     forest_stats: dict[str, Any] = field(default_factory=dict)
     overlap_markdown: str = ""
+    lexical_gap: dict[str, Any] | None = None
+    lexical_gap_markdown: str = ""
     diagnostics: dict[str, Any] | None = None
     diagnose_dir: Path | None = None
     store_stats: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -190,6 +194,8 @@ def run_experiment(
         o.overlap = rec.summary.get("overlap")
         o.forest_stats = rec.summary.get("forest_stats") or {}
         o.overlap_markdown = rec.summary.get("overlap_markdown", "")
+        o.lexical_gap = rec.summary.get("lexical_gap")
+        o.lexical_gap_markdown = rec.summary.get("lexical_gap_markdown", "")
         dmodel = cfg.diagnose.model
         if dmodel and dmodel in o.checkpoints:
             rec = _diagnose_stage(run, ds, o, dmodel)
@@ -323,6 +329,7 @@ def _evaluate_stage(
         ev.baselines,
         ev.metrics,
         ev.seed,
+        EVALUATE_OUTPUTS,
     )
 
     def work(d: Path) -> dict[str, Any]:
@@ -367,9 +374,27 @@ def _evaluate_stage(
             metric = "ndcg@10" if "ndcg@10" in ev.metrics else ev.metrics[0]
             summary["overlap"] = _jsonable(doc)
             summary["overlap_markdown"] = overlap_markdown(doc, metric, ev.baselines[0])
+        summary.update(_lexical_gap(store, comp, ev.metrics, d))
         return summary
 
     return run.stage(f"evaluate:{ds.name}", key, path, work)
+
+
+def _lexical_gap(store: Any, comp: Any, metrics: list[str], d: Path) -> dict[str, Any]:
+    """The lexical-gap breakdown of every system (:mod:`treerank.diagnostics.lexical_gap`)."""
+    from treerank.diagnostics.lexical_gap import (
+        lexical_gap,
+        lexical_gap_markdown,
+        plot_lexical_gap,
+        store_coverage,
+    )
+
+    metric = "ndcg@10" if "ndcg@10" in metrics else metrics[0]
+    per_query = {s: r.per_query for s, r in comp.results.items()}
+    doc = lexical_gap(store_coverage(store), per_query, metric)
+    (d / "lexical_gap.json").write_text(json.dumps(_jsonable(doc), indent=2))
+    plot_lexical_gap(doc, d / "plots" / "lexical_gap.png")
+    return {"lexical_gap": _jsonable(doc), "lexical_gap_markdown": lexical_gap_markdown(doc)}
 
 
 def _diagnose_stage(
