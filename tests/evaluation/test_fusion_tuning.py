@@ -143,3 +143,18 @@ def test_compare_systems_reports_the_frozen_weight_and_curve(tmp_path: Path) -> 
     assert doc[spec]["weight"] in (0.0, 0.5, 1.0) and len(doc[spec]["curve"]) == 3
     assert (tmp_path / "ev" / "plots" / "fusion_tuning.png").stat().st_size > 0
     assert "then frozen" in comp.markdown() and spec in comp.markdown()
+
+
+def test_cross_fitting_never_chooses_a_query_weight_with_its_own_judgments(tmp_path: Path) -> None:
+    _, test = _two_splits(tmp_path)
+    system = build_system("tuned-fusion:bm25+cosine:on=cv,method=rrf,grid=5")
+    a, b = build_system("bm25").retrieve(test, 1000), build_system("cosine").retrieve(test, 1000)
+    weights = system.cross_fit(test, a, b)  # 4 queries, 5 folds: one query per fold
+    grid = np.linspace(0, 1, 5)
+    y = fusion_curve(a, b, Qrels.from_store(test), grid, "rrf")
+    for i in range(4):
+        others = np.delete(y, i, axis=0)
+        assert weights[i] == grid[select_weight(grid, others.mean(axis=0))]
+    assert system.tuning["tuned_on"]["split"] == "cv" and len(system.tuning["fold_weights"]) == 5
+    run = system.retrieve(test, 8)
+    assert run.n_queries == 4

@@ -20,6 +20,11 @@ Two system kinds (registered in :data:`treerank.search.systems.SYSTEM_TYPES`):
     grid value with the best predicted metric. With uninformative features the prediction is the
     mean curve, i.e. the tuned global weight.
 
+``on=cv`` serves splits without a training split (TREC DL): the evaluated queries are cut into 5
+seeded folds and each fold's weight (or adaptive model) is chosen on the other four, so no
+query's weight is ever chosen with its own judgments (cross-fitting); ``tuning`` then lists the
+fold weights, ``curve`` is the pooled curve and ``tuned_metric`` the cross-fitted mean.
+
 Tuning queries (``queries=``): ``heldout`` (default) = the training queries a trainer holds out
 for early stopping with the default validation settings (:func:`~treerank.training.holdout.
 holdout_split`, fraction 0.2, ``seed``, at most 2,000), so a component trained on that split is
@@ -52,6 +57,8 @@ FUSION_METHODS = ("linear", "rrf")
 QUERY_SETS = ("heldout", "all")
 DEFAULT_GRID = 11
 DEFAULT_MAX_QUERIES = 2000
+CROSS_FIT = "cv"
+CV_FOLDS = 5
 HELDOUT_FRACTION = 0.2  # the trainers' default validation fraction (training.holdout)
 
 
@@ -304,6 +311,51 @@ class TunedFusionSystem:
 
         return EmbeddingStore.open(there)
 
+    def cross_fit(self, store: Any, ra: Run, rb: Run) -> np.ndarray:
+        """``on=cv``: ``float (n_queries,)`` weights, each query's chosen on the other
+        ``CV_FOLDS`` folds of the evaluated split (seeded), never on the query itself."""
+        qrels = Qrels.from_store(store)
+        y = fusion_curve(ra, rb, qrels, self.grid, self.method, self.norm, self.rrf_k, self.metric)
+        ok = ~np.isnan(y).any(axis=1)
+        fold = np.empty(store.n_queries, np.int64)
+        fold[np.random.default_rng(self.seed).permutation(store.n_queries)] = (
+            np.arange(store.n_queries) % CV_FOLDS
+        )
+        x = query_features(np.asarray(store.queries), ra, rb) if self.adaptive else None
+        weight = np.empty(store.n_queries)
+        fold_w = []
+        for f in range(CV_FOLDS):
+            tr, te = ok & (fold != f), fold == f
+            if not tr.any():
+                raise ValueError(
+                    f"{self.name}: fold {f} has no other query with a relevant passage"
+                )
+            j = select_weight(self.grid, np.nanmean(y[tr], axis=0))
+            fold_w.append(float(self.grid[j]))
+            weight[te] = self.grid[j]
+            if x is not None and te.any():
+                weight[te] = AdaptiveWeightModel(self.grid).fit(x[tr], y[tr]).weights(x[te])
+        means = np.nanmean(y[ok], axis=0)
+        got = y[ok, np.searchsorted(self.grid, weight[ok])]
+        self.tuning = {
+            "kind": "adaptive-fusion" if self.adaptive else "tuned-fusion",
+            "method": self.method,
+            "norm": self.norm if self.method == "linear" else None,
+            "tuned_on": {
+                "split": CROSS_FIT,
+                "queries": f"{CV_FOLDS}-fold cross-fitting on the evaluated split",
+                "n_queries": int(ok.sum()),
+                "seed": self.seed,
+            },
+            "metric": self.metric,
+            "weight_of": self.a.name,
+            "curve": {f"{w:.2f}": float(m) for w, m in zip(self.grid, means, strict=True)},
+            "fold_weights": fold_w,
+            "weight": float(np.median(fold_w)),
+            "tuned_metric": float(np.mean(got)),
+        }
+        return weight
+
     def fit(self, tune_store: Any) -> None:
         """Choose the weight (and fit the adaptive model) on ``tune_store``'s tuning queries."""
         key = str(getattr(tune_store, "path", id(tune_store)))
@@ -346,14 +398,20 @@ class TunedFusionSystem:
         self._fitted = (key, float(self.grid[j]), model)
 
     def retrieve(self, store: Any, k: int = 1000) -> Run:
-        self.fit(self.tuning_store(store))
-        assert self._fitted is not None
-        _, w, model = self._fitted
         d = max(k, self.depth)
-        ra, rb = self.a.retrieve(store, d), self.b.retrieve(store, d)
-        weight: float | np.ndarray = w
-        if model is not None:
-            weight = model.weights(query_features(np.asarray(store.queries), ra, rb))
+        weight: float | np.ndarray
+        if self.on == CROSS_FIT:
+            ra, rb = self.a.retrieve(store, d), self.b.retrieve(store, d)
+            weight = self.cross_fit(store, ra, rb)
+        else:
+            self.fit(self.tuning_store(store))
+            assert self._fitted is not None
+            _, w, model = self._fitted
+            ra, rb = self.a.retrieve(store, d), self.b.retrieve(store, d)
+            weight = w
+            if model is not None:
+                weight = model.weights(query_features(np.asarray(store.queries), ra, rb))
+        if self.adaptive:
             hist = np.histogram(weight, bins=len(self.grid), range=(-0.05, 1.05))[0]
             self.tuning["eval_weights"] = {
                 "mean": float(np.mean(weight)),
