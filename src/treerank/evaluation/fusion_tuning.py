@@ -350,7 +350,7 @@ class TunedFusionSystem:
             "metric": self.metric,
             "weight_of": self.a.name,
             "curve": {f"{w:.2f}": float(m) for w, m in zip(self.grid, means, strict=True)},
-            "fold_weights": fold_w,
+            "fold_weights": [round(w, 6) for w in fold_w],
             "weight": float(np.median(fold_w)),
             "tuned_metric": float(np.mean(got)),
         }

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import os
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -115,6 +117,7 @@ class _Run:
     log: Callable[[str], None]
     stage_keys: dict[str, str] = field(default_factory=dict)
     records: list[StageRecord] = field(default_factory=list)
+    stage_cache: Path | None = None
 
     def stage(
         self,
@@ -125,10 +128,44 @@ class _Run:
         *,
         in_place: bool = False,
     ) -> StageRecord:
-        """:func:`run_stage` with this run's settings; the record is kept in ``records``."""
-        rec = run_stage(name, key, path, work, force=self.force, in_place=in_place, log=self.log)
+        """:func:`run_stage` with this run's settings; the record is kept in ``records``.
+
+        With a ``stage_cache`` (sweeps) the stage lives in ``<cache>/<name>-<key>`` and ``path``
+        becomes a relative symlink to it, so equal stages of several runs are computed once.
+        """
+        if self.stage_cache is None:
+            rec = run_stage(
+                name, key, path, work, force=self.force, in_place=in_place, log=self.log
+            )
+        else:
+            phys = self.stage_cache / f"{re.sub(r'[^A-Za-z0-9_.-]+', '_', name)}-{key[:24]}"
+            rec = run_stage(
+                name, key, phys, work, force=self.force, in_place=in_place, log=self.log
+            )
+            _link(path, phys)
+            rec.path = path
         self.records.append(rec)
         return rec
+
+
+def _link(path: Path, target: Path) -> None:
+    """Make ``path`` a relative symlink to ``target`` (replacing an older link there).
+
+    Raises:
+        FileExistsError: ``path`` is a real file or directory (never overwritten).
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rel = os.path.relpath(target.resolve(), path.parent.resolve())
+    if path.is_symlink():
+        if os.readlink(path) == rel:
+            return
+        path.unlink()
+    elif path.exists():
+        raise FileExistsError(f"{path}: exists and is not a stage-cache link; not overwritten")
+    tmp = path.with_name(f".{path.name}.link-{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    os.symlink(rel, tmp)
+    os.replace(tmp, path)
 
 
 def run_experiment(
@@ -138,6 +175,7 @@ def run_experiment(
     force: bool = False,
     progress: bool = True,
     log: Callable[[str], None] = print,
+    stage_cache: Path | None = None,
 ) -> ExperimentResult:
     """Run every stage of ``cfg`` (skipping those whose inputs are unchanged) and write the report.
 
@@ -147,6 +185,8 @@ def run_experiment(
         force: re-run every stage even when it could be reused.
         progress: progress bars inside stages.
         log: where stage lines go.
+        stage_cache: keep every stage in this content-addressed directory and link it into
+            ``cfg.output_dir`` (:mod:`treerank.pipeline.sweep` shares stages across settings).
 
     Raises:
         StageError: a stage failed; it names the stage and the cause. Every stage finished
@@ -157,7 +197,7 @@ def run_experiment(
     out.mkdir(parents=True, exist_ok=True)
     encoder = _Encoder(cfg)
     enc_key = encoder.key()
-    run = _Run(cfg, force, progress, log)
+    run = _Run(cfg, force, progress, log, stage_cache=stage_cache)
     outcomes: dict[str, DatasetOutcome] = {}
 
     for ds in cfg.datasets:
