@@ -1,6 +1,6 @@
 """Forest search throughput and memory against dense exact search, on the same store, same run.
 
-Reference measured in the same run: exact inner-product search (``treerank.search.exact``, the
+Reference measured in the same run: exact inner-product search (``treerank.kernels.topk``, the
 cosine baseline) over the same queries and passages at the same depth ``k``. Printed:
 
 * queries/s of forest search (query classification + inverted-list match counting + top-k),
@@ -24,8 +24,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from treerank.kernels.topk import exact_search
 from treerank.models.forest import Forest, ForestConfig
-from treerank.search.exact import exact_search
 from treerank.search.forest_index import ForestIndex
 
 

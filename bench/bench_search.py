@@ -36,7 +36,7 @@ def unit(rng: np.random.Generator, n: int, d: int) -> np.ndarray:
 def throughput(args: argparse.Namespace) -> dict[str, float]:
     import faiss
 
-    from treerank.search.exact import exact_search
+    from treerank.kernels.topk import exact_search
 
     rng = np.random.default_rng(0)
     p = unit(rng, args.passages, args.dim)
@@ -76,7 +76,7 @@ def peak_rss_mib() -> float:
 
 
 def scale_child(path: str, n: int, d: int, nq: int, k: int, chunk: int) -> None:
-    from treerank.search.exact import exact_search
+    from treerank.kernels.topk import exact_search
 
     rss0 = peak_rss_mib()
     mm = np.memmap(path, dtype=np.float32, mode="r", shape=(n, d))

@@ -29,10 +29,12 @@ import yaml
 from treerank.evaluation.metrics import evaluate_run
 from treerank.evaluation.qrels import Qrels
 from treerank.models.forest import Forest
-from treerank.search.exact import exact_search
+from treerank.kernels.topk import exact_search
 from treerank.search.forest_index import ForestSystem
 from treerank.store import EmbeddingStore
+from treerank.config import load_yaml
 from treerank.training.forest import plot_metric_vs_models, train_forest
+from treerank.training.output import save_trained_model
 
 METRICS = ("mrr@10", "ndcg@10", "recall@100", "recall@1000")
 
@@ -91,6 +93,18 @@ def paired_p(forest_parts: list[Any], cos_parts: list[Any]) -> dict[str, float]:
     return out
 
 
+def save_output(out_dir: Path, out: Any, store: Any) -> None:
+    """The trained forest's directory (checkpoint, log, curves) via the one writer."""
+    save_trained_model(
+        out_dir,
+        out.model,
+        encoder_name=str(store.encoder_name),
+        encoder_fingerprint=str(store.encoder_fingerprint),
+        summary=out.summary,
+        records=out.records,
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--train", type=Path, help="training store split dir")
@@ -98,15 +112,19 @@ def main() -> None:
     ap.add_argument("--config", type=Path, required=True)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--cv-folds", type=int, default=0, help="k-fold CV over --test's queries")
-    ap.add_argument("--set", nargs="*", default=[], help="config overrides key=yaml_value")
+    ap.add_argument("--set", nargs="*", default=[], help="config overrides section.key=yaml_value")
     ap.add_argument(
         "--systems", nargs="*", default=[], help="extra system specs to evaluate (ckpt:<dir>, bm25)"
     )
     args = ap.parse_args()
-    cfg = yaml.safe_load(args.config.read_text())
+    cfg = load_yaml(args.config)
     for kv in args.set:
         key, _, val = kv.partition("=")
-        cfg[key] = yaml.safe_load(val)
+        sec, dot, name = key.partition(".")
+        if dot:
+            cfg.setdefault(sec, {})[name] = yaml.safe_load(val)
+        else:
+            cfg[key] = yaml.safe_load(val)
     args.out.mkdir(parents=True, exist_ok=True)
     test = EmbeddingStore.open(args.test)
     k = min(1000, test.n_passages)
@@ -132,7 +150,8 @@ def main() -> None:
                 per_m.setdefault(forest.n_models, []).append(res)
                 return res.mean
 
-            out = train_forest(tr, cfg, args.out / f"fold{f}", validate=validate, progress=True)
+            out = train_forest(tr, cfg, validate=validate, progress=True)
+            save_output(args.out / f"fold{f}" / "checkpoint", out, tr)
             train_secs += out.summary["seconds"]
             res, system, _ = forest_eval(out.model, ev, k)
             forest_parts.append(res)
@@ -160,7 +179,8 @@ def main() -> None:
         def validate(forest: Forest) -> dict[str, float]:
             return forest_eval(forest, test, k)[0].mean
 
-        out = train_forest(train, cfg, args.out, validate=validate, progress=True)
+        out = train_forest(train, cfg, validate=validate, progress=True)
+        save_output(args.out / "checkpoint", out, train)
         res, system, f_sec = forest_eval(out.model, test, k)
         cres, c_sec = cosine_eval(test, k)
         result.update(

@@ -19,4 +19,4 @@ def test_unknown_model_is_an_error_with_prefix(tmp_path) -> None:
         app, ["train", "--model", "xgb", "--store", str(tmp_path), "--out", "o"]
     )
     assert res.exit_code == 2
-    assert "error: unknown model 'xgb'" in res.output
+    assert "error: unknown model family 'xgb'; known: linear" in res.output

@@ -129,6 +129,6 @@ def test_errors() -> None:
         DRTConfig.from_dict({"dim": 4, "slots": 3})
     ck = m.to_checkpoint("e", "f")
     ck.model_type = "mlp"
-    with pytest.raises(ValueError, match="not a DRT checkpoint"):
+    with pytest.raises(ValueError, match="holds a .mlp. model, not .drt."):
         DRTHead.from_checkpoint(ck)
     assert m.encode_queries(np.zeros((0, DIM), np.float32)).shape == (0, 32)

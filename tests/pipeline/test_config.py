@@ -25,12 +25,12 @@ datasets:
     train_split: train
     eval_split: test
 models:
-  linear: {{epochs: 5}}
-  forest: {{n_models: 64}}
+  linear: {{family: linear, trainer: {{epochs: 5}}}}
+  forest: {{family: forest, model: {{n_models: 64}}}}
 diagnose: {{model: linear}}
 quick:
   models:
-    forest: {{n_models: 4}}
+    forest: {{model: {{n_models: 4}}}}
 {extra}
 """,
     )
@@ -39,15 +39,20 @@ quick:
 def test_quick_profile_merges_over_full(tmp_path: Path) -> None:
     full = load_experiment(_base(tmp_path))
     quick = load_experiment(_base(tmp_path), quick=True)
-    assert full.models == {"linear": {"epochs": 5}, "forest": {"n_models": 64}}
-    assert quick.models == {"linear": {"epochs": 5}, "forest": {"n_models": 4}}
+    assert {n: (m.family, m.config) for n, m in full.models.items()} == {
+        "linear": ("linear", {"trainer": {"epochs": 5}}),
+        "forest": ("forest", {"model": {"n_models": 64}}),
+    }
+    assert quick.models["forest"].config == {"model": {"n_models": 4}}
     assert full.output_dir == Path("runs/t")
     assert full.datasets[0].path == (SAMPLES / "scifact" / "scifact.zip").resolve()
 
 
 def test_unknown_key_is_named_with_file(tmp_path: Path) -> None:
     p = _base(tmp_path, "evaluate: {k: 100, topk: 5}")
-    with pytest.raises(ConfigError, match=r"exp\.yaml: unknown key\(s\) topk in evaluate"):
+    with pytest.raises(
+        ConfigError, match=r"exp\.yaml: evaluate: unknown key\(s\) topk; allowed: k, baselines"
+    ):
         load_experiment(p)
 
 
@@ -55,9 +60,16 @@ def test_unknown_model_and_missing_path(tmp_path: Path) -> None:
     p = _write(
         tmp_path,
         f"datasets: [{{name: a, path: {SAMPLES}, format: scifact, eval_split: test}}]\n"
-        "models: {colbert: {}}\n",
+        "models: {colbert: {family: colbert}}\n",
     )
-    with pytest.raises(ConfigError, match="models.colbert is not a trainable model"):
+    with pytest.raises(ConfigError, match="models.colbert.family: 'colbert' is not a trainable"):
+        load_experiment(p)
+    p = _write(
+        tmp_path,
+        f"datasets: [{{name: a, path: {SAMPLES}, format: scifact, eval_split: test}}]\n"
+        "models: {m: {trainer: {}}}\n",
+    )
+    with pytest.raises(ConfigError, match="models.m: must be a mapping with a 'family' key"):
         load_experiment(p)
     p = _write(
         tmp_path, "datasets: [{name: a, path: nowhere.zip, format: scifact, eval_split: t}]\n"
@@ -76,3 +88,42 @@ def test_deep_merge_does_not_mutate() -> None:
 def test_quick_profile_gets_its_own_output_dir(tmp_path: Path) -> None:
     assert load_experiment(_base(tmp_path), quick=True).output_dir == Path("runs/t-quick")
     assert load_experiment(_base(tmp_path), quick=True, output_dir="x").output_dir == Path("x")
+
+
+def test_model_sections_are_checked_at_load_with_the_key_path(tmp_path: Path) -> None:
+    p = _base(tmp_path, "")
+    text = p.read_text().replace("trainer: {epochs: 5}", "trainer: {epochs: 5, lrr: 1}")
+    p.write_text(text)
+    with pytest.raises(
+        ConfigError,
+        match=r"exp\.yaml: models\.linear\.trainer: unknown key\(s\) lrr; allowed: epochs",
+    ):
+        load_experiment(p)
+    p.write_text(text.replace("lrr: 1", "lr: oops"))
+    with pytest.raises(ConfigError, match=r"models\.linear\.trainer"):
+        load_experiment(p)
+
+
+def test_two_models_of_one_family_and_diagnose_defaults(tmp_path: Path) -> None:
+    p = _write(
+        tmp_path,
+        f"""
+datasets:
+  - {{name: a, path: {SAMPLES / "scifact" / "scifact.zip"}, format: scifact, eval_split: test}}
+models:
+  lin-a: {{family: linear, seed: 1}}
+  lin-b: {{family: linear, seed: 2, model: {{bias: true}}}}
+""",
+    )
+    cfg = load_experiment(p)
+    assert [(m.name, m.family) for m in cfg.models.values()] == [
+        ("lin-a", "linear"),
+        ("lin-b", "linear"),
+    ]
+    assert cfg.diagnose.model == "lin-a"  # unset: the first model
+    p = _write(
+        tmp_path,
+        f"datasets: [{{name: a, path: {SAMPLES}, format: scifact, eval_split: test}}]\n"
+        "models: {}\n",
+    )
+    assert load_experiment(p).diagnose.model is None  # baselines only: no diagnostics

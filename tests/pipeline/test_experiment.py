@@ -65,12 +65,10 @@ def test_run_end_to_end_then_reuse_then_failure_keeps_results(tmp_path: Path) ->
     for system, vals in results["systems"].items():
         assert sci[system]["mean"] == vals["mean"]
     assert 0.0 < sci["cosine"]["mean"]["ndcg@10"] <= 1.0
-    fst = report["datasets"]["scifact"]["forest_stats"]["forest"]
+    fst = report["datasets"]["scifact"]["family_reports"]["forest"]["forest"]
     assert 0.0 < fst["query_class_entropy_mean"] <= fst["max_entropy_log_c"] + 1e-9
     assert 0.0 <= fst["not_retrievable_fraction"] <= 1.0
-    assert (
-        out / "models" / "scifact" / "forest" / "checkpoint" / "forest_metric_vs_m.png"
-    ).exists()
+    assert (out / "models" / "scifact" / "forest" / "checkpoint" / "training_curves.png").exists()
     ov = report["datasets"]["scifact"]["overlap"]
     assert ov["n_seen"] + ov["n_unseen"] == 60
     assert set(ov["parts"]["unseen"]) == set(sci)
@@ -90,7 +88,13 @@ def test_run_end_to_end_then_reuse_then_failure_keeps_results(tmp_path: Path) ->
     )
 
     # a failing stage names itself and leaves earlier results intact
-    bad = _small_config(tmp_path, mlp={"trainer": {"lr": "not-a-number"}})
+    bad = _small_config(  # valid keys, but a metric the validation callback cannot compute
+        tmp_path,
+        mlp={
+            "trainer": {"early_stopping_metric": "bogus@10"},
+            "validation": {"metrics": ["bogus@10"]},
+        },
+    )
     before = (out / "models" / "scifact" / "mlp" / "stage.json").read_text()
     with pytest.raises(StageError, match="train:scifact:mlp"):
         run_experiment(load_experiment(bad, output_dir=out), log=lambda s: None, progress=False)

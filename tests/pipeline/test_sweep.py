@@ -25,9 +25,9 @@ SAMPLE = REPO / "configs" / "sample.yaml"
 
 
 def test_parse_grid_and_settings() -> None:
-    g = parse_grid(["models.drt.loss.lambda_dec=0,0.1", "models.drt.model.k=4,6", "x=null,a"])
+    g = parse_grid(["models.drt.trainer.lambda_dec=0,0.1", "models.drt.model.k=4,6", "x=null,a"])
     assert g == {
-        "models.drt.loss.lambda_dec": [0, 0.1],
+        "models.drt.trainer.lambda_dec": [0, 0.1],
         "models.drt.model.k": [4, 6],
         "x": [None, "a"],
     }
@@ -152,9 +152,9 @@ def test_drt_ablation_config_every_setting_validates(tmp_path: Path) -> None:
         p = tmp_path / f"{s.slug}.yaml"
         p.write_text(yaml.safe_dump(one))
         cfg = load_experiment(p)
-        drt = cfg.models["drt"]
-        assert (drt["loss"]["lambda_dec"], drt["model"]["slot_dropout"], drt["model"]["k"]) == (
-            s.values["models.drt.loss.lambda_dec"],
+        drt = cfg.models["drt"].config
+        assert (drt["trainer"]["lambda_dec"], drt["model"]["slot_dropout"], drt["model"]["k"]) == (
+            s.values["models.drt.trainer.lambda_dec"],
             s.values["models.drt.model.slot_dropout"],
             s.values["models.drt.model.k"],
         )

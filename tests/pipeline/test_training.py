@@ -12,16 +12,16 @@ from typer.testing import CliRunner
 
 from treerank.evaluation.metrics import evaluate_run
 from treerank.evaluation.qrels import Qrels
+from treerank.kernels.topk import exact_search
 from treerank.models.checkpoint import EncoderMismatchError
+from treerank.models.families import trainable_families
 from treerank.models.linear import LinearHead
 from treerank.models.registry import load_model
 from treerank.pipeline.training import (
-    TRAINERS,
     _subsample_passages,
     make_validator,
     train_model,
 )
-from treerank.search.exact import exact_search
 from treerank.store import EmbeddingStore
 from treerank.training.holdout import ValidationConfig
 
@@ -72,7 +72,7 @@ def write_store(root: Path, nq: int = 80, npas: int = 300, dim: int = 16, seed: 
 
 CFG = {
     "seed": 0,
-    "sampler": {"batch_size": 16, "n_hard": 1, "mine_depth": 50},
+    "data": {"batch_size": 16, "n_hard": 1, "mine_depth": 50},
     "trainer": {"epochs": 12, "lr": 5e-3, "log_every": 2, "patience": 4, "threads": 1},
     "validation": {"fraction": 0.25, "k": 50, "metrics": ["mrr@10", "ndcg@10"]},
 }
@@ -130,7 +130,7 @@ def test_validator_subsample_keeps_gold_and_maps_ids(store):
 
 
 def test_unknown_model_and_registry():
-    assert set(TRAINERS) == {"linear", "mlp", "drt", "forest"}
+    assert {"linear", "mlp", "drt", "forest"} <= set(trainable_families())
     with pytest.raises(KeyError, match="known"):
         train_model("svm", object(), {}, "unused")
 
@@ -140,7 +140,7 @@ def test_cli_train_with_shipped_config(store, tmp_path):
 
     cfg = yaml.safe_load((ROOT / "configs" / "heads" / "mlp.yaml").read_text())
     cfg["trainer"].update(epochs=2, log_every=1)
-    cfg["sampler"].update(batch_size=16, mine_depth=20)
+    cfg["data"].update(batch_size=16, mine_depth=20)
     cfg["validation"].update(k=20)
     path = tmp_path / "mlp.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -164,7 +164,7 @@ def test_cli_train_with_shipped_config(store, tmp_path):
     assert r.exit_code == 0, r.output
     assert load_model(out, "sha256:toy").config()["dropout"] == cfg["model"]["dropout"]
     bad = tmp_path / "bad.yaml"
-    bad.write_text("sampler: {batchsize: 3}\n")
+    bad.write_text("data: {batchsize: 3}\n")
     r = CliRunner().invoke(
         app,
         [
@@ -180,7 +180,7 @@ def test_cli_train_with_shipped_config(store, tmp_path):
             "--no-progress",
         ],
     )
-    assert r.exit_code == 2 and "batchsize" in r.output
+    assert r.exit_code == 2 and "batchsize" in r.output and "bad.yaml" in r.output
 
 
 def test_grouped_holdout_config_runs(store, tmp_path):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from treerank.training.drt import DRTObjective, DRTTrainConfig, decorrelation_loss, train_drt
+from treerank.training.drt import DRTObjective, decorrelation_loss, parse_drt_config, train_drt
 from treerank.training.history import read_log
 
 
@@ -95,10 +95,20 @@ def test_train_drt_learns_saves_and_is_deterministic(toy_store, tmp_path) -> Non
     cfg = {
         "seed": 3,
         "model": SMALL,
-        "sampler": {"batch_size": 32, "n_hard": 0},
+        "data": {"batch_size": 32, "n_hard": 0},
         "trainer": {"epochs": 6, "lr": 3e-3, "log_every": 1, "patience": None, "threads": 1},
     }
-    out = train_drt(toy_store, cfg, tmp_path / "drt", progress=False)
+    from treerank.training.output import save_trained_model
+
+    out = train_drt(toy_store, cfg, progress=False)
+    save_trained_model(
+        tmp_path / "drt",
+        out.model,
+        encoder_name=toy_store.encoder_name,
+        encoder_fingerprint=toy_store.encoder_fingerprint,
+        summary=out.summary,
+        records=out.records,
+    )
     assert {"config.json", "weights.safetensors", "training_log.jsonl", "training_curves.png"} <= {
         p.name for p in (tmp_path / "drt").iterdir()
     }
@@ -118,14 +128,18 @@ def test_train_drt_learns_saves_and_is_deterministic(toy_store, tmp_path) -> Non
 
 
 def test_config_errors(tmp_path) -> None:
-    with pytest.raises(ValueError, match="lambda"):
-        DRTTrainConfig.from_dict({"loss": {"lambda": 1.0}})
-    with pytest.raises(ValueError, match="model.dim"):
-        DRTTrainConfig.from_dict({"model": {"dim": 4}})
-    with pytest.raises(ValueError, match="unknown DRT model option"):
-        DRTTrainConfig.from_dict({"model": {"slots": 4}})
-    with pytest.raises(ValueError, match="unknown section"):
-        DRTTrainConfig.from_dict({"optimizer": {}})
-    cfg = DRTTrainConfig.from_dict({"loss": {"lambda_dec": 0.0}, "model": {"k": 2}})
-    assert cfg.loss.lambda_dec == 0.0 and cfg.model == {"k": 2}
-    assert DRTTrainConfig.from_dict(cfg.to_dict()).to_dict() == cfg.to_dict()
+    with pytest.raises(
+        ValueError, match=r"trainer: unknown key\(s\) lambda; allowed: .*lambda_dec"
+    ):
+        parse_drt_config({"trainer": {"lambda": 1.0}})
+    with pytest.raises(ValueError, match=r"model: unknown key\(s\) dim"):
+        parse_drt_config({"model": {"dim": 4}})
+    with pytest.raises(ValueError, match=r"model: unknown key\(s\) slots; allowed: k, slot_dim"):
+        parse_drt_config({"model": {"slots": 4}})
+    with pytest.raises(ValueError, match=r"unknown key\(s\) optimizer; allowed: seed, model"):
+        parse_drt_config({"optimizer": {}})
+    with pytest.raises(ValueError, match="lambda_dec must be >= 0"):
+        parse_drt_config({"trainer": {"lambda_dec": -1.0}})
+    cfg = parse_drt_config({"trainer": {"lambda_dec": 0.0}, "model": {"k": 2}})
+    assert cfg.trainer.lambda_dec == 0.0 and cfg.model == {"k": 2}
+    assert parse_drt_config(cfg.to_dict()).to_dict() == cfg.to_dict()

@@ -12,12 +12,26 @@ import torch
 from treerank.models.forest import Forest
 from treerank.models.registry import load_model
 from treerank.training.forest import (
+    FOREST_SECTIONS,
     ForestTrainConfig,
     boosting_weights,
     sharpness_loss,
     train_forest,
     uniformity_loss,
 )
+
+
+def sectioned(flat: dict) -> dict:
+    """A flat dict of ForestTrainConfig fields in the forest family's sectioned config shape."""
+    out: dict = {}
+    for key, value in flat.items():
+        if key in ("seed", "validation"):
+            out[key] = value
+            continue
+        sec = next(s for s, keys in FOREST_SECTIONS.items() if key in keys)
+        out.setdefault(sec, {})[key] = value
+    return out
+
 
 SMALL = {
     "n_models": 4,
@@ -84,7 +98,17 @@ def test_training_balances_classes_learns_and_logs(toy_store, tmp_path) -> None:
         seen.append(forest.n_models)
         return {"mrr@10": 0.1 * forest.n_models}
 
-    out = train_forest(toy_store, SMALL, tmp_path / "out", validate=validate, progress=False)
+    from treerank.training.output import save_trained_model
+
+    out = train_forest(toy_store, sectioned(SMALL), validate=validate, progress=False)
+    save_trained_model(
+        tmp_path / "out" / "checkpoint",
+        out.model,
+        encoder_name=toy_store.encoder_name,
+        encoder_fingerprint=toy_store.encoder_fingerprint,
+        summary=out.summary,
+        records=out.records,
+    )
     forest = out.model
     assert isinstance(forest, Forest) and forest.n_models == 4 and forest.n_classes == 4
     assert seen == [1, 2, 4]  # powers of two and M
@@ -96,17 +120,17 @@ def test_training_balances_classes_learns_and_logs(toy_store, tmp_path) -> None:
     loaded = load_model(tmp_path / "out" / "checkpoint", expected_fingerprint="toy-fingerprint")
     x = np.asarray(toy_store.passages)
     np.testing.assert_array_equal(loaded.passage_classes(x)[0], forest.passage_classes(x)[0])
-    assert (tmp_path / "out" / "forest_metric_vs_m.png").stat().st_size > 1000
-    recs = [json.loads(line) for line in (tmp_path / "out" / "history.jsonl").open()]
+    ck = tmp_path / "out" / "checkpoint"
+    assert (ck / "training_curves.png").stat().st_size > 1000
+    recs = [json.loads(line) for line in (ck / "training_log.jsonl").open()]
     assert [r["kind"] for r in recs].count("pair") == 2
     assert recs[-1]["kind"] == "summary"
 
 
 def test_boosting_bookkeeping_matches_formula(toy_store, tmp_path) -> None:
     cfg = {**SMALL, "n_models": 2, "group_size": 1}
-    out = train_forest(toy_store, cfg, log_path=tmp_path / "log.jsonl", progress=False)
-    pairs = [json.loads(x) for x in (tmp_path / "log.jsonl").open()]
-    pairs = [r for r in pairs if r["kind"] == "pair"]
+    out = train_forest(toy_store, sectioned(cfg), progress=False)
+    pairs = [r for r in out.records if r["kind"] == "pair"]
     assert pairs[0]["mean_boost_weight"] == pytest.approx(1.0)
     # weight for the second model: (1 + e) / 2, e = miss of model 0 on each (query, selected) pair
     f0 = out.model.subset(1)
@@ -119,9 +143,11 @@ def test_boosting_bookkeeping_matches_formula(toy_store, tmp_path) -> None:
 
 
 def test_same_seed_same_forest_and_seed_matters(toy_store) -> None:
-    a = train_forest(toy_store, {**SMALL, "n_models": 2}, progress=False).model
-    b = train_forest(toy_store, {**SMALL, "n_models": 2}, progress=False).model
-    c = train_forest(toy_store, {**SMALL, "n_models": 2, "seed": 1}, progress=False).model
+    a = train_forest(toy_store, sectioned({**SMALL, "n_models": 2}), progress=False).model
+    b = train_forest(toy_store, sectioned({**SMALL, "n_models": 2}), progress=False).model
+    c = train_forest(
+        toy_store, sectioned({**SMALL, "n_models": 2, "seed": 1}), progress=False
+    ).model
     torch.testing.assert_close(a.passage_weights[0], b.passage_weights[0], rtol=0, atol=0)
     assert not torch.equal(a.query_weights[0], c.query_weights[0])
 
@@ -130,12 +156,20 @@ def test_same_seed_same_forest_and_seed_matters(toy_store) -> None:
 def test_alternate_joint_mode_and_hidden_layer_train(toy_store, mode) -> None:
     cfg = {**SMALL, "n_models": 2, "joint_mode": mode, "hidden": [8], "uniformity": "gini"}
     cfg["passage_uniformity_weight"] = 1.0
-    forest = train_forest(toy_store, cfg, progress=False).model
+    forest = train_forest(toy_store, sectioned(cfg), progress=False).model
     assert forest.config.hidden == (8,)
     assert forest.query_classes(toy_store.queries)[0].shape == (toy_store.n_queries, 2)
 
 
 def test_bad_config_names_the_key() -> None:
+    from treerank.training.forest import parse_forest_config
+
+    with pytest.raises(
+        ValueError, match=r"f.yaml.model: unknown key\(s\) n_trees; allowed: n_models"
+    ):
+        parse_forest_config({"model": {"n_trees": 3}}, "f.yaml")
+    with pytest.raises(ValueError, match="f.yaml: unknown key.*lr; allowed: seed, model"):
+        parse_forest_config({"lr": 3}, "f.yaml")
     with pytest.raises(ValueError, match="unknown key.*n_trees"):
         ForestTrainConfig.from_dict({"n_trees": 3})
     with pytest.raises(ValueError, match="uniformity"):
@@ -146,12 +180,14 @@ def test_bad_config_names_the_key() -> None:
 
 def test_train_rows_restrict_training_and_pipeline_entry_point(toy_store, tmp_path) -> None:
     rows = np.arange(0, 40)
-    out = train_forest(toy_store, {**SMALL, "n_models": 1}, train_rows=rows, progress=False)
+    out = train_forest(
+        toy_store, sectioned({**SMALL, "n_models": 1}), train_rows=rows, progress=False
+    )
     assert out.summary["n_train_queries"] == 40
     # through the pipeline (held-out validation via the forest's dense match-count view)
     from treerank.pipeline.training import train_model
 
-    cfg = {**SMALL, "n_models": 2, "validation": {"fraction": 0.25}}
+    cfg = sectioned({**SMALL, "n_models": 2, "validation": {"fraction": 0.25}})
     res = train_model("forest", toy_store, cfg, tmp_path / "ck", progress=False)
     assert isinstance(res.model, Forest) and res.model.n_models == 2
     assert res.summary["n_train_queries"] == toy_store.n_queries - res.heldout_rows.size

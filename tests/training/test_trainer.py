@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from treerank.models.linear import LinearHead
-from treerank.training.heads import HeadConfig, build_sampler, train_head, train_linear
+from treerank.models.mlp import MLPHead
+from treerank.training.heads import build_sampler, parse_linear_config, train_head, train_linear
 from treerank.training.history import TrainingLog, plot_curves, read_log
 from treerank.training.holdout import holdout_split
 from treerank.training.trainer import TrainerConfig, fit
@@ -27,23 +28,25 @@ def mrr_validator(store, rows):
 
 CFG = {
     "seed": 1,
-    "sampler": {"batch_size": 16, "n_hard": 0},
+    "data": {"batch_size": 16, "n_hard": 0},
     "trainer": {"epochs": 15, "lr": 5e-3, "log_every": 2, "patience": None},
 }
 
 
 def test_training_improves_held_out_metric_and_logs(toy_store, tmp_path):
     tr, va = holdout_split(np.ones(toy_store.n_queries, bool), 0.25, seed=0)
-    log = tmp_path / "log.jsonl"
+    log = TrainingLog(tmp_path / "log.jsonl")
     out = train_linear(
         toy_store,
         CFG,
         train_rows=tr,
         validate=mrr_validator(toy_store, va),
-        log_path=log,
+        log=log,
         progress=False,
     )
-    recs = read_log(log)
+    log.close()
+    recs = read_log(tmp_path / "log.jsonl")
+    assert recs == out.records  # the streamed log and the returned records agree
     evals = [r for r in recs if r["kind"] == "eval"]
     assert evals[0]["step"] == 0
     assert out.summary["best_metrics"]["mrr@10"] > evals[0]["mrr@10"] + 0.05
@@ -72,10 +75,10 @@ def test_training_improves_held_out_metric_and_logs(toy_store, tmp_path):
 
 def test_same_seed_same_weights(toy_store):
     a = train_head(
-        "mlp", toy_store, {**CFG, "trainer": {**CFG["trainer"], "epochs": 2}}, progress=False
+        MLPHead, toy_store, {**CFG, "trainer": {**CFG["trainer"], "epochs": 2}}, progress=False
     )
     b = train_head(
-        "mlp", toy_store, {**CFG, "trainer": {**CFG["trainer"], "epochs": 2}}, progress=False
+        MLPHead, toy_store, {**CFG, "trainer": {**CFG["trainer"], "epochs": 2}}, progress=False
     )
     for k, v in a.model.state_dict().items():
         assert torch.equal(v, b.model.state_dict()[k]), k
@@ -91,14 +94,14 @@ def test_early_stopping_restores_best_state(toy_store):
         calls.append(1)
         return {"ndcg@10": 1.0 - 0.1 * len(calls)}
 
-    cfg = HeadConfig.from_dict(
+    cfg = parse_linear_config(
         {
-            "sampler": {"batch_size": 16},
+            "data": {"batch_size": 16},
             "trainer": {"epochs": 50, "eval_every": 2, "patience": 3, "log_every": 1},
         }
     )
     head = LinearHead(toy_store.dim)
-    sampler, _ = build_sampler(toy_store, cfg.sampler)
+    sampler, _ = build_sampler(toy_store, cfg.data)
     res = fit(
         head,
         sampler,
@@ -121,7 +124,7 @@ class WithExtra(LinearHead):
 
 def test_extra_loss_hook_is_added(toy_store):
     head = WithExtra(toy_store.dim)
-    sampler, _ = build_sampler(toy_store, HeadConfig().sampler)
+    sampler, _ = build_sampler(toy_store, parse_linear_config({}).data)
     log = TrainingLog()
     fit(
         head,
@@ -139,7 +142,7 @@ def test_extra_loss_hook_is_added(toy_store):
 
 def test_symmetric_term_logged(toy_store):
     head = LinearHead(toy_store.dim)
-    sampler, _ = build_sampler(toy_store, HeadConfig().sampler)
+    sampler, _ = build_sampler(toy_store, parse_linear_config({}).data)
     log = TrainingLog()
     fit(
         head,
@@ -155,39 +158,39 @@ def test_symmetric_term_logged(toy_store):
 
 
 def test_non_module_rejected(toy_store):
-    sampler, _ = build_sampler(toy_store, HeadConfig().sampler)
+    sampler, _ = build_sampler(toy_store, parse_linear_config({}).data)
     with pytest.raises(TypeError, match="encode_queries_t"):
         fit(torch.nn.Linear(2, 2), sampler, toy_store.queries, toy_store.passages, progress=False)
 
 
 def test_config_errors_name_the_key():
-    with pytest.raises(ValueError, match="sampler: unknown key 'batchsize'"):
-        HeadConfig.from_dict({"sampler": {"batchsize": 3}})
-    with pytest.raises(ValueError, match="unknown section 'optim'"):
-        HeadConfig.from_dict({"optim": {}})
+    with pytest.raises(
+        ValueError, match=r"c.yaml.data: unknown key\(s\) batchsize; allowed: batch_size"
+    ):
+        parse_linear_config({"data": {"batchsize": 3}}, "c.yaml")
+    with pytest.raises(ValueError, match=r"unknown key\(s\) optim; allowed: seed, model, data"):
+        parse_linear_config({"optim": {}})
+    with pytest.raises(ValueError, match=r"config.trainer: unknown key\(s\) lrr"):
+        TrainerConfig.from_dict({"lrr": 1.0}, where="config.trainer")  # no longer dropped
     with pytest.raises(ValueError, match="early_stopping_metric"):
-        HeadConfig.from_dict({"trainer": {"early_stopping_metric": "map"}})
-    cfg = HeadConfig.from_dict({"seed": 4})
+        parse_linear_config({"trainer": {"early_stopping_metric": "map"}})
+    cfg = parse_linear_config({"seed": 4})
     assert cfg.trainer.seed == 4
-    assert json.loads(json.dumps(cfg.to_dict()))["sampler"]["batch_size"] == 64
+    assert json.loads(json.dumps(cfg.to_dict()))["data"]["batch_size"] == 64
 
 
 def test_mined_negatives_used_when_candidates_have_none(toy_store):
     rng = np.random.default_rng(0)
     mined = rng.integers(0, toy_store.n_passages, size=(toy_store.n_queries, 20)).astype(np.int32)
     toy_store.save_array("bm25_negatives", mined)
-    cfg = HeadConfig.from_dict(
-        {"sampler": {"n_hard": 2, "guard_skip_top": 3, "guard_margin": None}}
-    )
-    sampler, info = build_sampler(toy_store, cfg.sampler)
+    cfg = parse_linear_config({"data": {"n_hard": 2, "guard_skip_top": 3, "guard_margin": None}})
+    sampler, info = build_sampler(toy_store, cfg.data)
     assert info["resolved_source"] == "mined"
     assert info["guard_dropped_fraction"] == pytest.approx(3 / 20)
     batch = next(sampler.epoch(0))
-    assert batch.size[1] > cfg.sampler.batch_size  # hard negatives added columns
+    assert batch.size[1] > cfg.data.batch_size  # hard negatives added columns
     with pytest.raises(ValueError, match="no sidecar array"):
         build_sampler(
             toy_store,
-            HeadConfig.from_dict(
-                {"sampler": {"hard_negatives": "mined", "mined_array": "nope"}}
-            ).sampler,
+            parse_linear_config({"data": {"hard_negatives": "mined", "mined_array": "nope"}}).data,
         )

@@ -10,10 +10,10 @@ from treerank.cli.errors import fail
 
 
 def _systems_help() -> str:
-    from treerank.search.systems import SYSTEM_TYPES
+    from treerank.search.systems import SYSTEM_KINDS
 
     return "System spec, repeatable: " + "; ".join(
-        f"{k}: {h}" for k, (_, h) in SYSTEM_TYPES.items()
+        f"{k}: {h}" for k, (_, h) in SYSTEM_KINDS.items()
     )
 
 

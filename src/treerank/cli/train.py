@@ -7,17 +7,21 @@ from pathlib import Path
 import typer
 
 from treerank.cli.errors import fail
-
-_MODELS = ("linear", "mlp", "drt", "forest")
+from treerank.models.families import trainable_families
 
 
 def train(
-    model: str = typer.Option(..., "--model", "-m", help=f"Model type: {', '.join(_MODELS)}."),
+    model: str = typer.Option(
+        ..., "--model", "-m", help=f"Model family: {', '.join(trainable_families())}."
+    ),
     store: Path = typer.Option(
         ..., "--store", "-s", help="Store split directory, or a store root holding <split>/."
     ),
     config: Path | None = typer.Option(
-        None, "--config", "-c", help="YAML config with every hyperparameter (configs/heads/*.yaml)."
+        None,
+        "--config",
+        "-c",
+        help="YAML config: seed + model/data/trainer/validation sections (configs/heads/*.yaml).",
     ),
     out: Path = typer.Option(..., "--out", "-o", help="Checkpoint directory to write."),
     split: str = typer.Option("train", "--split", help="Split used when --store is a root."),
@@ -32,32 +36,28 @@ def train(
     import os
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    import yaml
     from rich.console import Console
     from rich.table import Table
 
-    from treerank.pipeline.training import TRAINERS, open_train_store, train_model
+    from treerank.config import ConfigError, load_yaml
+    from treerank.pipeline.training import open_train_store, train_model
 
     console = Console()
-    if model not in TRAINERS:
-        raise fail(f"unknown model {model!r}; known: {', '.join(TRAINERS)}")
+    if model not in trainable_families():
+        raise fail(f"unknown model family {model!r}; known: {', '.join(trainable_families())}")
     cfg: dict = {}
     if config is not None:
         try:
-            loaded = yaml.safe_load(config.read_text(encoding="utf-8"))
-        except (OSError, yaml.YAMLError) as exc:
-            raise fail(f"{config}: cannot read config ({exc})") from exc
-        if loaded is not None and not isinstance(loaded, dict):
-            raise fail(f"{config}: the config must be a mapping of sections")
-        cfg = loaded or {}
+            cfg = load_yaml(config)
+        except (OSError, ConfigError) as exc:
+            raise fail(str(exc)) from exc
     if seed is not None:
         cfg["seed"] = seed
     try:
         st = open_train_store(store, split)
-        res = train_model(model, st, cfg, out, progress=progress)
+        res = train_model(model, st, cfg, out, progress=progress, where=str(config or "config"))
     except (ValueError, KeyError, FileNotFoundError) as exc:
-        where = f"{config}: " if config is not None and isinstance(exc, ValueError) else ""
-        raise fail(f"{where}{exc}") from exc
+        raise fail(str(exc)) from exc
     s = res.summary
     table = Table(title=f"train {model} -> {res.checkpoint}", title_justify="left")
     table.add_column("what")

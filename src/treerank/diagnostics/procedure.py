@@ -32,8 +32,8 @@ from treerank.diagnostics.failures import failure_analysis
 from treerank.diagnostics.labels import query_labels
 from treerank.diagnostics.probes import run_probes, slot_specialisation
 from treerank.diagnostics.variants import evaluate_variants, l2_normalize
+from treerank.evaluation.metrics import DEFAULT_METRICS
 
-DEFAULT_METRICS = ("mrr@10", "ndcg@10", "recall@100", "recall@1000")
 MAX_REPRESENTATION_FLOATS = 50_000_000
 """Cap on ``n_queries * width`` of a model's query representation in steps 2 and 4 (200 MB);
 a forest's match-count features (``2 * M * C`` wide) can exceed it."""
@@ -104,12 +104,8 @@ def _dump(path: Path, doc: Any) -> None:
 
 
 def _run_ids(system_spec: str, store: Any, k: int) -> np.ndarray:
-    """Top-``k`` ids of a named system (``cosine`` directly, others via the systems registry)."""
-    from treerank.search.exact import exact_search
-
-    if system_spec == "cosine":
-        ids, _ = exact_search(np.asarray(store.queries, dtype=np.float32), store.passages, k=k)
-        return ids
+    """Top-``k`` ids of a system spec, built by the systems table (``cosine`` L2-normalises
+    the stored vectors exactly as the ``cosine`` system of ``treerank evaluate`` does)."""
     from treerank.search.systems import build_system
 
     return np.asarray(build_system(system_spec).retrieve(store, k).ids)
@@ -287,8 +283,7 @@ def run_diagnostics(
     """
     from treerank.evaluation.metrics import evaluate_run
     from treerank.evaluation.qrels import Qrels
-    from treerank.models.base import DenseScorer
-    from treerank.models.drt import DRTHead
+    from treerank.models.base import DenseScorer, SlotScorer
     from treerank.models.registry import load_model
 
     if metric not in metrics:
@@ -297,7 +292,7 @@ def run_diagnostics(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model = load_model(checkpoint_dir, store.encoder_fingerprint)
-    is_drt = isinstance(model, DRTHead)
+    is_drt = isinstance(model, SlotScorer)  # slot-level steps for any slot model (DRT)
     is_dense = isinstance(model, DenseScorer)
     model_name = str(getattr(model, "name", "model"))
     qrels = Qrels.from_store(store)

@@ -224,7 +224,7 @@ def evaluate_variants(
     """
     from treerank.evaluation.metrics import evaluate_run
     from treerank.evaluation.qrels import Qrels
-    from treerank.search.exact import exact_search
+    from treerank.kernels.topk import exact_search
 
     n_slots, d_s = model.config.k, model.config.slot_dim
     names = list(names) if names is not None else default_variant_names(n_slots)

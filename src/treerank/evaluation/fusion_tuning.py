@@ -6,7 +6,7 @@ picking the weight by looking at the evaluation split is optimistic. Here the we
 store, ``ROOT/train`` for ``ROOT/test``) and never on the split being evaluated; asking to tune
 on the evaluated split is an error.
 
-Two system kinds (registered in :data:`treerank.search.systems.SYSTEM_TYPES`):
+Two system kinds (registered with :func:`treerank.search.systems.register_system_kind`):
 
 ``tuned-fusion:<A>+<B>[:method=linear,norm=zscore,...]``
     one global weight ``w`` of ``A`` (``1 - w`` of ``B``): the grid value with the best mean
@@ -51,7 +51,13 @@ from treerank.evaluation.metrics import evaluate_run, parse_metric
 from treerank.evaluation.qrels import Qrels
 from treerank.search.fusion import DEFAULT_RRF_K, NORMALISATIONS, linear_fusion, rrf
 from treerank.search.run import Run
-from treerank.search.systems import SYSTEM_TYPES, System, _split_fusion, build_system
+from treerank.search.systems import (
+    SYSTEM_KINDS,
+    System,
+    _split_fusion,
+    build_system,
+    register_system_kind,
+)
 
 FUSION_METHODS = ("linear", "rrf")
 QUERY_SETS = ("heldout", "all")
@@ -293,9 +299,9 @@ class TunedFusionSystem:
             ValueError: it is the evaluated split itself.
             FileNotFoundError: no such split.
         """
-        here = Path(str(store.path)).resolve()
-        there = (here.parent / self.on).resolve()
-        if there == here or getattr(store, "split", None) == self.on:
+        here = Path(str(store.path)).absolute()  # not resolved: a split may be a symlink (sweeps)
+        there = here.parent / self.on
+        if there.resolve() == here.resolve() or getattr(store, "split", None) == self.on:
             raise ValueError(
                 f"{self.name}: tuning split {self.on!r} is the evaluated split ({here}); "
                 "the fusion weight must be chosen on other queries (on=<another split>)"
@@ -454,22 +460,19 @@ def _builder(adaptive: bool) -> Callable[..., System]:
     return build
 
 
-SYSTEM_TYPES.setdefault(
-    "tuned-fusion",
-    (
+if "tuned-fusion" not in SYSTEM_KINDS:  # registered once, whoever imports this module first
+    register_system_kind(
+        "tuned-fusion",
         _builder(False),
         "fusion with a weight tuned on another split; tuned-fusion:<A>+<B>"
-        "[:method=linear|rrf,norm=zscore,on=train,queries=heldout|all,metric=ndcg@10,grid=11]",
-    ),
-)
-SYSTEM_TYPES.setdefault(
-    "adaptive-fusion",
-    (
+        "[:method=linear|rrf,norm=zscore,on=train|cv,queries=heldout|all,metric=ndcg@10,grid=11]",
+    )
+    register_system_kind(
+        "adaptive-fusion",
         _builder(True),
         "query-adaptive fusion (ridge on query vector + score statistics, trained on another "
         "split); adaptive-fusion:<A>+<B>[:same keys as tuned-fusion]",
-    ),
-)
+    )
 
 
 def tuning_markdown(tuning: dict[str, dict[str, Any]]) -> str:

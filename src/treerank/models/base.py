@@ -9,7 +9,7 @@ search (``treerank.search.forest_index``).
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -26,4 +26,24 @@ class DenseScorer(Protocol):
 
     def encode_passages(self, x: np.ndarray) -> np.ndarray:
         """``float32 (n, d)`` stored passage vectors -> ``float32 (n, d')`` search vectors."""
+        ...
+
+
+@runtime_checkable
+class SlotScorer(Protocol):
+    """A dense model whose score decomposes over ``k`` slots (DRT): the diagnostics' scoring
+    variants and per-slot probes apply to it. ``config`` has ``k`` and ``slot_dim``."""
+
+    config: Any
+
+    def query_raw_slots(self, x: np.ndarray) -> np.ndarray:
+        """``float32 (n, d)`` -> ``float32 (n, k, d_s)`` query slots before normalisation."""
+        ...
+
+    def passage_raw_slots(self, x: np.ndarray) -> np.ndarray:
+        """``float32 (n, d)`` -> ``float32 (n, k, d_s)`` passage slots before normalisation."""
+        ...
+
+    def query_alpha(self, x: np.ndarray) -> np.ndarray:
+        """``float32 (n, d)`` -> ``float32 (n, k)`` slot attention (rows sum to 1)."""
         ...

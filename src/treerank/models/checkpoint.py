@@ -1,7 +1,12 @@
 """Checkpoints: a directory with ``config.json`` and ``weights.safetensors``.
 
 ``config.json`` holds ``{"model_type", "config", "encoder": {"name", "fingerprint"}, "dim",
-"extra"}``; the weights are a flat ``name -> tensor`` map. A checkpoint is bound to the encoder
+"extra"}``; the weights are a flat ``name -> tensor`` map.
+
+Every model class shares one round trip, :class:`CheckpointMixin`: a model says what its config
+is (a JSON mapping that rebuilds it), what its tensors are, and how to rebuild itself from the
+two; ``to_checkpoint`` / ``from_checkpoint`` (type check, encoder binding, ``extra``) are written
+once here. A checkpoint is bound to the encoder
 whose vectors it was trained on: loading it for a store embedded with another encoder is refused.
 Writes are atomic (temporary directory, then rename), so a failed save never leaves a half
 checkpoint where a good one was.
@@ -15,13 +20,16 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, TypeVar
 
 import torch
 from safetensors.torch import load_file, save_file
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "weights.safetensors"
+
+
+M = TypeVar("M", bound="CheckpointMixin")
 
 
 class EncoderMismatchError(ValueError):
@@ -116,3 +124,75 @@ def load_checkpoint(path: str | Path, expected_fingerprint: str | None = None) -
         dim=int(doc.get("dim", 0)),
         extra=dict(doc.get("extra", {})),
     )
+
+
+class CheckpointMixin:
+    """The one checkpoint round trip of every model (see the module docstring).
+
+    A model class sets ``model_type`` (its family name) and implements
+    :meth:`checkpoint_config`, :meth:`checkpoint_state` and :meth:`from_checkpoint_parts`;
+    ``extra`` (a dict attribute, e.g. the training summary) travels with the checkpoint.
+    """
+
+    model_type: ClassVar[str] = ""
+
+    def checkpoint_config(self) -> dict[str, Any]:
+        """JSON-serialisable config that, with the tensors, rebuilds the model (holds ``dim``)."""
+        raise NotImplementedError
+
+    def checkpoint_state(self) -> dict[str, torch.Tensor]:
+        """``name -> tensor`` map of the model's parameters and buffers."""
+        raise NotImplementedError
+
+    @classmethod
+    def from_checkpoint_parts(
+        cls: type[M], config: dict[str, Any], state: dict[str, torch.Tensor]
+    ) -> M:
+        """Rebuild the model from :meth:`checkpoint_config` and :meth:`checkpoint_state`.
+
+        Raises:
+            ValueError / KeyError / TypeError / RuntimeError: they do not fit together.
+        """
+        raise NotImplementedError
+
+    def checkpoint_extra(self) -> dict[str, Any]:
+        """Provenance stored beside the weights (default: the model's ``extra`` dict)."""
+        return dict(getattr(self, "extra", None) or {})
+
+    def to_checkpoint(
+        self, encoder_name: str, encoder_fingerprint: str, extra: dict[str, Any] | None = None
+    ) -> Checkpoint:
+        """A :class:`Checkpoint` of this model bound to the encoder whose vectors it scores."""
+        config = self.checkpoint_config()
+        return Checkpoint(
+            model_type=self.model_type,
+            config=config,
+            state={k: v.detach().clone().contiguous() for k, v in self.checkpoint_state().items()},
+            encoder_name=encoder_name,
+            encoder_fingerprint=encoder_fingerprint,
+            dim=int(config.get("dim") or 0),
+            extra={**self.checkpoint_extra(), **(extra or {})},
+        )
+
+    @classmethod
+    def from_checkpoint(cls: type[M], ckpt: Checkpoint) -> M:
+        """Rebuild the model of a loaded checkpoint (torch modules come back in eval mode).
+
+        Raises:
+            ValueError: the checkpoint holds another model type, or its config and tensors do
+                not fit this class.
+        """
+        if ckpt.model_type != cls.model_type:
+            raise ValueError(
+                f"checkpoint holds a {ckpt.model_type!r} model, not {cls.model_type!r}"
+            )
+        try:
+            model = cls.from_checkpoint_parts(dict(ckpt.config), dict(ckpt.state))
+        except (KeyError, TypeError, RuntimeError) as exc:
+            raise ValueError(
+                f"{cls.model_type} checkpoint: config and weights do not fit ({exc})"
+            ) from exc
+        model.extra = dict(ckpt.extra)  # type: ignore[attr-defined]
+        if isinstance(model, torch.nn.Module):
+            model.eval()
+        return model

@@ -7,32 +7,18 @@ with or without it; normalising again makes the baseline correct for stores that
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 
-from treerank.models.checkpoint import Checkpoint
+from treerank.kernels.vectors import l2_normalize
+from treerank.models.checkpoint import CheckpointMixin
 
-_EPS = 1e-12
-
-
-def l2_normalize(x: np.ndarray) -> np.ndarray:
-    """Row-wise L2 normalisation.
-
-    Args:
-        x: ``float (n, d)`` vectors (any float dtype; memmaps are read, never written).
-
-    Returns:
-        ``float32 (n, d)`` unit-norm rows; an all-zero row stays all-zero (its norm is floored at
-        1e-12), so it scores 0 against everything instead of NaN.
-    """
-    x = np.asarray(x, dtype=np.float32)
-    if x.ndim != 2:
-        raise ValueError(f"expected a 2-D (n, d) array, got shape {x.shape}")
-    norms = np.linalg.norm(x, axis=1, keepdims=True)
-    return (x / np.maximum(norms, _EPS)).astype(np.float32, copy=False)
+__all__ = ["CosineScorer", "l2_normalize"]
 
 
-class CosineScorer:
+class CosineScorer(CheckpointMixin):
     """Cosine of the stored query and passage vectors (a ``DenseScorer``).
 
     Score = ``<q/|q|, p/|p|>``, a cosine in ``[-1, 1]``. No parameters; the checkpoint holds only
@@ -44,6 +30,7 @@ class CosineScorer:
     def __init__(self, dim: int | None = None, name: str = "cosine") -> None:
         self.dim = dim
         self.name = name
+        self.extra: dict[str, Any] = {}
 
     def _check(self, x: np.ndarray) -> None:
         if self.dim is not None and x.shape[-1] != self.dim:
@@ -59,20 +46,14 @@ class CosineScorer:
         self._check(x)
         return l2_normalize(x)
 
-    @classmethod
-    def from_checkpoint(cls, ckpt: Checkpoint) -> CosineScorer:
-        """Rebuild from a checkpoint written by :meth:`to_checkpoint`."""
-        if ckpt.model_type != cls.model_type:
-            raise ValueError(f"not a cosine checkpoint: model_type={ckpt.model_type!r}")
-        return cls(dim=ckpt.dim or None, name=str(ckpt.config.get("name", "cosine")))
+    def checkpoint_config(self) -> dict[str, Any]:
+        return {"dim": self.dim, "name": self.name}
 
-    def to_checkpoint(self, encoder_name: str, encoder_fingerprint: str) -> Checkpoint:
-        """A parameter-free checkpoint bound to the encoder whose vectors it scores."""
-        return Checkpoint(
-            model_type=self.model_type,
-            config={"name": self.name},
-            state={"_empty": torch.zeros(0)},
-            encoder_name=encoder_name,
-            encoder_fingerprint=encoder_fingerprint,
-            dim=int(self.dim or 0),
-        )
+    def checkpoint_state(self) -> dict[str, torch.Tensor]:
+        return {"_empty": torch.zeros(0)}
+
+    @classmethod
+    def from_checkpoint_parts(
+        cls, config: dict[str, Any], state: dict[str, torch.Tensor]
+    ) -> CosineScorer:
+        return cls(dim=config.get("dim") or None, name=str(config.get("name", "cosine")))

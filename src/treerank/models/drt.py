@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from treerank.models.checkpoint import Checkpoint
+from treerank.models.checkpoint import CheckpointMixin
 
 MODEL_TYPE = "drt"
 
@@ -116,7 +116,7 @@ def slot_dropout(
     return slots * (keep.to(slots.dtype) / (1.0 - p)).unsqueeze(-1)
 
 
-class DRTHead(nn.Module):
+class DRTHead(CheckpointMixin, nn.Module):
     """The DRT scorer: decomposition head + query attention head (see the module docstring).
 
     Torch side (training): :meth:`query_tower` / :meth:`passage_tower` map ``float32 (B, d)``
@@ -290,41 +290,23 @@ class DRTHead(nn.Module):
             state = {k: v for k, v in state.items() if not k.startswith("passage_decomposer.")}
         return state
 
-    def to_checkpoint(
-        self, encoder_name: str, encoder_fingerprint: str, extra: dict[str, Any] | None = None
-    ) -> Checkpoint:
-        """Package weights + config, bound to the encoder whose vectors the head was trained on."""
-        return Checkpoint(
-            model_type=MODEL_TYPE,
-            config={**asdict(self.config), "name": self.name},
-            state={k: v.detach().clone() for k, v in self._state_for_save().items()},
-            encoder_name=encoder_name,
-            encoder_fingerprint=encoder_fingerprint,
-            dim=self.config.dim,
-            extra={**self.extra, **(extra or {})},
-        )
+    def checkpoint_config(self) -> dict[str, Any]:
+        return {**asdict(self.config), "name": self.name}
+
+    def checkpoint_state(self) -> dict[str, torch.Tensor]:
+        return self._state_for_save()
 
     @classmethod
-    def from_checkpoint(cls, ckpt: Checkpoint) -> DRTHead:
-        """Rebuild a head from a :class:`~treerank.models.checkpoint.Checkpoint`.
-
-        Raises:
-            ValueError: not a DRT checkpoint, or its weights do not fit its config.
-        """
-        if ckpt.model_type != MODEL_TYPE:
-            raise ValueError(f"not a DRT checkpoint (model_type={ckpt.model_type!r})")
-        cfg = dict(ckpt.config)
+    def from_checkpoint_parts(
+        cls, config: dict[str, Any], state: dict[str, torch.Tensor]
+    ) -> DRTHead:
+        cfg = dict(config)
         name = str(cfg.pop("name", MODEL_TYPE))
         model = cls(DRTConfig.from_dict(cfg), name=name)
-        state = dict(ckpt.state)
+        state = dict(state)
         if model.config.shared_towers:
             for k, v in list(state.items()):
                 if k.startswith("query_decomposer."):
                     state["passage_decomposer." + k[len("query_decomposer.") :]] = v
-        try:
-            model.load_state_dict(state, strict=True)
-        except RuntimeError as exc:
-            raise ValueError(f"DRT checkpoint weights do not match its config: {exc}") from exc
-        model.extra = dict(ckpt.extra)
-        model.eval()
+        model.load_state_dict(state, strict=True)
         return model

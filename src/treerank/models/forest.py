@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from treerank.models.checkpoint import Checkpoint
+from treerank.models.checkpoint import CheckpointMixin
 
 MODEL_TYPE = "forest"
 NOT_RETRIEVABLE = -1
@@ -165,7 +165,7 @@ def init_layers(
     return ws, bs
 
 
-class Forest:
+class Forest(CheckpointMixin):
     """A trained TreeRank forest: M stacked query models and M stacked passage models.
 
     Args:
@@ -193,6 +193,7 @@ class Forest:
     ) -> None:
         self.config = config
         self.name = name
+        self.extra: dict[str, Any] = {}
         self.query_weights = [w.detach().float().contiguous() for w in query_weights]
         self.query_biases = [b.detach().float().contiguous() for b in query_biases]
         self.passage_weights = [w.detach().float().contiguous() for w in passage_weights]
@@ -382,49 +383,27 @@ class Forest:
                 state[f"{side}.{i}.bias"] = b
         return state
 
-    def to_checkpoint(
-        self, encoder_name: str, encoder_fingerprint: str, extra: dict[str, Any] | None = None
-    ) -> Checkpoint:
-        """The checkpoint (model type ``"forest"``) of this forest, bound to the encoder."""
-        return Checkpoint(
-            model_type=MODEL_TYPE,
-            config={**self.config.to_dict(), "name": self.name},
-            state=self.state_dict(),
-            encoder_name=encoder_name,
-            encoder_fingerprint=encoder_fingerprint,
-            dim=self.config.dim,
-            extra=dict(extra or {}),
-        )
+    def checkpoint_config(self) -> dict[str, Any]:
+        return {**self.config.to_dict(), "name": self.name}
+
+    def checkpoint_state(self) -> dict[str, torch.Tensor]:
+        return self.state_dict()
 
     @classmethod
-    def from_checkpoint(cls, ckpt: Checkpoint) -> Forest:
-        """Rebuild a forest from a loaded checkpoint.
-
-        Raises:
-            ValueError: not a forest checkpoint, or missing / mis-shaped tensors.
-        """
-        if ckpt.model_type != MODEL_TYPE:
-            raise ValueError(f"not a forest checkpoint (model_type {ckpt.model_type!r})")
-        try:
-            config = ForestConfig.from_dict(ckpt.config)
-        except KeyError as exc:
-            raise ValueError(f"forest checkpoint config misses {exc}") from exc
-        n_layers = len(config.hidden) + 1
-        try:
-            tensors = {
-                side: (
-                    [ckpt.state[f"{side}.{i}.weight"] for i in range(n_layers)],
-                    [ckpt.state[f"{side}.{i}.bias"] for i in range(n_layers)],
-                )
-                for side in ("query", "passage")
-            }
-        except KeyError as exc:
-            raise ValueError(f"forest checkpoint misses tensor {exc}") from exc
+    def from_checkpoint_parts(
+        cls, config: dict[str, Any], state: dict[str, torch.Tensor]
+    ) -> Forest:
+        fcfg = ForestConfig.from_dict(config)
+        n_layers = len(fcfg.hidden) + 1
+        tensors = {
+            side: (
+                [state[f"{side}.{i}.weight"] for i in range(n_layers)],
+                [state[f"{side}.{i}.bias"] for i in range(n_layers)],
+            )
+            for side in ("query", "passage")
+        }
         return cls(
-            config,
-            *tensors["query"],
-            *tensors["passage"],
-            name=str(ckpt.config.get("name", "forest")),
+            fcfg, *tensors["query"], *tensors["passage"], name=str(config.get("name", "forest"))
         )
 
 

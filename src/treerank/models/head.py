@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from treerank.models.checkpoint import Checkpoint
+from treerank.models.checkpoint import CheckpointMixin
 
 __all__ = ["SCORINGS", "TwoTowerHead"]
 
@@ -33,7 +33,7 @@ SCORINGS = ("cosine", "dot")
 MAX_LOGIT_SCALE = 100.0
 
 
-class TwoTowerHead(nn.Module):
+class TwoTowerHead(CheckpointMixin, nn.Module):
     """Base class of the thin heads (see the module docstring).
 
     Args:
@@ -170,40 +170,20 @@ class TwoTowerHead(nn.Module):
             **self._tower_config(),
         }
 
-    def to_checkpoint(self, encoder_name: str, encoder_fingerprint: str) -> Checkpoint:
-        """A :class:`~treerank.models.checkpoint.Checkpoint` bound to the store's encoder.
+    def checkpoint_config(self) -> dict[str, Any]:
+        return self.config()
 
-        ``extra`` carries ``self.extra`` (training summary) and the final temperature.
-        """
-        state = {k: v.detach().clone().contiguous() for k, v in self.state_dict().items()}
-        return Checkpoint(
-            model_type=self.model_type,
-            config=self.config(),
-            state=state,
-            encoder_name=encoder_name,
-            encoder_fingerprint=encoder_fingerprint,
-            dim=self.dim,
-            extra={**self.extra, "final_temperature": self.temperature},
-        )
+    def checkpoint_state(self) -> dict[str, Tensor]:
+        return dict(self.state_dict())
+
+    def checkpoint_extra(self) -> dict[str, Any]:
+        """``self.extra`` (training summary) and the final temperature."""
+        return {**self.extra, "final_temperature": self.temperature}
 
     @classmethod
-    def from_checkpoint(cls, ckpt: Checkpoint) -> TwoTowerHead:
-        """Rebuild a head from a checkpoint (in eval mode).
-
-        Raises:
-            ValueError: the checkpoint is of another model type, or its weights do not fit.
-        """
-        if ckpt.model_type != cls.model_type:
-            raise ValueError(
-                f"checkpoint holds a {ckpt.model_type!r} model, not {cls.model_type!r}"
-            )
-        head = cls(**ckpt.config)
-        try:
-            head.load_state_dict(ckpt.state, strict=True)
-        except RuntimeError as exc:
-            raise ValueError(
-                f"{cls.model_type} checkpoint weights do not fit its config: {exc}"
-            ) from exc
-        head.extra = dict(ckpt.extra)
-        head.eval()
+    def from_checkpoint_parts(
+        cls, config: dict[str, Any], state: dict[str, Tensor]
+    ) -> TwoTowerHead:
+        head = cls(**config)
+        head.load_state_dict(state, strict=True)
         return head

@@ -1,48 +1,33 @@
-"""Named model types: one table that feeds loading, ``--help`` and config validation.
+"""Loading any checkpoint into its model object, through the family table.
 
-Each entry maps a model type to ``"module:Class"``; the class provides
-``from_checkpoint(ckpt: Checkpoint) -> model`` and ``to_checkpoint(...) -> Checkpoint``.
-Modules are imported lazily so that listing names costs nothing.
+The checkpoint's ``model_type`` is a family name of :data:`treerank.models.families.FAMILIES`,
+whose model class rebuilds it (``CheckpointMixin.from_checkpoint``).
 """
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 from typing import Any
 
 from treerank.models.checkpoint import load_checkpoint
-
-MODEL_TYPES: dict[str, str] = {
-    "cosine": "treerank.models.cosine:CosineScorer",
-    "linear": "treerank.models.linear:LinearHead",
-    "mlp": "treerank.models.mlp:MLPHead",
-    "drt": "treerank.models.drt:DRTHead",
-    "forest": "treerank.models.forest:Forest",
-}
+from treerank.models.families import family
 
 
 def model_class(model_type: str) -> Any:
-    """The class registered for ``model_type``.
+    """The model class of family ``model_type``.
 
     Raises:
-        KeyError: unknown model type (the message lists the known ones).
+        KeyError: unknown family (the message lists the known ones).
     """
-    try:
-        target = MODEL_TYPES[model_type]
-    except KeyError:
-        raise KeyError(
-            f"unknown model type {model_type!r}; known: {', '.join(MODEL_TYPES)}"
-        ) from None
-    module, _, cls = target.partition(":")
-    return getattr(importlib.import_module(module), cls)
+    return family(model_type).model_class()
 
 
 def load_model(path: str | Path, expected_fingerprint: str | None = None) -> Any:
-    """Load any checkpoint directory into its model object (type read from ``config.json``).
+    """Load any checkpoint directory into its model object (family read from ``config.json``).
 
     Raises:
         FileNotFoundError, ValueError, EncoderMismatchError: see :func:`load_checkpoint`.
+        KeyError: the checkpoint's family is not registered.
     """
     ckpt = load_checkpoint(path, expected_fingerprint)
     return model_class(ckpt.model_type).from_checkpoint(ckpt)

@@ -12,14 +12,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
+from treerank.config import ConfigError, check_keys, load_yaml
+from treerank.evaluation.metrics import DEFAULT_METRICS
+from treerank.models.families import FAMILIES, trainable_families
+from treerank.readers import FORMATS
 
-TRAINABLE_MODELS = ("linear", "mlp", "forest", "drt")
-READER_FORMATS = ("msmarco", "beir", "scifact", "trec-dl", "tsv", "cranfield")
-
-
-class ConfigError(ValueError):
-    """The experiment file is malformed; the message names the file and the key path."""
+__all__ = ["ConfigError", "ExperimentConfig", "ModelSpec", "deep_merge", "load_experiment"]
 
 
 @dataclass
@@ -49,16 +47,33 @@ class DatasetConfig:
 class EvaluateConfig:
     k: int = 1000
     baselines: list[str] = field(default_factory=lambda: ["cosine", "bm25"])
-    metrics: list[str] = field(
-        default_factory=lambda: ["mrr@10", "ndcg@10", "recall@100", "recall@1000"]
-    )
+    metrics: list[str] = field(default_factory=lambda: list(DEFAULT_METRICS))
     seed: int = 0
 
 
 @dataclass
 class DiagnoseConfig:
-    model: str | None = "drt"  # None disables the stage
+    """``model``: the name of a trained model (None: no diagnostics; an experiment file that
+    does not say diagnoses its first model, and skips the stage when it trains none)."""
+
+    model: str | None = None
     baseline: str = "cosine"
+
+
+@dataclass
+class ModelSpec:
+    """One named model of an experiment: ``models: {<name>: {family: <family>, ...config}}``.
+
+    Attributes:
+        name: the experiment's name for it (stage names, output directories, system name).
+        family: a registered trainable family (``treerank.models.families``).
+        config: the family's training config (``seed`` + ``model / data / trainer /
+            validation``), already validated by the family's parser.
+    """
+
+    name: str
+    family: str
+    config: dict[str, Any]
 
 
 @dataclass
@@ -70,7 +85,7 @@ class ExperimentConfig:
     output_dir: Path
     encoder: EncoderConfig
     datasets: list[DatasetConfig]
-    models: dict[str, dict[str, Any]]
+    models: dict[str, ModelSpec]
     systems: list[str]
     evaluate: EvaluateConfig
     diagnose: DiagnoseConfig
@@ -89,21 +104,15 @@ def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 
 def _take(
-    doc: dict[str, Any], allowed: dict[str, type | tuple[type, ...]], where: str, src: Path
+    doc: Any, allowed: dict[str, type | tuple[type, ...]], where: str, src: Path
 ) -> dict[str, Any]:
-    if not isinstance(doc, dict):
-        raise ConfigError(f"{src}: {where} must be a mapping, got {type(doc).__name__}")
-    unknown = sorted(set(doc) - set(allowed))
-    if unknown:
-        raise ConfigError(
-            f"{src}: unknown key(s) {', '.join(unknown)} in {where}; allowed: {', '.join(allowed)}"
-        )
+    out = check_keys(doc, allowed, f"{src}: {where}")
     for key, typ in allowed.items():
-        if key in doc and doc[key] is not None and not isinstance(doc[key], typ):
+        if key in out and out[key] is not None and not isinstance(out[key], typ):
             raise ConfigError(
-                f"{src}: {where}.{key} has the wrong type ({type(doc[key]).__name__})"
+                f"{src}: {where}.{key} has the wrong type ({type(out[key]).__name__})"
             )
-    return doc
+    return out
 
 
 def load_experiment(
@@ -122,14 +131,9 @@ def load_experiment(
         ConfigError: malformed YAML, unknown keys, wrong types, unknown model or format names.
     """
     src = Path(path)
-    if not src.is_file():
-        raise FileNotFoundError(f"{src}: experiment file not found")
-    try:
-        raw = yaml.safe_load(src.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{src}: not valid YAML ({exc})") from exc
+    raw = load_yaml(src, what="experiment")
     top = _take(
-        raw or {},
+        raw,
         {
             "name": str,
             "output_dir": str,
@@ -178,10 +182,9 @@ def load_experiment(
         for req in ("name", "path", "format", "eval_split"):
             if not d.get(req):
                 raise ConfigError(f"{src}: datasets[{i}] needs '{req}'")
-        if d["format"] not in READER_FORMATS:
+        if d["format"] not in FORMATS:
             raise ConfigError(
-                f"{src}: datasets[{i}].format {d['format']!r} unknown; "
-                f"known: {', '.join(READER_FORMATS)}"
+                f"{src}: datasets[{i}].format {d['format']!r} unknown; known: {', '.join(FORMATS)}"
             )
         p = Path(d["path"])
         p = p if p.is_absolute() else (base / p)
@@ -194,16 +197,7 @@ def load_experiment(
     if len(set(names)) != len(names):
         raise ConfigError(f"{src}: dataset names must be unique, got {names}")
 
-    models = top.get("models") or {}
-    for m, cfg in models.items():
-        if m not in TRAINABLE_MODELS:
-            raise ConfigError(
-                f"{src}: models.{m} is not a trainable model; known: {', '.join(TRAINABLE_MODELS)}"
-            )
-        if cfg is not None and not isinstance(cfg, dict):
-            raise ConfigError(f"{src}: models.{m} must be a mapping of hyperparameters")
-    models = {m: dict(cfg or {}) for m, cfg in models.items()}
-
+    models = _models(top.get("models"), src)
     ev = _take(
         top.get("evaluate") or {},
         {"k": int, "baselines": list, "metrics": list, "seed": int},
@@ -211,10 +205,13 @@ def load_experiment(
         src,
     )
     dg = _take(top.get("diagnose") or {}, {"model": str, "baseline": str}, "diagnose", src)
+    if "model" not in dg:
+        dg["model"] = next(iter(models), None)
     diagnose = DiagnoseConfig(**dg)
     if diagnose.model is not None and diagnose.model not in models:
         raise ConfigError(
-            f"{src}: diagnose.model {diagnose.model!r} is not among models ({', '.join(models)})"
+            f"{src}: diagnose.model {diagnose.model!r} is not among models "
+            f"({', '.join(models) or 'none'})"
         )
 
     if output_dir is not None:
@@ -235,3 +232,26 @@ def load_experiment(
         diagnose=diagnose,
         raw=top,
     )
+
+
+def _models(doc: Any, src: Path) -> dict[str, ModelSpec]:
+    """``models:``: each name maps to ``{family: <trainable family>, ...}``, validated by the
+    family's own strict config parser."""
+    out: dict[str, ModelSpec] = {}
+    for name, cfg in check_keys(doc, list(doc or {}), f"{src}: models").items():
+        where = f"{src}: models.{name}"
+        if not isinstance(cfg, dict) or "family" not in cfg:
+            raise ConfigError(
+                f"{where}: must be a mapping with a 'family' key "
+                f"(one of {', '.join(trainable_families())})"
+            )
+        body = dict(cfg)
+        fam = body.pop("family")
+        if fam not in FAMILIES or not FAMILIES[fam].trainable:
+            raise ConfigError(
+                f"{where}.family: {fam!r} is not a trainable model family; "
+                f"known: {', '.join(trainable_families())}"
+            )
+        FAMILIES[fam].parse_config(body, where)
+        out[str(name)] = ModelSpec(str(name), str(fam), body)
+    return out

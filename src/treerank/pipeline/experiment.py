@@ -7,8 +7,8 @@ diagnose`` print:
 
 1. ``embed:<dataset>:<split>`` -> ``<out>/stores/<dataset>/<split>/`` (:func:`embed_split`,
    resumable; the test split reuses the train split's passage vectors when texts match)
-2. ``train:<dataset>:<model>`` -> ``<out>/models/<dataset>/<model>/checkpoint``
-   (:func:`train_model`)
+2. ``train:<dataset>:<model name>`` -> ``<out>/models/<dataset>/<model name>/checkpoint``
+   (:func:`train_model` with the model's family; several models of one family can coexist)
 3. ``evaluate:<dataset>`` -> ``<out>/eval/<dataset>/`` (:func:`compare_systems`: every system on
    every passage of the evaluation split, paired tests against the baselines)
 4. ``diagnose:<dataset>`` -> ``<out>/diagnose/<dataset>/`` (:func:`run_diagnostics`)
@@ -29,10 +29,10 @@ from typing import Any
 
 import yaml
 
-from treerank.pipeline.config import DatasetConfig, ExperimentConfig
+from treerank.pipeline.config import DatasetConfig, ExperimentConfig, ModelSpec
 from treerank.pipeline.stages import StageRecord, file_sha256, fingerprint, run_stage
+from treerank.store.format import FORMAT_VERSION as STORE_FORMAT_VERSION
 
-STORE_FORMAT_VERSION = 1
 # What the evaluate stage writes besides the comparison (part of its key: a new output re-runs it).
 EVALUATE_OUTPUTS = ("overlap", "lexical_gap:v1", "fusion_tuning:v1")
 
@@ -51,7 +51,7 @@ class DatasetOutcome:
     comparison_markdown: str = ""
     eval_dir: Path | None = None
     overlap: dict[str, Any] | None = None
-    forest_stats: dict[str, Any] = field(default_factory=dict)
+    family_reports: dict[str, dict[str, Any]] = field(default_factory=dict)
     overlap_markdown: str = ""
     lexical_gap: dict[str, Any] | None = None
     lexical_gap_markdown: str = ""
@@ -218,11 +218,11 @@ def run_experiment(
             },
         )
         if ds.train_split:
-            for model_type, mcfg in cfg.models.items():
-                rec = _train_stage(run, ds, model_type, mcfg)
-                run.stage_keys[f"model:{ds.name}:{model_type}"] = rec.key
-                outcomes[ds.name].checkpoints[model_type] = rec.path / "checkpoint"
-                outcomes[ds.name].training[model_type] = rec.summary
+            for spec in cfg.models.values():
+                rec = _train_stage(run, ds, spec)
+                run.stage_keys[f"model:{ds.name}:{spec.name}"] = rec.key
+                outcomes[ds.name].checkpoints[spec.name] = rec.path / "checkpoint"
+                outcomes[ds.name].training[spec.name] = rec.summary
 
     for ds in cfg.datasets:
         o = outcomes[ds.name]
@@ -232,7 +232,7 @@ def run_experiment(
         o.comparison = rec.summary.get("comparison", {})
         o.comparison_markdown = rec.summary.get("markdown", "")
         o.overlap = rec.summary.get("overlap")
-        o.forest_stats = rec.summary.get("forest_stats") or {}
+        o.family_reports = rec.summary.get("family_reports") or {}
         o.overlap_markdown = rec.summary.get("overlap_markdown", "")
         o.lexical_gap = rec.summary.get("lexical_gap")
         o.lexical_gap_markdown = rec.summary.get("lexical_gap_markdown", "")
@@ -301,38 +301,36 @@ def _embed_stage(
     return run.stage(f"embed:{ds.name}:{split}", key, path, work, in_place=True)
 
 
-def _train_stage(
-    run: _Run,
-    ds: DatasetConfig,
-    model_type: str,
-    mcfg: dict[str, Any],
-) -> StageRecord:
+def _train_stage(run: _Run, ds: DatasetConfig, spec: ModelSpec) -> StageRecord:
     assert ds.train_split is not None
     store_dir = run.cfg.output_dir / "stores" / ds.name / ds.train_split
-    path = run.cfg.output_dir / "models" / ds.name / model_type
+    path = run.cfg.output_dir / "models" / ds.name / spec.name
     key = fingerprint(
         "train",
         _version("treerank"),
         run.stage_keys[f"store:{ds.name}:{ds.train_split}"],
-        model_type,
-        mcfg,
+        spec.family,
+        spec.config,
     )
 
     def work(d: Path) -> dict[str, Any]:
         from treerank.pipeline.training import train_model
         from treerank.store import EmbeddingStore
 
-        (d / "config.yaml").write_text(yaml.safe_dump(mcfg, sort_keys=True))
+        (d / "config.yaml").write_text(
+            yaml.safe_dump({"family": spec.family, **spec.config}, sort_keys=True)
+        )
         res = train_model(
-            model_type,
+            spec.family,
             EmbeddingStore.open(store_dir),
-            mcfg,
+            spec.config,
             d / "checkpoint",
             progress=run.progress,
+            where=f"{run.cfg.source}: models.{spec.name}",
         )
-        return {"model_type": model_type, "summary": _jsonable(res.summary)}
+        return {"family": spec.family, "summary": _jsonable(res.summary)}
 
-    return run.stage(f"train:{ds.name}:{model_type}", key, path, work)
+    return run.stage(f"train:{ds.name}:{spec.name}", key, path, work)
 
 
 def _systems_for(
@@ -341,8 +339,8 @@ def _systems_for(
     """System name -> spec for one dataset: the configured specs + every model trained on it."""
     specs = ds.systems if ds.systems is not None else cfg.systems
     systems = {s: s for s in specs}
-    for model_type, ckpt in outcomes[ds.name].checkpoints.items():
-        systems[model_type] = f"ckpt:{ckpt}"
+    for model_name, ckpt in outcomes[ds.name].checkpoints.items():
+        systems[model_name] = f"ckpt:{ckpt}"
     for base in cfg.evaluate.baselines:
         systems.setdefault(base, base)
     return systems
@@ -356,8 +354,7 @@ def _evaluate_stage(
 ) -> StageRecord:
     path = run.cfg.output_dir / "eval" / ds.name
     deps = {
-        name: (run.stage_keys[f"model:{ds.name}:{name}"] if spec.startswith("ckpt:") else spec)
-        for name, spec in systems.items()
+        name: run.stage_keys.get(f"model:{ds.name}:{name}", spec) for name, spec in systems.items()
     }
     ev = run.cfg.evaluate
     key = fingerprint(
@@ -374,18 +371,17 @@ def _evaluate_stage(
 
     def work(d: Path) -> dict[str, Any]:
         from treerank.evaluation.compare import compare_systems
+        from treerank.search.systems import build_system
         from treerank.store import EmbeddingStore
 
         store = EmbeddingStore.open(o.store)
-        # Forests are passed as objects so that their index statistics can be read afterwards.
-        forests = {
-            name: _forest_system(spec, store)
-            for name, spec in systems.items()
-            if spec.startswith("ckpt:") and _checkpoint_type(spec) == "forest"
-        }
+        # Built here (not from the spec strings inside compare_systems) so that the trained
+        # models' systems can be asked for their family's report afterwards.
+        cache: dict[str, Any] = {}
+        built = {n: build_system(spec, cache, progress=run.progress) for n, spec in systems.items()}
         comp = compare_systems(
             store,
-            {**systems, **forests},
+            built,
             baseline=ev.baselines[0],
             second_baseline=ev.baselines[1] if len(ev.baselines) > 1 else None,
             k=ev.k,
@@ -398,8 +394,9 @@ def _evaluate_stage(
             "comparison": _jsonable(comp.to_dict()),
             "markdown": comp.markdown(),
         }
-        if forests:
-            summary["forest_stats"] = {n: _jsonable(f.balance_stats()) for n, f in forests.items()}
+        reports = family_reports(built, store)
+        if reports:
+            summary["family_reports"] = _jsonable(reports)
         if o.train_store is not None:
             from treerank.evaluation.overlap import (
                 overlap_breakdown,
@@ -441,14 +438,14 @@ def _diagnose_stage(
     run: _Run,
     ds: DatasetConfig,
     o: DatasetOutcome,
-    model_type: str,
+    model_name: str,
 ) -> StageRecord:
     path = run.cfg.output_dir / "diagnose" / ds.name
     key = fingerprint(
         "diagnose",
         _version("treerank"),
         run.stage_keys[f"store:{ds.name}:{ds.eval_split}"],
-        run.stage_keys[f"model:{ds.name}:{model_type}"],
+        run.stage_keys[f"model:{ds.name}:{model_name}"],
         run.cfg.diagnose.baseline,
         run.cfg.evaluate.k,
     )
@@ -458,7 +455,7 @@ def _diagnose_stage(
         from treerank.store import EmbeddingStore
 
         doc = run_diagnostics(
-            o.checkpoints[model_type],
+            o.checkpoints[model_name],
             EmbeddingStore.open(o.store),
             d,
             baseline=run.cfg.diagnose.baseline,
@@ -473,17 +470,23 @@ def _diagnose_stage(
 # ----------------------------------------------------------------------------- helpers
 
 
-def _checkpoint_type(spec: str) -> str:
-    """The ``model_type`` of a ``ckpt:<dir>`` spec, read from its ``config.json``."""
-    doc = json.loads((Path(spec[len("ckpt:") :]) / "config.json").read_text())
-    return str(doc.get("model_type", ""))
+def family_reports(systems: dict[str, Any], store: Any) -> dict[str, dict[str, Any]]:
+    """Each model family's part of the report, for the checkpoint systems that ran on ``store``.
 
+    Returns:
+        family name -> the family's ``report`` hook output (``{"stats", "markdown"}``), for the
+        families that have a hook.
+    """
+    from treerank.models.families import family, resolve
+    from treerank.search.systems import CheckpointSystem
 
-def _forest_system(spec: str, store: Any) -> Any:
-    from treerank.models.registry import load_model
-    from treerank.search.forest_index import ForestSystem
-
-    return ForestSystem(load_model(spec[len("ckpt:") :], store.encoder_fingerprint))
+    groups: dict[str, dict[str, Any]] = {}
+    for name, system in systems.items():
+        if isinstance(system, CheckpointSystem):
+            fam = system.family_for(store)
+            if fam.report is not None:
+                groups.setdefault(fam.name, {})[name] = system.system_for(store)
+    return {f: resolve(family(f).report)(group) for f, group in groups.items()}
 
 
 def _version(dist: str) -> str:

@@ -176,7 +176,7 @@ def write_report(
             "comparison": comp,
             "overlap": o.overlap,
             "lexical_gap": o.lexical_gap,
-            "forest_stats": o.forest_stats,
+            "family_reports": {f: r.get("stats") for f, r in o.family_reports.items()},
             "training": o.training,
             "diagnostics": o.diagnostics,
         }
@@ -232,27 +232,9 @@ def write_report(
                 f"numbers `{_rel(o.eval_dir / 'results.json', root)}`.",
                 "",
             ]
-        if o.forest_stats:
-            md += [
-                "### Forest index on this split",
-                "",
-                "| forest | query class entropy (mean / min, nats) | passage class entropy "
-                "(mean / min) | max = log C | not retrievable | ties at rank 10 (count / "
-                "count + secondary) | passages retrieved per query |",
-                "|---|---|---|---|---|---|---|",
-            ]
-            for fname, st in o.forest_stats.items():
-                ties = st.get("ties_at_rank_10") or {}
-                nan = float("nan")
-                md.append(
-                    f"| {fname} | {st['query_class_entropy_mean']:.3f} / "
-                    f"{st['query_class_entropy_min']:.3f} | {st['passage_class_entropy_mean']:.3f}"
-                    f" / {st['passage_class_entropy_min']:.3f} | {st['max_entropy_log_c']:.3f} | "
-                    f"{st['not_retrievable_fraction']:.1%} | {ties.get('count_tie', nan):.0%}"
-                    f" / {ties.get('secondary_tie', nan):.0%} | "
-                    f"{st['mean_retrieved_per_query']:.0f} |"
-                )
-            md.append("")
+        for part in o.family_reports.values():
+            if part.get("markdown"):
+                md += [str(part["markdown"]).strip(), ""]
         if o.training:
             md += ["### Training", "", "| model | summary |", "|---|---|"]
             for m, s in o.training.items():

@@ -1,23 +1,17 @@
-"""``train_model``: train any registered model type on a store and write its checkpoint.
+"""``train_model``: train a model of any registered family on a store and write its directory.
 
-This is where the training layer meets search and evaluation: the held-out validation callback
-(early stopping on full-split MRR@10 / nDCG@10 of held-out training queries) is built here from
-``treerank.search.exact.exact_search`` and ``treerank.evaluation.metrics.evaluate_run``, and
-handed to the model's trainer, which never imports those layers.
+This is where the training layer meets evaluation: the held-out validation callback (early
+stopping on full-split MRR@10 / nDCG@10 of held-out training queries) is built here from
+``treerank.kernels.topk.exact_search`` and ``treerank.evaluation.metrics.evaluate_run``, and
+handed to the family's trainer, which never imports those layers.
 
-Trainers are looked up by name in :data:`TRAINERS` (``"module:function"``, imported lazily); each
-follows ``treerank.training.trainer.TrainFunction`` and receives only the keyword arguments its
-signature accepts (``train_rows``, ``validate``, ``log_path``, ``progress``).
-
-Output directory (a checkpoint, see ``treerank.models.checkpoint``) plus
-``training_log.jsonl`` and ``training_curves.png`` when the trainer wrote a log.
+The family (``treerank.models.families``) supplies the config parser, the trainer and whether it
+mines hard negatives; ``treerank.training.output.save_trained_model`` writes the directory
+(checkpoint + ``training_log.jsonl`` + ``training_curves.png``).
 """
 
 from __future__ import annotations
 
-import importlib
-import inspect
-import os
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -25,34 +19,19 @@ from typing import Any
 
 import numpy as np
 
-from treerank.models.checkpoint import save_checkpoint
-from treerank.training.history import plot_curves, read_log
+from treerank.models.families import family
+from treerank.training.history import TrainingLog
 from treerank.training.holdout import ValidationConfig, holdout_split, passage_groups
-from treerank.training.trainer import TrainOutput
+from treerank.training.output import save_trained_model
 
 __all__ = [
-    "TRAINERS",
     "TrainResult",
-    "ensure_mined_negatives",
     "ValidationConfig",
+    "ensure_mined_negatives",
     "make_validator",
     "open_train_store",
-    "resolve_trainer",
     "train_model",
 ]
-
-TRAINERS: dict[str, str] = {
-    "linear": "treerank.training.heads:train_linear",
-    "mlp": "treerank.training.heads:train_mlp",
-    "drt": "treerank.training.drt:train_drt",
-    "forest": "treerank.training.forest:train_forest",
-}
-
-MINING_MODELS = ("linear", "mlp", "drt")
-"""Model types whose trainers draw hard negatives through ``treerank.training.sampler``."""
-
-LOG_FILE = "training_log.jsonl"
-CURVES_FILE = "training_curves.png"
 
 
 @dataclass
@@ -60,7 +39,7 @@ class TrainResult:
     """What :func:`train_model` produced.
 
     Attributes:
-        model_type: the trained model type.
+        model_type: the trained model's family.
         checkpoint: the checkpoint directory.
         model: the trained model object.
         summary: the trainer's JSON summary (also in the checkpoint's ``extra["training"]``).
@@ -75,21 +54,6 @@ class TrainResult:
     heldout_rows: np.ndarray
     log_path: Path | None = None
     curves_path: Path | None = None
-
-
-def resolve_trainer(model_type: str) -> Callable[..., Any]:
-    """The trainer function registered for ``model_type``.
-
-    Raises:
-        KeyError: unknown model type (the message lists the known ones).
-        ImportError: the trainer's module is missing.
-    """
-    try:
-        target = TRAINERS[model_type]
-    except KeyError:
-        raise KeyError(f"unknown model type {model_type!r}; known: {', '.join(TRAINERS)}") from None
-    module, _, fn = target.partition(":")
-    return getattr(importlib.import_module(module), fn)  # type: ignore[no-any-return]
 
 
 def open_train_store(path: str | Path, split: str = "train") -> Any:
@@ -143,7 +107,7 @@ def make_validator(
     """
     from treerank.evaluation.metrics import evaluate_run
     from treerank.evaluation.qrels import Qrels
-    from treerank.search.exact import exact_search
+    from treerank.kernels.topk import exact_search
 
     rows = np.asarray(rows, dtype=np.int64)
     queries = np.asarray(store.queries[rows], dtype=np.float32)
@@ -170,12 +134,12 @@ def make_validator(
     return validate
 
 
-def ensure_mined_negatives(store: Any, config: Mapping[str, Any]) -> dict[str, Any] | None:
-    """Mine BM25 hard negatives into the store when the config's sampler will want them.
+def ensure_mined_negatives(store: Any, data: Any) -> dict[str, Any] | None:
+    """Mine BM25 hard negatives into the store when the sampler will want them.
 
-    The sampler (``treerank.training.heads.SamplerConfig``) uses mined negatives when
-    ``hard_negatives`` is ``"mined"``, or ``"auto"`` and no candidate of the split has grade 0
-    (BEIR-style sources). Mining is skipped when the sidecar already exists with the same
+    The sampler (``data``, a ``treerank.training.heads.SamplerConfig``) uses mined negatives
+    when ``hard_negatives`` is ``"mined"``, or ``"auto"`` and no candidate of the split has grade
+    0 (BEIR-style sources). Mining is skipped when the sidecar already exists with the same
     settings.
 
     Returns:
@@ -183,57 +147,55 @@ def ensure_mined_negatives(store: Any, config: Mapping[str, Any]) -> dict[str, A
     """
     from treerank.search.negatives import mine_bm25_negatives
 
-    sec = dict(config.get("sampler") or {})
-    source = sec.get("hard_negatives", "auto")
-    if int(sec.get("n_hard", 1)) <= 0 or source in ("none", "candidates"):
+    source = data.hard_negatives
+    if int(data.n_hard) <= 0 or source in ("none", "candidates"):
         return None
     cand, lab = np.asarray(store.candidates), np.asarray(store.labels)
     if source == "auto" and bool(np.any((cand >= 0) & (lab == 0))):
         return None
-    name = str(sec.get("mined_array", "bm25_negatives"))
-    mine_bm25_negatives(store, int(sec.get("mine_depth", 100)), name=name)
+    name = str(data.mined_array)
+    mine_bm25_negatives(store, int(data.mine_depth), name=name)
     meta = store.load_array_meta(name) if hasattr(store, "load_array_meta") else None
     return dict(meta or {"array": name})
 
 
-def _call_trainer(fn: Callable[..., Any], store: Any, config: dict[str, Any], **kw: Any) -> Any:
-    params = inspect.signature(fn).parameters
-    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-    return fn(store, config, **{k: v for k, v in kw.items() if takes_any or k in params})
-
-
 def train_model(
-    model_type: str,
+    family_name: str,
     train_store: Any,
     config: Mapping[str, Any] | None,
     out_dir: str | Path,
     *,
     progress: bool = True,
+    where: str = "config",
 ) -> TrainResult:
-    """Train a ``model_type`` model on ``train_store`` and save its checkpoint to ``out_dir``.
+    """Train a model of family ``family_name`` on ``train_store`` and write its directory.
 
-    Steps: hold out ``validation.fraction`` of the queries (seeded by ``config["seed"]``), build
-    the validation callback on them, call the registered trainer on the others, save the
-    returned model's checkpoint (bound to the store's encoder fingerprint), then move the
-    training log into the checkpoint and draw its curves.
+    Steps: parse the config with the family's strict parser, hold out ``validation.fraction``
+    of the queries (seeded by ``seed``), build the validation callback on them, mine hard
+    negatives when the family asks for them, call the family's trainer on the other queries,
+    then write the directory (checkpoint bound to the store's encoder fingerprint, training log,
+    curves) with :func:`~treerank.training.output.save_trained_model`.
 
     Args:
-        model_type: a key of :data:`TRAINERS`.
+        family_name: a registered family (``treerank.models.families``) with a trainer.
         train_store: an ``EmbeddingStore`` or a path (split directory or store root with
             ``train/``).
-        config: the model's config mapping (sections as in ``configs/heads/*.yaml``; the
-            ``validation`` section is read here).
-        out_dir: checkpoint directory (replaced atomically).
+        config: the family's config mapping (``seed`` + ``model / data / trainer /
+            validation`` sections).
+        out_dir: the model directory (replaced atomically).
         progress: progress bars.
+        where: names the config in error messages (``"<file>"`` or ``"<file>: models.<name>"``).
 
     Raises:
-        KeyError: unknown model type. ValueError: bad config. FileNotFoundError: no store.
+        KeyError: unknown or untrainable family. ConfigError: bad config. FileNotFoundError:
+            no store.
     """
-    config = dict(config or {})
-    fn = resolve_trainer(model_type)
+    fam = family(family_name)
+    fn = fam.train_function()
+    cfg = fam.parse_config(dict(config or {}), where)
     store = train_store if hasattr(train_store, "queries") else open_train_store(train_store)
-    vcfg = ValidationConfig.from_config(config)
-    seed = int(config.get("seed", 0))
+    vcfg: ValidationConfig = cfg.validation
+    seed = int(cfg.seed)
     cand, lab = np.asarray(store.candidates), np.asarray(store.labels)
     has_rel = np.asarray(((cand >= 0) & (lab >= int(store.relevance_threshold))).any(axis=1))
     groups = (
@@ -241,56 +203,25 @@ def train_model(
     )
     train_rows, held = holdout_split(has_rel, vcfg.fraction, seed, vcfg.max_queries, groups)
     validate = make_validator(store, held, vcfg, seed) if held.size else None
-    mined = ensure_mined_negatives(store, config) if model_type in MINING_MODELS else None
+    mined = ensure_mined_negatives(store, cfg.data) if fam.mines_negatives else None
 
-    out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp_log = out_dir.parent / f".{out_dir.name}.{os.getpid()}.{LOG_FILE}"
-    try:
-        out = _call_trainer(
-            fn,
-            store,
-            config,
-            train_rows=train_rows,
-            validate=validate,
-            log_path=tmp_log,
-            progress=progress,
-        )
-        if isinstance(out, TrainOutput):
-            model, summary = out.model, dict(out.summary)
-        elif isinstance(out, tuple):
-            model, summary = out[0], dict(out[1])
-        else:
-            model, summary = out, {}
-        if mined is not None:
-            summary["mined_negatives"] = mined
-        summary["validation"] = {**asdict(vcfg), "heldout_queries": int(held.size)}
-        ckpt = model.to_checkpoint(store.encoder_name or "", store.encoder_fingerprint or "")
-        ckpt.extra.setdefault("training", summary)
-        ckpt.extra["train_store"] = str(getattr(store, "path", ""))
-        ckpt.extra["heldout_query_rows"] = held.tolist()
-        save_checkpoint(out_dir, ckpt)
-        log_path = curves = None
-        if tmp_log.exists():
-            log_path = out_dir / LOG_FILE
-            os.replace(tmp_log, log_path)
-            try:
-                if model_type == "forest" and summary.get("curve"):
-                    from treerank.training.forest import plot_metric_vs_models
-
-                    curves = plot_metric_vs_models(
-                        summary["curve"],
-                        out_dir / "forest_metric_vs_m.png",
-                        title=f"forest on {store.path}: held-out metrics vs M",
-                    )
-                else:
-                    curves = plot_curves(
-                        read_log(log_path),
-                        out_dir / CURVES_FILE,
-                        title=f"{model_type} on {store.path}",
-                    )
-            except Exception:  # a broken plot must never lose a trained checkpoint
-                curves = None
-    finally:
-        tmp_log.unlink(missing_ok=True)
-    return TrainResult(model_type, out_dir, model, summary, held, log_path, curves)
+    log = TrainingLog()
+    out = fn(store, cfg, train_rows=train_rows, validate=validate, log=log, progress=progress)
+    summary = dict(out.summary)
+    if mined is not None:
+        summary["mined_negatives"] = mined
+    summary["validation"] = {**asdict(vcfg), "heldout_queries": int(held.size)}
+    ckpt_dir, log_path, curves = save_trained_model(
+        out_dir,
+        out.model,
+        encoder_name=store.encoder_name or "",
+        encoder_fingerprint=store.encoder_fingerprint or "",
+        summary=summary,
+        records=out.records or log.records,
+        extra={
+            "train_store": str(getattr(store, "path", "")),
+            "heldout_query_rows": held.tolist(),
+        },
+        title=f"{family_name} on {getattr(store, 'path', '')}",
+    )
+    return TrainResult(family_name, ckpt_dir, out.model, summary, held, log_path, curves)

@@ -7,7 +7,7 @@ name (``method``): ``"lucene"`` (default; Lucene's idf ``log(1 + (N - df + 0.5)/
 mean?"). Defaults ``k1 = 0.9, b = 0.4`` are Anserini/Pyserini's, the "Lucene-style" BM25 that
 scores nDCG@10 = 0.676 on BEIR SciFact (Elasticsearch's 1.2 / 0.75 gives BEIR's 0.665).
 
-Ranking uses each query's full score vector and :func:`~treerank.search.exact.topk_desc`, so ties
+Ranking uses each query's full score vector and :func:`~treerank.kernels.topk.topk_desc`, so ties
 (frequent in BM25: many passages score 0) are broken by ascending passage id like every other
 system in treerank; passages that share no term with the query score 0 and can fill the tail of a
 ranking deeper than the matching set.
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from treerank.search.exact import topk_desc
+from treerank.kernels.topk import topk_desc
 
 BM25_METHODS = ("lucene", "robertson", "atire", "bm25l", "bm25+")
 DEFAULT_K1 = 0.9

@@ -449,3 +449,36 @@ class ForestSystem:
             "ties_at_rank_10": self.hits.tie_stats(10) if self.hits.ids.shape[1] > 10 else None,
             "mean_retrieved_per_query": float((self.hits.ids >= 0).sum(1).mean()),
         }
+
+
+def forest_report(systems: dict[str, ForestSystem]) -> dict[str, Any]:
+    """The forest family's part of the evaluation report (``report`` hook of its family entry).
+
+    Args:
+        systems: report name -> a :class:`ForestSystem` that has retrieved on the split.
+
+    Returns:
+        ``{"stats": {name: balance_stats()}, "markdown": str}``: a table of class balance,
+        not-retrievable share, ties and passages retrieved per query.
+    """
+    stats = {name: s.balance_stats() for name, s in systems.items()}
+    md = [
+        "### Forest index on this split",
+        "",
+        "| forest | query class entropy (mean / min, nats) | passage class entropy "
+        "(mean / min) | max = log C | not retrievable | ties at rank 10 (count / "
+        "count + secondary) | passages retrieved per query |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    nan = float("nan")
+    for fname, st in stats.items():
+        ties = st.get("ties_at_rank_10") or {}
+        md.append(
+            f"| {fname} | {st['query_class_entropy_mean']:.3f} / "
+            f"{st['query_class_entropy_min']:.3f} | {st['passage_class_entropy_mean']:.3f}"
+            f" / {st['passage_class_entropy_min']:.3f} | {st['max_entropy_log_c']:.3f} | "
+            f"{st['not_retrievable_fraction']:.1%} | {ties.get('count_tie', nan):.0%}"
+            f" / {ties.get('secondary_tie', nan):.0%} | "
+            f"{st['mean_retrieved_per_query']:.0f} |"
+        )
+    return {"stats": stats, "markdown": "\n".join(md)}

@@ -28,7 +28,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from treerank.search.exact import decode_keys, rank_keys
+from treerank.kernels.topk import decode_keys, rank_keys
 from treerank.search.run import Run
 
 DEFAULT_RRF_K = 60

@@ -37,8 +37,8 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
+from treerank.kernels.topk import topk_desc
 from treerank.search.bm25 import BM25Index, BM25Params
-from treerank.search.exact import topk_desc
 from treerank.search.run import Run
 
 DEFAULT_FB_DOCS = 10

@@ -2,7 +2,7 @@
 
 A :class:`System` returns a :class:`~treerank.search.run.Run` of the top ``k`` passages of the
 split for every query of the split (the evaluation contract: candidates are all passages of the
-split). Specs (one registry table, :data:`SYSTEM_TYPES`, feeds parsing and ``--help``):
+split). Specs (one table, :data:`SYSTEM_KINDS`, feeds parsing and ``--help``):
 
 ==========================================  ==================================================
 ``cosine``                                  exact search on the stored vectors, L2-normalised
@@ -14,9 +14,13 @@ split). Specs (one registry table, :data:`SYSTEM_TYPES`, feeds parsing and ``--h
 ==========================================  ==================================================
 
 ``ckpt:`` loads through :func:`treerank.models.registry.load_model` with the store's encoder
-fingerprint (a checkpoint trained on another encoder's vectors is refused); a loaded object that
-has ``retrieve(store, k)`` (the forest) is used as is, a
-:class:`~treerank.models.base.DenseScorer` is wrapped in :class:`DenseSystem`.
+fingerprint (a checkpoint trained on another encoder's vectors is refused); the model's family
+(``treerank.models.families``) says how it searches: its ``system`` hook (the forest's inverted
+lists), or, for a dense family, :class:`DenseSystem` over its two towers.
+
+:func:`register_system_kind` adds a kind (``faiss:``, ``bm25+rm3:``, ``rescore:``, ...) with
+one entry: ``register_system_kind("faiss", build, "help text")`` where
+``build(body, spec, cache=None, **options) -> System`` gets the text after the first ``:``.
 """
 
 from __future__ import annotations
@@ -27,10 +31,10 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from treerank.kernels.topk import DEFAULT_CHUNK_SIZE, exact_search
 from treerank.models.base import DenseScorer
 from treerank.models.cosine import CosineScorer
 from treerank.search.bm25 import BM25_METHODS, BM25Index, BM25Params
-from treerank.search.exact import DEFAULT_CHUNK_SIZE, exact_search
 from treerank.search.fusion import DEFAULT_RRF_K, NORMALISATIONS, linear_fusion, rrf
 from treerank.search.run import Run
 
@@ -177,31 +181,45 @@ class FusionSystem:
 class CheckpointSystem:
     """A checkpoint directory, loaded for the store it is asked to rank (fingerprint-checked)."""
 
-    def __init__(self, path: str | Path, name: str | None = None) -> None:
+    def __init__(self, path: str | Path, name: str | None = None, **options: Any) -> None:
         self.path = Path(path)
         self.name = name or self.path.name
+        self.options = options
         self._loaded: tuple[str | None, System] | None = None
+        self._family: Any = None
 
     def system_for(self, store: Any) -> System:
+        """The loaded model's system for ``store`` (loaded once per encoder fingerprint).
+
+        Raises:
+            EncoderMismatchError: the checkpoint was trained on another encoder's vectors.
+            TypeError: a dense family's model lacks ``encode_queries`` / ``encode_passages``.
+        """
+        from treerank.models.families import family, resolve
         from treerank.models.registry import load_model
 
         fp = getattr(store, "encoder_fingerprint", None)
         if self._loaded is None or self._loaded[0] != fp:
             model = load_model(self.path, expected_fingerprint=fp)
-            if callable(getattr(model, "retrieve", None)):
-                system: System = model
-            elif getattr(model, "model_type", None) == "forest":  # match-count search, not dense
-                from treerank.search.forest_index import ForestSystem
-
-                system = ForestSystem(model, name=self.name)
+            fam = family(model.model_type)
+            system: System
+            if fam.system is not None:
+                system = resolve(fam.system)(model, name=self.name)
             elif isinstance(model, DenseScorer):
-                system = DenseSystem(model, name=self.name)
+                system = DenseSystem(model, name=self.name, **self.options)
             else:
                 raise TypeError(
-                    f"{self.path}: {type(model).__name__} neither retrieves nor scores densely"
+                    f"{self.path}: {type(model).__name__} (family {fam.name!r}) has no system hook "
+                    "and is not a dense scorer (encode_queries / encode_passages)"
                 )
             self._loaded = (fp, system)
+            self._family = fam
         return self._loaded[1]
+
+    def family_for(self, store: Any) -> Any:
+        """The :class:`~treerank.models.families.ModelFamily` of the loaded checkpoint."""
+        self.system_for(store)
+        return self._family
 
     def retrieve(self, store: Any, k: int = 1000) -> Run:
         run = self.system_for(store).retrieve(store, k)
@@ -241,8 +259,8 @@ def _split_fusion(body: str, spec: str, keys: dict[str, type]) -> tuple[str, str
     known = [
         i
         for i in cuts
-        if body[:i].partition(":")[0] in SYSTEM_TYPES
-        and body[i + 1 :].partition(":")[0] in SYSTEM_TYPES
+        if body[:i].partition(":")[0] in SYSTEM_KINDS
+        and body[i + 1 :].partition(":")[0] in SYSTEM_KINDS
     ]
     cut = known[0] if known else (cuts[0] if cuts else -1)
     left, right = (body[:cut], body[cut + 1 :]) if cut >= 0 else (body, "")
@@ -304,23 +322,55 @@ def _build_rm3(body: str, spec: str, cache: Any = None, **opts: Any) -> System:
 def _build_ckpt(body: str, spec: str, cache: Any = None, **opts: Any) -> System:
     if not body:
         raise ValueError(f"bad system spec {spec!r}: expected ckpt:<checkpoint dir>")
-    return CheckpointSystem(body, name=spec)
+    return CheckpointSystem(body, name=spec, **opts)
 
 
-SYSTEM_TYPES: dict[str, tuple[Callable[..., System], str]] = {
-    "cosine": (_build_cosine, "cosine of the stored vectors (exact search)"),
-    "bm25": (_build_bm25, "BM25 over passage texts; bm25:k1=0.9,b=0.4,method=lucene"),
-    "bm25+rm3": (
-        _build_rm3,
-        "BM25 + RM3 feedback; bm25+rm3:fb_docs=10,fb_terms=10,orig_weight=0.5[,max_df=0.1,k1,b]",
-    ),
-    "rrf": (_build_rrf, "reciprocal rank fusion; rrf:<A>+<B>[:k=60]"),
-    "linear-fusion": (
-        _build_linear,
-        "normalised linear fusion; linear-fusion:<A>+<B>[:w=0.5,norm=minmax|zscore]",
-    ),
-    "ckpt": (_build_ckpt, "a trained checkpoint directory; ckpt:<dir>"),
-}
+SystemBuilder = Callable[..., System]
+"""``build(body, spec, cache=None, **options) -> System``: ``body`` is the spec after ``kind:``."""
+
+SYSTEM_KINDS: dict[str, tuple[SystemBuilder, str]] = {}
+"""The one table of ``--system`` spec kinds: kind -> (builder, help text)."""
+
+
+def register_system_kind(
+    kind: str, build: SystemBuilder, help: str, *, replace: bool = False
+) -> None:
+    """Add a ``--system`` spec kind (``<kind>`` or ``<kind>:<body>``).
+
+    Args:
+        kind: the prefix before the first ``:`` (no ``:`` in it).
+        build: ``build(body, spec, cache=None, **options) -> System``; raise ``ValueError``
+            naming ``spec`` on a malformed body. ``options`` are ``chunk_size``, ``progress``,
+            ``backend``; nested specs are built with ``build_system(sub, cache, **options)``.
+        help: one line for ``--help`` and error messages.
+        replace: allow replacing an existing kind.
+
+    Raises:
+        ValueError: the kind is taken (without ``replace``) or malformed.
+    """
+    if not kind or ":" in kind:
+        raise ValueError(f"bad system kind {kind!r}")
+    if kind in SYSTEM_KINDS and not replace:
+        raise ValueError(f"system kind {kind!r} is already registered")
+    SYSTEM_KINDS[kind] = (build, help)
+
+
+register_system_kind("cosine", _build_cosine, "cosine of the stored vectors (exact search)")
+register_system_kind(
+    "bm25", _build_bm25, "BM25 over passage texts; bm25:k1=0.9,b=0.4,method=lucene"
+)
+register_system_kind(
+    "bm25+rm3",
+    _build_rm3,
+    "BM25 + RM3 feedback; bm25+rm3:fb_docs=10,fb_terms=10,orig_weight=0.5[,max_df=0.1,k1,b]",
+)
+register_system_kind("rrf", _build_rrf, "reciprocal rank fusion; rrf:<A>+<B>[:k=60]")
+register_system_kind(
+    "linear-fusion",
+    _build_linear,
+    "normalised linear fusion; linear-fusion:<A>+<B>[:w=0.5,norm=minmax|zscore]",
+)
+register_system_kind("ckpt", _build_ckpt, "a trained model directory (any family); ckpt:<dir>")
 
 
 def build_system(spec: str, cache: dict[str, System] | None = None, **options: Any) -> System:
@@ -341,13 +391,13 @@ def build_system(spec: str, cache: dict[str, System] | None = None, **options: A
     if cache is not None and spec in cache:
         return cache[spec]
     kind, _, body = spec.partition(":")
-    if kind not in SYSTEM_TYPES:
+    if kind not in SYSTEM_KINDS:
         raise ValueError(
             f"unknown system {spec!r}; known: "
-            + "; ".join(f"{k} ({h})" for k, (_, h) in SYSTEM_TYPES.items())
+            + "; ".join(f"{k} ({h})" for k, (_, h) in SYSTEM_KINDS.items())
         )
     opts = {k: v for k, v in options.items() if k in ("chunk_size", "progress", "backend")}
-    system = SYSTEM_TYPES[kind][0](body, spec, cache=cache, **opts)
+    system = SYSTEM_KINDS[kind][0](body, spec, cache=cache, **opts)
     if cache is not None:
         cache[spec] = system
     return system

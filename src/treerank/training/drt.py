@@ -16,35 +16,28 @@ Loss of one batch (queries ``B``, de-duplicated passage columns ``M``)::
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
-import yaml
 from torch import Tensor, nn
 
-from treerank.models.checkpoint import save_checkpoint
+from treerank.config import ConfigError
 from treerank.models.drt import DRTConfig, DRTHead
-from treerank.training.heads import HeadConfig, train_contrastive
-from treerank.training.history import plot_curves, read_log
-from treerank.training.trainer import TrainOutput, Validate
+from treerank.training.config import TrainConfig, parse_train_config
+from treerank.training.heads import SamplerConfig, train_contrastive
+from treerank.training.history import TrainingLog
+from treerank.training.trainer import TrainerConfig, TrainOutput, Validate
 
 __all__ = [
-    "DRTLossConfig",
     "DRTObjective",
-    "DRTTrainConfig",
+    "DRTTrainerConfig",
     "decorrelation_loss",
+    "parse_drt_config",
     "train_drt",
 ]
-
-LOG_FILE = "training_log.jsonl"
-CURVES_FILE = "training_curves.png"
 
 
 def decorrelation_loss(sub: Tensor) -> Tensor:
@@ -86,88 +79,47 @@ def decorrelation_loss(sub: Tensor) -> Tensor:
 
 
 @dataclass
-class DRTLossConfig:
-    """Loss terms beside InfoNCE (the seed's defaults).
+class DRTTrainerConfig(TrainerConfig):
+    """The ``trainer`` section of a DRT config: the thin heads' trainer plus the loss weight.
 
     Attributes:
-        lambda_dec: weight of the slot decorrelation term (0 disables it).
+        lambda_dec: weight of the slot decorrelation term (0 disables it; the seed: 0.1).
     """
 
     lambda_dec: float = 0.1
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.lambda_dec < 0:
+            raise ValueError(f"lambda_dec must be >= 0, got {self.lambda_dec}")
 
-@dataclass
-class DRTTrainConfig:
-    """The whole config of one DRT training run (``configs/drt/*.yaml`` lists every key)::
+
+def parse_drt_config(
+    cfg: Mapping[str, Any] | TrainConfig | None, where: str = "config"
+) -> TrainConfig:
+    """The ``drt`` family's config (``configs/drt/*.yaml`` lists every key)::
 
         seed: 0
         model:      DRTConfig arguments except ``dim`` (taken from the store)
-        loss:       DRTLossConfig (lambda_dec)
-        sampler:    as the thin heads (SamplerConfig)
-        trainer:    as the thin heads (TrainerConfig)
+        data:       as the thin heads (SamplerConfig)
+        trainer:    DRTTrainerConfig (the heads' TrainerConfig + lambda_dec)
         validation: as the thin heads (ValidationConfig)
 
-    The sampler, trainer and validation sections are parsed by
-    :class:`~treerank.training.heads.HeadConfig`, so DRT trains on the same batches, negatives,
-    masks, schedule and early stopping as the heads.
+    DRT trains on the same batches, negatives, masks, schedule and early stopping as the heads.
+
+    Raises:
+        ConfigError: unknown key (names the key path) or a bad value.
     """
-
-    head: HeadConfig = field(default_factory=HeadConfig)
-    loss: DRTLossConfig = field(default_factory=DRTLossConfig)
-
-    @property
-    def seed(self) -> int:
-        return self.head.seed
-
-    @property
-    def model(self) -> dict[str, Any]:
-        return self.head.model
-
-    @classmethod
-    def from_dict(cls, cfg: Mapping[str, Any] | None, where: str = "config") -> DRTTrainConfig:
-        """Parse and validate a config mapping.
-
-        Raises:
-            ValueError: unknown section or key, or a bad value (the message names ``where``
-                and the key).
-        """
-        cfg = dict(cfg or {})
-        loss_d = cfg.pop("loss", None) or {}
-        if not isinstance(loss_d, Mapping):
-            raise ValueError(f"{where}: loss must be a mapping")
-        unknown = sorted(set(loss_d) - {f.name for f in fields(DRTLossConfig)})
-        if unknown:
-            raise ValueError(f"{where}: unknown key(s) {unknown} in loss; known: ['lambda_dec']")
-        loss = DRTLossConfig(**loss_d)
-        if loss.lambda_dec < 0:
-            raise ValueError(f"{where}: loss.lambda_dec must be >= 0, got {loss.lambda_dec}")
-        head = HeadConfig.from_dict(cfg, where=where)
-        if "dim" in head.model:
-            raise ValueError(f"{where}: model.dim is taken from the store; remove it")
-        try:
-            DRTConfig.from_dict({"dim": 1, **head.model})
-        except (ValueError, TypeError) as exc:
-            raise ValueError(f"{where}: model: {exc}") from exc
-        return cls(head=head, loss=loss)
-
-    @classmethod
-    def from_yaml(cls, path: str | Path) -> DRTTrainConfig:
-        """Read a YAML config file.
-
-        Raises:
-            FileNotFoundError: no such file. ValueError: bad YAML or bad keys (names the file).
-        """
-        path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"{path}: DRT config not found")
-        try:
-            doc = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except yaml.YAMLError as exc:
-            raise ValueError(f"{path}: not valid YAML ({exc})") from exc
-        return cls.from_dict(doc, where=str(path))
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**self.head.to_dict(), "loss": asdict(self.loss)}
+    if isinstance(cfg, TrainConfig):
+        return cfg
+    out = parse_train_config(
+        cfg, model=DRTConfig, data=SamplerConfig, trainer=DRTTrainerConfig, where=where
+    )
+    try:
+        DRTConfig.from_dict({"dim": 1, **out.model})
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"{where}.model: {exc}") from exc
+    return out
 
 
 # --------------------------------------------------------------------------- objective
@@ -223,15 +175,14 @@ class DRTObjective(nn.Module):
 
 def train_drt(
     store: Any,
-    config: Mapping[str, Any] | DRTTrainConfig | str | Path | None = None,
-    out_dir: str | Path | None = None,
+    config: Mapping[str, Any] | TrainConfig | None = None,
     *,
     train_rows: np.ndarray | None = None,
     validate: Validate | None = None,
-    log_path: str | Path | None = None,
+    log: TrainingLog | None = None,
     progress: bool = True,
 ) -> TrainOutput:
-    """Train a DRT head on a store (the ``treerank train --model drt`` entry).
+    """Train a DRT head on a store (the ``drt`` family's trainer).
 
     The head is built right after ``torch.manual_seed(config.seed)`` (reproducible init), then
     trained by :func:`~treerank.training.heads.train_contrastive` (same sampler, negatives,
@@ -239,64 +190,33 @@ def train_drt(
 
     Args:
         store: the training ``EmbeddingStore``.
-        config: a mapping, a :class:`DRTTrainConfig`, or a YAML path (None: the defaults).
-        out_dir: if given, the checkpoint is saved there (``config.json`` +
-            ``weights.safetensors``, bound to the store's encoder fingerprint), with the JSONL
-            training log (``training_log.jsonl``) and its curves (``training_curves.png``).
+        config: a mapping or a parsed config (None: the defaults), see :func:`parse_drt_config`.
         train_rows: query ids to train on (None: all with a relevant passage).
         validate: held-out callback for early stopping, ``validate(model) -> {metric: value}``
             (None: train the full budget and keep the last state).
-        log_path: JSONL log path (default: ``out_dir/training_log.jsonl`` or in memory).
+        log: where the records go (None: in memory).
         progress: tqdm bar.
 
     Returns:
         :class:`~treerank.training.trainer.TrainOutput`: the trained :class:`DRTHead` (eval
-        mode, ``extra["training"]`` = the summary) and the summary.
+        mode, ``extra["training"]`` = the summary), the summary and the log records.
 
     Raises:
-        ValueError: bad config (the message names the key).
+        ConfigError: bad config (the message names the key path).
     """
-    if isinstance(config, DRTTrainConfig):
-        cfg = config
-    elif isinstance(config, (str, Path)):
-        cfg = DRTTrainConfig.from_yaml(config)
-    else:
-        cfg = DRTTrainConfig.from_dict(config)
-    out = Path(out_dir) if out_dir is not None else None
-    tmp_dir: Path | None = None
-    if log_path is None and out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp_dir = Path(tempfile.mkdtemp(prefix=f".{out.name}.log-", dir=out.parent))
-        log_path = tmp_dir / LOG_FILE
-    try:
-        torch.manual_seed(cfg.seed)
-        head = DRTHead(DRTConfig.from_dict({"dim": int(store.dim), **cfg.model}))
-        objective = DRTObjective(head, cfg.loss.lambda_dec)
-        _, summary = train_contrastive(
-            objective,
-            store,
-            cfg.head,
-            train_rows=train_rows,
-            validate=validate,
-            log_path=log_path,
-            progress=progress,
-        )
-        summary["config"] = cfg.to_dict()
-        head.eval()
-        head.extra["training"] = summary
-        if out is not None:
-            save_checkpoint(out, head.to_checkpoint(store.encoder_name, store.encoder_fingerprint))
-            if tmp_dir is not None and log_path is not None:
-                os.replace(log_path, out / LOG_FILE)
-                log_path = out / LOG_FILE
-            if log_path is not None:
-                plot_curves(
-                    read_log(log_path),
-                    out / CURVES_FILE,
-                    metric=cfg.head.trainer.early_stopping_metric if validate else None,
-                    title=f"DRT (k={head.k}, d_s={head.config.slot_dim})",
-                )
-    finally:
-        if tmp_dir is not None:
-            shutil.rmtree(tmp_dir, ignore_errors=True)
-    return TrainOutput(head, summary)
+    cfg = parse_drt_config(config)
+    torch.manual_seed(cfg.seed)
+    head = DRTHead(DRTConfig.from_dict({"dim": int(store.dim), **cfg.model}))
+    objective = DRTObjective(head, cfg.trainer.lambda_dec)
+    result, summary = train_contrastive(
+        objective,
+        store,
+        cfg,
+        train_rows=train_rows,
+        validate=validate,
+        log=log,
+        progress=progress,
+    )
+    head.eval()
+    head.extra["training"] = summary
+    return TrainOutput(head, summary, result.records)

@@ -72,7 +72,6 @@ group share the weights computed from the groups before it.
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Callable, Mapping
@@ -85,7 +84,10 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from treerank.atomic import atomic_savefig, atomic_write_text
+from treerank.atomic import atomic_savefig
+from treerank.config import ConfigError
+from treerank.kernels.topk import exact_search
+from treerank.kernels.vectors import l2_normalize
 from treerank.models.forest import (
     Forest,
     ForestConfig,
@@ -93,10 +95,16 @@ from treerank.models.forest import (
     passage_init_from_query,
     stacked_forward,
 )
+from treerank.training.config import TrainConfig, parse_train_config
+from treerank.training.history import TrainingLog
 from treerank.training.trainer import TrainOutput
 
 __all__ = [
+    "FOREST_SECTIONS",
     "ForestTrainConfig",
+    "forest_train_config",
+    "parse_forest_config",
+    "plot_forest_curves",
     "boosting_weights",
     "sharpness_loss",
     "train_forest",
@@ -263,6 +271,75 @@ class ForestTrainConfig:
         )
 
 
+FOREST_SECTIONS: dict[str, tuple[str, ...]] = {
+    "model": ("n_models", "n_classes", "hidden", "nr_threshold", "name"),
+    "data": ("bag_queries", "bag_passages", "random_negatives", "hard_negatives"),
+    "trainer": (
+        "group_size",
+        "uniformity",
+        "uniformity_weight",
+        "passage_uniformity_weight",
+        "sharpness_weight",
+        "init_scale",
+        "lr",
+        "weight_decay",
+        "dropout",
+        "steps_query",
+        "steps_passage",
+        "steps_joint",
+        "joint_mode",
+        "negative_weight",
+        "nr_bias_init",
+        "nr_penalty",
+        "boosting",
+        "num_threads",
+        "validate_at",
+    ),
+}
+"""Which :class:`ForestTrainConfig` field each section of the forest's config holds."""
+
+
+def forest_train_config(cfg: TrainConfig, where: str = "config") -> ForestTrainConfig:
+    """The flat :class:`ForestTrainConfig` of a parsed sectioned config (range-checked)."""
+    flat = {**cfg.model, **(cfg.data or {}), **(cfg.trainer or {}), "seed": cfg.seed}
+    return ForestTrainConfig.from_dict(flat, where=where)
+
+
+def parse_forest_config(
+    cfg: Mapping[str, Any] | TrainConfig | None, where: str = "config"
+) -> TrainConfig:
+    """The ``forest`` family's config: ``seed`` + ``model / data / trainer / validation``
+    sections holding the :class:`ForestTrainConfig` fields listed in :data:`FOREST_SECTIONS`.
+
+    Raises:
+        ConfigError: unknown key (names the key path and the allowed keys) or a bad value.
+    """
+    if isinstance(cfg, TrainConfig):
+        return cfg
+    out = parse_train_config(
+        cfg,
+        model=FOREST_SECTIONS["model"],
+        data=FOREST_SECTIONS["data"],
+        trainer=FOREST_SECTIONS["trainer"],
+        where=where,
+        model_exclude=(),
+    )
+    try:
+        forest_train_config(out, where)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(str(exc)) from exc
+    return out
+
+
+def plot_forest_curves(
+    records: list[dict[str, Any]], summary: dict[str, Any], path: str | Path, title: str = ""
+) -> Path | None:
+    """The forest's curves for its model directory: held-out metrics against M (or None when
+    it was trained without validation)."""
+    curve = summary.get("curve") or []
+    return plot_metric_vs_models(curve, path, title=title) if curve else None
+
+
 # ---------------------------------------------------------------------------------- data
 @dataclass
 class _PairData:
@@ -279,29 +356,22 @@ class _PairData:
 def _mine_hard_negatives(
     q: np.ndarray, passages: Any, pos_q: np.ndarray, pos_p: np.ndarray, k: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Top-``k`` cosine passages per query that are not selected for it (chunked numpy)."""
+    """Top-``k`` cosine passages per query that are not selected for it.
+
+    Cosine of the stored vectors (both sides L2-normalised, the one rule of
+    ``treerank.kernels.vectors``), ranked by the exact streaming kernel
+    (``treerank.kernels.topk.exact_search``: ties by ascending passage id).
+    """
     nq, n = len(q), passages.shape[0]
     if k == 0 or nq == 0:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
     kk = min(n, k + int(np.bincount(pos_q, minlength=nq).max()))
-    best_s = np.full((nq, 0), -np.inf, dtype=np.float32)
-    best_i = np.zeros((nq, 0), dtype=np.int64)
-    chunk = 65536
-    for s in range(0, n, chunk):
-        block = np.asarray(passages[s : s + chunk], dtype=np.float32)
-        sc = q @ block.T
-        cand_s = np.concatenate([best_s, sc], axis=1)
-        cand_i = np.concatenate([best_i, np.arange(s, s + len(block))[None, :].repeat(nq, 0)], 1)
-        top = np.argpartition(-cand_s, min(kk, cand_s.shape[1]) - 1, axis=1)[:, :kk]
-        best_s = np.take_along_axis(cand_s, top, 1)
-        best_i = np.take_along_axis(cand_i, top, 1)
-    order = np.lexsort((best_i, -best_s), axis=-1)
-    best_i = np.take_along_axis(best_i, order, 1)
+    best_i, _ = exact_search(l2_normalize(q), passages, k=kk, passage_transform=l2_normalize)
     is_pos = np.isin(
         np.arange(nq)[:, None] * n + best_i, pos_q * n + pos_p
     )  # (nq, kk) selected ones are not negatives
     rank = np.cumsum(~is_pos, axis=1)
-    keep = ~is_pos & (rank <= k)
+    keep = ~is_pos & (rank <= k) & (best_i >= 0)
     rows, cols = np.nonzero(keep)
     return rows.astype(np.int64), best_i[rows, cols].astype(np.int64)
 
@@ -502,39 +572,37 @@ def _default_validate_at(n_models: int) -> list[int]:
 
 def train_forest(
     store: Any,
-    config: Mapping[str, Any],
-    out_dir: str | Path | None = None,
+    config: Mapping[str, Any] | TrainConfig | None = None,
     *,
     train_rows: np.ndarray | None = None,
     validate: Callable[[Forest], Mapping[str, float]] | None = None,
-    log_path: str | Path | None = None,
+    log: TrainingLog | None = None,
     progress: bool = True,
 ) -> TrainOutput:
     """Train a TreeRank forest on a store's training queries (see the module docstring).
 
     Args:
         store: an ``EmbeddingStore`` with labelled queries (selected passages).
-        config: :class:`ForestTrainConfig` keys (a ``validation`` section, read by the pipeline's
-            ``treerank.pipeline.training.train_model``, is ignored here).
-        out_dir: if given, the checkpoint is saved to ``out_dir/checkpoint`` and the history to
-            ``out_dir/history.jsonl`` (+ ``out_dir/forest_metric_vs_m.png`` with ``validate``).
+        config: the sectioned config (:func:`parse_forest_config`) or its parsed form.
         train_rows: query rows to train on (default: all with a selected passage); the pipeline
             passes the rows it did not hold out for validation.
         validate: ``validate(forest) -> {"mrr@10": ..., ...}`` on held-out queries; called on the
             first ``m`` pairs for every ``m`` in ``validate_at`` (default: powers of two and M),
             which gives the metric-vs-M curve at no extra training cost.
-        log_path: JSONL log (one ``"pair"`` record per group, ``"eval"`` records, a
-            ``"summary"``); defaults to ``out_dir/history.jsonl`` when ``out_dir`` is given.
+        log: where the records go (one ``"pair"`` record per group, ``"eval"`` records, a
+            ``"summary"``); None: in memory.
         progress: tqdm bar over pairs.
 
     Returns:
-        ``TrainOutput(model=Forest, summary=...)``; ``summary`` holds the configuration, the
-        metric-vs-M ``curve``, class-balance statistics and timings.
+        ``TrainOutput(model=Forest, summary=..., records=...)``; ``summary`` holds the
+        configuration, the metric-vs-M ``curve``, class-balance statistics and timings.
 
     Raises:
-        ValueError: bad config (names the key) or a store without selected passages.
+        ConfigError: bad config (names the key path). ValueError: a store without selected
+            passages.
     """
-    cfg = ForestTrainConfig.from_dict({k: v for k, v in config.items() if k != "validation"})
+    parsed = parse_forest_config(config)
+    cfg = forest_train_config(parsed)
     t_start = time.perf_counter()
     torch_gen = torch.Generator().manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
@@ -549,19 +617,11 @@ def train_forest(
     records: list[dict[str, Any]] = []
     curve: list[dict[str, Any]] = []
     validate_at = sorted(set(cfg.validate_at or _default_validate_at(cfg.n_models)))
-    out = Path(out_dir) if out_dir is not None else None
-    if log_path is None and out is not None:
-        log_path = out / "history.jsonl"
-    log_fh = None
-    if log_path is not None:
-        Path(log_path).parent.mkdir(parents=True, exist_ok=True)
-        log_fh = open(log_path, "w", encoding="utf-8")  # noqa: SIM115
+    tlog = log if log is not None else TrainingLog()
 
-    def log(rec: dict[str, Any]) -> None:
+    def write(rec: dict[str, Any]) -> None:
         records.append(rec)
-        if log_fh is not None:
-            log_fh.write(json.dumps(rec, sort_keys=True) + "\n")
-            log_fh.flush()
+        tlog.write(str(rec["kind"]), **{k: v for k, v in rec.items() if k != "kind"})
 
     bar = tqdm(total=cfg.n_models, desc="forest pairs", unit="pair", disable=not progress)
     n_done = 0
@@ -637,7 +697,7 @@ def train_forest(
                     "mean_boost_weight": float(boost.mean()),
                     "seconds": time.perf_counter() - t0,
                 }
-                log(rec)
+                write(rec)
                 n_done += n_g
                 bar.update(n_g)
                 bar.set_postfix(
@@ -650,14 +710,14 @@ def train_forest(
                         metrics = {k: float(v) for k, v in validate(forest_m).items()}
                         point = {"n_models": m, **metrics}
                         curve.append(point)
-                        log({"kind": "eval", **point})
+                        write({"kind": "eval", **point})
         finally:
             bar.close()
             torch.set_num_threads(threads)
     forest = _assemble(fcfg, q_stacks, cfg.name)
     pair_recs = [r for r in records if r["kind"] == "pair"]
     summary: dict[str, Any] = {
-        "config": {f.name: getattr(cfg, f.name) for f in fields(cfg)},
+        "config": parsed.to_dict(),
         "n_train_queries": nq,
         "n_positive_pairs": len(data.pos_q),
         "n_fixed_negative_pairs": len(data.neg_q),
@@ -670,23 +730,9 @@ def train_forest(
         "seconds": time.perf_counter() - t_start,
         "curve": curve,
     }
-    log({"kind": "summary", **{k: v for k, v in summary.items() if k != "config"}})
-    if log_fh is not None:
-        log_fh.close()
-    if out is not None:
-        from treerank.models.checkpoint import save_checkpoint
-
-        out.mkdir(parents=True, exist_ok=True)
-        save_checkpoint(
-            out / "checkpoint",
-            forest.to_checkpoint(
-                str(store.encoder_name), str(store.encoder_fingerprint), extra={"summary": summary}
-            ),
-        )
-        atomic_write_text(out / "summary.json", json.dumps(summary, indent=2, default=str))
-        if curve:
-            plot_metric_vs_models(curve, out / "forest_metric_vs_m.png", title=cfg.name)
-    return TrainOutput(model=forest, summary=summary)
+    write({"kind": "summary", **{k: v for k, v in summary.items() if k != "config"}})
+    forest.extra["training"] = summary
+    return TrainOutput(model=forest, summary=summary, records=tlog.records)
 
 
 def _entropy_rows(classes: np.ndarray, n_classes: int) -> np.ndarray:

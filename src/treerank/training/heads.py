@@ -1,30 +1,32 @@
-"""Training the thin heads (``linear``, ``mlp``) on a store, and the config every one reads.
+"""Training the thin heads (``linear``, ``mlp``) on a store, and the contrastive data section.
 
-A head config is a mapping with five sections (``configs/heads/*.yaml`` lists every key with
-its default)::
+A head config has the shape of every training config (``treerank.training.config``;
+``configs/heads/*.yaml`` lists every key with its default)::
 
     seed: 0
-    model:      constructor arguments of the head (LinearHead / MLPHead)
-    sampler:    batch size, hard negatives, false-negative guard  (SamplerConfig)
+    model:      constructor arguments of the head (LinearHead / MLPHead), ``dim`` excluded
+    data:       batch size, hard negatives, false-negative guard  (SamplerConfig)
     trainer:    optimiser, schedule, logging, early stopping      (TrainerConfig)
     validation: held-out queries and how they are scored          (ValidationConfig)
 
-Unknown sections or keys are errors naming the key. :func:`train_contrastive` is the generic
+Unknown sections or keys are errors naming the key path. :func:`train_contrastive` is the generic
 "store + config + model -> trained model" step; the DRT trainer reuses it with its own module.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
+from treerank.config import ConfigError
+from treerank.models.linear import LinearHead
+from treerank.models.mlp import MLPHead
+from treerank.training.config import TrainConfig, parse_train_config
 from treerank.training.history import TrainingLog
-from treerank.training.holdout import ValidationConfig
 from treerank.training.sampler import (
     ContrastiveSampler,
     guard_mined_negatives,
@@ -34,22 +36,18 @@ from treerank.training.sampler import (
 from treerank.training.trainer import FitResult, TrainerConfig, TrainOutput, Validate, fit
 
 __all__ = [
-    "HEAD_TYPES",
-    "HeadConfig",
     "SamplerConfig",
-    "ValidationConfig",
     "build_sampler",
-    "make_head",
+    "parse_head_config",
+    "parse_linear_config",
+    "parse_mlp_config",
     "train_contrastive",
     "train_head",
     "train_linear",
     "train_mlp",
 ]
 
-HEAD_TYPES: dict[str, str] = {
-    "linear": "treerank.models.linear:LinearHead",
-    "mlp": "treerank.models.mlp:MLPHead",
-}
+HARD_NEGATIVE_SOURCES = ("auto", "candidates", "mined", "none")
 
 
 @dataclass
@@ -80,93 +78,43 @@ class SamplerConfig:
     guard_margin: float | None = None
     drop_last: bool = True
 
-
-@dataclass
-class HeadConfig:
-    """The whole config of one head training run (see the module docstring)."""
-
-    seed: int = 0
-    model: dict[str, Any] = field(default_factory=dict)
-    sampler: SamplerConfig = field(default_factory=SamplerConfig)
-    trainer: TrainerConfig = field(default_factory=TrainerConfig)
-    validation: ValidationConfig = field(default_factory=ValidationConfig)
-
-    @classmethod
-    def from_dict(cls, cfg: Mapping[str, Any] | None, where: str = "config") -> HeadConfig:
-        """Parse and validate a config mapping.
-
-        Raises:
-            ValueError: unknown section or key, or a bad value (the message names the key).
-        """
-        cfg = dict(cfg or {})
-        known = {"seed", "model", "sampler", "trainer", "validation"}
-        for k in cfg:
-            if k not in known:
-                raise ValueError(
-                    f"{where}: unknown section {k!r}; known: {', '.join(sorted(known))}"
-                )
-        for k in ("model", "sampler", "trainer", "validation"):
-            if cfg.get(k) is not None and not isinstance(cfg[k], Mapping):
-                raise ValueError(f"{where}: {k} must be a mapping")
-        seed = int(cfg.get("seed", 0))
-        sampler = _section(SamplerConfig, cfg.get("sampler"), f"{where}: sampler")
-        tr = dict(cfg.get("trainer") or {})
-        _check_keys(TrainerConfig, tr, f"{where}: trainer")
-        tr.setdefault("seed", seed)
-        trainer = TrainerConfig.from_dict(tr, where=f"{where}: trainer")
-        validation = ValidationConfig.from_config(cfg, where)
-        if validation.fraction > 0 and trainer.early_stopping_metric not in validation.metrics:
+    def __post_init__(self) -> None:
+        if self.hard_negatives not in HARD_NEGATIVE_SOURCES:
             raise ValueError(
-                f"{where}: trainer.early_stopping_metric {trainer.early_stopping_metric!r} "
-                f"is not in validation.metrics {validation.metrics}"
+                f"hard_negatives {self.hard_negatives!r} unknown; "
+                f"known: {', '.join(HARD_NEGATIVE_SOURCES)}"
             )
-        if sampler.hard_negatives not in ("auto", "candidates", "mined", "none"):
-            raise ValueError(f"{where}: sampler.hard_negatives {sampler.hard_negatives!r} unknown")
-        return cls(seed, dict(cfg.get("model") or {}), sampler, trainer, validation)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "seed": self.seed,
-            "model": dict(self.model),
-            "sampler": asdict(self.sampler),
-            "trainer": self.trainer.to_dict(),
-            "validation": asdict(self.validation),
-        }
+        if self.batch_size < 1 or self.n_hard < 0:
+            raise ValueError("batch_size >= 1 and n_hard >= 0 are required")
 
 
-def _check_keys(cls: type, d: Mapping[str, Any], where: str) -> None:
-    names = {f.name for f in fields(cls)}
-    for k in d:
-        if k not in names:
-            raise ValueError(f"{where}: unknown key {k!r}; known: {', '.join(sorted(names))}")
-
-
-def _section(cls: type, d: Mapping[str, Any] | None, where: str) -> Any:
-    d = dict(d or {})
-    _check_keys(cls, d, where)
-    try:
-        return cls(**d)
-    except TypeError as exc:
-        raise ValueError(f"{where}: {exc}") from exc
-
-
-def make_head(model_type: str, dim: int, model_cfg: Mapping[str, Any]) -> Any:
-    """Instantiate a head by name (``HEAD_TYPES``).
+def parse_head_config(
+    cfg: Mapping[str, Any] | TrainConfig | None, head_class: type, where: str = "config"
+) -> TrainConfig:
+    """Parse a contrastive head's config (``model`` keys: ``head_class``'s constructor).
 
     Raises:
-        KeyError: unknown head type. ValueError: bad constructor arguments.
+        ConfigError: unknown section or key, or a bad value (the message names the key path).
     """
-    import importlib
+    if isinstance(cfg, TrainConfig):
+        return cfg
+    return parse_train_config(
+        cfg, model=head_class, data=SamplerConfig, trainer=TrainerConfig, where=where
+    )
 
-    try:
-        module, _, cls_name = HEAD_TYPES[model_type].partition(":")
-    except KeyError:
-        raise KeyError(f"unknown head {model_type!r}; known: {', '.join(HEAD_TYPES)}") from None
-    cls = getattr(importlib.import_module(module), cls_name)
-    try:
-        return cls(dim, **dict(model_cfg))
-    except TypeError as exc:
-        raise ValueError(f"{model_type}: bad model config {dict(model_cfg)}: {exc}") from exc
+
+def parse_linear_config(
+    cfg: Mapping[str, Any] | TrainConfig | None, where: str = "config"
+) -> TrainConfig:
+    """The ``linear`` family's config parser."""
+    return parse_head_config(cfg, LinearHead, where)
+
+
+def parse_mlp_config(
+    cfg: Mapping[str, Any] | TrainConfig | None, where: str = "config"
+) -> TrainConfig:
+    """The ``mlp`` family's config parser."""
+    return parse_head_config(cfg, MLPHead, where)
 
 
 def build_sampler(
@@ -240,11 +188,11 @@ def build_sampler(
 def train_contrastive(
     model: torch.nn.Module,
     store: Any,
-    config: HeadConfig,
+    config: TrainConfig,
     *,
     train_rows: np.ndarray | None = None,
     validate: Validate | None = None,
-    log_path: str | Path | None = None,
+    log: TrainingLog | None = None,
     progress: bool = True,
 ) -> tuple[FitResult, dict[str, Any]]:
     """Train any :class:`~treerank.training.trainer.ContrastiveModule` on a store.
@@ -253,31 +201,29 @@ def train_contrastive(
         model: the module (built by the caller after seeding, see :func:`train_head`).
         store: an ``EmbeddingStore`` (``queries``, ``passages``, ``candidates``, ``labels``,
             ``relevance_threshold``, ``has_array`` / ``load_array``).
-        config: parsed config (its ``sampler`` and ``trainer`` sections are used here).
+        config: parsed config (its ``data`` (SamplerConfig) and ``trainer`` sections are used).
         train_rows: query ids to train on (None: all; the pipeline passes the non-held-out ones).
         validate: held-out callback for early stopping (None: train the full budget).
-        log_path: JSONL training log (None: in memory).
+        log: where the records go (None: a fresh in-memory log; the records are also in the
+            returned ``FitResult.records``).
         progress: tqdm bar.
 
     Returns:
         ``(fit_result, summary)`` with the sampler info, fit outcome and config.
     """
-    sampler, info = build_sampler(store, config.sampler, train_rows=train_rows, seed=config.seed)
-    log = TrainingLog(log_path)
-    try:
-        log.write("config", **config.to_dict(), sampler_info=info)
-        result = fit(
-            model,
-            sampler,
-            store.queries,
-            store.passages,
-            config.trainer,
-            validate=validate,
-            log=log,
-            progress=progress,
-        )
-    finally:
-        log.close()
+    sampler, info = build_sampler(store, config.data, train_rows=train_rows, seed=config.seed)
+    log = log if log is not None else TrainingLog()
+    log.write("config", **config.to_dict(), sampler_info=info)
+    result = fit(
+        model,
+        sampler,
+        store.queries,
+        store.passages,
+        config.trainer,
+        validate=validate,
+        log=log,
+        progress=progress,
+    )
     summary = {
         "sampler": info,
         "steps": result.steps,
@@ -292,48 +238,50 @@ def train_contrastive(
 
 
 def train_head(
-    model_type: str,
+    head_class: type,
     store: Any,
-    config: Mapping[str, Any] | HeadConfig | None = None,
+    config: Mapping[str, Any] | TrainConfig | None = None,
     *,
     train_rows: np.ndarray | None = None,
     validate: Validate | None = None,
-    log_path: str | Path | None = None,
+    log: TrainingLog | None = None,
     progress: bool = True,
 ) -> TrainOutput:
-    """Build a ``linear`` / ``mlp`` head for ``store``'s dimension and train it.
+    """Build a head of ``head_class`` for ``store``'s dimension and train it.
 
     The head is constructed right after ``torch.manual_seed(config.seed)``, so its
     initialisation (orthogonal projections, MLP first layers) is reproducible.
 
     Returns:
         :class:`~treerank.training.trainer.TrainOutput` whose ``model.extra["training"]`` holds
-        the summary (it travels in the checkpoint).
+        the summary (it travels in the checkpoint) and whose ``records`` are the training log.
 
     Raises:
-        KeyError: unknown head; ValueError: bad config.
+        ConfigError: bad config (names the key path); ValueError: bad constructor values.
     """
-    cfg = config if isinstance(config, HeadConfig) else HeadConfig.from_dict(config)
+    cfg = parse_head_config(config, head_class)
     torch.manual_seed(cfg.seed)
-    head = make_head(model_type, int(store.dim), cfg.model)
-    _, summary = train_contrastive(
-        head,
-        store,
-        cfg,
-        train_rows=train_rows,
-        validate=validate,
-        log_path=log_path,
-        progress=progress,
+    try:
+        head = head_class(int(store.dim), **cfg.model)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"config.model: {exc}") from exc
+    log = log if log is not None else TrainingLog()
+    result, summary = train_contrastive(
+        head, store, cfg, train_rows=train_rows, validate=validate, log=log, progress=progress
     )
     head.extra["training"] = summary
-    return TrainOutput(head, summary)
+    return TrainOutput(head, summary, result.records)
 
 
-def train_linear(store: Any, config: Mapping[str, Any] | None = None, **kwargs: Any) -> TrainOutput:
-    """:func:`train_head` for ``linear`` (the ``treerank train --model linear`` entry)."""
-    return train_head("linear", store, config, **kwargs)
+def train_linear(
+    store: Any, config: Mapping[str, Any] | TrainConfig | None = None, **kwargs: Any
+) -> TrainOutput:
+    """:func:`train_head` for ``linear`` (the ``linear`` family's trainer)."""
+    return train_head(LinearHead, store, parse_linear_config(config), **kwargs)
 
 
-def train_mlp(store: Any, config: Mapping[str, Any] | None = None, **kwargs: Any) -> TrainOutput:
-    """:func:`train_head` for ``mlp`` (the ``treerank train --model mlp`` entry)."""
-    return train_head("mlp", store, config, **kwargs)
+def train_mlp(
+    store: Any, config: Mapping[str, Any] | TrainConfig | None = None, **kwargs: Any
+) -> TrainOutput:
+    """:func:`train_head` for ``mlp`` (the ``mlp`` family's trainer)."""
+    return train_head(MLPHead, store, parse_mlp_config(config), **kwargs)

@@ -6,9 +6,7 @@ set (the DPR lesson: a model selected on in-batch accuracy is selected on the wr
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
-from typing import Any
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -40,24 +38,12 @@ class ValidationConfig:
     metrics: list[str] = field(default_factory=lambda: ["mrr@10", "ndcg@10", "recall@100"])
     group_by_passage: bool = False
 
-    @classmethod
-    def from_config(cls, config: Mapping[str, Any], where: str = "config") -> ValidationConfig:
-        """Read ``config["validation"]`` (missing: defaults).
-
-        Raises:
-            ValueError: unknown key or bad value (the message names it).
-        """
-        sec = dict(config.get("validation") or {})
-        names = {f.name for f in fields(cls)}
-        for k in sec:
-            if k not in names:
-                raise ValueError(
-                    f"{where}: validation: unknown key {k!r}; known: {', '.join(sorted(names))}"
-                )
-        out = cls(**sec)
-        if not 0 <= out.fraction < 1:
-            raise ValueError(f"{where}: validation.fraction must be in [0, 1), got {out.fraction}")
-        return out
+    def __post_init__(self) -> None:
+        if not 0 <= self.fraction < 1:
+            raise ValueError(f"validation.fraction must be in [0, 1), got {self.fraction}")
+        if self.k < 1:
+            raise ValueError(f"validation.k must be >= 1, got {self.k}")
+        self.metrics = list(self.metrics)
 
 
 def passage_groups(

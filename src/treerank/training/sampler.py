@@ -36,6 +36,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from treerank.kernels.vectors import l2_normalize
+
 __all__ = [
     "Batch",
     "ContrastiveSampler",
@@ -167,16 +169,16 @@ def guard_mined_negatives(
 
     * ``skip_top``: drop the first ``skip_top`` ranks of each mined list (an unlabelled relevant
       passage is most likely near the top of BM25's ranking).
-    * ``margin``: drop a negative whose frozen-embedding score ``q . n`` is ``>=
-      max_pos(q . p) - margin`` (the encoder already finds it as good as a labelled positive;
-      RocketQA's denoising idea with the frozen bi-encoder in place of a cross-encoder). Queries
-      without a relevant passage are left alone by this rule.
+    * ``margin``: drop a negative whose frozen-embedding cosine ``cos(q, n)`` is ``>=
+      max_pos(cos(q, p)) - margin``, vectors L2-normalised whatever the store holds (the one
+      rule of ``treerank.kernels.vectors``): the encoder already finds it as good as a labelled
+      positive (RocketQA's denoising idea with the frozen bi-encoder in place of a
+      cross-encoder). Queries without a relevant passage are left alone by this rule.
 
     Args:
         mined: ``int (nq, N)`` passage ids in rank order, ``-1`` for empty slots.
         skip_top: number of leading ranks to drop (0 keeps all).
-        margin: score margin in the units of the stored vectors' inner product (cosine for
-            normalised stores), or None to disable.
+        margin: cosine margin, or None to disable.
         query_vectors: ``float32 (nq, d)`` stored query vectors (needed with ``margin``).
         passage_vectors: ``float32 (np, d)`` stored passage vectors (array or memmap).
         relevant: ``int (nq, K)`` relevant passage ids, ``-1`` padded (needed with ``margin``).
@@ -204,7 +206,7 @@ def guard_mined_negatives(
         )
     for start in range(0, nq, chunk_size):
         sl = slice(start, min(start + chunk_size, nq))
-        q = np.asarray(query_vectors[sl], dtype=np.float32)  # (b, d)
+        q = l2_normalize(np.asarray(query_vectors[sl], dtype=np.float32))  # (b, d) unit rows
         neg, rel = out[sl], np.asarray(relevant[sl], dtype=np.int64)
         neg_s = _row_scores(q, passage_vectors, neg)  # (b, N)
         pos_s = _row_scores(q, passage_vectors, rel)  # (b, K)
@@ -215,11 +217,11 @@ def guard_mined_negatives(
 
 
 def _row_scores(q: np.ndarray, passages: np.ndarray, ids: np.ndarray) -> np.ndarray:
-    """``float32 (b, n)``: ``q[i] . passages[ids[i, j]]``, NaN where ``ids < 0``."""
+    """``float32 (b, n)``: ``q[i] . unit(passages[ids[i, j]])``, NaN where ``ids < 0``."""
     flat = ids.reshape(-1)
     valid = flat >= 0
     uniq, inv = np.unique(flat[valid], return_inverse=True)
-    vecs = np.asarray(passages[uniq], dtype=np.float32) if uniq.size else None
+    vecs = l2_normalize(np.asarray(passages[uniq], dtype=np.float32)) if uniq.size else None
     out = np.full(flat.shape, np.nan, dtype=np.float32)
     if vecs is not None:
         rows = np.repeat(np.arange(ids.shape[0]), ids.shape[1])[valid]

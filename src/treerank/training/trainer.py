@@ -20,11 +20,12 @@ callback, so this layer never imports search or evaluation -- keeps the best sta
 ``early_stopping_metric`` and stops after ``patience`` evaluations without improvement. The best
 state is restored at the end.
 
-A model trainer for ``treerank train`` (``treerank.pipeline.training.TRAINERS``) is a function
-``train_xxx(store, config: dict, *, train_rows=None, validate=None, log_path=None, progress=True)
--> TrainOutput`` (:class:`TrainFunction`): ``train_rows`` are the query ids it may train on (the
-pipeline holds the others out for ``validate``); the pipeline saves
-``TrainOutput.model.to_checkpoint(...)``. ``treerank.training.heads.train_contrastive`` does
+A family's trainer (``trainer`` of its entry in ``treerank.models.families``) is a function
+``train_xxx(store, config: TrainConfig, *, train_rows=None, validate=None, log=None,
+progress=True) -> TrainOutput`` (:class:`TrainFunction`): ``train_rows`` are the query ids it may
+train on (the pipeline holds the others out for ``validate``); ``log`` collects its records. It
+returns the model and its log and writes no file: ``treerank.training.output.save_trained_model``
+writes every trained model's directory. ``treerank.training.heads.train_contrastive`` does
 "store + config + module -> trained module" for any :class:`ContrastiveModule`.
 """
 
@@ -34,8 +35,7 @@ import copy
 import math
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field, fields
-from pathlib import Path
+from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -43,6 +43,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from treerank.config import build
 from treerank.training.history import TrainingLog
 from treerank.training.losses import info_nce, info_nce_symmetric
 from treerank.training.monitor import batch_stats
@@ -115,23 +116,21 @@ class TrainerConfig:
     seed: int = 0
     threads: int | None = None
 
+    def __post_init__(self) -> None:
+        self.betas = (float(self.betas[0]), float(self.betas[1]))
+        if self.epochs < 1 or self.lr <= 0 or self.log_every < 1:
+            raise ValueError("epochs >= 1, lr > 0 and log_every >= 1 are required")
+        if not 0 <= self.warmup_ratio < 1:
+            raise ValueError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
+
     @classmethod
-    def from_dict(cls, cfg: Mapping[str, Any], *, where: str = "config") -> TrainerConfig:
-        """Build from a mapping, ignoring keys that belong to other sections' consumers.
+    def from_dict(cls, cfg: Mapping[str, Any], *, where: str = "config.trainer") -> TrainerConfig:
+        """Build from a mapping, strictly (see :func:`treerank.config.build`).
 
         Raises:
-            ValueError: a value has the wrong type or range (message names ``where`` and key).
+            ConfigError: an unknown key (the message lists the allowed ones) or a bad value.
         """
-        names = {f.name for f in fields(cls)}
-        kw = {k: v for k, v in cfg.items() if k in names}
-        if "betas" in kw:
-            kw["betas"] = tuple(kw["betas"])
-        out = cls(**kw)
-        if out.epochs < 1 or out.lr <= 0 or out.log_every < 1:
-            raise ValueError(f"{where}: epochs >= 1, lr > 0 and log_every >= 1 are required")
-        if not 0 <= out.warmup_ratio < 1:
-            raise ValueError(f"{where}: warmup_ratio must be in [0, 1), got {out.warmup_ratio}")
-        return out
+        return build(cls, cfg, where)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -165,26 +164,31 @@ class FitResult:
 
 @dataclass
 class TrainOutput:
-    """What a model trainer returns to the pipeline: the trained model and a JSON summary."""
+    """What a family's trainer returns: the trained model, a JSON summary and the log records.
+
+    Attributes:
+        model: the trained model (a ``CheckpointMixin``).
+        summary: JSON-serialisable summary (stored in the checkpoint's ``extra["training"]``).
+        records: the training log, one dict per record with a ``kind`` key (written as JSONL by
+            ``treerank.training.output.save_trained_model``).
+    """
 
     model: Any
     summary: dict[str, Any] = field(default_factory=dict)
+    records: list[dict[str, Any]] = field(default_factory=list)
 
 
 class TrainFunction(Protocol):
-    """``train_xxx(store, config, *, train_rows, validate, log_path, progress) -> TrainOutput``.
-
-    The pipeline passes only the keyword arguments a trainer's signature accepts.
-    """
+    """``train_xxx(store, config, *, train_rows, validate, log, progress) -> TrainOutput``."""
 
     def __call__(
         self,
         store: Any,
-        config: dict[str, Any],
+        config: Any,
         *,
         train_rows: np.ndarray | None = None,
         validate: Validate | None = None,
-        log_path: str | Path | None = None,
+        log: TrainingLog | None = None,
         progress: bool = True,
     ) -> TrainOutput: ...
 

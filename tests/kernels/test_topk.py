@@ -8,7 +8,7 @@ import pytest
 
 from treerank.evaluation.metrics import evaluate_run
 from treerank.evaluation.qrels import Qrels
-from treerank.search.exact import decode_keys, exact_search, rank_keys, topk_desc
+from treerank.kernels.topk import decode_keys, exact_search, rank_keys, topk_desc
 
 
 def _unit(rng: np.random.Generator, n: int, d: int) -> np.ndarray:
@@ -116,7 +116,7 @@ def test_topk_desc_rejects_nan_and_handles_small_rows() -> None:
 
 
 def test_release_pages_only_touches_read_only_memmaps(tmp_path) -> None:
-    from treerank.search.exact import release_pages
+    from treerank.kernels.topk import release_pages
 
     x = np.arange(4096 * 8, dtype=np.float32).reshape(-1, 8)
     assert not release_pages(x, 0, x.shape[0])  # anonymous memory is never released

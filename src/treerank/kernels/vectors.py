@@ -1,0 +1,33 @@
+"""The one normalisation rule of treerank: "cosine" means L2-normalised vectors, always.
+
+Stores may hold vectors that are not unit length (``meta["normalized"]`` false: a Go-layout
+store, an encoder without normalisation). Everything called cosine -- the ``cosine`` system, the
+diagnostics' cosine baseline, the forest's hard-negative mining, the sampler's false-negative
+margin guard -- normalises through :func:`l2_normalize`, so they all agree with each other on
+any store (on a normalised store it changes nothing beyond float rounding).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["l2_normalize"]
+
+_EPS = 1e-12
+
+
+def l2_normalize(x: np.ndarray) -> np.ndarray:
+    """Row-wise L2 normalisation.
+
+    Args:
+        x: ``float (n, d)`` vectors (any float dtype; memmaps are read, never written).
+
+    Returns:
+        ``float32 (n, d)`` unit-norm rows; an all-zero row stays all-zero (its norm is floored at
+        1e-12), so it scores 0 against everything instead of NaN.
+    """
+    x = np.asarray(x, dtype=np.float32)
+    if x.ndim != 2:
+        raise ValueError(f"expected a 2-D (n, d) array, got shape {x.shape}")
+    norms = np.linalg.norm(x, axis=1, keepdims=True)
+    return (x / np.maximum(norms, _EPS)).astype(np.float32, copy=False)

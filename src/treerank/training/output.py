@@ -1,0 +1,81 @@
+"""The one writer of a trained model's directory, for every family.
+
+Layout of ``<dir>/`` (written by :func:`save_trained_model`; the directory is a checkpoint that
+``treerank.models.registry.load_model`` and ``ckpt:<dir>`` systems read)::
+
+    config.json            family (model_type), model config, encoder name + fingerprint, extra
+    weights.safetensors    the model's tensors
+    training_log.jsonl     the trainer's log records, one JSON object per line (LOG_FILE)
+    training_curves.png    the family's curves (CURVES_FILE; absent when there is nothing to draw)
+
+The checkpoint is written atomically (temporary directory, then rename), then the log (atomic)
+and the plot; a plot that fails never loses the checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from treerank.atomic import atomic_write_text
+from treerank.models.checkpoint import save_checkpoint
+from treerank.models.families import family, resolve
+from treerank.training.history import plot_curves
+
+__all__ = ["CURVES_FILE", "LOG_FILE", "save_trained_model"]
+
+LOG_FILE = "training_log.jsonl"
+CURVES_FILE = "training_curves.png"
+
+
+def save_trained_model(
+    out_dir: str | Path,
+    model: Any,
+    *,
+    encoder_name: str,
+    encoder_fingerprint: str,
+    summary: dict[str, Any] | None = None,
+    records: list[dict[str, Any]] | None = None,
+    extra: dict[str, Any] | None = None,
+    title: str = "",
+) -> tuple[Path, Path | None, Path | None]:
+    """Write a trained model's directory (see the module docstring).
+
+    Args:
+        out_dir: the directory (replaced atomically if it exists).
+        model: a trained ``CheckpointMixin`` model; its ``model_type`` names its family.
+        encoder_name / encoder_fingerprint: the store's encoder (the checkpoint is bound to it).
+        summary: the trainer's summary (``extra["training"]``).
+        records: the trainer's log records (None or empty: no log, no curves).
+        extra: more provenance for ``config.json`` (train store, held-out rows, ...).
+        title: plot title.
+
+    Returns:
+        ``(checkpoint_dir, log_path or None, curves_path or None)``.
+    """
+    out = Path(out_dir)
+    ckpt = model.to_checkpoint(encoder_name, encoder_fingerprint)
+    if summary is not None:
+        ckpt.extra["training"] = summary
+    ckpt.extra.update(extra or {})
+    save_checkpoint(out, ckpt)
+    log_path = curves = None
+    if records:
+        log_path = out / LOG_FILE
+        atomic_write_text(
+            log_path, "".join(json.dumps(r, sort_keys=True, default=str) + "\n" for r in records)
+        )
+        hook = resolve(family(ckpt.model_type).curves)
+        try:
+            if hook is not None:
+                curves = hook(records, summary or {}, out / CURVES_FILE, title)
+            else:
+                metric = None
+                trainer = (summary or {}).get("config", {}).get("trainer") or {}
+                if any(r.get("kind") == "eval" for r in records):
+                    metric = trainer.get("early_stopping_metric")
+                curves = plot_curves(records, out / CURVES_FILE, metric=metric, title=title)
+        except Exception:  # a broken plot must never lose a trained checkpoint
+            curves = None
+    return out, log_path, curves
