@@ -11,8 +11,9 @@ cosine baseline) over the same queries and passages at the same depth ``k``. Pri
 The forest is a trained checkpoint (``--checkpoint``) or, by default, a random forest of the
 requested ``M`` x ``C`` (search cost depends on list sizes, not on whether the forest was trained).
 
-Run: ``nice python bench/bench_forest.py [--store /work/cache/stores/scifact/test]
-[--checkpoint DIR] [--models 128 --classes 32] [--k 100] [--threads 1]``.
+Run: ``nice python bench/bench_forest.py --store runs/sample/stores/scifact/test
+[--checkpoint DIR] [--models 128 --classes 32] [--k 100] [--threads 1]`` (``--store``: any store
+split directory, e.g. the one ``bash scripts/sample.sh`` writes).
 """
 
 from __future__ import annotations
@@ -59,7 +60,9 @@ def load_vectors(args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray, str,
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--store", default="/work/cache/stores/scifact/test")
+    ap.add_argument(
+        "--store", required=True, help="store split dir, e.g. runs/sample/stores/scifact/test"
+    )
     ap.add_argument("--checkpoint", default=None, help="a trained forest checkpoint dir")
     ap.add_argument("--models", type=int, default=128)
     ap.add_argument("--classes", type=int, default=32)

@@ -113,3 +113,41 @@ def test_toy_family_trains_evaluates_and_runs(toy_family, tmp_path: Path) -> Non
     )
     assert r.exit_code == 0, r.output
     assert json.loads((tmp_path / "c" / "config.json").read_text())["model_type"] == "toy-rp"
+
+
+def test_toy_family_runs_in_an_experiment_twice_under_two_names(toy_family, tmp_path: Path) -> None:
+    import yaml
+
+    from tests.pipeline.test_training import write_store
+    from treerank.pipeline.config import load_experiment
+    from treerank.pipeline.experiment import run_experiment
+
+    write_store(tmp_path / "stores" / "train", seed=0)
+    write_store(tmp_path / "stores" / "test", seed=1)
+    exp = {
+        "name": "toy",
+        "datasets": [
+            {"name": "toy", "store": "stores", "train_split": "train", "eval_split": "test"}
+        ],
+        "systems": ["cosine", "bm25"],
+        "evaluate": {"k": 20, "baselines": ["cosine"], "metrics": ["mrr@10", "ndcg@10"]},
+        "models": {
+            "rp-a": {"family": "toy-rp", "seed": 1, "model": {"out_dim": 4}},
+            "rp-b": {"family": "toy-rp", "seed": 2, "model": {"out_dim": 4}},
+        },
+        "diagnose": {"model": None},
+    }
+    (tmp_path / "exp.yaml").write_text(yaml.safe_dump(exp))
+    res = run_experiment(
+        load_experiment(tmp_path / "exp.yaml", output_dir=tmp_path / "out"),
+        log=lambda s: None,
+        progress=False,
+    )
+    names = [r.name for r in res.stages]
+    assert "train:toy:rp-a" in names and "train:toy:rp-b" in names
+    assert not any(n.startswith("diagnose:") for n in names)
+    systems = json.loads(res.report_json.read_text())["datasets"]["toy"]["comparison"]["systems"]
+    assert set(systems) == {"cosine", "bm25", "rp-a", "rp-b"}
+    a = load_model(tmp_path / "out" / "models" / "toy" / "rp-a" / "checkpoint")
+    b = load_model(tmp_path / "out" / "models" / "toy" / "rp-b" / "checkpoint")
+    assert (a.seed, b.seed) == (1, 2) and not torch.equal(a.weight, b.weight)

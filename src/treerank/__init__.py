@@ -1,7 +1,8 @@
 """treerank: dense-retrieval research over frozen text embeddings.
 
-Layers (see DESIGN.md): readers -> encoders -> store -> models -> training -> search ->
-evaluation -> diagnostics -> pipeline -> cli. A layer imports only from layers before it.
+Layers (docs/DESIGN.md; checked by tests/test_layers.py): base -> kernels -> readers -> encoders
+-> store -> models -> training -> search -> evaluation -> diagnostics -> pipeline -> cli. A layer
+imports only from its own layer and the layers before it.
 """
 
 __version__ = "0.1.0"

@@ -100,3 +100,25 @@ def test_run_end_to_end_then_reuse_then_failure_keeps_results(tmp_path: Path) ->
         run_experiment(load_experiment(bad, output_dir=out), log=lambda s: None, progress=False)
     assert (out / "models" / "scifact" / "mlp" / "stage.json").read_text() == before
     assert (out / "eval" / "scifact" / "results.json").exists()
+
+
+def test_baselines_only_experiment_skips_diagnostics(tmp_path: Path) -> None:
+    from tests.pipeline.test_training import write_store
+
+    write_store(tmp_path / "stores" / "test", seed=1)
+    (tmp_path / "exp.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "datasets": [{"name": "toy", "store": "stores", "eval_split": "test"}],
+                "systems": ["cosine", "bm25"],
+                "evaluate": {"k": 20, "metrics": ["mrr@10", "ndcg@10"]},
+                "models": {},
+            }
+        )
+    )
+    cfg = load_experiment(tmp_path / "exp.yaml", output_dir=tmp_path / "out")
+    assert cfg.diagnose.model is None
+    res = run_experiment(cfg, log=lambda s: None, progress=False)
+    assert [r.name for r in res.stages] == ["evaluate:toy"]
+    report = json.loads(res.report_json.read_text())
+    assert set(report["datasets"]["toy"]["comparison"]["systems"]) == {"cosine", "bm25"}

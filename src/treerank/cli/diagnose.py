@@ -34,6 +34,9 @@ def diagnose(
     top_n: int = typer.Option(10, help="Top wins / losses profiled in the failure analysis."),
     examples: int = typer.Option(5, help="Example queries listed for wins and for losses."),
     plots: bool = typer.Option(True, "--plots/--no-plots", help="Write PNG plots."),
+    dim: int | None = typer.Option(
+        None, "--dim", help="Vector dimension (only for Go-tool stores without meta.json)."
+    ),
     probe_store: list[Path] = typer.Option(  # noqa: B006
         [],
         "--probe-store",
@@ -52,8 +55,8 @@ def diagnose(
     console = Console()
     metrics = tuple(dict.fromkeys([*DEFAULT_METRICS, metric]))
     try:
-        st = EmbeddingStore.open(store)
-        extra = [EmbeddingStore.open(p) for p in probe_store]
+        st = EmbeddingStore.open(store, dim=dim)
+        extra = [EmbeddingStore.open(p, dim=dim) for p in probe_store]
         res = run_diagnostics(
             checkpoint,
             st,

@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from treerank.cli.errors import fail
+from treerank.evaluation.metrics import DEFAULT_METRICS
 
 
 def _systems_help() -> str:
@@ -47,7 +48,7 @@ def evaluate(
     ),
     k: int = typer.Option(1000, "--k", help="Run depth."),
     metrics: list[str] = typer.Option(
-        ["mrr@10", "ndcg@10", "recall@100", "recall@1000"],
+        list(DEFAULT_METRICS),
         "--metric",
         "-m",
         help="Metric, repeatable (mrr@k, ndcg@k, recall@k, success@k, precision@k).",

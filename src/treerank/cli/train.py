@@ -25,6 +25,9 @@ def train(
     ),
     out: Path = typer.Option(..., "--out", "-o", help="Checkpoint directory to write."),
     split: str = typer.Option("train", "--split", help="Split used when --store is a root."),
+    dim: int | None = typer.Option(
+        None, "--dim", help="Vector dimension (only for Go-tool stores without meta.json)."
+    ),
     seed: int | None = typer.Option(None, "--seed", help="Override the config's seed."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bars."),
 ) -> None:
@@ -54,7 +57,7 @@ def train(
     if seed is not None:
         cfg["seed"] = seed
     try:
-        st = open_train_store(store, split)
+        st = open_train_store(store, split, dim=dim)
         res = train_model(model, st, cfg, out, progress=progress, where=str(config or "config"))
     except (ValueError, KeyError, FileNotFoundError) as exc:
         raise fail(str(exc)) from exc

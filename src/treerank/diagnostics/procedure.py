@@ -297,9 +297,9 @@ def run_diagnostics(
     model_name = str(getattr(model, "name", "model"))
     qrels = Qrels.from_store(store)
     metrics = tuple(metrics)
-    texts = store.query_texts()
+    texts = _query_texts(store)
     qids = store.query_ids()
-    labels = query_labels(texts, store.query_types())
+    labels = query_labels(texts, _query_types(store))
     # queries of steps 2 and 4: the evaluation store's, plus those of any probe stores
     rep_stores = [store, *probe_stores]
     for ps in probe_stores:
@@ -308,11 +308,11 @@ def run_diagnostics(
                 f"probe store {getattr(ps, 'path', ps)} was embedded with another encoder "
                 f"({str(ps.encoder_fingerprint)[:12]} vs {str(store.encoder_fingerprint)[:12]})"
             )
-    all_types: list[list[str] | None] = [s_.query_types() for s_ in rep_stores]
+    all_types: list[list[str] | None] = [_query_types(s_) for s_ in rep_stores]
     probe_types: list[str] | None = None
     if all(all_types):
         probe_types = [t for ts in all_types for t in (ts or [])]
-    probe_labels = query_labels([t for s_ in rep_stores for t in s_.query_texts()], probe_types)
+    probe_labels = query_labels([t for s_ in rep_stores for t in _query_texts(s_)], probe_types)
     qx = np.concatenate([np.asarray(s_.queries, dtype=np.float32) for s_ in rep_stores])
     timings: dict[str, float] = {}
 
@@ -464,6 +464,18 @@ def run_diagnostics(
     results["files"] = files
     _dump(out / "diagnostics.json", results)
     return to_json(results)  # plain JSON types, NaN -> None, as in diagnostics.json
+
+
+def _query_texts(store: Any) -> list[str]:
+    """Query texts, or empty strings for a store without text tables (Go-tool stores): the
+    text-based probe labels then have one class and those probes are skipped."""
+    if getattr(store, "has_texts", True):
+        return list(store.query_texts())
+    return [""] * int(store.n_queries)
+
+
+def _query_types(store: Any) -> list[str] | None:
+    return store.query_types() if getattr(store, "has_texts", True) else None
 
 
 def _count(values: Sequence[str]) -> dict[str, int]:

@@ -34,6 +34,8 @@ from typing import Any
 
 import numpy as np
 
+from treerank.evaluation.metrics import DEFAULT_METRICS
+
 EPS = 1e-12  # as torch.nn.functional.normalize
 
 
@@ -197,7 +199,7 @@ def evaluate_variants(
     *,
     names: Sequence[str] | None = None,
     k: int = 1000,
-    metrics: Sequence[str] = ("mrr@10", "ndcg@10", "recall@100", "recall@1000"),
+    metrics: Sequence[str] = DEFAULT_METRICS,
     qrels: Any = None,
     chunk_size: int = 65536,
     progress: bool = False,

@@ -31,16 +31,24 @@ class EncoderConfig:
 
 @dataclass
 class DatasetConfig:
-    """One dataset: where it is, how to read it, which split trains and which is evaluated."""
+    """One dataset: where it is, how to read it, which split trains and which is evaluated.
+
+    Either raw data (``path`` + ``format``: embedded by the run) or an existing store root
+    (``store``: a directory holding ``<split>/`` store directories, used as is; ``dim`` for
+    stores written by the Go ``cmd/embed`` tool, which have no ``meta.json``).
+    """
 
     name: str
-    path: Path
-    format: str
     eval_split: str
+    path: Path | None = None
+    format: str | None = None
+    store: Path | None = None
+    dim: int | None = None
     train_split: str | None = None
     limit: int | None = None
     max_passages: int | None = None
     systems: list[str] | None = None  # None = the experiment's systems + every trained model
+    models: list[str] | None = None  # models trained on this dataset's train split (None: all)
 
 
 @dataclass
@@ -78,7 +86,12 @@ class ModelSpec:
 
 @dataclass
 class ExperimentConfig:
-    """A whole ``treerank run`` experiment (see ``configs/sample.yaml`` for a commented example)."""
+    """A whole ``treerank run`` experiment (see ``configs/sample.yaml`` for a commented example).
+
+    ``transfer: true`` evaluates every model trained on any dataset on every dataset of the
+    experiment (system name ``<model>@<training dataset>`` on the other datasets) and adds the
+    transfer table to the report (``treerank.pipeline.transfer``).
+    """
 
     name: str
     source: Path
@@ -90,6 +103,7 @@ class ExperimentConfig:
     evaluate: EvaluateConfig
     diagnose: DiagnoseConfig
     raw: dict[str, Any]
+    transfer: bool = False
 
 
 def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -143,6 +157,7 @@ def load_experiment(
             "systems": list,
             "evaluate": dict,
             "diagnose": dict,
+            "transfer": bool,
             "quick": dict,
         },
         "the top level",
@@ -170,27 +185,39 @@ def load_experiment(
                 "name": str,
                 "path": str,
                 "format": str,
+                "store": str,
+                "dim": int,
                 "eval_split": str,
                 "train_split": str,
                 "limit": int,
                 "max_passages": int,
                 "systems": list,
+                "models": list,
             },
             f"datasets[{i}]",
             src,
         )
-        for req in ("name", "path", "format", "eval_split"):
+        if d.get("store"):
+            if d.get("path") or d.get("format"):
+                raise ConfigError(
+                    f"{src}: datasets[{i}] has 'store' and 'path'/'format'; give one of them"
+                )
+            required: tuple[str, ...] = ("name", "eval_split")
+        else:
+            required = ("name", "path", "format", "eval_split")
+        for req in required:
             if not d.get(req):
-                raise ConfigError(f"{src}: datasets[{i}] needs '{req}'")
-        if d["format"] not in FORMATS:
+                raise ConfigError(f"{src}: datasets[{i}] needs '{req}' (or 'store')")
+        if d.get("format") is not None and d["format"] not in FORMATS:
             raise ConfigError(
                 f"{src}: datasets[{i}].format {d['format']!r} unknown; known: {', '.join(FORMATS)}"
             )
-        p = Path(d["path"])
+        key = "store" if d.get("store") else "path"
+        p = Path(d[key])
         p = p if p.is_absolute() else (base / p)
         if not p.exists():
-            raise FileNotFoundError(f"{src}: datasets[{i}].path {p} does not exist")
-        datasets.append(DatasetConfig(**{**d, "path": p.resolve()}))
+            raise FileNotFoundError(f"{src}: datasets[{i}].{key} {p} does not exist")
+        datasets.append(DatasetConfig(**{**d, key: p.resolve()}))
     if not datasets:
         raise ConfigError(f"{src}: 'datasets' must list at least one dataset")
     names = [d.name for d in datasets]
@@ -198,6 +225,13 @@ def load_experiment(
         raise ConfigError(f"{src}: dataset names must be unique, got {names}")
 
     models = _models(top.get("models"), src)
+    for i, d in enumerate(datasets):
+        unknown = [m for m in d.models or [] if m not in models]
+        if unknown:
+            raise ConfigError(
+                f"{src}: datasets[{i}].models names {unknown}, not among models "
+                f"({', '.join(models) or 'none'})"
+            )
     ev = _take(
         top.get("evaluate") or {},
         {"k": int, "baselines": list, "metrics": list, "seed": int},
@@ -231,6 +265,7 @@ def load_experiment(
         evaluate=EvaluateConfig(**ev),
         diagnose=diagnose,
         raw=top,
+        transfer=bool(top.get("transfer", False)),
     )
 
 

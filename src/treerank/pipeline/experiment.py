@@ -45,6 +45,7 @@ class DatasetOutcome:
     eval_split: str
     store: Path
     train_store: Path | None = None
+    dim: int | None = None
     checkpoints: dict[str, Path] = field(default_factory=dict)
     training: dict[str, dict[str, Any]] = field(default_factory=dict)
     comparison: dict[str, Any] = field(default_factory=dict)
@@ -201,24 +202,34 @@ def run_experiment(
     outcomes: dict[str, DatasetOutcome] = {}
 
     for ds in cfg.datasets:
-        data_sha = file_sha256(ds.path)
-        splits = [s for s in (ds.train_split, ds.eval_split) if s]
-        for split in dict.fromkeys(splits):
-            rec = _embed_stage(run, ds, split, data_sha, enc_key, encoder)
-            run.stage_keys[f"store:{ds.name}:{split}"] = rec.key
-        outcomes[ds.name] = DatasetOutcome(
-            name=ds.name,
-            eval_split=ds.eval_split,
-            store=out / "stores" / ds.name / ds.eval_split,
-            train_store=(out / "stores" / ds.name / ds.train_split) if ds.train_split else None,
-            store_stats={
+        splits = list(dict.fromkeys(s for s in (ds.train_split, ds.eval_split) if s))
+        if ds.store is not None:  # an existing store root, used as is
+            root = ds.store
+            stats = {split: _existing_store(run, ds, split) for split in splits}
+        else:
+            root = out / "stores" / ds.name
+            assert ds.path is not None  # load_experiment: a dataset has `store` or `path`
+            data_sha = file_sha256(ds.path)
+            for split in splits:
+                rec = _embed_stage(run, ds, split, data_sha, enc_key, encoder)
+                run.stage_keys[f"store:{ds.name}:{split}"] = rec.key
+            stats = {
                 r.name.split(":")[-1]: r.summary
                 for r in run.records
                 if r.name.startswith(f"embed:{ds.name}:")
-            },
+            }
+        outcomes[ds.name] = DatasetOutcome(
+            name=ds.name,
+            eval_split=ds.eval_split,
+            store=root / ds.eval_split,
+            train_store=(root / ds.train_split) if ds.train_split else None,
+            dim=ds.dim,
+            store_stats=stats,
         )
         if ds.train_split:
             for spec in cfg.models.values():
+                if ds.models is not None and spec.name not in ds.models:
+                    continue
                 rec = _train_stage(run, ds, spec)
                 run.stage_keys[f"model:{ds.name}:{spec.name}"] = rec.key
                 outcomes[ds.name].checkpoints[spec.name] = rec.path / "checkpoint"
@@ -279,6 +290,7 @@ def _embed_stage(
         from treerank.readers import read_split
         from treerank.store import StoreExistsError, embed_split
 
+        assert ds.path is not None and ds.format is not None
         data = read_split(ds.path, ds.format, split, limit=ds.limit, max_passages=ds.max_passages)
         enc = encoder.get()
         try:
@@ -301,9 +313,34 @@ def _embed_stage(
     return run.stage(f"embed:{ds.name}:{split}", key, path, work, in_place=True)
 
 
+def _existing_store(run: _Run, ds: DatasetConfig, split: str) -> dict[str, Any]:
+    """Key and statistics of a split of a dataset's existing store (``datasets[].store``).
+
+    The key covers every file's name, size and modification time, so a changed store re-runs
+    the stages that read it.
+    """
+    from treerank.store import EmbeddingStore
+
+    assert ds.store is not None
+    path = ds.store / split
+    st = EmbeddingStore.open(path, dim=ds.dim)
+    files = sorted(
+        (str(p.relative_to(path)), p.stat().st_size, p.stat().st_mtime_ns)
+        for p in path.rglob("*")
+        if p.is_file() and p.name != "stage.json"
+    )
+    run.stage_keys[f"store:{ds.name}:{split}"] = fingerprint("store", str(path), ds.dim, files)
+    return {"n_queries": st.n_queries, "n_passages": st.n_passages, "k": st.k, "store": str(path)}
+
+
+def _store_dir(run: _Run, ds: DatasetConfig, split: str) -> Path:
+    root = ds.store if ds.store is not None else run.cfg.output_dir / "stores" / ds.name
+    return root / split
+
+
 def _train_stage(run: _Run, ds: DatasetConfig, spec: ModelSpec) -> StageRecord:
     assert ds.train_split is not None
-    store_dir = run.cfg.output_dir / "stores" / ds.name / ds.train_split
+    store_dir = _store_dir(run, ds, ds.train_split)
     path = run.cfg.output_dir / "models" / ds.name / spec.name
     key = fingerprint(
         "train",
@@ -322,7 +359,7 @@ def _train_stage(run: _Run, ds: DatasetConfig, spec: ModelSpec) -> StageRecord:
         )
         res = train_model(
             spec.family,
-            EmbeddingStore.open(store_dir),
+            EmbeddingStore.open(store_dir, dim=ds.dim),
             spec.config,
             d / "checkpoint",
             progress=run.progress,
@@ -341,6 +378,11 @@ def _systems_for(
     systems = {s: s for s in specs}
     for model_name, ckpt in outcomes[ds.name].checkpoints.items():
         systems[model_name] = f"ckpt:{ckpt}"
+    if cfg.transfer:  # every model trained elsewhere, zero-shot on this dataset
+        for other, o in outcomes.items():
+            if other != ds.name:
+                for model_name, ckpt in o.checkpoints.items():
+                    systems[f"{model_name}@{other}"] = f"ckpt:{ckpt}"
     for base in cfg.evaluate.baselines:
         systems.setdefault(base, base)
     return systems
@@ -354,7 +396,13 @@ def _evaluate_stage(
 ) -> StageRecord:
     path = run.cfg.output_dir / "eval" / ds.name
     deps = {
-        name: run.stage_keys.get(f"model:{ds.name}:{name}", spec) for name, spec in systems.items()
+        name: run.stage_keys.get(
+            f"model:{name.split('@')[1]}:{name.split('@')[0]}"
+            if "@" in name
+            else f"model:{ds.name}:{name}",
+            spec,
+        )
+        for name, spec in systems.items()
     }
     ev = run.cfg.evaluate
     key = fingerprint(
@@ -374,7 +422,7 @@ def _evaluate_stage(
         from treerank.search.systems import build_system
         from treerank.store import EmbeddingStore
 
-        store = EmbeddingStore.open(o.store)
+        store = EmbeddingStore.open(o.store, dim=o.dim)
         # Built here (not from the spec strings inside compare_systems) so that the trained
         # models' systems can be asked for their family's report afterwards.
         cache: dict[str, Any] = {}
@@ -404,7 +452,7 @@ def _evaluate_stage(
                 seen_positive_mask,
             )
 
-            seen = seen_positive_mask(store, EmbeddingStore.open(o.train_store))
+            seen = seen_positive_mask(store, EmbeddingStore.open(o.train_store, dim=o.dim))
             per_query = {s: r.per_query for s, r in comp.results.items()}
             doc = overlap_breakdown(per_query, seen, ev.baselines[0], ev.metrics, seed=ev.seed)
             (d / "overlap.json").write_text(json.dumps(_jsonable(doc), indent=2))
@@ -456,7 +504,7 @@ def _diagnose_stage(
 
         doc = run_diagnostics(
             o.checkpoints[model_name],
-            EmbeddingStore.open(o.store),
+            EmbeddingStore.open(o.store, dim=o.dim),
             d,
             baseline=run.cfg.diagnose.baseline,
             k=run.cfg.evaluate.k,
@@ -506,7 +554,7 @@ def _encoder_meta(outcomes: dict[str, DatasetOutcome]) -> dict[str, Any]:
 
     seen: dict[str, Any] = {}
     for o in outcomes.values():
-        s = EmbeddingStore.open(o.store)
+        s = EmbeddingStore.open(o.store, dim=o.dim)
         seen[str(s.encoder_fingerprint)] = {
             "name": s.encoder_name,
             "fingerprint": s.encoder_fingerprint,

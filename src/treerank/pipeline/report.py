@@ -165,6 +165,17 @@ def write_report(
     for name, o in outcomes.items():
         md += summary_lines(name, o, metric, cfg.evaluate.baselines[0])
     md.append("")
+    if cfg.transfer:
+        from treerank.pipeline.transfer import transfer_tables
+
+        md += [
+            "## Transfer: each model x training source on every dataset",
+            "",
+            "Cell: mean (paired delta vs each baseline, * p < 0.05, randomization test); on the "
+            "model's own dataset also its unseen-positive part.",
+            "",
+            transfer_tables(outcomes, cfg.evaluate.metrics, cfg.evaluate.baselines),
+        ]
     for name, o in outcomes.items():
         comp = o.comparison
         systems = comp.get("systems", {})

@@ -28,6 +28,7 @@ __all__ = [
     "TrainResult",
     "ValidationConfig",
     "ensure_mined_negatives",
+    "ensure_training_sources",
     "make_validator",
     "open_train_store",
     "train_model",
@@ -56,11 +57,16 @@ class TrainResult:
     curves_path: Path | None = None
 
 
-def open_train_store(path: str | Path, split: str = "train") -> Any:
+def open_train_store(path: str | Path, split: str = "train", dim: int | None = None) -> Any:
     """Open a store from a split directory, or from a store root holding ``<root>/<split>/``.
+
+    Args:
+        dim: the vector dimension, needed only for stores written by the Go ``cmd/embed`` tool
+            (no ``meta.json``; 3840 dims).
 
     Raises:
         FileNotFoundError: neither ``path/meta.json`` nor ``path/<split>/`` exists.
+        StoreFormatError: a Go-layout store opened without ``dim`` (the message says so).
     """
     from treerank.store import EmbeddingStore
 
@@ -71,7 +77,7 @@ def open_train_store(path: str | Path, split: str = "train") -> Any:
         raise FileNotFoundError(
             f"{path}: no such store directory (expected a split dir or a root holding {split}/)"
         )
-    return EmbeddingStore.open(path)
+    return EmbeddingStore.open(path, dim=dim)
 
 
 def _subsample_passages(
@@ -159,6 +165,55 @@ def ensure_mined_negatives(store: Any, data: Any) -> dict[str, Any] | None:
     return dict(meta or {"array": name})
 
 
+def ensure_training_sources(
+    store: Any, data: Any, *, progress: bool = True
+) -> dict[str, Any] | None:
+    """Prepare the ``data.sources`` a trainer will read (``treerank.training.data``).
+
+    * ``pseudo``: build the pseudo split of ``store``'s corpus and embed it once into
+      ``pseudo_dir(store, spec)`` (a finished one is reused: nothing is encoded again);
+    * ``teacher``: run the teacher system (any ``--system`` spec) over the chosen queries,
+      top-``k``, into the sidecar arrays ``teacher_array(spec)-ids`` / ``-scores`` of the store
+      whose queries it ranks (kept for re-runs).
+
+    Returns:
+        What was prepared (paths, array names), or None when ``data`` has no sources.
+    """
+    raw = getattr(data, "sources", None)
+    if raw is None:
+        return None
+    from treerank.search.systems import build_system
+    from treerank.store import EmbeddingStore
+    from treerank.training.data import parse_sources, pseudo_dir, teacher_array
+    from treerank.training.pseudo import build_pseudo_store
+
+    specs = parse_sources(raw)
+    done: dict[str, Any] = {}
+    pseudo = None
+    for spec in specs:
+        if spec.kind == "pseudo":
+            path = pseudo_dir(store, spec)
+            if (path / "meta.json").is_file():
+                pseudo = EmbeddingStore.open(path)
+            else:
+                pseudo, _ = build_pseudo_store(
+                    store, spec.pseudo_config(), out_dir=path, progress=progress
+                )
+            done["pseudo"] = str(path)
+    for spec in specs:
+        if spec.kind != "teacher":
+            continue
+        target: Any = pseudo if spec.queries == "pseudo" else store
+        stem = teacher_array(spec)
+        if not (target.has_array(f"{stem}-ids") and target.has_array(f"{stem}-scores")):
+            run = build_system(str(spec.system), progress=progress).retrieve(target, spec.k)
+            meta = {"system": spec.system, "k": spec.k, "queries": spec.queries}
+            target.save_array(f"{stem}-scores", run.scores, meta=meta)
+            target.save_array(f"{stem}-ids", run.ids, meta=meta)
+        done[f"teacher:{spec.system}"] = f"{target.path}/arrays/{stem}-ids.npy"
+    return done
+
+
 def train_model(
     family_name: str,
     train_store: Any,
@@ -204,12 +259,15 @@ def train_model(
     train_rows, held = holdout_split(has_rel, vcfg.fraction, seed, vcfg.max_queries, groups)
     validate = make_validator(store, held, vcfg, seed) if held.size else None
     mined = ensure_mined_negatives(store, cfg.data) if fam.mines_negatives else None
+    sources = ensure_training_sources(store, cfg.data, progress=progress)
 
     log = TrainingLog()
     out = fn(store, cfg, train_rows=train_rows, validate=validate, log=log, progress=progress)
     summary = dict(out.summary)
     if mined is not None:
         summary["mined_negatives"] = mined
+    if sources is not None:
+        summary["training_sources"] = sources
     summary["validation"] = {**asdict(vcfg), "heldout_queries": int(held.size)}
     ckpt_dir, log_path, curves = save_trained_model(
         out_dir,

@@ -6,7 +6,7 @@ import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
-from treerank.readers.beir import read_beir
+from treerank.readers.beir import is_beir_zip, read_beir
 from treerank.readers.cranfield import read_cranfield
 from treerank.readers.dl19 import read_trec_dl_pool
 from treerank.readers.errors import DataFormatError
@@ -23,7 +23,11 @@ FORMATS: dict[str, tuple[Callable[[Path, str], RetrievalSplit], str, str]] = {
         "validation",
         "MS MARCO v2.1 HF schema: parquet file/shard dir, JSON, JSONL",
     ),
-    "beir": (read_beir, "test", "BEIR folder: corpus.jsonl, queries.jsonl, qrels/<split>.tsv"),
+    "beir": (
+        read_beir,
+        "test",
+        "BEIR folder or zip: corpus.jsonl, queries.jsonl, qrels/<split>.tsv",
+    ),
     "scifact": (read_scifact, "test", "SciFact export scifact.zip (BEIR splits train/test)"),
     "trec-dl": (
         read_trec_dl_pool,
@@ -52,8 +56,11 @@ def detect_format(path: str | Path) -> str:
         if p.suffix == ".zip":
             try:
                 with zipfile.ZipFile(p) as zf:
-                    if any(n.endswith("corpus_train.csv") for n in zf.namelist()):
-                        return "scifact"
+                    names = zf.namelist()
+                if any(n.endswith("corpus_train.csv") for n in names):
+                    return "scifact"
+                if is_beir_zip(p):
+                    return "beir"
             except zipfile.BadZipFile:
                 raise DataFormatError(p, "not a zip archive") from None
         raise DataFormatError(

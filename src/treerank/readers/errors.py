@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 
 class DataFormatError(ValueError):
@@ -83,14 +83,22 @@ def decode_utf8(raw: bytes, path: str | Path) -> str:
     return text[1:] if text.startswith("\ufeff") else text
 
 
-def iter_jsonl(path: str | Path, required: tuple[str, ...]) -> Iterator[tuple[int, dict[str, Any]]]:
+def iter_jsonl(
+    path: str | Path, required: tuple[str, ...], stream: IO[bytes] | None = None
+) -> Iterator[tuple[int, dict[str, Any]]]:
     """Yield ``(1-based line, object)`` from a JSON Lines file.
+
+    Args:
+        path: the file; with ``stream``, only the name used in error messages (e.g. a zip
+            member written ``archive.zip/member``).
+        required: keys every object must have.
+        stream: an open binary stream to read instead of opening ``path`` (a zip member).
 
     Raises:
         DataFormatError: missing file, bad UTF-8, invalid JSON, or a missing required key.
     """
-    p = require_file(path)
-    with open(p, "rb") as f:
+    p = Path(path) if stream is not None else require_file(path)
+    with open(p, "rb") if stream is None else stream as f:
         for line_no, raw in enumerate(f, start=1):
             line = decode_utf8(raw, p) if raw.strip() else ""
             if not line.strip():

@@ -53,8 +53,13 @@ def read_trec_qrels(path: str | Path) -> list[tuple[str, str, int]]:
     Raises:
         DataFormatError: missing file, bad UTF-8, wrong column count, non-integer grade.
     """
+    return parse_trec_qrels(read_text_lines(path), path)
+
+
+def parse_trec_qrels(lines: Sequence[str], path: str | Path) -> list[tuple[str, str, int]]:
+    """:func:`read_trec_qrels` on lines already read (``path`` names them in errors)."""
     out: list[tuple[str, str, int]] = []
-    for line_no, line in enumerate(read_text_lines(path), start=1):
+    for line_no, line in enumerate(lines, start=1):
         parts = line.split()
         if not parts:
             continue

@@ -19,10 +19,11 @@ from typing import Any
 import numpy as np
 
 from treerank.search.bm25 import BM25Index, BM25Params
+from treerank.store.format import MINED_NEGATIVES_ARRAY
 
 __all__ = ["DEFAULT_ARRAY", "drop_labelled", "mine_bm25_negatives"]
 
-DEFAULT_ARRAY = "bm25_negatives"
+DEFAULT_ARRAY = MINED_NEGATIVES_ARRAY
 
 
 def drop_labelled(

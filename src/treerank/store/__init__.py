@@ -1,4 +1,4 @@
-"""treerank.store: the binary embedding store (format in DESIGN.md), memory-mapped, resumable."""
+"""treerank.store: the binary embedding store (docs/DESIGN.md), memory-mapped, resumable."""
 
 from treerank.store.embed import EmbedStats, StoreExistsError, embed_split, split_digest
 from treerank.store.embedding_store import EmbeddingStore

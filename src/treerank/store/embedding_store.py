@@ -273,12 +273,22 @@ class EmbeddingStore:
         """Text of each passage id."""
         return [r["text"] for r in self._passages_table()]
 
+    @property
+    def has_texts(self) -> bool:
+        """Whether the store has its text tables (Go-tool stores have none)."""
+        return (self.path / QUERIES_JSONL).is_file() and (self.path / PASSAGES_JSONL).is_file()
+
     def query_ids(self) -> list[str]:
-        """Source id of each query id."""
+        """Source id of each query id (the row number as text for a Go-tool store)."""
+        if self.meta.get("legacy") and not self.has_texts:
+            return [str(i) for i in range(self.n_queries)]
         return [r["id"] for r in self._queries_table()]
 
     def passage_ids(self) -> list[str]:
-        """Source id of each passage id (its first occurrence)."""
+        """Source id of each passage id, its first occurrence (the row number as text for a
+        Go-tool store)."""
+        if self.meta.get("legacy") and not self.has_texts:
+            return [str(i) for i in range(self.n_passages)]
         return [r["id"] for r in self._passages_table()]
 
     def query_types(self) -> list[str] | None:

@@ -1,4 +1,4 @@
-"""The store's on-disk format: file names, dtypes, errors, atomic writes (DESIGN.md, kept exact).
+"""The store's on-disk format: file names, dtypes, errors, atomic writes (docs/DESIGN.md).
 
 One directory per split:
 
@@ -41,6 +41,7 @@ PASSAGES_JSONL = "passages.jsonl"
 ALIASES_TSV = "passage_aliases.tsv"
 PROGRESS_JSON = "progress.json"
 ARRAYS_DIR = "arrays"
+MINED_NEGATIVES_ARRAY = "bm25_negatives"  # sidecar array of BM25-mined hard negatives
 
 VECTOR_DTYPE = np.dtype("<f4")
 INDEX_DTYPE = np.dtype("<i4")

@@ -186,7 +186,7 @@ def _weighted_mean(values: Tensor, weights: Tensor) -> Tensor:
 # ---------------------------------------------------------------------------------- config
 @dataclass
 class ForestTrainConfig:
-    """Hyperparameters of :func:`train_forest` (the keys of ``models.forest`` in an experiment).
+    """Hyperparameters of :func:`train_forest`, flat (config sections: :data:`FOREST_SECTIONS`).
 
     The seed's scale is ``n_models = 2000, n_classes = 1000``; the bundled configs use less so
     that the sample pipeline fits a 2-core CPU budget (see ``configs/forest/``).

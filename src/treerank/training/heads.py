@@ -25,14 +25,18 @@ import torch
 from treerank.config import ConfigError
 from treerank.models.linear import LinearHead
 from treerank.models.mlp import MLPHead
+from treerank.store.format import MINED_NEGATIVES_ARRAY
 from treerank.training.config import TrainConfig, parse_train_config
+from treerank.training.data import build_training_table, parse_sources
 from treerank.training.history import TrainingLog
+from treerank.training.refresh import NegativeRefresher
 from treerank.training.sampler import (
     ContrastiveSampler,
     guard_mined_negatives,
     hard_negative_pool,
     relevant_lists,
 )
+from treerank.training.sources import PairSampler
 from treerank.training.trainer import FitResult, TrainerConfig, TrainOutput, Validate, fit
 
 __all__ = [
@@ -66,19 +70,34 @@ class SamplerConfig:
         guard_margin: false-negative guard: drop a mined negative whose frozen score is within
             this margin of the query's best positive (None: off).
         drop_last: drop a final short batch.
+        sources: training-data sources (``treerank.training.data.SourceSpec`` entries: labels,
+            teacher pairs, pseudo-queries, with weights); None: the split's labels with the
+            hard negatives above. With sources, batches hold in-batch negatives only (or every
+            passage with ``trainer.negatives: all``).
+        collisions: with sources, a batch never holds two queries sharing a target passage or a
+            query text.
+        refresh_depth: model ranks mined per query when ``trainer.refresh_every`` is set.
+        refresh_max_rate: false-negative tolerance of the audit that sets the refreshed pool's
+            guard depth (``treerank.training.audit``).
     """
 
     batch_size: int = 64
     n_hard: int = 1
     hard_negatives: str = "auto"
     hard_pool_depth: int | None = 30
-    mined_array: str = "bm25_negatives"
+    mined_array: str = MINED_NEGATIVES_ARRAY
     mine_depth: int = 100
     guard_skip_top: int = 3
     guard_margin: float | None = None
     drop_last: bool = True
+    sources: list[dict[str, Any]] | None = None
+    collisions: bool = True
+    refresh_depth: int = 100
+    refresh_max_rate: float = 0.02
 
     def __post_init__(self) -> None:
+        if self.sources is not None:
+            parse_sources(self.sources)  # raises on a bad entry (the message names it)
         if self.hard_negatives not in HARD_NEGATIVE_SOURCES:
             raise ValueError(
                 f"hard_negatives {self.hard_negatives!r} unknown; "
@@ -211,18 +230,36 @@ def train_contrastive(
     Returns:
         ``(fit_result, summary)`` with the sampler info, fit outcome and config.
     """
-    sampler, info = build_sampler(store, config.data, train_rows=train_rows, seed=config.seed)
+    data: SamplerConfig = config.data
     log = log if log is not None else TrainingLog()
+    refresh = None
+    if data.sources is not None:
+        table = build_training_table(store, parse_sources(data.sources), train_rows)
+        sampler: Any = PairSampler(
+            table.sources,
+            weights=table.weights,
+            batch_size=data.batch_size,
+            seed=config.seed,
+            collisions=data.collisions,
+        )
+        queries, passages = table.queries, table.passages
+        info: dict[str, Any] = {"sources": table.info, "batches_per_epoch": len(sampler)}
+    else:
+        sampler, info = build_sampler(store, data, train_rows=train_rows, seed=config.seed)
+        queries, passages = store.queries, store.passages
+        if config.trainer.refresh_every:
+            refresh = _refresher(store, sampler, data, train_rows)
     log.write("config", **config.to_dict(), sampler_info=info)
     result = fit(
         model,
         sampler,
-        store.queries,
-        store.passages,
+        queries,
+        passages,
         config.trainer,
         validate=validate,
         log=log,
         progress=progress,
+        refresh=refresh,
     )
     summary = {
         "sampler": info,
@@ -235,6 +272,40 @@ def train_contrastive(
         "config": config.to_dict(),
     }
     return result, summary
+
+
+def _refresher(
+    store: Any, sampler: ContrastiveSampler, data: SamplerConfig, train_rows: np.ndarray | None
+) -> NegativeRefresher:
+    """ANCE-style refresh: the current model's exact top-``refresh_depth`` for every query,
+    audited on the labelled queries held out of training (all labelled ones if none)."""
+    from treerank.kernels.topk import exact_search
+
+    cand, lab = np.asarray(store.candidates), np.asarray(store.labels)
+    thr = int(store.relevance_threshold)
+    labelled = np.flatnonzero(((cand >= 0) & (lab >= thr)).any(axis=1))
+    held = labelled if train_rows is None else np.setdiff1d(labelled, train_rows)
+    queries = np.asarray(store.queries, dtype=np.float32)
+
+    def mine(model: Any) -> np.ndarray:
+        ids, _ = exact_search(
+            model.encode_queries(queries),
+            store.passages,
+            k=data.refresh_depth,
+            passage_transform=model.encode_passages,
+        )
+        return ids
+
+    return NegativeRefresher(
+        sampler,
+        cand,
+        lab,
+        mine,
+        relevance_threshold=thr,
+        max_rate=data.refresh_max_rate,
+        pool_depth=data.hard_pool_depth,
+        audit_rows=held if held.size else labelled,
+    )
 
 
 def train_head(

@@ -11,10 +11,18 @@ hard negatives, the worked example pinned in ``tests/training/test_losses.py``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
-__all__ = ["info_nce", "info_nce_symmetric"]
+__all__ = [
+    "full_corpus_softmax",
+    "info_nce",
+    "info_nce_symmetric",
+    "listwise_kl",
+    "teacher_distribution",
+]
 
 
 def _check(scores: Tensor, positive: Tensor, mask_out: Tensor | None) -> None:
@@ -112,3 +120,180 @@ def info_nce_symmetric(
     p_t = positive.t()[cols]
     m_t = mask_out.t()[cols] if mask_out is not None else None
     return info_nce(s_t, p_t, m_t, temperature)
+
+
+def listwise_kl(
+    scores: Tensor,
+    target: Tensor,
+    mask_out: Tensor | None = None,
+    temperature: float | Tensor = 1.0,
+    reduction: str = "mean",
+) -> Tensor:
+    """Listwise distillation: ``KL(target || softmax(scores / temperature))`` per row.
+
+    For row ``i`` with student logits ``z_ij = scores_ij / temperature`` over the candidate set
+    ``C_i = {j : not mask_out_ij}`` and a teacher distribution ``t_i`` (zero outside ``C_i``)::
+
+        loss_i = sum_j t_ij (log t_ij - z_ij) + logsumexp_{j in C_i} z_ij
+
+    (terms with ``t_ij = 0`` contribute 0). With a one-hot ``t`` this is exactly
+    :func:`info_nce`. The teacher distribution is usually ``softmax(teacher_scores / T)`` over
+    the teacher's top-k (:func:`teacher_distribution`).
+
+    Reference: Hinton et al. (2015), "Distilling the Knowledge in a Neural Network"; the
+    listwise form of RocketQAv2 (Ren et al., 2021).
+
+    Args:
+        scores: ``float (B, M)`` student scores (logits once divided by ``temperature``).
+        target: ``float (B, M)`` teacher probabilities, rows summing to 1, ``>= 0``.
+        mask_out: ``bool (B, M)`` or None: cells removed from the student's softmax; the target
+            must be 0 there.
+        temperature: divides the student scores.
+        reduction: ``"mean"``, ``"sum"`` or ``"none"``.
+
+    Returns:
+        The loss in nats (0-d, or ``(B,)`` for ``"none"``); 0 when the student equals the teacher.
+
+    Raises:
+        ValueError: shapes differ, negative targets, rows not summing to 1, target mass on a
+            masked cell, unknown reduction.
+    """
+    if scores.ndim != 2 or target.shape != scores.shape:
+        raise ValueError(
+            f"listwise_kl: scores {tuple(scores.shape)} and target {tuple(target.shape)} "
+            "must be equal (B, M)"
+        )
+    t = target.to(scores.dtype)
+    if bool((t < 0).any()) or not torch.allclose(t.sum(dim=1), torch.ones_like(t[:, 0]), atol=1e-4):
+        raise ValueError("listwise_kl: target rows must be probability distributions")
+    logits = scores / temperature
+    if mask_out is not None:
+        if mask_out.shape != scores.shape or mask_out.dtype != torch.bool:
+            raise ValueError("listwise_kl: mask_out must be a bool tensor shaped like scores")
+        if bool((t[mask_out] > 0).any()):
+            raise ValueError("listwise_kl: target puts mass on a masked-out cell")
+        logits = logits.masked_fill(mask_out, torch.finfo(logits.dtype).min)
+    log_p = torch.log_softmax(logits, dim=1)  # (B, M)
+    ent = torch.where(t > 0, t * torch.log(t.clamp_min(1e-30)), torch.zeros_like(t))
+    loss = (ent - torch.where(t > 0, t * log_p, torch.zeros_like(t))).sum(dim=1)  # (B,)
+    return _reduce(loss, reduction, "listwise_kl")
+
+
+def teacher_distribution(teacher_scores: Tensor, valid: Tensor, temperature: float) -> Tensor:
+    """``softmax(teacher_scores / temperature)`` over each row's valid cells (0 elsewhere).
+
+    Args:
+        teacher_scores: ``float (B, L)`` the teacher's scores of its top-``L`` (BM25 scores,
+            cosines, fused scores; any scale, which is what ``temperature`` is for).
+        valid: ``bool (B, L)`` False on padding; every row needs one valid cell.
+        temperature: teacher temperature (> 0); small -> close to the teacher's top-1.
+
+    Raises:
+        ValueError: ``temperature <= 0`` or a row without a valid cell.
+    """
+    if temperature <= 0:
+        raise ValueError(f"teacher temperature must be > 0, got {temperature}")
+    if not bool(valid.any(dim=1).all()):
+        raise ValueError("teacher_distribution: every row needs at least one valid cell")
+    z = (teacher_scores / temperature).masked_fill(~valid, float("-inf"))
+    return torch.softmax(z, dim=1)
+
+
+def full_corpus_softmax(
+    q_repr: Tensor,
+    passages: Tensor,
+    encode_passages: Callable[[Tensor], Tensor],
+    score_matrix: Callable[[Tensor, Tensor], Tensor],
+    target_ids: Tensor,
+    target_weights: Tensor,
+    exclude_ids: Tensor | None = None,
+    chunk_size: int = 8192,
+    reduction: str = "mean",
+) -> Tensor:
+    """Exact softmax cross-entropy of each query over **every** passage of the split, chunked.
+
+    With frozen stored vectors the whole corpus can be the candidate set (no sampled
+    negatives): for query ``i`` with logits ``z_ij = score_matrix(q_i, encode_passages(P_j))``
+    over all ``N`` passages except ``exclude_ids[i]``, and a target distribution ``w_i`` over
+    the passages ``target_ids[i]``::
+
+        loss_i = logsumexp_{j} z_ij - sum_l w_il z_{i, target_il}
+
+    A one-hot ``w`` is InfoNCE with the full corpus as negatives; a teacher distribution makes
+    it listwise KL distillation up to the teacher's (constant) entropy. The log-sum-exp is taken
+    chunk by chunk under activation checkpointing (``torch.utils.checkpoint``), so autograd
+    keeps only ``(B,)`` per chunk and recomputes one chunk at a time in the backward pass:
+    memory is ``O(chunk_size * (d + B))`` whatever ``N``, and the gradient is exact.
+
+    Args:
+        q_repr: ``float (B, ...)`` query representations (through the query tower, with grad).
+        passages: ``float32 (N, d)`` stored passage vectors (a CPU tensor; no grad).
+        encode_passages: the passage tower, ``(c, d) -> (c, ...)``.
+        score_matrix: ``(B, ...), (c, ...) -> (B, c)`` logits (temperature already applied).
+        target_ids: ``int64 (B, L)`` passage ids carrying target mass, ``-1`` padding.
+        target_weights: ``float (B, L)`` target mass per id, rows summing to 1, 0 on padding.
+        exclude_ids: ``int64 (B, K)`` passages removed from row ``i``'s softmax (other labelled
+            positives, never pushed away), ``-1`` padding; must not carry target mass.
+        chunk_size: passages per chunk.
+        reduction: ``"mean"``, ``"sum"`` or ``"none"``.
+
+    Returns:
+        The loss in nats (0-d or ``(B,)``).
+
+    Raises:
+        ValueError: bad shapes, ids out of range, weights that are not distributions.
+    """
+    from torch.utils.checkpoint import checkpoint
+
+    n = int(passages.shape[0])
+    bsz = int(q_repr.shape[0])
+    if target_ids.shape != target_weights.shape or target_ids.shape[0] != bsz:
+        raise ValueError(
+            f"full_corpus_softmax: target_ids {tuple(target_ids.shape)} and target_weights "
+            f"{tuple(target_weights.shape)} must be (B={bsz}, L)"
+        )
+    if chunk_size < 1:
+        raise ValueError(f"full_corpus_softmax: chunk_size must be >= 1, got {chunk_size}")
+    if bool((target_ids >= n).any()) or (
+        exclude_ids is not None and bool((exclude_ids >= n).any())
+    ):
+        raise ValueError(f"full_corpus_softmax: passage id out of range [0, {n})")
+    w = torch.where(target_ids >= 0, target_weights, torch.zeros_like(target_weights))
+    if bool((w < 0).any()) or not torch.allclose(w.sum(dim=1), torch.ones(bsz), atol=1e-4):
+        raise ValueError("full_corpus_softmax: target weights must be distributions per row")
+    excl = exclude_ids if exclude_ids is not None else torch.full((bsz, 0), -1)
+    if excl.numel():
+        hit = (excl[:, :, None] == target_ids[:, None, :]) & (excl[:, :, None] >= 0)
+        if bool((hit & (w[:, None, :] > 0)).any()):
+            raise ValueError("full_corpus_softmax: an excluded passage carries target mass")
+    neg_inf = torch.finfo(q_repr.dtype).min
+
+    def chunk_lse(q: Tensor, block: Tensor, start: Tensor) -> Tensor:
+        z = score_matrix(q, encode_passages(block))  # (B, c)
+        if excl.numel():
+            ids = int(start) + torch.arange(block.shape[0])
+            drop = (excl[:, :, None] == ids[None, None, :]).any(dim=1)  # (B, c)
+            z = z.masked_fill(drop, neg_inf)
+        return torch.logsumexp(z, dim=1)  # (B,)
+
+    parts = []
+    for start in range(0, n, chunk_size):
+        block = passages[start : start + chunk_size]
+        parts.append(checkpoint(chunk_lse, q_repr, block, torch.tensor(start), use_reentrant=False))
+    lse = torch.logsumexp(torch.stack(parts, dim=1), dim=1)  # (B,)
+    flat = target_ids.clamp_min(0).reshape(-1)
+    uniq, inv = torch.unique(flat, return_inverse=True)
+    z_t = score_matrix(q_repr, encode_passages(passages[uniq]))  # (B, U)
+    z_target = torch.gather(z_t, 1, inv.reshape(target_ids.shape))  # (B, L)
+    loss = lse - (w * z_target).sum(dim=1)
+    return _reduce(loss, reduction, "full_corpus_softmax")
+
+
+def _reduce(loss: Tensor, reduction: str, who: str) -> Tensor:
+    if reduction == "mean":
+        return loss.mean()
+    if reduction == "sum":
+        return loss.sum()
+    if reduction == "none":
+        return loss
+    raise ValueError(f"{who}: unknown reduction {reduction!r} (mean, sum, none)")

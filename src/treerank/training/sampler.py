@@ -57,12 +57,23 @@ class Batch:
         positive: ``bool (B, M)`` True at each query's designated positive (one per row).
         mask_out: ``bool (B, M)`` True where the passage is labelled for the query but is not
             its designated positive (removed from that row's softmax denominator).
+        target: ``float32 (B, M)`` teacher distribution over the columns (soft labels), or
+            None (one-hot on ``positive``: InfoNCE).
+        target_ids, target_weights: ``int64 / float32 (B, L)`` the same target by passage id
+            (``-1`` padding), for losses over the whole corpus (``negatives: all``); None: the
+            designated positives.
+        exclude_ids: ``int64 (B, K)`` passages kept out of each row's softmax over the whole
+            corpus, ``-1`` padding; None: the row's labelled non-positive candidates.
     """
 
     query_rows: np.ndarray
     passage_rows: np.ndarray
     positive: np.ndarray
     mask_out: np.ndarray
+    target: np.ndarray | None = None
+    target_ids: np.ndarray | None = None
+    target_weights: np.ndarray | None = None
+    exclude_ids: np.ndarray | None = None
 
     @property
     def size(self) -> tuple[int, int]:
@@ -318,7 +329,16 @@ class ContrastiveSampler:
         r_idx = np.broadcast_to(np.arange(bsz)[:, None], lab.shape)
         mask_out[r_idx[present], at[present]] = True
         mask_out &= ~positive
-        return Batch(rows, cols, positive, mask_out)
+        excl = np.where(lab != pos[:, None], lab, -1)  # (B, K) labelled, not designated
+        return Batch(
+            rows,
+            cols,
+            positive,
+            mask_out,
+            target_ids=pos[:, None].copy(),
+            target_weights=np.ones((bsz, 1), dtype=np.float32),
+            exclude_ids=excl,
+        )
 
 
 def _draw(pool: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:

@@ -45,7 +45,12 @@ from tqdm.auto import tqdm
 
 from treerank.config import build
 from treerank.training.history import TrainingLog
-from treerank.training.losses import info_nce, info_nce_symmetric
+from treerank.training.losses import (
+    full_corpus_softmax,
+    info_nce,
+    info_nce_symmetric,
+    listwise_kl,
+)
 from treerank.training.monitor import batch_stats
 from treerank.training.sampler import Batch, ContrastiveSampler
 from treerank.training.schedule import warmup_cosine_scheduler
@@ -97,6 +102,11 @@ class TrainerConfig:
         min_delta: an improvement must exceed this.
         seed: seeds torch (dropout, init done inside ``fit``) for a deterministic run.
         threads: ``torch.set_num_threads`` for the run (None: leave torch's setting).
+        negatives: ``"batch"`` (in-batch + hard negatives) or ``"all"`` (the exact softmax
+            over every passage of the split, chunked; with frozen vectors a head can afford it).
+        chunk_size: passages per chunk for ``negatives: all`` (memory ~ chunk x (d + B)).
+        refresh_every: steps between model-refreshed hard-negative mining (ANCE; needs a
+            ``refresh`` callback in :func:`fit`); None: negatives are mined once.
     """
 
     epochs: int = 20
@@ -115,6 +125,9 @@ class TrainerConfig:
     min_delta: float = 0.0
     seed: int = 0
     threads: int | None = None
+    negatives: str = "batch"
+    chunk_size: int = 8192
+    refresh_every: int | None = None
 
     def __post_init__(self) -> None:
         self.betas = (float(self.betas[0]), float(self.betas[1]))
@@ -122,6 +135,10 @@ class TrainerConfig:
             raise ValueError("epochs >= 1, lr > 0 and log_every >= 1 are required")
         if not 0 <= self.warmup_ratio < 1:
             raise ValueError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
+        if self.negatives not in ("batch", "all") or self.chunk_size < 1:
+            raise ValueError(
+                f"negatives must be 'batch' or 'all' (got {self.negatives!r}) and chunk_size >= 1"
+            )
 
     @classmethod
     def from_dict(cls, cfg: Mapping[str, Any], *, where: str = "config.trainer") -> TrainerConfig:
@@ -205,7 +222,13 @@ def _gather(x: np.ndarray, rows: np.ndarray) -> Tensor:
 
 
 def compute_loss(
-    model: Any, batch: Batch, q: Tensor, p: Tensor, symmetric_weight: float = 0.0
+    model: Any,
+    batch: Batch,
+    q: Tensor,
+    p: Tensor,
+    symmetric_weight: float = 0.0,
+    all_passages: Tensor | None = None,
+    chunk_size: int = 8192,
 ) -> tuple[Tensor, dict[str, Any]]:
     """The training loss of one batch and what :func:`fit` logs about it.
 
@@ -215,6 +238,13 @@ def compute_loss(
         q: ``float32 (B, d)`` stored query vectors of ``batch.query_rows``.
         p: ``float32 (M, d)`` stored passage vectors of ``batch.passage_rows``.
         symmetric_weight: weight of the passage -> query term.
+        all_passages: ``float32 (N, d)`` every stored passage of the split: the softmax runs
+            over all of them (``negatives: all``, :func:`full_corpus_softmax`) instead of the
+            batch's columns; None: in-batch (+ hard) negatives.
+        chunk_size: passages per chunk of the full-corpus softmax.
+
+    With ``batch.target`` (soft labels) the in-batch loss is listwise KL
+    (:func:`listwise_kl`), else InfoNCE on the designated positives.
 
     Returns:
         ``(loss, parts)``: the 0-d loss and ``parts`` with the logits, masks, query
@@ -225,7 +255,24 @@ def compute_loss(
     q_repr = model.encode_queries_t(q)  # (B, ...)
     p_repr = model.encode_passages_t(p)  # (M, ...)
     logits = model.score_matrix(q_repr, p_repr)  # (B, M)
-    loss = info_nce(logits, positive, mask_out)
+    if all_passages is not None:
+        if batch.target_ids is None or batch.target_weights is None:
+            raise ValueError("negatives: all needs batches with target_ids / target_weights")
+        excl = batch.exclude_ids
+        loss = full_corpus_softmax(
+            q_repr,
+            all_passages,
+            model.encode_passages_t,
+            model.score_matrix,
+            torch.from_numpy(batch.target_ids),
+            torch.from_numpy(batch.target_weights),
+            None if excl is None else torch.from_numpy(excl),
+            chunk_size=chunk_size,
+        )
+    elif batch.target is not None:
+        loss = listwise_kl(logits, torch.from_numpy(batch.target), mask_out)
+    else:
+        loss = info_nce(logits, positive, mask_out)
     parts: dict[str, Any] = {"q2p_loss": float(loss.detach())}
     if symmetric_weight > 0:
         sym = info_nce_symmetric(logits, positive, mask_out)
@@ -251,7 +298,7 @@ def _param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str,
 
 def fit(
     model: torch.nn.Module,
-    sampler: ContrastiveSampler,
+    sampler: ContrastiveSampler | Any,
     query_vectors: np.ndarray,
     passage_vectors: np.ndarray,
     config: TrainerConfig | None = None,
@@ -259,6 +306,7 @@ def fit(
     validate: Validate | None = None,
     log: TrainingLog | None = None,
     progress: bool = True,
+    refresh: Callable[[Any, int], Mapping[str, Any]] | None = None,
 ) -> FitResult:
     """Train ``model`` with InfoNCE on the sampler's batches; restore the best held-out state.
 
@@ -272,6 +320,9 @@ def fit(
             state).
         log: where to write records (None: in memory only).
         progress: show a tqdm progress bar.
+        refresh: ``refresh(model, step)`` called (in eval mode, no grad) every
+            ``config.refresh_every`` steps to re-mine hard negatives with the current model
+            (``treerank.training.refresh.NegativeRefresher``); what it returns is logged.
 
     Returns:
         :class:`FitResult`.
@@ -293,6 +344,11 @@ def fit(
     torch.manual_seed(cfg.seed)
     queries = _vector_source(query_vectors)
     passages = _vector_source(passage_vectors)
+    all_passages = (
+        torch.from_numpy(np.array(passages, dtype=np.float32))  # a writable copy
+        if cfg.negatives == "all"
+        else None
+    )
 
     per_epoch = len(sampler)
     total = cfg.max_steps if cfg.max_steps is not None else cfg.epochs * per_epoch
@@ -347,7 +403,9 @@ def fit(
                     break
                 q = _gather(queries, batch.query_rows)
                 p = _gather(passages, batch.passage_rows)
-                loss, parts = compute_loss(model, batch, q, p, cfg.symmetric_weight)
+                loss, parts = compute_loss(
+                    model, batch, q, p, cfg.symmetric_weight, all_passages, cfg.chunk_size
+                )
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 grad_norm = None
@@ -380,6 +438,12 @@ def fit(
                     )
                     if validate is None:
                         bar.set_postfix_str(f"loss={rec['loss']:.4f}")
+                if refresh is not None and cfg.refresh_every and step % cfg.refresh_every == 0:
+                    model.eval()
+                    with torch.no_grad():  # the sampler builds later batches from the new pool
+                        info = dict(refresh(model, step))
+                    model.train()
+                    log.write("refresh", **info)
                 if step % eval_every == 0 and evaluate(step, epoch):
                     stopped = step < total
                     break

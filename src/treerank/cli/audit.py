@@ -1,0 +1,66 @@
+"""``treerank audit``: the false-negative curve of negative miners on a labelled store split."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from treerank.cli.errors import fail
+
+
+def audit(
+    store: Path = typer.Option(
+        ..., "--store", "-s", help="Labelled store split directory (e.g. stores/scifact/train)."
+    ),
+    split: str | None = typer.Option(
+        None, "--split", help="Split under --store when --store is a store root (e.g. train)."
+    ),
+    miners: list[str] = typer.Option(
+        ["bm25", "cosine"],
+        "--miner",
+        help="Miner (a system spec), repeatable: bm25, cosine, ckpt:<dir>, rrf:bm25+cosine, ...",
+    ),
+    depth: int = typer.Option(100, "--depth", help="Miner ranks audited per query."),
+    max_rate: float = typer.Option(
+        0.02,
+        "--max-rate",
+        help="Guard depth = smallest d with f(r) <= this for every rank r > d.",
+    ),
+    max_queries: int | None = typer.Option(
+        None, "--max-queries", help="Audit a seeded sample of at most N labelled queries."
+    ),
+    seed: int = typer.Option(0, "--seed", help="Seed of the query sample."),
+    out: Path | None = typer.Option(
+        None, "--out", "-o", help="Write results.json, table.md and curve.png here."
+    ),
+) -> None:
+    """Fraction of each miner's rank-r passages that are labelled positives, and the guard depth.
+
+    Each miner ranks all passages of the split for the labelled queries (labels not removed);
+    f(r) is the share of queries whose rank-r passage is one of their labelled positives, F(r)
+    the share over the top r. Labelled positives stand in for the unlabelled ones a miner
+    would take as negatives.
+    """
+    from rich.console import Console
+
+    from treerank.diagnostics.false_negatives import audit_miners, write_audit
+    from treerank.store import EmbeddingStore, StoreFormatError
+
+    console = Console()
+    try:
+        st = EmbeddingStore.open(store / split if split else store)
+        result = audit_miners(
+            st, miners, depth=depth, max_queries=max_queries, max_rate=max_rate, seed=seed
+        )
+        paths = write_audit(result, out) if out is not None else {}
+    except (ValueError, FileNotFoundError, KeyError, StoreFormatError) as exc:
+        raise fail(exc) from None
+    console.print(result.table(), markup=False, highlight=False)
+    for p in paths.values():
+        console.print(f"wrote {p}", markup=False, highlight=False)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``audit`` command to the ``treerank`` app."""
+    app.command("audit", help="False-negative audit of negative miners on a labelled split.")(audit)

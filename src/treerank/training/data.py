@@ -1,0 +1,272 @@
+"""The ``data.sources`` list of a training config: which pairs a trainable family learns from.
+
+One list, the same for every contrastive family (heads, DRT)::
+
+    data:
+      sources:                       # absent / null: the split's labels (today's behaviour)
+        - {kind: labels, weight: 1.0}
+        - {kind: pseudo, methods: [ict, crops], cap: 20000, positive: cut, weight: 1.0}
+        - {kind: teacher, system: bm25, queries: train, mode: soft, k: 50, temperature: 2.0}
+      collisions: true               # no same-passage / same-text pairs in a batch
+
+Each entry is a :class:`SourceSpec`. The pieces that need other layers are made **before** the
+trainer runs, by the pipeline (``treerank.pipeline.training.ensure_training_sources``), and
+stored so that a re-run reuses them:
+
+* ``pseudo``: the pseudo split, embedded once into ``<store root>/pseudo-<hash>/``
+  (:func:`pseudo_dir`);
+* ``teacher``: the teacher system's top-``k`` for the chosen queries, a sidecar array pair
+  ``<name>-ids`` / ``<name>-scores`` on the store whose queries it ranks (:func:`teacher_array`).
+
+:func:`build_training_table` then reads them and returns one vector table (training store
+queries, then pseudo queries; the corpus passages, then any new pseudo passages) and the pair
+sets over it, restricted to the training rows (held-out queries never become pairs).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from treerank.training.pseudo import PSEUDO_METHODS, PseudoConfig
+from treerank.training.sources import PairSet, label_pairs, teacher_pairs
+
+__all__ = [
+    "SOURCE_KINDS",
+    "SourceSpec",
+    "TrainingTable",
+    "build_training_table",
+    "parse_sources",
+    "pseudo_dir",
+    "teacher_array",
+]
+
+SOURCE_KINDS = ("labels", "teacher", "pseudo")
+
+
+@dataclass
+class SourceSpec:
+    """One training-data source (a ``data.sources`` entry).
+
+    Attributes:
+        kind: ``labels`` | ``teacher`` | ``pseudo``.
+        weight: relative share of batch slots.
+        system: (teacher) a system spec: ``bm25``, ``rrf:bm25+cosine``, ``ckpt:<dir>``, ...
+        queries: (teacher) whose queries it ranks: ``train`` (the training split's query texts;
+            labels unused) or ``pseudo`` (the pseudo-queries of the ``pseudo`` entry).
+        mode: (teacher) ``soft`` (listwise KL on ``softmax(scores / temperature)`` over the top
+            ``k``) or ``sample`` (the top ``n_positives`` as positives).
+        k, n_positives, temperature: (teacher) see ``treerank.training.sources.teacher_pairs``.
+        methods, cap, passes, positive, seed: (pseudo) see
+            ``treerank.training.pseudo.PseudoConfig``.
+    """
+
+    kind: str = "labels"
+    weight: float = 1.0
+    system: str | None = None
+    queries: str = "train"
+    mode: str = "soft"
+    k: int = 50
+    n_positives: int = 1
+    temperature: float = 1.0
+    methods: list[str] = field(default_factory=lambda: ["ict"])
+    cap: int = 20_000
+    passes: int = 1
+    positive: str = "cut"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.kind not in SOURCE_KINDS:
+            raise ValueError(f"kind {self.kind!r} unknown; known: {', '.join(SOURCE_KINDS)}")
+        if self.weight <= 0:
+            raise ValueError(f"weight must be > 0, got {self.weight}")
+        if self.kind == "teacher":
+            if not self.system:
+                raise ValueError("a teacher source needs system: (e.g. bm25, rrf:bm25+cosine)")
+            if self.queries not in ("train", "pseudo") or self.mode not in ("soft", "sample"):
+                raise ValueError("teacher: queries must be train|pseudo and mode soft|sample")
+            if self.k < 1 or self.n_positives < 1 or self.temperature <= 0:
+                raise ValueError("teacher: k >= 1, n_positives >= 1 and temperature > 0")
+        if self.kind == "pseudo":
+            self.pseudo_config()  # validates methods, cap, ...
+
+    def pseudo_config(self) -> PseudoConfig:
+        """The :class:`PseudoConfig` of a ``pseudo`` entry."""
+        return PseudoConfig(
+            methods=list(self.methods),
+            cap=self.cap,
+            passes=self.passes,
+            positive=self.positive,
+            seed=self.seed,
+        )
+
+
+def parse_sources(raw: Sequence[Any] | None, where: str = "data.sources") -> list[SourceSpec]:
+    """Parse the ``data.sources`` list (None: ``[labels]``).
+
+    Raises:
+        ConfigError: not a list, an unknown key or kind (the message names the entry), more
+            than one ``pseudo`` entry, or a teacher on ``pseudo`` queries without one.
+    """
+    from treerank.config import ConfigError, build
+
+    if raw is None:
+        return [SourceSpec()]
+    if not isinstance(raw, list) or not raw:
+        raise ConfigError(f"{where}: must be a non-empty list of sources")
+    specs = [build(SourceSpec, d, f"{where}[{i}]") for i, d in enumerate(raw)]
+    n_pseudo = sum(s.kind == "pseudo" for s in specs)
+    if n_pseudo > 1:
+        raise ConfigError(f"{where}: at most one pseudo source")
+    if any(s.kind == "teacher" and s.queries == "pseudo" for s in specs) and not n_pseudo:
+        raise ConfigError(f"{where}: a teacher on pseudo queries needs a pseudo source")
+    bad = [m for s in specs if s.kind == "pseudo" for m in s.methods if m not in PSEUDO_METHODS]
+    if bad:
+        raise ConfigError(f"{where}: unknown pseudo method(s) {bad}")
+    return specs
+
+
+def _digest(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:10]
+
+
+def pseudo_dir(store: Any, spec: SourceSpec) -> Path:
+    """Where the pseudo split of ``store`` with ``spec``'s settings lives (a store sibling)."""
+    return Path(store.path).parent / f"pseudo-{_digest(asdict(spec.pseudo_config()))}"
+
+
+def teacher_array(spec: SourceSpec) -> str:
+    """Sidecar array stem of a teacher's run (``<stem>-ids`` / ``<stem>-scores``)."""
+    return f"teacher-{_digest({'system': spec.system, 'k': spec.k})}"
+
+
+@dataclass
+class TrainingTable:
+    """One vector table and the pair sets over it.
+
+    Attributes:
+        queries: ``float32 (nq', d)`` training store queries, then pseudo queries.
+        passages: ``float32 (N', d)`` the corpus, then new pseudo passages.
+        sources: pair sets, one per source entry. weights: their weights.
+        info: counts per source (logged).
+    """
+
+    queries: np.ndarray
+    passages: np.ndarray
+    sources: list[PairSet]
+    weights: list[float]
+    info: dict[str, Any]
+
+
+def _open_pseudo(store: Any, spec: SourceSpec) -> Any:
+    from treerank.store import EmbeddingStore
+
+    path = pseudo_dir(store, spec)
+    if not (path / "meta.json").is_file():
+        raise FileNotFoundError(
+            f"{path}: the pseudo split is not built; run the pipeline's "
+            "ensure_training_sources (treerank train / treerank run do)"
+        )
+    pseudo = EmbeddingStore.open(path)
+    if pseudo.passage_texts()[: store.n_passages] != store.passage_texts():
+        raise ValueError(f"{path}: its corpus is not {store.path}'s passages")
+    return pseudo
+
+
+def _teacher_run(target: Any, spec: SourceSpec) -> tuple[np.ndarray, np.ndarray]:
+    stem = teacher_array(spec)
+    ids, scores = target.load_array(f"{stem}-ids"), target.load_array(f"{stem}-scores")
+    if ids is None or scores is None:
+        raise FileNotFoundError(
+            f"{target.path}: no teacher run {stem} ({spec.system}); run the pipeline's "
+            "ensure_training_sources"
+        )
+    return np.asarray(ids), np.asarray(scores)
+
+
+def build_training_table(
+    store: Any, specs: Sequence[SourceSpec], train_rows: np.ndarray | None = None
+) -> TrainingTable:
+    """Read every source of ``specs`` into one :class:`TrainingTable`.
+
+    Args:
+        store: the training split (its labels, queries and corpus).
+        specs: parsed ``data.sources``.
+        train_rows: the training split's query ids that may become pairs (held-out ones
+            excluded; None: all).
+
+    Raises:
+        FileNotFoundError: a pseudo split or teacher run has not been prepared.
+        ValueError: a source yields no pair.
+    """
+    nq = int(store.n_queries)
+    rows = np.arange(nq) if train_rows is None else np.asarray(train_rows, dtype=np.int64)
+    pseudo_spec = next((s for s in specs if s.kind == "pseudo"), None)
+    pseudo = _open_pseudo(store, pseudo_spec) if pseudo_spec is not None else None
+    queries = np.asarray(store.queries, dtype=np.float32)
+    passages = np.asarray(store.passages, dtype=np.float32)
+    if pseudo is not None:
+        queries = np.concatenate([queries, np.asarray(pseudo.queries, dtype=np.float32)])
+        passages = np.concatenate(
+            [passages, np.asarray(pseudo.passages[store.n_passages :], dtype=np.float32)]
+        )
+    cand, lab = np.asarray(store.candidates), np.asarray(store.labels)
+    thr = int(store.relevance_threshold)
+    texts = store.query_texts()
+    _, labelled = _labelled(cand, lab)
+    out: list[PairSet] = []
+    info: dict[str, Any] = {}
+    for i, spec in enumerate(specs):
+        name = f"{i}:{spec.kind}" + (f":{spec.system}" if spec.system else "")
+        if spec.kind == "labels":
+            ps = label_pairs(cand, lab, texts, relevance_threshold=thr, query_rows=rows, name=name)
+        elif spec.kind == "pseudo":
+            assert pseudo is not None
+            ps = label_pairs(
+                np.asarray(pseudo.candidates),
+                np.asarray(pseudo.labels),
+                pseudo.query_texts(),
+                relevance_threshold=int(pseudo.relevance_threshold),
+                name=name,
+            )
+            ps.query_rows = ps.query_rows + nq
+        else:
+            on_pseudo = spec.queries == "pseudo"
+            target: Any = pseudo if on_pseudo else store
+            ids, scores = _teacher_run(target, spec)
+            keep = np.arange(ids.shape[0]) if on_pseudo else rows
+            ids, scores = ids[keep], scores[keep]
+            valid = (ids >= 0) & np.isfinite(scores)
+            ok = valid.any(axis=1)
+            ids = np.where(valid, ids, -1)
+            ps = teacher_pairs(
+                ids[ok],
+                np.where(valid, scores, 0.0)[ok],
+                target.query_texts(),
+                query_rows=keep[ok],
+                mode=spec.mode,
+                k=spec.k,
+                n_positives=spec.n_positives,
+                temperature=spec.temperature,
+                labelled=None if on_pseudo else labelled[keep[ok]],
+                name=name,
+            )
+            if on_pseudo:
+                ps.query_rows = ps.query_rows + nq
+        if not len(ps):
+            raise ValueError(f"data.sources[{i}] ({spec.kind}): no training pair")
+        out.append(ps)
+        info[name] = {"pairs": len(ps), "weight": spec.weight, "mode": ps.mode}
+    return TrainingTable(queries, passages, out, [s.weight for s in specs], info)
+
+
+def _labelled(cand: np.ndarray, lab: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    from treerank.training.sampler import relevant_lists
+
+    return relevant_lists(cand, lab, 1)
