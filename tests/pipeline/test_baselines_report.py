@@ -73,3 +73,15 @@ def test_run_reports_rm3_tuned_fusion_and_lexical_gap(tmp_path: Path) -> None:
     assert "### Lexical gap" in md and "then frozen" in md and "bm25+rm3" in md
     assert (out / "eval" / "scifact" / "plots" / "lexical_gap.png").exists()
     assert (out / "eval" / "scifact" / "plots" / "fusion_tuning.png").exists()
+
+
+def test_baselines_config_loads_and_every_spec_builds() -> None:
+    from treerank.evaluation import fusion_tuning  # noqa: F401  (registers the tuned kinds)
+    from treerank.search.systems import build_system
+
+    cfg = load_experiment(REPO / "configs" / "baselines.yaml")
+    assert [d.name for d in cfg.datasets] == ["scifact", "squad", "dl19"]
+    assert cfg.models == {}
+    for ds in cfg.datasets:
+        for spec in ds.systems if ds.systems is not None else cfg.systems:
+            assert build_system(spec).name == spec
