@@ -284,7 +284,7 @@ class TunedFusionSystem:
         self.a, self.b = a, b
         self.adaptive, self.method, self.norm, self.rrf_k = adaptive, method, norm, rrf_k
         self.on, self.queries, self.metric, self.seed = on, queries, metric, seed
-        self.grid = np.linspace(0.0, 1.0, grid)
+        self.grid = np.round(np.linspace(0.0, 1.0, grid), 6)  # 0.7, not 0.7000000000000001
         self.max_queries, self.depth = max_queries, depth
         kind = "adaptive-fusion" if adaptive else "tuned-fusion"
         self.name = name or f"{kind}:{a.name}+{b.name}"
