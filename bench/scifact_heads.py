@@ -30,20 +30,20 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
+from treerank.config import load_yaml
+from treerank.models.families import family
 from treerank.pipeline.training import ensure_mined_negatives, make_validator, train_model
 from treerank.search.bm25 import BM25Index
 from treerank.store import EmbeddingStore
-from treerank.training.heads import train_head
-from treerank.training.holdout import ValidationConfig, holdout_split, passage_groups
+from treerank.training.holdout import holdout_split, passage_groups
 from treerank.training.sampler import relevant_lists
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def load_cfg(model: str) -> dict[str, Any]:
-    return yaml.safe_load((ROOT / "configs" / "heads" / f"{model}.yaml").read_text())
+    return load_yaml(ROOT / "configs" / "heads" / f"{model}.yaml")
 
 
 def guard_study(store: EmbeddingStore, depth: int = 100, pool_depth: int = 30) -> dict[str, Any]:
@@ -131,17 +131,19 @@ def sweep(
             for sec, vals in over.items():
                 cfg[sec] = {**cfg.get(sec, {}), **vals} if isinstance(vals, dict) else vals
             cfg["seed"] = seed
-            vcfg = ValidationConfig.from_config(cfg)
+            parsed = family(model).parse_config(cfg, f"{name} (seed {seed})")
+            vcfg = parsed.validation
             cand, lab = np.asarray(store.candidates), np.asarray(store.labels)
             has_rel = ((cand >= 0) & (lab >= 1)).any(axis=1)
             groups = passage_groups(cand, lab) if vcfg.group_by_passage else None
             tr, held = holdout_split(has_rel, vcfg.fraction, seed, vcfg.max_queries, groups)
             validate = make_validator(store, held, vcfg, seed)
-            ensure_mined_negatives(store, cfg)
+            ensure_mined_negatives(store, parsed.data)
             t0 = time.perf_counter()
-            res = train_head(model, store, cfg, train_rows=tr, validate=validate, progress=False)
+            train = family(model).train_function()
+            res = train(store, parsed, train_rows=tr, validate=validate, progress=False)
             s = res.summary
-            init = validate(type(res.model)(store.dim, **cfg["model"]))
+            init = validate(type(res.model)(store.dim, **parsed.model))
             runs.append(
                 {
                     "seed": seed,
@@ -175,15 +177,15 @@ def sweep(
 
 
 SWEEP: dict[str, tuple[str, dict[str, Any]]] = {
-    "linear_inbatch": ("linear", {"sampler": {"n_hard": 0}}),
-    "linear_h1_noguard": ("linear", {"sampler": {"guard_margin": None, "guard_skip_top": 0}}),
-    "linear_h1_margin0": ("linear", {"sampler": {"guard_margin": 0.0, "guard_skip_top": 0}}),
-    "linear_h1_skip3": ("linear", {"sampler": {"guard_margin": None, "guard_skip_top": 3}}),
-    "linear_h1_skip3_margin0": ("linear", {"sampler": {"guard_margin": 0.0, "guard_skip_top": 3}}),
-    "linear_h1_skip10": ("linear", {"sampler": {"guard_margin": None, "guard_skip_top": 10}}),
+    "linear_inbatch": ("linear", {"data": {"n_hard": 0}}),
+    "linear_h1_noguard": ("linear", {"data": {"guard_margin": None, "guard_skip_top": 0}}),
+    "linear_h1_margin0": ("linear", {"data": {"guard_margin": 0.0, "guard_skip_top": 0}}),
+    "linear_h1_skip3": ("linear", {"data": {"guard_margin": None, "guard_skip_top": 3}}),
+    "linear_h1_skip3_margin0": ("linear", {"data": {"guard_margin": 0.0, "guard_skip_top": 3}}),
+    "linear_h1_skip10": ("linear", {"data": {"guard_margin": None, "guard_skip_top": 10}}),
     "linear_h3_skip3": (
         "linear",
-        {"sampler": {"n_hard": 3, "guard_margin": None, "guard_skip_top": 3}},
+        {"data": {"n_hard": 3, "guard_margin": None, "guard_skip_top": 3}},
     ),
     "linear_wd0.1": ("linear", {"trainer": {"weight_decay": 0.1}}),
     "linear_lr3e-4": ("linear", {"trainer": {"lr": 3e-4}}),
@@ -194,11 +196,11 @@ SWEEP: dict[str, tuple[str, dict[str, Any]]] = {
     "linear_grouped": ("linear", {"validation": {"group_by_passage": True}}),
     "linear_grouped_inbatch": (
         "linear",
-        {"validation": {"group_by_passage": True}, "sampler": {"n_hard": 0}},
+        {"validation": {"group_by_passage": True}, "data": {"n_hard": 0}},
     ),
     "mlp_grouped": ("mlp", {"validation": {"group_by_passage": True}}),
     "mlp_default": ("mlp", {}),
-    "mlp_inbatch": ("mlp", {"sampler": {"n_hard": 0}}),
+    "mlp_inbatch": ("mlp", {"data": {"n_hard": 0}}),
     "mlp_drop0.3": ("mlp", {"model": {"dropout": 0.3}}),
     "mlp_lr3e-4": ("mlp", {"trainer": {"lr": 3e-4}}),
 }

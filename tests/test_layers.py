@@ -14,7 +14,7 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src" / "treerank"
 
 LAYERS = [
-    ("base", {"treerank", "treerank.atomic", "treerank.config"}),
+    ("base", {"treerank", "treerank.atomic", "treerank.config", "treerank.lock"}),
     ("kernels", {"treerank.kernels"}),
     ("readers", {"treerank.readers"}),
     ("encoders", {"treerank.encoders"}),

@@ -26,13 +26,14 @@ from typing import Any
 import numpy as np
 import yaml
 
+from treerank.config import load_yaml
 from treerank.evaluation.metrics import evaluate_run
+from treerank.evaluation.not_retrievable import not_retrievable_stats
 from treerank.evaluation.qrels import Qrels
-from treerank.models.forest import Forest
 from treerank.kernels.topk import exact_search
+from treerank.models.forest import Forest
 from treerank.search.forest_index import ForestSystem
 from treerank.store import EmbeddingStore
-from treerank.config import load_yaml
 from treerank.training.forest import plot_metric_vs_models, train_forest
 from treerank.training.output import save_trained_model
 
@@ -195,6 +196,7 @@ def main() -> None:
             train_seconds=out.summary["seconds"],
             retrieve_seconds={"forest_index_and_search": f_sec, "cosine_exact": c_sec},
             passages_bytes=int(test.n_passages * test.dim * 4),
+            not_retrievable=not_retrievable_stats(out.model, test, k=100),
         )
         from treerank.search.systems import build_system
 
@@ -213,7 +215,7 @@ def main() -> None:
             baselines={"cosine": result["cosine"], **result.get("others", {})},
         )
     (args.out / "results.json").write_text(json.dumps(result, indent=2, default=str))
-    keys = ("forest", "cosine", "p_value_vs_cosine", "wall_seconds")
+    keys = ("forest", "cosine", "p_value_vs_cosine", "wall_seconds", "train_seconds")
     print(json.dumps({kk: result[kk] for kk in keys}, indent=2))
 
 

@@ -71,3 +71,29 @@ def test_evaluate_store_root_with_split_and_missing_store(tmp_path) -> None:
     assert "mrr@10" in ok.output and "recall@1000" not in ok.output
     missing = CliRunner().invoke(app, ["evaluate", "--store", str(tmp_path / "nope")])
     assert missing.exit_code == 2 and "not found" in missing.output
+
+
+def test_evaluate_reports_a_failing_system_and_keeps_the_others(tmp_path) -> None:
+    write_tiny_store(tmp_path / "test")
+    missing = tmp_path / "no-such-ckpt"
+    result = CliRunner().invoke(
+        app,
+        [
+            "evaluate",
+            "--store",
+            str(tmp_path / "test"),
+            "--system",
+            "bm25",
+            "--system",
+            f"ckpt:{missing}",
+            "--out",
+            str(tmp_path / "out"),
+            "--permutations",
+            "10",
+            "--no-progress",
+        ],
+    )
+    assert result.exit_code == 1, result.output
+    assert f"system ckpt:{missing} failed" in result.output and "(baseline)" in result.output
+    res = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert set(res["systems"]) == {"cosine", "bm25"} and list(res["failed"]) == [f"ckpt:{missing}"]

@@ -59,3 +59,121 @@ def test_threshold_two_leaves_out_queries(tmp_path) -> None:
     r = comp.results["cosine"]
     assert (r.n_evaluated, r.n_left_out) == (1, 3)  # only query 0 has a grade-2 passage
     assert np.isnan(r.per_query["mrr@10"][1])
+
+
+def _beir_store(root, encoder, corpus, queries, qrels):
+    """Write a BEIR folder, read it and embed it with the real encoder; return the store."""
+    from treerank.readers.beir import read_beir
+    from treerank.store import EmbeddingStore, embed_split
+
+    src = root / "beir"
+    (src / "qrels").mkdir(parents=True)
+    (src / "corpus.jsonl").write_text(
+        "".join(json.dumps({"_id": d, "text": t}) + "\n" for d, t in corpus)
+    )
+    (src / "queries.jsonl").write_text(
+        "".join(json.dumps({"_id": q, "text": t}) + "\n" for q, t in queries)
+    )
+    (src / "qrels" / "test.tsv").write_text(
+        "query-id\tcorpus-id\tscore\n" + "".join(f"{q}\t{d}\t{g}\n" for q, d, g in qrels)
+    )
+    embed_split(read_beir(src, "test"), encoder, root / "store" / "test", progress=False)
+    return EmbeddingStore.open(root / "store" / "test")
+
+
+def test_stopword_only_corpus_evaluates_every_system(tmp_path, encoder) -> None:
+    # issue 10, item 1: evaluate used to exit with "max() arg is an empty sequence" and lose
+    # the cosine result too
+    store = _beir_store(
+        tmp_path,
+        encoder,
+        [("d1", "the"), ("d2", "and of"), ("d3", "is it")],
+        [("q1", "what is it")],
+        [("q1", "d3", 1)],
+    )
+    comp = compare_systems(
+        store,
+        ["cosine", "bm25", "rrf:bm25+cosine"],
+        baseline="cosine",
+        k=3,
+        out_dir=tmp_path / "out",
+        n_permutations=10,
+    )
+    assert comp.failed == {}
+    assert comp.runs["bm25"].ids.tolist() == [[-1, -1, -1]]  # BM25 scores 0 everywhere
+    assert comp.mean("bm25", "mrr@10") == 0.0  # retrieved nothing: 0, as trec_eval -c
+    cos_ids = comp.runs["cosine"].ids[0].tolist()
+    rank = cos_ids.index(2) + 1
+    assert comp.mean("cosine", "mrr@10") == pytest.approx(1.0 / rank)
+    assert comp.runs["rrf:bm25+cosine"].ids[0].tolist() == cos_ids  # BM25 adds no rank credit
+    assert comp.mean("rrf:bm25+cosine", "mrr@10") == pytest.approx(1.0 / rank)
+    assert (tmp_path / "out" / "runs" / "bm25.trec").read_text() == ""
+
+
+class _Broken:
+    name = "broken"
+
+    def retrieve(self, store, k=1000):
+        raise RuntimeError("index exploded")
+
+
+def test_one_failing_system_never_takes_the_others_down(tmp_path) -> None:
+    store = write_tiny_store(tmp_path / "test")
+    comp = compare_systems(
+        store,
+        {"cosine": "cosine", "broken": _Broken(), "bm25": "bm25"},
+        baseline="cosine",
+        k=8,
+        out_dir=tmp_path / "out",
+        n_permutations=10,
+    )
+    assert comp.failed == {"broken": "RuntimeError: index exploded"}
+    assert set(comp.results) == {"cosine", "bm25"} and set(comp.tests["cosine"]) == {"bm25"}
+    res = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert res["failed"] == {"broken": "RuntimeError: index exploded"}
+    assert (
+        "**broken failed**: RuntimeError: index exploded"
+        in (tmp_path / "out" / "table.md").read_text()
+    )
+    assert sorted(p.name for p in (tmp_path / "out" / "runs").iterdir()) == [
+        "bm25.trec",
+        "cosine.trec",
+    ]
+    # a failing baseline: the others are still evaluated, no test against it
+    comp = compare_systems(
+        store, {"broken": _Broken(), "cosine": "cosine"}, baseline="broken", k=8, n_permutations=10
+    )
+    assert set(comp.results) == {"cosine"} and comp.tests == {}
+
+
+def test_ignore_identical_ids_drops_self_hits(tmp_path, encoder) -> None:
+    # issue 10, item 10: ArguAna / Quora style, each query is also a corpus document (same id)
+    corpus = [
+        ("a1", "Cats should be allowed to roam outdoors freely."),
+        ("a2", "Outdoor cats live shorter lives and kill wild birds."),
+        ("a3", "Nuclear power is the safest source of low carbon energy."),
+        ("a4", "Nuclear plants produce waste that stays dangerous for millennia."),
+    ]
+    queries = [("a1", corpus[0][1]), ("a3", corpus[2][1])]
+    store = _beir_store(tmp_path, encoder, corpus, queries, [("a1", "a2", 1), ("a3", "a4", 1)])
+    plain = compare_systems(store, ["cosine"], baseline="cosine", k=4, n_permutations=10)
+    ids = plain.runs["cosine"].ids
+    assert ids[:, 0].tolist() == [0, 2]  # each query's own document ranks first (same text)
+    kept = compare_systems(
+        store,
+        ["cosine"],
+        baseline="cosine",
+        k=4,
+        n_permutations=10,
+        ignore_identical_ids=True,
+        out_dir=tmp_path / "out",
+    )
+    for i, (own, rel) in enumerate([(0, 1), (2, 3)]):
+        rank = ids[i].tolist().index(rel) + 1
+        assert plain.results["cosine"].per_query["mrr@10"][i] == pytest.approx(1 / rank)
+        assert kept.results["cosine"].per_query["mrr@10"][i] == pytest.approx(1 / (rank - 1))
+        assert own not in kept.doc_runs["cosine"].ids[i].tolist()
+    lines = (tmp_path / "out" / "runs" / "cosine.trec").read_text().splitlines()
+    assert not [ln for ln in lines if ln.split()[0] == ln.split()[2]]
+    assert len(lines) == 2 * 3  # k = 4 passages, the self-hit dropped
+    assert kept.departures["self_hits_dropped"] == 2

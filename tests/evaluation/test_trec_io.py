@@ -10,6 +10,7 @@ from treerank.evaluation.trec_io import (
     read_qrels,
     read_trec_run,
     run_from_dict,
+    trec_scores,
     write_qrels,
     write_trec_run,
 )
@@ -44,3 +45,52 @@ def test_qrels_round_trip_and_errors(tmp_path) -> None:
     (tmp_path / "bad.trec").write_text("a Q0 d1 x 1.0 t\n")
     with pytest.raises(ValueError, match=r"bad.trec:1: rank/score"):
         read_trec_run(tmp_path / "bad.trec")
+
+
+def test_scores_round_trip_float32_and_keep_tie_order(tmp_path) -> None:
+    # issue 10, item 4: "%.6g" made neighbouring float32 scores equal text and trec_eval then
+    # re-ordered them; ties broken by passage id must survive too
+    a = np.float32(0.61234567)
+    b = np.nextafter(a, np.float32(0))  # one float32 step below: equal under %.6g
+    assert f"{float(a):.6g}" == f"{float(b):.6g}"
+    scores = np.array([[a, b, b, b, 1e-30, 0.0, 0.0, -3.5]], np.float32)
+    texts = trec_scores(scores[0])
+    got = [np.float32(float(t)) for t in texts]  # as trec_eval reads them (float32)
+    assert all(x > y for x, y in zip(got, got[1:], strict=False))  # strictly decreasing
+    below = np.nextafter(b, np.float32(-1))
+    want = [a, b, below, np.nextafter(below, np.float32(-1)), 1e-30, 0.0, -1e-45, -3.5]
+    assert got == np.array(want, np.float32).tolist()  # untied scores round-trip exactly
+    assert texts[:2] == ["0.6123457", "0.61234564"] and texts[4:] == [
+        "1e-30",
+        "0",
+        "-1e-45",
+        "-3.5",
+    ]
+    # ir-measures re-sorts by score (ties by doc id descending): it must keep treerank's order
+    ids = np.array([[7, 6, 1, 5, 4, 0, 3, 2]])
+    pids = [f"d{i}" for i in range(8)]
+    path = write_trec_run(tmp_path / "r.trec", Run("r", ids, scores), ["q"], pids)
+    import ir_measures
+    from ir_measures import RR
+
+    for rel in range(8):  # the relevant doc at each rank gives RR 1 / (rank)
+        qrels = {"q": {pids[ids[0, rel]]: 1}}
+        got = ir_measures.calc_aggregate([RR], qrels, ir_measures.read_trec_run(str(path)))
+        assert got[RR] == pytest.approx(1.0 / (rel + 1))
+
+
+def test_ids_with_white_space_are_not_written(tmp_path) -> None:
+    run = Run("r", np.array([[0]]), np.array([[1.0]]))
+    with pytest.raises(ValueError, match="'doc 1' is empty or holds white space"):
+        write_trec_run(tmp_path / "r.trec", run, ["q"], ["doc 1"])
+
+
+def test_read_qrels_rejects_conflicting_grades(tmp_path) -> None:
+    p = tmp_path / "q.txt"
+    p.write_text("a 0 d1 1\na 0 d1 1\nb 0 d1 2\n")
+    assert read_qrels(p) == {"a": {"d1": 1}, "b": {"d1": 2}}
+    p.write_text("a 0 d1 1\nb 0 d1 2\na 0 d1 2\n")
+    with pytest.raises(
+        ValueError, match=r"q\.txt:3: query a judges d1 twice with different grades"
+    ):
+        read_qrels(p)

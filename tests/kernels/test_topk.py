@@ -127,3 +127,34 @@ def test_release_pages_only_touches_read_only_memmaps(tmp_path) -> None:
     np.testing.assert_array_equal(mm[100:200], x[100:200])  # data faults back in unchanged
     rw = np.memmap(tmp_path / "x.bin", dtype=np.float32, mode="r+", shape=x.shape)
     assert not release_pages(rw, 0, x.shape[0])
+
+
+@pytest.mark.parametrize("backend", ["faiss", "torch"])
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_non_finite_vectors_raise_the_same_error_on_every_backend(tmp_path, backend, bad) -> None:
+    # issue 10, item 7: faiss silently dropped or ranked a NaN passage, torch raised
+    from tests.search.tiny_store import write_tiny_store
+    from treerank.kernels.topk import NonFiniteVectorError
+    from treerank.search.systems import build_system
+
+    root = tmp_path / "test"
+    write_tiny_store(root)
+    p = np.fromfile(root / "passages.bin", "<f4").reshape(8, 16)
+    p[5, 3] = bad
+    p[2] = 0.0  # a zero vector is fine: it scores 0
+    p.tofile(root / "passages.bin")
+    from treerank.store import EmbeddingStore
+
+    store = EmbeddingStore.open(root)
+    with pytest.raises(NonFiniteVectorError, match=rf"{root}: passage row 5 holds a non-finite"):
+        build_system("cosine", backend=backend).retrieve(store, 8)
+    with pytest.raises(NonFiniteVectorError, match="passage row 5"):
+        exact_search(np.ones((1, 16), np.float32), p, k=3, chunk_size=4, backend=backend)
+    q = np.ones((2, 16), np.float32)
+    q[1, 0] = bad
+    with pytest.raises(NonFiniteVectorError, match=r"vectors: query row 1"):
+        exact_search(q, np.ones((4, 16), np.float32), k=2, backend=backend)
+    p[5, 3] = 0.5
+    p.tofile(root / "passages.bin")
+    run = build_system("cosine", backend=backend).retrieve(EmbeddingStore.open(root), 8)
+    assert run.scores[0, run.ids[0].tolist().index(2)] == 0.0  # the zero vector scores 0

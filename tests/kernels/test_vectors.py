@@ -11,7 +11,7 @@ from tests.training.conftest import make_toy_store
 from treerank.diagnostics.procedure import _run_ids
 from treerank.kernels.topk import exact_search
 from treerank.kernels.vectors import l2_normalize
-from treerank.training.forest import _mine_hard_negatives
+from treerank.training.forest_data import mine_hard_negatives
 from treerank.training.sampler import guard_mined_negatives
 
 
@@ -43,8 +43,8 @@ def test_forest_mining_is_cosine() -> None:
     unit, raw = _non_normalised()
     pos_q = np.arange(unit.n_queries, dtype=np.int64)
     pos_p = unit.candidates[:, 0].astype(np.int64)
-    got = _mine_hard_negatives(raw.queries, raw.passages, pos_q, pos_p, 5)
-    want = _mine_hard_negatives(unit.queries, unit.passages, pos_q, pos_p, 5)
+    got = mine_hard_negatives(raw.queries, raw.passages, pos_q, pos_p, 5)
+    want = mine_hard_negatives(unit.queries, unit.passages, pos_q, pos_p, 5)
     np.testing.assert_array_equal(got[0], want[0])
     np.testing.assert_array_equal(got[1], want[1])
     assert got[0].size == 5 * unit.n_queries

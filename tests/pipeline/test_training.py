@@ -116,6 +116,36 @@ def test_validator_at_identity_equals_cosine_evaluation(store):
     assert got == pytest.approx(want)
 
 
+def test_forest_validator_searches_inverted_lists_never_one_hot(store, monkeypatch):
+    """The held-out validator ranks a forest through its own search (sparse inverted lists),
+    with the same metrics as the evaluation-time ForestSystem, and never builds the dense
+    one-hot view (``encode_queries`` would be ``(n, 2 M C)`` floats)."""
+    from treerank.models.forest import Forest, ForestConfig
+    from treerank.search.forest_index import ForestSystem
+
+    forest = Forest.random(ForestConfig(n_models=8, n_classes=4, dim=store.dim), seed=0)
+
+    def no_dense(self, x):
+        raise AssertionError("validator densified the forest")
+
+    monkeypatch.setattr(Forest, "encode_queries", no_dense)
+    monkeypatch.setattr(Forest, "encode_passages", no_dense)
+    rows = np.arange(0, 60, 3)
+    vcfg = ValidationConfig(k=20, metrics=["mrr@10", "recall@20"])
+    got = make_validator(store, rows, vcfg)(forest)
+
+    class View:
+        queries = np.asarray(store.queries[rows])
+        passages = store.passages
+
+        def iter_passage_chunks(self, n):
+            return store.iter_passage_chunks(n)
+
+    run = ForestSystem(forest).retrieve(View(), 20)
+    qrels = Qrels(np.asarray(store.candidates[rows]), np.asarray(store.labels[rows]))
+    assert got == pytest.approx(evaluate_run(run.ids, qrels, ["mrr@10", "recall@20"]).mean)
+
+
 def test_validator_subsample_keeps_gold_and_maps_ids(store):
     rows = np.arange(10)
     sub = _subsample_passages(store, rows, 40, seed=0)

@@ -59,3 +59,59 @@ def test_beir_errors(beir_dir, tmp_path):
     (bad / "queries.jsonl").write_text('{"_id": "q1", "text": ""}\n')
     with pytest.raises(DataFormatError, match=r"queries\.jsonl, row 1: empty query"):
         read_beir(bad, "test")
+
+
+def _beir(root, corpus: list[dict], queries: list[dict], qrels: str):
+    (root / "qrels").mkdir(parents=True, exist_ok=True)
+    (root / "corpus.jsonl").write_text("".join(json.dumps(r) + "\n" for r in corpus))
+    (root / "queries.jsonl").write_text("".join(json.dumps(r) + "\n" for r in queries))
+    (root / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" + qrels)
+    return root
+
+
+def test_repeated_ids_are_rejected_naming_both_lines(tmp_path):
+    # issue 10, item 2: a repeated corpus _id (different texts) used to be kept twice, and a
+    # repeated query _id silently folded two questions into one
+    corpus = [{"_id": "d1", "text": "alpha"}, {"_id": "d2", "text": "beta"}]
+    queries = [{"_id": "q1", "text": "a"}, {"_id": "q2", "text": "b"}]
+    root = _beir(
+        tmp_path / "dup-doc", [*corpus, {"_id": "d1", "text": "gamma"}], queries, "q1\td1\t1\n"
+    )
+    with pytest.raises(
+        DataFormatError, match=r"corpus\.jsonl, row 3: document id 'd1' repeated \(rows 1 and 3\)"
+    ):
+        read_beir(root, "test")
+    root = _beir(tmp_path / "dup-q", corpus, [*queries, {"_id": "q1", "text": "c"}], "q1\td1\t1\n")
+    with pytest.raises(
+        DataFormatError, match=r"queries\.jsonl, row 3: query id 'q1' repeated \(rows 1 and 3\)"
+    ):
+        read_beir(root, "test")
+    ok = read_beir(_beir(tmp_path / "ok", corpus, queries, "q1\td1\t1\nq2\td2\t1\n"), "test")
+    assert ok.query_ids == ["q1", "q2"] and ok.passage_ids == ["d1", "d2"]
+
+
+def test_tsv_qrels_split_on_tabs_only(tmp_path):
+    # issue 10, item 5: "q1<TAB>doc 1<TAB>1" was split on white space and judged document "1"
+    corpus = [{"_id": "1", "text": "one"}, {"_id": "doc1", "text": "two"}]
+    queries = [{"_id": "q1", "text": "a"}]
+    root = _beir(tmp_path / "space", corpus, queries, "q1\tdoc 1\t1\n")
+    with pytest.raises(
+        DataFormatError, match=r"test\.tsv, row 2: document id 'doc 1' is empty or contains white"
+    ):
+        read_beir(root, "test")
+    root = _beir(tmp_path / "ok", corpus, queries, "q1\tdoc1 \t1\n")  # padding around a tab is fine
+    s = read_beir(root, "test")
+    assert s.qrels == [("q1", "doc1", 1)] and s.candidates.tolist() == [[1]]
+    corpus_space = [{"_id": "doc 1", "text": "one"}]
+    with pytest.raises(DataFormatError, match=r"corpus\.jsonl, row 1: document id 'doc 1'"):
+        read_beir(_beir(tmp_path / "c", corpus_space, queries, "q1\tdoc1\t1\n"), "test")
+
+
+def test_judged_ids_absent_from_corpus_stay_in_the_source_qrels(tmp_path):
+    corpus = [{"_id": "d1", "text": "alpha"}, {"_id": "d2", "text": "alpha"}]  # same text
+    queries = [{"_id": "q1", "text": "a"}, {"_id": "q2", "text": "b"}]
+    s = read_beir(_beir(tmp_path / "x", corpus, queries, "q1\td2\t1\nq2\tgone\t2\n"), "test")
+    assert s.passage_ids == ["d1"] and s.passage_aliases == {"d1": 0, "d2": 0}
+    assert s.qrels == [("q1", "d2", 1), ("q2", "gone", 2)]
+    assert s.candidates.tolist() == [[0], [-1]]  # q2 kept: scored 0, as by trec_eval
+    assert s.meta["n_judgments_on_missing_passages"] == 1

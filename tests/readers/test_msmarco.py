@@ -108,3 +108,23 @@ def test_original_column_oriented_json(tmp_path, msmarco_parquet, rows):
     assert s.query_ids == ref.query_ids and s.passage_texts == ref.passage_texts
     np.testing.assert_array_equal(s.candidates, ref.candidates)
     np.testing.assert_array_equal(s.labels, ref.labels)
+
+
+def test_unlabelled_rows_and_repeated_query_ids(tmp_path, rows):
+    # issue 10, item 3: the public test split marks every passage is_selected = -1, which used
+    # to raise an uncaught OverflowError; it reads as unlabelled (grade 0), never 255
+    test_rows = json.loads(json.dumps(rows[:2]))
+    for r in test_rows:
+        r["passages"]["is_selected"] = [-1] * len(r["passages"]["is_selected"])
+    s = read_msmarco(_jsonl(tmp_path / "test.jsonl", test_rows))
+    n = sum(len(r["passages"]["is_selected"]) for r in test_rows)
+    assert s.labels.max() == 0 and s.meta["n_unlabelled_passages"] == n
+    assert (s.candidates >= 0).sum() == n
+    test_rows[1]["passages"]["is_selected"][0] = -2
+    with pytest.raises(DataFormatError, match=r"bad\.jsonl, row 2: is_selected -2 is not -1"):
+        read_msmarco(_jsonl(tmp_path / "bad.jsonl", test_rows))
+    twice = json.loads(json.dumps([rows[0], rows[1], rows[0]]))
+    with pytest.raises(
+        DataFormatError, match=rf"twice\.jsonl, row 3: query id {rows[0]['query_id']} repeated"
+    ):
+        read_msmarco(_jsonl(tmp_path / "twice.jsonl", twice))

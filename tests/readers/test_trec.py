@@ -48,3 +48,28 @@ def test_lines_split_only_on_newline() -> None:
     text = "1\tcaf\u00e9 \u0085 ok\r\n2\tline\u2028sep\n"
     assert split_lines(text) == ["1\tcaf\u00e9 \u0085 ok", "2\tline\u2028sep"]
     assert split_lines("") == []
+
+
+def test_repeated_judgments(tmp_path):
+    # issue 10, item 9: the same (query, doc) judged twice with different grades was folded to
+    # the max silently; trec_eval refuses such qrels, so does treerank (an identical repeat is
+    # read once)
+    q = tmp_path / "q.txt"
+    q.write_text("1 0 d1 1\n1 0 d2 0\n1 0 d1 1\n2 0 d1 2\n", encoding="utf-8")
+    assert read_trec_qrels(q) == [("1", "d1", 1), ("1", "d2", 0), ("2", "d1", 2)]
+    q.write_text("1 0 d1 1\n1 0 d2 0\n1 0 d1 2\n", encoding="utf-8")
+    with pytest.raises(
+        DataFormatError,
+        match=r"q\.txt, row 3: query 1 judges document d1 twice with different grades "
+        r"\(1 on line 1, 2 on line 3\)",
+    ):
+        read_trec_qrels(q)
+
+
+def test_repeated_topic_names_both_lines(tmp_path):
+    p = tmp_path / "t.txt"
+    p.write_text("1\tone\n2\ttwo\n1\tagain\n", encoding="utf-8")
+    with pytest.raises(
+        DataFormatError, match=r"t\.txt, row 3: query id '1' repeated \(rows 1 and 3\)"
+    ):
+        read_trec_topics(p)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from treerank.readers.dl19 import pool_run_files, read_pool_passages
@@ -27,10 +26,14 @@ def test_tsv_folder(tmp_path, dl19_dir):
         (q, d, g) for q, d, g in read_trec_qrels(dl19_dir / "qrels.dl19-passage.txt") if d in kept
     ]
     assert int((s.candidates >= 0).sum()) == len(qrels)
-    judged = {q for q, _, _ in qrels}
-    assert s.query_ids == [q for q, _ in topics if q in judged]  # unjudged queries dropped
+    source = read_trec_qrels(dl19_dir / "qrels.dl19-passage.txt")
+    judged = {q for q, _, _ in source}
+    # a topic judged only on passages absent from the collection is kept (scored 0, as by
+    # trec_eval); topics without any judgment are dropped
+    assert s.query_ids == [q for q, _ in topics if q in judged]
     assert sorted(s.labels[s.candidates >= 0].tolist()) == sorted(g for _, _, g in qrels)
-    assert np.all(s.candidates[:, 0] >= 0)
+    assert s.qrels is not None and sorted(s.qrels) == sorted(source)
+    assert s.meta["n_judgments_on_missing_passages"] == len(source) - len(qrels)
 
 
 def test_tsv_errors(tmp_path):

@@ -54,13 +54,24 @@ def test_scores_equal_hand_computed_lucene_bm25(k1: float, b: float) -> None:
     assert not got[2].any()  # no known term: all zero
 
 
-def test_search_orders_by_score_then_id() -> None:
+def test_search_lists_only_positive_scores() -> None:
     index = BM25Index(CORPUS)
-    ids, scores = index.search(["dogs", "zebra"], k=10)
-    assert ids.shape == (2, 5)  # k clipped to the corpus
-    assert set(ids[0, :2].tolist()) == {0, 2} and scores[0, 2] == 0.0
-    assert ids[0, 2:].tolist() == [1, 3, 4]  # zero-score tail by ascending id
-    assert ids[1].tolist() == [0, 1, 2, 3, 4]
+    ids, scores = index.search(["dogs", "zebra", "fast"], k=10)
+    assert ids.shape == (3, 5)  # k clipped to the corpus
+    assert set(ids[0, :2].tolist()) == {0, 2} and (scores[0, :2] > 0).all()
+    # passages sharing no term with the query are not retrieved: no zero-score filler
+    assert ids[0, 2:].tolist() == [-1, -1, -1] and np.isneginf(scores[0, 2:]).all()
+    assert ids[1].tolist() == [-1] * 5  # no known term: nothing retrieved
+    # "fast" is in passages 0 and 3 with the same tf; the shorter one (3) scores higher
+    assert ids[2, :2].tolist() == [3, 0] and scores[2, 0] > scores[2, 1] > 0
+
+
+def test_stopword_only_corpus_scores_zero_everywhere() -> None:
+    # issue 10, item 1: bm25s alone fails with "max() arg is an empty sequence"
+    index = BM25Index(["the", "and of", "is it"])
+    assert index.scores(["what is it", "cat"]).tolist() == [[0.0] * 3] * 2
+    ids, scores = index.search(["what is it"], k=3)
+    assert ids.tolist() == [[-1, -1, -1]] and np.isneginf(scores).all()
 
 
 def test_bad_params_rejected() -> None:

@@ -112,6 +112,12 @@ def test_query_without_known_terms_retrieves_nothing() -> None:
     assert np.all(np.isneginf(vals))
 
 
+def test_stopwords_only_corpus_retrieves_nothing() -> None:
+    idx = RM3Index(["the", "and of", "is it"])
+    ids, vals = idx.search(["what is it"], k=3)
+    assert ids.tolist() == [[-1, -1, -1]] and np.all(np.isneginf(vals))
+
+
 def test_rm3_spec_and_fusion_parsing() -> None:
     s = build_system("bm25+rm3:fb_docs=5,fb_terms=20,orig_weight=0.3,k1=1.2")
     assert isinstance(s, RM3System)

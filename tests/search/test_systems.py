@@ -132,3 +132,31 @@ def test_shared_cache_runs_each_system_once(store, monkeypatch) -> None:
     assert calls == [8]  # clipped to the 8 passages, computed once
     assert shallow.ids.tolist() == bm25.retrieve(store, 8).ids[:, :3].tolist()
     assert deep.k == 8
+
+
+def test_a_system_kind_is_one_registered_entry(store, monkeypatch) -> None:
+    from treerank.search.systems import register_system_kind
+
+    class Constant:  # ranks passages in id order: the contract's tie rule for a constant scorer
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def retrieve(self, store, k=1000):
+            k = min(k, store.n_passages)
+            ids = np.tile(np.arange(k, dtype=np.int64), (store.n_queries, 1))
+            return Run(self.name, ids, np.zeros(ids.shape, np.float32))
+
+    def build(body, spec, cache=None, **options):
+        if body:
+            raise ValueError(f"bad system spec {spec!r}: const takes no parameters")
+        return Constant(spec)
+
+    monkeypatch.setitem(SYSTEM_KINDS, "const", (build, "placeholder"))
+    register_system_kind("const", build, "constant scorer; const", replace=True)
+    assert build_system("const").retrieve(store, 3).ids[0].tolist() == [0, 1, 2]
+    fused = build_system("rrf:const+cosine")  # usable inside other kinds at once
+    assert fused.retrieve(store, 3).ids.shape == (store.n_queries, 3)
+    with pytest.raises(ValueError, match="already registered"):
+        register_system_kind("const", build, "again")
+    with pytest.raises(ValueError, match=r"unknown system 'nope'.*const \(constant scorer"):
+        build_system("nope")

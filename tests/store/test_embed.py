@@ -11,7 +11,13 @@ import pytest
 from treerank.encoders import SentenceEncoder
 from treerank.readers import read_split
 from treerank.readers.msmarco import read_msmarco
-from treerank.store import EmbeddingStore, IncompleteStoreError, StoreExistsError, embed_split
+from treerank.store import (
+    EmbeddingStore,
+    IncompleteStoreError,
+    StoreExistsError,
+    StoreFormatError,
+    embed_split,
+)
 
 COMPARED = [
     "queries.bin",
@@ -184,3 +190,47 @@ def test_cranfield_round_trip(tmp_path, encoder, shared_data):
     assert st.meta["source"] == "cranfield" and st.n_passages == 300 and st.n_queries == 20
     _same_tables(st, split)
     _reencode_check(st, encoder, seed=5)
+
+
+def test_truncation_is_counted(tmp_path, small_split):
+    # issue 10, item 11: passages longer than the encoder's max sequence length were cut silently
+    enc = SentenceEncoder(max_seq_length=48)
+    stats = embed_split(small_split, enc, tmp_path / "s", progress=False, reuse=False)
+    tok = enc.model.tokenizer
+    full = [len(ids) for ids in tok(small_split.passage_texts, verbose=False)["input_ids"]]
+    cut = [n - 48 for n in full if n > 48]
+    assert 0 < len(cut) < small_split.n_passages
+    assert (stats.n_truncated_passages, stats.truncated_passage_tokens) == (len(cut), sum(cut))
+    assert stats.n_truncated_queries == 0  # MS MARCO questions are short
+    meta = json.loads((tmp_path / "s" / "meta.json").read_text())
+    assert meta["stats"]["n_truncated_passages"] == len(cut)
+    assert meta["stats"]["truncated_passage_tokens"] == sum(cut)
+    rows = {what: total for what, total, _ in stats.rows()}
+    assert rows["passages truncated"] == len(cut) and rows["tokens cut by truncation"] == sum(cut)
+
+
+def test_source_qrels_added_to_an_older_store(tmp_path, encoder, shared_data):
+    # a store embedded before stores kept qrels.tsv gets it without re-embedding
+    from treerank.evaluation.qrels import Qrels
+    from treerank.readers.subset import subset_split
+    from treerank.store import add_source_qrels
+
+    full = read_split(shared_data / "msmarco-trec-dl19", "trec-dl", "test")
+    split = subset_split(full, 2, 60)
+    assert split.qrels is not None
+    dest = tmp_path / "test"
+    embed_split(split, encoder, dest, progress=False)
+    (dest / "qrels.tsv").unlink()  # as written before
+    before = Qrels.from_store(EmbeddingStore.open(dest))
+    assert before.doc_ids is None and before.n_relevant().sum() < sum(
+        1 for _, _, g in split.qrels if g >= 2
+    )
+    vectors = (dest / "passages.bin").read_bytes()
+    add_source_qrels(split, dest)
+    st = EmbeddingStore.open(dest)
+    assert st.source_qrels() == split.qrels and (dest / "passages.bin").read_bytes() == vectors
+    after = Qrels.from_store(st)
+    assert after.n_relevant().sum() == sum(1 for _, _, g in split.qrels if g >= 2)
+    other = subset_split(full, 3, 60)
+    with pytest.raises(StoreFormatError, match="not embedded from this split"):
+        add_source_qrels(other, dest)

@@ -11,14 +11,7 @@ import torch
 
 from treerank.models.forest import Forest
 from treerank.models.registry import load_model
-from treerank.training.forest import (
-    FOREST_SECTIONS,
-    ForestTrainConfig,
-    boosting_weights,
-    sharpness_loss,
-    train_forest,
-    uniformity_loss,
-)
+from treerank.training.forest import FOREST_SECTIONS, ForestTrainConfig, train_forest
 
 
 def sectioned(flat: dict) -> dict:
@@ -43,52 +36,6 @@ SMALL = {
     "random_negatives": 4,
     "hard_negatives": 4,
 }
-
-
-@pytest.mark.parametrize("kind", ["entropy", "gini"])
-def test_uniformity_loss_uniform_is_zero_collapsed_is_one(kind) -> None:
-    c = 8
-    uniform = torch.full((c,), 1.0 / c)
-    collapsed = torch.zeros(c)
-    collapsed[3] = 1.0
-    assert float(uniformity_loss(uniform, kind)) == pytest.approx(0.0, abs=1e-6)
-    assert float(uniformity_loss(collapsed, kind)) == pytest.approx(1.0, abs=1e-5)
-    # batched rows
-    out = uniformity_loss(torch.stack([uniform, collapsed]), kind)
-    np.testing.assert_allclose(out.numpy(), [0.0, 1.0], atol=1e-5)
-
-
-def test_uniformity_loss_hand_values() -> None:
-    half = torch.tensor([0.5, 0.5, 0.0, 0.0])  # two of four classes used
-    # entropy: (log 4 - log 2) / log 4 = 0.5; gini: (4 * 0.5 - 1) / 3 = 1/3
-    assert float(uniformity_loss(half, "entropy")) == pytest.approx(0.5, abs=1e-6)
-    assert float(uniformity_loss(half, "gini")) == pytest.approx(1 / 3, abs=1e-6)
-    with pytest.raises(ValueError, match="unknown uniformity"):
-        uniformity_loss(half, "kl")
-
-
-def test_sharpness_loss_separates_soft_from_decisive_queries() -> None:
-    # Soft queries (each uniform) have a perfectly uniform mean too: uniformity alone is 0 for
-    # both sets; only the sharpness term tells them apart.
-    soft = torch.full((4, 4), 0.25)
-    sharp = torch.eye(4)
-    assert float(uniformity_loss(soft.mean(0))) == pytest.approx(0.0, abs=1e-6)
-    assert float(uniformity_loss(sharp.mean(0))) == pytest.approx(0.0, abs=1e-6)
-    assert float(sharpness_loss(soft)) == pytest.approx(1.0, abs=1e-6)
-    assert float(sharpness_loss(sharp)) == pytest.approx(0.0, abs=1e-6)
-    w = torch.tensor([1.0, 0.0, 0.0, 0.0])
-    assert float(sharpness_loss(torch.cat([sharp[:1], soft[:3]]), w)) == pytest.approx(
-        0.0, abs=1e-6
-    )
-
-
-def test_boosting_weight_formula() -> None:
-    # (1 + e) / (1 + n)
-    np.testing.assert_allclose(boosting_weights(np.array([0, 1, 2]), 2), [1 / 3, 2 / 3, 1.0])
-    np.testing.assert_allclose(boosting_weights(np.array([0, 0]), 0), [1.0, 1.0])
-    np.testing.assert_allclose(boosting_weights(np.array([3]), 9), [0.4])
-    with pytest.raises(ValueError):
-        boosting_weights(np.array([3]), 2)
 
 
 def test_training_balances_classes_learns_and_logs(toy_store, tmp_path) -> None:
@@ -194,3 +141,96 @@ def test_train_rows_restrict_training_and_pipeline_entry_point(toy_store, tmp_pa
     curve = res.summary["curve"]
     assert [p["n_models"] for p in curve] == [1, 2] and 0.0 <= curve[-1]["mrr@10"] <= 1.0
     assert isinstance(load_model(tmp_path / "ck"), Forest)
+
+
+def test_group_of_pairs_trains_like_separate_runs_with_dropout(toy_store) -> None:
+    """Per-pair seeds, bags, random negatives and dropout streams: a group of G = 3 pairs gives
+    the parameters of training the 3 pairs one by one (boosting off, so the order is free)."""
+    cfg = {**SMALL, "n_models": 3, "boosting": False, "dropout": 0.3, "hidden": [6]}
+    grouped = train_forest(toy_store, sectioned({**cfg, "group_size": 3}), progress=False).model
+    alone = train_forest(toy_store, sectioned({**cfg, "group_size": 1}), progress=False).model
+    for a, b in zip(
+        grouped.query_weights + grouped.passage_weights + grouped.passage_biases,
+        alone.query_weights + alone.passage_weights + alone.passage_biases,
+        strict=True,
+    ):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+    # the pairs really differ from each other (own init, bag and masks)
+    assert not torch.allclose(grouped.query_weights[0][0], grouped.query_weights[0][1])
+
+
+def _distractor_store(seed: int = 0):
+    """Queries around 12 topics, each with its gold passage near it. Every topic also has 4
+    distractor passages: close to the topic (off along a topic-specific direction), judged
+    non-relevant for every query of the topic, relevant to nothing."""
+    from tests.training.conftest import ToyStore
+
+    rng = np.random.default_rng(seed)
+    d, topics, per, n_dis = 16, 12, 10, 4
+
+    def unit(x):
+        return (x / np.linalg.norm(x, axis=-1, keepdims=True)).astype(np.float32)
+
+    centres = unit(rng.standard_normal((topics, d)))
+    offsets = unit(rng.standard_normal((topics, d)))
+
+    def near(c, n, s):
+        return unit(c + s * rng.standard_normal((n, d)) / np.sqrt(d))
+
+    gold = np.concatenate([near(centres[t], per, 0.5) for t in range(topics)])
+    distract = np.concatenate(
+        [near(centres[t] + 0.8 * offsets[t], n_dis, 0.2) for t in range(topics)]
+    )
+    queries = np.concatenate([near(centres[t], per, 0.3) for t in range(topics)])
+    passages = np.concatenate([gold, distract])
+    n_gold = len(gold)
+    topic = np.repeat(np.arange(topics), per)
+    cand = np.full((len(queries), 1 + n_dis), -1, dtype=np.int32)
+    cand[:, 0] = np.arange(n_gold)  # query i -> gold passage i
+    cand[:, 1:] = n_gold + topic[:, None] * n_dis + np.arange(n_dis)[None, :]
+    labels = np.zeros(cand.shape, dtype=np.uint8)
+    labels[:, 0] = 1
+    return ToyStore(queries, passages, cand, labels), n_gold
+
+
+def test_learned_not_retrievable_fires_for_never_relevant_passages() -> None:
+    store, n_gold = _distractor_store()
+    cfg = {
+        **SMALL,
+        "n_models": 4,
+        "n_classes": 4,
+        "group_size": 1,
+        "hidden": [16],  # a linear NR column cannot cut distractors from golds of one topic
+        "bag_queries": 1.0,
+        "hard_negatives": 0,
+        "random_negatives": 2,
+        "steps_passage": 60,
+        "steps_joint": 20,
+        "nr_weight": 1.0,
+        "nr_penalty": 0.0,
+    }
+    forest = train_forest(store, sectioned(cfg), progress=False).model
+    pc, _ = forest.passage_classes(store.passages)
+    nr = pc < 0
+    gold_nr, distract_nr = nr[:n_gold].mean(), nr[n_gold:].mean()
+    assert distract_nr > 0.8, distract_nr  # never-relevant passages leave the index (0.95)
+    assert gold_nr < 0.06, gold_nr  # relevant ones stay (0.03 of (gold, model) cells leave)
+    # without the term (the default) the outcome hardly fires, distractors included (0.02)
+    plain = train_forest(
+        store, sectioned({**cfg, "nr_weight": 0.0, "nr_penalty": 1.0}), progress=False
+    )
+    assert (plain.model.passage_classes(store.passages)[0][n_gold:] < 0).mean() < 0.1
+
+
+def test_blocked_full_batch_gradient_equals_one_block(toy_store) -> None:
+    """chunk_size only bounds memory: 7-row blocks train the same forest as one block (no
+    dropout, whose masks are drawn per block)."""
+    cfg = {**SMALL, "n_models": 2, "dropout": 0.0, "hidden": [6], "group_size": 2}
+    one = train_forest(toy_store, sectioned({**cfg, "chunk_size": 100000}), progress=False).model
+    blocked = train_forest(toy_store, sectioned({**cfg, "chunk_size": 7}), progress=False).model
+    for a, b in zip(
+        one.query_weights + one.passage_weights,
+        blocked.query_weights + blocked.passage_weights,
+        strict=True,
+    ):
+        torch.testing.assert_close(a, b, rtol=0, atol=2e-5)

@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from treerank.cli.errors import fail
+from treerank.lock import LockHeldError
 
 
 def diagnose(
@@ -70,7 +71,7 @@ def diagnose(
             plots=plots,
             probe_stores=extra,
         )
-    except (FileNotFoundError, ValueError, KeyError) as exc:
+    except (FileNotFoundError, ValueError, KeyError, LockHeldError) as exc:
         raise fail(exc) from exc
 
     if res.get("variants"):

@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from treerank.cli.errors import fail
+from treerank.lock import LockHeldError
 from treerank.readers.detect import FORMATS
 
 
@@ -127,7 +128,7 @@ def embed(
                 progress=progress,
             )
             console.print(_stats_table(split_name, dest, stats))
-    except (DataFormatError, StoreFormatError, ValueError) as exc:
+    except (DataFormatError, StoreFormatError, ValueError, LockHeldError) as exc:
         raise fail(exc) from None
     except KeyboardInterrupt:
         err.print(

@@ -8,6 +8,7 @@ import typer
 
 from treerank.cli.errors import fail
 from treerank.evaluation.metrics import DEFAULT_METRICS
+from treerank.lock import LockHeldError
 
 
 def _systems_help() -> str:
@@ -69,6 +70,12 @@ def evaluate(
         None, "--dim", help="Vector dimension (only for Go-tool stores without meta.json)."
     ),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bars."),
+    ignore_identical_ids: bool = typer.Option(
+        False,
+        "--ignore-identical-ids",
+        help="Drop a retrieved document whose id is the query's id (BEIR's option for "
+        "ArguAna / Quora, where queries are also corpus documents).",
+    ),
 ) -> None:
     """Evaluate systems on every passage of a split; print and write a comparison table."""
     from rich.console import Console
@@ -94,13 +101,19 @@ def evaluate(
             gain=gain,
             relevance_threshold=threshold,
             progress=progress,
+            ignore_identical_ids=ignore_identical_ids,
         )
-    except (ValueError, FileNotFoundError, KeyError) as exc:
+    except (ValueError, FileNotFoundError, KeyError, LockHeldError) as exc:
         raise fail(exc) from None
-    console.print(comp.rich())
-    if second_baseline:
+    for name, err in comp.failed.items():
+        console.print(f"system {name} failed: {err}", markup=False, style="red", soft_wrap=True)
+    if not comp.results:
+        raise typer.Exit(1)
+    if baseline in comp.results:
+        console.print(comp.rich())
+    if second_baseline in comp.results:
         console.print(comp.rich(second_baseline))
-    first = comp.results[baseline]
+    first = comp.results.get(baseline) or next(iter(comp.results.values()))
     console.print(
         f"{first.n_evaluated} queries evaluated, {first.n_left_out} left out "
         "(no relevant passage); "
@@ -113,8 +126,15 @@ def evaluate(
                 f"McNemar hit@10 {s} vs {b}: b={r.b} c={r.c} p={r.p_value:.4g}"
                 + (" (exact)" if r.exact else "")
             )
+    if any(comp.departures.values()):
+        console.print(
+            "departures from the source: "
+            + ", ".join(f"{k.replace('_', ' ')} {v:,}" for k, v in comp.departures.items())
+        )
     if out is not None:
         console.print(f"wrote {out}/results.json, per_query.jsonl, table.md, runs/, plots/")
+    if comp.failed:
+        raise typer.Exit(1)
 
 
 def register(app: typer.Typer) -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from treerank.cli.errors import fail, print_error
+from treerank.lock import LockHeldError
 
 
 def run(
@@ -42,7 +43,7 @@ def run(
             progress=progress,
             log=lambda line: console.print(line, markup=False, highlight=False),
         )
-    except (ConfigError, FileNotFoundError) as exc:
+    except (ConfigError, FileNotFoundError, LockHeldError) as exc:
         raise fail(exc, 2) from exc
     except StageError as exc:
         print_error(exc, console)

@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from treerank.cli.errors import fail
+from treerank.lock import LockHeldError
 from treerank.models.families import trainable_families
 
 
@@ -59,7 +60,7 @@ def train(
     try:
         st = open_train_store(store, split, dim=dim)
         res = train_model(model, st, cfg, out, progress=progress, where=str(config or "config"))
-    except (ValueError, KeyError, FileNotFoundError) as exc:
+    except (ValueError, KeyError, FileNotFoundError, LockHeldError) as exc:
         raise fail(str(exc)) from exc
     s = res.summary
     table = Table(title=f"train {model} -> {res.checkpoint}", title_justify="left")

@@ -33,6 +33,7 @@ from treerank.diagnostics.labels import query_labels
 from treerank.diagnostics.probes import run_probes, slot_specialisation
 from treerank.diagnostics.variants import evaluate_variants, l2_normalize
 from treerank.evaluation.metrics import DEFAULT_METRICS
+from treerank.lock import writes_dir
 
 MAX_REPRESENTATION_FLOATS = 50_000_000
 """Cap on ``n_queries * width`` of a model's query representation in steps 2 and 4 (200 MB);
@@ -231,6 +232,7 @@ def decision_rules(
     return rules
 
 
+@writes_dir("out_dir", "diagnose")
 def run_diagnostics(
     checkpoint_dir: str | Path,
     store: Any,

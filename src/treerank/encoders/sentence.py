@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -116,8 +117,12 @@ class SentenceEncoder:
             raise ValueError(f"kind must be 'query' or 'passage', got {kind!r}")
         return (self.query_prompt if kind == "query" else self.passage_prompt) or ""
 
-    def token_lengths(self, texts: Sequence[str], kind: str = "passage") -> np.ndarray:
-        """Token count of each text after the prompt, special tokens and truncation.
+    def token_lengths(
+        self, texts: Sequence[str], kind: str = "passage", truncation: bool = True
+    ) -> np.ndarray:
+        """Token count of each text after the prompt, special tokens and (with ``truncation``,
+        the default) truncation to ``max_seq_length``; ``truncation=False`` gives the full
+        length, so that ``length > max_seq_length`` tells which texts the encoder cuts.
 
         Returns:
             ``int64 (n,)``.
@@ -128,9 +133,12 @@ class SentenceEncoder:
         step = 8192
         for s in range(0, len(texts), step):
             chunk = [prompt + t for t in texts[s : s + step]]
-            enc = tok(
-                chunk, add_special_tokens=True, truncation=True, max_length=self.max_seq_length
+            kw: dict[str, Any] = (
+                {"truncation": True, "max_length": self.max_seq_length}
+                if truncation
+                else {"truncation": False, "verbose": False}
             )
+            enc = tok(chunk, add_special_tokens=True, **kw)
             out[s : s + len(chunk)] = [len(ids) for ids in enc["input_ids"]]
         return out
 

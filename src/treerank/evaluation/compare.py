@@ -5,10 +5,26 @@ evaluation stage. With ``out_dir`` it writes::
 
     results.json        settings, per-system means / counts / timings, paired tests, McNemar
     per_query.jsonl     one line per (system, query): query id and every metric (null = left out)
-    runs/<system>.trec  TREC run files (source ids)
+    runs/<system>.trec  TREC run files (source ids; a passage that stands for several source ids
+                        of identical text is listed as all of them, at consecutive ranks)
     plots/metrics.png   per-system metric bars with 95% CI error bars
     plots/recall_at_k.png  mean Recall@k curves
-    table.md            the comparison table
+    table.md            the comparison table, then the departures from the source
+
+Every metric is computed on the ranking that the run file holds, against the source's own qrels
+when the store keeps them (:meth:`Qrels.from_store`), so ``trec_eval -c`` / ir-measures on
+``runs/<system>.trec`` and the source's qrels file give the same per-query values (on the
+evaluated queries; queries without a relevant judgment are left out of treerank's means).
+What differs from the source is counted in ``results.json`` (``departures``): judgments on
+documents absent from the corpus (relevant and never retrieved), duplicate texts merged,
+judgments on unknown topics, self-hits dropped.
+
+A system that raises (a bad checkpoint, an index that cannot be built) is recorded in
+``failed`` with its error; every other system is still run, evaluated and written.
+
+``ignore_identical_ids=True`` drops, per query, a retrieved document whose id equals the
+query's id (BEIR's ``ignore_identical_ids`` for ArguAna / Quora, where queries are also corpus
+documents); ``k + 1`` passages are retrieved so that ``k`` remain.
 """
 
 from __future__ import annotations
@@ -16,7 +32,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +51,7 @@ from treerank.evaluation.report import (
 )
 from treerank.evaluation.significance import McNemarResult, PairedTest, compare_paired, mcnemar
 from treerank.evaluation.trec_io import write_trec_run
+from treerank.lock import writer_lock
 from treerank.search.run import Run
 from treerank.search.systems import System, build_system
 
@@ -57,6 +74,11 @@ class Comparison:
         recall_curves: system -> {k: mean Recall@k}.
         seconds: system -> retrieval wall time.
         files: name -> path written (empty without ``out_dir``).
+        failed: system -> error message, for systems that raised (left out of the rest).
+        departures: what differs from the source's qrels and corpus (counts), see the module doc.
+        doc_runs: system -> the ranking as scored and written: document ids (indices into
+            ``doc_ids``), aliases expanded, self-hits dropped.
+        doc_ids: source id of each document id (``None``: the store's passage ids).
     """
 
     runs: dict[str, Run]
@@ -70,6 +92,10 @@ class Comparison:
     seconds: dict[str, float] = field(default_factory=dict)
     files: dict[str, Path] = field(default_factory=dict)
     settings: dict[str, Any] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)
+    departures: dict[str, int] = field(default_factory=dict)
+    doc_runs: dict[str, Run] = field(default_factory=dict)
+    doc_ids: list[str] | None = None
     tuning: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def mean(self, system: str, metric: str) -> float:
@@ -87,8 +113,17 @@ class Comparison:
     def markdown(self) -> str:
         out = []
         for b in [self.baseline] + ([self.second_baseline] if self.second_baseline else []):
+            if b in self.failed:
+                continue
             out.append(f"Against baseline `{b}` (p: paired randomization test; * p < 0.05)\n\n")
             out.append(markdown_table(*self.table(b)))
+        for name, err in self.failed.items():
+            out.append(f"**{name} failed**: {err}\n")
+        if any(self.departures.values()):
+            items = ", ".join(
+                f"{k.replace('_', ' ')}: {v:,}" for k, v in self.departures.items() if v
+            )
+            out.append(f"Departures from the source: {items}\n")
         if self.tuning:
             out.append(fusion_tuning.tuning_markdown(self.tuning))
         return "\n".join(out)
@@ -121,6 +156,8 @@ class Comparison:
             "mcnemar_hit@10": {
                 b: {s: r.to_dict() for s, r in by_sys.items()} for b, by_sys in self.mcnemar.items()
             },
+            "failed": self.failed,
+            "departures": self.departures,
             "tuning": self.tuning,
         }
 
@@ -160,6 +197,7 @@ def compare_systems(
     relevance_threshold: int | None = None,
     progress: bool = False,
     runs: Mapping[str, Run] | None = None,
+    ignore_identical_ids: bool = False,
 ) -> Comparison:
     """Run, evaluate and compare systems on all passages of one store split.
 
@@ -178,19 +216,86 @@ def compare_systems(
         relevance_threshold: override the store's threshold.
         progress: tqdm bars in dense search.
         runs: precomputed runs by system name (skips retrieval for those).
+        ignore_identical_ids: drop retrieved documents whose id is the query's id (BEIR's
+            option for ArguAna / Quora; see the module doc).
 
     Returns:
-        The :class:`Comparison`.
+        The :class:`Comparison`; systems that raised are in ``failed``, not ``results``.
 
     Raises:
         ValueError: the baseline is not among the systems, or a bad spec / metric.
+        LockHeldError: another process is writing ``out_dir``.
     """
     metrics = tuple(f"{m}@{c}" for m, c in map(parse_metric, metrics))
     built = _as_systems(systems, {"progress": progress})
     for b in (baseline, second_baseline):
         if b is not None and b not in built:
             raise ValueError(f"baseline {b!r} is not one of the systems: {', '.join(built)}")
+    if out_dir is not None:
+        with writer_lock(out_dir, "evaluate"):
+            return _compare(
+                store,
+                built,
+                baseline,
+                k,
+                Path(out_dir),
+                metrics,
+                second_baseline,
+                n_permutations,
+                seed,
+                gain,
+                relevance_threshold,
+                runs,
+                ignore_identical_ids,
+            )
+    return _compare(
+        store,
+        built,
+        baseline,
+        k,
+        None,
+        metrics,
+        second_baseline,
+        n_permutations,
+        seed,
+        gain,
+        relevance_threshold,
+        runs,
+        ignore_identical_ids,
+    )
+
+
+def _drop_identical(
+    ids: np.ndarray, scores: np.ndarray, self_doc: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """Remove, per row, the document ``self_doc[row]``; rows stay left-aligned."""
+    hit = (ids == self_doc[:, None]) & (ids >= 0)
+    n = int(hit.sum())
+    if not n:
+        return ids, scores, 0
+    order = np.argsort(hit, axis=1, kind="stable")  # kept entries first, in rank order
+    ids = np.take_along_axis(np.where(hit, -1, ids), order, axis=1)
+    scores = np.take_along_axis(np.where(hit, -np.inf, scores), order, axis=1)
+    return ids, scores, n
+
+
+def _compare(
+    store: Any,
+    built: dict[str, System],
+    baseline: str,
+    k: int,
+    out_dir: Path | None,
+    metrics: tuple[str, ...],
+    second_baseline: str | None,
+    n_permutations: int,
+    seed: int,
+    gain: str,
+    relevance_threshold: int | None,
+    runs: Mapping[str, Run] | None,
+    ignore_identical_ids: bool,
+) -> Comparison:
     qrels = Qrels.from_store(store, relevance_threshold)
+    doc_qrels = replace(qrels, expansion=None)  # scored on rankings expanded here
     curve_ks = tuple(c for c in RECALL_CURVE_KS if c <= k)
     all_metrics = tuple(
         dict.fromkeys(metrics + (HIT_METRIC,) + tuple(f"recall@{c}" for c in curve_ks))
@@ -212,23 +317,44 @@ def compare_systems(
         "candidates": "all passages of the split",
         "ties": "by ascending passage id",
     }
+    comp.departures = dict(qrels.departures)
+    comp.doc_ids = qrels.doc_ids
+    self_doc = np.full(qrels.n_queries, -1, np.int64)
+    if ignore_identical_ids:
+        doc_ids = qrels.doc_ids if qrels.doc_ids is not None else list(store.passage_ids())
+        index = {d: i for i, d in enumerate(doc_ids)}
+        self_doc = np.array([index.get(q, -1) for q in store.query_ids()], np.int64)
+        comp.departures["self_hits_dropped"] = 0
+    depth = k + 1 if ignore_identical_ids else k
     for name, system in built.items():
-        t0 = time.perf_counter()
-        run = runs[name] if runs and name in runs else system.retrieve(store, k)
-        comp.seconds[name] = time.perf_counter() - t0
-        if getattr(system, "tuning", None):  # tuned fusion: the frozen weight and its curve
-            comp.tuning[name] = dict(system.tuning)  # type: ignore[attr-defined]
-        run = Run(name, run.ids, run.scores)
-        if run.n_queries != qrels.n_queries:
-            raise ValueError(
-                f"system {name!r} returned {run.n_queries} rows for {qrels.n_queries} queries"
-            )
+        try:  # one failing system never takes the others down
+            t0 = time.perf_counter()
+            run = runs[name] if runs and name in runs else system.retrieve(store, depth)
+            comp.seconds[name] = time.perf_counter() - t0
+            if getattr(system, "tuning", None):  # tuned fusion: the frozen weight and its curve
+                comp.tuning[name] = dict(system.tuning)  # type: ignore[attr-defined]
+            run = Run(name, run.ids, run.scores)
+            if run.n_queries != qrels.n_queries:
+                raise ValueError(
+                    f"system {name!r} returned {run.n_queries} rows for {qrels.n_queries} queries"
+                )
+            ids, scores = qrels.expand(run.ids, run.scores)
+            assert scores is not None
+            if ignore_identical_ids:
+                ids, scores, n = _drop_identical(ids, scores, self_doc)
+                comp.departures["self_hits_dropped"] = max(comp.departures["self_hits_dropped"], n)
+            res = evaluate_run(ids, doc_qrels, all_metrics, gain=gain)
+        except Exception as exc:  # noqa: BLE001 - recorded and reported, see module doc
+            comp.failed[name] = f"{type(exc).__name__}: {exc}"
+            comp.seconds.pop(name, None)
+            continue
         comp.runs[name] = run
-        res = evaluate_run(run.ids, qrels, all_metrics, gain=gain)
+        comp.doc_runs[name] = Run(name, ids, scores)
         comp.results[name] = res
         comp.recall_curves[name] = {c: res.mean[f"recall@{c}"] for c in curve_ks}
+    comp.settings["failed_systems"] = sorted(comp.failed)
     for b in (baseline, second_baseline):
-        if b is None:
+        if b is None or b in comp.failed:
             continue
         base = comp.results[b].per_query
         comp.tests[b] = {}
@@ -241,15 +367,15 @@ def compare_systems(
             )
             comp.mcnemar[b][name] = mcnemar(res.per_query[HIT_METRIC], base[HIT_METRIC])
     if out_dir is not None:
-        _write(comp, store, Path(out_dir))
+        _write(comp, store, out_dir)
     return comp
 
 
 def _write(comp: Comparison, store: Any, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     qids = list(store.query_ids())
-    pids = list(store.passage_ids())
-    for name, run in comp.runs.items():
+    pids = comp.doc_ids if comp.doc_ids is not None else list(store.passage_ids())
+    for name, run in comp.doc_runs.items():
         comp.files[f"run:{name}"] = write_trec_run(
             out / "runs" / f"{safe_name(name)}.trec", run, qids, pids, tag=safe_name(name)
         )

@@ -176,7 +176,9 @@ def evaluate_run(
     Args:
         ids: ``int64 (n_queries, k)`` retrieved passage ids per query in rank order (``-1``
             padding), or a :class:`~treerank.search.run.Run` (its ``ids``). Row ``i`` is the
-            query of qrels row ``i``. A passage must not repeat within a row.
+            query of qrels row ``i``. A passage must not repeat within a row. When the qrels
+            are by document ids (``qrels.expansion``) the ranking is expanded first, so the
+            metrics are those of the ranking written to the run file.
         qrels: the judgments (relevance threshold included).
         metrics: names like ``"mrr@10"``, ``"ndcg@10"``, ``"recall@100"``, ``"success@10"``.
         gain: nDCG gain, ``"linear"`` (trec_eval, default) or ``"exp"``.
@@ -196,6 +198,7 @@ def evaluate_run(
     parsed = [(f"{m}@{c}", m, c) for m, c in map(parse_metric, metrics)]
     if ids.shape[0] != qrels.n_queries:
         raise ValueError(f"run has {ids.shape[0]} rows; qrels have {qrels.n_queries} queries")
+    ids, _ = qrels.expand(ids)  # document ids where de-duplication merged several
     grades = np.empty(ids.shape, np.int16)
     for start in range(0, ids.shape[0], _BLOCK):  # bounded temporaries on long runs
         block = ids[start : start + _BLOCK]

@@ -5,21 +5,39 @@ query ``i`` and ``labels[i, j]`` its grade (MS MARCO ``is_selected``; graded qre
 ``-1`` pads). A grade ``>= relevance_threshold`` counts as relevant for MRR@k, Recall@k and
 Success@k; nDCG@k uses the grades themselves.
 
-**Pools.** A store only holds the passages of its split. For a pooled corpus such as the TREC DL19
-pool shipped here, judged passages that no pooled run retrieved are not in the store, so they are
-not in the qrels either: Recall@k is then "the fraction of the *pooled* relevant passages
-retrieved", and the nDCG ideal ranking is built from pooled judgments only. Scores are comparable
-between systems run on the same pool, not with full-collection numbers.
+**Source qrels and aliases.** A store that keeps the source's own judgments (``qrels.tsv``, see
+:meth:`Qrels.from_store`) is scored against them, by source ids, so that every metric equals
+``trec_eval`` on the run file treerank writes and the source's qrels file: a passage that
+de-duplication shares between several source ids (identical texts) is *expanded* in the ranking
+into all of them, at consecutive ranks in source order (:meth:`Qrels.expand`); a judged id
+absent from the corpus counts as relevant and never retrieved. Stores without ``qrels.tsv``
+(MS MARCO, whose candidate lists are the judgments; stores written before) are scored against
+their candidate tables by passage id, as before.
+
+**Pools (stores without ``qrels.tsv``).** A store only holds the passages of its split. For a pooled
+corpus such as the TREC DL19 pool shipped here, judged passages that no pooled run retrieved are not
+in the store, so they are not in the qrels either: Recall@k is then "the fraction of the *pooled*
+relevant passages retrieved", and the nDCG ideal ranking is built from pooled judgments only. Scores
+are comparable between systems run on the same pool, not with full-collection numbers.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 _SHIFT = 32  # key = query << 32 | passage id (passage ids < 2**32)
+#: reader counts (``meta.json`` ``source_meta``) reported as departures from the source
+_SOURCE_DEPARTURES = (
+    "n_judgments_on_unknown_topics",
+    "n_judgments_on_missing_passages",
+    "n_empty_documents_skipped",
+    "n_empty_passages_skipped",
+    "n_unlabelled_passages",
+    "n_folded_candidates",
+)
 
 
 @dataclass
@@ -31,11 +49,22 @@ class Qrels:
         labels: ``uint8 (n_queries, K)`` grades (0 = judged not relevant, and for padding).
         relevance_threshold: grade ``>=`` this is relevant for MRR / Recall / Success (1 by
             default; 2 for TREC DL).
+        expansion: ``int64 (n_passages + 1,)`` offsets when judgments are by *document* ids and
+            passage ``p`` stands for documents ``expansion[p] .. expansion[p + 1] - 1`` (text
+            de-duplication); ``None`` when documents and passages coincide. ``candidates`` then
+            hold document ids.
+        doc_ids: source id of each document id (``None``: unknown); ids past the corpus are
+            judged documents absent from it.
+        departures: counts of what differs from the source (judgments on absent documents,
+            merged duplicates, ...), reported beside the metrics.
     """
 
     candidates: np.ndarray
     labels: np.ndarray
     relevance_threshold: int = 1
+    expansion: np.ndarray | None = None
+    doc_ids: list[str] | None = None
+    departures: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.candidates = np.asarray(self.candidates, dtype=np.int64)
@@ -56,10 +85,139 @@ class Qrels:
 
     @classmethod
     def from_store(cls, store: Any, relevance_threshold: int | None = None) -> Qrels:
-        """Judgments of an :class:`~treerank.store.EmbeddingStore` split (its ``candidates`` and
-        ``labels``); the threshold defaults to the store's ``relevance_threshold``."""
+        """Judgments of an :class:`~treerank.store.EmbeddingStore` split; the threshold defaults
+        to the store's ``relevance_threshold``.
+
+        With the store's source qrels (``store.source_qrels()``) this is :meth:`from_source`
+        (document ids, aliases expanded, absent judged ids kept); without, the ``candidates``
+        and ``labels`` tables by passage id. ``departures`` also carries the reader's counts
+        from ``meta.json`` (judgments on unknown topics, empty documents skipped, ...).
+        """
         thr = store.relevance_threshold if relevance_threshold is None else relevance_threshold
-        return cls(np.asarray(store.candidates), np.asarray(store.labels), int(thr))
+        source = store.source_qrels() if callable(getattr(store, "source_qrels", None)) else None
+        meta = getattr(store, "meta", {}) or {}
+        src_meta = meta.get("source_meta", {}) or {}
+        extra = {k: int(src_meta[k]) for k in _SOURCE_DEPARTURES if k in src_meta}
+        if source is None:
+            out = cls(np.asarray(store.candidates), np.asarray(store.labels), int(thr))
+            out.departures = extra
+            return out
+        extra.pop("n_judgments_on_missing_passages", None)  # kept, counted by from_source
+        out = cls.from_source(
+            source, store.query_ids(), store.passage_ids(), store.passage_aliases(), int(thr)
+        )
+        out.departures.update(extra)
+        return out
+
+    @classmethod
+    def from_source(
+        cls,
+        judgments: list[tuple[str, str, int]],
+        query_ids: list[str],
+        passage_ids: list[str],
+        aliases: dict[str, int] | None = None,
+        relevance_threshold: int = 1,
+    ) -> Qrels:
+        """Judgments by source ids, scored on runs of passage ids expanded to document ids.
+
+        Args:
+            judgments: ``[(query id, doc id, grade)]`` as in the source's qrels file (negative
+                grades become 0); judgments on queries not in ``query_ids`` are ignored.
+            query_ids: source id of each query row.
+            passage_ids: source id of each passage (its first occurrence).
+            aliases: every source doc id -> passage id (de-duplicated ids included); a passage's
+                documents are its own id, then its aliases in mapping order.
+            relevance_threshold: see the class.
+
+        Returns:
+            `Qrels` over document ids: ``0 ..`` the corpus's source ids in passage order (with
+            their aliases), then the judged ids absent from the corpus. ``doc_ids``,
+            ``expansion`` (``None`` without merged duplicates) and ``departures`` are set.
+        """
+        groups = [[sid] for sid in passage_ids]
+        for sid, p in (aliases or {}).items():
+            if passage_ids[p] != sid:
+                groups[p].append(sid)
+        sizes = np.fromiter((len(g) for g in groups), np.int64, len(groups))
+        offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        doc_ids = [s for g in groups for s in g]
+        n_corpus = len(doc_ids)
+        index = {s: i for i, s in enumerate(doc_ids)}
+        row_of = {q: i for i, q in enumerate(query_ids)}
+        rows: list[list[tuple[int, int]]] = [[] for _ in query_ids]
+        n_absent = n_absent_rel = 0
+        for q, d, g in judgments:
+            i = row_of.get(q)
+            if i is None:
+                continue
+            e = index.get(d)
+            if e is None:
+                e = index[d] = len(doc_ids)
+                doc_ids.append(d)
+            if e >= n_corpus:
+                n_absent += 1
+                n_absent_rel += int(g >= relevance_threshold)
+            rows[i].append((e, max(int(g), 0)))
+        width = max((len(r) for r in rows), default=0)
+        cand = np.full((len(query_ids), max(width, 1)), -1, np.int64)
+        lab = np.zeros_like(cand)
+        for i, r in enumerate(rows):
+            if r:
+                cand[i, : len(r)] = [e for e, _ in r]
+                lab[i, : len(r)] = [g for _, g in r]
+        out = cls(
+            cand,
+            lab,
+            relevance_threshold,
+            expansion=offsets if (sizes > 1).any() else None,
+            doc_ids=doc_ids,
+        )
+        out.departures = {
+            "judgments_on_documents_absent_from_corpus": n_absent,
+            "relevant_judgments_on_documents_absent_from_corpus": n_absent_rel,
+            "duplicate_documents_merged": n_corpus - len(passage_ids),
+        }
+        return out
+
+    def expand(
+        self, ids: np.ndarray, scores: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """A ranking of passage ids as the ranking of document ids it stands for.
+
+        Each passage is replaced by all its documents at consecutive ranks (source order), each
+        with the passage's score. Identity when ``expansion`` is ``None``.
+
+        Args:
+            ids: ``int64 (nq, k)`` passage ids, rank order, ``-1`` padding at row ends.
+            scores: optional ``float32 (nq, k)`` scores, expanded alike.
+
+        Returns:
+            ``(ids int64 (nq, k'), scores float32 (nq, k') or None)``, ``k' >= k``, ``-1`` /
+            ``-inf`` padding.
+        """
+        ids = np.asarray(ids, dtype=np.int64)
+        if self.expansion is None:
+            return ids, scores
+        off = self.expansion
+        nq, k = ids.shape
+        valid = ids >= 0
+        safe = np.where(valid, ids, 0)
+        rep = np.where(valid, off[safe + 1] - off[safe], 0).ravel()
+        per_row = rep.reshape(nq, k).sum(axis=1)
+        width = max(int(per_row.max(initial=0)), 1)
+        total = int(rep.sum())
+        ends = np.cumsum(rep)
+        within = np.arange(total) - np.repeat(ends - rep, rep)
+        doc = np.repeat(off[safe].ravel(), rep) + within
+        row = np.repeat(np.repeat(np.arange(nq), k), rep)
+        col = np.arange(total) - np.repeat(np.cumsum(per_row) - per_row, per_row)
+        out = np.full((nq, width), -1, np.int64)
+        out[row, col] = doc
+        out_scores = None
+        if scores is not None:
+            out_scores = np.full((nq, width), -np.inf, np.float32)
+            out_scores[row, col] = np.repeat(np.asarray(scores, np.float32).ravel(), rep)
+        return out, out_scores
 
     @classmethod
     def from_dict(

@@ -43,6 +43,27 @@ BACKENDS = ("faiss", "torch")
 _PAD_ID = 0xFFFFFFFF
 
 
+class NonFiniteVectorError(ValueError):
+    """A query or passage vector holds NaN or infinity; the message names the store (or array)
+    and the first bad row. Raised by :func:`exact_search` on every backend, before scoring."""
+
+
+def check_finite(x: np.ndarray, what: str, source: str, row_offset: int = 0) -> None:
+    """Raise :class:`NonFiniteVectorError` naming ``source`` and the row if ``x`` has NaN/inf.
+
+    Args:
+        x: ``float32 (n, d)`` vectors; row ``i`` is row ``row_offset + i`` of ``source``.
+        what: ``"query"`` or ``"passage"``. source: the store path (or a description).
+    """
+    bad = ~np.isfinite(x)
+    if bad.any():
+        row = row_offset + int(np.flatnonzero(bad.any(axis=1))[0])
+        raise NonFiniteVectorError(
+            f"{source}: {what} row {row} holds a non-finite value (NaN or inf); the store is "
+            "corrupt or the model diverged"
+        )
+
+
 def rank_keys(ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
     """Encode ``(score, id)`` pairs as int64 keys whose ascending order is the ranking order.
 
@@ -227,6 +248,7 @@ def exact_search(
     progress: bool = False,
     query_batch: int = DEFAULT_QUERY_BATCH,
     backend: str = "faiss",
+    source: str = "vectors",
 ) -> tuple[np.ndarray, np.ndarray]:
     """Exact top-``k`` passages by inner product for every query.
 
@@ -244,6 +266,7 @@ def exact_search(
         progress: show a tqdm bar over passages.
         query_batch: queries scored at once by the torch backend and by tie repairs.
         backend: ``"faiss"`` or ``"torch"`` (see module docstring); same results.
+        source: names the vectors in errors (the store path).
 
     Returns:
         ``(ids int64 (nq, k'), scores float32 (nq, k'))``, ``k' = min(k, n_passages)``; score is
@@ -251,6 +274,8 @@ def exact_search(
         ties by ascending passage id.
 
     Raises:
+        NonFiniteVectorError: a query or passage row (stored, or after the transform) holds NaN
+            or inf, whatever the backend.
         ValueError: non-2-D inputs, bad sizes, an unknown backend, a dimension mismatch after the
             transform, or NaN scores.
     """
@@ -266,12 +291,15 @@ def exact_search(
     if k <= 0 or chunk_size <= 0 or query_batch <= 0:
         raise ValueError(f"k={k}, chunk_size={chunk_size}, query_batch={query_batch} must be > 0")
     chunk_topk = _CHUNK_TOPK[backend]
+    check_finite(q, "query", source)
     keys = np.empty((nq, 0), np.int64)
     bar = tqdm(total=n, unit="passage", disable=not progress, desc="exact search")
     for start in range(0, n, chunk_size):
         block = np.asarray(passages[start : start + chunk_size], dtype=np.float32)
+        check_finite(block, "passage", source, start)
         if passage_transform is not None:
             block = np.asarray(passage_transform(block), dtype=np.float32)
+            check_finite(block, "transformed passage", source, start)
         if block.ndim != 2 or block.shape[1] != q.shape[1]:
             raise ValueError(
                 f"passage block {block.shape} does not match the query dimension {q.shape[1]}"

@@ -16,7 +16,8 @@ A family entry (:class:`ModelFamily`) names, as ``"module:attribute"`` strings i
 * ``system``: ``make(model, name) -> System`` for families that do their own retrieval (the
   forest's inverted lists); None means a dense family, searched by exact inner product of its
   ``encode_queries`` / ``encode_passages`` (``treerank.search.systems.DenseSystem``);
-* ``report``: ``stats(system) -> dict`` added to the evaluation report (optional);
+* ``report``: ``report(systems: {name: System}) -> {"stats": {name: dict}, "markdown": str}``,
+  called with the family's systems after the evaluation, added to the report (optional);
 * ``curves``: ``plot(records, summary, path, title) -> Path | None`` for the trained model's
   directory (None: ``treerank.training.history.plot_curves`` of the training log).
 

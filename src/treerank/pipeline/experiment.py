@@ -29,6 +29,7 @@ from typing import Any
 
 import yaml
 
+from treerank.lock import writes_dir
 from treerank.pipeline.config import DatasetConfig, ExperimentConfig, ModelSpec
 from treerank.pipeline.stages import StageRecord, file_sha256, fingerprint, run_stage
 from treerank.store.format import FORMAT_VERSION as STORE_FORMAT_VERSION
@@ -169,6 +170,7 @@ def _link(path: Path, target: Path) -> None:
     os.replace(tmp, path)
 
 
+@writes_dir("cfg", "run", attr="output_dir")
 def run_experiment(
     cfg: ExperimentConfig,
     *,
@@ -473,10 +475,15 @@ def _lexical_gap(store: Any, comp: Any, metrics: list[str], d: Path) -> dict[str
         plot_lexical_gap,
         store_coverage,
     )
+    from treerank.store import StoreFormatError
 
     metric = "ndcg@10" if "ndcg@10" in metrics else metrics[0]
     per_query = {s: r.per_query for s, r in comp.results.items()}
-    doc = lexical_gap(store_coverage(store), per_query, metric)
+    try:
+        coverage = store_coverage(store)
+    except StoreFormatError:  # a store without text tables (Go-tool layout): no lexical gap
+        return {}
+    doc = lexical_gap(coverage, per_query, metric)
     (d / "lexical_gap.json").write_text(json.dumps(_jsonable(doc), indent=2))
     plot_lexical_gap(doc, d / "plots" / "lexical_gap.png")
     return {"lexical_gap": _jsonable(doc), "lexical_gap_markdown": lexical_gap_markdown(doc)}

@@ -19,7 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from treerank.models.families import family
+from treerank.lock import writes_dir
+from treerank.models.families import family, family_names, resolve
 from treerank.training.history import TrainingLog
 from treerank.training.holdout import ValidationConfig, holdout_split, passage_groups
 from treerank.training.output import save_trained_model
@@ -97,13 +98,34 @@ def _subsample_passages(
     return np.sort(np.concatenate([gold, more])).astype(np.int64)
 
 
+class _Split:
+    """Queries and passages as the ``System.retrieve`` interface reads a store split."""
+
+    def __init__(self, queries: np.ndarray, passages: Any) -> None:
+        self.queries, self.passages = queries, passages
+        self.n_queries, self.n_passages = len(queries), int(passages.shape[0])
+
+    def iter_passage_chunks(self, chunk_size: int = 65536) -> Any:
+        for start in range(0, self.n_passages, chunk_size):
+            yield start, np.asarray(self.passages[start : start + chunk_size], dtype=np.float32)
+
+
+def _family_of(model: Any) -> Any:
+    """The family entry of a model (None for an object outside the family table)."""
+    name = getattr(model, "model_type", None)
+    if not isinstance(name, str) or name not in family_names():
+        return None
+    return family(name)
+
+
 def make_validator(
     store: Any, rows: np.ndarray, cfg: ValidationConfig, seed: int = 0
 ) -> Callable[[Any], dict[str, float]]:
     """The held-out callback: rank the split's passages for queries ``rows`` with the model.
 
     Each call runs ``exact_search(model.encode_queries(Q[rows]), P, k,
-    passage_transform=model.encode_passages)`` over the full split (or the fixed subsample of
+    passage_transform=model.encode_passages)`` (a family with its own ``system``, such as the
+    forest, retrieves through that system instead) over the full split (or the fixed subsample of
     :func:`_subsample_passages` when the split has more than ``cfg.max_passages`` passages) and
     returns the mean of ``cfg.metrics`` from ``evaluate_run`` against the store's labels.
 
@@ -127,12 +149,19 @@ def make_validator(
     metrics = list(cfg.metrics)
 
     def validate(model: Any) -> dict[str, float]:
-        ids, _ = exact_search(
-            model.encode_queries(queries),
-            passages,
-            k=cfg.k,
-            passage_transform=model.encode_passages,
-        )
+        fam = _family_of(model)
+        if fam is not None and fam.system is not None:
+            # A family with its own retrieval (the forest's inverted lists): searched as it is
+            # searched at evaluation time, never through a dense view (one-hot features).
+            system = resolve(fam.system)(model, None)
+            ids = system.retrieve(_Split(queries, passages), cfg.k).ids
+        else:
+            ids, _ = exact_search(
+                model.encode_queries(queries),
+                passages,
+                k=cfg.k,
+                passage_transform=model.encode_passages,
+            )
         if subset is not None:
             ids = np.where(ids >= 0, subset[np.clip(ids, 0, None)], -1)
         return dict(evaluate_run(ids, qrels, metrics).mean)
@@ -214,6 +243,7 @@ def ensure_training_sources(
     return done
 
 
+@writes_dir("out_dir", "train")
 def train_model(
     family_name: str,
     train_store: Any,

@@ -5,7 +5,8 @@ Follows BEIR's ``GenericDataLoader`` (Thakur et al., 2021): the split's queries 
 passage text = ``(title + " " + text).strip()`` exactly as BEIR's dense models build it (so
 ``text`` alone when the title is empty). Documents whose title and text are both empty
 are skipped (counted in ``meta``). A query's candidates are its judged documents with their
-grades (``K`` = the largest judged set).
+grades (``K`` = the largest judged set). Ids must be unique within ``corpus.jsonl`` and within
+``queries.jsonl`` (a repeated ``_id`` is an error naming both lines) and free of white space.
 
 The dataset is a folder or a **zip** as BEIR distributes it (``scifact.zip`` holds
 ``scifact/corpus.jsonl``, ...): members are read from the archive without extracting it. All
@@ -24,7 +25,14 @@ from pathlib import Path
 from typing import IO
 
 from treerank.readers.builder import SplitBuilder
-from treerank.readers.errors import DataFormatError, decode_utf8, iter_jsonl, split_lines
+from treerank.readers.errors import (
+    DataFormatError,
+    UniqueIds,
+    check_id,
+    decode_utf8,
+    iter_jsonl,
+    split_lines,
+)
 from treerank.readers.split import RetrievalSplit
 from treerank.readers.trec import build_judged_split, parse_trec_qrels, read_trec_qrels
 
@@ -140,13 +148,17 @@ def _corpus(path: str, mtime_ns: int, size: int) -> tuple[tuple[tuple[str, str],
     files = BeirFiles(path)
     docs: list[tuple[str, str]] = []
     n_empty = 0
+    corpus_path = files.name("corpus.jsonl")
+    ids = UniqueIds(corpus_path, "document")
     with files.open("corpus.jsonl") as f:
-        for _, rec in iter_jsonl(files.name("corpus.jsonl"), ("_id",), stream=f):
+        for line_no, rec in iter_jsonl(corpus_path, ("_id",), stream=f):
+            doc_id = check_id(str(rec["_id"]), corpus_path, line_no, "document")
+            ids.add(doc_id, line_no)
             text = beir_passage_text(rec.get("title"), rec.get("text"))
             if not text:
                 n_empty += 1
                 continue
-            docs.append((str(rec["_id"]), text))
+            docs.append((doc_id, text))
     return tuple(docs), n_empty
 
 
@@ -165,7 +177,8 @@ def read_beir(folder: str | Path, split: str = "test") -> RetrievalSplit:
     Raises:
         DataFormatError: missing files, bad JSON/UTF-8 (file and line named; a zip member is
             named ``archive.zip/member``), empty query text, a qrels query id absent from
-            ``queries.jsonl``.
+            ``queries.jsonl``, a repeated ``_id`` in the corpus or queries (both lines named),
+            an id with white space.
     """
     files = BeirFiles(folder)
     qrels_name = files.name(f"qrels/{split}.tsv")
@@ -178,9 +191,11 @@ def read_beir(folder: str | Path, split: str = "test") -> RetrievalSplit:
     wanted_set = set(wanted)
     texts: dict[str, str] = {}
     queries_path = files.name("queries.jsonl")
+    query_ids = UniqueIds(queries_path, "query")
     with files.open("queries.jsonl") as f:
         for line_no, rec in iter_jsonl(queries_path, ("_id", "text"), stream=f):
             qid = str(rec["_id"])
+            query_ids.add(qid, line_no)
             if qid in wanted_set:
                 if not isinstance(rec["text"], str) or not rec["text"].strip():
                     raise DataFormatError(queries_path, f"empty query (_id {qid})", row=line_no)

@@ -25,7 +25,7 @@ import tarfile
 from pathlib import Path
 
 from treerank.readers.builder import SplitBuilder
-from treerank.readers.errors import DataFormatError, decode_utf8, split_lines
+from treerank.readers.errors import DataFormatError, UniqueIds, decode_utf8, split_lines
 from treerank.readers.split import RetrievalSplit
 from treerank.readers.trec import build_judged_split
 
@@ -98,7 +98,9 @@ def read_cranfield(path: str | Path, split: str = "test") -> RetrievalSplit:
 
     b = SplitBuilder(split, "cranfield", relevance_threshold=1)
     n_empty = 0
-    for doc_id, fields in parse_smart(docs_text, docs_name):
+    doc_ids = UniqueIds(docs_name, "document")
+    for rec_no, (doc_id, fields) in enumerate(parse_smart(docs_text, docs_name), start=1):
+        doc_ids.add(doc_id, f"record {rec_no}")
         text = fields.get("W") or fields.get("T", "")
         if not text:
             n_empty += 1

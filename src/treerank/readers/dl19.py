@@ -9,6 +9,8 @@ text is taken from the first run in name order that is not ``REP_LLAMA`` (whose 
 white space for a few hundred hits), REP_LLAMA only when no other run has it. Passage ids follow
 first appearance over runs (that order), topics and ranks. Text is kept exactly (mojibake
 included). Candidates are each topic's judged passages present in the pool with their grades;
+the split's source qrels keep every judgment, those on passages outside the pool included
+(evaluation counts them relevant and never retrieved, as ``trec_eval`` does on the run file);
 ``relevance_threshold = 2`` (the track's convention for MRR and Recall; nDCG uses the grades).
 Note this is a pooled mini-corpus: scores compare systems run here, not published figures.
 """

@@ -113,3 +113,50 @@ def iter_jsonl(
             if missing:
                 raise DataFormatError(p, f"missing key(s) {missing}", row=line_no)
             yield line_no, rec
+
+
+def check_id(value: str, path: str | Path, row: int | str | None, what: str) -> str:
+    """Return ``value`` if it is a usable source id: non-empty, no white space.
+
+    TREC run and qrels files separate their columns by white space, so an id holding a space or
+    tab could not be written back unambiguously (``"doc 1"`` would read as two columns).
+
+    Raises:
+        DataFormatError: an empty id or one containing white space (names file, row and id).
+    """
+    if not value or any(c.isspace() for c in value):
+        raise DataFormatError(
+            path,
+            f"{what} id {value!r} is empty or contains white space; TREC run and qrels files "
+            "could not hold it unambiguously",
+            row,
+        )
+    return value
+
+
+class UniqueIds:
+    """Rejects a repeated id within one table, naming both rows.
+
+    Args:
+        path: the file the ids come from.
+        what: what the ids name (``"query"``, ``"passage"``), for the message.
+    """
+
+    def __init__(self, path: str | Path, what: str) -> None:
+        self.path = Path(path)
+        self.what = what
+        self._first: dict[str, int | str] = {}
+
+    def add(self, value: str, row: int | str) -> None:
+        """Record ``value`` seen at ``row``.
+
+        Raises:
+            DataFormatError: ``value`` was seen before (message names both rows).
+        """
+        first = self._first.setdefault(value, row)
+        if first != row:
+            raise DataFormatError(
+                self.path,
+                f"{self.what} id {value!r} repeated (rows {first} and {row}); ids must be unique",
+                row,
+            )

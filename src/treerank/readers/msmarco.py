@@ -10,6 +10,9 @@ Accepted inputs:
   MS MARCO column-oriented JSON (``{"query": {"0": ...}, "passages": {"0": [{...}, ...]}}``);
   in JSON, ``passages`` may be the HF struct of lists or a list of per-passage objects.
 
+``is_selected = -1`` (the public test split: no labels) is read as unlabelled, grade 0, and
+counted in ``meta["n_unlabelled_passages"]``; a query id repeated across rows is an error.
+
 Each query keeps its (up to 10) shown passages in their original slots; an empty passage text
 is skipped and its slot left at ``-1`` (as the original Go ``cmd/embed`` tool does). Passages are
 de-duplicated by exact text across the whole split (real MS MARCO repeats passages across
@@ -24,7 +27,13 @@ from pathlib import Path
 from typing import Any
 
 from treerank.readers.builder import SplitBuilder
-from treerank.readers.errors import DataFormatError, decode_utf8, iter_jsonl, require_file
+from treerank.readers.errors import (
+    DataFormatError,
+    check_id,
+    decode_utf8,
+    iter_jsonl,
+    require_file,
+)
 from treerank.readers.split import RetrievalSplit
 
 MSMARCO_K = 10
@@ -108,7 +117,18 @@ def _passages_of(rec: dict[str, Any], path: Path, row: int) -> tuple[list[str], 
         raise DataFormatError(path, "missing or malformed 'passages'", row)
     if not isinstance(texts, list) or not isinstance(selected, list) or len(texts) != len(selected):
         raise DataFormatError(path, "passages.passage_text / is_selected lengths differ", row)
-    return texts, [int(s) for s in selected]
+    grades = []
+    for s in selected:
+        try:
+            g: int | None = int(s)
+        except (TypeError, ValueError):
+            g = None
+        if g is None or g != s and str(g) != s or not -1 <= g <= 255:
+            raise DataFormatError(
+                path, f"is_selected {s!r} is not -1 (unlabelled), 0, 1 or another grade 0-255", row
+            )
+        grades.append(g)
+    return texts, grades
 
 
 def read_msmarco(
@@ -125,12 +145,15 @@ def read_msmarco(
         `RetrievalSplit` with ``query_types`` and ``relevance_threshold = 1``.
 
     Raises:
-        DataFormatError: missing file, wrong schema, empty or non-string query, bad UTF-8/JSON.
+        DataFormatError: missing file, wrong schema, empty or non-string query, bad UTF-8/JSON,
+            an ``is_selected`` outside -1..255, a repeated query id (both rows named).
     """
     b = SplitBuilder(split, "msmarco", relevance_threshold=1)
     files = msmarco_files(path, split)
     n_empty = 0
+    n_unlabelled = 0
     n_rows = 0
+    first_row: dict[str, tuple[Path, int]] = {}
     for f in files:
         require_file(f)
         rows = _iter_parquet(f) if f.suffix == ".parquet" else _iter_json(f)
@@ -143,20 +166,32 @@ def read_msmarco(
             if not isinstance(query, str) or not query.strip():
                 raise DataFormatError(f, f"empty query (query_id {rec.get('query_id')})", row)
             texts, selected = _passages_of(rec, f, row)
-            qsrc = str(rec["query_id"])
+            qsrc = check_id(str(rec["query_id"]), f, row, "query")
+            prev = first_row.setdefault(qsrc, (f, row))
+            if prev != (f, row):
+                raise DataFormatError(
+                    f, f"query id {qsrc} repeated (first at {prev[0].name} row {prev[1]})", row
+                )
             qid = b.add_query(qsrc, query, str(rec.get("query_type") or ""))
             for slot, (text, sel) in enumerate(zip(texts, selected, strict=True)):
                 if not isinstance(text, str) or not text.strip():
                     n_empty += 1
                     b.add_candidate(qid, -1, 0)
                     continue
-                b.add_candidate(qid, b.add_passage(f"{qsrc}:{slot}", text), sel)
+                if sel < 0:
+                    n_unlabelled += 1
+                b.add_candidate(qid, b.add_passage(f"{qsrc}:{slot}", text), max(sel, 0))
             n_rows += 1
         if limit is not None and n_rows >= limit:
             break
     longest = max([len(c) for c in b._cands] + [MSMARCO_K])
     out = b.build(k=longest, keep_query_types=True)
     out.meta.update(
-        {"files": [str(f) for f in files], "n_empty_passages_skipped": n_empty, "limit": limit}
+        {
+            "files": [str(f) for f in files],
+            "n_empty_passages_skipped": n_empty,
+            "n_unlabelled_passages": n_unlabelled,
+            "limit": limit,
+        }
     )
     return out

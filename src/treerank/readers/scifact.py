@@ -169,5 +169,6 @@ def read_scifact(path: str | Path, split: str = "test") -> RetrievalSplit:
                 raise DataFormatError(path, f"claim {qsrc} cites doc {d} absent from the corpus")
             b.add_candidate(qid, by_doc[d], 1)
     out = b.build()
+    out.qrels = [(q, d, 1) for q, docs in zip(qids, cited, strict=True) for d in docs]
     out.meta.update({"path": str(path), "n_documents": len(doc_ids), "text": "title + ' ' + text"})
     return out

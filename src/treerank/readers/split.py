@@ -32,6 +32,11 @@ class RetrievalSplit:
             (1 by default; 2 for TREC DL, the track's convention).
         query_types: optional per-query type (MS MARCO ``query_type``).
         passage_aliases: every source passage id seen -> passage id (dedup included).
+        qrels: the source's own judgments ``[(query source id, document source id, grade)]``
+            for this split's queries, by source ids, including judgments on documents absent
+            from the corpus (evaluation counts those relevant and never retrieved) and on
+            source ids that de-duplication folded into another passage. ``None`` when the
+            candidate lists are the judgments (MS MARCO: the source has no passage ids).
         meta: free-form provenance (paths, counts of skipped rows, ...), JSON-serialisable.
     """
 
@@ -46,6 +51,7 @@ class RetrievalSplit:
     relevance_threshold: int = 1
     query_types: list[str] | None = None
     passage_aliases: dict[str, int] = field(default_factory=dict)
+    qrels: list[tuple[str, str, int]] | None = None
     meta: dict[str, object] = field(default_factory=dict)
 
     @property

@@ -15,7 +15,8 @@ def subset_split(
     The passage cap keeps every candidate passage of the kept queries (so labels stay exact)
     plus the first other passages in id order until ``max_passages`` passages are kept (more
     when the kept queries' candidates alone exceed it). Passage ids are renumbered in their
-    original order; aliases of dropped passages are dropped. Without ``max_passages`` the
+    original order; aliases of dropped passages are dropped; the source qrels keep the kept queries'
+    judgments. Without ``max_passages`` the
     corpus is kept whole (evaluation is against all passages of the split).
 
     Raises:
@@ -45,6 +46,7 @@ def subset_split(
     # candidate slots stay in place; trim trailing all-padding columns only for judged sources
     if split.source not in ("msmarco",):
         new_cands, labels = new_cands[:, :width], labels[:, :width]
+    kept_queries = set(split.query_ids[:nq])
     out = RetrievalSplit(
         name=split.name,
         source=split.source,
@@ -57,6 +59,7 @@ def subset_split(
         relevance_threshold=split.relevance_threshold,
         query_types=None if split.query_types is None else split.query_types[:nq],
         passage_aliases={s: int(new_id[p]) for s, p in split.passage_aliases.items() if keep[p]},
+        qrels=None if split.qrels is None else [j for j in split.qrels if j[0] in kept_queries],
         meta={
             **split.meta,
             "limit": limit,

@@ -6,7 +6,7 @@ Folder layout (MS MARCO passage-ranking style)::
     queries.<split>.tsv | queries.tsv    qid<TAB>text
     qrels.<split>.tsv|.txt | qrels.tsv|.txt   TREC qrels (qid iter pid grade)
 
-Queries without a judgment on a collection passage are dropped (nothing to evaluate);
+Queries without any judgment are dropped (nothing to evaluate);
 candidates are the judged passages with their grades.
 """
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from treerank.readers.builder import SplitBuilder
-from treerank.readers.errors import DataFormatError, decode_utf8, require_file
+from treerank.readers.errors import DataFormatError, UniqueIds, check_id, decode_utf8, require_file
 from treerank.readers.split import RetrievalSplit
 from treerank.readers.trec import build_judged_split, read_trec_qrels, read_trec_topics
 
@@ -31,9 +31,11 @@ def read_tsv_collection(path: str | Path, b: SplitBuilder) -> int:
     """Add every ``pid<TAB>text`` line of ``path`` to ``b``; return the number of lines read.
 
     Raises:
-        DataFormatError: missing file, bad UTF-8, a line without a tab or with empty text.
+        DataFormatError: missing file, bad UTF-8, a line without a tab or with empty text, a
+            repeated pid (both lines named) or one with white space.
     """
     p = require_file(path)
+    ids = UniqueIds(p, "passage")
     n = 0
     with open(p, "rb") as f:
         for line_no, raw in enumerate(f, start=1):
@@ -45,7 +47,9 @@ def read_tsv_collection(path: str | Path, b: SplitBuilder) -> int:
                 raise DataFormatError(p, "expected 'pid<TAB>text'", row=line_no)
             if not text.strip():
                 raise DataFormatError(p, f"empty passage text (pid {pid})", row=line_no)
-            b.add_passage(pid.strip(), text)
+            pid = check_id(pid.strip(), p, line_no, "passage")
+            ids.add(pid, line_no)
+            b.add_passage(pid, text)
             n += 1
     return n
 

@@ -8,9 +8,11 @@ mean?"). Defaults ``k1 = 0.9, b = 0.4`` are Anserini/Pyserini's, the "Lucene-sty
 scores nDCG@10 = 0.676 on BEIR SciFact (Elasticsearch's 1.2 / 0.75 gives BEIR's 0.665).
 
 Ranking uses each query's full score vector and :func:`~treerank.kernels.topk.topk_desc`, so ties
-(frequent in BM25: many passages score 0) are broken by ascending passage id like every other
-system in treerank; passages that share no term with the query score 0 and can fill the tail of a
-ranking deeper than the matching set.
+are broken by ascending passage id like every other system in treerank. A ranking lists only
+passages with a **positive** score: a passage that shares no term with the query was not
+retrieved and is not padded in (so fusion gives it no rank credit); a query that matches nothing
+gets an empty ranking, which scores 0 (as ``trec_eval -c`` counts a query missing from a run).
+A corpus whose passages are all stopwords (no term at all) scores 0 everywhere.
 """
 
 from __future__ import annotations
@@ -72,7 +74,9 @@ class BM25Index:
             show_progress=False,
         )
         self.model = bm25s.BM25(k1=self.params.k1, b=self.params.b, method=self.params.method)
-        self.model.index(tokens, show_progress=False)
+        self.empty = not tokens.vocab  # no passage has a term left (stopwords only)
+        if not self.empty:
+            self.model.index(tokens, show_progress=False)
         #: passage -> its token ids (bm25s vocabulary ids), kept for term statistics (RM3).
         self.corpus_token_ids: list[list[int]] = list(tokens.ids)  # type: ignore[union-attr]
 
@@ -91,8 +95,10 @@ class BM25Index:
 
     def scores(self, query_texts: Sequence[str]) -> np.ndarray:
         """``float32 (n_queries, n_passages)`` BM25 score of every passage for every query."""
-        vocab = self.model.vocab_dict
         out = np.zeros((len(query_texts), self.n_passages), np.float32)
+        if self.empty:
+            return out
+        vocab = self.model.vocab_dict
         for i, toks in enumerate(self.query_tokens(query_texts)):
             ids = [vocab[t] for t in toks if t in vocab]
             if ids:
@@ -107,7 +113,8 @@ class BM25Index:
 
         Returns:
             ``(ids int64 (nq, k'), scores float32 (nq, k'))``, ``k' = min(k, n_passages)``,
-            sorted by score, ties by ascending passage id.
+            sorted by score, ties by ascending passage id; only positive scores, the rest of
+            a row padded with ``-1`` / ``-inf``.
         """
         k = min(k, self.n_passages)
         batch = max(1, min(batch, _SCORE_BUDGET // max(self.n_passages, 1)))
@@ -117,4 +124,6 @@ class BM25Index:
             ids[s : s + batch], vals[s : s + batch] = topk_desc(
                 self.scores(query_texts[s : s + batch]), k
             )
+        missed = ~(vals > 0)  # not retrieved: no shared term
+        ids[missed], vals[missed] = -1, -np.inf
         return ids, vals

@@ -11,6 +11,10 @@ CSR-style layout (bm25s / scipy style: plain arrays, mmap-able):
 
 Passages not retrievable for model ``m`` appear in none of ``m``'s lists.
 
+Search (:meth:`ForestIndex.search`) runs the compiled counting kernel of
+:mod:`treerank.search.forest_kernel`: the match count stays sparse end to end and the top ``k``
+is taken over the passages the query's lists touch, never over all ``n`` passages.
+
 Ranking (TreeRank seed): ``count(q, p) = #{m : class_m(q) == class_m(p)}``. Integer counts tie
 massively, so the order is **lexicographic and deterministic**:
 
@@ -28,18 +32,20 @@ at least one class with the query.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+import numba
 import numpy as np
-import scipy.sparse as sp
 
 from treerank.models.forest import Forest
+from treerank.search.forest_kernel import ID_BLOCK, count_topk
 from treerank.search.run import Run
 
-_BLOCK_BUDGET = 1 << 22
-"""Elements per query block (posting entries and ``B * n_passages`` score cells)."""
+_ID_BLOCK = ID_BLOCK
+"""Passage ids per accumulation block of the kernel (a knob for tests)."""
+_QUERY_BLOCK = 4096
+"""Queries per kernel call (bounds the ``(B, k)`` outputs held at once with the scratch)."""
 
 
 def build_inverted_lists(
@@ -79,110 +85,16 @@ def build_inverted_lists(
     return offsets, ids, probs[rows, cols][order]
 
 
-def posting_matrices(
-    offsets: np.ndarray, ids: np.ndarray, list_probs: np.ndarray, n_passages: int
-) -> tuple[sp.csr_matrix, sp.csr_matrix]:
-    """The CSR index as two sparse ``(M*C, n_passages)`` matrices sharing its ``ids``.
-
-    Returns:
-        ``(ones float32, probs float64)``: entry ``(l, p)`` is 1 / ``P_m(c | p)`` when passage
-        ``p`` is in list ``l = m * C + c``.
-    """
-    n_lists = len(offsets) - 1
-    indptr = offsets.astype(np.int32) if offsets[-1] < 2**31 else offsets
-    ones = sp.csr_matrix(
-        (np.ones(ids.size, np.float32), ids, indptr), shape=(n_lists, n_passages), copy=False
-    )
-    probs = sp.csr_matrix(
-        (np.asarray(list_probs, np.float64), ids, indptr), shape=(n_lists, n_passages), copy=False
-    )
-    return ones, probs
-
-
-def match_scores(
-    postings: tuple[sp.csr_matrix, sp.csr_matrix],
-    query_classes: np.ndarray,
-    query_probs: np.ndarray,
-    n_classes: int,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Match counts and secondary scores of a block of queries against every passage.
-
-    A query is a sparse one-hot row over the ``M * C`` lists (one list per model), so the
-    accumulation over its ``M`` inverted lists is one sparse x sparse product (scipy's compiled
-    CSR kernel): it touches exactly the ``~ M * n / C`` posting entries of the query's lists.
-
-    Args:
-        postings: from :func:`posting_matrices`.
-        query_classes: ``int (B, M)`` query classes in ``[0, C)``.
-        query_probs: ``float32 (B, M)`` their probabilities.
-        n_classes: C.
-
-    Returns:
-        ``(counts int32 (B, n_passages), secondary float64 (B, n_passages))``; ``secondary =
-        sum over matching models of P_m(c | q) * P_m(c | p)``.
-    """
-    b, m = query_classes.shape
-    n_lists = postings[0].shape[0]
-    cols = (np.arange(m, dtype=np.int64)[None, :] * n_classes + query_classes).ravel()
-    indptr = np.arange(0, b * m + 1, m, dtype=np.int64)
-    q_ones = sp.csr_matrix((np.ones(b * m, np.float32), cols, indptr), shape=(b, n_lists))
-    q_probs = sp.csr_matrix(
-        (np.asarray(query_probs, np.float64).ravel(), cols, indptr), shape=(b, n_lists)
-    )
-    counts = (q_ones @ postings[0]).toarray().astype(np.int32)
-    secondary = (q_probs @ postings[1]).toarray()
-    return counts, secondary
-
-
-def topk_lexicographic(
-    counts: np.ndarray, secondary: np.ndarray, k: int, n_models: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Top ``k`` passages per row by (count desc, secondary desc, passage id asc).
-
-    Args:
-        counts: ``int (B, n)`` match counts.
-        secondary: ``float64 (B, n)`` secondary scores, ``0 <= secondary <= counts``.
-        k: depth.
-        n_models: M (to fold the two keys into one exact float64 key).
-
-    Returns:
-        ``(ids int64 (B, k), counts int32 (B, k), secondary float64 (B, k))``; rows padded with
-        ``-1`` / ``0`` / ``0.0`` past the passages with at least one match.
-    """
-    bsz, n = counts.shape
-    out_ids = np.full((bsz, k), -1, dtype=np.int64)
-    out_counts = np.zeros((bsz, k), dtype=np.int32)
-    out_sec = np.zeros((bsz, k), dtype=np.float64)
-    kk = min(k, n)
-    if kk == 0 or bsz == 0:
-        return out_ids, out_counts, out_sec
-    key = counts + secondary / (n_models + 1)
-    thr = -np.partition(-key, kk - 1, axis=1)[:, kk - 1]
-    gt = key > thr[:, None]
-    eq = key == thr[:, None]
-    need = kk - gt.sum(axis=1)
-    take = gt | (eq & (np.cumsum(eq, axis=1) <= need[:, None]))
-    cols = np.nonzero(take)[1].reshape(bsz, kk)
-    sel_key = np.take_along_axis(key, cols, axis=1)
-    order = np.lexsort((cols, -sel_key), axis=-1)
-    cols = np.take_along_axis(cols, order, axis=1)
-    c = np.take_along_axis(counts, cols, axis=1)
-    s = np.take_along_axis(secondary, cols, axis=1)
-    hit = c > 0
-    out_ids[:, :kk] = np.where(hit, cols, -1)
-    out_counts[:, :kk] = np.where(hit, c, 0)
-    out_sec[:, :kk] = np.where(hit, s, 0.0)
-    return out_ids, out_counts, out_sec
-
-
 @dataclass
 class ForestHits:
     """Search result: ``ids int64 (nq, k)`` (-1 pad), ``counts int32 (nq, k)``, ``secondary
-    float64 (nq, k)``, ranked by (count desc, secondary desc, id asc)."""
+    float64 (nq, k)``, ranked by (count desc, secondary desc, id asc); ``scanned int64 (nq,)``
+    posting entries read per query (empty when not measured)."""
 
     ids: np.ndarray
     counts: np.ndarray
     secondary: np.ndarray
+    scanned: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
     def scores(self, n_models: int) -> np.ndarray:
         """``float32 (nq, k)`` run scores ``count + secondary / (M + 1)`` (``-inf`` on padding)."""
@@ -232,7 +144,6 @@ class ForestIndex:
         self.offsets = np.zeros(self.n_models * self.n_classes + 1, dtype=np.int64)
         self.ids = np.zeros(0, dtype=np.int32)
         self.probs = np.zeros(0, dtype=np.float32)
-        self._postings: tuple[sp.csr_matrix, sp.csr_matrix] | None = None
 
     @classmethod
     def build(cls, classes: np.ndarray, probs: np.ndarray, n_classes: int) -> ForestIndex:
@@ -278,7 +189,6 @@ class ForestIndex:
             self.offsets = self.offsets + new_off
         first = self.n_passages
         self.n_passages += len(classes)
-        self._postings = None
         return np.arange(first, self.n_passages, dtype=np.int64)
 
     @property
@@ -286,21 +196,14 @@ class ForestIndex:
         """Bytes of the stored index arrays (offsets, ids, probs)."""
         return int(self.offsets.nbytes + self.ids.nbytes + self.probs.nbytes)
 
-    @property
-    def search_nbytes(self) -> int:
-        """Bytes while searching: the stored arrays plus the sparse matrices' own data arrays
-        (float32 ones + float64 probs + int32 row pointers; the ids are shared)."""
-        return self.nbytes + self.ids.size * 12 + 2 * 4 * len(self.offsets)
+    def search_nbytes(self, threads: int = 1) -> int:
+        """Bytes while searching: the stored arrays plus the kernel's per-thread scratch
+        (``int32`` count, ``float64`` secondary and ``int64`` touched id per id of a block)."""
+        return self.nbytes + threads * 20 * min(_ID_BLOCK, self.n_passages)
 
     def list_sizes(self) -> np.ndarray:
         """``int64 (M, C)`` passages per (model, class) list."""
         return np.diff(self.offsets).reshape(self.n_models, self.n_classes)
-
-    def _blocks(self, nq: int) -> Iterator[slice]:
-        per_query = max(1, self.ids.size // max(1, self.n_classes), self.n_passages)
-        b = max(1, min(nq, _BLOCK_BUDGET // per_query))
-        for s in range(0, nq, b):
-            yield slice(s, min(nq, s + b))
 
     def search(self, query_classes: np.ndarray, query_probs: np.ndarray, k: int) -> ForestHits:
         """Top ``k`` passages of each query by (match count, secondary score, passage id).
@@ -332,13 +235,23 @@ class ForestIndex:
             np.full((nq, k), -1, dtype=np.int64),
             np.zeros((nq, k), dtype=np.int32),
             np.zeros((nq, k), dtype=np.float64),
+            np.zeros(nq, dtype=np.int64),
         )
-        if self._postings is None:
-            self._postings = posting_matrices(self.offsets, self.ids, self.probs, self.n_passages)
-        for sl in self._blocks(nq):
-            counts, sec = match_scores(self._postings, qc[sl], qp[sl], self.n_classes)
-            hits.ids[sl], hits.counts[sl], hits.secondary[sl] = topk_lexicographic(
-                counts, sec, k, self.n_models
+        lists = np.arange(self.n_models, dtype=np.int64)[None, :] * self.n_classes + qc
+        ids = np.ascontiguousarray(self.ids, dtype=np.int32)
+        probs = np.ascontiguousarray(self.probs, dtype=np.float32)
+        for s in range(0, nq, _QUERY_BLOCK):
+            sl = slice(s, min(nq, s + _QUERY_BLOCK))
+            hits.ids[sl], hits.counts[sl], hits.secondary[sl], hits.scanned[sl] = count_topk(
+                self.offsets,
+                ids,
+                probs,
+                np.ascontiguousarray(lists[sl]),
+                np.ascontiguousarray(qp[sl], dtype=np.float64),
+                self.n_passages,
+                int(k),
+                numba.get_num_threads(),
+                _ID_BLOCK,
             )
         return hits
 
@@ -427,7 +340,9 @@ class ForestSystem:
             ``max_entropy_log_c``; mean / min over models of the class-usage entropy (nats) of the
             split's queries and indexed passages; ``not_retrievable_fraction`` of (passage, model)
             entries; ``passages_never_indexed``; ``index_bytes``; ``ties_at_rank_10``
-            (:meth:`ForestHits.tie_stats`); ``mean_retrieved_per_query``.
+            (:meth:`ForestHits.tie_stats`); ``mean_retrieved_per_query``;
+            ``mean_postings_scanned_per_query`` (posting entries the counting search read, against
+            ``n_passages`` vectors for dense exact search).
 
         Raises:
             RuntimeError: :meth:`retrieve` has not run yet.
@@ -448,6 +363,9 @@ class ForestSystem:
             "index_bytes": st["nbytes"],
             "ties_at_rank_10": self.hits.tie_stats(10) if self.hits.ids.shape[1] > 10 else None,
             "mean_retrieved_per_query": float((self.hits.ids >= 0).sum(1).mean()),
+            "mean_postings_scanned_per_query": float(self.hits.scanned.mean())
+            if self.hits.scanned.size
+            else 0.0,
         }
 
 
@@ -467,8 +385,8 @@ def forest_report(systems: dict[str, ForestSystem]) -> dict[str, Any]:
         "",
         "| forest | query class entropy (mean / min, nats) | passage class entropy "
         "(mean / min) | max = log C | not retrievable | ties at rank 10 (count / "
-        "count + secondary) | passages retrieved per query |",
-        "|---|---|---|---|---|---|---|",
+        "count + secondary) | passages retrieved per query | postings scanned per query |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     nan = float("nan")
     for fname, st in stats.items():
@@ -479,6 +397,7 @@ def forest_report(systems: dict[str, ForestSystem]) -> dict[str, Any]:
             f" / {st['passage_class_entropy_min']:.3f} | {st['max_entropy_log_c']:.3f} | "
             f"{st['not_retrievable_fraction']:.1%} | {ties.get('count_tie', nan):.0%}"
             f" / {ties.get('secondary_tie', nan):.0%} | "
-            f"{st['mean_retrieved_per_query']:.0f} |"
+            f"{st['mean_retrieved_per_query']:.0f} | "
+            f"{st['mean_postings_scanned_per_query']:.0f} |"
         )
     return {"stats": stats, "markdown": "\n".join(md)}

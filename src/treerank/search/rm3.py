@@ -158,7 +158,9 @@ class RM3Index:
         self.params = params or RM3Params()
         self.bm25 = BM25Index(passage_texts, bm25)
         self.n_passages = self.bm25.n_passages
-        vocab = self.bm25.model.vocab_dict
+        # a stopwords-only corpus has no vocabulary: nothing is ever retrieved (scores 0)
+        self.vocab: dict[str, int] = {} if self.bm25.empty else dict(self.bm25.model.vocab_dict)
+        vocab = self.vocab
         n_vocab = len(vocab)
         words = [""] * n_vocab
         for w, i in vocab.items():
@@ -172,7 +174,11 @@ class RM3Index:
             (np.ones(rows.size, np.float32), (rows, cols)), shape=(len(ids), n_vocab)
         )
         self.counts.sum_duplicates()
-        s = self.bm25.model.scores
+        s: dict[str, Any] = (
+            {"data": np.zeros(0, np.float32), "indices": np.zeros(0, np.int64), "indptr": [0]}
+            if self.bm25.empty
+            else self.bm25.model.scores
+        )
         n_cols = len(s["indptr"]) - 1  # bm25s' vocabulary may end with an unindexed "" token
         #: ``(n_vocab, n_passages)`` BM25 term weights (bm25s' precomputed matrix, transposed).
         self.term_scores = sp.vstack(
@@ -202,7 +208,7 @@ class RM3Index:
             first_round: ``float32 (n_queries, n_passages)`` BM25 scores if already computed.
         """
         p = self.params
-        vocab = self.bm25.model.vocab_dict
+        vocab = self.vocab
         tokens = self.bm25.query_tokens(query_texts)
         scores = self.bm25.scores(query_texts) if first_round is None else first_round
         out: list[dict[int, float]] = []

@@ -107,6 +107,7 @@ class DenseSystem:
             passage_transform=self.scorer.encode_passages,
             progress=self.progress,
             backend=self.backend,
+            source=str(getattr(store, "path", "vectors")),
         )
         return self._memo.put(store, Run(self.name, ids, scores))
 

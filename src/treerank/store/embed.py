@@ -38,6 +38,7 @@ import numpy as np
 from treerank.atomic import atomic_write_bytes, atomic_write_json
 from treerank.encoders.batching import padding_stats
 from treerank.encoders.sentence import SentenceEncoder
+from treerank.lock import writes_dir
 from treerank.readers.split import RetrievalSplit
 from treerank.store.format import (
     ALIASES_TSV,
@@ -51,6 +52,7 @@ from treerank.store.format import (
     PASSAGES_BIN,
     PASSAGES_JSONL,
     PROGRESS_JSON,
+    QRELS_TSV,
     QUERIES_BIN,
     QUERIES_JSONL,
     SELECTED_BIN,
@@ -72,6 +74,9 @@ class EmbedStats:
 
     ``*_tokens`` are padded tokens the encoder computed (rows x longest length per batch);
     ``*_real_tokens`` the non-pad ones. Seconds are wall-clock encoding time.
+    ``n_truncated_*``: texts longer than the encoder's ``max_seq_length`` (prompt and special
+    tokens included), which the encoder cuts; ``truncated_*_tokens``: the tokens cut from them
+    (all passages of the split, reused ones included).
     """
 
     n_queries: int = 0
@@ -87,6 +92,10 @@ class EmbedStats:
     passage_seconds: float = 0.0
     resumed: bool = False
     reused_from: list[str] = field(default_factory=list)
+    n_truncated_queries: int = 0
+    truncated_query_tokens: int = 0
+    n_truncated_passages: int = 0
+    truncated_passage_tokens: int = 0
 
     @property
     def padding_ratio(self) -> float:
@@ -110,6 +119,13 @@ class EmbedStats:
             ("queries", self.n_queries, rate(self.n_queries, self.query_seconds)),
             ("passages encoded", encoded, rate(encoded, self.passage_seconds)),
             ("passages reused", self.n_reused_passages, None),
+            ("queries truncated", self.n_truncated_queries, None),
+            ("passages truncated", self.n_truncated_passages, None),
+            (
+                "tokens cut by truncation",
+                self.truncated_query_tokens + self.truncated_passage_tokens,
+                None,
+            ),
             (
                 "tokens",
                 self.query_tokens + self.passage_tokens,
@@ -150,7 +166,28 @@ def split_digest(split: RetrievalSplit) -> str:
     h.update(f"{split.candidates.shape}|{split.relevance_threshold}".encode())
     h.update(np.ascontiguousarray(split.candidates, dtype=INDEX_DTYPE).tobytes())
     h.update(np.ascontiguousarray(split.labels, dtype=LABEL_DTYPE).tobytes())
+    if qrels_beyond_candidates(split):
+        assert split.qrels is not None
+        h.update(f"qrels:{len(split.qrels)}\n".encode())
+        for q, d, g in split.qrels:
+            h.update(f"{q}\t{d}\t{g}\n".encode())
     return "sha256:" + h.hexdigest()
+
+
+def qrels_beyond_candidates(split: RetrievalSplit) -> bool:
+    """Whether the split's source qrels say more than its candidate tables: judgments on
+    documents absent from the corpus, or on source ids that de-duplication folded into another
+    passage. (Only then does `split_digest` hash them, so stores of splits without such
+    departures keep their digest.)"""
+    if split.qrels is None:
+        return False
+    derived = {
+        (split.query_ids[i], split.passage_ids[p], int(g))
+        for i, (row, grades) in enumerate(zip(split.candidates, split.labels, strict=True))
+        for p, g in zip(row.tolist(), grades.tolist(), strict=True)
+        if p >= 0
+    }
+    return len(split.qrels) != len(derived) or set(split.qrels) != derived
 
 
 def embed_signature(data_sha: str, encoder: SentenceEncoder) -> str:
@@ -196,6 +233,9 @@ def _write_tables(split: RetrievalSplit, out: Path) -> None:
         if split.passage_ids[pid] != sid
     ]
     atomic_write_bytes(out / ALIASES_TSV, "".join(aliases).encode("utf-8"))
+    if split.qrels is not None:
+        qrels = "".join(f"{q}\t{d}\t{g}\n" for q, d, g in split.qrels)
+        atomic_write_bytes(out / QRELS_TSV, qrels.encode("utf-8"))
     atomic_write_bytes(
         out / INDICES_BIN, np.ascontiguousarray(split.candidates, INDEX_DTYPE).tobytes()
     )
@@ -223,6 +263,7 @@ def clear_store(out: Path) -> None:
         shutil.rmtree(out / ARRAYS_DIR)
 
 
+@writes_dir("out_dir", "embed")
 def embed_split(
     split: RetrievalSplit,
     encoder: SentenceEncoder,
@@ -257,6 +298,7 @@ def embed_split(
             ``overwrite`` was given, or ``resume`` found a run with a different signature
             (other data, encoder, prompt or batching); nothing is overwritten.
         StoreFormatError: partial files with unexpected sizes on resume.
+        LockHeldError: another process is writing ``out_dir`` (`treerank.lock`).
         ValueError: an invalid split.
     """
     split.validate()
@@ -324,8 +366,11 @@ def embed_split(
         + src_row.tobytes()
     ).hexdigest()
     to_encode = np.flatnonzero(~matched)
-    q_len = encoder.token_lengths(split.query_texts, "query")
-    p_len = encoder.token_lengths([split.passage_texts[i] for i in to_encode], "passage")
+    max_len = encoder.max_seq_length
+    q_full = encoder.token_lengths(split.query_texts, "query", truncation=False)
+    p_full = encoder.token_lengths(split.passage_texts, "passage", truncation=False)
+    q_len = np.minimum(q_full, max_len)
+    p_len = np.minimum(p_full[to_encode], max_len)
     q_batches = encoder.plan(q_len)
     p_batches = [to_encode[b] for b in encoder.plan(p_len)]
 
@@ -350,6 +395,10 @@ def embed_split(
         _presize(out / QUERIES_BIN, nq * dim * 4)
         _presize(out / PASSAGES_BIN, npas * dim * 4)
         stats = EmbedStats(n_queries=nq, n_passages=npas)
+        stats.n_truncated_queries = int((q_full > max_len).sum())
+        stats.truncated_query_tokens = int(np.maximum(q_full - max_len, 0).sum())
+        stats.n_truncated_passages = int((p_full > max_len).sum())
+        stats.truncated_passage_tokens = int(np.maximum(p_full - max_len, 0).sum())
         state = {
             "signature": signature,
             "reuse_sources": [str(s.path) for s in src_stores],
@@ -471,6 +520,7 @@ def embed_split(
             "query_table": QUERIES_JSONL,
             "passage_table": PASSAGES_JSONL,
             "passage_aliases": ALIASES_TSV,
+            **({"qrels": QRELS_TSV} if split.qrels is not None else {}),
         },
         "stats": stats.to_dict(),
         "planned_passage_padding": {

@@ -23,6 +23,7 @@ from treerank.store.format import (
     PASSAGES_BIN,
     PASSAGES_JSONL,
     PROGRESS_JSON,
+    QRELS_TSV,
     QUERIES_BIN,
     QUERIES_JSONL,
     SELECTED_BIN,
@@ -310,7 +311,32 @@ class EmbeddingStore:
                 out[sid] = int(pid)
         return out
 
-    # --------------------------------------------------------------- iteration
+    def source_qrels(self) -> list[tuple[str, str, int]] | None:
+        """The source's own judgments ``[(query id, doc id, grade)]`` by source ids (``qrels.tsv``),
+        judged ids absent from the corpus included; ``None`` when the store has no such file
+        (MS MARCO, whose candidate tables are the judgments, and stores written before it).
+
+        Raises:
+            StoreFormatError: a line that is not ``query_id<TAB>doc_id<TAB>grade``.
+        """
+        p = self.path / QRELS_TSV
+        if not p.is_file():
+            return None
+        out: list[tuple[str, str, int]] = []
+        for n, line in enumerate(p.read_text(encoding="utf-8").split("\n"), start=1):
+            if not line:
+                continue
+            parts = line.split("\t")
+            try:
+                out.append((parts[0], parts[1], int(parts[2])))
+            except (IndexError, ValueError):
+                raise StoreFormatError(
+                    f"{p}, line {n}: expected query_id<TAB>doc_id<TAB>grade"
+                ) from None
+        return out
+
+        # --------------------------------------------------------------- iteration
+
     def iter_passage_chunks(self, chunk_size: int = 65536) -> Iterator[tuple[int, np.ndarray]]:
         """Yield ``(start_row, float32 (<=chunk_size, dim) block)`` over all passages in order.
 

@@ -12,6 +12,9 @@ One directory per split:
 ``queries.jsonl``           one ``{"id": source id, "text": ..., "type": ...}`` per query id
 ``passages.jsonl``          one ``{"id": source id, "text": ...}`` per passage id
 ``passage_aliases.tsv``     ``source_id<TAB>passage_id`` for source ids folded by dedup
+``qrels.tsv``               ``query_id<TAB>doc_id<TAB>grade``: the source's own judgments by
+                            source ids (judged ids absent from the corpus included); absent
+                            when the candidate tables are the judgments (MS MARCO, older stores)
 ``progress.json``           present only while an embed run is unfinished (resume state)
 ``arrays/<name>.npy``       sidecar arrays (e.g. mined hard negatives) + ``<name>.json``
 ==========================  =============================================================
@@ -39,6 +42,7 @@ META_JSON = "meta.json"
 QUERIES_JSONL = "queries.jsonl"
 PASSAGES_JSONL = "passages.jsonl"
 ALIASES_TSV = "passage_aliases.tsv"
+QRELS_TSV = "qrels.tsv"
 PROGRESS_JSON = "progress.json"
 ARRAYS_DIR = "arrays"
 MINED_NEGATIVES_ARRAY = "bm25_negatives"  # sidecar array of BM25-mined hard negatives
@@ -56,6 +60,7 @@ STORE_FILES = (
     QUERIES_JSONL,
     PASSAGES_JSONL,
     ALIASES_TSV,
+    QRELS_TSV,
     PROGRESS_JSON,
 )
 

@@ -21,10 +21,10 @@ The TreeRank seed (Training section), implemented step by step. For every pair `
    frozen so that each selected passage falls into its query's (argmax) class,
    ``-log P_p(class(q))``, and each non-selected candidate does not,
    ``-negative_weight * log(1 - P_p(class(q)))``. The ``C + 1``-way softmax includes the
-   not-retrievable class, which is how that outcome is learned: a passage pushed out of the
-   classes of the queries it is a negative for, and never pulled into one as a positive, drifts
-   into "not retrievable". ``nr_penalty * mean P_p(not retrievable)`` keeps the outcome from
-   swallowing passages that were simply never seen as positives.
+   not-retrievable class, learned by ``nr_weight * not_retrievable_loss`` (passages met in
+   their class only by queries that judge them negative go out of the model's index; known
+   positives stay in; :mod:`treerank.training.forest_losses`), against ``nr_penalty * mean
+   P_p(not retrievable)``.
 3. **Joint round** (``steps_joint`` steps, ``joint_mode`` ``"joint"`` or ``"alternate"``): both
    models together on the *soft collision probability* ``s(q, p) = sum_c P_q(c) P_p(c)``:
    ``-log s`` for selected pairs, ``-negative_weight * log(1 - s)`` for non-selected pairs, plus
@@ -46,28 +46,20 @@ passage in its query's class (not retrievable counts as a miss). It weights the 
 terms of stages 2 and 3.
 
 **Negatives** per query: its judged non-selected candidates, ``hard_negatives`` most
-cosine-similar passages that are not selected for it, and ``random_negatives`` uniformly drawn
-passages (re-drawn for every group of pairs).
+cosine-similar passages that are not selected for it (mined through the exact top-k kernel), and
+``random_negatives`` passages from the pair's own pool of ``random_pool`` random passages.
 
-**What the SciFact sweep says** (train 809 queries -> test 300 queries over all 5,183 passages,
-M = 32, C = 32, nDCG@10; cosine = 0.645; ``configs/forest/scifact.yaml``): an untrained forest
-(random query models, passage models copied) 0.351; stage 1 alone 0.182 (the uniformity loss on
-~570 bagged queries overfits a 384 x 32 linear model: test-query class entropy falls from 3.14
-to 2.71 nats); all three stages with ``uniformity_weight`` 1: 0.284 (the joint round collapses the
-classes), 5: 0.443; stage 1 switched off (``steps_query: 0``) 0.583; plus
-``passage_uniformity_weight`` 5: 0.604. ``weight_decay`` 0.01 (summed L2 on N(0, 1) weights)
-shrinks the logits until every query is soft and the argmax collapses to one class: exactly
-the failure of a mean-only uniformity loss that the sharpness term is there to resist. The
-not-retrievable outcome never crossed its threshold on SciFact (0 % of passages dropped).
-At M = 128 that config reaches nDCG@10 0.667 (cosine 0.645, p = 0.48; the linear head 0.780).
-On the DL19 pool (5-fold CV over 43 topics, ~34 training topics per fold) training *hurts*:
-nDCG@10 0.012 trained, 0.592 untrained, cosine 0.643; too few queries to learn classes from.
+**Bounded memory**: every step is one full-batch gradient, computed ``chunk_size`` rows at a
+time (:func:`_cached_step`).
+
+Measured results (SciFact, DL19, the sweeps behind the shipped settings) are in
+``docs/forest.md``; the configs in ``configs/forest/``.
 
 **Vectorised training**: ``group_size`` pairs are trained at once as stacked parameters (each with
-its own bag, init and dropout; the losses are summed, so each pair's gradients are exactly those
-of training it alone). Boosting weights are updated after each group: with ``group_size = 1``
-(the strict seed order) ``n`` counts every earlier pair; with ``group_size = G`` the pairs of a
-group share the weights computed from the groups before it.
+its own seed, bag, init, random negatives and dropout stream; the losses are summed, so each pair
+trains exactly as it would alone, tested). Boosting weights are updated after each group: with
+``group_size = 1`` (the strict seed order, the default) ``n`` counts every earlier pair; with
+``group_size = G`` the pairs of a group share the weights computed from the groups before it.
 """
 
 from __future__ import annotations
@@ -75,7 +67,6 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -85,9 +76,6 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from treerank.atomic import atomic_savefig
-from treerank.config import ConfigError
-from treerank.kernels.topk import exact_search
-from treerank.kernels.vectors import l2_normalize
 from treerank.models.forest import (
     Forest,
     ForestConfig,
@@ -95,7 +83,28 @@ from treerank.models.forest import (
     passage_init_from_query,
     stacked_forward,
 )
-from treerank.training.config import TrainConfig, parse_train_config
+from treerank.training.config import TrainConfig
+from treerank.training.forest_config import (
+    FOREST_SECTIONS,
+    ForestTrainConfig,
+    forest_train_config,
+    parse_forest_config,
+)
+from treerank.training.forest_data import (
+    PairGroup,
+    build_group,
+    draw_pair,
+    pair_data,
+    shared_rows,
+)
+from treerank.training.forest_losses import (
+    EPS,
+    boosting_weights,
+    not_retrievable_loss,
+    sharpness_loss,
+    uniformity_loss,
+    weighted_mean,
+)
 from treerank.training.history import TrainingLog
 from treerank.training.trainer import TrainOutput
 
@@ -105,434 +114,215 @@ __all__ = [
     "forest_train_config",
     "parse_forest_config",
     "plot_forest_curves",
-    "boosting_weights",
-    "sharpness_loss",
+    "plot_metric_vs_models",
     "train_forest",
-    "uniformity_loss",
 ]
-
-UNIFORMITY_KINDS = ("entropy", "gini")
-JOINT_MODES = ("joint", "alternate")
-_EPS = 1e-7
-
-
-# ---------------------------------------------------------------------------------- loss maths
-def uniformity_loss(mean_probs: Tensor, kind: str = "entropy") -> Tensor:
-    """Normalised uniformity loss of a class distribution (TreeRank seed, query-model step 1).
-
-    Args:
-        mean_probs: ``float32 (..., C)`` a distribution over ``C >= 2`` classes (rows sum to 1),
-            typically the batch mean of per-query softmax outputs.
-        kind: ``"entropy"``: ``(log C + sum_c p_c log p_c) / log C``; ``"gini"``:
-            ``(C * sum_c p_c^2 - 1) / (C - 1)``.
-
-    Returns:
-        ``float32 (...)``: 0 for the uniform distribution, 1 for a one-hot one.
-
-    Raises:
-        ValueError: unknown ``kind``.
-    """
-    c = mean_probs.shape[-1]
-    if kind == "entropy":
-        ent = -(mean_probs * torch.log(mean_probs.clamp_min(_EPS))).sum(-1)
-        return (math.log(c) - ent) / math.log(c)
-    if kind == "gini":
-        return (c * (mean_probs**2).sum(-1) - 1.0) / (c - 1.0)
-    raise ValueError(f"unknown uniformity loss {kind!r}; known: {', '.join(UNIFORMITY_KINDS)}")
-
-
-def sharpness_loss(probs: Tensor, weights: Tensor | None = None) -> Tensor:
-    """Mean per-example normalised entropy ``H(p_i) / log C`` (0 = every example one-hot).
-
-    Args:
-        probs: ``float32 (..., n, C)`` per-example class distributions.
-        weights: ``float32 (..., n)`` example weights (e.g. a bagging mask); None = equal.
-
-    Returns:
-        ``float32 (...)``.
-    """
-    c = probs.shape[-1]
-    ent = -(probs * torch.log(probs.clamp_min(_EPS))).sum(-1) / math.log(c)
-    if weights is None:
-        return ent.mean(-1)
-    return (ent * weights).sum(-1) / weights.sum(-1).clamp_min(_EPS)
-
-
-def boosting_weights(misses: np.ndarray, n_models: int) -> np.ndarray:
-    """The seed's boosting weight ``(1 + e) / (1 + n)`` per example.
-
-    Args:
-        misses: ``int (E,)`` ``e``: models (of those trained so far) that did not map the
-            example's passage to its query's class.
-        n_models: ``n``, models trained so far (``>= max(misses)``).
-
-    Returns:
-        ``float32 (E,)``; 1 for every example before the first model; in ``[1/(1+n), 1]``.
-
-    Raises:
-        ValueError: negative counts or ``e > n``.
-    """
-    e = np.asarray(misses)
-    if n_models < 0 or (e.size and (e.min() < 0 or e.max() > n_models)):
-        raise ValueError(f"boosting weights: need 0 <= e <= n (n={n_models})")
-    return ((1.0 + e) / (1.0 + n_models)).astype(np.float32)
-
-
-def _weighted_mean(values: Tensor, weights: Tensor) -> Tensor:
-    """``(G, E)`` values and weights -> ``(G,)`` weighted means (0 where all weights are 0)."""
-    return (values * weights).sum(-1) / weights.sum(-1).clamp_min(_EPS)
-
-
-# ---------------------------------------------------------------------------------- config
-@dataclass
-class ForestTrainConfig:
-    """Hyperparameters of :func:`train_forest`, flat (config sections: :data:`FOREST_SECTIONS`).
-
-    The seed's scale is ``n_models = 2000, n_classes = 1000``; the bundled configs use less so
-    that the sample pipeline fits a 2-core CPU budget (see ``configs/forest/``).
-    """
-
-    n_models: int = 64
-    n_classes: int = 64
-    hidden: list[int] = field(default_factory=list)
-    nr_threshold: float = 0.5
-    seed: int = 0
-    group_size: int = 16
-    bag_queries: float = 0.7
-    bag_passages: float = 0.7
-    random_negatives: int = 8
-    hard_negatives: int = 8
-    uniformity: str = "entropy"
-    uniformity_weight: float = 1.0
-    passage_uniformity_weight: float = 0.0
-    sharpness_weight: float = 0.5
-    init_scale: float = 1.0
-    lr: float = 0.05
-    weight_decay: float = 1e-4
-    dropout: float = 0.1
-    steps_query: int = 40
-    steps_passage: int = 60
-    steps_joint: int = 30
-    joint_mode: str = "joint"
-    negative_weight: float = 1.0
-    nr_bias_init: float = -4.0
-    nr_penalty: float = 1.0
-    boosting: bool = True
-    num_threads: int | None = 1
-    validate_at: list[int] | None = None
-    name: str = "forest"
-
-    @classmethod
-    def from_dict(
-        cls, cfg: Mapping[str, Any], *, where: str = "forest config"
-    ) -> ForestTrainConfig:
-        """Validate a config mapping.
-
-        Raises:
-            ValueError: unknown keys (listed with the allowed ones) or out-of-range values.
-        """
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(cfg) - known)
-        if unknown:
-            raise ValueError(
-                f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(known))}"
-            )
-        out = cls(**dict(cfg))
-        out.check(where)
-        return out
-
-    def check(self, where: str = "forest config") -> None:
-        def bad(msg: str) -> None:
-            raise ValueError(f"{where}: {msg}")
-
-        if self.n_models < 1 or self.n_classes < 2:
-            bad("n_models must be >= 1 and n_classes >= 2")
-        if self.group_size < 1:
-            bad("group_size must be >= 1")
-        for name in ("bag_queries", "bag_passages"):
-            v = getattr(self, name)
-            if not 0.0 < v <= 1.0:
-                bad(f"{name} must be in (0, 1] (got {v})")
-        if self.uniformity not in UNIFORMITY_KINDS:
-            bad(f"uniformity must be one of {UNIFORMITY_KINDS} (got {self.uniformity!r})")
-        if self.joint_mode not in JOINT_MODES:
-            bad(f"joint_mode must be one of {JOINT_MODES} (got {self.joint_mode!r})")
-        if not 0.0 <= self.dropout < 1.0:
-            bad(f"dropout must be in [0, 1) (got {self.dropout})")
-        for name in ("steps_query", "steps_passage", "steps_joint", "random_negatives"):
-            if getattr(self, name) < 0:
-                bad(f"{name} must be >= 0")
-        if self.hard_negatives < 0:
-            bad("hard_negatives must be >= 0")
-
-    def forest_config(self, dim: int) -> ForestConfig:
-        return ForestConfig(
-            self.n_models, self.n_classes, dim, tuple(self.hidden), self.nr_threshold
-        )
-
-
-FOREST_SECTIONS: dict[str, tuple[str, ...]] = {
-    "model": ("n_models", "n_classes", "hidden", "nr_threshold", "name"),
-    "data": ("bag_queries", "bag_passages", "random_negatives", "hard_negatives"),
-    "trainer": (
-        "group_size",
-        "uniformity",
-        "uniformity_weight",
-        "passage_uniformity_weight",
-        "sharpness_weight",
-        "init_scale",
-        "lr",
-        "weight_decay",
-        "dropout",
-        "steps_query",
-        "steps_passage",
-        "steps_joint",
-        "joint_mode",
-        "negative_weight",
-        "nr_bias_init",
-        "nr_penalty",
-        "boosting",
-        "num_threads",
-        "validate_at",
-    ),
-}
-"""Which :class:`ForestTrainConfig` field each section of the forest's config holds."""
-
-
-def forest_train_config(cfg: TrainConfig, where: str = "config") -> ForestTrainConfig:
-    """The flat :class:`ForestTrainConfig` of a parsed sectioned config (range-checked)."""
-    flat = {**cfg.model, **(cfg.data or {}), **(cfg.trainer or {}), "seed": cfg.seed}
-    return ForestTrainConfig.from_dict(flat, where=where)
-
-
-def parse_forest_config(
-    cfg: Mapping[str, Any] | TrainConfig | None, where: str = "config"
-) -> TrainConfig:
-    """The ``forest`` family's config: ``seed`` + ``model / data / trainer / validation``
-    sections holding the :class:`ForestTrainConfig` fields listed in :data:`FOREST_SECTIONS`.
-
-    Raises:
-        ConfigError: unknown key (names the key path and the allowed keys) or a bad value.
-    """
-    if isinstance(cfg, TrainConfig):
-        return cfg
-    out = parse_train_config(
-        cfg,
-        model=FOREST_SECTIONS["model"],
-        data=FOREST_SECTIONS["data"],
-        trainer=FOREST_SECTIONS["trainer"],
-        where=where,
-        model_exclude=(),
-    )
-    try:
-        forest_train_config(out, where)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(str(exc)) from exc
-    return out
-
-
-def plot_forest_curves(
-    records: list[dict[str, Any]], summary: dict[str, Any], path: str | Path, title: str = ""
-) -> Path | None:
-    """The forest's curves for its model directory: held-out metrics against M (or None when
-    it was trained without validation)."""
-    curve = summary.get("curve") or []
-    return plot_metric_vs_models(curve, path, title=title) if curve else None
-
-
-# ---------------------------------------------------------------------------------- data
-@dataclass
-class _PairData:
-    """Training examples over the store, in store ids."""
-
-    queries: np.ndarray  # int64 (nq,) store rows of queries with >= 1 selected passage
-    pos_q: np.ndarray  # int64 (E+,) index into ``queries``
-    pos_p: np.ndarray  # int64 (E+,) store passage ids
-    neg_q: np.ndarray  # int64 (E-,) fixed negatives (judged non-selected + hard)
-    neg_p: np.ndarray
-    pos_keys: np.ndarray  # sorted int64 keys q_index * n_passages + p of the positives
-
-
-def _mine_hard_negatives(
-    q: np.ndarray, passages: Any, pos_q: np.ndarray, pos_p: np.ndarray, k: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """Top-``k`` cosine passages per query that are not selected for it.
-
-    Cosine of the stored vectors (both sides L2-normalised, the one rule of
-    ``treerank.kernels.vectors``), ranked by the exact streaming kernel
-    (``treerank.kernels.topk.exact_search``: ties by ascending passage id).
-    """
-    nq, n = len(q), passages.shape[0]
-    if k == 0 or nq == 0:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    kk = min(n, k + int(np.bincount(pos_q, minlength=nq).max()))
-    best_i, _ = exact_search(l2_normalize(q), passages, k=kk, passage_transform=l2_normalize)
-    is_pos = np.isin(
-        np.arange(nq)[:, None] * n + best_i, pos_q * n + pos_p
-    )  # (nq, kk) selected ones are not negatives
-    rank = np.cumsum(~is_pos, axis=1)
-    keep = ~is_pos & (rank <= k) & (best_i >= 0)
-    rows, cols = np.nonzero(keep)
-    return rows.astype(np.int64), best_i[rows, cols].astype(np.int64)
-
-
-def _pair_data(store: Any, hard_negatives: int, train_rows: np.ndarray | None) -> _PairData:
-    cand = np.asarray(store.candidates)
-    lab = np.asarray(store.labels)
-    thr = int(store.relevance_threshold)
-    n_pass = int(store.n_passages)
-    valid = cand >= 0
-    pos = valid & (lab >= thr)
-    has_pos: np.ndarray = np.asarray(pos.any(axis=1))
-    if train_rows is not None:
-        allowed = np.zeros(has_pos.shape[0], dtype=np.bool_)
-        allowed[np.asarray(train_rows, dtype=np.int64)] = True
-        has_pos = has_pos & allowed
-    queries = np.nonzero(has_pos)[0].astype(np.int64)
-    if len(queries) == 0:
-        raise ValueError(f"{store.path}: no query has a selected passage; cannot train a forest")
-    cand, lab, pos, valid = cand[queries], lab[queries], pos[queries], valid[queries]
-    pq, pc = np.nonzero(pos)
-    nq_, nc = np.nonzero(valid & ~pos)
-    pos_p = cand[pq, pc].astype(np.int64)
-    neg_q, neg_p = nq_.astype(np.int64), cand[nq_, nc].astype(np.int64)
-    if hard_negatives > 0:
-        qv = np.asarray(store.queries[queries], dtype=np.float32)
-        hq, hp = _mine_hard_negatives(qv, store.passages, pq, pos_p, hard_negatives)
-        neg_q, neg_p = np.concatenate([neg_q, hq]), np.concatenate([neg_p, hp])
-        keys = np.unique(neg_q * n_pass + neg_p)
-        neg_q, neg_p = keys // n_pass, keys % n_pass
-    return _PairData(
-        queries=queries,
-        pos_q=pq.astype(np.int64),
-        pos_p=pos_p,
-        neg_q=neg_q,
-        neg_p=neg_p,
-        pos_keys=np.unique(pq.astype(np.int64) * n_pass + pos_p),
-    )
-
-
-# ---------------------------------------------------------------------------------- training
-@dataclass
-class _Group:
-    """Tensors of one group of ``G`` pairs trained together."""
-
-    xq: Tensor  # (nq, d)
-    xp: Tensor  # (nU, d)
-    qmask: Tensor  # (G, nq) bag of queries
-    pos_q: Tensor  # (E+,) index into xq
-    pos_p: Tensor  # (E+,) index into xp
-    pos_w: Tensor  # (G, E+) bag * boosting weight
-    neg_q: Tensor
-    neg_p: Tensor
-    neg_w: Tensor  # (G, E-) bag * negative_weight
-    pmask: Tensor  # (G, nU) passages in the bag
 
 
 def _l2(ws: list[Tensor]) -> Tensor:
     return sum((w**2).sum(dim=tuple(range(1, w.ndim))) for w in ws)  # type: ignore[return-value]
 
 
-def _query_terms(cfg: ForestTrainConfig, g: _Group, qw: list[Tensor], qb: list[Tensor]) -> Tensor:
-    """``(G,)`` uniformity + sharpness of the query models on their bags."""
-    pq = torch.softmax(stacked_forward(g.xq, qw, qb, dropout=cfg.dropout, training=True), -1)
+def _query_terms(cfg: ForestTrainConfig, g: PairGroup, pq: Tensor) -> Tensor:
+    """``(G,)`` uniformity + sharpness of the query models' ``(G, nq, C)`` softmax on their bags."""
     w = g.qmask
-    pbar = (pq * w.unsqueeze(-1)).sum(1) / w.sum(1, keepdim=True).clamp_min(_EPS)
+    pbar = (pq * w.unsqueeze(-1)).sum(1) / w.sum(1, keepdim=True).clamp_min(EPS)
     loss = cfg.uniformity_weight * uniformity_loss(pbar, cfg.uniformity)
     if cfg.sharpness_weight > 0:
         loss = loss + cfg.sharpness_weight * sharpness_loss(pq, w)
     return loss
 
 
-def _run_steps(
-    params: list[Tensor], steps: int, lr: float, loss_fn: Callable[[int], Tensor]
+class _Side:
+    """One side of a group's models (query or passage) seen through its row blocks."""
+
+    def __init__(
+        self,
+        rows: Callable[[int, int], Tensor],
+        n: int,
+        weights: list[Tensor],
+        biases: list[Tensor],
+    ) -> None:
+        self.rows, self.n, self.weights, self.biases = rows, n, weights, biases
+
+    def logits(self, lo: int, hi: int, dropout: float, gens: list[torch.Generator]) -> Tensor:
+        return stacked_forward(
+            self.rows(lo, hi), self.weights, self.biases, dropout=dropout, generators=gens
+        )
+
+
+def _cached_step(
+    sides: list[_Side],
+    loss_fn: Callable[[list[Tensor]], Tensor],
+    chunk: int,
+    dropout: float,
+    gens: list[torch.Generator],
 ) -> float:
+    """One full-batch gradient in bounded memory (the GradCache scheme, Gao et al. 2021).
+
+    1. Every side's logits ``(G, n, width)`` are computed block by block without autograd (the
+       ``(n, d)`` inputs and dropout masks are never held whole);
+    2. ``loss_fn(logits)`` runs on them as leaf tensors and its gradient w.r.t. the logits is
+       taken;
+    3. each block is recomputed with autograd (the dropout streams are rewound, so the masks are
+       the same) and ``logits_block . grad_block`` is back-propagated into the parameters.
+
+    The parameter gradients are exactly those of the whole batch at once; memory is
+    ``O(n * width + chunk * d)`` per model instead of ``O(n * d)``. When every side fits in one
+    block, the step is a plain forward and backward (same masks, same gradient).
+
+    Returns:
+        the loss value.
+    """
+    if all(s.n <= chunk for s in sides):  # one block: plain autograd, no recomputation
+        loss = loss_fn([s.logits(0, s.n, dropout, gens) for s in sides])
+        loss.backward()
+        return float(loss.detach())
+    states = [gen.get_state() for gen in gens]
+    with torch.no_grad():
+        leaves = [
+            torch.cat(
+                [s.logits(lo, min(lo + chunk, s.n), dropout, gens) for lo in range(0, s.n, chunk)],
+                1,
+            ).requires_grad_(True)
+            for s in sides
+        ]
+    loss = loss_fn(leaves)
+    loss.backward()
+    for gen, st in zip(gens, states, strict=True):
+        gen.set_state(st)
+    for side, leaf in zip(sides, leaves, strict=True):
+        assert leaf.grad is not None
+        for lo in range(0, side.n, chunk):
+            hi = min(lo + chunk, side.n)
+            (side.logits(lo, hi, dropout, gens) * leaf.grad[:, lo:hi]).sum().backward()
+    return float(loss.detach())
+
+
+def _run_steps(
+    params: list[Tensor], steps: int, lr: float, step_fn: Callable[[int], float]
+) -> float:
+    """``steps`` Adam steps; ``step_fn(step)`` fills the gradients and returns the loss."""
     if steps == 0 or not params:
         return float("nan")
     opt = torch.optim.Adam(params, lr=lr)
     last = float("nan")
     for step in range(steps):
         opt.zero_grad(set_to_none=True)
-        loss = loss_fn(step)
-        loss.backward()
+        last = step_fn(step)
         opt.step()
-        last = float(loss.detach())
     return last
 
 
 def _train_group(
-    cfg: ForestTrainConfig, g: _Group, qw: list[Tensor], qb: list[Tensor], gen: torch.Generator
+    cfg: ForestTrainConfig, g: PairGroup, qw: list[Tensor], qb: list[Tensor]
 ) -> tuple[list[Tensor], list[Tensor], list[Tensor], list[Tensor], dict[str, float]]:
-    """Stages 1-3 for one group; returns trained (query, passage) stacks and stage losses."""
+    """Stages 1-3 for one group; returns trained (query, passage) stacks and stage losses.
+
+    Each pair's loss depends on its own parameters, rows, bag, weights and dropout stream only,
+    and the group's loss is the sum, so every pair gets exactly the gradients (and Adam updates)
+    of training it alone. Every step is one full-batch gradient computed block by block
+    (:func:`_cached_step`, ``chunk_size`` rows per block).
+    """
     n_g = qw[0].shape[0]
     for t in (*qw, *qb):
         t.requires_grad_(True)
+    drop, chunk = cfg.dropout, cfg.chunk_size
+    nq = g.xq.shape[0]
 
-    # Stage 1: query model, uniformity (+ sharpness) on the bag.
-    def q_loss(_: int) -> Tensor:
-        return (_query_terms(cfg, g, qw, qb) + cfg.weight_decay * _l2(qw)).sum()
+    def q_rows(lo: int, hi: int) -> Tensor:  # batched matmul: per-pair results as if alone
+        return g.xq[lo:hi].unsqueeze(0).expand(n_g, -1, -1)
 
-    loss1 = _run_steps([*qw, *qb], cfg.steps_query, cfg.lr, q_loss) / n_g
+    q_side = _Side(q_rows, nq, qw, qb)
+
+    # Stage 1 (step A): query model, uniformity (+ sharpness) on the bag.
+    def q_step(_: int) -> float:
+        def loss(z: list[Tensor]) -> Tensor:
+            return _query_terms(cfg, g, torch.softmax(z[0], -1)).sum()
+
+        value = _cached_step([q_side], loss, chunk, drop, g.gens)
+        l2 = (cfg.weight_decay * _l2(qw)).sum()
+        l2.backward()
+        return value + float(l2.detach())
+
+    loss1 = _run_steps([*qw, *qb], cfg.steps_query, cfg.lr, q_step) / n_g
 
     # Stage 2: passage model from the query model's weights; the query classes are the targets.
     with torch.no_grad():
-        target = stacked_forward(g.xq, qw, qb).argmax(-1)  # (G, nq)
+        target = torch.cat(
+            [q_side.logits(lo, min(lo + chunk, nq), 0.0, g.gens) for lo in range(0, nq, chunk)],
+            1,
+        ).argmax(-1)  # (G, nq)
     pw, pb = passage_init_from_query(qw, qb, cfg.nr_bias_init)
     for t in (*pw, *pb):
         t.requires_grad_(True)
+    p_side = _Side(g.passage_rows, g.n_passage_rows, pw, pb)
     rows = torch.arange(n_g).unsqueeze(1)
-    t_pos = target[:, g.pos_q]  # (G, E+)
-    t_neg = target[:, g.neg_q]
 
-    def nr_term(logp: Tensor) -> Tensor:
-        if cfg.nr_penalty <= 0:
-            return torch.zeros(n_g)
-        return cfg.nr_penalty * _weighted_mean(logp[..., -1].exp(), g.pmask)
+    def nr_terms(pp: Tensor, t_neg: Tensor) -> Tensor:
+        """``(G,)`` not-retrievable terms of the ``(G, nP, C+1)`` passage softmax."""
+        loss = torch.zeros(n_g)
+        if cfg.nr_penalty > 0:
+            loss = loss + cfg.nr_penalty * weighted_mean(pp[..., -1], g.pmask)
+        if cfg.nr_weight > 0:
+            loss = loss + cfg.nr_weight * not_retrievable_loss(
+                pp, g.neg_p, t_neg, g.neg_w, g.wanted, g.pmask
+            )
+        return loss
 
     def passage_balance(pp: Tensor) -> Tensor:
         """Uniformity of the bag's passages over the C real classes (0 when switched off)."""
         if cfg.passage_uniformity_weight <= 0:
             return torch.zeros(n_g)
         real = pp[..., :-1] * g.pmask.unsqueeze(-1)
-        pbar = real.sum(1) / real.sum((1, 2)).clamp_min(_EPS).unsqueeze(-1)
+        pbar = real.sum(1) / real.sum((1, 2)).clamp_min(EPS).unsqueeze(-1)
         return cfg.passage_uniformity_weight * uniformity_loss(pbar, cfg.uniformity)
 
-    def p_loss(_: int) -> Tensor:
-        logp = torch.log_softmax(
-            stacked_forward(g.xp, pw, pb, dropout=cfg.dropout, training=True), -1
-        )  # (G, nU, C+1)
-        lp_pos = logp[rows, g.pos_p.unsqueeze(0), t_pos]
-        lp_neg = logp[rows, g.neg_p.unsqueeze(0), t_neg]
-        loss = _weighted_mean(-lp_pos, g.pos_w)
-        loss = loss + _weighted_mean(-torch.log1p(-lp_neg.exp().clamp_max(1 - 1e-6)), g.neg_w)
-        loss = loss + nr_term(logp) + passage_balance(logp.exp())
-        return (loss + cfg.weight_decay * _l2(pw)).sum()
+    t_pos = target[:, g.pos_q]  # (G, E+)
+    t_neg = target[:, g.neg_q]
 
-    loss2 = _run_steps([*pw, *pb], cfg.steps_passage, cfg.lr, p_loss) / n_g
+    def p_step(_: int) -> float:
+        def loss(z: list[Tensor]) -> Tensor:
+            logp = torch.log_softmax(z[0], -1)  # (G, nP, C+1)
+            lp_pos = logp[rows, g.pos_p.unsqueeze(0), t_pos]
+            lp_neg = logp[rows, g.neg_p.unsqueeze(0), t_neg]
+            out = weighted_mean(-lp_pos, g.pos_w)
+            out = out + weighted_mean(-torch.log1p(-lp_neg.exp().clamp_max(1 - 1e-6)), g.neg_w)
+            pp = logp.exp()
+            return (out + nr_terms(pp, t_neg) + passage_balance(pp)).sum()
+
+        value = _cached_step([p_side], loss, chunk, drop, g.gens)
+        l2 = (cfg.weight_decay * _l2(pw)).sum()
+        l2.backward()
+        return value + float(l2.detach())
+
+    loss2 = _run_steps([*pw, *pb], cfg.steps_passage, cfg.lr, p_step) / n_g
 
     # Stage 3: joint (or alternating) round on the soft collision probability.
-    def j_loss(_: int) -> Tensor:
-        zq = stacked_forward(g.xq, qw, qb, dropout=cfg.dropout, training=True)
-        pq = torch.softmax(zq, -1)  # (G, nq, C)
-        pp = torch.softmax(
-            stacked_forward(g.xp, pw, pb, dropout=cfg.dropout, training=True), -1
-        )  # (G, nU, C+1)
-        s_pos = (pq[:, g.pos_q] * pp[:, g.pos_p, :-1]).sum(-1)
-        s_neg = (pq[:, g.neg_q] * pp[:, g.neg_p, :-1]).sum(-1)
-        loss = _weighted_mean(-torch.log(s_pos.clamp_min(_EPS)), g.pos_w)
-        loss = loss + _weighted_mean(-torch.log1p(-s_neg.clamp_max(1 - 1e-6)), g.neg_w)
-        w = g.qmask
-        pbar = (pq * w.unsqueeze(-1)).sum(1) / w.sum(1, keepdim=True).clamp_min(_EPS)
-        loss = loss + cfg.uniformity_weight * uniformity_loss(pbar, cfg.uniformity)
-        if cfg.sharpness_weight > 0:
-            loss = loss + cfg.sharpness_weight * sharpness_loss(pq, w)
-        if cfg.nr_penalty > 0:
-            loss = loss + cfg.nr_penalty * _weighted_mean(pp[..., -1], g.pmask)
-        loss = loss + passage_balance(pp)
-        return (loss + cfg.weight_decay * (_l2(qw) + _l2(pw))).sum()
+    def j_step(_: int) -> float:
+        def loss(z: list[Tensor]) -> Tensor:
+            pq = torch.softmax(z[0], -1)  # (G, nq, C)
+            pp = torch.softmax(z[1], -1)  # (G, nP, C+1)
+            s_pos = (pq[:, g.pos_q] * pp[:, g.pos_p, :-1]).sum(-1)
+            out = weighted_mean(-torch.log(s_pos.clamp_min(EPS)), g.pos_w)
+            # negatives in blocks: the (G, E-, C) gathers stay bounded
+            w_tot = g.neg_w.sum(-1).clamp_min(EPS)
+            for lo in range(0, len(g.neg_q), chunk):
+                sl = slice(lo, lo + chunk)
+                s_neg = (pq[:, g.neg_q[sl]] * pp[:, g.neg_p[sl], :-1]).sum(-1)
+                nll = -torch.log1p(-s_neg.clamp_max(1 - 1e-6))
+                out = out + (nll * g.neg_w[:, sl]).sum(-1) / w_tot
+            out = out + _query_terms(cfg, g, pq)
+            out = out + nr_terms(pp, pq.detach().argmax(-1)[:, g.neg_q]) + passage_balance(pp)
+            return out.sum()
+
+        value = _cached_step([q_side, p_side], loss, chunk, drop, g.gens)
+        l2 = (cfg.weight_decay * (_l2(qw) + _l2(pw))).sum()
+        l2.backward()
+        return value + float(l2.detach())
 
     if cfg.joint_mode == "joint":
-        loss3 = _run_steps([*qw, *qb, *pw, *pb], cfg.steps_joint, cfg.lr, j_loss) / n_g
+        loss3 = _run_steps([*qw, *qb, *pw, *pb], cfg.steps_joint, cfg.lr, j_step) / n_g
     else:
         loss3 = float("nan")
         if cfg.steps_joint > 0:
@@ -542,10 +332,8 @@ def _train_group(
                 opt = opt_q if step % 2 == 0 else opt_p
                 opt_q.zero_grad(set_to_none=True)
                 opt_p.zero_grad(set_to_none=True)
-                loss = j_loss(step)
-                loss.backward()
+                loss3 = j_step(step) / n_g
                 opt.step()
-                loss3 = float(loss.detach()) / n_g
     detach = [[t.detach() for t in ts] for ts in (qw, qb, pw, pb)]
     return (
         detach[0],
@@ -554,15 +342,6 @@ def _train_group(
         detach[3],
         {"loss_query": loss1, "loss_passage": loss2, "loss_joint": loss3},
     )
-
-
-def _bernoulli_mask(gen: np.random.Generator, n_g: int, n: int, frac: float) -> np.ndarray:
-    """``(G, n)`` float32 0/1 with exactly ``ceil(frac * n)`` ones per row."""
-    k = max(1, math.ceil(frac * n))
-    mask = np.zeros((n_g, n), dtype=np.float32)
-    for i in range(n_g):
-        mask[i, gen.choice(n, size=k, replace=False)] = 1.0
-    return mask
 
 
 def _default_validate_at(n_models: int) -> list[int]:
@@ -604,9 +383,8 @@ def train_forest(
     parsed = parse_forest_config(config)
     cfg = forest_train_config(parsed)
     t_start = time.perf_counter()
-    torch_gen = torch.Generator().manual_seed(cfg.seed)
-    rng = np.random.default_rng(cfg.seed)
-    data = _pair_data(store, cfg.hard_negatives, train_rows)
+    data = pair_data(store, cfg.hard_negatives, train_rows)
+    shared = shared_rows(store, data)
     n_pass = int(store.n_passages)
     dim = int(store.dim)
     fcfg = cfg.forest_config(dim)
@@ -629,91 +407,71 @@ def train_forest(
     if cfg.num_threads:
         # Each step is tiny: one thread avoids oversubscription (6x faster on a busy 2-core box).
         torch.set_num_threads(cfg.num_threads)
-    with torch.random.fork_rng():
-        torch.manual_seed(cfg.seed)  # dropout masks: reproducible, global RNG left untouched
-        try:
-            while n_done < cfg.n_models:
-                n_g = min(cfg.group_size, cfg.n_models - n_done)
-                t0 = time.perf_counter()
-                # Negatives of this group: fixed (judged + hard) plus fresh random draws.
-                rq = np.repeat(np.arange(nq, dtype=np.int64), cfg.random_negatives)
-                rp = rng.integers(0, n_pass, size=len(rq))
-                not_pos = ~np.isin(rq * n_pass + rp, data.pos_keys)
-                neg_q = np.concatenate([data.neg_q, rq[not_pos]])
-                neg_p = np.concatenate([data.neg_p, rp[not_pos]])
-                used, inv = np.unique(np.concatenate([data.pos_p, neg_p]), return_inverse=True)
-                pos_pi, neg_pi = inv[: len(data.pos_p)], inv[len(data.pos_p) :]
-                xp = torch.from_numpy(np.asarray(store.passages[used], dtype=np.float32))
-                # Bagging: queries, and negatives' passages; a bagged query keeps its positives.
-                qmask = _bernoulli_mask(rng, n_g, nq, cfg.bag_queries)
-                pmask = _bernoulli_mask(rng, n_g, len(used), cfg.bag_passages)
-                pos_in = qmask[:, data.pos_q]
-                g_rows, e_cols = np.nonzero(pos_in)
-                pmask[g_rows, pos_pi[e_cols]] = 1.0
-                boost = (
-                    boosting_weights(misses, n_done) if cfg.boosting else np.ones(len(misses))
-                ).astype(np.float32)
-                group = _Group(
-                    xq=xq_all,
-                    xp=xp,
-                    qmask=torch.from_numpy(qmask),
-                    pos_q=torch.from_numpy(data.pos_q),
-                    pos_p=torch.from_numpy(pos_pi.astype(np.int64)),
-                    pos_w=torch.from_numpy(pos_in * boost[None, :]),
-                    neg_q=torch.from_numpy(neg_q),
-                    neg_p=torch.from_numpy(neg_pi.astype(np.int64)),
-                    neg_w=torch.from_numpy(
-                        (qmask[:, neg_q] * pmask[:, neg_pi] * cfg.negative_weight).astype(
-                            np.float32
-                        )
-                    ),
-                    pmask=torch.from_numpy(pmask),
-                )
-                qw, qb = init_layers(fcfg.layer_shapes("query"), n_g, torch_gen, cfg.init_scale)
-                qw, qb, pw, pb, losses = _train_group(cfg, group, qw, qb, torch_gen)
-                for stack, ts in zip(q_stacks, (qw, qb, pw, pb), strict=True):
-                    stack.append(ts)  # type: ignore[arg-type]
-                # Boosting bookkeeping over every training example (not only the bag).
-                part = Forest(
-                    ForestConfig(n_g, fcfg.n_classes, dim, fcfg.hidden, fcfg.nr_threshold),
-                    qw,
-                    qb,
-                    pw,
-                    pb,
-                )
-                qc, _ = part.query_classes(xq_all.numpy())
-                pc, _ = part.passage_classes(xp.numpy())
-                miss = qc[data.pos_q] != pc[pos_pi]  # (E+, G)
-                misses += miss.sum(axis=1)
-                ent_q = _entropy_rows(qc, fcfg.n_classes)
-                rec = {
-                    "kind": "pair",
-                    "models": [n_done, n_done + n_g],
-                    **losses,
-                    "train_match_rate": float(1.0 - miss.mean()),
-                    "query_class_entropy": float(ent_q.mean()),
-                    "max_entropy": math.log(fcfg.n_classes),
-                    "not_retrievable_fraction": float((pc < 0).mean()),
-                    "mean_boost_weight": float(boost.mean()),
-                    "seconds": time.perf_counter() - t0,
-                }
-                write(rec)
-                n_done += n_g
-                bar.update(n_g)
-                bar.set_postfix(
-                    match=f"{rec['train_match_rate']:.2f}",
-                    nr=f"{rec['not_retrievable_fraction']:.2f}",
-                )
-                if validate is not None:
-                    for m in [v for v in validate_at if n_done - n_g < v <= n_done]:
-                        forest_m = _assemble(fcfg, q_stacks, cfg.name).subset(m)
-                        metrics = {k: float(v) for k, v in validate(forest_m).items()}
-                        point = {"n_models": m, **metrics}
-                        curve.append(point)
-                        write({"kind": "eval", **point})
-        finally:
-            bar.close()
-            torch.set_num_threads(threads)
+    try:
+        while n_done < cfg.n_models:
+            n_g = min(cfg.group_size, cfg.n_models - n_done)
+            t0 = time.perf_counter()
+            draws = [
+                draw_pair(cfg, m, nq, len(shared.ids), n_pass) for m in range(n_done, n_done + n_g)
+            ]
+            boost = (
+                boosting_weights(misses, n_done) if cfg.boosting else np.ones(len(misses))
+            ).astype(np.float32)
+            group = build_group(cfg, store, data, shared, xq_all, draws, boost)
+            inits = [
+                init_layers(fcfg.layer_shapes("query"), 1, d.init, cfg.init_scale) for d in draws
+            ]
+            qw = [torch.cat([w[i] for w, _ in inits]) for i in range(len(inits[0][0]))]
+            qb = [torch.cat([b[i] for _, b in inits]) for i in range(len(inits[0][1]))]
+            qw, qb, pw, pb, losses = _train_group(cfg, group, qw, qb)
+            for stack, ts in zip(q_stacks, (qw, qb, pw, pb), strict=True):
+                stack.append(ts)  # type: ignore[arg-type]
+            # Boosting bookkeeping over every training example (not only the bag).
+            part = Forest(
+                ForestConfig(n_g, fcfg.n_classes, dim, fcfg.hidden, fcfg.nr_threshold),
+                qw,
+                qb,
+                pw,
+                pb,
+            )
+            qc, _ = part.query_classes(xq_all.numpy())
+            pc = np.concatenate(
+                [
+                    part.passage_classes(shared.rows(lo, lo + cfg.chunk_size))[0]
+                    for lo in range(0, len(shared.ids), cfg.chunk_size)
+                ]
+            )
+            miss = qc[data.pos_q] != pc[shared.pos]  # (E+, G)
+            misses += miss.sum(axis=1)
+            ent_q = _entropy_rows(qc, fcfg.n_classes)
+            rec = {
+                "kind": "pair",
+                "models": [n_done, n_done + n_g],
+                **losses,
+                "train_match_rate": float(1.0 - miss.mean()),
+                "query_class_entropy": float(ent_q.mean()),
+                "max_entropy": math.log(fcfg.n_classes),
+                "not_retrievable_fraction": float((pc < 0).mean()),
+                "mean_boost_weight": float(boost.mean()),
+                "seconds": time.perf_counter() - t0,
+            }
+            write(rec)
+            n_done += n_g
+            bar.update(n_g)
+            bar.set_postfix(
+                match=f"{rec['train_match_rate']:.2f}",
+                nr=f"{rec['not_retrievable_fraction']:.2f}",
+            )
+            if validate is not None:
+                for m in [v for v in validate_at if n_done - n_g < v <= n_done]:
+                    forest_m = _assemble(fcfg, q_stacks, cfg.name).subset(m)
+                    metrics = {k: float(v) for k, v in validate(forest_m).items()}
+                    point = {"n_models": m, **metrics}
+                    curve.append(point)
+                    write({"kind": "eval", **point})
+    finally:
+        bar.close()
+        torch.set_num_threads(threads)
     forest = _assemble(fcfg, q_stacks, cfg.name)
     pair_recs = [r for r in records if r["kind"] == "pair"]
     summary: dict[str, Any] = {
@@ -799,3 +557,12 @@ def plot_metric_vs_models(
     fig.tight_layout()
     atomic_savefig(fig, path, dpi=120)
     return path
+
+
+def plot_forest_curves(
+    records: list[dict[str, Any]], summary: dict[str, Any], path: str | Path, title: str = ""
+) -> Path | None:
+    """The forest's curves for its model directory: held-out metrics against M (or None when
+    it was trained without validation)."""
+    curve = summary.get("curve") or []
+    return plot_metric_vs_models(curve, path, title=title) if curve else None

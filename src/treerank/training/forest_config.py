@@ -1,0 +1,188 @@
+"""The forest family's configuration: hyperparameters, their sections, strict parsing.
+
+A forest config has the sectioned shape of every trainable family (``seed`` + ``model`` / ``data`` /
+``trainer`` / ``validation``, see :mod:`treerank.training.config`); internally the trainer reads
+the flat :class:`ForestTrainConfig`. :data:`FOREST_SECTIONS` says which field lives in which
+section.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from treerank.config import ConfigError
+from treerank.models.forest import ForestConfig
+from treerank.training.config import TrainConfig, parse_train_config
+from treerank.training.forest_losses import UNIFORMITY_KINDS
+
+__all__ = [
+    "FOREST_SECTIONS",
+    "JOINT_MODES",
+    "ForestTrainConfig",
+    "forest_train_config",
+    "parse_forest_config",
+]
+
+JOINT_MODES = ("joint", "alternate")
+
+
+@dataclass
+class ForestTrainConfig:
+    """Hyperparameters of :func:`train_forest`, flat (config sections: :data:`FOREST_SECTIONS`).
+
+    The seed's scale is ``n_models = 2000, n_classes = 1000``; the bundled configs use less so
+    that the sample pipeline fits a 2-core CPU budget (see ``configs/forest/``). The defaults run
+    every step of the seed (step A included), pairs one by one, and the learned not-retrievable
+    outcome; ``docs/forest.md`` lists the departures from the seed.
+    """
+
+    n_models: int = 64
+    n_classes: int = 64
+    hidden: list[int] = field(default_factory=list)
+    nr_threshold: float = 0.5
+    seed: int = 0
+    group_size: int = 1
+    bag_queries: float = 0.7
+    bag_passages: float = 0.7
+    random_negatives: int = 8
+    random_pool: int = 1024
+    hard_negatives: int = 8
+    uniformity: str = "entropy"
+    uniformity_weight: float = 5.0
+    passage_uniformity_weight: float = 5.0
+    sharpness_weight: float = 0.5
+    init_scale: float = 1.0
+    lr: float = 0.05
+    weight_decay: float = 1e-4
+    dropout: float = 0.2
+    steps_query: int = 10
+    steps_passage: int = 60
+    steps_joint: int = 30
+    joint_mode: str = "joint"
+    negative_weight: float = 1.0
+    nr_bias_init: float = -4.0
+    nr_penalty: float = 0.0
+    nr_weight: float = 0.5
+    boosting: bool = True
+    num_threads: int | None = 1
+    chunk_size: int = 65536
+    validate_at: list[int] | None = None
+    name: str = "forest"
+
+    @classmethod
+    def from_dict(
+        cls, cfg: Mapping[str, Any], *, where: str = "forest config"
+    ) -> ForestTrainConfig:
+        """Validate a config mapping.
+
+        Raises:
+            ValueError: unknown keys (listed with the allowed ones) or out-of-range values.
+        """
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(cfg) - known)
+        if unknown:
+            raise ValueError(
+                f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(known))}"
+            )
+        out = cls(**dict(cfg))
+        out.check(where)
+        return out
+
+    def check(self, where: str = "forest config") -> None:
+        def bad(msg: str) -> None:
+            raise ValueError(f"{where}: {msg}")
+
+        if self.n_models < 1 or self.n_classes < 2:
+            bad("n_models must be >= 1 and n_classes >= 2")
+        if self.group_size < 1:
+            bad("group_size must be >= 1")
+        for name in ("bag_queries", "bag_passages"):
+            v = getattr(self, name)
+            if not 0.0 < v <= 1.0:
+                bad(f"{name} must be in (0, 1] (got {v})")
+        if self.uniformity not in UNIFORMITY_KINDS:
+            bad(f"uniformity must be one of {UNIFORMITY_KINDS} (got {self.uniformity!r})")
+        if self.joint_mode not in JOINT_MODES:
+            bad(f"joint_mode must be one of {JOINT_MODES} (got {self.joint_mode!r})")
+        if not 0.0 <= self.dropout < 1.0:
+            bad(f"dropout must be in [0, 1) (got {self.dropout})")
+        if self.nr_weight < 0 or self.nr_penalty < 0:
+            bad("nr_weight and nr_penalty must be >= 0")
+        if self.chunk_size < 1:
+            bad("chunk_size must be >= 1")
+        if self.random_pool < 1:
+            bad("random_pool must be >= 1")
+        for name in ("steps_query", "steps_passage", "steps_joint", "random_negatives"):
+            if getattr(self, name) < 0:
+                bad(f"{name} must be >= 0")
+        if self.hard_negatives < 0:
+            bad("hard_negatives must be >= 0")
+
+    def forest_config(self, dim: int) -> ForestConfig:
+        return ForestConfig(
+            self.n_models, self.n_classes, dim, tuple(self.hidden), self.nr_threshold
+        )
+
+
+FOREST_SECTIONS: dict[str, tuple[str, ...]] = {
+    "model": ("n_models", "n_classes", "hidden", "nr_threshold", "name"),
+    "data": ("bag_queries", "bag_passages", "random_negatives", "random_pool", "hard_negatives"),
+    "trainer": (
+        "group_size",
+        "uniformity",
+        "uniformity_weight",
+        "passage_uniformity_weight",
+        "sharpness_weight",
+        "init_scale",
+        "lr",
+        "weight_decay",
+        "dropout",
+        "steps_query",
+        "steps_passage",
+        "steps_joint",
+        "joint_mode",
+        "negative_weight",
+        "nr_bias_init",
+        "nr_penalty",
+        "nr_weight",
+        "boosting",
+        "num_threads",
+        "chunk_size",
+        "validate_at",
+    ),
+}
+"""Which :class:`ForestTrainConfig` field each section of the forest's config holds."""
+
+
+def forest_train_config(cfg: TrainConfig, where: str = "config") -> ForestTrainConfig:
+    """The flat :class:`ForestTrainConfig` of a parsed sectioned config (range-checked)."""
+    flat = {**cfg.model, **(cfg.data or {}), **(cfg.trainer or {}), "seed": cfg.seed}
+    return ForestTrainConfig.from_dict(flat, where=where)
+
+
+def parse_forest_config(
+    cfg: Mapping[str, Any] | TrainConfig | None, where: str = "config"
+) -> TrainConfig:
+    """The ``forest`` family's config: ``seed`` + ``model / data / trainer / validation``
+    sections holding the :class:`ForestTrainConfig` fields listed in :data:`FOREST_SECTIONS`.
+
+    Raises:
+        ConfigError: unknown key (names the key path and the allowed keys) or a bad value.
+    """
+    if isinstance(cfg, TrainConfig):
+        return cfg
+    out = parse_train_config(
+        cfg,
+        model=FOREST_SECTIONS["model"],
+        data=FOREST_SECTIONS["data"],
+        trainer=FOREST_SECTIONS["trainer"],
+        where=where,
+        model_exclude=(),
+    )
+    try:
+        forest_train_config(out, where)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(str(exc)) from exc
+    return out

@@ -1,0 +1,288 @@
+"""Training data of a TreeRank forest: examples, negatives, each pair's random draws, group tensors.
+
+* :func:`pair_data`: the (query, selected passage) positives and the fixed negatives (judged
+  non-selected candidates plus cosine hard negatives mined through the exact top-k kernel).
+* :func:`draw_pair`: everything random about one pair (init, bags, random negatives, dropout
+  stream), from its own seed (:func:`pair_seed`), so a pair is the same whatever group it is
+  trained in.
+* :func:`build_group`: the tensors of a group of pairs, each pair with exactly the rows, bags and
+  weights it would have alone.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from treerank.kernels.topk import exact_search
+from treerank.kernels.vectors import l2_normalize
+from treerank.training.forest_config import ForestTrainConfig
+
+__all__ = [
+    "PairData",
+    "PairDraw",
+    "PairGroup",
+    "SharedRows",
+    "build_group",
+    "draw_pair",
+    "mine_hard_negatives",
+    "pair_data",
+    "pair_seed",
+    "shared_rows",
+]
+
+
+@dataclass
+class PairData:
+    """Training examples over the store, in store ids."""
+
+    queries: np.ndarray  # int64 (nq,) store rows of queries with >= 1 selected passage
+    pos_q: np.ndarray  # int64 (E+,) index into ``queries``
+    pos_p: np.ndarray  # int64 (E+,) store passage ids
+    neg_q: np.ndarray  # int64 (E-,) fixed negatives (judged non-selected + hard)
+    neg_p: np.ndarray
+    pos_keys: np.ndarray  # sorted int64 keys q_index * n_passages + p of the positives
+
+
+def mine_hard_negatives(
+    q: np.ndarray, passages: Any, pos_q: np.ndarray, pos_p: np.ndarray, k: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Top-``k`` cosine passages per query that are not selected for it.
+
+    Cosine of the stored vectors (both sides L2-normalised, the one rule of
+    ``treerank.kernels.vectors``), ranked by the exact streaming kernel
+    (``treerank.kernels.topk.exact_search``: ties by ascending passage id).
+    """
+    nq, n = len(q), passages.shape[0]
+    if k == 0 or nq == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    kk = min(n, k + int(np.bincount(pos_q, minlength=nq).max()))
+    best_i, _ = exact_search(l2_normalize(q), passages, k=kk, passage_transform=l2_normalize)
+    is_pos = np.isin(
+        np.arange(nq)[:, None] * n + best_i, pos_q * n + pos_p
+    )  # (nq, kk) selected ones are not negatives
+    rank = np.cumsum(~is_pos, axis=1)
+    keep = ~is_pos & (rank <= k) & (best_i >= 0)
+    rows, cols = np.nonzero(keep)
+    return rows.astype(np.int64), best_i[rows, cols].astype(np.int64)
+
+
+def pair_data(store: Any, hard_negatives: int, train_rows: np.ndarray | None) -> PairData:
+    """The training examples of a store split.
+
+    Args:
+        store: an ``EmbeddingStore`` (``candidates`` / ``labels`` / ``relevance_threshold``).
+        hard_negatives: cosine hard negatives mined per query (0 = none).
+        train_rows: query rows to train on (None: every query with a selected passage).
+
+    Returns:
+        :class:`PairData`: positives, fixed negatives (judged non-selected + mined), keys.
+
+    Raises:
+        ValueError: no query has a selected passage.
+    """
+    cand = np.asarray(store.candidates)
+    lab = np.asarray(store.labels)
+    thr = int(store.relevance_threshold)
+    n_pass = int(store.n_passages)
+    valid = cand >= 0
+    pos = valid & (lab >= thr)
+    has_pos: np.ndarray = np.asarray(pos.any(axis=1))
+    if train_rows is not None:
+        allowed = np.zeros(has_pos.shape[0], dtype=np.bool_)
+        allowed[np.asarray(train_rows, dtype=np.int64)] = True
+        has_pos = has_pos & allowed
+    queries = np.nonzero(has_pos)[0].astype(np.int64)
+    if len(queries) == 0:
+        raise ValueError(f"{store.path}: no query has a selected passage; cannot train a forest")
+    cand, lab, pos, valid = cand[queries], lab[queries], pos[queries], valid[queries]
+    pq, pc = np.nonzero(pos)
+    nq_, nc = np.nonzero(valid & ~pos)
+    pos_p = cand[pq, pc].astype(np.int64)
+    neg_q, neg_p = nq_.astype(np.int64), cand[nq_, nc].astype(np.int64)
+    if hard_negatives > 0:
+        qv = np.asarray(store.queries[queries], dtype=np.float32)
+        hq, hp = mine_hard_negatives(qv, store.passages, pq, pos_p, hard_negatives)
+        neg_q, neg_p = np.concatenate([neg_q, hq]), np.concatenate([neg_p, hp])
+        keys = np.unique(neg_q * n_pass + neg_p)
+        neg_q, neg_p = keys // n_pass, keys % n_pass
+    return PairData(
+        queries=queries,
+        pos_q=pq.astype(np.int64),
+        pos_p=pos_p,
+        neg_q=neg_q,
+        neg_p=neg_p,
+        pos_keys=np.unique(pq.astype(np.int64) * n_pass + pos_p),
+    )
+
+
+def _exact_bag(gen: np.random.Generator, n: int, frac: float) -> np.ndarray:
+    """``float32 (n,)`` 0/1 with exactly ``ceil(frac * n)`` ones at random places."""
+    mask = np.zeros(n, dtype=np.float32)
+    mask[gen.choice(n, size=max(1, math.ceil(frac * n)), replace=False)] = 1.0
+    return mask
+
+
+@dataclass
+class PairDraw:
+    """One pair's random choices, all from its own seed (:func:`pair_seed`)."""
+
+    init: torch.Generator
+    dropout: torch.Generator
+    qmask: np.ndarray  # float32 (nq,)
+    smask: np.ndarray  # float32 (nS,) bag over the shared passage rows
+    rand_p: np.ndarray  # int64 (P,) the pair's pool of random negative passages (store ids)
+    rmask: np.ndarray  # float32 (P,) bag over them
+
+
+def pair_seed(seed: int, pair: int) -> np.random.SeedSequence:
+    """The seed of pair ``pair`` of a forest trained with ``seed``: every random choice of the
+    pair (init, bags, random negatives, dropout masks) comes from it, so pair ``m`` is the same
+    whatever ``group_size``."""
+    return np.random.SeedSequence([int(seed), int(pair)])
+
+
+def _pool_size(cfg: ForestTrainConfig, nq: int, n_pass: int) -> int:
+    """Rows of a pair's random-negative pool: ``min(random_pool, nq * R, n_passages)``."""
+    return min(cfg.random_pool, nq * cfg.random_negatives, n_pass)
+
+
+def draw_pair(cfg: ForestTrainConfig, pair: int, nq: int, n_shared: int, n_pass: int) -> PairDraw:
+    """Every random choice of pair ``pair`` (global index), from :func:`pair_seed` alone:
+    init and dropout generators, bag of ``nq`` queries, bag of ``n_shared`` shared passage rows,
+    a pool of random passages out of ``n_pass`` and its bag."""
+    rng = np.random.default_rng(pair_seed(cfg.seed, pair))
+    init = torch.Generator().manual_seed(int(rng.integers(2**62)))
+    dropout = torch.Generator().manual_seed(int(rng.integers(2**62)))
+    qmask = _exact_bag(rng, nq, cfg.bag_queries)
+    smask = _exact_bag(rng, n_shared, cfg.bag_passages)
+    rand_p = rng.integers(0, n_pass, size=_pool_size(cfg, nq, n_pass)).astype(np.int64)
+    rmask = (
+        _exact_bag(rng, len(rand_p), cfg.bag_passages) if len(rand_p) else np.zeros(0, np.float32)
+    )
+    return PairDraw(init, dropout, qmask, smask, rand_p, rmask)
+
+
+@dataclass
+class SharedRows:
+    """Passage rows every pair shares: positives and fixed negatives (read from the store on
+    demand, a block at a time, so a 1M-passage store is never copied into memory)."""
+
+    store: Any
+    ids: np.ndarray  # int64 (nS,) ascending store ids
+    pos: np.ndarray  # int64 (E+,) row of each positive example
+    neg: np.ndarray  # int64 (E-fixed,) row of each fixed negative example
+
+    def rows(self, lo: int, hi: int) -> np.ndarray:
+        """``float32 (hi - lo, d)`` vectors of shared rows ``lo .. hi - 1``."""
+        return np.asarray(self.store.passages[self.ids[lo:hi]], dtype=np.float32)
+
+
+def shared_rows(store: Any, data: PairData) -> SharedRows:
+    """The shared passage rows of ``data`` (positives and fixed negatives, ascending ids)."""
+    ids = np.unique(np.concatenate([data.pos_p, data.neg_p]))
+    return SharedRows(
+        store, ids, np.searchsorted(ids, data.pos_p), np.searchsorted(ids, data.neg_p)
+    )
+
+
+@dataclass
+class PairGroup:
+    """Tensors of one group of ``G`` independent pairs trained together.
+
+    Every pair has its own passage rows: the shared rows ``S`` (every positive and fixed
+    negative passage, in ascending id order) followed by its own ``R`` random-negative rows, so
+    each pair's tensors have exactly the shapes they have when it is trained alone.
+    """
+
+    xq: Tensor  # (nq, d) training queries (shared)
+    shared: SharedRows  # the nS shared passage rows (read on demand)
+    pool_x: Tensor  # (G, R, d) each pair's random-negative pool rows
+    qmask: Tensor  # (G, nq) bag of queries
+    pos_q: Tensor  # (E+,) index into xq
+    pos_p: Tensor  # (E+,) index into the pair's passage rows (a shared row)
+    pos_w: Tensor  # (G, E+) bag * boosting weight
+    neg_q: Tensor  # (E-,) index into xq
+    neg_p: Tensor  # (E-,) index into the pair's passage rows
+    neg_w: Tensor  # (G, E-) bag * negative_weight (0 for a random draw that is a positive)
+    pmask: Tensor  # (G, nS + R) passages in the bag
+    wanted: Tensor  # (G, nS + R) bool: the row is a positive of some training query
+    gens: list[torch.Generator]  # one dropout stream per pair
+
+    @property
+    def n_passage_rows(self) -> int:
+        return len(self.shared.ids) + int(self.pool_x.shape[1])
+
+    def passage_rows(self, lo: int, hi: int) -> Tensor:
+        """``float32 (G, hi - lo, d)`` the pairs' passage rows ``lo .. hi - 1`` (shared, then
+        pool)."""
+        n_s = len(self.shared.ids)
+        parts = []
+        if lo < n_s:
+            x = torch.from_numpy(self.shared.rows(lo, min(hi, n_s)))
+            parts.append(x.unsqueeze(0).expand(self.pool_x.shape[0], -1, -1))
+        if hi > n_s:
+            parts.append(self.pool_x[:, max(lo, n_s) - n_s : hi - n_s])
+        return parts[0] if len(parts) == 1 else torch.cat(parts, 1)
+
+
+def build_group(
+    cfg: ForestTrainConfig,
+    store: Any,
+    data: PairData,
+    shared: SharedRows,
+    xq: Tensor,
+    draws: list[PairDraw],
+    boost: np.ndarray,
+) -> PairGroup:
+    """Tensors of the pairs of ``draws``: shared rows, then each pair's random-negative rows."""
+    n_g, nq, n_s = len(draws), len(xq), len(shared.ids)
+    n_pass = int(store.n_passages)
+    # Random negative r of query i is slot (i * R + r) mod P of the pair's own pool of P random
+    # passages: every pair draws its own passages, the slot layout is shared.
+    rand_q = np.repeat(np.arange(nq, dtype=np.int64), cfg.random_negatives)
+    n_r = _pool_size(cfg, nq, n_pass)
+    slot = np.arange(len(rand_q), dtype=np.int64) % max(1, n_r)
+    pool_x = torch.empty(n_g, n_r, xq.shape[1])
+    qmask = np.stack([d.qmask for d in draws])
+    pmask = np.concatenate(
+        [np.stack([d.smask for d in draws]), np.stack([d.rmask for d in draws])], axis=1
+    )
+    rand_ok = np.empty((n_g, len(rand_q)), dtype=np.float32)
+    for i, d in enumerate(draws):
+        if n_r:
+            order = np.argsort(d.rand_p)  # ascending reads of a memory-mapped store
+            rows = np.empty((n_r, xq.shape[1]), dtype=np.float32)
+            rows[order] = np.asarray(store.passages[d.rand_p[order]], dtype=np.float32)
+            pool_x[i] = torch.from_numpy(rows)
+        # a random draw that is one of its query's positives is not a negative
+        rand_ok[i] = ~np.isin(rand_q * n_pass + d.rand_p[slot], data.pos_keys)
+    pos_in = qmask[:, data.pos_q]  # (G, E+)
+    g_rows, e_cols = np.nonzero(pos_in)
+    pmask[g_rows, shared.pos[e_cols]] = 1.0  # a bagged query keeps its positives
+    wanted = np.zeros(pmask.shape, dtype=np.bool_)
+    wanted[:, shared.pos] = True  # known relevant to some training query: never a target
+    neg_q = np.concatenate([data.neg_q, rand_q])
+    neg_p = np.concatenate([shared.neg, n_s + slot])
+    ok = np.concatenate([np.ones((n_g, len(data.neg_q)), np.float32), rand_ok], axis=1)
+    neg_w = qmask[:, neg_q] * pmask[:, neg_p] * ok * cfg.negative_weight
+    return PairGroup(
+        xq=xq,
+        shared=shared,
+        pool_x=pool_x,
+        qmask=torch.from_numpy(qmask),
+        pos_q=torch.from_numpy(data.pos_q),
+        pos_p=torch.from_numpy(shared.pos.astype(np.int64)),
+        pos_w=torch.from_numpy((pos_in * boost[None, :]).astype(np.float32)),
+        neg_q=torch.from_numpy(neg_q),
+        neg_p=torch.from_numpy(neg_p),
+        neg_w=torch.from_numpy(neg_w.astype(np.float32)),
+        pmask=torch.from_numpy(pmask.astype(np.float32)),
+        wanted=torch.from_numpy(wanted),
+        gens=[d.dropout for d in draws],
+    )

@@ -1,0 +1,101 @@
+"""Writer locks (issue 10, item 12): a second writer of a directory stops with a message naming
+the holder's pid, or waits; a lock left by a dead process is taken over."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from treerank.lock import LockHeldError, lock_path, writer_lock
+
+HOLD = """
+import sys, time
+from treerank.lock import writer_lock
+with writer_lock(sys.argv[1], "embed"):
+    print("held", flush=True)
+    time.sleep(float(sys.argv[2]))
+"""
+
+
+def _holder(directory: Path, seconds: float) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(directory), str(seconds)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_second_writer_stops_naming_the_holder(tmp_path) -> None:
+    d = tmp_path / "stores" / "test"
+    proc = _holder(d, 30)
+    try:
+        with pytest.raises(LockHeldError, match=rf"pid {proc.pid} \(embed\)") as err:
+            with writer_lock(d, "evaluate"):
+                pass
+        assert err.value.holder["pid"] == proc.pid and str(d) in str(err.value)
+    finally:
+        proc.kill()
+        proc.wait()
+    # the kernel released the killed holder's lock; its record is noticed as stale
+    with writer_lock(d, "evaluate") as info:
+        assert info.stale_holder == proc.pid
+    assert lock_path(d).read_text() == ""  # a clean release leaves no holder behind
+    with writer_lock(d, "evaluate") as info:
+        assert info.stale_holder is None
+
+
+def test_killed_holder_leaves_a_stale_lock_that_is_taken_over(tmp_path) -> None:
+    d = tmp_path / "run"
+    lock_path(d).write_text(json.dumps({"pid": 999_999_999, "what": "run"}))  # died holding it
+    with writer_lock(d, "run") as info:
+        assert info.stale_holder == 999_999_999
+        assert json.loads(lock_path(d).read_text())["what"] == "run"
+
+
+def test_waiting_writer_gets_the_lock_when_released(tmp_path) -> None:
+    d = tmp_path / "ckpt"
+    proc = _holder(d, 0.5)
+    t0 = time.monotonic()
+    with writer_lock(d, "train", wait=20):
+        assert time.monotonic() - t0 < 20
+    proc.wait()
+
+
+def test_reentrant_in_one_process(tmp_path) -> None:
+    with writer_lock(tmp_path / "x"), writer_lock(tmp_path / "x"):
+        pass
+    with writer_lock(tmp_path / "x"):
+        pass
+
+
+def test_every_writing_stage_takes_the_lock(tmp_path) -> None:
+    from tests.search.tiny_store import write_tiny_store
+    from treerank.evaluation.compare import compare_systems
+    from treerank.store import embed_split
+
+    store = write_tiny_store(tmp_path / "test")
+    out = tmp_path / "eval"
+    proc = _holder(out, 30)
+    try:
+        with pytest.raises(LockHeldError, match=f"pid {proc.pid}"):
+            compare_systems(store, ["cosine"], baseline="cosine", out_dir=out, n_permutations=10)
+        assert not out.exists()  # nothing written
+        compare_systems(store, ["cosine"], baseline="cosine", n_permutations=10)  # no out dir
+    finally:
+        proc.kill()
+        proc.wait()
+    dest = tmp_path / "stores" / "train"
+    proc = _holder(dest, 30)
+    try:
+        with pytest.raises(LockHeldError, match=f"pid {proc.pid}"):
+            embed_split(None, None, dest)  # type: ignore[arg-type]  # stops before reading either
+    finally:
+        proc.kill()
+        proc.wait()
