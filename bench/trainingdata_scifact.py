@@ -96,7 +96,16 @@ def main() -> None:
     has = ((cand >= 0) & (lab >= thr)).any(axis=1)
     tr_rows, held = holdout_split(has, 0.1, 0, 1000, passage_groups(cand, lab, thr))
     vcfg = ValidationConfig(fraction=0.1, max_queries=1000, k=100, metrics=["ndcg@10"])
-    validate = make_validator(pseudo, held, vcfg)
+    _validate = make_validator(pseudo, held, vcfg)
+    clock = [time.time()]
+
+    def validate(model: Any) -> dict[str, float]:
+        out = _validate(model)
+        print(
+            f"  held-out pseudo nDCG@10 {out['ndcg@10']:.4f} ({time.time() - clock[0]:.0f}s)",
+            flush=True,
+        )
+        return out
 
     t0 = time.time()
     bm25 = BM25Index(pseudo.passage_texts())
@@ -169,16 +178,18 @@ def main() -> None:
         )
 
     runs = [
-        ("pseudo/batch", "pseudo", "batch", 1.0),
         ("pseudo/all", "pseudo", "all", 1.0),
-        ("bm25-pseudo/all/T=2", "bm25-pseudo", "all", 2.0),
         ("bm25-train-q/all/T=2", "bm25-train-q", "all", 2.0),
+        ("pseudo/batch", "pseudo", "batch", 1.0),
         ("pseudo+bm25-pseudo/all/T=2", "pseudo+bm25-pseudo", "all", 2.0),
+        ("bm25-pseudo/all/T=2", "bm25-pseudo", "all", 2.0),
     ]
     for name, src, neg, temp in runs:
         if args.only and name not in args.only:
             continue
         t0 = time.time()
+        clock[0] = t0
+        print(f"[{name}]", flush=True)
         qv, pv, srcs = sources(src, temp)
         torch.manual_seed(0)
         head = LinearHead(train.dim)

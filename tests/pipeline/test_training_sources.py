@@ -102,3 +102,29 @@ def test_refresh_every_logs_the_audit(tmp_path):
         if '"refresh"' in r
     ]
     assert len(recs) == 2 and '"guard_depth"' in recs[0]
+
+
+def test_drt_reads_the_same_sources(tmp_path):
+    store = write_store(tmp_path / "stores" / "toy" / "train")
+    cfg = {
+        "seed": 0,
+        "model": {"k": 2, "slot_dim": 8, "hidden": 16, "attn_hidden": 8},
+        "data": {
+            "batch_size": 16,
+            "sources": [
+                {"kind": "teacher", "system": "bm25", "k": 5, "mode": "sample", "n_positives": 2}
+            ],
+        },
+        "trainer": {
+            "max_steps": 4,
+            "epochs": 2,
+            "negatives": "all",
+            "chunk_size": 100,
+            "threads": 1,
+        },
+        "validation": {"fraction": 0.25, "k": 50, "metrics": ["mrr@10", "ndcg@10"]},
+    }
+    res = train_model("drt", store, cfg, tmp_path / "ck", progress=False)
+    info = res.summary["sampler"]["sources"]["0:teacher:bm25"]
+    assert info["pairs"] == 60 and info["mode"] == "sample"
+    assert res.summary["steps"] == 4

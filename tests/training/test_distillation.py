@@ -135,6 +135,8 @@ def test_full_corpus_memory_is_bounded_by_the_chunk():
     # 4x the passages: autograd keeps only a (B,) log-sum-exp per extra chunk, never a (B, N)
     # score matrix or the (N, d) passage representations
     small, large = _saved_bytes(1000, 100), _saved_bytes(4000, 100)
+    whole = _saved_bytes(4000, 4000)  # one chunk: computed plainly, the (B, N) matrix is kept
+    assert whole > 4 * 4000 * 4
     per_chunk = (large - small) / 30
     assert per_chunk <= 4 * 8 + 64  # (B,) float32 + a scalar offset, per chunk
     assert large < 4 * 4000 * 4  # far less than one (B, N) float32 score matrix

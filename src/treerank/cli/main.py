@@ -15,7 +15,18 @@ app = typer.Typer(
 )
 
 # Each subcommand lives in its own module `treerank.cli.<name>` exposing `register(app)`.
-_SUBCOMMANDS = ("embed", "evaluate", "train", "diagnose", "run", "sweep", "audit")
+_SUBCOMMANDS = (
+    "embed",
+    "evaluate",
+    "train",
+    "diagnose",
+    "run",
+    "sweep",
+    "audit",
+    "index",
+    "search",
+    "serve",
+)
 for _name in _SUBCOMMANDS:
     try:
         _mod = importlib.import_module(f"treerank.cli.{_name}")

@@ -11,6 +11,9 @@ split). Specs (one table, :data:`SYSTEM_KINDS`, feeds parsing and ``--help``):
 ``rrf:<A>+<B>[:k=60]``                      Reciprocal Rank Fusion of two systems
 ``linear-fusion:<A>+<B>[:w=0.5,norm=...]``  normalised linear fusion (w weighs ``A``)
 ``ckpt:<dir>``                              any checkpoint (dense head, DRT, forest)
+``faiss:<kind>[:k=v,...]``                  a cached FAISS index (:mod:`.faiss_index`)
+``rescore:<A>[:depth=100,scorer=...]``      exact dense rescoring of ``A``'s top ``depth``
+                                            (:mod:`.rescore`)
 ==========================================  ==================================================
 
 ``ckpt:`` loads through :func:`treerank.models.registry.load_model` with the store's encoder
@@ -25,6 +28,7 @@ one entry: ``register_system_kind("faiss", build, "help text")`` where
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -51,7 +55,10 @@ class System(Protocol):
 
 
 def _store_key(store: Any) -> str:
-    return f"{getattr(store, 'path', '')}#{id(store)}"
+    # A query view (treerank.search.query.QueryView) carries its own unique key: views are
+    # short-lived, and a reused id() must never return another view's memoised run.
+    key = getattr(store, "memo_key", None)
+    return str(key) if key else f"{getattr(store, 'path', '')}#{id(store)}"
 
 
 class _RunMemo:
@@ -125,7 +132,7 @@ class BM25System:
         self._memo = _RunMemo()
 
     def index_for(self, store: Any) -> BM25Index:
-        key = _store_key(store)
+        key = _store_key(getattr(store, "base", store))  # a query view shares its index
         if self._cache is None or self._cache[0] != key:
             self._cache = (key, BM25Index(store.passage_texts(), self.params))
         return self._cache[1]
@@ -372,6 +379,27 @@ register_system_kind(
     "normalised linear fusion; linear-fusion:<A>+<B>[:w=0.5,norm=minmax|zscore]",
 )
 register_system_kind("ckpt", _build_ckpt, "a trained model directory (any family); ckpt:<dir>")
+
+
+def _lazy(module: str, name: str) -> SystemBuilder:
+    """A builder that imports ``module`` only when a spec of its kind is built."""
+
+    def build(body: str, spec: str, cache: Any = None, **opts: Any) -> System:
+        return getattr(importlib.import_module(module), name)(body, spec, cache=cache, **opts)
+
+    return build
+
+
+register_system_kind(
+    "faiss",
+    _lazy("treerank.search.faiss_index", "build_faiss_system"),
+    "a cached FAISS index; faiss:<flat|hnsw|ivfflat|ivfpq|int8|fp16|binary>[:k=v,...]",
+)
+register_system_kind(
+    "rescore",
+    _lazy("treerank.search.rescore", "build_rescore_system"),
+    "exact dense rescoring of a first stage; rescore:<A>[:depth=100,scorer=cosine|ckpt:<dir>]",
+)
 
 
 def build_system(spec: str, cache: dict[str, System] | None = None, **options: Any) -> System:

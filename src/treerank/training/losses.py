@@ -223,7 +223,8 @@ def full_corpus_softmax(
     it listwise KL distillation up to the teacher's (constant) entropy. The log-sum-exp is taken
     chunk by chunk under activation checkpointing (``torch.utils.checkpoint``), so autograd
     keeps only ``(B,)`` per chunk and recomputes one chunk at a time in the backward pass:
-    memory is ``O(chunk_size * (d + B))`` whatever ``N``, and the gradient is exact.
+    memory is ``O(chunk_size * (d + B))`` whatever ``N``, and the gradient is exact. When one
+    chunk holds the whole corpus (``chunk_size >= N``) it is computed plainly (no recomputation).
 
     Args:
         q_repr: ``float (B, ...)`` query representations (through the query tower, with grad).
@@ -279,7 +280,12 @@ def full_corpus_softmax(
     parts = []
     for start in range(0, n, chunk_size):
         block = passages[start : start + chunk_size]
-        parts.append(checkpoint(chunk_lse, q_repr, block, torch.tensor(start), use_reentrant=False))
+        if chunk_size >= n:  # one chunk: nothing to bound, skip the recomputation
+            parts.append(chunk_lse(q_repr, block, torch.tensor(start)))
+        else:
+            parts.append(
+                checkpoint(chunk_lse, q_repr, block, torch.tensor(start), use_reentrant=False)
+            )
     lse = torch.logsumexp(torch.stack(parts, dim=1), dim=1)  # (B,)
     flat = target_ids.clamp_min(0).reshape(-1)
     uniq, inv = torch.unique(flat, return_inverse=True)

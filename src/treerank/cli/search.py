@@ -1,0 +1,114 @@
+"""``treerank search``: query texts in, ranked passages out (table, JSON or a TREC run)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from treerank.cli.errors import fail
+
+
+def _read_queries(path: Path) -> tuple[list[str], list[str]]:
+    """One query per line, or ``qid<TAB>text`` per line; blank lines skipped."""
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: file not found")
+    ids: list[str] = []
+    texts: list[str] = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").split("\n"), start=1):
+        if not line.strip():
+            continue
+        qid, tab, text = line.partition("\t")
+        if tab and not text.strip():
+            raise ValueError(f"{path}:{n}: empty query text after the tab")
+        ids.append(qid.strip() if tab else str(len(ids)))
+        texts.append(text.strip() if tab else line.strip())
+    if not texts:
+        raise ValueError(f"{path}: no queries")
+    return ids, texts
+
+
+def search(
+    store: Path = typer.Option(..., "--store", "-s", help="Store split directory."),
+    queries: list[str] = typer.Option([], "--query", "-q", help="Query text (repeatable)."),
+    queries_file: Path | None = typer.Option(
+        None, "--queries", help="File of queries: one per line, or qid<TAB>text."
+    ),
+    system: str = typer.Option(
+        "cosine", "--system", help="System spec (cosine, faiss:hnsw:M=32, bm25, rescore:..., ...)."
+    ),
+    k: int = typer.Option(10, "--k", "-k", help="Hits per query."),
+    fmt: str = typer.Option("table", "--format", "-f", help="table, json or trec."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="Write here instead of stdout."),
+    encoder: str | None = typer.Option(
+        None, "--encoder", help="Model to load instead of the store's (fingerprint must match)."
+    ),
+) -> None:
+    """Encode queries with the store's encoder (pinned by its weights fingerprint) and search."""
+    from treerank.search.query import load_store_encoder, search_texts
+    from treerank.search.systems import build_system
+    from treerank.store import EmbeddingStore
+
+    if fmt not in ("table", "json", "trec"):
+        raise fail(f"--format must be table, json or trec, not {fmt!r}")
+    if k < 1:
+        raise fail(f"--k must be >= 1, got {k}")
+    try:
+        qids = [str(i) for i in range(len(queries))]
+        texts = list(queries)
+        if queries_file is not None:
+            fids, ftexts = _read_queries(queries_file)
+            qids += fids
+            texts += ftexts
+        if not texts:
+            raise ValueError("give --query TEXT (repeatable) or --queries FILE")
+        st = EmbeddingStore.open(store)
+        enc = load_store_encoder(st, encoder)
+        run, hits = search_texts(st, build_system(system), enc, texts, k)
+    except (ValueError, FileNotFoundError, OSError) as exc:
+        raise fail(exc) from None
+    if fmt == "json":
+        doc = [
+            {"query_id": q, "query": t, "hits": [h.to_dict() for h in hs]}
+            for q, t, hs in zip(qids, texts, hits, strict=True)
+        ]
+        text = json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
+    elif fmt == "trec":
+        tag = system.replace(" ", "_")
+        text = "".join(
+            f"{q} Q0 {h.source_id} {h.rank} {h.score:.6g} {tag}\n"
+            for q, hs in zip(qids, hits, strict=True)
+            for h in hs
+        )
+    else:
+        _print_table(qids, texts, hits, out)
+        return
+    if out is not None:
+        from treerank.atomic import atomic_write_text
+
+        atomic_write_text(out, text)
+    else:
+        typer.echo(text, nl=False)
+
+
+def _print_table(qids: list[str], texts: list[str], hits: list, out: Path | None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(file=open(out, "w", encoding="utf-8") if out else None, width=160)
+    for q, t, hs in zip(qids, texts, hits, strict=True):
+        table = Table(title=f"query {q}: {t}", title_justify="left")
+        for col in ("rank", "passage id", "source id", "score", "text"):
+            table.add_column(col, justify="right" if col in ("rank", "score") else "left")
+        for h in hs:
+            snippet = h.text if len(h.text) <= 100 else h.text[:97] + "..."
+            table.add_row(str(h.rank), str(h.passage_id), h.source_id, f"{h.score:.4f}", snippet)
+        console.print(table)
+    if out:
+        console.file.close()
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``search`` command to the ``treerank`` app."""
+    app.command("search", help="Search a store split with query texts.")(search)

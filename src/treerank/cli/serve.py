@@ -1,0 +1,58 @@
+"""``treerank serve``: the HTTP JSON search service over one store split."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from treerank.cli.errors import fail
+
+
+def serve(
+    store: Path = typer.Option(..., "--store", "-s", help="Store split directory."),
+    systems: list[str] = typer.Option(
+        [], "--system", help="System spec a request may name (repeatable; first = default)."
+    ),
+    index: Path | None = typer.Option(
+        None, "--index", help="A prebuilt index directory to serve (checked against the store)."
+    ),
+    encoder: str | None = typer.Option(
+        None, "--encoder", help="Model to load instead of the store's (fingerprint must match)."
+    ),
+    host: str = typer.Option("127.0.0.1", "--host", help="Interface to bind."),
+    port: int = typer.Option(8000, "--port", help="TCP port."),
+    max_k: int = typer.Option(1000, "--max-k", help="Largest k a request may ask for."),
+    max_batch: int = typer.Option(256, "--max-batch", help="Most queries per request."),
+) -> None:
+    """Serve POST /search, GET /health, GET /info; refuses mismatched encoder/store/index."""
+    from treerank.serve.app import serve as run_server
+    from treerank.serve.service import SearchService, ServiceConfig
+    from treerank.store import StoreFormatError
+
+    if not systems and index is None:
+        systems = ["cosine"]
+    try:
+        service = SearchService(
+            ServiceConfig(
+                store=store,
+                systems=tuple(systems),
+                index=index,
+                encoder=encoder,
+                max_k=max_k,
+                max_batch=max_batch,
+            )
+        )
+    except (ValueError, FileNotFoundError, OSError, StoreFormatError) as exc:
+        raise fail(exc) from None
+    typer.echo(
+        f"serving {service.store.path} ({service.store.n_passages:,} passages) with "
+        f"{', '.join(service.systems)} on http://{host}:{port}",
+        err=True,
+    )
+    run_server(service, host=host, port=port)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``serve`` command to the ``treerank`` app."""
+    app.command("serve", help="HTTP JSON search service over a store split.")(serve)

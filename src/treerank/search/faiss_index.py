@@ -1,0 +1,604 @@
+"""FAISS indexes as retrieval systems: built once from the memory-mapped store, cached, reused.
+
+Kinds (:data:`INDEX_KINDS`, one table feeding spec parsing and ``--help``); every index scores by
+inner product (a cosine over the default ``over=cosine`` vectors, which are L2-normalised):
+
+- ``flat``: ``IndexFlatIP``, exact (the reference).
+- ``hnsw``: ``IndexHNSWFlat``; build ``M=32, ef_construction=40``; search ``ef_search=128``.
+- ``ivfflat``: ``IVF{nlist},Flat``; build ``nlist=1024, train_size``; search ``nprobe=32``.
+- ``ivfpq``: ``OPQ{m},IVF{nlist},PQ{m}x{nbits}``; build ``nlist=1024, m=48, nbits=8, opq=20,
+  train_size``, where ``opq`` is the number of OPQ training iterations (FAISS's default is 50;
+  each trains ``m`` k-means of ``2**8`` centroids, the slowest part of any build here; ``opq=0``
+  drops the rotation); search ``nprobe=32``.
+- ``int8``: ``SQ8`` (8 bits per dimension, per-dimension range trained); build ``train_size``.
+- ``fp16``: ``SQfp16`` (half-precision storage).
+- ``binary``: ``IndexLSH`` with trained thresholds (1 bit per dimension, set when the value
+  exceeds the dimension's median; Hamming distance); build ``nbits`` (0 = the dimension),
+  ``train_size``; exact rescoring of the top 1000 by default.
+
+Common parameters: ``over=cosine`` (default; the stored vectors, L2-normalised) or
+``over=ckpt:<dir>`` (a trained dense head's passage-tower output; its query tower encodes the
+queries; the checkpoint must match the store's encoder); ``rescore=N`` (0 = off; ``binary``
+defaults to 1000): the index's top ``max(k, N)`` are rescored exactly with the same scorer
+(:mod:`treerank.search.rescore`). Specs: ``faiss:hnsw:M=32,ef_search=128``,
+``faiss:ivfpq:nlist=1024,m=48,nprobe=32,rescore=200``, ``faiss:int8``, ``faiss:binary``.
+
+**Building** (:func:`build_index`): trained kinds are trained on ``train_size`` passages sampled
+uniformly (seed 0; default ``min(n, max(50 * nlist, 20000))``), then passages are added
+``chunk_size`` rows at a time from the memory map (pages dropped after each chunk with
+:func:`~treerank.kernels.topk.release_pages`), so peak memory is the index plus one chunk plus the
+training sample, never the raw corpus on top of a compressed index.
+
+**Caching**: the index is written to ``<store>/indexes/<kind>-<key>/`` (``index.faiss`` +
+``meta.json``, written into a temporary directory renamed into place) where ``key`` hashes the
+store's signature (:func:`store_signature`), the kind, its build parameters and the scorer
+(checkpoint file digests). Search parameters (``nprobe``, ``ef_search``, ``rescore``) are not in
+the key: one built index serves them all.
+
+Results are sorted by score descending, ties by ascending passage id (the evaluation contract);
+ids FAISS could not fill (an IVF probe that reaches fewer than ``k`` passages) are ``-1`` with
+score ``-inf``. ``binary`` scores are negated Hamming distances (in ``[-nbits, 0]``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from treerank.atomic import atomic_write_json
+from treerank.kernels.topk import release_pages, sort_rows
+from treerank.models.base import DenseScorer
+from treerank.search.rescore import RescoreSystem, dense_scorer
+from treerank.search.run import Run
+
+INDEX_FILE = "index.faiss"
+INDEX_META = "meta.json"
+INDEXES_DIR = "indexes"
+DEFAULT_ADD_CHUNK = 65_536
+MIN_TRAIN = 20_000
+
+
+@dataclass(frozen=True)
+class IndexKind:
+    """One FAISS index kind: its parameters (name -> (type, default)) and how to make it."""
+
+    name: str
+    help: str
+    build: dict[str, tuple[type, Any]]
+    search: dict[str, tuple[type, Any]]
+    make: Callable[[int, dict[str, Any]], Any]
+    trained: bool = True
+    default_rescore: int = 0
+
+
+def _ip() -> int:
+    import faiss
+
+    return int(faiss.METRIC_INNER_PRODUCT)
+
+
+def _make_flat(d: int, p: dict[str, Any]) -> Any:
+    import faiss
+
+    return faiss.IndexFlatIP(d)
+
+
+def _make_hnsw(d: int, p: dict[str, Any]) -> Any:
+    import faiss
+
+    index = faiss.IndexHNSWFlat(d, p["M"], _ip())
+    index.hnsw.efConstruction = p["ef_construction"]
+    return index
+
+
+def _make_factory(template: str) -> Callable[[int, dict[str, Any]], Any]:
+    def make(d: int, p: dict[str, Any]) -> Any:
+        import faiss
+
+        return faiss.index_factory(d, template.format(**p), _ip())
+
+    return make
+
+
+def _make_ivfpq(d: int, p: dict[str, Any]) -> Any:
+    import faiss
+
+    if d % p["m"]:
+        raise ValueError(f"ivfpq: m={p['m']} sub-quantizers must divide the dimension {d}")
+    opq = f"OPQ{p['m']}," if p["opq"] else ""
+    index = faiss.index_factory(d, f"{opq}IVF{p['nlist']},PQ{p['m']}x{p['nbits']}", _ip())
+    if p["opq"]:  # OPQ alternates PQ training and a rotation fit: opq = its iterations
+        chain: Any = faiss.downcast_index(index)
+        rotation: Any = faiss.downcast_VectorTransform(chain.chain.at(0))
+        rotation.niter = p["opq"]
+    return index
+
+
+def _make_binary(d: int, p: dict[str, Any]) -> Any:
+    import faiss
+
+    return faiss.IndexLSH(d, p["nbits"] or d, False, True)
+
+
+_TRAIN = {"train_size": (int, 0)}
+INDEX_KINDS: dict[str, IndexKind] = {
+    k.name: k
+    for k in (
+        IndexKind("flat", "exact inner product (IndexFlatIP)", {}, {}, _make_flat, trained=False),
+        IndexKind(
+            "hnsw",
+            "HNSW graph; M=32,ef_construction=40,ef_search=128",
+            {"M": (int, 32), "ef_construction": (int, 40)},
+            {"ef_search": (int, 128)},
+            _make_hnsw,
+            trained=False,
+        ),
+        IndexKind(
+            "ivfflat",
+            "inverted file, raw vectors; nlist=1024,nprobe=32",
+            {"nlist": (int, 1024), **_TRAIN},
+            {"nprobe": (int, 32)},
+            _make_factory("IVF{nlist},Flat"),
+        ),
+        IndexKind(
+            "ivfpq",
+            "OPQ + inverted file + product quantisation; nlist=1024,m=48,nbits=8,opq=20,nprobe=32",
+            {"nlist": (int, 1024), "m": (int, 48), "nbits": (int, 8), "opq": (int, 20), **_TRAIN},
+            {"nprobe": (int, 32)},
+            _make_ivfpq,
+        ),
+        IndexKind(
+            "int8", "8-bit scalar quantisation (SQ8)", dict(_TRAIN), {}, _make_factory("SQ8")
+        ),
+        IndexKind(
+            "fp16", "16-bit float storage (SQfp16)", {}, {}, _make_factory("SQfp16"), trained=False
+        ),
+        IndexKind(
+            "binary",
+            "1-bit codes (median thresholds), Hamming search + exact rescoring; rescore=1000",
+            {"nbits": (int, 0), **_TRAIN},
+            {},
+            _make_binary,
+            default_rescore=1000,
+        ),
+    )
+}
+_COMMON: dict[str, tuple[type, Any]] = {"rescore": (int, -1), "over": (str, "cosine")}
+
+
+@dataclass(frozen=True)
+class IndexSpec:
+    """A parsed ``faiss:<kind>:<params>`` spec.
+
+    Attributes:
+        kind: a key of :data:`INDEX_KINDS`.
+        build: build parameters with defaults filled in (they key the cache).
+        search: search parameters with defaults filled in.
+        rescore: exact rescoring depth (0 = off).
+        over: ``"cosine"`` or ``"ckpt:<dir>"``.
+    """
+
+    kind: str
+    build: dict[str, Any] = field(default_factory=dict)
+    search: dict[str, Any] = field(default_factory=dict)
+    rescore: int = 0
+    over: str = "cosine"
+
+    def first_stage(self) -> IndexSpec:
+        """The same index without rescoring."""
+        return IndexSpec(self.kind, dict(self.build), dict(self.search), 0, self.over)
+
+
+def parse_index_spec(text: str, spec: str | None = None) -> IndexSpec:
+    """Parse ``"<kind>[:k=v,...]"`` (the part after ``faiss:``).
+
+    Raises:
+        ValueError: unknown kind (the message lists the kinds), unknown key (it lists the
+            kind's keys), a value of the wrong type, or a negative value.
+    """
+    spec = spec or f"faiss:{text}"
+    kind_name, _, body = text.partition(":")
+    if kind_name not in INDEX_KINDS:
+        raise ValueError(
+            f"bad system spec {spec!r}: unknown index kind {kind_name!r}; known: "
+            + "; ".join(f"{k} ({v.help})" for k, v in INDEX_KINDS.items())
+        )
+    kind = INDEX_KINDS[kind_name]
+    allowed = {**kind.build, **kind.search, **_COMMON}
+    values = {key: default for key, (_, default) in allowed.items()}
+    for item in body.split(",") if body else []:
+        key, sep, value = item.partition("=")
+        key, value = key.strip(), value.strip()
+        if not sep or key not in allowed:
+            raise ValueError(
+                f"bad system spec {spec!r}: {item!r} is not one of "
+                + ", ".join(f"{k}=..." for k in allowed)
+            )
+        typ = allowed[key][0]
+        try:
+            values[key] = typ(value)
+        except ValueError:
+            raise ValueError(
+                f"bad system spec {spec!r}: {key}={value!r} is not a {typ.__name__}"
+            ) from None
+        if typ is int and values[key] < 0:
+            raise ValueError(f"bad system spec {spec!r}: {key} must be >= 0")
+    rescore = values["rescore"]
+    return IndexSpec(
+        kind=kind_name,
+        build={k: values[k] for k in kind.build},
+        search={k: values[k] for k in kind.search},
+        rescore=kind.default_rescore if rescore < 0 else int(rescore),
+        over=str(values["over"]),
+    )
+
+
+def store_signature(store: Any) -> str:
+    """Hex SHA-256 identifying a store split's passage vectors.
+
+    From ``meta.json``: the embed signature (data digest, encoder fingerprint, prompts, batching)
+    and the data digest, counts and dimension; for Go-tool stores without them, the passage
+    file's size and modification time.
+    """
+    meta = getattr(store, "meta", {}) or {}
+    parts: dict[str, Any] = {
+        "signature": meta.get("signature"),
+        "data": meta.get("data_sha256"),
+        "n_passages": int(store.n_passages),
+        "dim": int(store.passages.shape[1]),
+        "fingerprint": meta.get("encoder", {}).get("fingerprint"),
+    }
+    if not meta.get("signature"):
+        p = Path(store.path) / "passages.bin"
+        st = p.stat() if p.is_file() else None
+        parts["file"] = [
+            str(p.resolve()),
+            st.st_size if st else None,
+            st.st_mtime_ns if st else None,
+        ]
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+def scorer_key(over: str) -> str:
+    """``"cosine"``, or a digest of the checkpoint's files for ``ckpt:<dir>``."""
+    if over == "cosine":
+        return "cosine"
+    path = Path(over.partition(":")[2])
+    h = hashlib.sha256()
+    for name in ("config.json", "weights.safetensors"):
+        p = path / name
+        if p.is_file():
+            with open(p, "rb") as f:
+                while block := f.read(1 << 20):
+                    h.update(block)
+    return "ckpt:" + h.hexdigest()
+
+
+def index_key(store: Any, spec: IndexSpec) -> str:
+    """Cache key of the index ``spec`` builds on ``store`` (hex SHA-256)."""
+    doc = {
+        "store": store_signature(store),
+        "kind": spec.kind,
+        "build": spec.build,
+        "scorer": scorer_key(spec.over),
+    }
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+
+def peak_rss_mib() -> float:
+    """Peak resident set of this process so far (``VmHWM``), MiB; 0 where unavailable."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+class FaissIndex:
+    """A built FAISS index and its ``meta.json`` (kind, parameters, store signature, sizes)."""
+
+    def __init__(self, index: Any, meta: dict[str, Any], path: Path | None = None) -> None:
+        self.index = index
+        self.meta = meta
+        self.path = path
+
+    @property
+    def kind(self) -> str:
+        return str(self.meta["kind"])
+
+    @property
+    def ntotal(self) -> int:
+        return int(self.index.ntotal)
+
+    def search(
+        self, queries: np.ndarray, k: int, params: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Top-``k`` passages for each query vector.
+
+        Args:
+            queries: ``float32 (nq, d)`` query search vectors (through the scorer's query tower).
+            k: results per query, clipped to the index size.
+            params: search parameters (``nprobe``, ``ef_search``); defaults from the kind.
+
+        Returns:
+            ``(ids int64 (nq, k'), scores float32 (nq, k'))`` sorted by score descending, ties by
+            ascending id; ``-1`` / ``-inf`` where the index returned fewer than ``k``.
+
+        Raises:
+            ValueError: a query dimension that differs from the index's.
+        """
+        import faiss
+
+        q = np.ascontiguousarray(queries, dtype=np.float32)
+        if q.ndim != 2 or q.shape[1] != self.index.d:
+            raise ValueError(f"queries {q.shape} do not match the index dimension {self.index.d}")
+        k = min(int(k), self.ntotal)
+        if k <= 0 or q.shape[0] == 0:
+            return np.empty((q.shape[0], 0), np.int64), np.empty((q.shape[0], 0), np.float32)
+        p = {**{key: d for key, (_, d) in INDEX_KINDS[self.kind].search.items()}, **(params or {})}
+        ps = faiss.ParameterSpace()
+        if "nprobe" in p:
+            ps.set_index_parameter(self.index, "nprobe", int(p["nprobe"]))
+        if "ef_search" in p:
+            ps.set_index_parameter(self.index, "efSearch", int(p["ef_search"]))
+        dist, ids = self.index.search(q, k)
+        ids = ids.astype(np.int64, copy=False)
+        scores = -dist if self.kind == "binary" else dist
+        scores = np.where(ids < 0, -np.inf, scores).astype(np.float32)
+        return sort_rows(ids, scores)
+
+
+def _train_sample(
+    passages: np.ndarray, size: int, transform: Callable[[np.ndarray], np.ndarray], seed: int
+) -> np.ndarray:
+    n = passages.shape[0]
+    rows = np.sort(np.random.default_rng(seed).choice(n, size=min(size, n), replace=False))
+    return np.ascontiguousarray(transform(np.asarray(passages[rows], dtype=np.float32)))
+
+
+def _train_size(spec: IndexSpec, n: int) -> int:
+    size = int(spec.build.get("train_size") or 0)
+    if size <= 0:
+        size = max(50 * int(spec.build.get("nlist", 0)), MIN_TRAIN)
+    return min(size, n)
+
+
+def build_index(
+    store: Any,
+    spec: IndexSpec | str,
+    index_dir: str | Path | None = None,
+    scorer: DenseScorer | None = None,
+    chunk_size: int = DEFAULT_ADD_CHUNK,
+    progress: bool = False,
+    force: bool = False,
+    seed: int = 0,
+) -> FaissIndex:
+    """Build (or load from the cache) the index ``spec`` over a store split's passages.
+
+    Args:
+        store: an :class:`~treerank.store.EmbeddingStore` split (passages memory-mapped).
+        spec: an :class:`IndexSpec` or the text after ``faiss:`` (``"hnsw:M=16"``).
+        index_dir: cache directory (default ``<store>/indexes``).
+        scorer: the dense scorer whose passage tower feeds the index; default loaded from
+            ``spec.over`` against the store's encoder fingerprint.
+        chunk_size: passages added per step.
+        progress: show a tqdm bar over passages.
+        force: rebuild even when a cached index exists.
+        seed: training-sample seed.
+
+    Returns:
+        the index; ``meta`` holds kind, parameters, key, store signature, counts, training rows,
+        build seconds, index bytes and the process's peak RSS (MiB) after the build.
+
+    Raises:
+        ValueError: a store with fewer passages than ``nlist`` (IVF), a bad ``m``, a cache
+            directory that cannot be written.
+    """
+    import faiss
+
+    spec = parse_index_spec(spec) if isinstance(spec, str) else spec
+    kind = INDEX_KINDS[spec.kind]
+    key = index_key(store, spec)
+    root = Path(index_dir) if index_dir is not None else Path(store.path) / INDEXES_DIR
+    dest = root / f"{spec.kind}-{key[:16]}"
+    if not force and (dest / INDEX_META).is_file() and (dest / INDEX_FILE).is_file():
+        cached = open_index(dest)
+        if cached.meta.get("key") == key:
+            return cached
+    if scorer is None:
+        scorer = dense_scorer(spec.over, getattr(store, "encoder_fingerprint", None))
+    n = int(store.n_passages)
+    nlist = int(spec.build.get("nlist", 0))
+    if nlist and n < nlist:
+        raise ValueError(
+            f"{store.path}: {n} passages cannot train nlist={nlist} inverted lists; "
+            f"use nlist <= {n} (about sqrt(n) = {int(np.sqrt(n))} is usual)"
+        )
+    t0 = time.perf_counter()
+    probe = np.asarray(scorer.encode_passages(np.asarray(store.passages[:1], dtype=np.float32)))
+    d = int(probe.shape[1])
+    index = kind.make(d, spec.build)
+    n_train = 0
+    if kind.trained:
+        n_train = _train_size(spec, n)
+        sample = _train_sample(store.passages, n_train, scorer.encode_passages, seed)
+        index.train(sample)
+        del sample
+    bar = tqdm(total=n, unit="passage", disable=not progress, desc=f"index {spec.kind}")
+    for start in range(0, n, chunk_size):
+        block = np.asarray(store.passages[start : start + chunk_size], dtype=np.float32)
+        index.add(np.ascontiguousarray(scorer.encode_passages(block), dtype=np.float32))
+        bar.update(block.shape[0])
+        del block
+        release_pages(store.passages, start, min(start + chunk_size, n))
+    bar.close()
+    build_seconds = time.perf_counter() - t0
+    meta = {
+        "kind": spec.kind,
+        "build": spec.build,
+        "over": spec.over,
+        "key": key,
+        "store": str(store.path),
+        "store_signature": store_signature(store),
+        "encoder": {"name": store.encoder_name, "fingerprint": store.encoder_fingerprint}
+        if hasattr(store, "encoder_name")
+        else None,
+        "n_passages": n,
+        "dim": d,
+        "train_rows": n_train,
+        "build_seconds": build_seconds,
+        "peak_rss_mib": peak_rss_mib(),
+        "faiss_version": faiss.__version__,
+        "created_unix": time.time(),
+    }
+    tmp = root / f".{dest.name}.{os.getpid()}.tmp"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+    except OSError as exc:
+        raise ValueError(
+            f"{root}: cannot write the index cache ({exc.strerror}); give another index_dir "
+            "(--index-dir)"
+        ) from None
+    try:
+        faiss.write_index(index, str(tmp / INDEX_FILE))
+        meta["index_bytes"] = (tmp / INDEX_FILE).stat().st_size
+        atomic_write_json(tmp / INDEX_META, meta)
+        if dest.exists():
+            shutil.rmtree(dest)
+        os.replace(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return FaissIndex(index, meta, dest)
+
+
+def open_index(path: str | Path) -> FaissIndex:
+    """Open a cached index directory (``index.faiss`` + ``meta.json``).
+
+    Raises:
+        FileNotFoundError: either file is missing (the message names it).
+        ValueError: ``meta.json`` is not valid JSON or lacks ``kind``.
+    """
+    import faiss
+
+    p = Path(path)
+    for name in (INDEX_META, INDEX_FILE):
+        if not (p / name).is_file():
+            raise FileNotFoundError(f"{p / name}: file not found (not a treerank index directory)")
+    try:
+        meta = json.loads((p / INDEX_META).read_text(encoding="utf-8"))
+        meta["kind"]
+    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise ValueError(f"{p / INDEX_META}: not a treerank index meta file ({exc})") from None
+    return FaissIndex(faiss.read_index(str(p / INDEX_FILE)), meta, p)
+
+
+class FaissSystem:
+    """A FAISS index as a retrieval system (first stage only; see :func:`faiss_system`).
+
+    The index is built or loaded from the cache on first use for a store (by its signature);
+    queries go through the scorer's query tower.
+    """
+
+    def __init__(
+        self,
+        spec: IndexSpec,
+        name: str,
+        index_dir: str | Path | None = None,
+        progress: bool = False,
+    ) -> None:
+        self.spec = spec
+        self.name = name
+        self.index_dir = index_dir
+        self.progress = progress
+        self._scorer: tuple[str | None, DenseScorer] | None = None
+        self._index: tuple[str, FaissIndex] | None = None
+
+    def scorer_for(self, store: Any) -> DenseScorer:
+        fp = getattr(store, "encoder_fingerprint", None)
+        if self._scorer is None or self._scorer[0] != fp:
+            self._scorer = (fp, dense_scorer(self.spec.over, fp))
+        return self._scorer[1]
+
+    def index_for(self, store: Any) -> FaissIndex:
+        sig = store_signature(store)
+        if self._index is None or self._index[0] != sig:
+            idx = build_index(
+                store,
+                self.spec,
+                index_dir=self.index_dir,
+                scorer=self.scorer_for(store),
+                progress=self.progress,
+            )
+            self._index = (sig, idx)
+        return self._index[1]
+
+    def retrieve(self, store: Any, k: int = 1000) -> Run:
+        index = self.index_for(store)
+        q = self.scorer_for(store).encode_queries(np.asarray(store.queries, dtype=np.float32))
+        ids, scores = index.search(np.asarray(q), k, self.spec.search)
+        return Run(self.name, ids, scores)
+
+
+def build_faiss_system(body: str, spec: str, cache: Any = None, **opts: Any) -> Any:
+    """The ``faiss:`` system kind's builder (registered in :mod:`treerank.search.systems`)."""
+    return faiss_system(body, spec, progress=bool(opts.get("progress", False)))
+
+
+def faiss_system(
+    body: str,
+    spec: str | None = None,
+    index_dir: str | Path | None = None,
+    progress: bool = False,
+) -> FaissSystem | RescoreSystem:
+    """The system for ``faiss:<body>``: a :class:`FaissSystem`, wrapped in a
+    :class:`~treerank.search.rescore.RescoreSystem` (same scorer) when ``rescore > 0``."""
+    name = spec or f"faiss:{body}"
+    parsed = parse_index_spec(body, name)
+    if parsed.rescore <= 0:
+        return FaissSystem(parsed, name, index_dir=index_dir, progress=progress)
+    first = FaissSystem(parsed.first_stage(), f"{name}#first", index_dir, progress)
+    return RescoreSystem(first, scorer=parsed.over, depth=parsed.rescore, name=name)
+
+
+def read_index_meta(path: str | Path) -> dict[str, Any]:
+    """The ``meta.json`` of an index directory (without loading the index).
+
+    Raises:
+        FileNotFoundError: no ``meta.json``; ValueError: not valid JSON.
+    """
+    p = Path(path) / INDEX_META
+    if not p.is_file():
+        raise FileNotFoundError(f"{p}: file not found (not a treerank index directory)")
+    try:
+        return dict(json.loads(p.read_text(encoding="utf-8")))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{p}: not valid JSON ({exc})") from None
+
+
+def list_indexes(store_dir: str | Path) -> list[tuple[Path, dict[str, Any]]]:
+    """Every cached index under ``<store_dir>/indexes`` as ``(directory, meta)``, sorted."""
+    root = Path(store_dir) / INDEXES_DIR
+    if not Path(store_dir).is_dir():
+        raise FileNotFoundError(f"{store_dir}: directory not found")
+    if not root.is_dir():
+        return []
+    return [
+        (d, read_index_meta(d))
+        for d in sorted(root.iterdir())
+        if (d / INDEX_META).is_file() and not d.name.startswith(".")
+    ]

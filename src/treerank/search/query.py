@@ -1,0 +1,180 @@
+"""Searching a store with new query texts: the store's own encoder, pinned by its fingerprint.
+
+:func:`load_store_encoder` loads the sentence-transformers model a store was embedded with and
+refuses it when its weights fingerprint differs from the one in the store's ``meta.json`` (a
+query encoded by another model lands in another vector space: the ranking would be garbage with
+no error). :class:`QueryView` is the store split with its queries replaced by the encoded texts,
+so that **every** system (exact, FAISS, BM25 on the texts, fusion, rescoring, checkpoints)
+answers new queries through its ordinary ``retrieve(store, k)``. :func:`search_texts` ties the
+two together and returns the hits with passage ids, source ids, texts and scores.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from treerank.search.run import Run
+
+
+class EncoderMismatchError(ValueError):
+    """Two of store, index and encoder were made with different encoders or data; the message
+    names both sides."""
+
+
+def load_store_encoder(store: Any, model: str | Path | None = None) -> Any:
+    """The :class:`~treerank.encoders.SentenceEncoder` a store was embedded with.
+
+    Args:
+        store: an :class:`~treerank.store.EmbeddingStore` split with ``meta.json``.
+        model: model name or directory to load instead of the one named in the store (its
+            fingerprint must still match).
+
+    Raises:
+        EncoderMismatchError: the store records no fingerprint (a Go-tool store), or the loaded
+            weights' fingerprint differs from the store's (both are named).
+    """
+    from treerank.encoders import DEFAULT_MODEL_NAME, SentenceEncoder
+
+    enc_meta = store.meta.get("encoder", {}) or {}
+    want = enc_meta.get("fingerprint")
+    name = enc_meta.get("name")
+    if not want:
+        raise EncoderMismatchError(
+            f"{store.path}: the store records no encoder fingerprint, so query vectors cannot be "
+            "matched to it"
+        )
+    if model is None and name not in (None, DEFAULT_MODEL_NAME):
+        model = name
+    encoder = SentenceEncoder(
+        model,
+        query_prompt=enc_meta.get("query_prompt"),
+        passage_prompt=enc_meta.get("passage_prompt"),
+        max_seq_length=enc_meta.get("max_seq_length"),
+        name=name,
+    )
+    if encoder.fingerprint != want:
+        raise EncoderMismatchError(
+            f"encoder {model or DEFAULT_MODEL_NAME!r} has weights fingerprint "
+            f"{encoder.fingerprint}, but the store {store.path} was embedded with {name!r} "
+            f"fingerprint {want}"
+        )
+    return encoder
+
+
+class QueryView:
+    """A store split whose queries are replaced by new query vectors (and texts).
+
+    Everything else (passages, texts, meta, path, encoder fingerprint) is the base store's.
+    ``memo_key`` is unique per view, so systems that memoise runs per store never confuse two
+    views.
+
+    Args:
+        base: the store split.
+        queries: ``float32 (nq, dim)`` query vectors in the store's space.
+        texts: the ``nq`` query texts (BM25 tokenises them).
+    """
+
+    def __init__(self, base: Any, queries: np.ndarray, texts: Sequence[str]) -> None:
+        q = np.ascontiguousarray(queries, dtype=np.float32)
+        if q.ndim != 2 or q.shape[1] != base.passages.shape[1] or q.shape[0] != len(texts):
+            raise ValueError(
+                f"query vectors {q.shape} do not fit {len(texts)} texts x the store's "
+                f"dimension {base.passages.shape[1]}"
+            )
+        self.base = base
+        self.queries = q
+        self._texts = list(texts)
+        self.memo_key = f"query-view:{uuid.uuid4().hex}"
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.base, name)
+
+    @property
+    def n_queries(self) -> int:
+        return int(self.queries.shape[0])
+
+    def query_texts(self) -> list[str]:
+        return list(self._texts)
+
+    def query_ids(self) -> list[str]:
+        return [str(i) for i in range(self.n_queries)]
+
+
+@dataclass(frozen=True)
+class Hit:
+    """One result: ``passage_id`` is the store row, ``source_id`` the dataset's id."""
+
+    rank: int
+    passage_id: int
+    source_id: str
+    score: float
+    text: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rank": self.rank,
+            "passage_id": self.passage_id,
+            "source_id": self.source_id,
+            "score": self.score,
+            "text": self.text,
+        }
+
+
+def run_hits(store: Any, run: Run) -> list[list[Hit]]:
+    """The hits of every query of ``run`` (padding dropped), with source ids and texts."""
+    try:
+        sources = store.passage_ids()
+        texts = store.passage_texts()
+    except (OSError, ValueError):  # a store without text tables (Go tool, synthetic)
+        sources, texts = None, None
+    out: list[list[Hit]] = []
+    for ids, scores in zip(run.ids, run.scores, strict=True):
+        row = []
+        for r, (pid, s) in enumerate(zip(ids, scores, strict=True), start=1):
+            if pid < 0:
+                break
+            row.append(
+                Hit(
+                    rank=r,
+                    passage_id=int(pid),
+                    source_id=sources[pid] if sources else str(int(pid)),
+                    score=float(s),
+                    text=texts[pid] if texts else "",
+                )
+            )
+        out.append(row)
+    return out
+
+
+def search_texts(
+    store: Any, system: Any, encoder: Any, texts: Sequence[str], k: int = 10
+) -> tuple[Run, list[list[Hit]]]:
+    """Encode ``texts`` with ``encoder`` (query prompt included) and rank the store's passages.
+
+    Args:
+        store: the store split.
+        system: any system (``retrieve(store, k) -> Run``).
+        encoder: the store's encoder (:func:`load_store_encoder`).
+        texts: query texts.
+        k: hits per query (>= 1).
+
+    Returns:
+        ``(run, hits)``: the run over the ``len(texts)`` queries and their hits.
+
+    Raises:
+        ValueError: ``k < 1`` or no texts.
+    """
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    if not texts:
+        raise ValueError("no query texts")
+    q = encoder.encode_queries(list(texts))
+    view = QueryView(store, q, texts)
+    run = system.retrieve(view, k)
+    return run, run_hits(store, run)

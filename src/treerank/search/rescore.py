@@ -1,0 +1,218 @@
+"""Two-stage retrieval: any first-stage system's candidates, rescored exactly by a dense scorer.
+
+The first stage (an approximate index, binary codes, BM25, a forest, a fusion: any
+:class:`~treerank.search.systems.System`) returns its top ``depth`` passages per query; the
+second stage computes the exact inner product ``encode_queries(q) . encode_passages(p)`` of a
+:class:`~treerank.models.base.DenseScorer` (cosine, a trained head, DRT) for those candidates
+only, and keeps the top ``k``. Passages outside the first stage's list are never scored, so the
+second stage can only reorder what the first stage found (its Recall@depth bounds the result).
+
+This is the "retrieve then rerank" scheme of the DPR lesson's practical chapter and of FAISS's
+``IndexRefine`` (compressed first stage, exact refinement), generalised to any first stage and
+any dense scorer. Candidate rows are read from the memory-mapped store by passage id in
+ascending order, one query batch at a time: memory is ``O(batch * depth * d)``, not the corpus.
+
+Spec: ``rescore:<first stage spec>[:depth=100,scorer=cosine|ckpt:<dir>]``, e.g.
+``rescore:bm25:depth=200`` (BM25 candidates ranked by cosine) or
+``rescore:faiss:binary:depth=1000,scorer=ckpt:ckpt/linear``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from treerank.kernels.topk import sort_rows
+from treerank.models.base import DenseScorer
+from treerank.search.run import Run
+
+DEFAULT_DEPTH = 100
+DEFAULT_QUERY_BATCH = 64
+
+
+def dense_scorer(spec: str, expected_fingerprint: str | None = None) -> DenseScorer:
+    """The dense scorer named by ``spec``: ``"cosine"`` or ``"ckpt:<dir>"``.
+
+    Args:
+        spec: ``cosine`` or ``ckpt:<checkpoint dir>`` holding a dense model (linear, mlp, drt).
+        expected_fingerprint: the store's encoder fingerprint; a checkpoint trained on another
+            encoder's vectors is refused.
+
+    Raises:
+        ValueError: any other spec, or a checkpoint whose model has no dense towers.
+        EncoderMismatchError: the checkpoint's encoder differs from ``expected_fingerprint``.
+    """
+    from treerank.models.cosine import CosineScorer
+
+    spec = spec.strip()
+    if spec == "cosine":
+        return CosineScorer()
+    kind, _, path = spec.partition(":")
+    if kind != "ckpt" or not path:
+        raise ValueError(f"dense scorer {spec!r}: expected 'cosine' or 'ckpt:<checkpoint dir>'")
+    from treerank.models.registry import load_model
+
+    model = load_model(path, expected_fingerprint=expected_fingerprint)
+    if not isinstance(model, DenseScorer):
+        raise ValueError(
+            f"{path}: a {type(model).__name__} has no dense query/passage towers to rescore with"
+        )
+    return model
+
+
+def rescore(
+    queries: np.ndarray,
+    passages: np.ndarray,
+    candidates: np.ndarray,
+    k: int,
+    passage_transform: Callable[[np.ndarray], np.ndarray] | None = None,
+    query_batch: int = DEFAULT_QUERY_BATCH,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Exact inner-product scores of each query's candidates; the top ``k`` per query.
+
+    Args:
+        queries: ``float32 (nq, d')`` query search vectors (already through the query tower).
+        passages: ``(n_passages, d)`` stored passage vectors (ndarray or read-only memmap);
+            only candidate rows are read.
+        candidates: ``int64 (nq, depth)`` first-stage passage ids, ``-1`` = padding.
+        k: results kept per query (clipped to ``depth``).
+        passage_transform: the scorer's passage tower ``float32 (c, d) -> float32 (c, d')``;
+            ``None`` scores the stored vectors as they are.
+        query_batch: queries whose candidates are gathered at once.
+
+    Returns:
+        ``(ids int64 (nq, k'), scores float32 (nq, k'))``, ``k' = min(k, depth)``; rows sorted by
+        exact score descending, ties by ascending passage id; padding (``-1``, ``-inf``) last.
+
+    Raises:
+        ValueError: shapes that disagree, or candidate ids out of range.
+    """
+    q = np.ascontiguousarray(queries, dtype=np.float32)
+    cand = np.asarray(candidates, dtype=np.int64)
+    if q.ndim != 2 or cand.ndim != 2 or q.shape[0] != cand.shape[0]:
+        raise ValueError(f"queries {q.shape} and candidates {cand.shape} must be (nq, .) arrays")
+    n = int(passages.shape[0])
+    if cand.size and (int(cand.max()) >= n or int(cand.min()) < -1):
+        raise ValueError(f"candidate ids must lie in [-1, {n}); got {cand.min()}..{cand.max()}")
+    k = min(int(k), cand.shape[1])
+    scores = np.full(cand.shape, -np.inf, dtype=np.float32)
+    for s in range(0, q.shape[0], query_batch):
+        block = cand[s : s + query_batch]
+        valid = block >= 0
+        if not valid.any():
+            continue
+        uniq, inv = np.unique(block[valid], return_inverse=True)
+        rows = np.asarray(passages[uniq], dtype=np.float32)  # ascending ids: sequential reads
+        if passage_transform is not None:
+            rows = np.asarray(passage_transform(rows), dtype=np.float32)
+        if rows.shape[1] != q.shape[1]:
+            raise ValueError(
+                f"passage vectors {rows.shape} do not match the query dimension {q.shape[1]}"
+            )
+        qi = np.nonzero(valid)[0] + s  # query row of every valid candidate
+        out = scores[s : s + query_batch]
+        out[valid] = np.einsum("ij,ij->i", q[qi], rows[inv])
+    ids = np.where(np.isfinite(scores), cand, -1)
+    ids, scores = sort_rows(ids, scores)
+    return ids[:, :k], scores[:, :k]
+
+
+class RescoreSystem:
+    """A first-stage system's top ``depth`` rescored exactly by a dense scorer.
+
+    Args:
+        first: any system with ``retrieve(store, k) -> Run``.
+        scorer: a :class:`DenseScorer`, or a spec for :func:`dense_scorer` (``"cosine"``,
+            ``"ckpt:<dir>"``) loaded against the store's encoder fingerprint on first use.
+        depth: first-stage candidates per query (the run is retrieved at ``max(k, depth)``).
+        name: run name (default ``rescore:<first>:depth=<depth>``).
+    """
+
+    def __init__(
+        self,
+        first: Any,
+        scorer: DenseScorer | str = "cosine",
+        depth: int = DEFAULT_DEPTH,
+        name: str | None = None,
+    ) -> None:
+        if depth < 1:
+            raise ValueError(f"rescore depth must be >= 1, got {depth}")
+        self.first = first
+        self.scorer = scorer
+        self.depth = int(depth)
+        self.name: str = name or f"rescore:{first.name}:depth={depth}"
+
+    def scorer_for(self, store: Any) -> DenseScorer:
+        if isinstance(self.scorer, str):
+            self.scorer = dense_scorer(self.scorer, getattr(store, "encoder_fingerprint", None))
+        return self.scorer
+
+    def retrieve(self, store: Any, k: int = 1000) -> Run:
+        k = min(k, int(store.n_passages))
+        scorer = self.scorer_for(store)
+        first = self.first.retrieve(store, max(k, self.depth))
+        q = np.asarray(scorer.encode_queries(np.asarray(store.queries, dtype=np.float32)))
+        ids, scores = rescore(
+            q, store.passages, first.ids, k, passage_transform=scorer.encode_passages
+        )
+        return Run(self.name, ids, scores)
+
+
+_KEYS = ("depth", "scorer")
+
+
+def split_params(body: str, keys: tuple[str, ...]) -> tuple[str, str]:
+    """Split ``"<inner spec>:<k=v,...>"`` at the leftmost ``:`` after which every
+    comma-separated item is ``key=value`` with a key from ``keys`` (values may hold ``:``).
+
+    Returns:
+        ``(inner, params)``; ``params`` is ``""`` when no such split exists.
+    """
+    pos = body.find(":")
+    while pos != -1:
+        tail = body[pos + 1 :]
+        items = tail.split(",")
+        if tail and all("=" in it and it.partition("=")[0].strip() in keys for it in items):
+            return body[:pos], tail
+        pos = body.find(":", pos + 1)
+    return body, ""
+
+
+def parse_rescore(body: str, spec: str) -> tuple[str, int, str]:
+    """``"<first>[:depth=N,scorer=S]"`` -> ``(first spec, depth, scorer spec)``.
+
+    Raises:
+        ValueError: no first stage, or a depth that is not a positive int.
+    """
+    inner, params = split_params(body, _KEYS)
+    if not inner:
+        raise ValueError(
+            f"bad system spec {spec!r}: expected rescore:<first stage>[:depth=N,scorer=SPEC]"
+        )
+    depth, scorer = DEFAULT_DEPTH, "cosine"
+    for item in params.split(",") if params else []:
+        key, _, value = item.partition("=")
+        key, value = key.strip(), value.strip()
+        if key == "depth":
+            try:
+                depth = int(value)
+            except ValueError:
+                raise ValueError(
+                    f"bad system spec {spec!r}: depth={value!r} is not an int"
+                ) from None
+            if depth < 1:
+                raise ValueError(f"bad system spec {spec!r}: depth must be >= 1")
+        else:
+            scorer = value
+    return inner, depth, scorer
+
+
+def build_rescore_system(body: str, spec: str, cache: Any = None, **opts: Any) -> RescoreSystem:
+    """The ``rescore:`` system kind's builder (registered in :mod:`treerank.search.systems`);
+    the first stage is built with ``build_system`` (same ``cache`` and options)."""
+    from treerank.search.systems import build_system
+
+    first, depth, scorer = parse_rescore(body, spec)
+    return RescoreSystem(build_system(first, cache, **opts), scorer, depth, name=spec)

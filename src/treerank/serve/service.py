@@ -1,0 +1,176 @@
+"""`SearchService`: a store, its encoder and its systems, loaded once and checked to agree.
+
+The service refuses to start (raises :class:`~treerank.search.query.EncoderMismatchError`, whose
+message names both sides) when
+
+- the encoder's weights fingerprint differs from the one recorded in the store's ``meta.json``;
+- a prebuilt index (``index=DIR``) was built on other passage vectors (its store signature
+  differs from the store's) or with another encoder (its fingerprint differs from the store's);
+- a checkpoint system was trained on another encoder's vectors.
+
+Every configured system is warmed up at start (indexes built or loaded, checkpoints loaded), so
+the first request pays nothing extra. Searches run one at a time under a lock: the systems keep
+small per-store caches that are not thread-safe, and FAISS and torch already use every core
+inside one search; concurrent requests queue and are all answered.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from treerank.search.query import EncoderMismatchError, Hit, load_store_encoder, search_texts
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    """What the service serves.
+
+    Attributes:
+        store: the store split directory.
+        systems: system specs a request may name; the first is the default.
+        index: a prebuilt index directory (``treerank index build``) served as the system
+            ``faiss:<kind>...`` it was built for (added first, so it becomes the default).
+        encoder: model name or directory to load instead of the store's (fingerprint checked).
+        max_k: largest ``k`` a request may ask for.
+        max_batch: most queries in one request.
+    """
+
+    store: Path
+    systems: tuple[str, ...] = ("cosine",)
+    index: Path | None = None
+    encoder: str | None = None
+    max_k: int = 1000
+    max_batch: int = 256
+
+
+@dataclass
+class _Stats:
+    requests: int = 0
+    queries: int = 0
+    started_unix: float = field(default_factory=time.time)
+
+
+def index_system_spec(meta: dict[str, Any]) -> str:
+    """The ``faiss:<kind>:<build params>[,over=...]`` spec that rebuilds an index's meta."""
+    params = [f"{k}={v}" for k, v in (meta.get("build") or {}).items()]
+    if meta.get("over", "cosine") != "cosine":
+        params.append(f"over={meta['over']}")
+    return f"faiss:{meta['kind']}" + (":" + ",".join(params) if params else "")
+
+
+class SearchService:
+    """Loads and checks everything at construction; :meth:`search` answers queries.
+
+    Args:
+        config: the :class:`ServiceConfig`.
+        encoder: an already loaded encoder (tests); its fingerprint is checked like a loaded one.
+
+    Raises:
+        EncoderMismatchError: see the module docstring.
+        StoreFormatError, FileNotFoundError, ValueError: a bad store, index or system spec.
+    """
+
+    def __init__(self, config: ServiceConfig, encoder: Any = None) -> None:
+        from treerank.search.systems import build_system
+        from treerank.store import EmbeddingStore
+
+        self.config = config
+        self.store = EmbeddingStore.open(config.store)
+        want = self.store.encoder_fingerprint
+        if encoder is None:
+            encoder = load_store_encoder(self.store, config.encoder)
+        elif encoder.fingerprint != want:
+            raise EncoderMismatchError(
+                f"encoder {encoder.name!r} has weights fingerprint {encoder.fingerprint}, but the "
+                f"store {self.store.path} was embedded with {self.store.encoder_name!r} "
+                f"fingerprint {want}"
+            )
+        self.encoder = encoder
+        self.systems: dict[str, Any] = {}
+        self.index_meta: dict[str, Any] | None = None
+        if config.index is not None:
+            spec, system = self._index_system(Path(config.index))
+            self.systems[spec] = system
+        for spec in config.systems:
+            if spec not in self.systems:
+                self.systems[spec] = build_system(spec)
+        if not self.systems:
+            raise ValueError("no system to serve")
+        self.default_system = next(iter(self.systems))
+        self._lock = threading.Lock()
+        self.stats = _Stats()
+        for name in self.systems:  # build / load indexes and checkpoints now, not on a request
+            self.search(["warm-up"], k=1, system=name, count=False)
+
+    def _index_system(self, path: Path) -> tuple[str, Any]:
+        from treerank.search.faiss_index import (
+            FaissSystem,
+            open_index,
+            parse_index_spec,
+            store_signature,
+        )
+
+        index = open_index(path)
+        meta = index.meta
+        sig = store_signature(self.store)
+        if meta.get("store_signature") != sig:
+            raise EncoderMismatchError(
+                f"index {path} was built on store {meta.get('store')} (signature "
+                f"{meta.get('store_signature')}), but the served store {self.store.path} has "
+                f"signature {sig}"
+            )
+        fp = (meta.get("encoder") or {}).get("fingerprint")
+        if fp != self.store.encoder_fingerprint:
+            raise EncoderMismatchError(
+                f"index {path} was built with encoder fingerprint {fp}, but the store "
+                f"{self.store.path} was embedded with fingerprint {self.store.encoder_fingerprint}"
+            )
+        spec = index_system_spec(meta)
+        parsed = parse_index_spec(spec.removeprefix("faiss:"), spec)
+        system = FaissSystem(parsed, spec)
+        system._index = (sig, index)  # serve exactly this index directory
+        self.index_meta = {"path": str(path), **meta}
+        return spec, system
+
+    def info(self) -> dict[str, Any]:
+        """Encoder name + fingerprint, store path + signature + counts, systems, index meta."""
+        from treerank.search.faiss_index import store_signature
+
+        return {
+            "encoder": {"name": self.encoder.name, "fingerprint": self.encoder.fingerprint},
+            "store": {
+                "path": str(self.store.path),
+                "signature": store_signature(self.store),
+                "n_passages": self.store.n_passages,
+                "dim": self.store.dim,
+                "split": self.store.split,
+            },
+            "systems": list(self.systems),
+            "default_system": self.default_system,
+            "index": self.index_meta,
+            "limits": {"max_k": self.config.max_k, "max_batch": self.config.max_batch},
+            "served": {"requests": self.stats.requests, "queries": self.stats.queries},
+        }
+
+    def search(
+        self, texts: list[str], k: int = 10, system: str | None = None, count: bool = True
+    ) -> list[list[Hit]]:
+        """Hits for each text (at most ``k``), from ``system`` (default: the first configured).
+
+        Raises:
+            KeyError: a system that is not served (the message lists the served ones).
+            ValueError: bad ``k`` or no texts.
+        """
+        name = system or self.default_system
+        if name not in self.systems:
+            raise KeyError(f"system {name!r} is not served; served: {', '.join(self.systems)}")
+        with self._lock:
+            _, hits = search_texts(self.store, self.systems[name], self.encoder, texts, k)
+            if count:
+                self.stats.requests += 1
+                self.stats.queries += len(texts)
+        return hits

@@ -1,0 +1,166 @@
+"""FAISS indexes as systems on the real SciFact test store (5,183 passages, 300 queries)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from treerank.models.checkpoint import EncoderMismatchError, save_checkpoint
+from treerank.models.cosine import CosineScorer
+from treerank.models.linear import LinearHead
+from treerank.search.faiss_index import (
+    FaissSystem,
+    build_index,
+    faiss_system,
+    list_indexes,
+    parse_index_spec,
+    read_index_meta,
+)
+from treerank.search.rescore import RescoreSystem
+from treerank.search.systems import DenseSystem, build_system
+
+
+def _recall(ids: np.ndarray, ref: np.ndarray, k: int) -> float:
+    return float(np.mean([len(set(a[:k]) & set(b[:k])) / k for a, b in zip(ids, ref, strict=True)]))
+
+
+@pytest.fixture(scope="module")
+def store(scifact_store):
+    return scifact_store["test"]
+
+
+@pytest.fixture(scope="module")
+def exact(store):
+    return DenseSystem(CosineScorer()).retrieve(store, 100)
+
+
+def _system(spec: str, index_dir) -> FaissSystem | RescoreSystem:
+    system = faiss_system(spec.removeprefix("faiss:"), spec, index_dir=index_dir)
+    return system
+
+
+def test_spec_parsing() -> None:
+    s = parse_index_spec("ivfpq:nlist=64,m=16,nprobe=8,rescore=200")
+    assert (s.kind, s.build, s.search, s.rescore, s.over) == (
+        "ivfpq",
+        {"nlist": 64, "m": 16, "nbits": 8, "opq": 20, "train_size": 0},
+        {"nprobe": 8},
+        200,
+        "cosine",
+    )
+    assert parse_index_spec("binary").rescore == 1000  # binary rescoring is on by default
+    assert parse_index_spec("hnsw").search == {"ef_search": 128}
+    with pytest.raises(ValueError, match="unknown index kind 'annoy'.*hnsw"):
+        parse_index_spec("annoy")
+    with pytest.raises(ValueError, match="'nprobe=4' is not one of M=..."):
+        parse_index_spec("hnsw:nprobe=4")
+    with pytest.raises(ValueError, match="nlist='many' is not a int"):
+        parse_index_spec("ivfflat:nlist=many")
+    assert isinstance(build_system("faiss:binary"), RescoreSystem)
+    assert isinstance(build_system("faiss:hnsw:M=8"), FaissSystem)
+
+
+def test_flat_equals_exact_search(store, exact, tmp_path) -> None:
+    run = _system("faiss:flat", tmp_path).retrieve(store, 100)
+    # Same sets and scores; ties ordered by ascending id on both sides.
+    np.testing.assert_array_equal(run.ids, exact.ids)
+    np.testing.assert_allclose(run.scores, exact.scores, atol=1e-5)
+
+
+def test_ivfflat_probing_every_list_is_exact(store, exact, tmp_path) -> None:
+    run = _system("faiss:ivfflat:nlist=32,nprobe=32", tmp_path).retrieve(store, 100)
+    assert _recall(run.ids, exact.ids, 100) == 1.0
+    few = _system("faiss:ivfflat:nlist=32,nprobe=1", tmp_path).retrieve(store, 100)
+    assert 0.2 < _recall(few.ids, exact.ids, 10) < 1.0  # one list of 32: approximate
+    assert (
+        len([p for p in tmp_path.iterdir() if p.name.startswith("ivfflat-")]) == 1
+    )  # nprobe: same index
+
+
+def test_approximate_kinds_recall(store, exact, tmp_path) -> None:
+    hnsw = _system("faiss:hnsw:M=16,ef_search=64", tmp_path).retrieve(store, 100)
+    int8 = _system("faiss:int8", tmp_path).retrieve(store, 100)
+    fp16 = _system("faiss:fp16", tmp_path).retrieve(store, 100)
+    # PQ kept small (16 centroids per sub-quantizer): k-means training is the slow part
+    pq = _system("faiss:ivfpq:nlist=16,m=16,nbits=4,nprobe=16,opq=0", tmp_path).retrieve(store, 100)
+    pq_rs = _system("faiss:ivfpq:nlist=16,m=16,nbits=4,nprobe=16,opq=0,rescore=100", tmp_path)
+    pq_rs_run = pq_rs.retrieve(store, 100)
+    bits = _system("faiss:binary:rescore=0", tmp_path).retrieve(store, 100)
+    bits_rs = _system("faiss:binary:rescore=500", tmp_path).retrieve(store, 100)
+    r10 = {
+        name: _recall(run.ids, exact.ids, 10)
+        for name, run in [
+            ("hnsw", hnsw),
+            ("int8", int8),
+            ("fp16", fp16),
+            ("pq", pq),
+            ("pq+rescore", pq_rs_run),
+            ("binary", bits),
+            ("binary+rescore", bits_rs),
+        ]
+    }
+    assert r10["fp16"] > 0.995 and r10["int8"] > 0.97 and r10["hnsw"] > 0.95
+    assert r10["pq+rescore"] > r10["pq"]
+    assert r10["binary+rescore"] > 0.95 > r10["binary"]
+    # rescored scores are exact cosines of the returned passages
+    q = np.asarray(store.queries[:5])
+    np.testing.assert_allclose(
+        bits_rs.scores[:5, :3],
+        np.einsum("qd,qkd->qk", q, np.asarray(store.passages)[bits_rs.ids[:5, :3]]),
+        rtol=1e-5,
+    )
+    # binary scores are negated Hamming distances over 384 bits
+    assert bits.scores.max() <= 0 and bits.scores.min() >= -384
+    assert float(bits.scores[0, 0]).is_integer()
+
+
+def test_opq_rotation_is_trained(store, tmp_path) -> None:
+    import faiss
+
+    # 1 OPQ iteration with 4 sub-quantizers on 600 sampled passages: the rotation's cost (m
+    # k-means of 256 centroids per iteration) is what makes OPQ slow; the defaults train 20.
+    index = build_index(store, "ivfpq:nlist=8,m=4,nbits=4,opq=1,train_size=600", index_dir=tmp_path)
+    opq = faiss.downcast_VectorTransform(faiss.downcast_index(index.index).chain.at(0))
+    assert isinstance(opq, faiss.OPQMatrix) and opq.niter == 1 and opq.is_trained
+    rot = faiss.vector_to_array(opq.A).reshape(384, 384)
+    np.testing.assert_allclose(rot @ rot.T, np.eye(384), atol=1e-4)  # a trained rotation
+    assert not np.allclose(rot, np.eye(384), atol=1e-2)
+    assert index.meta["train_rows"] == 600
+
+
+def test_cache_reuse_and_keys(store, tmp_path) -> None:
+    a = build_index(store, "ivfflat:nlist=16,nprobe=2", index_dir=tmp_path)
+    b = build_index(store, "ivfflat:nlist=16,nprobe=9", index_dir=tmp_path)  # search param only
+    assert a.path == b.path and b.meta["created_unix"] == a.meta["created_unix"]
+    c = build_index(store, "ivfflat:nlist=8", index_dir=tmp_path / "st" / "indexes")
+    assert c.path != a.path
+    assert [p for p, _ in list_indexes(tmp_path / "st")] == [c.path]
+    assert read_index_meta(a.path)["build"] == {"nlist": 16, "train_size": 0}
+    assert a.meta["n_passages"] == store.n_passages == a.ntotal
+    assert a.meta["train_rows"] == store.n_passages  # fewer passages than the default sample
+    assert a.meta["encoder"]["fingerprint"] == store.encoder_fingerprint
+    with pytest.raises(ValueError, match="cannot train nlist=100000"):
+        build_index(store, "ivfflat:nlist=100000", index_dir=tmp_path)
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(ValueError, match="afile/idx: cannot write the index cache"):
+        build_index(store, "flat", index_dir=tmp_path / "afile" / "idx")
+    with pytest.raises(ValueError, match="must divide the dimension 384"):
+        build_index(store, "ivfpq:nlist=8,m=7", index_dir=tmp_path)
+
+
+def test_index_over_checkpoint_output(store, tmp_path) -> None:
+    torch.manual_seed(0)
+    head = LinearHead(store.dim)
+    with torch.no_grad():
+        head.query_tower.weight.add_(0.05 * torch.randn(store.dim, store.dim))
+        head.passage_tower.weight.add_(0.05 * torch.randn(store.dim, store.dim))
+    save_checkpoint(tmp_path / "ck", head.to_checkpoint("m", store.encoder_fingerprint))
+    spec = f"faiss:flat:over=ckpt:{tmp_path / 'ck'}"
+    run = _system(spec, tmp_path / "idx").retrieve(store, 50)
+    ref = DenseSystem(head).retrieve(store, 50)
+    np.testing.assert_array_equal(run.ids, ref.ids)
+    np.testing.assert_allclose(run.scores, ref.scores, rtol=1e-4, atol=1e-4)
+    save_checkpoint(tmp_path / "bad", head.to_checkpoint("m", "sha256:other"))
+    with pytest.raises(EncoderMismatchError):
+        _system(f"faiss:flat:over=ckpt:{tmp_path / 'bad'}", tmp_path / "idx").retrieve(store, 5)

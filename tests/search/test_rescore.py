@@ -1,0 +1,81 @@
+"""Two-stage rescoring: a hand-computed fixture, spec parsing, and real SciFact runs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from treerank.models.cosine import CosineScorer
+from treerank.search.rescore import (
+    RescoreSystem,
+    dense_scorer,
+    parse_rescore,
+    rescore,
+    split_params,
+)
+from treerank.search.run import Run
+from treerank.search.systems import DenseSystem, build_system
+
+
+def test_rescore_hand_computed() -> None:
+    q = np.array([[1.0, 0.0], [0.0, 1.0]], np.float32)
+    p = np.array([[0.5, 0.5], [0.9, 0.1], [0.2, 0.8], [0.5, 0.5]], np.float32)
+    cand = np.array([[0, 2, 1], [3, 0, -1]])
+    ids, scores = rescore(q, p, cand, k=3)
+    # query 0: p1 0.9, p0 0.5, p2 0.2; query 1: p0 and p3 tie at 0.5 -> ascending id; padding last
+    np.testing.assert_array_equal(ids, [[1, 0, 2], [0, 3, -1]])
+    np.testing.assert_allclose(scores, [[0.9, 0.5, 0.2], [0.5, 0.5, -np.inf]])
+    ids2, _ = rescore(q, p, cand, k=1, passage_transform=lambda x: -x)
+    np.testing.assert_array_equal(ids2, [[2], [0]])
+    with pytest.raises(ValueError, match="candidate ids"):
+        rescore(q, p, np.array([[4], [0]]), k=1)
+
+
+def test_spec_parsing_nests_specs_with_colons() -> None:
+    assert split_params("faiss:ivfpq:nlist=64,nprobe=8:depth=50", ("depth", "scorer")) == (
+        "faiss:ivfpq:nlist=64,nprobe=8",
+        "depth=50",
+    )
+    assert parse_rescore("faiss:binary:depth=300,scorer=ckpt:runs/a:b", "s") == (
+        "faiss:binary",
+        300,
+        "ckpt:runs/a:b",
+    )
+    assert parse_rescore("bm25", "s") == ("bm25", 100, "cosine")
+    with pytest.raises(ValueError, match="depth"):
+        parse_rescore("bm25:depth=x", "rescore:bm25:depth=x")
+    with pytest.raises(ValueError, match="cosine"):
+        dense_scorer("bm25")
+
+
+def test_rescore_reorders_first_stage_exactly(scifact_store) -> None:
+    store = scifact_store["test"]
+    system = build_system("rescore:bm25:depth=50")
+    assert isinstance(system, RescoreSystem)
+    bm25 = build_system("bm25").retrieve(store, 50)
+    run = system.retrieve(store, 10)
+    assert run.ids.shape == (store.n_queries, 10)
+    q = CosineScorer().encode_queries(np.asarray(store.queries))
+    for i in range(0, store.n_queries, 37):
+        pool = bm25.ids[i][bm25.ids[i] >= 0]
+        exact = np.asarray(store.passages[pool]) @ q[i]
+        order = pool[np.lexsort((pool, -exact))][:10]
+        np.testing.assert_array_equal(run.ids[i], order)
+        np.testing.assert_allclose(run.scores[i], np.sort(exact)[::-1][:10], rtol=1e-5)
+
+
+def test_rescore_of_all_passages_is_exact_search(scifact_store) -> None:
+    store = scifact_store["test"]
+
+    class Shuffled:
+        name = "shuffled"
+
+        def retrieve(self, st, k):  # every passage, in a fixed random order
+            rng = np.random.default_rng(0)
+            ids = np.stack([rng.permutation(st.n_passages) for _ in range(st.n_queries)])
+            return Run(self.name, ids, np.zeros(ids.shape, np.float32))
+
+    run = RescoreSystem(Shuffled(), "cosine", depth=store.n_passages).retrieve(store, 100)
+    ref = DenseSystem(CosineScorer()).retrieve(store, 100)
+    np.testing.assert_array_equal(run.ids, ref.ids)
+    np.testing.assert_allclose(run.scores, ref.scores, atol=1e-6)

@@ -1,0 +1,182 @@
+"""`treerank serve` as a real server process on 127.0.0.1, queried with a real HTTP client.
+
+The server is started once per module on a free port (SciFact test store, cosine + BM25) and
+always stopped (terminate, then kill) however the tests end; every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+from typer.testing import CliRunner
+
+from treerank.cli.main import app
+from treerank.search.faiss_index import build_index
+from treerank.search.query import EncoderMismatchError
+from treerank.search.systems import build_system
+from treerank.serve.service import SearchService, ServiceConfig
+
+START_TIMEOUT_S = 300
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def server(scifact_store, tmp_path_factory):
+    store = scifact_store["test"]
+    port = _free_port()
+    log_path = tmp_path_factory.mktemp("serve") / "server.log"
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "HF_HUB_OFFLINE": "1"}
+    cmd = [sys.executable, "-m", "treerank.cli.main", "serve", "--store", str(store.path)]
+    cmd += ["--system", "cosine", "--system", "bm25", "--port", str(port), "--max-k", "100"]
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"server exited with {proc.returncode}:\n{log_path.read_text()}")
+            try:
+                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"server not up after {START_TIMEOUT_S} s:\n{log_path.read_text()}")
+            time.sleep(0.5)
+        with httpx.Client(base_url=base, timeout=60) as client:
+            yield client, store
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=20)
+
+
+def test_health_and_info(server) -> None:
+    client, store = server
+    assert client.get("/health").json() == {"status": "ok"}
+    info = client.get("/info").json()
+    assert info["encoder"]["fingerprint"] == store.encoder_fingerprint
+    assert info["store"]["n_passages"] == 5183 and info["store"]["dim"] == 384
+    assert info["systems"] == ["cosine", "bm25"] and info["default_system"] == "cosine"
+    assert len(info["store"]["signature"]) == 64
+
+
+def test_search_answers_like_the_library(server) -> None:
+    client, store = server
+    texts = store.query_texts()[:3]
+    res = client.post("/search", json={"queries": texts, "k": 5})
+    assert res.status_code == 200, res.text
+    body = res.json()
+    assert body["system"] == "cosine" and body["k"] == 5
+    exact = build_system("cosine").retrieve(store, 5)
+    pids, ptexts = store.passage_ids(), store.passage_texts()
+    for i, result in enumerate(body["results"]):
+        assert result["query"] == texts[i]
+        hits = result["hits"]
+        assert [h["rank"] for h in hits] == [1, 2, 3, 4, 5]
+        scores = [h["score"] for h in hits]
+        assert scores == sorted(scores, reverse=True)
+        # re-encoded query text vs the stored query vector: same ranking
+        assert [h["passage_id"] for h in hits] == exact.ids[i].tolist()
+        assert hits[0]["source_id"] == pids[hits[0]["passage_id"]]
+        assert hits[0]["text"] == ptexts[hits[0]["passage_id"]]
+        assert abs(hits[0]["score"] - float(exact.scores[i, 0])) < 1e-3
+    bm = client.post("/search", json={"query": texts[0], "k": 10, "system": "bm25"}).json()
+    ref = build_system("bm25").retrieve(store, 10)
+    assert [h["passage_id"] for h in bm["results"][0]["hits"]] == ref.ids[0].tolist()
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "needle"),
+    [
+        ({}, 422, "exactly one of"),
+        ({"query": "a", "queries": ["b"]}, 422, "exactly one of"),
+        ({"query": ""}, 422, "at least 1 character"),
+        ({"queries": []}, 422, "at least 1 item"),
+        ({"queries": ["ok", " "]}, 422, "empty text"),
+        ({"query": "a", "k": 0}, 422, "greater than or equal to 1"),
+        ({"query": "a", "k": 101}, 422, "less than or equal to 100"),
+        ({"query": 5}, 422, "valid string"),
+        ({"query": "a", "top": 3}, 422, "Extra inputs"),
+        ({"query": "a", "system": "faiss:hnsw"}, 400, "not served; served: cosine, bm25"),
+    ],
+)
+def test_bad_requests_get_4xx_with_a_message(server, body, status, needle) -> None:
+    client, _ = server
+    res = client.post("/search", json=body)
+    assert res.status_code == status, res.text
+    assert needle in json.dumps(res.json()["detail"])
+
+
+def test_malformed_bodies_and_methods(server) -> None:
+    client, _ = server
+    res = client.post("/search", content=b"{not json", headers={"content-type": "application/json"})
+    assert res.status_code == 422
+    assert client.get("/search").status_code == 405
+    assert client.get("/nope").status_code == 404
+
+
+def test_concurrent_requests_are_all_answered_correctly(server) -> None:
+    client, store = server
+    texts = store.query_texts()[:24]
+    expected = {
+        t: [
+            h["passage_id"]
+            for h in client.post("/search", json={"query": t}).json()["results"][0]["hits"]
+        ]
+        for t in texts
+    }
+
+    def ask(t: str) -> tuple[str, int, list[int]]:
+        with httpx.Client(base_url=str(client.base_url), timeout=120) as c:
+            r = c.post("/search", json={"query": t, "k": 10})
+            hits = r.json()["results"][0]["hits"] if r.status_code == 200 else []
+            return t, r.status_code, [h["passage_id"] for h in hits]
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        answers = list(pool.map(ask, texts * 2))
+    assert len(answers) == 48
+    for t, status, ids in answers:
+        assert status == 200
+        assert ids == expected[t]
+
+
+def test_refuses_mismatched_encoder_and_index(scifact_store, encoder, tmp_path) -> None:
+    store = scifact_store["test"]
+    bad = tmp_path / "test"
+    shutil.copytree(store.path, bad, ignore=shutil.ignore_patterns("indexes", "arrays"))
+    meta = json.loads((bad / "meta.json").read_text())
+    meta["encoder"]["fingerprint"] = "sha256:" + "0" * 64
+    (bad / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(EncoderMismatchError) as err:
+        SearchService(ServiceConfig(store=bad), encoder=encoder)
+    assert encoder.fingerprint in str(err.value) and "0" * 64 in str(err.value)
+    # an index built on another split's passages (the train split: another signature)
+    other = build_index(scifact_store["train"], "flat", index_dir=tmp_path / "idx")
+    with pytest.raises(EncoderMismatchError, match="signature") as err:
+        SearchService(ServiceConfig(store=store.path, index=other.path), encoder=encoder)
+    assert str(scifact_store["train"].path) in str(err.value) and str(store.path) in str(err.value)
+    # the command refuses too, naming both fingerprints, exit code 2
+    res = CliRunner().invoke(app, ["serve", "--store", str(bad), "--port", str(_free_port())])
+    assert res.exit_code == 2
+    assert encoder.fingerprint in res.output.replace("\n", "")
