@@ -31,7 +31,10 @@ def evaluate(
         "--system",
         metavar="SPEC",
         help="System spec, repeatable: cosine; bm25[:k1=..,b=..,method=..]; "
-        "rrf:<A>+<B>[:k=60]; linear-fusion:<A>+<B>[:w=0.5,norm=minmax|zscore]; ckpt:<dir>.",
+        "bm25+rm3[:fb_docs=10,fb_terms=10,orig_weight=0.5]; "
+        "rrf:<A>+<B>[:k=60]; linear-fusion:<A>+<B>[:w=0.5,norm=minmax|zscore]; "
+        "tuned-fusion:<A>+<B>[:method=linear|rrf,on=train|cv] and adaptive-fusion:<A>+<B> "
+        "(weight chosen on another split, then frozen); ckpt:<dir>.",
     ),
     baseline: str = typer.Option(
         "cosine", "--baseline", "-b", help="System the others are tested against."

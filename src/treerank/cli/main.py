@@ -36,6 +36,7 @@ _SUBCOMMANDS = (
     "train",
     "diagnose",
     "run",
+    "sweep",
     "audit",
     "index",
     "search",

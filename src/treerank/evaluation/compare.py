@@ -43,6 +43,7 @@ from typing import Any
 
 import numpy as np
 
+from treerank.evaluation import fusion_tuning  # also registers the tuned fusion system kinds
 from treerank.evaluation.checks import check_depth, check_evaluable
 from treerank.evaluation.metrics import DEFAULT_METRICS, EvalResult, evaluate_run, parse_metric
 from treerank.evaluation.overlap import overlap_breakdown, seen_positive_mask
@@ -111,6 +112,7 @@ class Comparison:
     overlap: dict[str, Any] | None = None
     removed_stale: list[str] = field(default_factory=list)
     seed_spread: dict[str, dict[str, Any]] = field(default_factory=dict)
+    tuning: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def mean(self, system: str, metric: str) -> float:
         return self.results[system].mean[metric]
@@ -138,6 +140,8 @@ class Comparison:
                 f"{k.replace('_', ' ')}: {v:,}" for k, v in self.departures.items() if v
             )
             out.append(f"Departures from the source: {items}\n")
+        if self.tuning:
+            out.append(fusion_tuning.tuning_markdown(self.tuning))
         return "\n".join(out)
 
     def rich(self, baseline: str | None = None) -> Any:
@@ -173,6 +177,7 @@ class Comparison:
             "overlap": self.overlap,
             "seed_spread": self.seed_spread,
             "removed_stale_files": self.removed_stale,
+            "tuning": self.tuning,
         }
 
 
@@ -363,6 +368,8 @@ def _compare(
             t0 = time.perf_counter()
             run = runs[name] if runs and name in runs else system.retrieve(store, depth)
             comp.seconds[name] = time.perf_counter() - t0
+            if getattr(system, "tuning", None):  # tuned fusion: the frozen weight and its curve
+                comp.tuning[name] = dict(system.tuning)  # type: ignore[attr-defined]
             run = Run(name, run.ids, run.scores)
             if run.n_queries != qrels.n_queries:
                 raise ValueError(
@@ -459,3 +466,8 @@ def _write(comp: Comparison, store: Any, out: Path) -> None:
     comp.files["plot:recall"] = plot_recall_curve(
         comp.recall_curves, out / "plots" / "recall_at_k.png", dataset
     )
+    if comp.tuning:
+        comp.files["tuning"] = write_json(out / "tuning.json", comp.tuning)
+        comp.files["plot:tuning"] = fusion_tuning.plot_tuning_curves(
+            comp.tuning, out / "plots" / "fusion_tuning.png"
+        )

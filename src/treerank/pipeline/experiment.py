@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import os
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -38,6 +40,9 @@ from treerank.pipeline.stages import (
 )
 from treerank.store.format import FORMAT_VERSION as STORE_FORMAT_VERSION
 
+# What the evaluate stage writes besides the comparison (part of its key: a new output re-runs it).
+EVALUATE_OUTPUTS = ("overlap", "lexical_gap:v1", "fusion_tuning:v1")
+
 
 @dataclass
 class DatasetOutcome:
@@ -56,6 +61,8 @@ class DatasetOutcome:
     overlap: dict[str, Any] | None = None
     family_reports: dict[str, dict[str, Any]] = field(default_factory=dict)
     overlap_markdown: str = ""
+    lexical_gap: dict[str, Any] | None = None
+    lexical_gap_markdown: str = ""
     diagnostics: dict[str, Any] | None = None
     diagnose_dir: Path | None = None
     store_stats: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -118,6 +125,7 @@ class _Run:
     log: Callable[[str], None]
     stage_keys: dict[str, str] = field(default_factory=dict)
     records: list[StageRecord] = field(default_factory=list)
+    stage_cache: Path | None = None
 
     def stage(
         self,
@@ -128,8 +136,22 @@ class _Run:
         *,
         in_place: bool = False,
     ) -> StageRecord:
-        """:func:`run_stage` with this run's settings; the record is kept in ``records``."""
-        rec = run_stage(name, key, path, work, force=self.force, in_place=in_place, log=self.log)
+        """:func:`run_stage` with this run's settings; the record is kept in ``records``.
+
+        With a ``stage_cache`` (sweeps) the stage lives in ``<cache>/<name>-<key>`` and ``path``
+        becomes a relative symlink to it, so equal stages of several runs are computed once.
+        """
+        if self.stage_cache is None:
+            rec = run_stage(
+                name, key, path, work, force=self.force, in_place=in_place, log=self.log
+            )
+        else:
+            phys = self.stage_cache / f"{re.sub(r'[^A-Za-z0-9_.-]+', '_', name)}-{key[:24]}"
+            rec = run_stage(
+                name, key, phys, work, force=self.force, in_place=in_place, log=self.log
+            )
+            _link(path, phys)
+            rec.path = path
         self.records.append(rec)
         return rec
 
@@ -140,6 +162,26 @@ class _Run:
         return rec
 
 
+def _link(path: Path, target: Path) -> None:
+    """Make ``path`` a relative symlink to ``target`` (replacing an older link there).
+
+    Raises:
+        FileExistsError: ``path`` is a real file or directory (never overwritten).
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rel = os.path.relpath(target.resolve(), path.parent.resolve())
+    if path.is_symlink():
+        if os.readlink(path) == rel:
+            return
+        path.unlink()
+    elif path.exists():
+        raise FileExistsError(f"{path}: exists and is not a stage-cache link; not overwritten")
+    tmp = path.with_name(f".{path.name}.link-{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    os.symlink(rel, tmp)
+    os.replace(tmp, path)
+
+
 @writes_dir("cfg", "run", attr="output_dir")
 def run_experiment(
     cfg: ExperimentConfig,
@@ -148,6 +190,7 @@ def run_experiment(
     force: bool = False,
     progress: bool = True,
     log: Callable[[str], None] = print,
+    stage_cache: Path | None = None,
 ) -> ExperimentResult:
     """Run every stage of ``cfg`` (skipping those whose inputs are unchanged) and write the report.
 
@@ -157,6 +200,8 @@ def run_experiment(
         force: re-run every stage even when it could be reused.
         progress: progress bars inside stages.
         log: where stage lines go.
+        stage_cache: keep every stage in this content-addressed directory and link it into
+            ``cfg.output_dir`` (:mod:`treerank.pipeline.sweep` shares stages across settings).
 
     Raises:
         ConfigError: the experiment is invalid (every problem listed with its key path);
@@ -172,7 +217,7 @@ def run_experiment(
     out.mkdir(parents=True, exist_ok=True)
     encoder = _Encoder(cfg)
     enc_key = encoder.key()
-    run = _Run(cfg, force, progress, log)
+    run = _Run(cfg, force, progress, log, stage_cache=stage_cache)
     outcomes: dict[str, DatasetOutcome] = {}
 
     for ds in cfg.datasets:
@@ -229,6 +274,8 @@ def run_experiment(
         wanted = dmodel = cfg.diagnose.model
         if dmodel in cfg.models and cfg.models[dmodel].seeds:  # the first seed's checkpoint
             dmodel = next(iter(cfg.models[dmodel].runs()))
+        o.lexical_gap = rec.summary.get("lexical_gap")
+        o.lexical_gap_markdown = rec.summary.get("lexical_gap_markdown", "")
         if dmodel and dmodel in o.checkpoints:
             rec = _diagnose_stage(run, ds, o, dmodel)
             o.diagnose_dir = rec.path
@@ -424,6 +471,7 @@ def _evaluate_stage(
         ev.baselines,
         ev.metrics,
         ev.seed,
+        EVALUATE_OUTPUTS,
     )
 
     def work(d: Path) -> dict[str, Any]:
@@ -462,9 +510,32 @@ def _evaluate_stage(
             metric = "ndcg@10" if "ndcg@10" in ev.metrics else ev.metrics[0]
             summary["overlap"] = _jsonable(comp.overlap)
             summary["overlap_markdown"] = overlap_markdown(comp.overlap, metric, ev.baselines[0])
+        summary.update(_lexical_gap(store, comp, ev.metrics, d))
         return summary
 
     return run.stage(f"evaluate:{ds.name}", key, path, work)
+
+
+def _lexical_gap(store: Any, comp: Any, metrics: list[str], d: Path) -> dict[str, Any]:
+    """The lexical-gap breakdown of every system (:mod:`treerank.diagnostics.lexical_gap`)."""
+    from treerank.diagnostics.lexical_gap import (
+        lexical_gap,
+        lexical_gap_markdown,
+        plot_lexical_gap,
+        store_coverage,
+    )
+    from treerank.store import StoreFormatError
+
+    metric = "ndcg@10" if "ndcg@10" in metrics else metrics[0]
+    per_query = {s: r.per_query for s, r in comp.results.items()}
+    try:
+        coverage = store_coverage(store)
+    except StoreFormatError:  # a store without text tables (Go-tool layout): no lexical gap
+        return {}
+    doc = lexical_gap(coverage, per_query, metric)
+    (d / "lexical_gap.json").write_text(json.dumps(_jsonable(doc), indent=2))
+    plot_lexical_gap(doc, d / "plots" / "lexical_gap.png")
+    return {"lexical_gap": _jsonable(doc), "lexical_gap_markdown": lexical_gap_markdown(doc)}
 
 
 def _diagnose_stage(

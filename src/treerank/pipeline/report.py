@@ -152,6 +152,7 @@ def write_report(
             "store_stats": o.store_stats,
             "comparison": comp,
             "overlap": o.overlap,
+            "lexical_gap": o.lexical_gap,
             "family_reports": {f: r.get("stats") for f, r in o.family_reports.items()},
             "training": o.training,
             "diagnostics": o.diagnostics,
@@ -219,10 +220,23 @@ def write_report(
                 o.overlap_markdown.strip(),
                 "",
             ]
+        if o.lexical_gap_markdown:
+            md += [
+                "### Lexical gap",
+                "",
+                "Where each system wins: queries bucketed by how much of their terms' idf mass "
+                "their relevant passages contain (1 = all of it, BM25's home ground; near 0 = "
+                "vocabulary mismatch, only a dense model can bridge it).",
+                "",
+                o.lexical_gap_markdown.strip(),
+                "",
+            ]
         if o.eval_dir is not None:
             for png, title in (
                 ("deltas.png", "Difference to the baseline per system"),
                 ("recall_at_k.png", "Recall@k"),
+                ("lexical_gap.png", "Lexical gap"),
+                ("fusion_tuning.png", "Fusion weight tuning"),
             ):
                 p = o.eval_dir / "plots" / png
                 if p.exists():

@@ -77,6 +77,8 @@ class BM25Index:
         self.empty = not tokens.vocab  # no passage has a term left (stopwords only)
         if not self.empty:
             self.model.index(tokens, show_progress=False)
+        #: passage -> its token ids (bm25s vocabulary ids), kept for term statistics (RM3).
+        self.corpus_token_ids: list[list[int]] = list(tokens.ids)  # type: ignore[union-attr]
 
     def query_tokens(self, texts: Sequence[str]) -> list[list[str]]:
         """Tokenise queries exactly as the passages were."""

@@ -2,14 +2,24 @@
 
 - ``rrf``: Reciprocal Rank Fusion (Cormack, Clarke & Buettcher, SIGIR 2009):
   ``score(p) = sum_runs 1 / (rrf_k + rank_run(p))`` with ranks from 1 and ``rrf_k = 60``; a
-  passage missing from a run gets nothing from it.
+  passage missing from a run gets nothing from it. Weighted RRF (``weight=w``) scores
+  ``w / (rrf_k + rank_a) + (1 - w) / (rrf_k + rank_b)``; ``w = 0.5`` ranks exactly like plain RRF.
 - ``linear``: ``w * norm(a) + (1 - w) * norm(b)`` (DPR's hybrid, Karpukhin et al. 2020, with the
   per-query normalisations of ranx): ``norm`` is ``"minmax"`` (scores mapped to [0, 1] within the
-  query's retrieved list) or ``"zscore"`` (mean 0, standard deviation 1 within that list). A
-  passage missing from one run gets that run's lowest normalised score for the query (0 for
-  min-max), i.e. it counts as that run's worst retrieved passage.
+  query's retrieved list) or ``"zscore"`` (mean 0, standard deviation 1 within that list).
 
-Fused rows are sorted by fused score, ties by ascending passage id, cut to ``k``.
+**Only what a run really retrieved earns credit** (issue 10, item 8). A run lists fewer than ``k``
+passages when the system found fewer (BM25 lists only passages with a positive score; ``-1`` ids
+and ``-inf`` scores pad the row). A passage missing from a run gets that run's lowest normalised
+score for the query: 0 with min-max, the lowest z-score with z-score, i.e. never more than the
+run's worst retrieved passage. A row whose retrieved scores are all equal (a single hit included)
+normalises them to 1 (min-max) or 0 (z-score) and its missing passages to 0 or -1, so a single hit
+stays above every passage the run missed. A query for which a run retrieved nothing gets no
+contribution from that run.
+
+``weight`` may be one float or a ``float (n_queries,)`` array (one weight per query, as
+query-adaptive fusion predicts). Fused rows are sorted by fused score, ties by ascending passage
+id, cut to ``k``; they hold only passages that at least one run retrieved.
 """
 
 from __future__ import annotations
@@ -25,17 +35,26 @@ DEFAULT_RRF_K = 60
 
 
 def rrf_contrib(run: Run, rrf_k: int = DEFAULT_RRF_K) -> np.ndarray:
-    """``float64 (nq, k)`` ``1 / (rrf_k + rank)`` of each retrieved passage (0 on padding)."""
-    ranks = np.arange(1, run.k + 1, dtype=np.float64)
-    return np.where(run.ids >= 0, 1.0 / (rrf_k + ranks)[None, :], 0.0)
+    """``float64 (nq, k)`` ``1 / (rrf_k + rank)`` of each retrieved passage (0 on padding).
+
+    Ranks count retrieved passages only (padding never shifts a rank)."""
+    v = _valid(run)
+    ranks = np.cumsum(v, axis=1, dtype=np.float64)
+    return np.where(v, 1.0 / (rrf_k + ranks), 0.0)
 
 
 def _valid(run: Run) -> np.ndarray:
     return (run.ids >= 0) & np.isfinite(run.scores)
 
 
+def _retrieved_ids(run: Run) -> np.ndarray:
+    """``int64 (nq, k)`` the run's ids with ``-1`` wherever nothing was retrieved."""
+    return np.where(_valid(run), run.ids, -1)
+
+
 def minmax_norm(run: Run) -> np.ndarray:
-    """``float64 (nq, k)`` scores mapped to [0, 1] per query (all 1 when a row is constant)."""
+    """``float64 (nq, k)`` scores mapped to [0, 1] per query over the retrieved entries (all 1
+    when they are equal, e.g. a single hit); 0 on padding."""
     s = run.scores.astype(np.float64)
     v = _valid(run)
     lo = np.where(v, s, np.inf).min(axis=1, keepdims=True)
@@ -46,7 +65,8 @@ def minmax_norm(run: Run) -> np.ndarray:
 
 
 def zscore_norm(run: Run) -> np.ndarray:
-    """``float64 (nq, k)`` scores standardised per query over the retrieved list (0 if constant)."""
+    """``float64 (nq, k)`` scores standardised per query over the retrieved entries (population
+    standard deviation; 0 when they are equal, e.g. a single hit); 0 on padding."""
     s = run.scores.astype(np.float64)
     v = _valid(run)
     n = np.maximum(v.sum(axis=1, keepdims=True), 1)
@@ -60,6 +80,33 @@ NORMALISATIONS: dict[str, Callable[[Run], np.ndarray]] = {
     "minmax": minmax_norm,
     "zscore": zscore_norm,
 }
+
+
+def missing_fill(run: Run, normed: np.ndarray, norm: str) -> np.ndarray:
+    """``float64 (nq,)`` the normalised score a passage absent from ``run`` gets, per query.
+
+    The run's lowest normalised retrieved score; one below it when the retrieved scores are all
+    equal (min-max: 0 below the constant 1; z-score: -1 below the constant 0); 0 when the run
+    retrieved nothing for the query (see module docstring).
+    """
+    v = _valid(run)
+    s = run.scores.astype(np.float64)
+    lo = np.where(v, normed, np.inf).min(axis=1)
+    raw_lo = np.where(v, s, np.inf).min(axis=1)
+    raw_hi = np.where(v, s, -np.inf).max(axis=1)
+    any_hit = v.any(axis=1)
+    constant = any_hit & (raw_hi <= raw_lo)
+    if norm == "minmax":
+        return np.where(any_hit, np.where(constant, 0.0, lo), 0.0)
+    return np.where(any_hit, np.where(constant, lo - 1.0, lo), 0.0)
+
+
+def _weights(weight: float | np.ndarray, nq: int) -> np.ndarray:
+    w = np.broadcast_to(np.asarray(weight, dtype=np.float64), (nq,)).copy()
+    if not np.all((w >= 0.0) & (w <= 1.0)):
+        bad = w[~((w >= 0.0) & (w <= 1.0))][0]
+        raise ValueError(f"fusion weight must be in [0, 1], got {bad}")
+    return w
 
 
 def _fuse(
@@ -107,15 +154,36 @@ def _fuse(
     return ids[:, :k], sc[:, :k]
 
 
-def rrf(a: Run, b: Run, k: int = 1000, rrf_k: int = DEFAULT_RRF_K, name: str | None = None) -> Run:
+def rrf(
+    a: Run,
+    b: Run,
+    k: int = 1000,
+    rrf_k: int = DEFAULT_RRF_K,
+    name: str | None = None,
+    weight: float | np.ndarray | None = None,
+) -> Run:
     """Reciprocal Rank Fusion of two runs (see module docstring).
 
+    Args:
+        weight: ``None`` = plain RRF (both runs weigh 1); else ``w`` weighs ``a`` and ``1 - w``
+            weighs ``b`` (one float or ``float (n_queries,)``).
+
     Raises:
-        ValueError: the runs have different numbers of queries.
+        ValueError: the runs have different numbers of queries; a weight outside [0, 1].
     """
     _check(a, b)
     zero = np.zeros(a.n_queries)
-    ids, sc = _fuse(a.ids, rrf_contrib(a, rrf_k), zero, b.ids, rrf_contrib(b, rrf_k), zero, k)
+    wa = np.ones(a.n_queries) if weight is None else _weights(weight, a.n_queries)
+    wb = np.ones(a.n_queries) if weight is None else 1.0 - wa
+    ids, sc = _fuse(
+        _retrieved_ids(a),
+        wa[:, None] * rrf_contrib(a, rrf_k),
+        zero,
+        _retrieved_ids(b),
+        wb[:, None] * rrf_contrib(b, rrf_k),
+        zero,
+        k,
+    )
     return Run(name or f"rrf({a.name},{b.name})", ids, sc)
 
 
@@ -123,27 +191,36 @@ def linear_fusion(
     a: Run,
     b: Run,
     k: int = 1000,
-    weight: float = 0.5,
+    weight: float | np.ndarray = 0.5,
     norm: str = "minmax",
     name: str | None = None,
 ) -> Run:
     """``weight * norm(a) + (1 - weight) * norm(b)`` per passage (see module docstring).
 
+    Args:
+        weight: weight of ``a`` in [0, 1], one float or ``float (n_queries,)``.
+
     Raises:
-        ValueError: different numbers of queries, ``weight`` outside [0, 1], unknown ``norm``.
+        ValueError: different numbers of queries, a weight outside [0, 1], unknown ``norm``.
     """
     _check(a, b)
-    if not 0.0 <= weight <= 1.0:
-        raise ValueError(f"fusion weight must be in [0, 1], got {weight}")
+    w = _weights(weight, a.n_queries)
     if norm not in NORMALISATIONS:
         raise ValueError(f"unknown normalisation {norm!r}; known: {', '.join(NORMALISATIONS)}")
     na, nb = NORMALISATIONS[norm](a), NORMALISATIONS[norm](b)
-    fill_a = np.where(_valid(a), na, np.inf).min(axis=1)
-    fill_b = np.where(_valid(b), nb, np.inf).min(axis=1)
-    fill_a = np.where(np.isfinite(fill_a), fill_a, 0.0) * weight
-    fill_b = np.where(np.isfinite(fill_b), fill_b, 0.0) * (1.0 - weight)
-    ids, sc = _fuse(a.ids, weight * na, fill_a, b.ids, (1.0 - weight) * nb, fill_b, k)
-    return Run(name or f"linear({a.name},{b.name},w={weight})", ids, sc)
+    fill_a = missing_fill(a, na, norm) * w
+    fill_b = missing_fill(b, nb, norm) * (1.0 - w)
+    ids, sc = _fuse(
+        _retrieved_ids(a),
+        w[:, None] * na,
+        fill_a,
+        _retrieved_ids(b),
+        (1.0 - w)[:, None] * nb,
+        fill_b,
+        k,
+    )
+    label = f"{weight}" if np.ndim(weight) == 0 else "per-query"
+    return Run(name or f"linear({a.name},{b.name},w={label})", ids, sc)
 
 
 FUSION_METHODS = {"rrf": rrf, "linear": linear_fusion}

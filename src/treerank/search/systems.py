@@ -7,6 +7,7 @@ split). Specs (one table, :data:`SYSTEM_KINDS`, feeds parsing and ``--help``):
 ==========================================  ==================================================
 ``cosine``                                  exact search on the stored vectors, L2-normalised
 ``bm25`` / ``bm25:k1=0.9,b=0.4,method=...``  BM25 over the passage texts (:mod:`.bm25`)
+``bm25+rm3[:fb_docs=10,fb_terms=10,...]``   BM25 + RM3 pseudo-relevance feedback (:mod:`.rm3`)
 ``rrf:<A>+<B>[:k=60]``                      Reciprocal Rank Fusion of two systems
 ``linear-fusion:<A>+<B>[:w=0.5,norm=...]``  normalised linear fusion (w weighs ``A``)
 ``ckpt:<dir>``                              any checkpoint (dense head, DRT, forest)
@@ -261,8 +262,17 @@ _LIN_KEYS: dict[str, type] = {"w": float, "norm": str, "depth": int}
 
 
 def _split_fusion(body: str, spec: str, keys: dict[str, type]) -> tuple[str, str, dict[str, Any]]:
-    left, plus, right = body.partition("+")
-    if not plus or not left or not right:
+    # the first '+' whose both sides start with a known kind ('bm25+rm3' holds a '+' itself)
+    cuts = [i for i, c in enumerate(body) if c == "+"]
+    known = [
+        i
+        for i in cuts
+        if body[:i].partition(":")[0] in SYSTEM_KINDS
+        and body[i + 1 :].partition(":")[0] in SYSTEM_KINDS
+    ]
+    cut = known[0] if known else (cuts[0] if cuts else -1)
+    left, right = (body[:cut], body[cut + 1 :]) if cut >= 0 else (body, "")
+    if not left or not right:
         raise ValueError(f"bad system spec {spec!r}: fusion needs two systems, '<A>+<B>'")
     params: dict[str, Any] = {}
     head, colon, tail = right.rpartition(":")
@@ -311,6 +321,12 @@ def _build_linear(body: str, spec: str, cache: Any = None, **opts: Any) -> Syste
     )
 
 
+def _build_rm3(body: str, spec: str, cache: Any = None, **opts: Any) -> System:
+    from treerank.search.rm3 import RM3_KEYS, build_rm3
+
+    return build_rm3(_params(body, spec, RM3_KEYS), name=spec)
+
+
 def _build_ckpt(body: str, spec: str, cache: Any = None, **opts: Any) -> System:
     if not body:
         raise ValueError(f"bad system spec {spec!r}: expected ckpt:<checkpoint dir>")
@@ -350,6 +366,11 @@ def register_system_kind(
 register_system_kind("cosine", _build_cosine, "cosine of the stored vectors (exact search)")
 register_system_kind(
     "bm25", _build_bm25, "BM25 over passage texts; bm25:k1=0.9,b=0.4,method=lucene"
+)
+register_system_kind(
+    "bm25+rm3",
+    _build_rm3,
+    "BM25 + RM3 feedback; bm25+rm3:fb_docs=10,fb_terms=10,orig_weight=0.5[,max_df=0.1,k1,b]",
 )
 register_system_kind("rrf", _build_rrf, "reciprocal rank fusion; rrf:<A>+<B>[:k=60]")
 register_system_kind(
