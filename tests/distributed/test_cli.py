@@ -30,9 +30,17 @@ def test_evaluate_shards_the_search_and_writes_once(scifact_store, tmp_path):
         args += ["--system", s]
     proc = torchrun(args, cli=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.count("queries evaluated") == 1  # rank 0 prints, rank 1 stays quiet
+    assert proc.stdout.count("queries evaluated, ") == 1  # rank 0 prints, rank 1 stays quiet
+    assert proc.stdout.count("left out (deeper than --k 100)") == 1
     ref = compare_systems(
-        store, SYSTEMS, baseline="cosine", k=100, out_dir=tmp_path / "ref", n_permutations=200
+        store,
+        SYSTEMS,
+        baseline="cosine",
+        k=100,
+        out_dir=tmp_path / "ref",
+        n_permutations=200,
+        metrics=["mrr@10", "ndcg@10", "recall@100"],  # what the CLI keeps at --k 100
+        train_store=scifact_store["train"],  # the CLI finds the sibling train/ split
     )
     runs = sorted((out / "runs").iterdir())
     assert len(runs) == len(SYSTEMS)

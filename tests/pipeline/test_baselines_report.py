@@ -39,7 +39,11 @@ def baselines_config(tmp_path: Path, limit: int = 60, max_passages: int = 400) -
         ],
         "systems": SYSTEMS,
         "models": {},
-        "evaluate": {"k": 100, "baselines": ["bm25", "cosine"]},
+        "evaluate": {
+            "k": 100,
+            "baselines": ["bm25", "cosine"],
+            "metrics": ["mrr@10", "ndcg@10", "recall@100"],
+        },
         "diagnose": {"model": None},
     }
     p = tmp_path / "baselines.yaml"

@@ -113,6 +113,7 @@ def evaluate(
         st = EmbeddingStore.open(eval_dir, dim=dim)
         train_dir = (train_store or find_train_store(eval_dir)) if overlap else None
         train = EmbeddingStore.open(train_dir, dim=dim) if train_dir is not None else None
+        deep: list[str] = []
         if not metrics:
             deep = too_deep(k, DEFAULT_METRICS, st.n_passages)
             metrics = [m for m in DEFAULT_METRICS if m not in deep]
@@ -122,8 +123,6 @@ def evaluate(
                     f"({', '.join(DEFAULT_METRICS)}): raise --k or pass --metric with a "
                     f"cutoff <= {k}"
                 )
-            if deep:
-                console.print(f"note: {', '.join(deep)} left out (deeper than --k {k})")
         # under torchrun every rank searches a contiguous passage shard; rank 0 writes
         with launch() as ctx, sharded_search():
             main = ctx is None or ctx.is_main
@@ -147,6 +146,8 @@ def evaluate(
         raise fail(exc) from None
     if not main:
         return
+    if deep:
+        console.print(f"note: {', '.join(deep)} left out (deeper than --k {k})")
     for name, err in comp.failed.items():
         console.print(f"system {name} failed: {err}", markup=False, style="red", soft_wrap=True)
     if not comp.results:
