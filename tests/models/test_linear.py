@@ -93,6 +93,16 @@ def test_checkpoint_round_trip_and_encoder_refusal(tmp_path):
         load_model(tmp_path / "ck", expected_fingerprint="fp-B")
 
 
+def test_run_stage_directory_loads_its_checkpoint_subfolder(tmp_path):
+    head = LinearHead(4)
+    save_checkpoint(tmp_path / "linear@seed0" / "checkpoint", head.to_checkpoint("m", "f"))
+    back = load_model(tmp_path / "linear@seed0")  # what `ckpt:runs/.../linear@seed0` names
+    x = _vectors(3, 4, 1)
+    np.testing.assert_array_equal(back.encode_queries(x), head.encode_queries(x))
+    with pytest.raises(FileNotFoundError, match="not a treerank checkpoint"):
+        load_model(tmp_path)
+
+
 def test_shared_tower_survives_checkpoint(tmp_path):
     head = LinearHead(4, shared=True)
     save_checkpoint(tmp_path / "ck", head.to_checkpoint("m", "f"))

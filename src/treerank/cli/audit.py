@@ -21,7 +21,7 @@ def audit(
         "--miner",
         help="Miner (a system spec), repeatable: bm25, cosine, ckpt:<dir>, rrf:bm25+cosine, ...",
     ),
-    depth: int = typer.Option(100, "--depth", help="Miner ranks audited per query."),
+    depth: int = typer.Option(100, "--depth", min=1, help="Miner ranks audited per query."),
     max_rate: float = typer.Option(
         0.02,
         "--max-rate",
@@ -47,7 +47,7 @@ def audit(
     from treerank.diagnostics.false_negatives import audit_miners, write_audit
     from treerank.store import EmbeddingStore, StoreFormatError
 
-    console = Console()
+    console = Console(soft_wrap=True)  # markdown rows are never wrapped
     try:
         st = EmbeddingStore.open(store / split if split else store)
         result = audit_miners(

@@ -88,7 +88,8 @@ def load_checkpoint(path: str | Path, expected_fingerprint: str | None = None) -
     """Read a checkpoint directory.
 
     Args:
-        path: directory written by :func:`save_checkpoint`.
+        path: directory written by :func:`save_checkpoint`, or a `treerank run` model stage
+            directory holding it as ``checkpoint/``.
         expected_fingerprint: the encoder fingerprint of the store it will score; ``None`` skips
             the check.
 
@@ -98,6 +99,8 @@ def load_checkpoint(path: str | Path, expected_fingerprint: str | None = None) -
         EncoderMismatchError: the checkpoint's encoder fingerprint differs from ``expected``.
     """
     path = Path(path)
+    if not (path / CONFIG_FILE).is_file() and (path / "checkpoint" / CONFIG_FILE).is_file():
+        path = path / "checkpoint"  # a pipeline model stage: the checkpoint is its subfolder
     cfg_path, w_path = path / CONFIG_FILE, path / WEIGHTS_FILE
     for p in (cfg_path, w_path):
         if not p.is_file():
