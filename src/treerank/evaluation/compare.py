@@ -37,6 +37,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -262,42 +263,26 @@ def compare_systems(
     for b in (baseline, second_baseline):
         if b is not None and b not in built:
             raise ValueError(f"baseline {b!r} is not one of the systems: {', '.join(built)}")
-    if out_dir is not None:
-        with writer_lock(out_dir, "evaluate"):
-            return _compare(
-                store,
-                built,
-                baseline,
-                k,
-                Path(out_dir),
-                metrics,
-                second_baseline,
-                n_permutations,
-                seed,
-                gain,
-                relevance_threshold,
-                runs,
-                ignore_identical_ids,
-                train_store,
-                seed_groups,
-            )
-    return _compare(
-        store,
-        built,
-        baseline,
-        k,
-        None,
-        metrics,
-        second_baseline,
-        n_permutations,
-        seed,
-        gain,
-        relevance_threshold,
-        runs,
-        ignore_identical_ids,
-        train_store,
-        seed_groups,
-    )
+    # a writer lock on the output folder; nothing to lock when nothing is written
+    lock = writer_lock(out_dir, "evaluate") if out_dir is not None else nullcontext()
+    with lock:
+        return _compare(
+            store,
+            built,
+            baseline,
+            k,
+            None if out_dir is None else Path(out_dir),
+            metrics,
+            second_baseline,
+            n_permutations,
+            seed,
+            gain,
+            relevance_threshold,
+            runs,
+            ignore_identical_ids,
+            train_store,
+            seed_groups,
+        )
 
 
 def _drop_identical(
