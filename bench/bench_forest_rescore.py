@@ -12,9 +12,9 @@ with exact cosine search over every passage as the reference measured in the sam
 * nDCG@10 against the store's judgments, and queries/s (forest search + rescoring; the passage
   classes and query classes are computed once, outside the timing).
 
-The rescoring is a minimal in-bench implementation (candidate rows gathered in ascending id
-order, one query batch at a time); the generic rescoring system of the index work
-(``treerank.search.rescore``) was not on main when this was written.
+The second stage is the generic rescoring of the index work
+(:func:`treerank.search.rescore.rescore`: candidate rows gathered in ascending id order, one query
+batch at a time).
 
 Run: ``nice python bench/bench_forest_rescore.py --store STORE_DIR --checkpoint FOREST_DIR
 [--depths 100 300 1000]`` (a random forest of ``--models x --classes`` without
@@ -34,36 +34,28 @@ import torch
 
 from treerank.evaluation.metrics import evaluate_run
 from treerank.evaluation.qrels import Qrels
-from treerank.kernels.topk import exact_search, sort_rows
+from treerank.kernels.topk import exact_search
 from treerank.kernels.vectors import l2_normalize
 from treerank.models.forest import Forest, ForestConfig
 from treerank.search.forest_index import ForestIndex
+from treerank.search.rescore import rescore
 
 
 def rescore_cosine(
-    queries: np.ndarray, passages: np.ndarray, candidates: np.ndarray, k: int, batch: int = 64
+    queries: np.ndarray, passages: np.ndarray, candidates: np.ndarray, k: int
 ) -> np.ndarray:
-    """``int64 (nq, k)`` candidates re-ranked by cosine (ties by id), ``-1`` padding last."""
+    """``int64 (nq, k)`` candidates re-ranked by cosine (ties by id), ``-1`` padding last: the
+    generic second stage :func:`treerank.search.rescore.rescore` with both sides L2-normalised."""
     q = l2_normalize(np.asarray(queries, dtype=np.float32))
-    scores = np.full(candidates.shape, -np.inf, dtype=np.float32)
-    for s in range(0, len(q), batch):
-        block = candidates[s : s + batch]
-        valid = block >= 0
-        if not valid.any():
-            continue
-        uniq, inv = np.unique(block[valid], return_inverse=True)
-        rows = l2_normalize(np.asarray(passages[uniq], dtype=np.float32))
-        qi = np.nonzero(valid)[0] + s
-        out = scores[s : s + batch]
-        out[valid] = np.einsum("ij,ij->i", q[qi], rows[inv])
-    ids, _ = sort_rows(np.where(np.isfinite(scores), candidates, -1), scores)
-    return ids[:, :k]
+    ids, _ = rescore(q, passages, candidates, k, passage_transform=l2_normalize)
+    return ids
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--store", required=True, help="an embedding store split directory")
     ap.add_argument("--checkpoint", default=None, help="a trained forest checkpoint dir")
+    ap.add_argument("--prefix", type=int, default=0, help="use the checkpoint's first M pairs")
     ap.add_argument("--models", type=int, default=64)
     ap.add_argument("--classes", type=int, default=32)
     ap.add_argument("--depths", type=int, nargs="+", default=[100, 200, 500, 1000])
@@ -81,6 +73,8 @@ def main() -> None:
         from treerank.models.registry import load_model
 
         forest = load_model(args.checkpoint, expected_fingerprint=st.encoder_fingerprint)
+        if args.prefix:
+            forest = forest.subset(args.prefix)
     else:
         forest = Forest.random(ForestConfig(args.models, args.classes, q.shape[1]), seed=0)
     index = ForestIndex.build(*forest.passage_classes(p), n_classes=forest.n_classes)

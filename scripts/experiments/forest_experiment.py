@@ -115,6 +115,12 @@ def main() -> None:
     ap.add_argument("--cv-folds", type=int, default=0, help="k-fold CV over --test's queries")
     ap.add_argument("--set", nargs="*", default=[], help="config overrides section.key=yaml_value")
     ap.add_argument(
+        "--train-queries",
+        type=int,
+        default=0,
+        help="train on a fixed random sample of this many labelled training queries (0 = all)",
+    )
+    ap.add_argument(
         "--systems", nargs="*", default=[], help="extra system specs to evaluate (ckpt:<dir>, bm25)"
     )
     args = ap.parse_args()
@@ -180,7 +186,19 @@ def main() -> None:
         def validate(forest: Forest) -> dict[str, float]:
             return forest_eval(forest, test, k)[0].mean
 
-        out = train_forest(train, cfg, validate=validate, progress=True)
+        train_rows = None
+        if args.train_queries:
+            has_rel = (
+                (np.asarray(train.labels) >= train.relevance_threshold)
+                & (np.asarray(train.candidates) >= 0)
+            ).any(1)
+            rows = np.nonzero(has_rel)[0]
+            rng = np.random.default_rng(cfg.get("seed", 0))
+            if args.train_queries < len(rows):
+                rows = np.sort(rng.choice(rows, size=args.train_queries, replace=False))
+            train_rows = rows
+            result["train_queries"] = len(rows)
+        out = train_forest(train, cfg, train_rows=train_rows, validate=validate, progress=True)
         save_output(args.out / "checkpoint", out, train)
         res, system, f_sec = forest_eval(out.model, test, k)
         cres, c_sec = cosine_eval(test, k)

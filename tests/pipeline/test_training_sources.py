@@ -128,3 +128,35 @@ def test_drt_reads_the_same_sources(tmp_path):
     info = res.summary["sampler"]["sources"]["0:teacher:bm25"]
     assert info["pairs"] == 60 and info["mode"] == "sample"
     assert res.summary["steps"] == 4
+
+
+def test_forest_reads_the_same_sources(tmp_path):
+    """The forest family prepares and reads data.sources like the heads: the BM25 teacher run is
+    made once by the pipeline, its top-2 become positives beside the labels."""
+    store = write_store(tmp_path / "stores" / "toy" / "train")
+    teacher = {"kind": "teacher", "system": "bm25", "k": 5, "mode": "sample", "n_positives": 2}
+    cfg = {
+        "seed": 0,
+        "model": {"n_models": 2, "n_classes": 4},
+        "data": {"hard_negatives": 2, "sources": [{"kind": "labels"}, teacher]},
+        "trainer": {"steps_query": 2, "steps_passage": 3, "steps_joint": 2},
+        "validation": {"fraction": 0.25, "k": 50, "metrics": ["ndcg@10"]},
+    }
+    res = train_model("forest", store, cfg, tmp_path / "ck", progress=False)
+    ids = store.load_array(f"{teacher_array(_spec(teacher))}-ids")
+    assert ids is not None and ids.shape == (80, 5)
+    info = res.summary["sources"]
+    assert info["0:labels"]["pairs"] == 60 and info["1:teacher:bm25"]["pairs"] == 60
+    # positives: the label pairs and the teacher's top 2 of the 60 training queries, each once
+    gold = np.asarray(store.candidates)[:, 0]
+    train = np.setdiff1d(np.arange(80), res.heldout_rows)
+    want = {(q, int(gold[q])) for q in train} | {(q, int(p)) for q in train for p in ids[q, :2]}
+    assert res.summary["n_positive_pairs"] == len(want) > 60
+    with pytest.raises(ConfigError, match=r"sources"):
+        train_model(
+            "forest",
+            store,
+            {**cfg, "data": {"sources": [{"kind": "teacher"}]}},
+            tmp_path / "bad",
+            progress=False,
+        )

@@ -209,7 +209,8 @@ def ensure_training_sources(
     Returns:
         What was prepared (paths, array names), or None when ``data`` has no sources.
     """
-    raw = getattr(data, "sources", None)
+    # a dense family's data section is a dataclass, the forest's a mapping
+    raw = data.get("sources") if isinstance(data, Mapping) else getattr(data, "sources", None)
     if raw is None:
         return None
     from treerank.search.systems import build_system

@@ -45,6 +45,11 @@ starts from its own random init.
 passage in its query's class (not retrievable counts as a miss). It weights the positive-pair
 terms of stages 2 and 3.
 
+**Training pairs**: the split's labels, or the shared ``data.sources`` list (labels,
+pseudo-queries, teacher pairs; :mod:`treerank.training.data`) that the heads and DRT read, turned
+into (query, selected passage) positives by
+:func:`treerank.training.forest_data.source_pair_data`.
+
 **Negatives** per query: its judged non-selected candidates, ``hard_negatives`` most
 cosine-similar passages that are not selected for it (mined through the exact top-k kernel), and
 ``random_negatives`` passages from the pair's own pool of ``random_pool`` random passages.
@@ -96,6 +101,7 @@ from treerank.training.forest_data import (
     draw_pair,
     pair_data,
     shared_rows,
+    source_pair_data,
 )
 from treerank.training.forest_losses import (
     EPS,
@@ -361,7 +367,9 @@ def train_forest(
     """Train a TreeRank forest on a store's training queries (see the module docstring).
 
     Args:
-        store: an ``EmbeddingStore`` with labelled queries (selected passages).
+        store: an ``EmbeddingStore`` with labelled queries (selected passages); with
+            ``data.sources`` the pseudo split and teacher runs must have been prepared
+            (``treerank.pipeline.training.ensure_training_sources``).
         config: the sectioned config (:func:`parse_forest_config`) or its parsed form.
         train_rows: query rows to train on (default: all with a selected passage); the pipeline
             passes the rows it did not hold out for validation.
@@ -378,12 +386,21 @@ def train_forest(
 
     Raises:
         ConfigError: bad config (names the key path). ValueError: a store without selected
-            passages.
+            passages. FileNotFoundError: a ``data.sources`` entry that was not prepared.
     """
     parsed = parse_forest_config(config)
     cfg = forest_train_config(parsed)
     t_start = time.perf_counter()
-    data = pair_data(store, cfg.hard_negatives, train_rows)
+    if cfg.sources is not None:
+        from treerank.training.data import build_training_table, parse_sources
+
+        specs = parse_sources(cfg.sources)
+        table = build_training_table(store, specs, train_rows)
+        store, data = source_pair_data(store, table, specs, cfg.hard_negatives)
+        sources_info: dict[str, Any] | None = table.info
+    else:
+        data = pair_data(store, cfg.hard_negatives, train_rows)
+        sources_info = None
     shared = shared_rows(store, data)
     n_pass = int(store.n_passages)
     dim = int(store.dim)
@@ -479,6 +496,7 @@ def train_forest(
         "n_train_queries": nq,
         "n_positive_pairs": len(data.pos_q),
         "n_fixed_negative_pairs": len(data.neg_q),
+        "sources": sources_info,
         "final_train_match_rate_mean": float(np.mean([r["train_match_rate"] for r in pair_recs])),
         "query_class_entropy_mean": float(np.mean([r["query_class_entropy"] for r in pair_recs])),
         "max_entropy": math.log(fcfg.n_classes),

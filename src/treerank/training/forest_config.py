@@ -49,6 +49,7 @@ class ForestTrainConfig:
     random_negatives: int = 8
     random_pool: int = 1024
     hard_negatives: int = 8
+    sources: list[dict[str, Any]] | None = None
     uniformity: str = "entropy"
     uniformity_weight: float = 5.0
     passage_uniformity_weight: float = 5.0
@@ -119,6 +120,10 @@ class ForestTrainConfig:
                 bad(f"{name} must be >= 0")
         if self.hard_negatives < 0:
             bad("hard_negatives must be >= 0")
+        if self.sources is not None:
+            from treerank.training.data import parse_sources
+
+            parse_sources(self.sources, where=f"{where}: data.sources")
 
     def forest_config(self, dim: int) -> ForestConfig:
         return ForestConfig(
@@ -128,7 +133,14 @@ class ForestTrainConfig:
 
 FOREST_SECTIONS: dict[str, tuple[str, ...]] = {
     "model": ("n_models", "n_classes", "hidden", "nr_threshold", "name"),
-    "data": ("bag_queries", "bag_passages", "random_negatives", "random_pool", "hard_negatives"),
+    "data": (
+        "bag_queries",
+        "bag_passages",
+        "random_negatives",
+        "random_pool",
+        "hard_negatives",
+        "sources",
+    ),
     "trainer": (
         "group_size",
         "uniformity",

@@ -2,6 +2,9 @@
 
 * :func:`pair_data`: the (query, selected passage) positives and the fixed negatives (judged
   non-selected candidates plus cosine hard negatives mined through the exact top-k kernel).
+* :func:`source_pair_data` / :class:`TableStore`: the same from the shared ``data.sources``
+  table (labels, pseudo-queries, teacher pairs; :mod:`treerank.training.data`) that the heads
+  and DRT read.
 * :func:`draw_pair`: everything random about one pair (init, bags, random negatives, dropout
   stream), from its own seed (:func:`pair_seed`), so a pair is the same whatever group it is
   trained in.
@@ -12,6 +15,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,12 +32,14 @@ __all__ = [
     "PairDraw",
     "PairGroup",
     "SharedRows",
+    "TableStore",
     "build_group",
     "draw_pair",
     "mine_hard_negatives",
     "pair_data",
     "pair_seed",
     "shared_rows",
+    "source_pair_data",
 ]
 
 
@@ -46,7 +52,8 @@ class PairData:
     pos_p: np.ndarray  # int64 (E+,) store passage ids
     neg_q: np.ndarray  # int64 (E-,) fixed negatives (judged non-selected + hard)
     neg_p: np.ndarray
-    pos_keys: np.ndarray  # sorted int64 keys q_index * n_passages + p of the positives
+    pos_keys: np.ndarray  # sorted int64 keys q_index * n_passages + p never used as negatives
+    pos_weight: np.ndarray | None = None  # float32 (E+,) source weight of each positive (None: 1)
 
 
 def mine_hard_negatives(
@@ -89,7 +96,6 @@ def pair_data(store: Any, hard_negatives: int, train_rows: np.ndarray | None) ->
     cand = np.asarray(store.candidates)
     lab = np.asarray(store.labels)
     thr = int(store.relevance_threshold)
-    n_pass = int(store.n_passages)
     valid = cand >= 0
     pos = valid & (lab >= thr)
     has_pos: np.ndarray = np.asarray(pos.any(axis=1))
@@ -103,22 +109,167 @@ def pair_data(store: Any, hard_negatives: int, train_rows: np.ndarray | None) ->
     cand, lab, pos, valid = cand[queries], lab[queries], pos[queries], valid[queries]
     pq, pc = np.nonzero(pos)
     nq_, nc = np.nonzero(valid & ~pos)
-    pos_p = cand[pq, pc].astype(np.int64)
-    neg_q, neg_p = nq_.astype(np.int64), cand[nq_, nc].astype(np.int64)
+    qv = np.asarray(store.queries[queries], dtype=np.float32) if hard_negatives > 0 else None
+    return _with_hard_negatives(
+        queries,
+        pq.astype(np.int64),
+        cand[pq, pc].astype(np.int64),
+        nq_.astype(np.int64),
+        cand[nq_, nc].astype(np.int64),
+        qv,
+        store.passages,
+        hard_negatives,
+    )
+
+
+def _with_hard_negatives(
+    queries: np.ndarray,
+    pos_q: np.ndarray,
+    pos_p: np.ndarray,
+    neg_q: np.ndarray,
+    neg_p: np.ndarray,
+    query_vectors: np.ndarray | None,
+    passages: Any,
+    hard_negatives: int,
+    pos_weight: np.ndarray | None = None,
+    excluded: tuple[np.ndarray, np.ndarray] | None = None,
+) -> PairData:
+    """:class:`PairData` of the given examples plus ``hard_negatives`` mined per query; the
+    ``excluded`` ``(query index, passage id)`` pairs are never negatives (nor are positives)."""
+    n_pass = int(passages.shape[0])
+    ex_q, ex_p = excluded if excluded is not None else (np.zeros(0, np.int64),) * 2
+    never_q, never_p = np.concatenate([pos_q, ex_q]), np.concatenate([pos_p, ex_p])
     if hard_negatives > 0:
-        qv = np.asarray(store.queries[queries], dtype=np.float32)
-        hq, hp = mine_hard_negatives(qv, store.passages, pq, pos_p, hard_negatives)
+        assert query_vectors is not None
+        hq, hp = mine_hard_negatives(query_vectors, passages, never_q, never_p, hard_negatives)
         neg_q, neg_p = np.concatenate([neg_q, hq]), np.concatenate([neg_p, hp])
+    if hard_negatives > 0 or excluded is not None:
         keys = np.unique(neg_q * n_pass + neg_p)
+        keys = keys[~np.isin(keys, never_q * n_pass + never_p)]
         neg_q, neg_p = keys // n_pass, keys % n_pass
     return PairData(
         queries=queries,
-        pos_q=pq.astype(np.int64),
+        pos_q=pos_q,
         pos_p=pos_p,
         neg_q=neg_q,
         neg_p=neg_p,
-        pos_keys=np.unique(pq.astype(np.int64) * n_pass + pos_p),
+        pos_keys=np.unique(never_q * n_pass + never_p),
+        pos_weight=pos_weight,
     )
+
+
+@dataclass
+class TableStore:
+    """A training store seen through its ``data.sources`` table: the trainer's store interface
+    (``queries``, ``passages``, ``n_passages``, ``dim``, encoder fields) over the table's
+    vectors (training store queries, then pseudo-queries; the corpus, then new pseudo
+    passages)."""
+
+    queries: np.ndarray  # float32 (nq', d)
+    passages: np.ndarray  # float32 (N', d)
+    path: Any
+    encoder_name: Any = None
+    encoder_fingerprint: Any = None
+
+    @property
+    def n_passages(self) -> int:
+        return int(self.passages.shape[0])
+
+    @property
+    def n_queries(self) -> int:
+        return int(self.queries.shape[0])
+
+    @property
+    def dim(self) -> int:
+        return int(self.queries.shape[1])
+
+
+def source_pair_data(
+    store: Any, table: Any, specs: Sequence[Any], hard_negatives: int
+) -> tuple[TableStore, PairData]:
+    """The forest's training examples from a ``data.sources`` table.
+
+    Each source's pairs (:class:`treerank.training.sources.PairSet`) become (query, selected
+    passage) positives: in ``sample`` mode every target with mass, in ``soft`` mode (a
+    listwise teacher) the ``n_positives`` targets of highest mass; each positive carries its
+    source's ``weight`` (the larger one when two sources give the same pair). A row's
+    ``exclude_ids`` (labelled but not a target, or a same-text twin's target) are never
+    negatives. Fixed negatives: the judged non-selected candidates of the training store's
+    queries, plus ``hard_negatives`` cosine hard negatives per query mined over the table's
+    passages.
+
+    Args:
+        store: the training split (its candidate table gives the judged negatives).
+        table: :class:`treerank.training.data.TrainingTable` built from ``specs``.
+        specs: the parsed ``data.sources`` entries, in the table's order.
+        hard_negatives: mined per query (0 = none).
+
+    Returns:
+        ``(TableStore over the table's vectors, PairData in its row ids)``.
+
+    Raises:
+        ValueError: no source gives a positive.
+    """
+    view = TableStore(
+        np.asarray(table.queries, dtype=np.float32),
+        np.asarray(table.passages, dtype=np.float32),
+        getattr(store, "path", None),
+        getattr(store, "encoder_name", None),
+        getattr(store, "encoder_fingerprint", None),
+    )
+    n_pass = view.n_passages
+    rows_q: list[np.ndarray] = []
+    rows_p: list[np.ndarray] = []
+    rows_w: list[np.ndarray] = []
+    ex_q: list[np.ndarray] = []
+    ex_p: list[np.ndarray] = []
+    for spec, ps in zip(specs, table.sources, strict=True):
+        w = np.asarray(ps.target_weights, dtype=np.float32)
+        ids = np.asarray(ps.target_ids, dtype=np.int64)
+        keep = (ids >= 0) & (w > 0)
+        if ps.mode == "soft":
+            order = np.argsort(-np.where(keep, w, -1.0), axis=1, kind="stable")
+            rank = np.empty_like(order)
+            np.put_along_axis(rank, order, np.arange(ids.shape[1])[None, :], axis=1)
+            keep &= rank < int(spec.n_positives)
+        r, c = np.nonzero(keep)
+        rows_q.append(np.asarray(ps.query_rows, dtype=np.int64)[r])
+        rows_p.append(ids[r, c])
+        rows_w.append(np.full(len(r), float(spec.weight), dtype=np.float32))
+        ex = np.asarray(ps.exclude_ids, dtype=np.int64)
+        er, ec = np.nonzero(ex >= 0)
+        ex_q.append(np.asarray(ps.query_rows, dtype=np.int64)[er])
+        ex_p.append(ex[er, ec])
+    all_q: np.ndarray = np.concatenate(rows_q)
+    all_p: np.ndarray = np.concatenate(rows_p)
+    all_w: np.ndarray = np.concatenate(rows_w)
+    if len(all_q) == 0:
+        raise ValueError(f"{view.path}: no data.sources entry gives a positive pair")
+    # one example per (query, passage): the largest source weight
+    key = all_q * n_pass + all_p
+    order = np.lexsort((-all_w, key))
+    key, all_w = key[order], all_w[order]
+    first = np.r_[True, key[1:] != key[:-1]]
+    key, pos_w = key[first], all_w[first]
+    queries = np.unique(key // n_pass)
+    pos_q = np.searchsorted(queries, key // n_pass)
+    pos_p = key % n_pass
+    # judged non-selected candidates of the store's own queries
+    nq_store = int(store.n_queries)
+    own = queries[queries < nq_store]
+    cand = np.asarray(store.candidates)[own]
+    lab = np.asarray(store.labels)[own]
+    jr, jc = np.nonzero((cand >= 0) & (lab < int(store.relevance_threshold)))
+    neg_q = np.searchsorted(queries, own[jr])
+    neg_p = cand[jr, jc].astype(np.int64)
+    eq, ep = np.concatenate(ex_q), np.concatenate(ex_p)
+    inq = np.isin(eq, queries)
+    excluded = (np.searchsorted(queries, eq[inq]), ep[inq])
+    qv = view.queries[queries] if hard_negatives > 0 else None
+    data = _with_hard_negatives(
+        queries, pos_q, pos_p, neg_q, neg_p, qv, view.passages, hard_negatives, pos_w, excluded
+    )
+    return view, data
 
 
 def _exact_bag(gen: np.random.Generator, n: int, frac: float) -> np.ndarray:
@@ -263,6 +414,8 @@ def build_group(
         # a random draw that is one of its query's positives is not a negative
         rand_ok[i] = ~np.isin(rand_q * n_pass + d.rand_p[slot], data.pos_keys)
     pos_in = qmask[:, data.pos_q]  # (G, E+)
+    if data.pos_weight is not None:
+        boost = boost * data.pos_weight
     g_rows, e_cols = np.nonzero(pos_in)
     pmask[g_rows, shared.pos[e_cols]] = 1.0  # a bagged query keeps its positives
     wanted = np.zeros(pmask.shape, dtype=np.bool_)
