@@ -115,6 +115,11 @@ def main() -> None:
     ap.add_argument("--cv-folds", type=int, default=0, help="k-fold CV over --test's queries")
     ap.add_argument("--set", nargs="*", default=[], help="config overrides section.key=yaml_value")
     ap.add_argument(
+        "--seen-split",
+        action="store_true",
+        help="also report test queries whose relevant passage is / is not a training positive",
+    )
+    ap.add_argument(
         "--train-queries",
         type=int,
         default=0,
@@ -216,6 +221,12 @@ def main() -> None:
             passages_bytes=int(test.n_passages * test.dim * 4),
             not_retrievable=not_retrievable_stats(out.model, test, k=100),
         )
+        if args.seen_split:
+            from treerank.evaluation.overlap import overlap_breakdown, seen_positive_mask
+
+            seen = seen_positive_mask(test, train)
+            per_query = {"forest": res.per_query, "cosine": cres.per_query}
+            result["seen_split"] = overlap_breakdown(per_query, seen, "cosine", list(METRICS))
         from treerank.search.systems import build_system
 
         for spec in args.systems:
