@@ -55,7 +55,9 @@ cosine-similar passages that are not selected for it (mined through the exact to
 ``random_negatives`` passages from the pair's own pool of ``random_pool`` random passages.
 
 **Bounded memory**: every step is one full-batch gradient, computed ``chunk_size`` rows at a
-time (:func:`_cached_step`).
+time (:func:`_cached_step`); the loss and its gradient with respect to the logits are computed
+``chunk_size`` rows or examples at a time too (:mod:`treerank.training.forest_stages`), so the only
+full-size tensors of a step are the ``(G, n, C)`` logits and their gradients.
 
 Measured results (SciFact, DL19, the sweeps behind the shipped settings) are in
 ``docs/forest.md``; the configs in ``configs/forest/``.
@@ -103,14 +105,8 @@ from treerank.training.forest_data import (
     shared_rows,
     source_pair_data,
 )
-from treerank.training.forest_losses import (
-    EPS,
-    boosting_weights,
-    not_retrievable_loss,
-    sharpness_loss,
-    uniformity_loss,
-    weighted_mean,
-)
+from treerank.training.forest_losses import boosting_weights
+from treerank.training.forest_stages import StageInputs, stage_gradient
 from treerank.training.history import TrainingLog
 from treerank.training.trainer import TrainOutput
 
@@ -127,16 +123,6 @@ __all__ = [
 
 def _l2(ws: list[Tensor]) -> Tensor:
     return sum((w**2).sum(dim=tuple(range(1, w.ndim))) for w in ws)  # type: ignore[return-value]
-
-
-def _query_terms(cfg: ForestTrainConfig, g: PairGroup, pq: Tensor) -> Tensor:
-    """``(G,)`` uniformity + sharpness of the query models' ``(G, nq, C)`` softmax on their bags."""
-    w = g.qmask
-    pbar = (pq * w.unsqueeze(-1)).sum(1) / w.sum(1, keepdim=True).clamp_min(EPS)
-    loss = cfg.uniformity_weight * uniformity_loss(pbar, cfg.uniformity)
-    if cfg.sharpness_weight > 0:
-        loss = loss + cfg.sharpness_weight * sharpness_loss(pq, w)
-    return loss
 
 
 class _Side:
@@ -159,7 +145,7 @@ class _Side:
 
 def _cached_step(
     sides: list[_Side],
-    loss_fn: Callable[[list[Tensor]], Tensor],
+    grad_fn: Callable[[list[Tensor], list[Tensor]], float],
     chunk: int,
     dropout: float,
     gens: list[torch.Generator],
@@ -168,41 +154,45 @@ def _cached_step(
 
     1. Every side's logits ``(G, n, width)`` are computed block by block without autograd (the
        ``(n, d)`` inputs and dropout masks are never held whole);
-    2. ``loss_fn(logits)`` runs on them as leaf tensors and its gradient w.r.t. the logits is
-       taken;
+    2. ``grad_fn(logits, grads)`` adds the loss gradient with respect to the logits into
+       ``grads`` (zeros shaped like the logits), itself block by block
+       (:func:`treerank.training.forest_stages.stage_gradient`), and returns the loss value;
     3. each block is recomputed with autograd (the dropout streams are rewound, so the masks are
        the same) and ``logits_block . grad_block`` is back-propagated into the parameters.
 
     The parameter gradients are exactly those of the whole batch at once; memory is
-    ``O(n * width + chunk * d)`` per model instead of ``O(n * d)``. When every side fits in one
-    block, the step is a plain forward and backward (same masks, same gradient).
+    ``O(n * width + chunk * (d + width))`` per model instead of ``O(n * d)``. When every side
+    fits in one block, the logits are computed once with autograd (same masks, same gradient).
 
     Returns:
         the loss value.
     """
-    if all(s.n <= chunk for s in sides):  # one block: plain autograd, no recomputation
-        loss = loss_fn([s.logits(0, s.n, dropout, gens) for s in sides])
-        loss.backward()
-        return float(loss.detach())
+    if all(s.n <= chunk for s in sides):  # one block: no recomputation
+        zs = [s.logits(0, s.n, dropout, gens) for s in sides]
+        leaves = [z.detach() for z in zs]
+        grads = [torch.zeros_like(z) for z in leaves]
+        value = grad_fn(leaves, grads)
+        torch.autograd.backward(zs, grads)
+        return value
     states = [gen.get_state() for gen in gens]
     with torch.no_grad():
         leaves = [
             torch.cat(
                 [s.logits(lo, min(lo + chunk, s.n), dropout, gens) for lo in range(0, s.n, chunk)],
                 1,
-            ).requires_grad_(True)
+            )
             for s in sides
         ]
-    loss = loss_fn(leaves)
-    loss.backward()
+    grads = [torch.zeros_like(z) for z in leaves]
+    value = grad_fn(leaves, grads)
+    del leaves
     for gen, st in zip(gens, states, strict=True):
         gen.set_state(st)
-    for side, leaf in zip(sides, leaves, strict=True):
-        assert leaf.grad is not None
+    for side, grad in zip(sides, grads, strict=True):
         for lo in range(0, side.n, chunk):
             hi = min(lo + chunk, side.n)
-            (side.logits(lo, hi, dropout, gens) * leaf.grad[:, lo:hi]).sum().backward()
-    return float(loss.detach())
+            (side.logits(lo, hi, dropout, gens) * grad[:, lo:hi]).sum().backward()
+    return value
 
 
 def _run_steps(
@@ -241,12 +231,16 @@ def _train_group(
 
     q_side = _Side(q_rows, nq, qw, qb)
 
+    inputs = StageInputs(
+        g.qmask, g.pmask, g.wanted, g.pos_q, g.pos_p, g.pos_w, g.neg_q, g.neg_p, g.neg_w
+    )
+
     # Stage 1 (step A): query model, uniformity (+ sharpness) on the bag.
     def q_step(_: int) -> float:
-        def loss(z: list[Tensor]) -> Tensor:
-            return _query_terms(cfg, g, torch.softmax(z[0], -1)).sum()
+        def grad_fn(z: list[Tensor], grads: list[Tensor]) -> float:
+            return stage_gradient("query", cfg, inputs, z, grads, chunk)
 
-        value = _cached_step([q_side], loss, chunk, drop, g.gens)
+        value = _cached_step([q_side], grad_fn, chunk, drop, g.gens)
         l2 = (cfg.weight_decay * _l2(qw)).sum()
         l2.backward()
         return value + float(l2.detach())
@@ -263,41 +257,12 @@ def _train_group(
     for t in (*pw, *pb):
         t.requires_grad_(True)
     p_side = _Side(g.passage_rows, g.n_passage_rows, pw, pb)
-    rows = torch.arange(n_g).unsqueeze(1)
-
-    def nr_terms(pp: Tensor, t_neg: Tensor) -> Tensor:
-        """``(G,)`` not-retrievable terms of the ``(G, nP, C+1)`` passage softmax."""
-        loss = torch.zeros(n_g)
-        if cfg.nr_penalty > 0:
-            loss = loss + cfg.nr_penalty * weighted_mean(pp[..., -1], g.pmask)
-        if cfg.nr_weight > 0:
-            loss = loss + cfg.nr_weight * not_retrievable_loss(
-                pp, g.neg_p, t_neg, g.neg_w, g.wanted, g.pmask
-            )
-        return loss
-
-    def passage_balance(pp: Tensor) -> Tensor:
-        """Uniformity of the bag's passages over the C real classes (0 when switched off)."""
-        if cfg.passage_uniformity_weight <= 0:
-            return torch.zeros(n_g)
-        real = pp[..., :-1] * g.pmask.unsqueeze(-1)
-        pbar = real.sum(1) / real.sum((1, 2)).clamp_min(EPS).unsqueeze(-1)
-        return cfg.passage_uniformity_weight * uniformity_loss(pbar, cfg.uniformity)
-
-    t_pos = target[:, g.pos_q]  # (G, E+)
-    t_neg = target[:, g.neg_q]
 
     def p_step(_: int) -> float:
-        def loss(z: list[Tensor]) -> Tensor:
-            logp = torch.log_softmax(z[0], -1)  # (G, nP, C+1)
-            lp_pos = logp[rows, g.pos_p.unsqueeze(0), t_pos]
-            lp_neg = logp[rows, g.neg_p.unsqueeze(0), t_neg]
-            out = weighted_mean(-lp_pos, g.pos_w)
-            out = out + weighted_mean(-torch.log1p(-lp_neg.exp().clamp_max(1 - 1e-6)), g.neg_w)
-            pp = logp.exp()
-            return (out + nr_terms(pp, t_neg) + passage_balance(pp)).sum()
+        def grad_fn(z: list[Tensor], grads: list[Tensor]) -> float:
+            return stage_gradient("passage", cfg, inputs, z, grads, chunk, target=target)
 
-        value = _cached_step([p_side], loss, chunk, drop, g.gens)
+        value = _cached_step([p_side], grad_fn, chunk, drop, g.gens)
         l2 = (cfg.weight_decay * _l2(pw)).sum()
         l2.backward()
         return value + float(l2.detach())
@@ -306,23 +271,10 @@ def _train_group(
 
     # Stage 3: joint (or alternating) round on the soft collision probability.
     def j_step(_: int) -> float:
-        def loss(z: list[Tensor]) -> Tensor:
-            pq = torch.softmax(z[0], -1)  # (G, nq, C)
-            pp = torch.softmax(z[1], -1)  # (G, nP, C+1)
-            s_pos = (pq[:, g.pos_q] * pp[:, g.pos_p, :-1]).sum(-1)
-            out = weighted_mean(-torch.log(s_pos.clamp_min(EPS)), g.pos_w)
-            # negatives in blocks: the (G, E-, C) gathers stay bounded
-            w_tot = g.neg_w.sum(-1).clamp_min(EPS)
-            for lo in range(0, len(g.neg_q), chunk):
-                sl = slice(lo, lo + chunk)
-                s_neg = (pq[:, g.neg_q[sl]] * pp[:, g.neg_p[sl], :-1]).sum(-1)
-                nll = -torch.log1p(-s_neg.clamp_max(1 - 1e-6))
-                out = out + (nll * g.neg_w[:, sl]).sum(-1) / w_tot
-            out = out + _query_terms(cfg, g, pq)
-            out = out + nr_terms(pp, pq.detach().argmax(-1)[:, g.neg_q]) + passage_balance(pp)
-            return out.sum()
+        def grad_fn(z: list[Tensor], grads: list[Tensor]) -> float:
+            return stage_gradient("joint", cfg, inputs, z, grads, chunk)
 
-        value = _cached_step([q_side, p_side], loss, chunk, drop, g.gens)
+        value = _cached_step([q_side, p_side], grad_fn, chunk, drop, g.gens)
         l2 = (cfg.weight_decay * (_l2(qw) + _l2(pw))).sum()
         l2.backward()
         return value + float(l2.detach())

@@ -1,0 +1,135 @@
+"""The forest's stage gradients in blocks equal the whole-tensor losses, in bounded memory."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from treerank.training.forest_config import ForestTrainConfig
+from treerank.training.forest_losses import (
+    EPS,
+    not_retrievable_loss,
+    sharpness_loss,
+    uniformity_loss,
+    weighted_mean,
+)
+from treerank.training.forest_stages import StageInputs, stage_gradient
+
+G, NQ, NP, C = 2, 13, 17, 5
+
+
+def _inputs(seed: int = 0, nq: int = NQ, n_p: int = NP, e_pos: int = 10, e_neg: int = 23):
+    gen = torch.Generator().manual_seed(seed)
+    wanted = torch.zeros(G, n_p, dtype=torch.bool)
+    pos_p = torch.randint(0, n_p // 2, (e_pos,), generator=gen)
+    wanted[:, pos_p] = True
+    return StageInputs(
+        qmask=(torch.rand(G, nq, generator=gen) < 0.7).float(),
+        pmask=(torch.rand(G, n_p, generator=gen) < 0.8).float(),
+        wanted=wanted,
+        pos_q=torch.randint(0, nq, (e_pos,), generator=gen),
+        pos_p=pos_p,
+        pos_w=torch.rand(G, e_pos, generator=gen) + 0.5,
+        neg_q=torch.randint(0, nq, (e_neg,), generator=gen),
+        neg_p=torch.randint(0, n_p, (e_neg,), generator=gen),
+        neg_w=(torch.rand(G, e_neg, generator=gen) < 0.8).float() * 0.7,
+    )
+
+
+def _reference(stage: str, cfg: ForestTrainConfig, g: StageInputs, z, target=None):
+    """The whole-tensor loss (the formulas of forest_losses), summed over the group."""
+
+    def query_terms(pq):
+        w = g.qmask
+        pbar = (pq * w.unsqueeze(-1)).sum(1) / w.sum(1, keepdim=True).clamp_min(EPS)
+        out = cfg.uniformity_weight * uniformity_loss(pbar, cfg.uniformity)
+        return out + cfg.sharpness_weight * sharpness_loss(pq, w)
+
+    def passage_terms(pp, neg_class):
+        out = cfg.nr_penalty * weighted_mean(pp[..., -1], g.pmask)
+        out = out + cfg.nr_weight * not_retrievable_loss(
+            pp, g.neg_p, neg_class, g.neg_w, g.wanted, g.pmask
+        )
+        real = pp[..., :-1] * g.pmask.unsqueeze(-1)
+        pbar = real.sum(1) / real.sum((1, 2)).clamp_min(EPS).unsqueeze(-1)
+        return out + cfg.passage_uniformity_weight * uniformity_loss(pbar, cfg.uniformity)
+
+    rows = torch.arange(G).unsqueeze(1)
+    if stage == "query":
+        return query_terms(torch.softmax(z[0], -1)).sum()
+    if stage == "passage":
+        logp = torch.log_softmax(z[0], -1)
+        lp_pos = logp[rows, g.pos_p.unsqueeze(0), target[:, g.pos_q]]
+        lp_neg = logp[rows, g.neg_p.unsqueeze(0), target[:, g.neg_q]]
+        out = weighted_mean(-lp_pos, g.pos_w)
+        out = out + weighted_mean(-torch.log1p(-lp_neg.exp().clamp_max(1 - 1e-6)), g.neg_w)
+        return (out + passage_terms(logp.exp(), target[:, g.neg_q])).sum()
+    pq, pp = torch.softmax(z[0], -1), torch.softmax(z[1], -1)
+    s_pos = (pq[:, g.pos_q] * pp[:, g.pos_p, :-1]).sum(-1)
+    s_neg = (pq[:, g.neg_q] * pp[:, g.neg_p, :-1]).sum(-1)
+    out = weighted_mean(-torch.log(s_pos.clamp_min(EPS)), g.pos_w)
+    out = out + weighted_mean(-torch.log1p(-s_neg.clamp_max(1 - 1e-6)), g.neg_w)
+    out = out + query_terms(pq)
+    return (out + passage_terms(pp, pq.argmax(-1)[:, g.neg_q])).sum()
+
+
+CFG = ForestTrainConfig(nr_weight=0.5, nr_penalty=0.3, sharpness_weight=0.5)
+
+
+@pytest.mark.parametrize("stage", ["query", "passage", "joint"])
+@pytest.mark.parametrize("chunk", [4, 1000])
+@pytest.mark.parametrize("uniformity", ["entropy", "gini"])
+def test_blocked_stage_gradient_equals_whole_tensor_loss(stage, chunk, uniformity) -> None:
+    cfg = ForestTrainConfig(**{**CFG.__dict__, "uniformity": uniformity})
+    g = _inputs()
+    gen = torch.Generator().manual_seed(1)
+    zq = 2 * torch.randn(G, NQ, C, generator=gen)
+    zp = 2 * torch.randn(G, NP, C + 1, generator=gen)
+    zp[..., -1] -= 1.0
+    z = {"query": [zq], "passage": [zp], "joint": [zq, zp]}[stage]
+    target = torch.randint(0, C, (G, NQ), generator=gen)
+    leaves = [t.clone().requires_grad_(True) for t in z]
+    ref = _reference(stage, cfg, g, leaves, target)
+    ref.backward()
+    grads = [torch.zeros_like(t) for t in z]
+    value = stage_gradient(stage, cfg, g, z, grads, chunk, target=target)
+    assert value == pytest.approx(float(ref.detach()), rel=1e-5)
+    for leaf, grad in zip(leaves, grads, strict=True):
+        assert leaf.grad is not None and leaf.grad.abs().max() > 0
+        torch.testing.assert_close(grad, leaf.grad, rtol=1e-4, atol=1e-6)
+
+
+def _max_saved(fn) -> int:
+    """Elements of the largest tensor autograd keeps for a backward pass while ``fn`` runs."""
+    sizes = [0]
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        sizes.append(t.numel())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return max(sizes)
+
+
+def test_stage_gradient_memory_is_bounded_by_the_chunk() -> None:
+    """No autograd graph of the blocked joint round holds more than a block: ``G x chunk x
+    (C + 1)`` elements, against ``G x nP x (C + 1)`` for the whole-tensor loss."""
+    nq, n_p, chunk = 400, 3000, 50
+    g = _inputs(nq=nq, n_p=n_p, e_pos=400, e_neg=3000)
+    z = [torch.randn(G, nq, C), torch.randn(G, n_p, C + 1)]
+    grads = [torch.zeros_like(t) for t in z]
+    blocked = _max_saved(lambda: stage_gradient("joint", CFG, g, z, grads, chunk))
+    assert 0 < blocked <= G * chunk * (C + 1)
+    leaves = [t.clone().requires_grad_(True) for t in z]
+    whole = _max_saved(lambda: _reference("joint", CFG, g, leaves).backward())
+    assert whole >= G * n_p * (C + 1)
+
+
+def test_unknown_stage_and_missing_target_are_errors() -> None:
+    g = _inputs()
+    z = [torch.zeros(G, NP, C + 1)]
+    with pytest.raises(ValueError, match="needs the query classes"):
+        stage_gradient("passage", CFG, g, z, [torch.zeros_like(z[0])], 4)
+    with pytest.raises(ValueError, match="unknown stage"):
+        stage_gradient("sideways", CFG, g, z, [torch.zeros_like(z[0])], 4)
