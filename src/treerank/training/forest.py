@@ -99,6 +99,7 @@ from treerank.training.forest_config import (
 )
 from treerank.training.forest_data import (
     PairGroup,
+    QueryRows,
     build_group,
     draw_pair,
     pair_data,
@@ -224,10 +225,10 @@ def _train_group(
     for t in (*qw, *qb):
         t.requires_grad_(True)
     drop, chunk = cfg.dropout, cfg.chunk_size
-    nq = g.xq.shape[0]
+    nq = g.xq.n
 
     def q_rows(lo: int, hi: int) -> Tensor:  # batched matmul: per-pair results as if alone
-        return g.xq[lo:hi].unsqueeze(0).expand(n_g, -1, -1)
+        return torch.from_numpy(g.xq.rows(lo, hi)).unsqueeze(0).expand(n_g, -1, -1)
 
     q_side = _Side(q_rows, nq, qw, qb)
 
@@ -357,7 +358,7 @@ def train_forest(
     n_pass = int(store.n_passages)
     dim = int(store.dim)
     fcfg = cfg.forest_config(dim)
-    xq_all = torch.from_numpy(np.asarray(store.queries[data.queries], dtype=np.float32))
+    xq_all = QueryRows(store, data.queries)
     nq = len(data.queries)
     misses = np.zeros(len(data.pos_q), dtype=np.int64)
     q_stacks: list[list[Tensor]] = [[] for _ in range(4)]
@@ -403,7 +404,12 @@ def train_forest(
                 pw,
                 pb,
             )
-            qc, _ = part.query_classes(xq_all.numpy())
+            qc = np.concatenate(
+                [
+                    part.query_classes(xq_all.rows(lo, lo + cfg.chunk_size))[0]
+                    for lo in range(0, nq, cfg.chunk_size)
+                ]
+            )
             pc = np.concatenate(
                 [
                     part.passage_classes(shared.rows(lo, lo + cfg.chunk_size))[0]

@@ -31,6 +31,7 @@ __all__ = [
     "PairData",
     "PairDraw",
     "PairGroup",
+    "QueryRows",
     "SharedRows",
     "TableStore",
     "build_group",
@@ -343,6 +344,27 @@ def shared_rows(store: Any, data: PairData) -> SharedRows:
 
 
 @dataclass
+class QueryRows:
+    """The training queries' vectors, read from the store a block at a time (a memory-mapped
+    split's queries are never copied whole)."""
+
+    store: Any
+    ids: np.ndarray  # int64 (nq,) store query rows, ascending
+
+    @property
+    def n(self) -> int:
+        return len(self.ids)
+
+    @property
+    def dim(self) -> int:
+        return int(self.store.dim)
+
+    def rows(self, lo: int, hi: int) -> np.ndarray:
+        """``float32 (hi - lo, d)`` vectors of training queries ``lo .. hi - 1``."""
+        return np.asarray(self.store.queries[self.ids[lo:hi]], dtype=np.float32)
+
+
+@dataclass
 class PairGroup:
     """Tensors of one group of ``G`` independent pairs trained together.
 
@@ -351,7 +373,7 @@ class PairGroup:
     each pair's tensors have exactly the shapes they have when it is trained alone.
     """
 
-    xq: Tensor  # (nq, d) training queries (shared)
+    xq: QueryRows  # the nq training queries (shared, read on demand)
     shared: SharedRows  # the nS shared passage rows (read on demand)
     pool_x: Tensor  # (G, R, d) each pair's random-negative pool rows
     qmask: Tensor  # (G, nq) bag of queries
@@ -387,19 +409,19 @@ def build_group(
     store: Any,
     data: PairData,
     shared: SharedRows,
-    xq: Tensor,
+    xq: QueryRows,
     draws: list[PairDraw],
     boost: np.ndarray,
 ) -> PairGroup:
     """Tensors of the pairs of ``draws``: shared rows, then each pair's random-negative rows."""
-    n_g, nq, n_s = len(draws), len(xq), len(shared.ids)
+    n_g, nq, n_s = len(draws), xq.n, len(shared.ids)
     n_pass = int(store.n_passages)
     # Random negative r of query i is slot (i * R + r) mod P of the pair's own pool of P random
     # passages: every pair draws its own passages, the slot layout is shared.
     rand_q = np.repeat(np.arange(nq, dtype=np.int64), cfg.random_negatives)
     n_r = _pool_size(cfg, nq, n_pass)
     slot = np.arange(len(rand_q), dtype=np.int64) % max(1, n_r)
-    pool_x = torch.empty(n_g, n_r, xq.shape[1])
+    pool_x = torch.empty(n_g, n_r, xq.dim)
     qmask = np.stack([d.qmask for d in draws])
     pmask = np.concatenate(
         [np.stack([d.smask for d in draws]), np.stack([d.rmask for d in draws])], axis=1
@@ -408,7 +430,7 @@ def build_group(
     for i, d in enumerate(draws):
         if n_r:
             order = np.argsort(d.rand_p)  # ascending reads of a memory-mapped store
-            rows = np.empty((n_r, xq.shape[1]), dtype=np.float32)
+            rows = np.empty((n_r, xq.dim), dtype=np.float32)
             rows[order] = np.asarray(store.passages[d.rand_p[order]], dtype=np.float32)
             pool_x[i] = torch.from_numpy(rows)
         # a random draw that is one of its query's positives is not a negative
