@@ -37,7 +37,9 @@ import numpy as np
 
 from treerank.kernels.topk import DEFAULT_CHUNK_SIZE, exact_search
 from treerank.models.base import DenseScorer
+from treerank.models.checkpoint import CheckpointMixin
 from treerank.models.cosine import CosineScorer
+from treerank.models.families import FAMILIES
 from treerank.search.bm25 import BM25_METHODS, BM25Index, BM25Params
 from treerank.search.fusion import DEFAULT_RRF_K, NORMALISATIONS, linear_fusion, rrf
 from treerank.search.run import Run
@@ -52,6 +54,29 @@ class System(Protocol):
     def retrieve(self, store: Any, k: int = 1000) -> Run:
         """Top-``k`` passages of the split for each of its queries (row ``i`` = query ``i``)."""
         ...
+
+
+def uses_trained_model(system: Any, _depth: int = 0) -> bool:
+    """Whether a system is, or is built on, a trained model.
+
+    True for a :class:`CheckpointSystem`, a loaded model of a trainable family, or a
+    ``ckpt:`` spec string held by a system (``rescore:...:scorer=ckpt:<dir>``,
+    ``faiss:...:over=ckpt:<dir>``), found by walking the attributes of treerank objects (a
+    fusion's two sides, a rescore's first stage, a FAISS system's spec). Reports use it to print
+    the memorisation caveat only where a trained model is involved.
+    """
+    if isinstance(system, CheckpointSystem):
+        return True
+    if isinstance(system, CheckpointMixin):  # a loaded model: trained unless its family is not
+        fam = FAMILIES.get(system.model_type)
+        return fam is None or fam.trainable
+    if isinstance(system, str):
+        return system.strip().startswith("ckpt:")
+    if isinstance(system, (tuple, list)):
+        return any(uses_trained_model(v, _depth + 1) for v in system)
+    if _depth > 6 or not type(system).__module__.startswith("treerank."):
+        return False
+    return any(uses_trained_model(v, _depth + 1) for v in getattr(system, "__dict__", {}).values())
 
 
 def _store_key(store: Any) -> str:
@@ -421,10 +446,12 @@ def build_system(spec: str, cache: dict[str, System] | None = None, **options: A
         return cache[spec]
     kind, _, body = spec.partition(":")
     if kind not in SYSTEM_KINDS:
-        raise ValueError(
-            f"unknown system {spec!r}; known: "
-            + "; ".join(f"{k} ({h})" for k, (_, h) in SYSTEM_KINDS.items())
+        from treerank.names import unknown_name
+
+        msg = unknown_name(
+            "system kind", kind, SYSTEM_KINDS, "`treerank evaluate --help` describes each kind"
         )
+        raise ValueError(msg if spec == kind else f"system spec {spec!r}: {msg}")
     opts = {k: v for k, v in options.items() if k in ("chunk_size", "progress", "backend")}
     system = SYSTEM_KINDS[kind][0](body, spec, cache=cache, **opts)
     if cache is not None:
