@@ -42,7 +42,7 @@ from treerank.models.cosine import CosineScorer
 from treerank.models.families import FAMILIES
 from treerank.search.bm25 import BM25_METHODS, BM25Index, BM25Params
 from treerank.search.fusion import DEFAULT_RRF_K, NORMALISATIONS, linear_fusion, rrf
-from treerank.search.run import Run
+from treerank.search.run import Run, store_key
 
 
 @runtime_checkable
@@ -79,13 +79,6 @@ def uses_trained_model(system: Any, _depth: int = 0) -> bool:
     return any(uses_trained_model(v, _depth + 1) for v in getattr(system, "__dict__", {}).values())
 
 
-def _store_key(store: Any) -> str:
-    # A query view (treerank.search.query.QueryView) carries its own unique key: views are
-    # short-lived, and a reused id() must never return another view's memoised run.
-    key = getattr(store, "memo_key", None)
-    return str(key) if key else f"{getattr(store, 'path', '')}#{id(store)}"
-
-
 class _RunMemo:
     """Keeps the deepest run computed for the last store, so that a system shared by several
     fusions (``rrf:bm25+cosine`` next to ``bm25`` and ``cosine``) runs once."""
@@ -94,13 +87,13 @@ class _RunMemo:
         self._memo: tuple[str, Run] | None = None
 
     def get(self, store: Any, k: int) -> Run | None:
-        if self._memo and self._memo[0] == _store_key(store) and self._memo[1].k >= k:
+        if self._memo and self._memo[0] == store_key(store) and self._memo[1].k >= k:
             run = self._memo[1]
             return run if run.k == k else run.truncate(min(k, run.k))
         return None
 
     def put(self, store: Any, run: Run) -> Run:
-        self._memo = (_store_key(store), run)
+        self._memo = (store_key(store), run)
         return run
 
 
@@ -157,7 +150,7 @@ class BM25System:
         self._memo = _RunMemo()
 
     def index_for(self, store: Any) -> BM25Index:
-        key = _store_key(getattr(store, "base", store))  # a query view shares its index
+        key = store_key(getattr(store, "base", store))  # a query view shares its index
         if self._cache is None or self._cache[0] != key:
             self._cache = (key, BM25Index(store.passage_texts(), self.params))
         return self._cache[1]
