@@ -127,12 +127,15 @@ def family(name: str) -> ModelFamily:
     """The family called ``name``.
 
     Raises:
-        KeyError: unknown family (the message lists the known ones).
+        KeyError: unknown family (the message suggests the closest name and lists the known
+            ones).
     """
     try:
         return FAMILIES[name]
     except KeyError:
-        raise KeyError(f"unknown model family {name!r}; known: {', '.join(FAMILIES)}") from None
+        from treerank.names import unknown_name
+
+        raise KeyError(unknown_name("model family", name, FAMILIES)) from None
 
 
 def family_names() -> list[str]:
