@@ -176,14 +176,15 @@ def _cached_step(
         torch.autograd.backward(zs, grads)
         return value
     states = [gen.get_state() for gen in gens]
+    leaves = []
     with torch.no_grad():
-        leaves = [
-            torch.cat(
-                [s.logits(lo, min(lo + chunk, s.n), dropout, gens) for lo in range(0, s.n, chunk)],
-                1,
-            )
-            for s in sides
-        ]
+        for s in sides:  # filled in place: no list of blocks beside the whole (no 2x peak)
+            first = s.logits(0, min(chunk, s.n), dropout, gens)
+            z = torch.empty(first.shape[0], s.n, first.shape[2])
+            z[:, : first.shape[1]] = first
+            for lo in range(chunk, s.n, chunk):
+                z[:, lo : min(lo + chunk, s.n)] = s.logits(lo, min(lo + chunk, s.n), dropout, gens)
+            leaves.append(z)
     grads = [torch.zeros_like(z) for z in leaves]
     value = grad_fn(leaves, grads)
     del leaves
