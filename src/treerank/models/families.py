@@ -113,7 +113,9 @@ class ModelFamily:
         if self.defaults is not None:
             full = resolve(self.defaults)(parsed, where)
             out["resolved"] = (
-                dataclasses.asdict(full) if dataclasses.is_dataclass(full) else dict(full)
+                dataclasses.asdict(full)
+                if dataclasses.is_dataclass(full) and not isinstance(full, type)
+                else dict(full)
             )
         return out
 
