@@ -383,6 +383,18 @@ def _store_dir(run: _Run, ds: DatasetConfig, split: str) -> Path:
     return root / split
 
 
+def _resolved_config(spec: ModelSpec, config: dict[str, Any], source: Any) -> dict[str, Any]:
+    """The training config with every default filled in (part of the train stage's key).
+
+    The YAML alone is not enough: a changed default (e.g. ``validation.group_by_passage``)
+    must re-run the stages it affects instead of silently reusing a model trained under the
+    old one.
+    """
+    from treerank.models.families import family
+
+    return family(spec.family).resolved_config(config, f"{source}: models.{spec.name}")
+
+
 def _train_stage(
     run: _Run, ds: DatasetConfig, spec: ModelSpec, run_name: str, config: dict[str, Any]
 ) -> StageRecord:
@@ -396,6 +408,7 @@ def _train_stage(
         run.stage_keys[f"store:{ds.name}:{ds.train_split}"],
         spec.family,
         config,
+        _resolved_config(spec, config, run.cfg.source),
     )
 
     def work(d: Path) -> dict[str, Any]:
