@@ -74,6 +74,7 @@ DEFAULT_MAX_FIT = 50_000
 DEFAULT_CHUNK = 65_536
 KMEANS_ITERATIONS = 20
 SYNTHETIC_ENCODER = "synthetic-gaussian-mixture"
+_LOADING_BLOCK = 4096
 
 
 def default_components(rows: int) -> int:
@@ -166,7 +167,9 @@ class VectorMixture:
         y = rng.standard_normal((n, self.local_rank))
         u = rng.standard_normal((n, self.rank))
         z = self.means[comp] + u * np.sqrt(self.noise[comp])[:, None]
-        z += np.einsum("nrq,nq->nr", self.loadings[comp], y)
+        for s in range(0, n, _LOADING_BLOCK):  # (block, r, q) gathered loadings at a time
+            e = s + _LOADING_BLOCK
+            z[s:e] += np.einsum("nrq,nq->nr", self.loadings[comp[s:e]], y[s:e])
         x = z @ self.basis.T + self.center
         if self.residual_variance > 0 and self.rank < self.dim:
             e = rng.standard_normal((n, self.dim)) * np.sqrt(self.residual_variance)
