@@ -179,11 +179,15 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(13, 5), sharey=False)
     for ax, key in zip(axes, ("recall@10", "recall@100"), strict=True):
         for r in rows:
-            marker = "*" if r["system"].startswith("exact") else "o"
+            marker = "*" if r["system"].startswith("exact") or r["system"] == "faiss:flat" else "o"
             ax.scatter(r["qps"], r[key], marker=marker, s=80 if marker == "*" else 30)
             ax.annotate(
                 r["system"].replace("faiss:", ""), (r["qps"], r[key]), fontsize=6, alpha=0.8
             )
+        ax.axvline(10 * exact_qps(rows), color="grey", ls=":", lw=1, label="10x exact queries/s")
+        if key == "recall@100":
+            ax.axhline(0.95, color="grey", ls="--", lw=1, label="Recall@100 0.95")
+        ax.legend(fontsize=7, loc="lower left")
         ax.set_xscale("log")
         ax.set_xlabel("queries / s (same batch, log scale)")
         ax.set_ylabel(f"{key} vs exact search")
