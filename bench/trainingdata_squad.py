@@ -6,7 +6,8 @@ out (a) the queries tuned fusion tunes its weight on (``tuning_rows``: ``queries
 (b) ``--n-val`` held-out queries for early stopping, held out by whole passage groups
 (``validation.group_by_passage``), so the held-out metric measures unseen passages too.
 
-Sources (``treerank.training.sources``), each run a linear head (identity init, two towers):
+Sources (``treerank.training.sources``), each run a linear head (identity init, two towers;
+``/query``: only the query tower trains, a query-side adapter):
 
 * ``labels``: the labelled paragraph of each question (InfoNCE);
 * ``teacher:<spec>``: the teacher system's soft top-``k`` (listwise KL at temperature ``T``)
@@ -186,22 +187,25 @@ def main() -> None:
             return [soft("bm25", temperature)]
         raise ValueError(name)
 
+    # (name, source, negatives, teacher T, lr, trained towers)
     runs = [
-        ("labels/batch", "labels", "batch", 1.0, 1e-3),
-        ("labels/all", "labels", "all", 1.0, 1e-3),
-        ("teacher/all/T=0.5", "teacher", "all", 0.5, 1e-3),
-        ("labels+teacher/all/T=0.5", "labels+teacher", "all", 0.5, 1e-3),
-        ("bm25/all/T=2", "bm25", "all", 2.0, 1e-3),
+        ("labels/batch", "labels", "batch", 1.0, 1e-4, "both"),
+        ("labels/all", "labels", "all", 1.0, 1e-4, "both"),
+        ("teacher/batch/T=0.5/query", "teacher", "batch", 0.5, 1e-4, "query"),
+        ("teacher/all/T=0.5/query", "teacher", "all", 0.5, 1e-4, "query"),
+        ("teacher/all/T=0.5/both", "teacher", "all", 0.5, 1e-4, "both"),
+        ("labels+teacher/all/T=0.5/query", "labels+teacher", "all", 0.5, 1e-4, "query"),
+        ("bm25/batch/T=2/query", "bm25", "batch", 2.0, 1e-4, "query"),
     ]
     bm25_sys = build_system("bm25")
-    for name, src, neg, temp, lr in runs:
+    for name, src, neg, temp, lr, towers in runs:
         if args.only and name not in args.only:
             continue
         t0 = time.time()
         clock[0] = t0
         print(f"[{name}]", flush=True)
         torch.manual_seed(0)
-        head = LinearHead(train.dim)
+        head = LinearHead(train.dim, trainable=towers)
         cfg = TrainerConfig(
             max_steps=args.max_steps,
             epochs=100,
