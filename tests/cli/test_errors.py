@@ -20,3 +20,23 @@ def test_unknown_model_is_an_error_with_prefix(tmp_path) -> None:
     )
     assert res.exit_code == 2
     assert "error: unknown model family 'xgb'; known: linear" in res.output
+    res = CliRunner().invoke(
+        app, ["train", "--model", "lienar", "--store", str(tmp_path), "--out", "o"]
+    )
+    assert res.exit_code == 2
+    assert "error: unknown model family 'lienar'; did you mean 'linear'? known:" in res.output
+
+
+def test_k_below_one_has_one_wording_in_evaluate_and_search(tmp_path) -> None:
+    from tests.search.tiny_store import write_tiny_store
+
+    write_tiny_store(tmp_path / "test")
+    want = "error: the run depth k (--k; evaluate.k in an experiment) must be at least 1, got 0"
+    store = str(tmp_path / "test")
+    for args in (
+        ["evaluate", "--store", store, "--k", "0"],
+        ["search", "-s", store, "-q", "x", "--k", "0"],
+    ):
+        res = CliRunner().invoke(app, args)
+        assert res.exit_code == 2, res.output
+        assert want in " ".join(res.output.split()), res.output

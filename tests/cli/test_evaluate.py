@@ -37,6 +37,7 @@ def test_evaluate_prints_table_and_writes_files(tmp_path) -> None:
     )
     res = json.loads((tmp_path / "out" / "results.json").read_text())
     assert set(res["systems"]) == {"cosine", "bm25", "rrf:bm25+cosine"}
+    assert res["trained"] == []  # no trained model: no memorisation caveat applies
 
 
 def test_evaluate_bad_spec_is_a_clear_error(tmp_path) -> None:
@@ -45,7 +46,8 @@ def test_evaluate_bad_spec_is_a_clear_error(tmp_path) -> None:
         app, ["evaluate", "--store", str(tmp_path / "test"), "--system", "bm26"]
     )
     assert result.exit_code == 2
-    assert "unknown system" in result.output
+    assert "unknown system kind 'bm26'; did you mean 'bm25'? known: cosine, bm25," in result.output
+    assert "BM25 over passage texts" not in result.output  # the kinds, not the whole registry
 
 
 def test_evaluate_store_root_with_split_and_missing_store(tmp_path) -> None:
@@ -84,7 +86,11 @@ def _invoke(tmp_path, *args: str):
 def test_k_is_validated_with_the_flags_name(tmp_path) -> None:
     write_tiny_store(tmp_path / "test")
     zero = _invoke(tmp_path, "--k", "0")
-    assert zero.exit_code == 2 and "'--k'" in zero.output and "chunk_size" not in zero.output
+    assert (
+        zero.exit_code == 2
+        and "(--k; evaluate.k" in zero.output
+        and "chunk_size" not in zero.output
+    )
     deep = _invoke(tmp_path, "--k", "5", "--metric", "recall@100")
     flat = " ".join(deep.output.split())
     assert deep.exit_code == 2, deep.output
@@ -140,6 +146,8 @@ def test_sibling_train_store_adds_seen_unseen_split(tmp_path) -> None:
     assert (doc["overlap"]["n_seen"], doc["overlap"]["n_unseen"]) == (1, 3)
     assert doc["settings"]["train_store"] == str(tmp_path / "root" / "train")
     assert json.loads((tmp_path / "o" / "overlap.json").read_text()) == doc["overlap"]
+    # baselines only: the breakdown is shown without the memorisation caveat
+    assert doc["trained"] == [] and "memorised" not in res.output
 
     off = CliRunner().invoke(
         app,

@@ -11,7 +11,6 @@ import pytest
 from tests.search.tiny_store import write_tiny_store
 from treerank.evaluation.fusion_tuning import (
     AdaptiveWeightModel,
-    QuerySubset,
     TunedFusionSystem,
     cross_validate,
     fusion_curve,
@@ -21,6 +20,7 @@ from treerank.evaluation.fusion_tuning import (
 from treerank.evaluation.qrels import Qrels
 from treerank.search.systems import build_system
 from treerank.store import EmbeddingStore
+from treerank.store.view import QuerySubset
 
 
 def _two_splits(tmp_path: Path) -> tuple[EmbeddingStore, EmbeddingStore]:
@@ -123,6 +123,7 @@ def test_tuning_rows_heldout_is_the_trainers_holdout() -> None:
         labels = np.array([[1], [1], [0], [1], [1], [1], [1], [1], [1], [1]])
         relevance_threshold = 1
         queries = np.arange(20.0).reshape(10, 2)
+        n_queries = 10
 
     rows, has_rel = tuning_rows(S(), "heldout", 100, seed=0)
     assert rows.tolist() == holdout_split(has_rel, 0.2, 0, 2000)[1].tolist()

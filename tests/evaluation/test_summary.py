@@ -69,3 +69,35 @@ def test_headline_uses_the_seed_average_never_a_single_seed() -> None:
     }
     line = headline("scifact", comp, "ndcg@10", "cosine")[0]
     assert "best ndcg@10: `linear` 0.7500 (mean of 2 training seeds, std 0.0707), +0.1500" in line
+
+
+def test_memorisation_caveat_only_when_a_trained_model_is_involved() -> None:
+    caveat = "A trained model's gains on the other queries can be memorised citations."
+    # the trained model is the best system: the caveat stays
+    assert headline("s", {**COMP, "trained": ["linear"]}, "ndcg@10", "cosine", OVERLAP)[1].endswith(
+        caveat
+    )
+    # only untrained baselines (bm25 best, cosine best on unseen): no caveat
+    base = {
+        "systems": {
+            "cosine": {"mean": {"ndcg@10": 0.60}, "n_evaluated": 300},
+            "bm25": {"mean": {"ndcg@10": 0.68}, "n_evaluated": 300},
+        },
+        "tests": {"cosine": {"bm25": {"ndcg@10": COMP["tests"]["cosine"]["linear"]["ndcg@10"]}}},
+        "trained": [],
+    }
+    overlap = {
+        "n_seen": 200,
+        "n_unseen": 100,
+        "parts": {
+            "unseen": {
+                "cosine": {"ndcg@10": {"mean": 0.70}},
+                "bm25": {"ndcg@10": {"mean": 0.66, "delta": -0.04, "p": 0.2}},
+            }
+        },
+    }
+    lines = headline("s", base, "ndcg@10", "cosine", overlap)
+    assert lines[1] == (
+        "  - but on the 100 queries whose relevant passages were never training positives, "
+        "`bm25` scores 0.6600 (-0.0400 vs `cosine`, p = 0.2); best there: `cosine` 0.7000."
+    )

@@ -62,7 +62,10 @@ def test_unknown_model_and_missing_path(tmp_path: Path) -> None:
         f"datasets: [{{name: a, path: {SAMPLES}, format: scifact, eval_split: test}}]\n"
         "models: {colbert: {family: colbert}}\n",
     )
-    with pytest.raises(ConfigError, match="models.colbert.family: 'colbert' is not a trainable"):
+    with pytest.raises(
+        ConfigError,
+        match="models.colbert.family: unknown trainable model family 'colbert'; known: linear",
+    ):
         load_experiment(p)
     p = _write(
         tmp_path,

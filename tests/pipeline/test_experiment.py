@@ -149,3 +149,37 @@ def test_baselines_only_experiment_skips_diagnostics(tmp_path: Path) -> None:
     ]
     report = json.loads(res.report_json.read_text())
     assert set(report["datasets"]["toy"]["comparison"]["systems"]) == {"cosine", "bm25"}
+
+
+def test_sidecar_arrays_written_into_a_store_root_keep_its_stages(tmp_path: Path) -> None:
+    """Mined negatives (arrays/) and FAISS indexes (indexes/) are derived caches: writing them
+    beside a split used through `store:` must not re-run the stages that read it, while a
+    changed store file does."""
+    import os
+
+    from tests.pipeline.test_training import write_store
+
+    write_store(tmp_path / "stores" / "test", seed=1)
+    (tmp_path / "exp.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "datasets": [{"name": "toy", "store": "stores", "eval_split": "test"}],
+                "systems": ["cosine"],
+                "evaluate": {"k": 20, "metrics": ["ndcg@10"], "baselines": ["cosine"]},
+                "models": {},
+            }
+        )
+    )
+
+    def run() -> str:
+        cfg = load_experiment(tmp_path / "exp.yaml", output_dir=tmp_path / "out")
+        return run_experiment(cfg, log=lambda s: None, progress=False).stages[0].status
+
+    assert run() == "ran"
+    for sub in ("arrays", "indexes"):
+        (tmp_path / "stores" / "test" / sub).mkdir()
+        (tmp_path / "stores" / "test" / sub / "x.npy").write_bytes(b"derived")
+    assert run() == "reused"
+    meta = tmp_path / "stores" / "test" / "meta.json"
+    os.utime(meta, ns=(meta.stat().st_atime_ns, meta.stat().st_mtime_ns + 10**9))
+    assert run() == "ran"

@@ -159,3 +159,32 @@ def test_drt_ablation_config_every_setting_validates(tmp_path: Path) -> None:
             s.values["models.drt.model.slot_dropout"],
             s.values["models.drt.model.k"],
         )
+
+
+def test_relative_store_roots_resolve_against_the_sweep_file(tmp_path: Path) -> None:
+    """Each setting's YAML is written under the sweep's folder, so a relative `store:` (like
+    `path:`) is made absolute against the sweep file first."""
+    from treerank.pipeline.sweep import _absolute_paths
+
+    raw = {"datasets": [{"name": "a", "store": "../stores/a"}, {"name": "b", "path": "b.zip"}]}
+    _absolute_paths(raw, tmp_path / "configs")
+    assert raw["datasets"][0]["store"] == str((tmp_path / "stores" / "a").resolve())
+    assert raw["datasets"][1]["path"] == str((tmp_path / "configs" / "b.zip").resolve())
+
+
+def test_sample_store_variant_differs_only_in_its_dataset() -> None:
+    """The variant that reads the main job's SciFact store runs the shipped grid unchanged."""
+    base = yaml.safe_load((REPO / "configs/sweeps/drt_ablation_scifact.yaml").read_text())
+    var = yaml.safe_load(
+        (REPO / "configs/sweeps/drt_ablation_scifact_sample_store.yaml").read_text()
+    )
+    assert var["datasets"] == [
+        {
+            "name": "scifact",
+            "store": "../../runs/sample/stores/scifact",
+            "train_split": "train",
+            "eval_split": "test",
+        }
+    ]
+    same = ("sweep", "encoder", "systems", "evaluate", "diagnose", "models", "quick")
+    assert {k: var[k] for k in same} == {k: base[k] for k in same}

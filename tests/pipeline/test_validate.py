@@ -40,7 +40,7 @@ def test_every_problem_is_listed_with_its_key_path(tmp_path: Path) -> None:
     msg = str(info.value)
     assert msg.startswith(f"{path.resolve()}: 3 problems found before running anything:")
     assert "  - evaluate.metrics[1]: bad metric 'ndcg@ten'" in msg
-    assert "  - systems[0]: unknown system 'bm52'" in msg
+    assert "  - systems[0]: unknown system kind 'bm52'; did you mean 'bm25'? known: cosine" in msg
     assert "  - systems[2]: bad system spec 'rrf:bm25': fusion needs two systems" in msg
 
 
@@ -52,7 +52,7 @@ def test_metric_deeper_than_k_is_named(tmp_path: Path) -> None:
 
 def test_misspelt_baseline_is_named(tmp_path: Path) -> None:
     path = _cfg(tmp_path, evaluate={"baselines": ["cosine", "bm52"]})
-    with pytest.raises(ConfigError, match=r"evaluate.baselines\[1\]: unknown system 'bm52'"):
+    with pytest.raises(ConfigError, match=r"evaluate.baselines\[1\]: unknown system kind 'bm52'"):
         validate_experiment(load_experiment(path))
 
 
@@ -61,7 +61,7 @@ def test_cli_typo_exits_2_before_any_stage_writes(tmp_path: Path) -> None:
     out = tmp_path / "out"
     res = CliRunner().invoke(app, ["run", str(path), "--out", str(out), "--no-progress"])
     assert res.exit_code == 2, res.output
-    assert "systems[0]: unknown system 'bm52'" in res.output
+    assert "systems[0]: unknown system kind 'bm52'; did you mean 'bm25'?" in res.output
     assert not out.exists()
     with pytest.raises(ConfigError):
         run_experiment(load_experiment(path, output_dir=out), log=lambda _: None)

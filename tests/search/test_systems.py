@@ -62,7 +62,7 @@ def test_fusion_specs(store) -> None:
 @pytest.mark.parametrize(
     ("spec", "match"),
     [
-        ("bm26", "unknown system"),
+        ("bm26", "unknown system kind 'bm26'; did you mean 'bm25'"),
         ("bm25:k2=3", "k1="),
         ("rrf:bm25", "two systems"),
         ("cosine:x=1", "no parameters"),
@@ -167,5 +167,22 @@ def test_a_system_kind_is_one_registered_entry(store, monkeypatch) -> None:
     assert fused.retrieve(store, 3).ids.shape == (store.n_queries, 3)
     with pytest.raises(ValueError, match="already registered"):
         register_system_kind("const", build, "again")
-    with pytest.raises(ValueError, match=r"unknown system 'nope'.*const \(constant scorer"):
+    with pytest.raises(ValueError, match=r"unknown system kind 'nope'; known: .*, const\b"):
         build_system("nope")
+    with pytest.raises(ValueError, match=r"'cnst'; did you mean 'const'\?"):
+        build_system("cnst")
+
+
+def test_uses_trained_model_walks_nested_systems(tmp_path) -> None:
+    from treerank.search.rescore import RescoreSystem
+    from treerank.search.systems import CheckpointSystem, uses_trained_model
+
+    ckpt = CheckpointSystem(tmp_path / "model")  # nothing is loaded until retrieve()
+    assert uses_trained_model(ckpt)
+    assert not uses_trained_model(build_system("cosine"))
+    assert not uses_trained_model(build_system("rrf:bm25+cosine"))
+    fused = build_system("rrf:bm25+cosine")
+    fused.b = ckpt  # a fusion with a trained side
+    assert uses_trained_model(fused)
+    assert uses_trained_model(RescoreSystem(build_system("bm25"), scorer="ckpt:/some/dir"))
+    assert not uses_trained_model(RescoreSystem(build_system("bm25"), scorer="cosine"))

@@ -130,3 +130,25 @@ def test_store_root_error_names_the_splits(tmp_path) -> None:
     write_tiny_store(tmp_path / "test")
     with pytest.raises(StoreFormatError, match=r"store root holding the split\(s\) test, train"):
         EmbeddingStore.open(tmp_path)
+
+
+def test_store_root_error_labels_a_pseudo_split(tmp_path) -> None:
+    """A training-data pseudo split beside the real ones is not offered as a split."""
+    import json
+
+    import pytest
+
+    from tests.search.tiny_store import write_tiny_store
+    from treerank.store import EmbeddingStore, StoreFormatError
+
+    write_tiny_store(tmp_path / "train")
+    write_tiny_store(tmp_path / "test")
+    write_tiny_store(tmp_path / "pseudo-19e292a124")
+    meta_path = tmp_path / "pseudo-19e292a124" / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta_path.write_text(json.dumps({**meta, "source": "pseudo", "split": "pseudo"}))
+    with pytest.raises(StoreFormatError) as info:
+        EmbeddingStore.open(tmp_path)
+    msg = str(info.value)
+    assert "holding the split(s) test, train (beside them pseudo-19e292a124: pseudo-queries " in msg
+    assert f"(e.g. {tmp_path / 'train'})" in msg

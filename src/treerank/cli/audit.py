@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from treerank.cli.errors import fail
+from treerank.cli.spec_help import SEE_KINDS, RegistryHelpCommand
 
 
 def audit(
@@ -19,7 +20,8 @@ def audit(
     miners: list[str] = typer.Option(
         ["bm25", "cosine"],
         "--miner",
-        help="Miner (a system spec), repeatable: bm25, cosine, ckpt:<dir>, rrf:bm25+cosine, ...",
+        metavar="SPEC",
+        help=f"Miner (a system spec), repeatable; {SEE_KINDS}.",
     ),
     depth: int = typer.Option(100, "--depth", min=1, help="Miner ranks audited per query."),
     max_rate: float = typer.Option(
@@ -63,4 +65,8 @@ def audit(
 
 def register(app: typer.Typer) -> None:
     """Add the ``audit`` command to the ``treerank`` app."""
-    app.command("audit", help="False-negative audit of negative miners on a labelled split.")(audit)
+    app.command(
+        "audit",
+        help="False-negative audit of negative miners on a labelled split.",
+        cls=RegistryHelpCommand,
+    )(audit)

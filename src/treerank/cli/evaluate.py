@@ -7,16 +7,9 @@ from pathlib import Path
 import typer
 
 from treerank.cli.errors import fail
+from treerank.cli.spec_help import SEE_KINDS, RegistryHelpCommand
 from treerank.evaluation.metrics import DEFAULT_METRICS
 from treerank.lock import LockHeldError
-
-
-def _systems_help() -> str:
-    from treerank.search.systems import SYSTEM_KINDS
-
-    return "System spec, repeatable: " + "; ".join(
-        f"{k}: {h}" for k, (_, h) in SYSTEM_KINDS.items()
-    )
 
 
 def evaluate(
@@ -30,11 +23,7 @@ def evaluate(
         ["cosine", "bm25"],
         "--system",
         metavar="SPEC",
-        help="System spec, repeatable: cosine; bm25[:k1=..,b=..,method=..]; "
-        "bm25+rm3[:fb_docs=10,fb_terms=10,orig_weight=0.5]; "
-        "rrf:<A>+<B>[:k=60]; linear-fusion:<A>+<B>[:w=0.5,norm=minmax|zscore]; "
-        "tuned-fusion:<A>+<B>[:method=linear|rrf,on=train|cv] and adaptive-fusion:<A>+<B> "
-        "(weight chosen on another split, then frozen); ckpt:<dir>.",
+        help=f"System spec, repeatable; {SEE_KINDS}.",
     ),
     baseline: str = typer.Option(
         "cosine", "--baseline", "-b", help="System the others are tested against."
@@ -46,9 +35,12 @@ def evaluate(
         None,
         "--out",
         "-o",
-        help="Write results.json, per_query.jsonl, runs/, plots/, table.md here.",
+        help="Write results.json, per_query.jsonl, runs/, plots/, table.md here (and "
+        "overlap.json, the seen / unseen breakdown, when there is a training split).",
     ),
-    k: int = typer.Option(1000, "--k", min=1, help="Run depth: passages retrieved per query."),
+    k: int = typer.Option(
+        1000, "--k", help="Run depth: passages retrieved per query (at least 1)."
+    ),
     metrics: list[str] = typer.Option(
         [],
         "--metric",
@@ -103,12 +95,14 @@ def evaluate(
     from treerank.evaluation.overlap import find_train_store, overlap_markdown
     from treerank.evaluation.plots import dataset_label
     from treerank.evaluation.summary import headline
+    from treerank.kernels.topk import check_run_depth
     from treerank.store import EmbeddingStore
 
     console = Console(soft_wrap=True)
     if baseline not in systems:
         systems = [baseline, *systems]
     try:
+        check_run_depth(k)
         eval_dir = store / split if split else store
         st = EmbeddingStore.open(eval_dir, dim=dim)
         train_dir = (train_store or find_train_store(eval_dir)) if overlap else None
@@ -176,9 +170,10 @@ def evaluate(
         )
     headline_metric = "ndcg@10" if "ndcg@10" in comp.metrics else comp.metrics[0]
     if comp.overlap is not None:
+        caveat = "; a trained model's gain on the first group can be memorised citations"
         console.print(
-            f"\nSeen vs unseen positives (training split {train_dir}; a gain on the first group "
-            "can be memorised citations):\n",
+            f"\nSeen vs unseen positives (training split {train_dir}"
+            f"{caveat if comp.trained else ''}):\n",
             markup=False,
         )
         console.print(overlap_markdown(comp.overlap, headline_metric, baseline).strip())
@@ -189,7 +184,8 @@ def evaluate(
         for line in lines:
             console.print(line.replace("**", "").replace("`", ""), markup=False)
     if out is not None:
-        console.print(f"wrote {out}/results.json, per_query.jsonl, table.md, runs/, plots/")
+        extra = ", overlap.json" if comp.overlap is not None else ""
+        console.print(f"wrote {out}/results.json, per_query.jsonl, table.md{extra}, runs/, plots/")
         for f in comp.removed_stale:
             console.print(f"removed {out / f} (left by an earlier comparison)", markup=False)
     if comp.failed:
@@ -198,6 +194,8 @@ def evaluate(
 
 def register(app: typer.Typer) -> None:
     """Add the ``evaluate`` command to the ``treerank`` app."""
-    app.command("evaluate", help="Evaluate systems against all passages of a store split.")(
-        evaluate
-    )
+    app.command(
+        "evaluate",
+        help="Evaluate systems against all passages of a store split.",
+        cls=RegistryHelpCommand,
+    )(evaluate)

@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from treerank.cli.errors import fail
+from treerank.cli.spec_help import SEE_KINDS, RegistryHelpCommand
 
 
 def _read_queries(path: Path) -> tuple[list[str], list[str]]:
@@ -31,12 +32,14 @@ def _read_queries(path: Path) -> tuple[list[str], list[str]]:
 
 def search(
     store: Path = typer.Option(..., "--store", "-s", help="Store split directory."),
-    queries: list[str] = typer.Option([], "--query", "-q", help="Query text (repeatable)."),
+    queries: list[str] = typer.Option(
+        [], "--query", "-q", metavar="TEXT", help="Query text (repeatable)."
+    ),
     queries_file: Path | None = typer.Option(
         None, "--queries", help="File of queries: one per line, or qid<TAB>text."
     ),
     system: str = typer.Option(
-        "cosine", "--system", help="System spec (cosine, faiss:hnsw:M=32, bm25, rescore:..., ...)."
+        "cosine", "--system", metavar="SPEC", help=f"System spec; {SEE_KINDS}."
     ),
     k: int = typer.Option(10, "--k", "-k", help="Hits per query."),
     fmt: str = typer.Option("table", "--format", "-f", help="table, json or trec."),
@@ -46,15 +49,15 @@ def search(
     ),
 ) -> None:
     """Encode queries with the store's encoder (pinned by its weights fingerprint) and search."""
+    from treerank.kernels.topk import check_run_depth
     from treerank.search.query import load_store_encoder, search_texts
     from treerank.search.systems import build_system
     from treerank.store import EmbeddingStore
 
     if fmt not in ("table", "json", "trec"):
         raise fail(f"--format must be table, json or trec, not {fmt!r}")
-    if k < 1:
-        raise fail(f"--k must be >= 1, got {k}")
     try:
+        check_run_depth(k)
         qids = [str(i) for i in range(len(queries))]
         texts = list(queries)
         if queries_file is not None:
@@ -111,4 +114,6 @@ def _print_table(qids: list[str], texts: list[str], hits: list, out: Path | None
 
 def register(app: typer.Typer) -> None:
     """Add the ``search`` command to the ``treerank`` app."""
-    app.command("search", help="Search a store split with query texts.")(search)
+    app.command("search", help="Search a store split with query texts.", cls=RegistryHelpCommand)(
+        search
+    )

@@ -7,12 +7,16 @@ from pathlib import Path
 import typer
 
 from treerank.cli.errors import fail
+from treerank.cli.spec_help import SEE_KINDS, RegistryHelpCommand
 
 
 def serve(
     store: Path = typer.Option(..., "--store", "-s", help="Store split directory."),
     systems: list[str] = typer.Option(
-        [], "--system", help="System spec a request may name (repeatable; first = default)."
+        [],
+        "--system",
+        metavar="SPEC",
+        help=f"System spec a request may name (repeatable; first = default); {SEE_KINDS}.",
     ),
     index: Path | None = typer.Option(
         None, "--index", help="A prebuilt index directory to serve (checked against the store)."
@@ -55,4 +59,6 @@ def serve(
 
 def register(app: typer.Typer) -> None:
     """Add the ``serve`` command to the ``treerank`` app."""
-    app.command("serve", help="HTTP JSON search service over a store split.")(serve)
+    app.command(
+        "serve", help="HTTP JSON search service over a store split.", cls=RegistryHelpCommand
+    )(serve)

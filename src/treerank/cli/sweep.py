@@ -17,6 +17,7 @@ def sweep(
         [],
         "--grid",
         "-g",
+        metavar="KEY=V1,V2",
         help="key.path=v1,v2 (dotted path into the YAML, list items by index); repeatable.",
     ),
     reference: str | None = typer.Option(
@@ -26,7 +27,11 @@ def sweep(
         "(default: the file's sweep.reference, else the first setting).",
     ),
     system: list[str] = typer.Option(
-        [], "--system", "-s", help="Table rows (default: every system); repeatable."
+        [],
+        "--system",
+        "-s",
+        metavar="NAME",
+        help="Table rows (default: every system); repeatable.",
     ),
     out: Path | None = typer.Option(
         None, "--out", "-o", help="Output directory (default: <output_dir>-sweep)."

@@ -9,6 +9,7 @@ import typer
 from treerank.cli.errors import fail
 from treerank.lock import LockHeldError
 from treerank.models.families import trainable_families
+from treerank.names import unknown_name
 
 
 def train(
@@ -49,7 +50,7 @@ def train(
 
     console = Console()
     if model not in trainable_families():
-        raise fail(f"unknown model family {model!r}; known: {', '.join(trainable_families())}")
+        raise fail(unknown_name("model family", model, trainable_families()))
     cfg: dict = {}
     if config is not None:
         try:

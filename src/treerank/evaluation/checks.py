@@ -16,8 +16,7 @@ from typing import Any
 import numpy as np
 
 from treerank.evaluation.metrics import parse_metric
-
-DEPTH_SETTING = "the run depth k (--k; evaluate.k in an experiment)"
+from treerank.kernels.topk import DEPTH_SETTING, check_run_depth
 
 
 def too_deep(k: int, metrics: Sequence[str], n_passages: int | None = None) -> list[str]:
@@ -41,8 +40,7 @@ def check_depth(k: int, metrics: Sequence[str], n_passages: int | None = None) -
     Raises:
         ValueError: ``k < 1``, or a metric whose cutoff exceeds ``k`` (every such metric named).
     """
-    if int(k) < 1:
-        raise ValueError(f"{DEPTH_SETTING} must be at least 1, got {k}")
+    check_run_depth(k)
     deep = too_deep(k, metrics, n_passages)
     if deep:
         need = max(parse_metric(m)[1] for m in deep)

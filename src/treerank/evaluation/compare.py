@@ -63,7 +63,7 @@ from treerank.evaluation.significance import McNemarResult, PairedTest, compare_
 from treerank.evaluation.trec_io import write_trec_run
 from treerank.lock import writer_lock
 from treerank.search.run import Run
-from treerank.search.systems import System, build_system
+from treerank.search.systems import System, build_system, uses_trained_model
 
 RECALL_CURVE_KS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
 HIT_METRIC = "success@10"
@@ -93,6 +93,9 @@ class Comparison:
         removed_stale: files of an earlier comparison removed from ``out_dir``.
         seed_spread: model -> per-seed means, mean and std over seeds
             (:func:`~treerank.evaluation.seeds.seed_spread`) for models given as seed groups.
+        trained: the systems that are, or are built on, a trained model
+            (:func:`~treerank.search.systems.uses_trained_model`; seed groups of such models
+            included): the memorisation caveat concerns only these.
     """
 
     runs: dict[str, Run]
@@ -114,6 +117,7 @@ class Comparison:
     removed_stale: list[str] = field(default_factory=list)
     seed_spread: dict[str, dict[str, Any]] = field(default_factory=dict)
     tuning: dict[str, dict[str, Any]] = field(default_factory=dict)
+    trained: list[str] = field(default_factory=list)
 
     def mean(self, system: str, metric: str) -> float:
         return self.results[system].mean[metric]
@@ -179,6 +183,7 @@ class Comparison:
             "seed_spread": self.seed_spread,
             "removed_stale_files": self.removed_stale,
             "tuning": self.tuning,
+            "trained": self.trained,
         }
 
 
@@ -265,6 +270,8 @@ def compare_systems(
             raise ValueError(f"baseline {b!r} is not one of the systems: {', '.join(built)}")
     # a writer lock on the output folder; nothing to lock when nothing is written
     lock = writer_lock(out_dir, "evaluate") if out_dir is not None else nullcontext()
+    trained = {n for n, s in built.items() if uses_trained_model(s)}
+    trained |= {m for m, members in (seed_groups or {}).items() if trained & set(members)}
     with lock:
         return _compare(
             store,
@@ -282,6 +289,7 @@ def compare_systems(
             ignore_identical_ids,
             train_store,
             seed_groups,
+            trained,
         )
 
 
@@ -315,6 +323,7 @@ def _compare(
     ignore_identical_ids: bool,
     train_store: Any,
     seed_groups: Mapping[str, Mapping[str, int]] | None,
+    trained: set[str],
 ) -> Comparison:
     qrels = Qrels.from_store(store, relevance_threshold)
     doc_qrels = replace(qrels, expansion=None)  # scored on rankings expanded here
@@ -381,6 +390,7 @@ def _compare(
         comp.results[model] = seed_average([comp.results[s] for s in members])
         comp.recall_curves[model] = {c: comp.results[model].mean[f"recall@{c}"] for c in curve_ks}
         comp.seed_spread[model] = seed_spread(comp.results, members, metrics)
+    comp.trained = [n for n in comp.results if n in trained]
     for b in (baseline, second_baseline):
         if b is None or b in comp.failed:
             continue

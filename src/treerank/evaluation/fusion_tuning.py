@@ -58,6 +58,7 @@ from treerank.search.systems import (
     build_system,
     register_system_kind,
 )
+from treerank.store.view import QuerySubset
 
 FUSION_METHODS = ("linear", "rrf")
 QUERY_SETS = ("heldout", "all")
@@ -66,38 +67,6 @@ DEFAULT_MAX_QUERIES = 2000
 CROSS_FIT = "cv"
 CV_FOLDS = 5
 HELDOUT_FRACTION = 0.2  # the trainers' default validation fraction (training.holdout)
-
-
-class QuerySubset:
-    """A view of a store split restricted to some of its queries (passages unchanged).
-
-    Args:
-        store: an :class:`~treerank.store.EmbeddingStore` split.
-        rows: ``int64 (m,)`` query rows to keep, in order.
-    """
-
-    def __init__(self, store: Any, rows: np.ndarray) -> None:
-        self._store = store
-        self.rows = np.asarray(rows, dtype=np.int64)
-        self.path = Path(str(getattr(store, "path", ""))) / f"#queries-{len(self.rows)}"
-        self.queries = np.asarray(store.queries[self.rows])
-        self.candidates = np.asarray(store.candidates)[self.rows]
-        self.labels = np.asarray(store.labels)[self.rows]
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._store, name)
-
-    @property
-    def n_queries(self) -> int:
-        return int(self.rows.size)
-
-    def query_texts(self) -> list[str]:
-        texts = self._store.query_texts()
-        return [texts[i] for i in self.rows]
-
-    def query_ids(self) -> list[str]:
-        ids = self._store.query_ids()
-        return [ids[i] for i in self.rows]
 
 
 def tuning_rows(

@@ -4,7 +4,10 @@ The caveat is what a researcher must read next to a trained model's gain: on col
 test queries cite passages that training queries also cite (SciFact), the gain can be memorised
 citations. When the comparison carries the seen / unseen breakdown
 (:mod:`treerank.evaluation.overlap`), the headline adds the best system's score on the queries
-whose relevant passages were never training positives, and the best system there.
+whose relevant passages were never training positives, and the best system there; the sentence
+on memorised citations is added only when one of those two systems is a trained model
+(``comparison["trained"]``; a comparison without that entry, written before it existed, is
+assumed to involve one).
 ``treerank evaluate`` prints these lines; the ``treerank run`` report opens with them.
 """
 
@@ -40,8 +43,9 @@ def headline(
         min_queries: below this many evaluated queries no conclusion is drawn.
 
     Returns:
-        One line for the best system, plus one for the unseen-positive caveat when the
-        breakdown has unseen queries; empty without systems.
+        One line for the best system, plus one for the unseen-positive breakdown when it has
+        unseen queries (ending with the memorisation caveat when the best system overall or
+        on the unseen queries is trained); empty without systems.
     """
     systems = comparison.get("systems", {})
     spread = comparison.get("seed_spread") or {}
@@ -97,7 +101,8 @@ def headline(
         ucell = unseen[u_best][metric]
         if "delta" in ucell:
             text += f" ({ucell['delta']:+.4f}, {p_text(ucell.get('p'))})"
-        out.append(
-            text + ". A trained model's gains on the other queries can be memorised citations."
-        )
+        trained = comparison.get("trained")
+        if trained is None or best in trained or u_best in trained:
+            text += ". A trained model's gains on the other queries can be memorised citations"
+        out.append(text + ".")
     return out

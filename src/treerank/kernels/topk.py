@@ -48,6 +48,22 @@ BACKENDS = ("faiss", "torch")
 
 _PAD_ID = 0xFFFFFFFF
 
+DEPTH_SETTING = "the run depth k (--k; evaluate.k in an experiment)"
+"""How errors name the run depth, the same in every command and in the library."""
+
+
+def check_run_depth(k: int) -> None:
+    """Refuse a run depth (passages retrieved per query) below 1.
+
+    The one place that words this error: ``treerank evaluate``, ``treerank search``,
+    :func:`treerank.evaluation.checks.check_depth` and ``search_texts`` all call it.
+
+    Raises:
+        ValueError: ``k < 1`` (``"the run depth k (--k; ...) must be at least 1, got 0"``).
+    """
+    if int(k) < 1:
+        raise ValueError(f"{DEPTH_SETTING} must be at least 1, got {k}")
+
 
 class NonFiniteVectorError(ValueError):
     """A query or passage vector holds NaN or infinity; the message names the store (or array)

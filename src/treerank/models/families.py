@@ -19,7 +19,11 @@ A family entry (:class:`ModelFamily`) names, as ``"module:attribute"`` strings i
 * ``report``: ``report(systems: {name: System}) -> {"stats": {name: dict}, "markdown": str}``,
   called with the family's systems after the evaluation, added to the report (optional);
 * ``curves``: ``plot(records, summary, path, title) -> Path | None`` for the trained model's
-  directory (None: ``treerank.training.history.plot_curves`` of the training log).
+  directory (None: ``treerank.training.history.plot_curves`` of the training log);
+* ``defaults``: ``resolve(config: TrainConfig, where) -> dataclass | dict``, the config with
+  every default filled in, for families whose sections are key lists (None: the parsed
+  ``TrainConfig.to_dict()`` is complete); it is part of the pipeline's train-stage key, so a
+  changed default re-trains instead of reusing a model trained under the old one.
 
 Registry, config validation, ``--model`` choices, the pipeline's train stage, ``ckpt:`` systems
 and the report all read :data:`FAMILIES`; :func:`register_family` adds an entry from anywhere
@@ -28,6 +32,7 @@ and the report all read :data:`FAMILIES`; :func:`register_family` adds an entry 
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -71,6 +76,7 @@ class ModelFamily:
     system: Ref = None
     report: Ref = None
     curves: Ref = None
+    defaults: Ref = None
 
     @property
     def trainable(self) -> bool:
@@ -95,6 +101,23 @@ class ModelFamily:
 
             raise ConfigError(f"{where}: the {self.name!r} family is not trainable")
         return resolve(self.config)(cfg, where)
+
+    def resolved_config(self, cfg: Any, where: str = "config") -> dict[str, Any]:
+        """The parsed config with every default filled in, as plain JSON types.
+
+        Raises:
+            ConfigError: as :meth:`parse_config`.
+        """
+        parsed = self.parse_config(cfg, where)
+        out: dict[str, Any] = parsed.to_dict()
+        if self.defaults is not None:
+            full = resolve(self.defaults)(parsed, where)
+            out["resolved"] = (
+                dataclasses.asdict(full)
+                if dataclasses.is_dataclass(full) and not isinstance(full, type)
+                else dict(full)
+            )
+        return out
 
     def train_function(self) -> Any:
         if self.trainer is None:
@@ -127,12 +150,15 @@ def family(name: str) -> ModelFamily:
     """The family called ``name``.
 
     Raises:
-        KeyError: unknown family (the message lists the known ones).
+        KeyError: unknown family (the message suggests the closest name and lists the known
+            ones).
     """
     try:
         return FAMILIES[name]
     except KeyError:
-        raise KeyError(f"unknown model family {name!r}; known: {', '.join(FAMILIES)}") from None
+        from treerank.names import unknown_name
+
+        raise KeyError(unknown_name("model family", name, FAMILIES)) from None
 
 
 def family_names() -> list[str]:
@@ -185,6 +211,7 @@ for _entry in (
         system="treerank.search.forest_index:ForestSystem",
         report="treerank.search.forest_index:forest_report",
         curves="treerank.training.forest:plot_forest_curves",
+        defaults="treerank.training.forest_config:forest_train_config",
     ),
 ):
     register_family(_entry)

@@ -15,6 +15,7 @@ from typing import Any
 from treerank.config import ConfigError, check_keys, load_yaml
 from treerank.evaluation.metrics import DEFAULT_METRICS
 from treerank.models.families import FAMILIES, trainable_families
+from treerank.names import unknown_name
 from treerank.readers import FORMATS
 
 __all__ = ["ConfigError", "ExperimentConfig", "ModelSpec", "deep_merge", "load_experiment"]
@@ -298,8 +299,8 @@ def _models(doc: Any, src: Path) -> dict[str, ModelSpec]:
         seeds = _seeds(body.pop("seeds", None), body, where)
         if fam not in FAMILIES or not FAMILIES[fam].trainable:
             raise ConfigError(
-                f"{where}.family: {fam!r} is not a trainable model family; "
-                f"known: {', '.join(trainable_families())}"
+                f"{where}.family: "
+                + unknown_name("trainable model family", str(fam), trainable_families())
             )
         FAMILIES[fam].parse_config(body, where)
         out[str(name)] = ModelSpec(str(name), str(fam), body, seeds)

@@ -356,9 +356,13 @@ def _existing_store(run: _Run, ds: DatasetConfig, split: str) -> dict[str, Any]:
     """Key and statistics of a split of a dataset's existing store (``datasets[].store``).
 
     The key covers every file's name, size and modification time, so a changed store re-runs
-    the stages that read it.
+    the stages that read it. Derived caches the stages themselves write beside the split (mined
+    negatives and teacher rankings under ``arrays/``, FAISS indexes under ``indexes/``) are left
+    out: a training stage that mines negatives must not change the key of every later run.
     """
+    from treerank.search.faiss_index import INDEXES_DIR
     from treerank.store import EmbeddingStore
+    from treerank.store.format import ARRAYS_DIR
 
     assert ds.store is not None
     path = ds.store / split
@@ -366,7 +370,9 @@ def _existing_store(run: _Run, ds: DatasetConfig, split: str) -> dict[str, Any]:
     files = sorted(
         (str(p.relative_to(path)), p.stat().st_size, p.stat().st_mtime_ns)
         for p in path.rglob("*")
-        if p.is_file() and p.name != "stage.json"
+        if p.is_file()
+        and p.name != "stage.json"
+        and p.relative_to(path).parts[0] not in (ARRAYS_DIR, INDEXES_DIR)
     )
     run.stage_keys[f"store:{ds.name}:{split}"] = fingerprint("store", str(path), ds.dim, files)
     return {"n_queries": st.n_queries, "n_passages": st.n_passages, "k": st.k, "store": str(path)}
@@ -375,6 +381,18 @@ def _existing_store(run: _Run, ds: DatasetConfig, split: str) -> dict[str, Any]:
 def _store_dir(run: _Run, ds: DatasetConfig, split: str) -> Path:
     root = ds.store if ds.store is not None else run.cfg.output_dir / "stores" / ds.name
     return root / split
+
+
+def _resolved_config(spec: ModelSpec, config: dict[str, Any], source: Any) -> dict[str, Any]:
+    """The training config with every default filled in (part of the train stage's key).
+
+    The YAML alone is not enough: a changed default (e.g. ``validation.group_by_passage``)
+    must re-run the stages it affects instead of silently reusing a model trained under the
+    old one.
+    """
+    from treerank.models.families import family
+
+    return family(spec.family).resolved_config(config, f"{source}: models.{spec.name}")
 
 
 def _train_stage(
@@ -390,6 +408,7 @@ def _train_stage(
         run.stage_keys[f"store:{ds.name}:{ds.train_split}"],
         spec.family,
         config,
+        _resolved_config(spec, config, run.cfg.source),
     )
 
     def work(d: Path) -> dict[str, Any]:

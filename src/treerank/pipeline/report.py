@@ -210,12 +210,18 @@ def write_report(
                     )
             md.append("")
         if o.overlap_markdown:
+            trained = o.comparison.get("trained")
             md += [
                 "### Seen vs unseen positives",
                 "",
                 "Queries split by whether one of their relevant passages was also relevant to a "
-                "training query (matched by source passage id). A trained model's gain on the "
-                "first group can be memorised citations; the second group shows what generalises.",
+                "training query (matched by source passage id)."
+                + (
+                    " A trained model's gain on the first group can be memorised citations; the "
+                    "second group shows what generalises."
+                    if trained is None or trained
+                    else ""
+                ),
                 "",
                 o.overlap_markdown.strip(),
                 "",

@@ -157,10 +157,12 @@ def split_sweep_section(raw: dict[str, Any], src: Path) -> tuple[dict[str, Any],
 
 
 def _absolute_paths(raw: dict[str, Any], base: Path) -> None:
-    """Dataset (and local encoder) paths relative to the source YAML, made absolute."""
+    """Dataset paths and store roots (and a local encoder) relative to the source YAML, made
+    absolute (each setting's YAML is written elsewhere)."""
     for ds in raw.get("datasets") or []:
-        if isinstance(ds, dict) and ds.get("path") and not Path(ds["path"]).is_absolute():
-            ds["path"] = str((base / ds["path"]).resolve())
+        for key in ("path", "store"):
+            if isinstance(ds, dict) and ds.get(key) and not Path(ds[key]).is_absolute():
+                ds[key] = str((base / ds[key]).resolve())
     enc = raw.get("encoder") or {}
     model = enc.get("model") if isinstance(enc, dict) else None
     if isinstance(model, str) and not Path(model).is_absolute() and (base / model).exists():

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from treerank.kernels.topk import check_run_depth
 from treerank.search.run import Run
 
 
@@ -170,8 +171,7 @@ def search_texts(
     Raises:
         ValueError: ``k < 1`` or no texts.
     """
-    if k < 1:
-        raise ValueError(f"k must be >= 1, got {k}")
+    check_run_depth(k)
     if not texts:
         raise ValueError("no query texts")
     q = encoder.encode_queries(list(texts))

@@ -3,8 +3,21 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+
+
+def store_key(store: Any) -> str:
+    """What a system memoises its last run (or index) under for ``store``.
+
+    A view (``treerank.search.query.QueryView``, ``treerank.store.view.QuerySubset``) carries
+    its own unique ``memo_key``: views are short-lived, and a reused ``id()`` must never return
+    another view's memoised run. Pass ``getattr(store, "base", store)`` for what depends only on
+    the passages (an index), which a view shares with its store.
+    """
+    key = getattr(store, "memo_key", None)
+    return str(key) if key else f"{getattr(store, 'path', '')}#{id(store)}"
 
 
 @dataclass

@@ -37,10 +37,12 @@ import numpy as np
 
 from treerank.kernels.topk import DEFAULT_CHUNK_SIZE, exact_search
 from treerank.models.base import DenseScorer
+from treerank.models.checkpoint import CheckpointMixin
 from treerank.models.cosine import CosineScorer
+from treerank.models.families import FAMILIES
 from treerank.search.bm25 import BM25_METHODS, BM25Index, BM25Params
 from treerank.search.fusion import DEFAULT_RRF_K, NORMALISATIONS, linear_fusion, rrf
-from treerank.search.run import Run
+from treerank.search.run import Run, store_key
 
 
 @runtime_checkable
@@ -54,11 +56,27 @@ class System(Protocol):
         ...
 
 
-def _store_key(store: Any) -> str:
-    # A query view (treerank.search.query.QueryView) carries its own unique key: views are
-    # short-lived, and a reused id() must never return another view's memoised run.
-    key = getattr(store, "memo_key", None)
-    return str(key) if key else f"{getattr(store, 'path', '')}#{id(store)}"
+def uses_trained_model(system: Any, _depth: int = 0) -> bool:
+    """Whether a system is, or is built on, a trained model.
+
+    True for a :class:`CheckpointSystem`, a loaded model of a trainable family, or a
+    ``ckpt:`` spec string held by a system (``rescore:...:scorer=ckpt:<dir>``,
+    ``faiss:...:over=ckpt:<dir>``), found by walking the attributes of treerank objects (a
+    fusion's two sides, a rescore's first stage, a FAISS system's spec). Reports use it to print
+    the memorisation caveat only where a trained model is involved.
+    """
+    if isinstance(system, CheckpointSystem):
+        return True
+    if isinstance(system, CheckpointMixin):  # a loaded model: trained unless its family is not
+        fam = FAMILIES.get(system.model_type)
+        return fam is None or fam.trainable
+    if isinstance(system, str):
+        return system.strip().startswith("ckpt:")
+    if isinstance(system, (tuple, list)):
+        return any(uses_trained_model(v, _depth + 1) for v in system)
+    if _depth > 6 or not type(system).__module__.startswith("treerank."):
+        return False
+    return any(uses_trained_model(v, _depth + 1) for v in getattr(system, "__dict__", {}).values())
 
 
 class _RunMemo:
@@ -69,13 +87,13 @@ class _RunMemo:
         self._memo: tuple[str, Run] | None = None
 
     def get(self, store: Any, k: int) -> Run | None:
-        if self._memo and self._memo[0] == _store_key(store) and self._memo[1].k >= k:
+        if self._memo and self._memo[0] == store_key(store) and self._memo[1].k >= k:
             run = self._memo[1]
             return run if run.k == k else run.truncate(min(k, run.k))
         return None
 
     def put(self, store: Any, run: Run) -> Run:
-        self._memo = (_store_key(store), run)
+        self._memo = (store_key(store), run)
         return run
 
 
@@ -132,7 +150,7 @@ class BM25System:
         self._memo = _RunMemo()
 
     def index_for(self, store: Any) -> BM25Index:
-        key = _store_key(getattr(store, "base", store))  # a query view shares its index
+        key = store_key(getattr(store, "base", store))  # a query view shares its index
         if self._cache is None or self._cache[0] != key:
             self._cache = (key, BM25Index(store.passage_texts(), self.params))
         return self._cache[1]
@@ -421,10 +439,12 @@ def build_system(spec: str, cache: dict[str, System] | None = None, **options: A
         return cache[spec]
     kind, _, body = spec.partition(":")
     if kind not in SYSTEM_KINDS:
-        raise ValueError(
-            f"unknown system {spec!r}; known: "
-            + "; ".join(f"{k} ({h})" for k, (_, h) in SYSTEM_KINDS.items())
+        from treerank.names import unknown_name
+
+        msg = unknown_name(
+            "system kind", kind, SYSTEM_KINDS, "`treerank evaluate --help` describes each kind"
         )
+        raise ValueError(msg if spec == kind else f"system spec {spec!r}: {msg}")
     opts = {k: v for k, v in options.items() if k in ("chunk_size", "progress", "backend")}
     system = SYSTEM_KINDS[kind][0](body, spec, cache=cache, **opts)
     if cache is not None:

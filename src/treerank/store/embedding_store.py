@@ -23,6 +23,7 @@ from treerank.store.format import (
     PASSAGES_BIN,
     PASSAGES_JSONL,
     PROGRESS_JSON,
+    PSEUDO_SOURCE,
     QRELS_TSV,
     QUERIES_BIN,
     QUERIES_JSONL,
@@ -35,6 +36,24 @@ from treerank.store.format import (
 )
 
 _ARRAY_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+
+def _root_splits(root: Path) -> tuple[list[str], list[str]]:
+    """``(splits, pseudo)``: the store directories under a store root, sorted; ``pseudo`` holds
+    the training-data pseudo splits (``meta.json`` ``source`` = ``"pseudo"``,
+    ``treerank.training.pseudo``), which are not splits of the dataset."""
+    splits: list[str] = []
+    pseudo: list[str] = []
+    for d in sorted(root.iterdir()):
+        meta = d / META_JSON
+        if not meta.is_file():
+            continue
+        try:
+            source = json.loads(meta.read_text(encoding="utf-8")).get("source")
+        except (OSError, ValueError, AttributeError):
+            source = None
+        (pseudo if source == PSEUDO_SOURCE else splits).append(d.name)
+    return splits, pseudo
 
 
 class EmbeddingStore:
@@ -96,12 +115,18 @@ class EmbeddingStore:
                     f"{path}: incomplete store (an embed run was interrupted; no {META_JSON}); "
                     "finish it with `treerank embed ... --resume`"
                 )
-            splits = sorted(d.name for d in path.iterdir() if (d / META_JSON).is_file())
-            if splits:
+            splits, pseudo = _root_splits(path)
+            if splits or pseudo:
+                extra = (
+                    f" (beside them {', '.join(pseudo)}: pseudo-queries built for training, "
+                    "not a split)"
+                    if pseudo
+                    else ""
+                )
                 raise StoreFormatError(
-                    f"{path}: a store root holding the split(s) {', '.join(splits)}; open one "
-                    f"split directory (e.g. {path / splits[-1]}) or pass the split name "
-                    "(--split on the command line)"
+                    f"{path}: a store root holding the split(s) {', '.join(splits) or 'none'}"
+                    f"{extra}; open one split directory (e.g. {path / (splits or pseudo)[-1]}) "
+                    "or pass the split name (--split on the command line)"
                 )
             if dim is None:
                 raise StoreFormatError(

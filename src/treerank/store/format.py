@@ -46,6 +46,7 @@ QRELS_TSV = "qrels.tsv"
 PROGRESS_JSON = "progress.json"
 ARRAYS_DIR = "arrays"
 MINED_NEGATIVES_ARRAY = "bm25_negatives"  # sidecar array of BM25-mined hard negatives
+PSEUDO_SOURCE = "pseudo"  # meta.json `source` of a training-data pseudo split (not a real split)
 
 VECTOR_DTYPE = np.dtype("<f4")
 INDEX_DTYPE = np.dtype("<i4")

@@ -35,6 +35,7 @@ import numpy as np
 
 from treerank.readers.builder import SplitBuilder
 from treerank.readers.split import RetrievalSplit
+from treerank.store.format import PSEUDO_SOURCE
 
 __all__ = [
     "PSEUDO_METHODS",
@@ -174,7 +175,7 @@ def make_pseudo_split(
     if len(passage_ids) != n or (titles is not None and len(titles) != n):
         raise ValueError("pseudo: passage ids, texts (and titles) must have the same length")
     rng = np.random.default_rng(cfg.seed)
-    b = SplitBuilder("pseudo", "pseudo", relevance_threshold=2)
+    b = SplitBuilder("pseudo", PSEUDO_SOURCE, relevance_threshold=2)
     for pid, text in zip(passage_ids, passage_texts, strict=True):
         b.add_passage(f"corpus:{pid}", text)
     order = rng.permutation(n)

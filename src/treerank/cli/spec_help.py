@@ -1,0 +1,34 @@
+"""``--help`` of the commands that take system specs: the kinds, read from the kind table.
+
+The table (:data:`treerank.search.systems.SYSTEM_KINDS`) is filled by importing the modules that
+register kinds, and those import torch: too slow for every ``treerank`` start. So
+:class:`RegistryHelpCommand` reads it only while ``--help`` is formatted, and appends a
+"System kinds" section, one ``kind  help`` line per registered kind. A kind registered anywhere
+(``faiss:``, ``rescore:``, ``tuned-fusion:``, a plugin's) shows up without editing any help text.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from typer.core import TyperCommand
+
+SEE_KINDS = "the kinds are listed under 'System kinds' below"
+"""For an option's help: where the spec kinds are described."""
+
+
+def system_kinds() -> list[tuple[str, str]]:
+    """``[(kind, help line)]`` of every registered system kind, in registration order."""
+    import treerank.evaluation.fusion_tuning  # noqa: F401  (registers tuned-/adaptive-fusion)
+    from treerank.search.systems import SYSTEM_KINDS
+
+    return [(kind, text) for kind, (_, text) in SYSTEM_KINDS.items()]
+
+
+class RegistryHelpCommand(TyperCommand):
+    """A command whose ``--help`` ends with the registered system kinds."""
+
+    def format_epilog(self, ctx: Any, formatter: Any) -> None:
+        super().format_epilog(ctx, formatter)
+        with formatter.section("System kinds (SPEC = kind or kind:parameters)"):
+            formatter.write_dl(system_kinds())
