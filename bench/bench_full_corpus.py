@@ -1,7 +1,9 @@
 """``negatives: all`` vs in-batch: training steps/s and peak memory of the full-corpus softmax.
 
 Setting: a linear head (384 -> 384, MiniLM's size), B = 256 queries per step, 20,000 passages
-(SQuAD's corpus size), random unit vectors. Measured in the same run, each setting in a fresh
+(SQuAD's corpus size), random unit vectors; or, with ``--store <split>``, a real store's vectors
+and labels (SQuAD train: 20,958 paragraphs, its questions and their labelled paragraph, the
+hard negative a random passage). Measured in the same run, each setting in a fresh
 subprocess (so its peak resident memory is its own):
 
 * ``batch``: in-batch + 1 hard negative (today's default);
@@ -12,7 +14,8 @@ Printed: steps/s, its ratio to ``batch``, and the peak RSS growth over the proce
 (after data and model are built) -- the full-corpus loss's extra memory should follow the chunk,
 not the corpus.
 
-Run: ``nice python bench/bench_full_corpus.py [--steps 20] [--passages 20000]``.
+Run: ``nice python bench/bench_full_corpus.py [--steps 20] [--passages 20000] [--store DIR]
+[--json OUT]``.
 """
 
 from __future__ import annotations
@@ -25,7 +28,9 @@ import sys
 import time
 
 
-def one(setting: str, steps: int, n_passages: int, threads: int) -> dict[str, float]:
+def one(
+    setting: str, steps: int, n_passages: int, threads: int, store: str | None = None
+) -> dict[str, float]:
     import numpy as np
     import torch
 
@@ -36,11 +41,23 @@ def one(setting: str, steps: int, n_passages: int, threads: int) -> dict[str, fl
     torch.set_num_threads(threads)
     rng = np.random.default_rng(0)
     d, nq = 384, 4096
-    p = rng.standard_normal((n_passages, d)).astype(np.float32)
-    p /= np.linalg.norm(p, axis=1, keepdims=True)
-    q = rng.standard_normal((nq, d)).astype(np.float32)
-    q /= np.linalg.norm(q, axis=1, keepdims=True)
-    cand = np.stack([rng.choice(n_passages, nq), rng.choice(n_passages, nq)], 1).astype(np.int32)
+    if store is not None:
+        from treerank.store import EmbeddingStore
+
+        st = EmbeddingStore.open(store)
+        rows = np.sort(rng.choice(st.n_queries, nq, replace=False))
+        p = np.asarray(st.passages, dtype=np.float32)
+        q = np.asarray(st.queries[rows], dtype=np.float32)
+        n_passages, d = p.shape
+        pos = np.asarray(st.candidates[rows])[:, 0]
+        cand = np.stack([pos, rng.choice(n_passages, nq)], 1).astype(np.int32)
+    else:
+        p = rng.standard_normal((n_passages, d)).astype(np.float32)
+        p /= np.linalg.norm(p, axis=1, keepdims=True)
+        q = rng.standard_normal((nq, d)).astype(np.float32)
+        q /= np.linalg.norm(q, axis=1, keepdims=True)
+        cand = np.stack([rng.choice(n_passages, nq), rng.choice(n_passages, nq)], 1)
+        cand = cand.astype(np.int32)
     lab = np.stack([np.ones(nq), np.zeros(nq)], 1).astype(np.uint8)
     sampler = ContrastiveSampler(
         cand, lab, batch_size=256, n_hard=1, hard_pool=cand[:, 1:].astype(np.int64)
@@ -69,12 +86,20 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--passages", type=int, default=20_000)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--store", default=None, help="a store split to take vectors from")
+    ap.add_argument("--chunks", default="1024,4096", help="chunk sizes besides one chunk")
+    ap.add_argument("--json", default=None, help="also write the results here")
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.one:
-        print(json.dumps(one(a.one, a.steps, a.passages, a.threads)))
+        print(json.dumps(one(a.one, a.steps, a.passages, a.threads, a.store)))
         return
-    settings = ["batch", "all/1024", "all/4096", f"all/{a.passages}"]
+    n = a.passages
+    if a.store is not None:
+        from treerank.store import EmbeddingStore
+
+        n = EmbeddingStore.open(a.store).n_passages
+    settings = ["batch", *(f"all/{c}" for c in a.chunks.split(",")), f"all/{n}"]
     res = {}
     for s in settings:
         out = subprocess.run(
@@ -89,6 +114,7 @@ def main() -> None:
                 str(a.passages),
                 "--threads",
                 str(a.threads),
+                *(["--store", a.store] if a.store else []),
             ],
             capture_output=True,
             text=True,
@@ -96,13 +122,18 @@ def main() -> None:
         )
         res[s] = json.loads(out.stdout.strip().splitlines()[-1])
     ref = res["batch"]["steps_per_s"]
-    print(f"{a.passages} passages, B = 256, d = 384, {a.steps} steps, {a.threads} thread(s)")
+    src = a.store or "random unit vectors"
+    print(f"{n} passages ({src}), B = 256, d = 384, {a.steps} steps, {a.threads} thread(s)")
     print(f"{'setting':>12} {'steps/s':>9} {'x batch':>8} {'peak RSS growth MiB':>20}")
     for s, r in res.items():
         print(
             f"{s:>12} {r['steps_per_s']:9.2f} {r['steps_per_s'] / ref:8.3f} "
             f"{r['peak_growth_mib']:20.1f}"
         )
+    if a.json:
+        meta = {"passages": n, "source": src, "batch_size": 256, "dim": 384, "steps": a.steps}
+        with open(a.json, "w") as f:
+            json.dump({"setup": meta, "results": res}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -48,6 +48,10 @@ def test_idf_coverage_edge_cases() -> None:
     ia, ib = math.log(1 + 3.5 / 1.5), math.log(1 + 1.5 / 3.5)
     assert got[0] == pytest.approx((ia + ib) / 2 / (ia + ib))  # repeats ignored: 0.5
     assert np.isnan(got[1]) and np.isnan(got[2])  # no term; no relevant passage
+    # a judged passage absent from the corpus (id past the last passage, as Qrels keys it) has
+    # no text: skipped, so query 0 is scored on passage 0 alone, query 1 has nothing left
+    got = idf_coverage([["a", "b"], ["b"]], [{"a"}, {"b"}], df, 4, [[0, 7], [5]])
+    assert got[0] == pytest.approx(ia / (ia + ib)) and np.isnan(got[1])
 
 
 def test_buckets_histogram_table_and_plot(tmp_path: Path) -> None:

@@ -115,3 +115,34 @@ def test_bad_input():
         LinearHead(8).encode_queries(np.zeros((2, 4), np.float32))
     with pytest.raises(ValueError, match="scoring"):
         LinearHead(8, scoring="l2")
+
+
+def test_query_side_adapter_leaves_passage_tower_untouched(tmp_path):
+    """``trainable="query"``: training moves only the query tower; the passage tower (and so
+    the passage index of a residual head) stays the identity, also after a checkpoint."""
+    from treerank.training.sources import label_pairs, train_on_pairs
+    from treerank.training.trainer import TrainerConfig
+
+    q, p = _vectors(40, 8, 0), _vectors(60, 8, 1)
+    cand = np.arange(40, dtype=np.int32)[:, None]  # query i -> passage i
+    lab = np.ones((40, 1), np.uint8)
+    pairs = label_pairs(cand, lab, [f"q{i}" for i in range(40)])
+    cfg = TrainerConfig(max_steps=5, lr=1e-2, patience=None, warmup_ratio=0.0)
+    for trainable, moved, kept in (
+        ("query", "query_tower", "passage_tower"),
+        ("passage", "passage_tower", "query_tower"),
+    ):
+        torch.manual_seed(0)
+        head = LinearHead(8, trainable=trainable)
+        train_on_pairs(head, q, p, [pairs], cfg, batch_size=8, progress=False)
+        assert torch.count_nonzero(getattr(head, kept).weight) == 0
+        assert torch.count_nonzero(getattr(head, moved).weight) > 0
+        save_checkpoint(tmp_path / trainable, head.to_checkpoint("m", "f"))
+        back = load_model(tmp_path / trainable)
+        assert back.config()["trainable"] == trainable
+        assert not getattr(back, kept).weight.requires_grad
+        np.testing.assert_array_equal(back.encode_passages(p), head.encode_passages(p))
+    with pytest.raises(ValueError, match="shared=False"):
+        LinearHead(8, shared=True, trainable="query")
+    with pytest.raises(ValueError, match="trainable"):
+        LinearHead(8, trainable="neither")

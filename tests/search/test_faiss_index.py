@@ -11,6 +11,7 @@ from treerank.models.cosine import CosineScorer
 from treerank.models.linear import LinearHead
 from treerank.search.faiss_index import (
     FaissSystem,
+    add_ivf_presized,
     build_index,
     faiss_system,
     list_indexes,
@@ -113,6 +114,33 @@ def test_approximate_kinds_recall(store, exact, tmp_path) -> None:
     # binary scores are negated Hamming distances over 384 bits
     assert bits.scores.max() <= 0 and bits.scores.min() >= -384
     assert float(bits.scores[0, 0]).is_integer()
+
+
+@pytest.mark.parametrize("factory", ["IVF16,Flat", "OPQ8,IVF16,PQ8x4"])
+def test_presized_ivf_add_equals_faiss_add(store, factory: str) -> None:
+    import faiss
+
+    x = np.asarray(store.passages[:3000, :64], dtype=np.float32)
+    trained = faiss.index_factory(64, factory, faiss.METRIC_INNER_PRODUCT)
+    trained.train(x[:2000])
+    reference, presized = faiss.clone_index(trained), faiss.clone_index(trained)
+    reference.add(x)
+    calls: list[int] = []
+    add_ivf_presized(presized, x, lambda b: b, chunk_size=700, on_chunk=calls.append)
+    assert calls == [700, 700, 700, 700, 200] and presized.ntotal == 3000
+    a, b = faiss.extract_index_ivf(reference).invlists, faiss.extract_index_ivf(presized).invlists
+    for lst in range(16):
+        n = a.list_size(lst)
+        assert b.list_size(lst) == n
+        ids = [faiss.rev_swig_ptr(inv.get_ids(lst), n).copy() for inv in (a, b)]
+        np.testing.assert_array_equal(ids[0], ids[1])
+        size = n * a.code_size
+        codes = [faiss.rev_swig_ptr(inv.get_codes(lst), size).copy() for inv in (a, b)]
+        np.testing.assert_array_equal(codes[0], codes[1])
+    faiss.extract_index_ivf(presized).nprobe = faiss.extract_index_ivf(reference).nprobe = 4
+    np.testing.assert_array_equal(presized.search(x[:50], 10)[1], reference.search(x[:50], 10)[1])
+    with pytest.raises(ValueError, match="trained, empty IVF"):
+        add_ivf_presized(presized, x, lambda b: b)
 
 
 def test_opq_rotation_is_trained(store, tmp_path) -> None:

@@ -180,3 +180,24 @@ def test_refuses_mismatched_encoder_and_index(scifact_store, encoder, tmp_path) 
     res = CliRunner().invoke(app, ["serve", "--store", str(bad), "--port", str(_free_port())])
     assert res.exit_code == 2
     assert encoder.fingerprint in res.output.replace("\n", "")
+
+
+def test_info_names_each_faiss_systems_index(scifact_store, encoder, tmp_path) -> None:
+    store = scifact_store["test"]
+    copy = tmp_path / "test"
+    shutil.copytree(store.path, copy, ignore=shutil.ignore_patterns("indexes", "arrays"))
+    systems = ("faiss:hnsw:M=8,ef_search=32", "faiss:binary:rescore=50", "cosine")
+    info = SearchService(ServiceConfig(store=copy, systems=systems), encoder=encoder).info()
+    assert set(info["indexes"]) == {"faiss:hnsw:M=8,ef_search=32", "faiss:binary:rescore=50"}
+    hnsw, binary = (
+        info["indexes"]["faiss:hnsw:M=8,ef_search=32"],
+        info["indexes"]["faiss:binary:rescore=50"],
+    )
+    assert (hnsw["kind"], hnsw["build"], hnsw["search"], hnsw["rescore"]) == (
+        "hnsw",
+        {"M": 8, "ef_construction": 40},
+        {"ef_search": 32},
+        0,
+    )
+    assert (binary["kind"], binary["rescore"], binary["n_passages"]) == ("binary", 50, 5183)
+    assert binary["index_bytes"] > 0 and binary["path"].startswith(str(copy / "indexes"))

@@ -54,10 +54,14 @@ def idf_coverage(
         passage_terms: each passage's set of tokens.
         df: token -> number of passages containing it (absent = 0).
         n_passages: ``N``, the number of passages of the split.
-        relevant: each query's relevant passage ids.
+        relevant: each query's relevant passage ids; ids outside ``[0, len(passage_terms))``
+            (judged passages absent from the corpus, which ``Qrels`` keys past the last
+            passage) have no text and are skipped.
     """
     out = np.full(len(query_terms), np.nan)
-    for i, (terms, rel) in enumerate(zip(query_terms, relevant, strict=True)):
+    n_known = len(passage_terms)
+    for i, (terms, rel_all) in enumerate(zip(query_terms, relevant, strict=True)):
+        rel = [p for p in rel_all if 0 <= p < n_known]
         uniq = sorted(set(terms))
         if not uniq or not len(rel):
             continue

@@ -30,6 +30,7 @@ from treerank.models.checkpoint import CheckpointMixin
 __all__ = ["SCORINGS", "TwoTowerHead"]
 
 SCORINGS = ("cosine", "dot")
+TRAINABLE = ("both", "query", "passage")
 MAX_LOGIT_SCALE = 100.0
 
 
@@ -42,9 +43,15 @@ class TwoTowerHead(CheckpointMixin, nn.Module):
         scoring: ``"cosine"`` or ``"dot"``.
         temperature: ``tau`` of cosine scoring (``0.05`` = logit scale 20); ignored for dot.
         learn_temperature: learn ``tau`` (initialised at ``temperature``).
+        trainable: which tower the optimiser may change: ``"both"`` (default), ``"query"`` (a
+            query-side adapter: passages keep their identity-initialised tower, so the index
+            of a residual head is the stored vectors) or ``"passage"``. The frozen tower's
+            parameters get ``requires_grad = False`` (the trainers optimise only parameters
+            that require gradients). Needs two towers (``shared = False``).
 
     Raises:
-        ValueError: unknown scoring, ``dim < 1`` or ``temperature <= 0``.
+        ValueError: unknown scoring or ``trainable``, ``dim < 1``, ``temperature <= 0``, or a
+            frozen tower with ``shared = True``.
     """
 
     model_type: ClassVar[str] = ""
@@ -58,10 +65,15 @@ class TwoTowerHead(CheckpointMixin, nn.Module):
         scoring: str = "cosine",
         temperature: float = 0.05,
         learn_temperature: bool = False,
+        trainable: str = "both",
     ) -> None:
         super().__init__()
         if scoring not in SCORINGS:
             raise ValueError(f"unknown scoring {scoring!r}; known: {', '.join(SCORINGS)}")
+        if trainable not in TRAINABLE:
+            raise ValueError(f"unknown trainable {trainable!r}; known: {', '.join(TRAINABLE)}")
+        if shared and trainable != "both":
+            raise ValueError(f"trainable={trainable!r} freezes one tower: needs shared=False")
         if dim < 1 or temperature <= 0:
             raise ValueError(f"dim must be >= 1 and temperature > 0 (got {dim}, {temperature})")
         self.dim = int(dim)
@@ -78,6 +90,11 @@ class TwoTowerHead(CheckpointMixin, nn.Module):
             self.register_buffer("log_scale", scale)
         self.query_tower = self._make_tower(self.dim)
         self.passage_tower = self.query_tower if shared else self._make_tower(self.dim)
+        self.trainable = trainable
+        if trainable == "query":
+            self.passage_tower.requires_grad_(False)
+        elif trainable == "passage":
+            self.query_tower.requires_grad_(False)
 
     # -- subclass hooks ---------------------------------------------------------------------
     def _make_tower(self, dim: int) -> nn.Module:
@@ -167,6 +184,7 @@ class TwoTowerHead(CheckpointMixin, nn.Module):
             "scoring": self.scoring,
             "temperature": self.temperature_init,
             "learn_temperature": self.learn_temperature,
+            "trainable": self.trainable,
             **self._tower_config(),
         }
 

@@ -53,8 +53,8 @@ class LinearHead(TwoTowerHead):
         dim: input dimension ``d``.
         out_dim: ``d'`` (None: ``d``, identity init).
         bias: learn a bias in each tower.
-        **kwargs: ``shared``, ``scoring``, ``temperature``, ``learn_temperature`` (see
-            :class:`~treerank.models.head.TwoTowerHead`).
+        **kwargs: ``shared``, ``scoring``, ``temperature``, ``learn_temperature``,
+            ``trainable`` (see :class:`~treerank.models.head.TwoTowerHead`).
     """
 
     model_type: ClassVar[str] = "linear"

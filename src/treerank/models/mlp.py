@@ -45,7 +45,7 @@ class MLPHead(TwoTowerHead):
         dim: input dimension ``d`` (also the output dimension).
         hidden: hidden width (None: ``d``).
         dropout: dropout probability on the hidden layer (training only).
-        **kwargs: ``shared``, ``scoring``, ``temperature``, ``learn_temperature``.
+        **kwargs: ``shared``, ``scoring``, ``temperature``, ``learn_temperature``, ``trainable``.
 
     Raises:
         ValueError: ``dropout`` outside [0, 1), ``hidden < 1``.

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from treerank.kernels.topk import sort_rows
+from treerank.kernels.topk import release_pages, sort_rows
 from treerank.models.base import DenseScorer
 from treerank.search.run import Run
 
@@ -105,6 +105,8 @@ def rescore(
             continue
         uniq, inv = np.unique(block[valid], return_inverse=True)
         rows = np.asarray(passages[uniq], dtype=np.float32)  # ascending ids: sequential reads
+        # the gather maps file pages all over a memmap: drop them (RSS stays the batch's rows)
+        release_pages(passages, int(uniq[0]), int(uniq[-1]) + 1)
         if passage_transform is not None:
             rows = np.asarray(passage_transform(rows), dtype=np.float32)
         if rows.shape[1] != q.shape[1]:

@@ -62,6 +62,28 @@ def index_system_spec(meta: dict[str, Any]) -> str:
     return f"faiss:{meta['kind']}" + (":" + ",".join(params) if params else "")
 
 
+def faiss_index_info(system: Any) -> dict[str, Any] | None:
+    """Kind, build and search parameters, rescoring depth, directory and size of the FAISS index
+    behind a served system (a ``faiss:`` system, rescored or not); ``None`` for other systems or
+    an index not loaded yet."""
+    from treerank.search.faiss_index import FaissSystem
+
+    inner = getattr(system, "first", system)
+    if not isinstance(inner, FaissSystem) or inner._index is None:
+        return None
+    index = inner._index[1]
+    return {
+        "kind": index.kind,
+        "build": index.meta.get("build"),
+        "search": dict(inner.spec.search),
+        "rescore": int(getattr(system, "depth", 0)) if system is not inner else 0,
+        "over": index.meta.get("over", "cosine"),
+        "path": None if index.path is None else str(index.path),
+        "n_passages": index.ntotal,
+        "index_bytes": index.meta.get("index_bytes"),
+    }
+
+
 class SearchService:
     """Loads and checks everything at construction; :meth:`search` answers queries.
 
@@ -137,7 +159,8 @@ class SearchService:
         return spec, system
 
     def info(self) -> dict[str, Any]:
-        """Encoder name + fingerprint, store path + signature + counts, systems, index meta."""
+        """Encoder name + fingerprint, store path + signature + counts, systems, the ``--index``
+        directory's meta, and per FAISS system its index (:func:`faiss_index_info`)."""
         from treerank.search.faiss_index import store_signature
 
         return {
@@ -152,6 +175,11 @@ class SearchService:
             "systems": list(self.systems),
             "default_system": self.default_system,
             "index": self.index_meta,
+            "indexes": {
+                name: info
+                for name, system in self.systems.items()
+                if (info := faiss_index_info(system)) is not None
+            },
             "limits": {"max_k": self.config.max_k, "max_batch": self.config.max_batch},
             "served": {"requests": self.stats.requests, "queries": self.stats.queries},
         }

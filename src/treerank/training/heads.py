@@ -79,6 +79,10 @@ class SamplerConfig:
         refresh_depth: model ranks mined per query when ``trainer.refresh_every`` is set.
         refresh_max_rate: false-negative tolerance of the audit that sets the refreshed pool's
             guard depth (``treerank.training.audit``).
+        refresh_on_rate_change: re-mine the pool only when the audit's false-negative rate at
+            rank 1 moved by more than this since the last mining, or its guard depth changed
+            (checked every ``trainer.refresh_every`` steps on the audit queries only); None:
+            re-mine at every ``refresh_every``.
     """
 
     batch_size: int = 64
@@ -94,6 +98,7 @@ class SamplerConfig:
     collisions: bool = True
     refresh_depth: int = 100
     refresh_max_rate: float = 0.02
+    refresh_on_rate_change: float | None = None
 
     def __post_init__(self) -> None:
         if self.sources is not None:
@@ -287,24 +292,27 @@ def _refresher(
     held = labelled if train_rows is None else np.setdiff1d(labelled, train_rows)
     queries = np.asarray(store.queries, dtype=np.float32)
 
-    def mine(model: Any) -> np.ndarray:
+    def search(model: Any, q: np.ndarray) -> np.ndarray:
         ids, _ = exact_search(
-            model.encode_queries(queries),
+            model.encode_queries(q),
             store.passages,
             k=data.refresh_depth,
             passage_transform=model.encode_passages,
         )
         return ids
 
+    audit_rows = held if held.size else labelled
     return NegativeRefresher(
         sampler,
         cand,
         lab,
-        mine,
+        lambda model: search(model, queries),
         relevance_threshold=thr,
         max_rate=data.refresh_max_rate,
         pool_depth=data.hard_pool_depth,
-        audit_rows=held if held.size else labelled,
+        audit_rows=audit_rows,
+        rate_change=data.refresh_on_rate_change,
+        audit_mine=lambda model: search(model, queries[audit_rows]),
     )
 
 
