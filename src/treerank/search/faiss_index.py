@@ -10,6 +10,12 @@ inner product (a cosine over the default ``over=cosine`` vectors, which are L2-n
   train_size``, where ``opq`` is the number of OPQ training iterations (FAISS's default is 50;
   each trains ``m`` k-means of ``2**8`` centroids, the slowest part of any build here; ``opq=0``
   drops the rotation); search ``nprobe=32``.
+- ``ivfpqfs``: ``[OPQ{m},]IVF{nlist},PQ{m}x4fs`` (FAISS's ``IndexIVFPQFastScan``: 4-bit codes
+  scanned with SIMD lookup tables held in registers, André et al. VLDB 2015); build
+  ``nlist=1024, m=48, opq=0, train_size``; search ``nprobe=32``. Meant for ``rescore=N``: the
+  4-bit codes rank coarsely, exact rescoring of a few hundred candidates restores the order.
+  Filled by FAISS's own ``add``, :data:`IVF_ADD_CHUNK` rows at a time (fast-scan lists are
+  packed in blocks of 32 codes, so they cannot be pre-sized and written in place).
 - ``int8``: ``SQ8`` (8 bits per dimension, per-dimension range trained); build ``train_size``.
 - ``fp16``: ``SQfp16`` (half-precision storage).
 - ``binary``: ``IndexLSH`` with trained thresholds (1 bit per dimension, set when the value
@@ -20,8 +26,11 @@ Common parameters: ``over=cosine`` (default; the stored vectors, L2-normalised) 
 ``over=ckpt:<dir>`` (a trained dense head's passage-tower output; its query tower encodes the
 queries; the checkpoint must match the store's encoder); ``rescore=N`` (0 = off; ``binary``
 defaults to 1000): the index's top ``max(k, N)`` are rescored exactly with the same scorer
-(:mod:`treerank.search.rescore`). Specs: ``faiss:hnsw:M=32,ef_search=128``,
-``faiss:ivfpq:nlist=1024,m=48,nprobe=32,rescore=200``, ``faiss:int8``, ``faiss:binary``.
+(:mod:`treerank.search.rescore`); ``resident=1`` keeps the store's file pages that rescoring read
+mapped (RSS grows with the rows touched, up to the store's size; repeated searches skip the page
+faults, which dominate rescoring from a 1.5 GB memory map; default 0 releases them). Specs:
+``faiss:hnsw:M=32,ef_search=128``, ``faiss:ivfpq:nlist=1024,m=48,nprobe=32,rescore=200``,
+``faiss:ivfpqfs:nlist=4096,m=96,nprobe=32,rescore=300``, ``faiss:int8``, ``faiss:binary``.
 
 **Building** (:func:`build_index`): trained kinds are trained on ``train_size`` passages sampled
 uniformly (seed 0; default ``min(n, max(50 * nlist, 20000))``), then passages are added
@@ -86,6 +95,7 @@ class IndexKind:
     make: Callable[[int, dict[str, Any]], Any]
     trained: bool = True
     default_rescore: int = 0
+    presized: bool = True  # IVF kinds: filled by add_ivf_presized (False: faiss add in chunks)
 
 
 def _ip() -> int:
@@ -131,6 +141,20 @@ def _make_ivfpq(d: int, p: dict[str, Any]) -> Any:
     return index
 
 
+def _make_ivfpqfs(d: int, p: dict[str, Any]) -> Any:
+    import faiss
+
+    if d % p["m"]:
+        raise ValueError(f"ivfpqfs: m={p['m']} sub-quantizers must divide the dimension {d}")
+    opq = f"OPQ{p['m']}," if p["opq"] else ""
+    index = faiss.index_factory(d, f"{opq}IVF{p['nlist']},PQ{p['m']}x4fs", _ip())
+    if p["opq"]:
+        chain: Any = faiss.downcast_index(index)
+        rotation: Any = faiss.downcast_VectorTransform(chain.chain.at(0))
+        rotation.niter = p["opq"]
+    return index
+
+
 def _make_binary(d: int, p: dict[str, Any]) -> Any:
     import faiss
 
@@ -165,6 +189,15 @@ INDEX_KINDS: dict[str, IndexKind] = {
             _make_ivfpq,
         ),
         IndexKind(
+            "ivfpqfs",
+            "inverted file + 4-bit fast-scan PQ (IndexIVFPQFastScan), optional OPQ; "
+            "nlist=1024,m=48,opq=0,nprobe=32",
+            {"nlist": (int, 1024), "m": (int, 48), "opq": (int, 0), **_TRAIN},
+            {"nprobe": (int, 32)},
+            _make_ivfpqfs,
+            presized=False,  # fast-scan lists are packed in blocks of 32: no in-place writes
+        ),
+        IndexKind(
             "int8", "8-bit scalar quantisation (SQ8)", dict(_TRAIN), {}, _make_factory("SQ8")
         ),
         IndexKind(
@@ -180,7 +213,11 @@ INDEX_KINDS: dict[str, IndexKind] = {
         ),
     )
 }
-_COMMON: dict[str, tuple[type, Any]] = {"rescore": (int, -1), "over": (str, "cosine")}
+_COMMON: dict[str, tuple[type, Any]] = {
+    "rescore": (int, -1),
+    "over": (str, "cosine"),
+    "resident": (int, 0),
+}
 
 
 @dataclass(frozen=True)
@@ -193,6 +230,8 @@ class IndexSpec:
         search: search parameters with defaults filled in.
         rescore: exact rescoring depth (0 = off).
         over: ``"cosine"`` or ``"ckpt:<dir>"``.
+        resident: rescoring keeps the store's file pages it read mapped (see
+            :func:`~treerank.search.rescore.rescore`'s ``release``).
     """
 
     kind: str
@@ -200,6 +239,7 @@ class IndexSpec:
     search: dict[str, Any] = field(default_factory=dict)
     rescore: int = 0
     over: str = "cosine"
+    resident: bool = False
 
     def first_stage(self) -> IndexSpec:
         """The same index without rescoring."""
@@ -247,6 +287,7 @@ def parse_index_spec(text: str, spec: str | None = None) -> IndexSpec:
         search={k: values[k] for k in kind.search},
         rescore=kind.default_rescore if rescore < 0 else int(rescore),
         over=str(values["over"]),
+        resident=bool(values["resident"]),
     )
 
 
@@ -553,16 +594,17 @@ def build_index(
         index.train(sample)
         del sample
     bar = tqdm(total=n, unit="passage", disable=not progress, desc=f"index {spec.kind}")
-    if _is_ivf(index):
+    if kind.presized and _is_ivf(index):
         ivf_chunk = min(chunk_size, IVF_ADD_CHUNK)  # a chunk costs 3 copies of its codes
         add_ivf_presized(index, store.passages, scorer.encode_passages, ivf_chunk, bar.update)
     else:
-        for start in range(0, n, chunk_size):
-            block = np.asarray(store.passages[start : start + chunk_size], dtype=np.float32)
+        step = min(chunk_size, IVF_ADD_CHUNK) if _is_ivf(index) else chunk_size
+        for start in range(0, n, step):
+            block = np.asarray(store.passages[start : start + step], dtype=np.float32)
             index.add(np.ascontiguousarray(scorer.encode_passages(block), dtype=np.float32))
             bar.update(block.shape[0])
             del block
-            release_pages(store.passages, start, min(start + chunk_size, n))
+            release_pages(store.passages, start, min(start + step, n))
     bar.close()
     build_seconds = time.perf_counter() - t0
     meta = {
@@ -692,7 +734,9 @@ def faiss_system(
     if parsed.rescore <= 0:
         return FaissSystem(parsed, name, index_dir=index_dir, progress=progress)
     first = FaissSystem(parsed.first_stage(), f"{name}#first", index_dir, progress)
-    return RescoreSystem(first, scorer=parsed.over, depth=parsed.rescore, name=name)
+    return RescoreSystem(
+        first, scorer=parsed.over, depth=parsed.rescore, name=name, release=not parsed.resident
+    )
 
 
 def read_index_meta(path: str | Path) -> dict[str, Any]:

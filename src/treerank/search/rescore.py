@@ -69,6 +69,7 @@ def rescore(
     k: int,
     passage_transform: Callable[[np.ndarray], np.ndarray] | None = None,
     query_batch: int = DEFAULT_QUERY_BATCH,
+    release: bool = True,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Exact inner-product scores of each query's candidates; the top ``k`` per query.
 
@@ -81,6 +82,10 @@ def rescore(
         passage_transform: the scorer's passage tower ``float32 (c, d) -> float32 (c, d')``;
             ``None`` scores the stored vectors as they are.
         query_batch: queries whose candidates are gathered at once.
+        release: drop the gathered rows' file pages from the resident set after each batch
+            (RSS stays one batch's rows); ``False`` keeps them mapped (RSS grows with the
+            distinct rows touched, up to the store's size) so later searches skip the page
+            faults.
 
     Returns:
         ``(ids int64 (nq, k'), scores float32 (nq, k'))``, ``k' = min(k, depth)``; rows sorted by
@@ -98,24 +103,26 @@ def rescore(
         raise ValueError(f"candidate ids must lie in [-1, {n}); got {cand.min()}..{cand.max()}")
     k = min(int(k), cand.shape[1])
     scores = np.full(cand.shape, -np.inf, dtype=np.float32)
+    store = np.asarray(passages)  # a memmap's ndarray view: np.take reads only the rows named
     for s in range(0, q.shape[0], query_batch):
         block = cand[s : s + query_batch]
         valid = block >= 0
         if not valid.any():
             continue
-        uniq, inv = np.unique(block[valid], return_inverse=True)
-        rows = np.asarray(passages[uniq], dtype=np.float32)  # ascending ids: sequential reads
-        # the gather maps file pages all over a memmap: drop them (RSS stays the batch's rows)
-        release_pages(passages, int(uniq[0]), int(uniq[-1]) + 1)
+        # one gather per batch straight into (b * depth, d); padding reads row 0, scored -inf
+        rows = np.take(store, np.where(valid, block, 0).ravel(), axis=0)
+        rows = rows.astype(np.float32, copy=False)
+        if release:  # the gather maps file pages all over a memmap: drop them again
+            release_pages(passages, int(block[valid].min()), int(block[valid].max()) + 1)
         if passage_transform is not None:
             rows = np.asarray(passage_transform(rows), dtype=np.float32)
         if rows.shape[1] != q.shape[1]:
             raise ValueError(
                 f"passage vectors {rows.shape} do not match the query dimension {q.shape[1]}"
             )
-        qi = np.nonzero(valid)[0] + s  # query row of every valid candidate
-        out = scores[s : s + query_batch]
-        out[valid] = np.einsum("ij,ij->i", q[qi], rows[inv])
+        b = block.shape[0]
+        exact = np.matmul(rows.reshape(b, block.shape[1], -1), q[s : s + b, :, None])[:, :, 0]
+        scores[s : s + b] = np.where(valid, exact, -np.inf)
     ids = np.where(np.isfinite(scores), cand, -1)
     ids, scores = sort_rows(ids, scores)
     return ids[:, :k], scores[:, :k]
@@ -130,6 +137,7 @@ class RescoreSystem:
             ``"ckpt:<dir>"``) loaded against the store's encoder fingerprint on first use.
         depth: first-stage candidates per query (the run is retrieved at ``max(k, depth)``).
         name: run name (default ``rescore:<first>:depth=<depth>``).
+        release: passed to :func:`rescore` (``False``: keep the store's pages mapped).
     """
 
     def __init__(
@@ -138,12 +146,14 @@ class RescoreSystem:
         scorer: DenseScorer | str = "cosine",
         depth: int = DEFAULT_DEPTH,
         name: str | None = None,
+        release: bool = True,
     ) -> None:
         if depth < 1:
             raise ValueError(f"rescore depth must be >= 1, got {depth}")
         self.first = first
         self.scorer = scorer
         self.depth = int(depth)
+        self.release = release
         self.name: str = name or f"rescore:{first.name}:depth={depth}"
 
     def scorer_for(self, store: Any) -> DenseScorer:
@@ -157,7 +167,12 @@ class RescoreSystem:
         first = self.first.retrieve(store, max(k, self.depth))
         q = np.asarray(scorer.encode_queries(np.asarray(store.queries, dtype=np.float32)))
         ids, scores = rescore(
-            q, store.passages, first.ids, k, passage_transform=scorer.encode_passages
+            q,
+            store.passages,
+            first.ids,
+            k,
+            passage_transform=scorer.encode_passages,
+            release=self.release,
         )
         return Run(self.name, ids, scores)
 
