@@ -12,8 +12,10 @@ inner product (a cosine over the default ``over=cosine`` vectors, which are L2-n
   drops the rotation); search ``nprobe=32``.
 - ``ivfpqfs``: ``[OPQ{m},]IVF{nlist},PQ{m}x4fs`` (FAISS's ``IndexIVFPQFastScan``: 4-bit codes
   scanned with SIMD lookup tables held in registers, André et al. VLDB 2015); build
-  ``nlist=1024, m=48, opq=0, train_size``; search ``nprobe=32``. Meant for ``rescore=N``: the
-  4-bit codes rank coarsely, exact rescoring of a few hundred candidates restores the order.
+  ``nlist=1024, m=48, opq=0, refine=0, train_size``; search ``nprobe=32, k_factor=1``. The
+  4-bit codes rank coarsely: either ``rescore=N`` (exact rescoring of a few hundred candidates
+  from the store) or ``refine=8`` (FAISS ``IndexRefine`` over ``SQ8`` codes held in RAM, one byte
+  per dimension: the fast-scan top ``k * k_factor`` re-ranked by their 8-bit codes).
   Filled by FAISS's own ``add``, :data:`IVF_ADD_CHUNK` rows at a time (fast-scan lists are
   packed in blocks of 32 codes, so they cannot be pre-sized and written in place).
 - ``int8``: ``SQ8`` (8 bits per dimension, per-dimension range trained); build ``train_size``.
@@ -146,10 +148,14 @@ def _make_ivfpqfs(d: int, p: dict[str, Any]) -> Any:
 
     if d % p["m"]:
         raise ValueError(f"ivfpqfs: m={p['m']} sub-quantizers must divide the dimension {d}")
+    if p["refine"] not in (0, 8):
+        raise ValueError(f"ivfpqfs: refine={p['refine']} must be 0 (none) or 8 (SQ8 codes)")
     opq = f"OPQ{p['m']}," if p["opq"] else ""
-    index = faiss.index_factory(d, f"{opq}IVF{p['nlist']},PQ{p['m']}x4fs", _ip())
+    refine = ",Refine(SQ8)" if p["refine"] else ""
+    index = faiss.index_factory(d, f"{opq}IVF{p['nlist']},PQ{p['m']}x4fs{refine}", _ip())
     if p["opq"]:
-        chain: Any = faiss.downcast_index(index)
+        outer: Any = faiss.downcast_index(index)
+        chain: Any = faiss.downcast_index(outer.base_index) if refine else outer
         rotation: Any = faiss.downcast_VectorTransform(chain.chain.at(0))
         rotation.niter = p["opq"]
     return index
@@ -191,9 +197,9 @@ INDEX_KINDS: dict[str, IndexKind] = {
         IndexKind(
             "ivfpqfs",
             "inverted file + 4-bit fast-scan PQ (IndexIVFPQFastScan), optional OPQ; "
-            "nlist=1024,m=48,opq=0,nprobe=32",
-            {"nlist": (int, 1024), "m": (int, 48), "opq": (int, 0), **_TRAIN},
-            {"nprobe": (int, 32)},
+            "nlist=1024,m=48,opq=0,refine=0,nprobe=32,k_factor=1",
+            {"nlist": (int, 1024), "m": (int, 48), "opq": (int, 0), "refine": (int, 0), **_TRAIN},
+            {"nprobe": (int, 32), "k_factor": (int, 1)},
             _make_ivfpqfs,
             presized=False,  # fast-scan lists are packed in blocks of 32: no in-place writes
         ),
@@ -401,6 +407,8 @@ class FaissIndex:
             ps.set_index_parameter(self.index, "nprobe", int(p["nprobe"]))
         if "ef_search" in p:
             ps.set_index_parameter(self.index, "efSearch", int(p["ef_search"]))
+        if "k_factor" in p and isinstance(self.index, faiss.IndexRefine):
+            ps.set_index_parameter(self.index, "k_factor_rf", max(1, int(p["k_factor"])))
         dist, ids = self.index.search(q, k)
         ids = ids.astype(np.int64, copy=False)
         scores = -dist if self.kind == "binary" else dist
