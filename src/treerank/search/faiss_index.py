@@ -32,7 +32,7 @@ defaults to 1000): the index's top ``max(k, N)`` are rescored exactly with the s
 mapped (RSS grows with the rows touched, up to the store's size; repeated searches skip the page
 faults, which dominate rescoring from a 1.5 GB memory map; default 0 releases them). Specs:
 ``faiss:hnsw:M=32,ef_search=128``, ``faiss:ivfpq:nlist=1024,m=48,nprobe=32,rescore=200``,
-``faiss:ivfpqfs:nlist=4096,m=96,nprobe=32,rescore=300``, ``faiss:int8``, ``faiss:binary``.
+``faiss:ivfpqfs:nlist=4096,m=192,refine=8,k_factor=4``, ``faiss:int8``, ``faiss:binary``.
 
 **Building** (:func:`build_index`): trained kinds are trained on ``train_size`` passages sampled
 uniformly (seed 0; default ``min(n, max(50 * nlist, 20000))``), then passages are added
