@@ -12,10 +12,11 @@ inner product (a cosine over the default ``over=cosine`` vectors, which are L2-n
   drops the rotation); search ``nprobe=32``.
 - ``ivfpqfs``: ``[OPQ{m},]IVF{nlist},PQ{m}x4fs`` (FAISS's ``IndexIVFPQFastScan``: 4-bit codes
   scanned with SIMD lookup tables held in registers, André et al. VLDB 2015); build
-  ``nlist=1024, m=48, opq=0, refine=0, train_size``; search ``nprobe=32, k_factor=1``. The
+  ``nlist=1024, m=48, opq=0, refine=0, train_size``; search ``nprobe=32, k_factor=4``. The
   4-bit codes rank coarsely: either ``rescore=N`` (exact rescoring of a few hundred candidates
   from the store) or ``refine=8`` (FAISS ``IndexRefine`` over ``SQ8`` codes held in RAM, one byte
-  per dimension: the fast-scan top ``k * k_factor`` re-ranked by their 8-bit codes).
+  per dimension: the fast-scan top ``k * k_factor`` re-ranked by their 8-bit codes; with
+  ``k_factor=1`` only the top ``k`` are re-ranked, so the first ranks depend on ``k``).
   Filled by FAISS's own ``add``, :data:`IVF_ADD_CHUNK` rows at a time (fast-scan lists are
   packed in blocks of 32 codes, so they cannot be pre-sized and written in place).
 - ``int8``: ``SQ8`` (8 bits per dimension, per-dimension range trained); build ``train_size``.
@@ -197,9 +198,9 @@ INDEX_KINDS: dict[str, IndexKind] = {
         IndexKind(
             "ivfpqfs",
             "inverted file + 4-bit fast-scan PQ (IndexIVFPQFastScan), optional OPQ; "
-            "nlist=1024,m=48,opq=0,refine=0,nprobe=32,k_factor=1",
+            "nlist=1024,m=48,opq=0,refine=0,nprobe=32,k_factor=4",
             {"nlist": (int, 1024), "m": (int, 48), "opq": (int, 0), "refine": (int, 0), **_TRAIN},
-            {"nprobe": (int, 32), "k_factor": (int, 1)},
+            {"nprobe": (int, 32), "k_factor": (int, 4)},
             _make_ivfpqfs,
             presized=False,  # fast-scan lists are packed in blocks of 32: no in-place writes
         ),

@@ -411,7 +411,7 @@ def _lazy(module: str, name: str) -> SystemBuilder:
 register_system_kind(
     "faiss",
     _lazy("treerank.search.faiss_index", "build_faiss_system"),
-    "a cached FAISS index; faiss:<flat|hnsw|ivfflat|ivfpq|int8|fp16|binary>[:k=v,...]",
+    "a cached FAISS index; faiss:<flat|hnsw|ivfflat|ivfpq|ivfpqfs|int8|fp16|binary>[:k=v,...]",
 )
 register_system_kind(
     "rescore",
