@@ -155,47 +155,30 @@ def main() -> None:
     print(f"BM25 teacher runs: {time.time() - t0:.0f}s", flush=True)
     pseudo_texts = pseudo.query_texts()
 
+    def pseudo_labels() -> Any:
+        return label_pairs(cand, lab, pseudo_texts, relevance_threshold=thr, query_rows=tr_rows)
+
+    def bm25_on_pseudo(temperature: float) -> Any:
+        return teacher_pairs(
+            p_ids[p_ok],
+            p_sc[p_ok],
+            pseudo_texts,
+            query_rows=tr_rows[p_ok],
+            mode="soft",
+            k=50,
+            temperature=temperature,
+        )
+
     def sources(name: str, temperature: float) -> tuple[Any, Any, list]:
         if name == "pseudo":
-            return (
-                pseudo.queries,
-                pseudo.passages,
-                [label_pairs(cand, lab, pseudo_texts, relevance_threshold=thr, query_rows=tr_rows)],
-            )
+            return pseudo.queries, pseudo.passages, [pseudo_labels()]
         if name == "bm25-pseudo":
-            return (
-                pseudo.queries,
-                pseudo.passages,
-                [
-                    teacher_pairs(
-                        p_ids[p_ok],
-                        p_sc[p_ok],
-                        pseudo_texts,
-                        query_rows=tr_rows[p_ok],
-                        mode="soft",
-                        k=50,
-                        temperature=temperature,
-                    )
-                ],
-            )
+            return pseudo.queries, pseudo.passages, [bm25_on_pseudo(temperature)]
         if name == "pseudo+bm25-pseudo":
             return (
                 pseudo.queries,
                 pseudo.passages,
-                [
-                    label_pairs(
-                        cand, lab, pseudo_texts, relevance_threshold=thr, query_rows=tr_rows
-                    ),
-                    teacher_pairs(
-                        p_ids[p_ok],
-                        p_sc[p_ok],
-                        pseudo_texts,
-                        query_rows=tr_rows[p_ok],
-                        mode="soft",
-                        k=50,
-                        temperature=temperature,
-                    ),
-                ],
+                [pseudo_labels(), bm25_on_pseudo(temperature)],
             )
         # BM25 teacher on the training query texts (labels unused), over the same corpus
         return (
