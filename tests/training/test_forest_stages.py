@@ -133,3 +133,53 @@ def test_unknown_stage_and_missing_target_are_errors() -> None:
         stage_gradient("passage", CFG, g, z, [torch.zeros_like(z[0])], 4)
     with pytest.raises(ValueError, match="unknown stage"):
         stage_gradient("sideways", CFG, g, z, [torch.zeros_like(z[0])], 4)
+
+
+@pytest.mark.parametrize("stage", ["query", "passage", "joint"])
+def test_dropping_examples_no_pair_weighs_changes_no_loss_or_gradient(stage) -> None:
+    """``in_bag_examples`` (what ``build_group`` applies) keeps the loss and the gradient of
+    every stage: an example with weight 0 in every pair of the group adds exactly nothing."""
+    import dataclasses
+
+    import numpy as np
+
+    from treerank.training.forest_data import in_bag_examples
+
+    g = _inputs(seed=3, e_pos=40, e_neg=90)
+    # out-of-bag examples: zero weight in both pairs for a third of the columns
+    pos_w, neg_w = g.pos_w.clone(), g.neg_w.clone()
+    pos_w[:, ::3] = 0.0
+    neg_w[:, 1::3] = 0.0
+    full = dataclasses.replace(g, pos_w=pos_w, neg_w=neg_w)
+    kept = {}
+    for side, (q, p, w) in {
+        "pos": (g.pos_q, g.pos_p, pos_w),
+        "neg": (g.neg_q, g.neg_p, neg_w),
+    }.items():
+        kq, kp, kw = in_bag_examples(q.numpy(), p.numpy(), w.numpy())
+        assert kw.shape[1] == int((w > 0).any(0).sum()) < w.shape[1]
+        assert np.all((kw > 0).any(0))
+        kept[side] = (torch.from_numpy(kq), torch.from_numpy(kp), torch.from_numpy(kw))
+    small = dataclasses.replace(
+        g,
+        pos_q=kept["pos"][0],
+        pos_p=kept["pos"][1],
+        pos_w=kept["pos"][2],
+        neg_q=kept["neg"][0],
+        neg_p=kept["neg"][1],
+        neg_w=kept["neg"][2],
+    )
+    gen = torch.Generator().manual_seed(4)
+    zq = 2 * torch.randn(G, NQ, C, generator=gen)
+    zp = 2 * torch.randn(G, NP, C + 1, generator=gen)
+    z = {"query": [zq], "passage": [zp], "joint": [zq, zp]}[stage]
+    target = torch.randint(0, C, (G, NQ), generator=gen)
+    out = []
+    for inputs in (full, small):
+        grads = [torch.zeros_like(t) for t in z]
+        value = stage_gradient(stage, CFG, inputs, z, grads, 7, target=target)
+        out.append((value, grads))
+    assert out[1][0] == pytest.approx(out[0][0], rel=1e-6)
+    for a, b in zip(out[0][1], out[1][1], strict=True):
+        assert a.abs().max() > 0
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-7)

@@ -36,6 +36,7 @@ __all__ = [
     "TableStore",
     "build_group",
     "draw_pair",
+    "in_bag_examples",
     "mine_hard_negatives",
     "pair_data",
     "pair_seed",
@@ -404,6 +405,28 @@ class PairGroup:
         return parts[0] if len(parts) == 1 else torch.cat(parts, 1)
 
 
+def in_bag_examples(
+    idx_q: np.ndarray, idx_p: np.ndarray, w: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The example columns some pair of the group weighs (``w > 0`` in any row).
+
+    An example with weight 0 in every pair adds exactly 0 to every loss term and gradient
+    (each term is ``sum(w * nll) / sum(w)``), so dropping it changes nothing but the cost: with
+    a query bag of fraction ``b`` a group of ``G`` pairs keeps about ``1 - (1 - b)**G`` of the
+    examples, which lets a pair bag a small share of a large training set at the bag's cost.
+
+    Args:
+        idx_q: ``int64 (E,)`` query row of each example.
+        idx_p: ``int64 (E,)`` passage row of each example.
+        w: ``float (G, E)`` per-pair example weights.
+
+    Returns:
+        ``(idx_q[keep], idx_p[keep], w[:, keep])``, order kept.
+    """
+    keep = (w > 0).any(axis=0)
+    return idx_q[keep], idx_p[keep], w[:, keep]
+
+
 def build_group(
     cfg: ForestTrainConfig,
     store: Any,
@@ -446,14 +469,17 @@ def build_group(
     neg_p = np.concatenate([shared.neg, n_s + slot])
     ok = np.concatenate([np.ones((n_g, len(data.neg_q)), np.float32), rand_ok], axis=1)
     neg_w = qmask[:, neg_q] * pmask[:, neg_p] * ok * cfg.negative_weight
+    pos_w = pos_in * boost[None, :]
+    pos_q, pos_p, pos_w = in_bag_examples(data.pos_q, shared.pos.astype(np.int64), pos_w)
+    neg_q, neg_p, neg_w = in_bag_examples(neg_q, neg_p, neg_w)
     return PairGroup(
         xq=xq,
         shared=shared,
         pool_x=pool_x,
         qmask=torch.from_numpy(qmask),
-        pos_q=torch.from_numpy(data.pos_q),
-        pos_p=torch.from_numpy(shared.pos.astype(np.int64)),
-        pos_w=torch.from_numpy((pos_in * boost[None, :]).astype(np.float32)),
+        pos_q=torch.from_numpy(pos_q),
+        pos_p=torch.from_numpy(pos_p),
+        pos_w=torch.from_numpy(pos_w.astype(np.float32)),
         neg_q=torch.from_numpy(neg_q),
         neg_p=torch.from_numpy(neg_p),
         neg_w=torch.from_numpy(neg_w.astype(np.float32)),
