@@ -44,6 +44,33 @@ def test_parse_grid_and_settings() -> None:
             parse_grid(bad)
 
 
+def test_half_fraction_design() -> None:
+    """2^(4-1) with I = ABCD: 8 of 16 settings, each with an even count of second levels;
+    every key and every pair of keys is balanced (each level pair appears twice)."""
+    grid = {"a": [0, 1], "b": [0, 1], "c": ["x", "y"], "d": [32, 128]}
+    s = settings_of(grid, "half")
+    codes = [tuple(grid[k].index(x.values[k]) for k in grid) for x in s]
+    assert codes == [
+        (0, 0, 0, 0),
+        (0, 0, 1, 1),
+        (0, 1, 0, 1),
+        (0, 1, 1, 0),
+        (1, 0, 0, 1),
+        (1, 0, 1, 0),
+        (1, 1, 0, 0),
+        (1, 1, 1, 1),
+    ]
+    assert s[1].slug == "s03-a=0-b=0-c=y-d=128"  # names keep the full product's index
+    for i in range(4):
+        for j in range(i + 1, 4):
+            pairs = [(c[i], c[j]) for c in codes]
+            assert sorted(pairs) == [(0, 0), (0, 0), (0, 1), (0, 1), (1, 0), (1, 0), (1, 1), (1, 1)]
+    with pytest.raises(ValueError, match="exactly two values per key; a has 3"):
+        settings_of({"a": [0, 1, 2], "b": [0, 1]}, "half")
+    with pytest.raises(ValueError, match="unknown sweep design"):
+        settings_of(grid, "quarter")
+
+
 def test_set_path() -> None:
     raw = {"models": {"drt": {"loss": {"lambda_dec": 0.1}}}, "datasets": [{"limit": 5}]}
     set_path(raw, "models.drt.loss.lambda_dec", 0)

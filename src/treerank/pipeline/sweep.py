@@ -22,6 +22,7 @@ validated)::
 
     sweep:
       grid: {models.drt.loss.lambda_dec: [0, 0.1], models.drt.model.k: [4, 6, 8]}
+      design: full            # or half: the 2^(k-1) half fraction of a two-level grid
       reference: {models.drt.loss.lambda_dec: 0.1, models.drt.model.k: 6}
       systems: [drt]          # rows of the table (default: every system)
       metric: ndcg@10         # plotted metric (default: the first of evaluate.metrics)
@@ -45,7 +46,8 @@ import yaml
 
 from treerank.pipeline.config import ConfigError
 
-SWEEP_KEYS = ("grid", "reference", "systems", "metric")
+SWEEP_KEYS = ("grid", "design", "reference", "systems", "metric")
+DESIGNS = ("full", "half")
 N_DRAWS = 10_000
 
 
@@ -127,12 +129,38 @@ def set_path(raw: dict[str, Any], path: str, value: Any, where: str = "sweep") -
         raise ConfigError(f"{where}: {path}: the parent is a {type(node).__name__}, not a mapping")
 
 
-def settings_of(grid: Mapping[str, Sequence[Any]]) -> list[Setting]:
-    """The Cartesian product of the grid, in order (the last key varies fastest)."""
+def settings_of(grid: Mapping[str, Sequence[Any]], design: str = "full") -> list[Setting]:
+    """The settings of the grid, in order (the last key varies fastest).
+
+    Args:
+        grid: key path -> its values.
+        design: ``"full"``, the Cartesian product; ``"half"``, the half fraction ``2^(k-1)`` of a
+            two-level factorial with defining relation ``I = AB...K`` (Box, Hunter & Hunter,
+            *Statistics for Experimenters*, 2nd ed., ch. 6): the settings with an even number
+            of keys at their second value. With ``k >= 4`` keys every main effect is estimable
+            free of two-factor interactions (resolution ``k``); the first setting (every key at
+            its first value) is kept. Setting names keep their index in the full product.
+
+    Raises:
+        ValueError: an unknown design, or ``half`` with a key that does not have exactly two
+            values.
+    """
+    if design not in DESIGNS:
+        raise ValueError(f"unknown sweep design {design!r}; known: {', '.join(DESIGNS)}")
     keys = list(grid)
+    if design == "half":
+        bad = [k for k in keys if len(grid[k]) != 2]
+        if bad:
+            raise ValueError(
+                f"design half needs exactly two values per key; {', '.join(bad)} "
+                f"{'has' if len(bad) == 1 else 'have'} {', '.join(str(len(grid[k])) for k in bad)}"
+            )
     out = []
-    for i, combo in enumerate(itertools.product(*(grid[k] for k in keys))):
-        values = dict(zip(keys, combo, strict=True))
+    levels = itertools.product(*(range(len(grid[k])) for k in keys))
+    for i, idx in enumerate(levels):
+        if design == "half" and sum(idx) % 2:
+            continue
+        values = {k: grid[k][j] for k, j in zip(keys, idx, strict=True)}
         name = "-".join(f"{k.split('.')[-1]}={v}" for k, v in values.items())
         out.append(Setting(values, f"s{i:02d}-" + re.sub(r"[^A-Za-z0-9_.=-]+", "_", name)))
     return out
@@ -360,7 +388,10 @@ def run_sweep(
         raise ConfigError(str(exc)) from exc
     if not full_grid or any(not v for v in full_grid.values()):
         raise ConfigError(f"{src}: the sweep grid is empty (give --grid key.path=v1,v2)")
-    settings = settings_of(full_grid)
+    try:
+        settings = settings_of(full_grid, str(sec.get("design") or "full"))
+    except ValueError as exc:
+        raise ConfigError(f"{src}: sweep: {exc}") from exc
     ref_values = dict(reference or sec.get("reference") or settings[0].values)
     matches = [s for s in settings if s.values == ref_values]
     if not matches:
