@@ -55,6 +55,12 @@ def test_spec_parsing() -> None:
     assert parse_index_spec("hnsw").search == {"ef_search": 128}
     with pytest.raises(ValueError, match="unknown index kind 'annoy'.*hnsw"):
         parse_index_spec("annoy")
+    with pytest.raises(
+        ValueError, match="unknown index kind 'hnws'; did you mean 'hnsw'\\? known:"
+    ):
+        parse_index_spec("hnws:M=8")
+    with pytest.raises(ValueError, match="'ivfpqf'; did you mean 'ivfpqfs'\\? known: flat, hnsw"):
+        parse_index_spec("ivfpqf")
     with pytest.raises(ValueError, match="'nprobe=4' is not one of M=..."):
         parse_index_spec("hnsw:nprobe=4")
     with pytest.raises(ValueError, match="nlist='many' is not a int"):

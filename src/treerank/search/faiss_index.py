@@ -75,6 +75,7 @@ from tqdm.auto import tqdm
 from treerank.atomic import atomic_write_json
 from treerank.kernels.topk import release_pages, sort_rows
 from treerank.models.base import DenseScorer
+from treerank.names import unknown_name
 from treerank.search.rescore import RescoreSystem, dense_scorer
 from treerank.search.run import Run
 
@@ -257,15 +258,21 @@ def parse_index_spec(text: str, spec: str | None = None) -> IndexSpec:
     """Parse ``"<kind>[:k=v,...]"`` (the part after ``faiss:``).
 
     Raises:
-        ValueError: unknown kind (the message lists the kinds), unknown key (it lists the
-            kind's keys), a value of the wrong type, or a negative value.
+        ValueError: unknown kind (the message suggests the closest kind, e.g. ``hnsw`` for
+            ``hnws``, and lists the kinds), unknown key (it lists the kind's keys), a value of
+            the wrong type, or a negative value.
     """
     spec = spec or f"faiss:{text}"
     kind_name, _, body = text.partition(":")
     if kind_name not in INDEX_KINDS:
         raise ValueError(
-            f"bad system spec {spec!r}: unknown index kind {kind_name!r}; known: "
-            + "; ".join(f"{k} ({v.help})" for k, v in INDEX_KINDS.items())
+            f"bad system spec {spec!r}: "
+            + unknown_name(
+                "index kind",
+                kind_name,
+                INDEX_KINDS,
+                "`treerank index build --help` gives each kind's parameters",
+            )
         )
     kind = INDEX_KINDS[kind_name]
     allowed = {**kind.build, **kind.search, **_COMMON}
