@@ -29,6 +29,31 @@ def test_index_build_then_info(scifact_store, tmp_path) -> None:
     assert missing.exit_code == 2 and "nowhere" in missing.output
 
 
+def test_index_build_names_a_bad_index_spec(tmp_path) -> None:
+    # the spec is checked before the store is opened: no store needed
+    base = ["index", "build", "--store", str(tmp_path / "no-store"), "--index"]
+    res = runner.invoke(app, [*base, "faiss:hnws:M=8"])
+    assert res.exit_code == 2
+    assert (
+        "error: --index: bad index spec 'faiss:hnws:M=8': unknown index kind 'hnws'; "
+        "did you mean 'hnsw'? known: flat, hnsw, ivfflat, ivfpq, ivfpqfs, int8, fp16, binary"
+    ) in res.output
+    res = runner.invoke(app, [*base, "ivfflat:nprobes=4"])
+    assert res.exit_code == 2 and "bad index spec 'ivfflat:nprobes=4': 'nprobes=4'" in res.output
+    assert "system spec" not in res.output
+
+
+def test_index_build_help_lists_the_index_kinds() -> None:
+    from treerank.search.faiss_index import INDEX_KINDS
+
+    res = runner.invoke(app, ["index", "build", "--help"], env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    kinds = res.output.split("Index kinds (faiss:<kind>[:k=v,...]; defaults shown):", 1)[1]
+    listed = [ln.split()[0] for ln in kinds.splitlines() if ln[:2] == "  " and ln[2:3].strip()]
+    assert listed == list(INDEX_KINDS)
+    assert INDEX_KINDS["ivfpq"].help in " ".join(kinds.split())
+
+
 def test_search_formats(scifact_store, tmp_path) -> None:
     store = scifact_store["test"]
     texts = store.query_texts()[:2]

@@ -254,8 +254,14 @@ class IndexSpec:
         return IndexSpec(self.kind, dict(self.build), dict(self.search), 0, self.over)
 
 
-def parse_index_spec(text: str, spec: str | None = None) -> IndexSpec:
+def parse_index_spec(text: str, spec: str | None = None, what: str = "system spec") -> IndexSpec:
     """Parse ``"<kind>[:k=v,...]"`` (the part after ``faiss:``).
+
+    Args:
+        text: the part after ``faiss:``.
+        spec: the whole spec, as the messages quote it (default ``faiss:<text>``).
+        what: what the messages call the spec (``"bad <what> '<spec>': ..."``), e.g.
+            ``"index spec"`` where an index rather than a system is asked for.
 
     Raises:
         ValueError: unknown kind (the message suggests the closest kind, e.g. ``hnsw`` for
@@ -266,7 +272,7 @@ def parse_index_spec(text: str, spec: str | None = None) -> IndexSpec:
     kind_name, _, body = text.partition(":")
     if kind_name not in INDEX_KINDS:
         raise ValueError(
-            f"bad system spec {spec!r}: "
+            f"bad {what} {spec!r}: "
             + unknown_name(
                 "index kind",
                 kind_name,
@@ -282,7 +288,7 @@ def parse_index_spec(text: str, spec: str | None = None) -> IndexSpec:
         key, value = key.strip(), value.strip()
         if not sep or key not in allowed:
             raise ValueError(
-                f"bad system spec {spec!r}: {item!r} is not one of "
+                f"bad {what} {spec!r}: {item!r} is not one of "
                 + ", ".join(f"{k}=..." for k in allowed)
             )
         typ = allowed[key][0]
@@ -290,10 +296,10 @@ def parse_index_spec(text: str, spec: str | None = None) -> IndexSpec:
             values[key] = typ(value)
         except ValueError:
             raise ValueError(
-                f"bad system spec {spec!r}: {key}={value!r} is not a {typ.__name__}"
+                f"bad {what} {spec!r}: {key}={value!r} is not a {typ.__name__}"
             ) from None
         if typ is int and values[key] < 0:
-            raise ValueError(f"bad system spec {spec!r}: {key} must be >= 0")
+            raise ValueError(f"bad {what} {spec!r}: {key} must be >= 0")
     rescore = values["rescore"]
     return IndexSpec(
         kind=kind_name,
