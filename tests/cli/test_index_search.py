@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from treerank.cli.main import app
@@ -52,6 +53,29 @@ def test_index_build_help_lists_the_index_kinds() -> None:
     listed = [ln.split()[0] for ln in kinds.splitlines() if ln[:2] == "  " and ln[2:3].strip()]
     assert listed == list(INDEX_KINDS)
     assert INDEX_KINDS["ivfpq"].help in " ".join(kinds.split())
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("faiss:hnsw:efsearch=64", "'efsearch=64' is not one of M=..., ef_construction=..."),
+        ("faiss:hnsw:ef_search=many", "ef_search='many' is not a int"),
+        ("faiss:hnws", "did you mean 'hnsw'?"),
+    ],
+)
+def test_search_checks_the_system_spec_before_loading_the_encoder(
+    scifact_store, monkeypatch, spec: str, message: str
+) -> None:
+    import treerank.search.query
+
+    def no_encoder(*args, **kwargs):
+        raise AssertionError("the encoder was loaded before the spec was checked")
+
+    monkeypatch.setattr(treerank.search.query, "load_store_encoder", no_encoder)
+    store = scifact_store["test"]
+    res = runner.invoke(app, ["search", "--store", str(store.path), "-q", "x", "--system", spec])
+    assert res.exit_code == 2 and f"bad system spec {spec!r}" in res.output
+    assert message in res.output
 
 
 def test_search_formats(scifact_store, tmp_path) -> None:

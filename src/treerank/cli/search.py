@@ -66,9 +66,10 @@ def search(
             texts += ftexts
         if not texts:
             raise ValueError("give --query TEXT (repeatable) or --queries FILE")
+        built = build_system(system)  # a bad spec fails here, before the encoder loads (~5 s)
         st = EmbeddingStore.open(store)
         enc = load_store_encoder(st, encoder)
-        run, hits = search_texts(st, build_system(system), enc, texts, k)
+        run, hits = search_texts(st, built, enc, texts, k)
     except (ValueError, FileNotFoundError, OSError) as exc:
         raise fail(exc) from None
     if fmt == "json":
