@@ -89,6 +89,7 @@ def test_search_formats(scifact_store, tmp_path) -> None:
     doc = json.loads(res.stdout)  # the model's loading bar goes to stderr
     exact = build_system("cosine").retrieve(store, 3)
     assert [d["query_id"] for d in doc] == ["a1", "b2"]
+    assert [d["system"] for d in doc] == ["cosine", "cosine"]  # the default --system
     assert [h["passage_id"] for h in doc[0]["hits"]] == exact.ids[0].tolist()
     trec = tmp_path / "run.trec"
     res = runner.invoke(app, [*base, "--format", "trec", "--out", str(trec)])
@@ -99,6 +100,10 @@ def test_search_formats(scifact_store, tmp_path) -> None:
     assert lines[0].split()[:4] == ["a1", "Q0", pids[exact.ids[0, 0]], "1"]
     res = runner.invoke(app, ["search", "--store", str(store.path), "-q", texts[0], "-k", "2"])
     assert res.exit_code == 0 and pids[exact.ids[0, 0]] in res.output
+    assert res.stdout.splitlines()[0] == "system: cosine"
+    bm25 = ["search", "--store", str(store.path), "-q", texts[0], "--system", "bm25:k1=1.2"]
+    res = runner.invoke(app, [*bm25, "-k", "1", "--format", "json"])
+    assert res.exit_code == 0 and json.loads(res.stdout)[0]["system"] == "bm25:k1=1.2"
     res = runner.invoke(app, ["search", "--store", str(store.path), "--format", "xml", "-q", "a"])
     assert res.exit_code == 2 and "table, json or trec" in res.output
     res = runner.invoke(app, ["search", "--store", str(store.path)])
