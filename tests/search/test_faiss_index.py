@@ -14,10 +14,12 @@ from treerank.search.faiss_index import (
     FaissSystem,
     add_ivf_presized,
     build_index,
+    default_nlist,
     faiss_system,
     list_indexes,
     parse_index_spec,
     read_index_meta,
+    resolve_build,
 )
 from treerank.search.rescore import RescoreSystem
 from treerank.search.systems import DenseSystem, build_system
@@ -67,6 +69,23 @@ def test_spec_parsing() -> None:
         parse_index_spec("ivfflat:nlist=many")
     assert isinstance(build_system("faiss:binary"), RescoreSystem)
     assert isinstance(build_system("faiss:hnsw:M=8"), FaissSystem)
+
+
+def test_default_nlist_scales_with_the_store(store, tmp_path, capfd) -> None:
+    # round(4 sqrt(n)) clipped to [1, n // 39], by hand: 10 -> 13 > 0 -> 1; 100 -> 40 > 2;
+    # 5,183 -> 288 > 132; 20,958 -> 579 > 537; 1M -> 4,000 < 25,641
+    assert [default_nlist(n) for n in (10, 100, 5183, 20958, 1_000_000)] == [1, 2, 132, 537, 4000]
+    assert parse_index_spec("ivfpqfs").build["nlist"] == 0
+    assert resolve_build(parse_index_spec("ivfflat"), 5183).build["nlist"] == 132
+    assert resolve_build(parse_index_spec("ivfflat:nlist=16"), 5183).build["nlist"] == 16
+    assert resolve_build(parse_index_spec("hnsw"), 5183).build == {"M": 32, "ef_construction": 40}
+    capfd.readouterr()
+    auto = build_index(store, "ivfflat", index_dir=tmp_path)
+    assert "WARNING clustering" not in capfd.readouterr().err  # FAISS: >= 39 points per list
+    assert auto.meta["build"]["nlist"] == auto.index.nlist == 132
+    assert build_index(store, "ivfflat:nlist=132", index_dir=tmp_path).path == auto.path
+    explicit = build_index(store, "ivfflat:nlist=16", index_dir=tmp_path)
+    assert explicit.meta["build"]["nlist"] == explicit.index.nlist == 16
 
 
 def test_flat_equals_exact_search(store, exact, tmp_path) -> None:

@@ -5,14 +5,14 @@ inner product (a cosine over the default ``over=cosine`` vectors, which are L2-n
 
 - ``flat``: ``IndexFlatIP``, exact (the reference).
 - ``hnsw``: ``IndexHNSWFlat``; build ``M=32, ef_construction=40``; search ``ef_search=128``.
-- ``ivfflat``: ``IVF{nlist},Flat``; build ``nlist=1024, train_size``; search ``nprobe=32``.
-- ``ivfpq``: ``OPQ{m},IVF{nlist},PQ{m}x{nbits}``; build ``nlist=1024, m=48, nbits=8, opq=20,
+- ``ivfflat``: ``IVF{nlist},Flat``; build ``nlist, train_size``; search ``nprobe=32``.
+- ``ivfpq``: ``OPQ{m},IVF{nlist},PQ{m}x{nbits}``; build ``nlist, m=48, nbits=8, opq=20,
   train_size``, where ``opq`` is the number of OPQ training iterations (FAISS's default is 50;
   each trains ``m`` k-means of ``2**8`` centroids, the slowest part of any build here; ``opq=0``
   drops the rotation); search ``nprobe=32``.
 - ``ivfpqfs``: ``[OPQ{m},]IVF{nlist},PQ{m}x4fs`` (FAISS's ``IndexIVFPQFastScan``: 4-bit codes
   scanned with SIMD lookup tables held in registers, André et al. VLDB 2015); build
-  ``nlist=1024, m=48, opq=0, refine=0, train_size``; search ``nprobe=32, k_factor=4``. The
+  ``nlist, m=48, opq=0, refine=0, train_size``; search ``nprobe=32, k_factor=4``. The
   4-bit codes rank coarsely: either ``rescore=N`` (exact rescoring of a few hundred candidates
   from the store) or ``refine=8`` (FAISS ``IndexRefine`` over ``SQ8`` codes held in RAM, one byte
   per dimension: the fast-scan top ``k * k_factor`` re-ranked by their 8-bit codes; with
@@ -24,6 +24,12 @@ inner product (a cosine over the default ``over=cosine`` vectors, which are L2-n
 - ``binary``: ``IndexLSH`` with trained thresholds (1 bit per dimension, set when the value
   exceeds the dimension's median; Hamming distance); build ``nbits`` (0 = the dimension),
   ``train_size``; exact rescoring of the top 1000 by default.
+
+The IVF kinds' ``nlist`` (inverted lists, i.e. k-means centroids) defaults to ``0`` = chosen from
+the store's passage count ``n`` by :func:`default_nlist`: ``4 * sqrt(n)``, clipped to
+``[1, n // 39]`` so that every centroid gets the 39 training points FAISS asks for (5,183
+passages: 132 lists; 1M: 4,000). An ``nlist`` given in the spec is used as given (FAISS warns
+when it has fewer than ``39 * nlist`` training points).
 
 Common parameters: ``over=cosine`` (default; the stored vectors, L2-normalised) or
 ``over=ckpt:<dir>`` (a trained dense head's passage-tower output; its query tower encodes the
@@ -65,7 +71,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -170,6 +176,7 @@ def _make_binary(d: int, p: dict[str, Any]) -> Any:
 
 
 _TRAIN = {"train_size": (int, 0)}
+_NLIST = {"nlist": (int, 0)}  # 0: default_nlist(n passages), resolved by resolve_build
 INDEX_KINDS: dict[str, IndexKind] = {
     k.name: k
     for k in (
@@ -184,23 +191,24 @@ INDEX_KINDS: dict[str, IndexKind] = {
         ),
         IndexKind(
             "ivfflat",
-            "inverted file, raw vectors; nlist=1024,nprobe=32",
-            {"nlist": (int, 1024), **_TRAIN},
+            "inverted file, raw vectors; nlist=0 (auto),nprobe=32",
+            {**_NLIST, **_TRAIN},
             {"nprobe": (int, 32)},
             _make_factory("IVF{nlist},Flat"),
         ),
         IndexKind(
             "ivfpq",
-            "OPQ + inverted file + product quantisation; nlist=1024,m=48,nbits=8,opq=20,nprobe=32",
-            {"nlist": (int, 1024), "m": (int, 48), "nbits": (int, 8), "opq": (int, 20), **_TRAIN},
+            "OPQ + inverted file + product quantisation; "
+            "nlist=0 (auto),m=48,nbits=8,opq=20,nprobe=32",
+            {**_NLIST, "m": (int, 48), "nbits": (int, 8), "opq": (int, 20), **_TRAIN},
             {"nprobe": (int, 32)},
             _make_ivfpq,
         ),
         IndexKind(
             "ivfpqfs",
             "inverted file + 4-bit fast-scan PQ (IndexIVFPQFastScan), optional OPQ; "
-            "nlist=1024,m=48,opq=0,refine=0,nprobe=32,k_factor=4",
-            {"nlist": (int, 1024), "m": (int, 48), "opq": (int, 0), "refine": (int, 0), **_TRAIN},
+            "nlist=0 (auto),m=48,opq=0,refine=0,nprobe=32,k_factor=4",
+            {**_NLIST, "m": (int, 48), "opq": (int, 0), "refine": (int, 0), **_TRAIN},
             {"nprobe": (int, 32), "k_factor": (int, 4)},
             _make_ivfpqfs,
             presized=False,  # fast-scan lists are packed in blocks of 32: no in-place writes
@@ -309,6 +317,27 @@ def parse_index_spec(text: str, spec: str | None = None, what: str = "system spe
         over=str(values["over"]),
         resident=bool(values["resident"]),
     )
+
+
+def default_nlist(n_passages: int) -> int:
+    """The IVF kinds' default number of inverted lists for ``n_passages`` passages.
+
+    ``round(4 * sqrt(n))`` (the low end of FAISS's guideline of 4-16 * sqrt(n) lists), clipped
+    to ``[1, n // 39]``: FAISS's k-means wants at least 39 training points per centroid and
+    warns below that, and at most ``n`` passages are there to train on. E.g. 5,183 -> 132,
+    20,958 -> 537, 1,000,000 -> 4,000.
+    """
+    return max(1, min(round(4 * float(np.sqrt(n_passages))), n_passages // 39))
+
+
+def resolve_build(spec: IndexSpec, n_passages: int) -> IndexSpec:
+    """``spec`` with its automatic build parameters filled in for a store of ``n_passages``:
+    ``nlist=0`` becomes :func:`default_nlist`. The result keys the cache and is recorded in the
+    index's ``meta["build"]``, so an automatic and an equal explicit ``nlist`` share one index."""
+    build = dict(spec.build)
+    if "nlist" in build and int(build["nlist"]) == 0:
+        build["nlist"] = default_nlist(n_passages)
+    return replace(spec, build=build)
 
 
 def store_signature(store: Any) -> str:
@@ -568,7 +597,8 @@ def build_index(
 
     Args:
         store: an :class:`~treerank.store.EmbeddingStore` split (passages memory-mapped).
-        spec: an :class:`IndexSpec` or the text after ``faiss:`` (``"hnsw:M=16"``).
+        spec: an :class:`IndexSpec` or the text after ``faiss:`` (``"hnsw:M=16"``); automatic
+            parameters (``nlist=0``) are set for the store by :func:`resolve_build`.
         index_dir: cache directory (default ``<store>/indexes``).
         scorer: the dense scorer whose passage tower feeds the index; default loaded from
             ``spec.over`` against the store's encoder fingerprint.
@@ -588,6 +618,8 @@ def build_index(
     import faiss
 
     spec = parse_index_spec(spec) if isinstance(spec, str) else spec
+    n = int(store.n_passages)
+    spec = resolve_build(spec, n)
     kind = INDEX_KINDS[spec.kind]
     key = index_key(store, spec)
     root = Path(index_dir) if index_dir is not None else Path(store.path) / INDEXES_DIR
@@ -598,12 +630,12 @@ def build_index(
             return cached
     if scorer is None:
         scorer = dense_scorer(spec.over, getattr(store, "encoder_fingerprint", None))
-    n = int(store.n_passages)
     nlist = int(spec.build.get("nlist", 0))
     if nlist and n < nlist:
         raise ValueError(
             f"{store.path}: {n} passages cannot train nlist={nlist} inverted lists; "
-            f"use nlist <= {n} (about sqrt(n) = {int(np.sqrt(n))} is usual)"
+            f"use nlist <= {n}, or leave nlist out (the default for {n} passages is "
+            f"{default_nlist(n)})"
         )
     t0 = time.perf_counter()
     probe = np.asarray(scorer.encode_passages(np.asarray(store.passages[:1], dtype=np.float32)))
