@@ -21,9 +21,12 @@ def test_index_build_then_info(scifact_store, tmp_path) -> None:
     meta = json.loads(res.stdout)
     assert meta["kind"] == "ivfflat" and meta["build"]["nlist"] == 16
     assert meta["n_passages"] == 5183 and meta["index_bytes"] > 5183 * 384 * 4
-    res = runner.invoke(app, ["index", "info", meta["path"]])
+    assert meta["build"]["train_size"] == meta["train_rows"] == 5183  # the default: all rows
+    res = runner.invoke(app, ["index", "info", meta["path"]], env={"COLUMNS": "200"})
     assert res.exit_code == 0, res.output
     assert "ivfflat" in res.output and "5183" in res.output
+    assert "training sample" in res.output and "5,183 of 5,183 passages" in res.output
+    assert "train_size" not in res.output and "train_rows" not in res.output
     bad = runner.invoke(app, [*args[:-1], "faiss:annoy", "--index-dir", str(tmp_path)])
     assert bad.exit_code == 2 and "unknown index kind 'annoy'" in bad.output
     missing = runner.invoke(app, ["index", "info", str(tmp_path / "nowhere")])

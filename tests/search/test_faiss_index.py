@@ -71,6 +71,17 @@ def test_spec_parsing() -> None:
     assert isinstance(build_system("faiss:hnsw:M=8"), FaissSystem)
 
 
+def test_resolve_build_records_the_training_sample_size() -> None:
+    # train_size 0 -> max(50 nlist, 20,000), at most n; untrained kinds have no train_size
+    ivf = resolve_build(parse_index_spec("ivfflat"), 5183).build
+    assert ivf == {"nlist": 132, "train_size": 5183}
+    big = resolve_build(parse_index_spec("ivfpq:m=16"), 1_000_000).build
+    assert (big["nlist"], big["train_size"]) == (4000, 200_000)
+    assert resolve_build(parse_index_spec("int8"), 1_000_000).build == {"train_size": 20_000}
+    assert resolve_build(parse_index_spec("binary:train_size=900"), 500).build["train_size"] == 500
+    assert resolve_build(parse_index_spec("fp16"), 500).build == {}
+
+
 def test_default_nlist_scales_with_the_store(store, tmp_path, capfd) -> None:
     # round(4 sqrt(n)) clipped to [1, n // 39], by hand: 10 -> 13 > 0 -> 1; 100 -> 40 > 2;
     # 5,183 -> 288 > 132; 20,958 -> 579 > 537; 1M -> 4,000 < 25,641
@@ -190,7 +201,9 @@ def test_cache_reuse_and_keys(store, tmp_path) -> None:
     c = build_index(store, "ivfflat:nlist=8", index_dir=tmp_path / "st" / "indexes")
     assert c.path != a.path
     assert [p for p, _ in list_indexes(tmp_path / "st")] == [c.path]
-    assert read_index_meta(a.path)["build"] == {"nlist": 16, "train_size": 0}
+    # the default train_size (0) is recorded as the rows drawn: all 5,183 (< 20,000)
+    assert read_index_meta(a.path)["build"] == {"nlist": 16, "train_size": 5183}
+    assert build_index(store, "ivfflat:nlist=16,train_size=5183", index_dir=tmp_path).path == a.path
     assert a.meta["n_passages"] == store.n_passages == a.ntotal
     assert a.meta["train_rows"] == store.n_passages  # fewer passages than the default sample
     assert a.meta["encoder"]["fingerprint"] == store.encoder_fingerprint

@@ -80,8 +80,18 @@ def _print_meta(meta: dict, path: Path | None, as_json: bool) -> None:
         typer.echo(json.dumps({"path": str(path), **meta}, indent=2))
         return
     table = Table(title=str(path), show_header=False)
-    for key in ("kind", "build", "over", "n_passages", "dim", "train_rows"):
+    # train_size is shown once, as the training sample actually drawn (train_rows); indexes
+    # built before it was resolved record the default as train_size 0
+    build = {k: v for k, v in (meta.get("build") or {}).items() if k != "train_size"}
+    table.add_row("kind", json.dumps(meta.get("kind")))
+    table.add_row("build", json.dumps(build))
+    for key in ("over", "n_passages", "dim"):
         table.add_row(key, json.dumps(meta.get(key)))
+    if meta.get("train_rows"):
+        n = meta.get("n_passages") or 0
+        table.add_row("training sample", f"{meta['train_rows']:,} of {n:,} passages")
+    else:
+        table.add_row("training sample", "none (this kind is not trained)")
     table.add_row("index size", f"{meta.get('index_bytes', 0) / 2**20:.1f} MiB")
     table.add_row("build time", f"{meta.get('build_seconds', 0):.1f} s")
     table.add_row("peak RSS at build", f"{meta.get('peak_rss_mib', 0):.0f} MiB")

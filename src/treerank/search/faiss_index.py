@@ -42,7 +42,8 @@ faults, which dominate rescoring from a 1.5 GB memory map; default 0 releases th
 ``faiss:ivfpqfs:nlist=4096,m=192,refine=8,k_factor=4``, ``faiss:int8``, ``faiss:binary``.
 
 **Building** (:func:`build_index`): trained kinds are trained on ``train_size`` passages sampled
-uniformly (seed 0; default ``min(n, max(50 * nlist, 20000))``), then passages are added
+uniformly (seed 0; ``0``, the default, means ``max(50 * nlist, 20000)``; at most ``n``; the
+number used is recorded as ``meta["build"]["train_size"]``), then passages are added
 ``chunk_size`` rows at a time from the memory map (pages dropped after each chunk with
 :func:`~treerank.kernels.topk.release_pages`), so peak memory is the index plus one chunk plus the
 training sample, never the raw corpus on top of a compressed index. The training sample is
@@ -332,11 +333,16 @@ def default_nlist(n_passages: int) -> int:
 
 def resolve_build(spec: IndexSpec, n_passages: int) -> IndexSpec:
     """``spec`` with its automatic build parameters filled in for a store of ``n_passages``:
-    ``nlist=0`` becomes :func:`default_nlist`. The result keys the cache and is recorded in the
-    index's ``meta["build"]``, so an automatic and an equal explicit ``nlist`` share one index."""
+    ``nlist=0`` becomes :func:`default_nlist`, and ``train_size`` (trained kinds) becomes the
+    number of passages the training sample will hold: ``max(50 * nlist, 20000)`` for ``0``,
+    at most ``n_passages``. The result keys the cache and is recorded in the index's
+    ``meta["build"]``, so automatic and equal explicit values share one index."""
     build = dict(spec.build)
     if "nlist" in build and int(build["nlist"]) == 0:
         build["nlist"] = default_nlist(n_passages)
+    if "train_size" in build:
+        size = int(build["train_size"]) or max(50 * int(build.get("nlist", 0)), MIN_TRAIN)
+        build["train_size"] = min(size, n_passages)
     return replace(spec, build=build)
 
 
@@ -478,13 +484,6 @@ def _train_sample(
         release_pages(passages, int(block[0]), int(block[-1]) + 1)
     sample = np.concatenate(parts) if parts else np.empty((0, passages.shape[1]), np.float32)
     return np.ascontiguousarray(transform(sample))
-
-
-def _train_size(spec: IndexSpec, n: int) -> int:
-    size = int(spec.build.get("train_size") or 0)
-    if size <= 0:
-        size = max(50 * int(spec.build.get("nlist", 0)), MIN_TRAIN)
-    return min(size, n)
 
 
 def _is_ivf(index: Any) -> bool:
@@ -643,7 +642,7 @@ def build_index(
     index = kind.make(d, spec.build)
     n_train = 0
     if kind.trained:
-        n_train = _train_size(spec, n)
+        n_train = int(spec.build.get("train_size", min(n, MIN_TRAIN)))
         sample = _train_sample(store.passages, n_train, scorer.encode_passages, seed)
         index.train(sample)
         del sample
