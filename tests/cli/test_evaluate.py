@@ -32,10 +32,15 @@ def test_evaluate_prints_table_and_writes_files(tmp_path) -> None:
         ],
     )
     assert result.exit_code == 0, result.output
-    assert (
-        "(baseline)" in result.output and "ndcg@10" in result.output and "McNemar" in result.output
-    )
+    assert "(baseline)" in result.output and "ndcg@10" in result.output
     res = json.loads((tmp_path / "out" / "results.json").read_text())
+    for name in ("bm25", "rrf:bm25+cosine"):
+        r = res["mcnemar_hit@10"]["cosine"][name]
+        assert (
+            f"hit@10: {r['b']} queries only {name} hits, {r['c']} only cosine hits "
+            f"(McNemar p={r['p_value']:.4g}, "
+        ) in " ".join(result.output.split())
+    assert "b=" not in result.output
     assert set(res["systems"]) == {"cosine", "bm25", "rrf:bm25+cosine"}
     assert res["trained"] == []  # no trained model: no memorisation caveat applies
 

@@ -34,6 +34,13 @@ def test_mcnemar_exact_and_chi2() -> None:
     assert not r2.exact and r2.statistic == pytest.approx((20 - 1) ** 2 / 60)
     assert r2.p_value == pytest.approx(stats.chi2.sf((20 - 1) ** 2 / 60, 1))
     assert mcnemar(np.ones(5), np.ones(5)).p_value == 1.0
+    assert r.describe("bm25", "cosine") == (
+        "hit@10: 6 queries only bm25 hits, 1 only cosine hits (McNemar p=0.125, exact binomial)"
+    )
+    assert r2.describe("a", "b", "success@10") == (
+        f"success@10: 40 queries only a hits, 20 only b hits "
+        f"(McNemar p={r2.p_value:.4g}, chi-squared, continuity-corrected)"
+    )
 
 
 def test_randomization_test_is_seeded_and_sensible() -> None:

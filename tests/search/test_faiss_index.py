@@ -14,10 +14,12 @@ from treerank.search.faiss_index import (
     FaissSystem,
     add_ivf_presized,
     build_index,
+    default_nlist,
     faiss_system,
     list_indexes,
     parse_index_spec,
     read_index_meta,
+    resolve_build,
 )
 from treerank.search.rescore import RescoreSystem
 from treerank.search.systems import DenseSystem, build_system
@@ -55,12 +57,46 @@ def test_spec_parsing() -> None:
     assert parse_index_spec("hnsw").search == {"ef_search": 128}
     with pytest.raises(ValueError, match="unknown index kind 'annoy'.*hnsw"):
         parse_index_spec("annoy")
+    with pytest.raises(
+        ValueError, match="unknown index kind 'hnws'; did you mean 'hnsw'\\? known:"
+    ):
+        parse_index_spec("hnws:M=8")
+    with pytest.raises(ValueError, match="'ivfpqf'; did you mean 'ivfpqfs'\\? known: flat, hnsw"):
+        parse_index_spec("ivfpqf")
     with pytest.raises(ValueError, match="'nprobe=4' is not one of M=..."):
         parse_index_spec("hnsw:nprobe=4")
     with pytest.raises(ValueError, match="nlist='many' is not a int"):
         parse_index_spec("ivfflat:nlist=many")
     assert isinstance(build_system("faiss:binary"), RescoreSystem)
     assert isinstance(build_system("faiss:hnsw:M=8"), FaissSystem)
+
+
+def test_resolve_build_records_the_training_sample_size() -> None:
+    # train_size 0 -> max(50 nlist, 20,000), at most n; untrained kinds have no train_size
+    ivf = resolve_build(parse_index_spec("ivfflat"), 5183).build
+    assert ivf == {"nlist": 132, "train_size": 5183}
+    big = resolve_build(parse_index_spec("ivfpq:m=16"), 1_000_000).build
+    assert (big["nlist"], big["train_size"]) == (4000, 200_000)
+    assert resolve_build(parse_index_spec("int8"), 1_000_000).build == {"train_size": 20_000}
+    assert resolve_build(parse_index_spec("binary:train_size=900"), 500).build["train_size"] == 500
+    assert resolve_build(parse_index_spec("fp16"), 500).build == {}
+
+
+def test_default_nlist_scales_with_the_store(store, tmp_path, capfd) -> None:
+    # round(4 sqrt(n)) clipped to [1, n // 39], by hand: 10 -> 13 > 0 -> 1; 100 -> 40 > 2;
+    # 5,183 -> 288 > 132; 20,958 -> 579 > 537; 1M -> 4,000 < 25,641
+    assert [default_nlist(n) for n in (10, 100, 5183, 20958, 1_000_000)] == [1, 2, 132, 537, 4000]
+    assert parse_index_spec("ivfpqfs").build["nlist"] == 0
+    assert resolve_build(parse_index_spec("ivfflat"), 5183).build["nlist"] == 132
+    assert resolve_build(parse_index_spec("ivfflat:nlist=16"), 5183).build["nlist"] == 16
+    assert resolve_build(parse_index_spec("hnsw"), 5183).build == {"M": 32, "ef_construction": 40}
+    capfd.readouterr()
+    auto = build_index(store, "ivfflat", index_dir=tmp_path)
+    assert "WARNING clustering" not in capfd.readouterr().err  # FAISS: >= 39 points per list
+    assert auto.meta["build"]["nlist"] == auto.index.nlist == 132
+    assert build_index(store, "ivfflat:nlist=132", index_dir=tmp_path).path == auto.path
+    explicit = build_index(store, "ivfflat:nlist=16", index_dir=tmp_path)
+    assert explicit.meta["build"]["nlist"] == explicit.index.nlist == 16
 
 
 def test_flat_equals_exact_search(store, exact, tmp_path) -> None:
@@ -165,7 +201,9 @@ def test_cache_reuse_and_keys(store, tmp_path) -> None:
     c = build_index(store, "ivfflat:nlist=8", index_dir=tmp_path / "st" / "indexes")
     assert c.path != a.path
     assert [p for p, _ in list_indexes(tmp_path / "st")] == [c.path]
-    assert read_index_meta(a.path)["build"] == {"nlist": 16, "train_size": 0}
+    # the default train_size (0) is recorded as the rows drawn: all 5,183 (< 20,000)
+    assert read_index_meta(a.path)["build"] == {"nlist": 16, "train_size": 5183}
+    assert build_index(store, "ivfflat:nlist=16,train_size=5183", index_dir=tmp_path).path == a.path
     assert a.meta["n_passages"] == store.n_passages == a.ntotal
     assert a.meta["train_rows"] == store.n_passages  # fewer passages than the default sample
     assert a.meta["encoder"]["fingerprint"] == store.encoder_fingerprint

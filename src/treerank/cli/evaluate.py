@@ -159,10 +159,7 @@ def evaluate(
     )
     for b, by_sys in comp.mcnemar.items():
         for s, r in by_sys.items():
-            console.print(
-                f"McNemar hit@10 {s} vs {b}: b={r.b} c={r.c} p={r.p_value:.4g}"
-                + (" (exact)" if r.exact else "")
-            )
+            console.print(r.describe(s, b), markup=False, highlight=False, soft_wrap=True)
     if any(comp.departures.values()):
         console.print(
             "departures from the source: "

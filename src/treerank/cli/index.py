@@ -8,25 +8,22 @@ from pathlib import Path
 import typer
 
 from treerank.cli.errors import fail
+from treerank.cli.spec_help import IndexHelpCommand
 
 index_app = typer.Typer(
     help="Build and inspect FAISS indexes cached under a store split.", no_args_is_help=True
 )
 
 
-def _index_help() -> str:
-    from treerank.search.faiss_index import INDEX_KINDS
-
-    return "Index spec, faiss:<kind>[:k=v,...]; kinds: " + "; ".join(
-        f"{k} ({v.help})" for k, v in INDEX_KINDS.items()
-    )
-
-
-@index_app.command("build")
+@index_app.command("build", cls=IndexHelpCommand)
 def build(
     store: Path = typer.Option(..., "--store", "-s", help="Store split directory."),
     spec: str = typer.Option(
-        ..., "--index", "-i", help="e.g. faiss:hnsw:M=32 or faiss:ivfpq:nlist=1024,m=48."
+        ...,
+        "--index",
+        "-i",
+        help="Index spec, faiss:<kind>[:k=v,...], e.g. faiss:hnsw:M=32 or "
+        "faiss:ivfpq:nlist=1024,m=48; the kinds are listed under 'Index kinds' below.",
     ),
     index_dir: Path | None = typer.Option(
         None, "--index-dir", help="Cache directory (default <store>/indexes)."
@@ -39,12 +36,13 @@ def build(
     from treerank.search.faiss_index import build_index, parse_index_spec
     from treerank.store import EmbeddingStore
 
-    body = spec.removeprefix("faiss:")
+    try:
+        parsed = parse_index_spec(spec.removeprefix("faiss:"), spec, what="index spec")
+    except ValueError as exc:
+        raise fail(f"--index: {exc}") from None
     try:
         st = EmbeddingStore.open(store)
-        index = build_index(
-            st, parse_index_spec(body, spec), index_dir=index_dir, progress=progress, force=force
-        )
+        index = build_index(st, parsed, index_dir=index_dir, progress=progress, force=force)
     except (ValueError, FileNotFoundError, OSError) as exc:
         raise fail(exc) from None
     _print_meta(index.meta, index.path, as_json)
@@ -82,8 +80,18 @@ def _print_meta(meta: dict, path: Path | None, as_json: bool) -> None:
         typer.echo(json.dumps({"path": str(path), **meta}, indent=2))
         return
     table = Table(title=str(path), show_header=False)
-    for key in ("kind", "build", "over", "n_passages", "dim", "train_rows"):
+    # train_size is shown once, as the training sample actually drawn (train_rows); indexes
+    # built before it was resolved record the default as train_size 0
+    build = {k: v for k, v in (meta.get("build") or {}).items() if k != "train_size"}
+    table.add_row("kind", json.dumps(meta.get("kind")))
+    table.add_row("build", json.dumps(build))
+    for key in ("over", "n_passages", "dim"):
         table.add_row(key, json.dumps(meta.get(key)))
+    if meta.get("train_rows"):
+        n = meta.get("n_passages") or 0
+        table.add_row("training sample", f"{meta['train_rows']:,} of {n:,} passages")
+    else:
+        table.add_row("training sample", "none (this kind is not trained)")
     table.add_row("index size", f"{meta.get('index_bytes', 0) / 2**20:.1f} MiB")
     table.add_row("build time", f"{meta.get('build_seconds', 0):.1f} s")
     table.add_row("peak RSS at build", f"{meta.get('peak_rss_mib', 0):.0f} MiB")

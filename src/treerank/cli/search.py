@@ -48,7 +48,11 @@ def search(
         None, "--encoder", help="Model to load instead of the store's (fingerprint must match)."
     ),
 ) -> None:
-    """Encode queries with the store's encoder (pinned by its weights fingerprint) and search."""
+    """Encode queries with the store's encoder (pinned by its weights fingerprint) and search.
+
+    The output names the system: a ``system: <spec>`` line above the tables, a ``system``
+    field in each JSON query object, the run tag (last column) of a TREC run.
+    """
     from treerank.kernels.topk import check_run_depth
     from treerank.search.query import load_store_encoder, search_texts
     from treerank.search.systems import build_system
@@ -66,26 +70,28 @@ def search(
             texts += ftexts
         if not texts:
             raise ValueError("give --query TEXT (repeatable) or --queries FILE")
+        built = build_system(system)  # a bad spec fails here, before the encoder loads (~5 s)
         st = EmbeddingStore.open(store)
         enc = load_store_encoder(st, encoder)
-        run, hits = search_texts(st, build_system(system), enc, texts, k)
+        run, hits = search_texts(st, built, enc, texts, k)
     except (ValueError, FileNotFoundError, OSError) as exc:
         raise fail(exc) from None
+    spec = system.strip()
     if fmt == "json":
         doc = [
-            {"query_id": q, "query": t, "hits": [h.to_dict() for h in hs]}
+            {"query_id": q, "query": t, "system": spec, "hits": [h.to_dict() for h in hs]}
             for q, t, hs in zip(qids, texts, hits, strict=True)
         ]
         text = json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
     elif fmt == "trec":
-        tag = system.replace(" ", "_")
+        tag = spec.replace(" ", "_")
         text = "".join(
             f"{q} Q0 {h.source_id} {h.rank} {h.score:.6g} {tag}\n"
             for q, hs in zip(qids, hits, strict=True)
             for h in hs
         )
     else:
-        _print_table(qids, texts, hits, out)
+        _print_table(spec, qids, texts, hits, out)
         return
     if out is not None:
         from treerank.atomic import atomic_write_text
@@ -95,11 +101,14 @@ def search(
         typer.echo(text, nl=False)
 
 
-def _print_table(qids: list[str], texts: list[str], hits: list, out: Path | None) -> None:
+def _print_table(
+    spec: str, qids: list[str], texts: list[str], hits: list, out: Path | None
+) -> None:
     from rich.console import Console
     from rich.table import Table
 
     console = Console(file=open(out, "w", encoding="utf-8") if out else None, width=160)
+    console.print(f"system: {spec}", markup=False, highlight=False)
     for q, t, hs in zip(qids, texts, hits, strict=True):
         table = Table(title=f"query {q}: {t}", title_justify="left")
         for col in ("rank", "passage id", "source id", "score", "text"):

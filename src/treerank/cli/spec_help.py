@@ -25,6 +25,23 @@ def system_kinds() -> list[tuple[str, str]]:
     return [(kind, text) for kind, (_, text) in SYSTEM_KINDS.items()]
 
 
+def index_kinds() -> list[tuple[str, str]]:
+    """``[(kind, help line)]`` of every FAISS index kind, in table order
+    (:data:`treerank.search.faiss_index.INDEX_KINDS`)."""
+    from treerank.search.faiss_index import INDEX_KINDS
+
+    return [(kind, k.help) for kind, k in INDEX_KINDS.items()]
+
+
+class IndexHelpCommand(TyperCommand):
+    """A command whose ``--help`` ends with the FAISS index kinds and their parameters."""
+
+    def format_epilog(self, ctx: Any, formatter: Any) -> None:
+        super().format_epilog(ctx, formatter)
+        with formatter.section("Index kinds (faiss:<kind>[:k=v,...]; defaults shown)"):
+            formatter.write_dl(index_kinds())
+
+
 class RegistryHelpCommand(TyperCommand):
     """A command whose ``--help`` ends with the registered system kinds."""
 

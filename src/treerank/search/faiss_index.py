@@ -5,14 +5,14 @@ inner product (a cosine over the default ``over=cosine`` vectors, which are L2-n
 
 - ``flat``: ``IndexFlatIP``, exact (the reference).
 - ``hnsw``: ``IndexHNSWFlat``; build ``M=32, ef_construction=40``; search ``ef_search=128``.
-- ``ivfflat``: ``IVF{nlist},Flat``; build ``nlist=1024, train_size``; search ``nprobe=32``.
-- ``ivfpq``: ``OPQ{m},IVF{nlist},PQ{m}x{nbits}``; build ``nlist=1024, m=48, nbits=8, opq=20,
+- ``ivfflat``: ``IVF{nlist},Flat``; build ``nlist, train_size``; search ``nprobe=32``.
+- ``ivfpq``: ``OPQ{m},IVF{nlist},PQ{m}x{nbits}``; build ``nlist, m=48, nbits=8, opq=20,
   train_size``, where ``opq`` is the number of OPQ training iterations (FAISS's default is 50;
   each trains ``m`` k-means of ``2**8`` centroids, the slowest part of any build here; ``opq=0``
   drops the rotation); search ``nprobe=32``.
 - ``ivfpqfs``: ``[OPQ{m},]IVF{nlist},PQ{m}x4fs`` (FAISS's ``IndexIVFPQFastScan``: 4-bit codes
   scanned with SIMD lookup tables held in registers, André et al. VLDB 2015); build
-  ``nlist=1024, m=48, opq=0, refine=0, train_size``; search ``nprobe=32, k_factor=4``. The
+  ``nlist, m=48, opq=0, refine=0, train_size``; search ``nprobe=32, k_factor=4``. The
   4-bit codes rank coarsely: either ``rescore=N`` (exact rescoring of a few hundred candidates
   from the store) or ``refine=8`` (FAISS ``IndexRefine`` over ``SQ8`` codes held in RAM, one byte
   per dimension: the fast-scan top ``k * k_factor`` re-ranked by their 8-bit codes; with
@@ -25,6 +25,12 @@ inner product (a cosine over the default ``over=cosine`` vectors, which are L2-n
   exceeds the dimension's median; Hamming distance); build ``nbits`` (0 = the dimension),
   ``train_size``; exact rescoring of the top 1000 by default.
 
+The IVF kinds' ``nlist`` (inverted lists, i.e. k-means centroids) defaults to ``0`` = chosen from
+the store's passage count ``n`` by :func:`default_nlist`: ``4 * sqrt(n)``, clipped to
+``[1, n // 39]`` so that every centroid gets the 39 training points FAISS asks for (5,183
+passages: 132 lists; 1M: 4,000). An ``nlist`` given in the spec is used as given (FAISS warns
+when it has fewer than ``39 * nlist`` training points).
+
 Common parameters: ``over=cosine`` (default; the stored vectors, L2-normalised) or
 ``over=ckpt:<dir>`` (a trained dense head's passage-tower output; its query tower encodes the
 queries; the checkpoint must match the store's encoder); ``rescore=N`` (0 = off; ``binary``
@@ -36,7 +42,8 @@ faults, which dominate rescoring from a 1.5 GB memory map; default 0 releases th
 ``faiss:ivfpqfs:nlist=4096,m=192,refine=8,k_factor=4``, ``faiss:int8``, ``faiss:binary``.
 
 **Building** (:func:`build_index`): trained kinds are trained on ``train_size`` passages sampled
-uniformly (seed 0; default ``min(n, max(50 * nlist, 20000))``), then passages are added
+uniformly (seed 0; ``0``, the default, means ``max(50 * nlist, 20000)``; at most ``n``; the
+number used is recorded as ``meta["build"]["train_size"]``), then passages are added
 ``chunk_size`` rows at a time from the memory map (pages dropped after each chunk with
 :func:`~treerank.kernels.topk.release_pages`), so peak memory is the index plus one chunk plus the
 training sample, never the raw corpus on top of a compressed index. The training sample is
@@ -65,7 +72,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +82,7 @@ from tqdm.auto import tqdm
 from treerank.atomic import atomic_write_json
 from treerank.kernels.topk import release_pages, sort_rows
 from treerank.models.base import DenseScorer
+from treerank.names import unknown_name
 from treerank.search.rescore import RescoreSystem, dense_scorer
 from treerank.search.run import Run
 
@@ -169,6 +177,7 @@ def _make_binary(d: int, p: dict[str, Any]) -> Any:
 
 
 _TRAIN = {"train_size": (int, 0)}
+_NLIST = {"nlist": (int, 0)}  # 0: default_nlist(n passages), resolved by resolve_build
 INDEX_KINDS: dict[str, IndexKind] = {
     k.name: k
     for k in (
@@ -183,23 +192,24 @@ INDEX_KINDS: dict[str, IndexKind] = {
         ),
         IndexKind(
             "ivfflat",
-            "inverted file, raw vectors; nlist=1024,nprobe=32",
-            {"nlist": (int, 1024), **_TRAIN},
+            "inverted file, raw vectors; nlist=0 (auto),nprobe=32",
+            {**_NLIST, **_TRAIN},
             {"nprobe": (int, 32)},
             _make_factory("IVF{nlist},Flat"),
         ),
         IndexKind(
             "ivfpq",
-            "OPQ + inverted file + product quantisation; nlist=1024,m=48,nbits=8,opq=20,nprobe=32",
-            {"nlist": (int, 1024), "m": (int, 48), "nbits": (int, 8), "opq": (int, 20), **_TRAIN},
+            "OPQ + inverted file + product quantisation; "
+            "nlist=0 (auto),m=48,nbits=8,opq=20,nprobe=32",
+            {**_NLIST, "m": (int, 48), "nbits": (int, 8), "opq": (int, 20), **_TRAIN},
             {"nprobe": (int, 32)},
             _make_ivfpq,
         ),
         IndexKind(
             "ivfpqfs",
             "inverted file + 4-bit fast-scan PQ (IndexIVFPQFastScan), optional OPQ; "
-            "nlist=1024,m=48,opq=0,refine=0,nprobe=32,k_factor=4",
-            {"nlist": (int, 1024), "m": (int, 48), "opq": (int, 0), "refine": (int, 0), **_TRAIN},
+            "nlist=0 (auto),m=48,opq=0,refine=0,nprobe=32,k_factor=4",
+            {**_NLIST, "m": (int, 48), "opq": (int, 0), "refine": (int, 0), **_TRAIN},
             {"nprobe": (int, 32), "k_factor": (int, 4)},
             _make_ivfpqfs,
             presized=False,  # fast-scan lists are packed in blocks of 32: no in-place writes
@@ -253,19 +263,31 @@ class IndexSpec:
         return IndexSpec(self.kind, dict(self.build), dict(self.search), 0, self.over)
 
 
-def parse_index_spec(text: str, spec: str | None = None) -> IndexSpec:
+def parse_index_spec(text: str, spec: str | None = None, what: str = "system spec") -> IndexSpec:
     """Parse ``"<kind>[:k=v,...]"`` (the part after ``faiss:``).
 
+    Args:
+        text: the part after ``faiss:``.
+        spec: the whole spec, as the messages quote it (default ``faiss:<text>``).
+        what: what the messages call the spec (``"bad <what> '<spec>': ..."``), e.g.
+            ``"index spec"`` where an index rather than a system is asked for.
+
     Raises:
-        ValueError: unknown kind (the message lists the kinds), unknown key (it lists the
-            kind's keys), a value of the wrong type, or a negative value.
+        ValueError: unknown kind (the message suggests the closest kind, e.g. ``hnsw`` for
+            ``hnws``, and lists the kinds), unknown key (it lists the kind's keys), a value of
+            the wrong type, or a negative value.
     """
     spec = spec or f"faiss:{text}"
     kind_name, _, body = text.partition(":")
     if kind_name not in INDEX_KINDS:
         raise ValueError(
-            f"bad system spec {spec!r}: unknown index kind {kind_name!r}; known: "
-            + "; ".join(f"{k} ({v.help})" for k, v in INDEX_KINDS.items())
+            f"bad {what} {spec!r}: "
+            + unknown_name(
+                "index kind",
+                kind_name,
+                INDEX_KINDS,
+                "`treerank index build --help` gives each kind's parameters",
+            )
         )
     kind = INDEX_KINDS[kind_name]
     allowed = {**kind.build, **kind.search, **_COMMON}
@@ -275,7 +297,7 @@ def parse_index_spec(text: str, spec: str | None = None) -> IndexSpec:
         key, value = key.strip(), value.strip()
         if not sep or key not in allowed:
             raise ValueError(
-                f"bad system spec {spec!r}: {item!r} is not one of "
+                f"bad {what} {spec!r}: {item!r} is not one of "
                 + ", ".join(f"{k}=..." for k in allowed)
             )
         typ = allowed[key][0]
@@ -283,10 +305,10 @@ def parse_index_spec(text: str, spec: str | None = None) -> IndexSpec:
             values[key] = typ(value)
         except ValueError:
             raise ValueError(
-                f"bad system spec {spec!r}: {key}={value!r} is not a {typ.__name__}"
+                f"bad {what} {spec!r}: {key}={value!r} is not a {typ.__name__}"
             ) from None
         if typ is int and values[key] < 0:
-            raise ValueError(f"bad system spec {spec!r}: {key} must be >= 0")
+            raise ValueError(f"bad {what} {spec!r}: {key} must be >= 0")
     rescore = values["rescore"]
     return IndexSpec(
         kind=kind_name,
@@ -296,6 +318,32 @@ def parse_index_spec(text: str, spec: str | None = None) -> IndexSpec:
         over=str(values["over"]),
         resident=bool(values["resident"]),
     )
+
+
+def default_nlist(n_passages: int) -> int:
+    """The IVF kinds' default number of inverted lists for ``n_passages`` passages.
+
+    ``round(4 * sqrt(n))`` (the low end of FAISS's guideline of 4-16 * sqrt(n) lists), clipped
+    to ``[1, n // 39]``: FAISS's k-means wants at least 39 training points per centroid and
+    warns below that, and at most ``n`` passages are there to train on. E.g. 5,183 -> 132,
+    20,958 -> 537, 1,000,000 -> 4,000.
+    """
+    return max(1, min(round(4 * float(np.sqrt(n_passages))), n_passages // 39))
+
+
+def resolve_build(spec: IndexSpec, n_passages: int) -> IndexSpec:
+    """``spec`` with its automatic build parameters filled in for a store of ``n_passages``:
+    ``nlist=0`` becomes :func:`default_nlist`, and ``train_size`` (trained kinds) becomes the
+    number of passages the training sample will hold: ``max(50 * nlist, 20000)`` for ``0``,
+    at most ``n_passages``. The result keys the cache and is recorded in the index's
+    ``meta["build"]``, so automatic and equal explicit values share one index."""
+    build = dict(spec.build)
+    if "nlist" in build and int(build["nlist"]) == 0:
+        build["nlist"] = default_nlist(n_passages)
+    if "train_size" in build:
+        size = int(build["train_size"]) or max(50 * int(build.get("nlist", 0)), MIN_TRAIN)
+        build["train_size"] = min(size, n_passages)
+    return replace(spec, build=build)
 
 
 def store_signature(store: Any) -> str:
@@ -438,13 +486,6 @@ def _train_sample(
     return np.ascontiguousarray(transform(sample))
 
 
-def _train_size(spec: IndexSpec, n: int) -> int:
-    size = int(spec.build.get("train_size") or 0)
-    if size <= 0:
-        size = max(50 * int(spec.build.get("nlist", 0)), MIN_TRAIN)
-    return min(size, n)
-
-
 def _is_ivf(index: Any) -> bool:
     import faiss
 
@@ -555,7 +596,8 @@ def build_index(
 
     Args:
         store: an :class:`~treerank.store.EmbeddingStore` split (passages memory-mapped).
-        spec: an :class:`IndexSpec` or the text after ``faiss:`` (``"hnsw:M=16"``).
+        spec: an :class:`IndexSpec` or the text after ``faiss:`` (``"hnsw:M=16"``); automatic
+            parameters (``nlist=0``) are set for the store by :func:`resolve_build`.
         index_dir: cache directory (default ``<store>/indexes``).
         scorer: the dense scorer whose passage tower feeds the index; default loaded from
             ``spec.over`` against the store's encoder fingerprint.
@@ -575,6 +617,8 @@ def build_index(
     import faiss
 
     spec = parse_index_spec(spec) if isinstance(spec, str) else spec
+    n = int(store.n_passages)
+    spec = resolve_build(spec, n)
     kind = INDEX_KINDS[spec.kind]
     key = index_key(store, spec)
     root = Path(index_dir) if index_dir is not None else Path(store.path) / INDEXES_DIR
@@ -585,12 +629,12 @@ def build_index(
             return cached
     if scorer is None:
         scorer = dense_scorer(spec.over, getattr(store, "encoder_fingerprint", None))
-    n = int(store.n_passages)
     nlist = int(spec.build.get("nlist", 0))
     if nlist and n < nlist:
         raise ValueError(
             f"{store.path}: {n} passages cannot train nlist={nlist} inverted lists; "
-            f"use nlist <= {n} (about sqrt(n) = {int(np.sqrt(n))} is usual)"
+            f"use nlist <= {n}, or leave nlist out (the default for {n} passages is "
+            f"{default_nlist(n)})"
         )
     t0 = time.perf_counter()
     probe = np.asarray(scorer.encode_passages(np.asarray(store.passages[:1], dtype=np.float32)))
@@ -598,7 +642,7 @@ def build_index(
     index = kind.make(d, spec.build)
     n_train = 0
     if kind.trained:
-        n_train = _train_size(spec, n)
+        n_train = int(spec.build.get("train_size", min(n, MIN_TRAIN)))
         sample = _train_sample(store.passages, n_train, scorer.encode_passages, seed)
         index.train(sample)
         del sample
