@@ -189,7 +189,10 @@ def main() -> None:
             raise SystemExit(f"{args.train} and {args.test} were embedded with different encoders")
 
         def validate(forest: Forest) -> dict[str, float]:
-            return forest_eval(forest, test, k)[0].mean
+            mean = forest_eval(forest, test, k)[0].mean
+            # one line per curve point as it comes (a long run stopped early keeps its points)
+            print(json.dumps({"n_models": forest.n_models, **mean}), flush=True)
+            return mean
 
         train_rows = None
         if args.train_queries:
