@@ -8,8 +8,11 @@ Reads a finished ``treerank sweep`` directory (``settings/<slug>/experiment.yaml
   value minus the mean over the settings at its first value (Box, Hunter & Hunter,
   *Statistics for Experimenters*, 2nd ed., ch. 5-6), with its paired 95% bootstrap CI and
   randomization p (:mod:`treerank.evaluation.significance`, 10,000 draws, seed 0). In a
-  half fraction with defining relation ``I = ABCD`` each main effect is aliased only with a
-  three-factor interaction.
+  half fraction of k keys (defining relation ``I = AB..K``) each main effect is aliased with a
+  (k-1)-factor interaction: free of two-factor interactions from k = 4 on.
+
+Works on any two-level sweep (``--system``, ``--dataset``); the metrics are those the sweep's
+experiment evaluated among ndcg@10, mrr@10, recall@100.
 
 Usage::
 
@@ -33,15 +36,15 @@ from treerank.atomic import atomic_write_text
 from treerank.evaluation.significance import bootstrap_ci, randomization_test
 from treerank.pipeline.sweep import read_per_query, settings_of, split_sweep_section
 
-METRICS = ("ndcg@10", "mrr@10", "recall@100")
+METRICS = ("ndcg@10", "mrr@10", "recall@100")  # reported when the sweep evaluated them
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--sweep", type=Path, required=True, help="the sweep's output directory")
     ap.add_argument("--config", type=Path, required=True, help="the sweep YAML it ran")
-    ap.add_argument("--dataset", default="squad")
-    ap.add_argument("--system", default="forest")
+    ap.add_argument("--dataset", default="squad", help="dataset name (default: squad)")
+    ap.add_argument("--system", default="forest", help="system name (default: forest)")
     ap.add_argument("--out", type=Path, required=True, help="writes <out>.md and <out>.json")
     args = ap.parse_args()
 
@@ -49,19 +52,29 @@ def main() -> None:
     _, sec = split_sweep_section(raw, args.config)
     grid = {k: list(v) for k, v in sec["grid"].items()}
     settings = settings_of(grid, str(sec.get("design") or "full"))
+    if any(len(v) != 2 for v in grid.values()):
+        raise SystemExit(f"{args.config}: main effects need two values per key")
+    evaluated = (raw.get("evaluate") or {}).get("metrics") or list(METRICS)
+    metrics = [m for m in METRICS if m in evaluated]
     per: dict[str, dict[str, np.ndarray]] = {}
+    base = None
     for s in settings:
-        pq = read_per_query(args.sweep / "settings" / s.slug / "eval" / args.dataset, METRICS)
+        d = args.sweep / "settings" / s.slug / "eval" / args.dataset
+        if not (d / "per_query.jsonl").is_file():
+            raise SystemExit(f"{d}: no per_query.jsonl (is --dataset {args.dataset!r} right?)")
+        pq = read_per_query(d, metrics)
+        if args.system not in pq:
+            raise SystemExit(f"{d}: no system {args.system!r}; there: {', '.join(pq)}")
         per[s.slug] = pq[args.system]
         base = pq.get("cosine")
     rows = [
-        {**s.values, **{m: float(np.nanmean(per[s.slug][m])) for m in METRICS}} for s in settings
+        {**s.values, **{m: float(np.nanmean(per[s.slug][m])) for m in metrics}} for s in settings
     ]
     effects: list[dict[str, Any]] = []
     for key, values in grid.items():
         lo = [s.slug for s in settings if s.values[key] == values[0]]
         hi = [s.slug for s in settings if s.values[key] == values[1]]
-        for m in METRICS:
+        for m in metrics:
             a = np.mean([per[x][m] for x in hi], axis=0)
             b = np.mean([per[x][m] for x in lo], axis=0)
             ci = bootstrap_ci(a, b)
@@ -82,22 +95,22 @@ def main() -> None:
         f"{args.dataset}: `{args.system}` in every setting of `{args.config}` "
         f"({sec.get('design') or 'full'} design, {len(settings)} settings).",
         "",
-        "| " + " | ".join(short.values()) + " | " + " | ".join(METRICS) + " |",
-        "|" + "---|" * (len(grid) + len(METRICS)),
+        "| " + " | ".join(short.values()) + " | " + " | ".join(metrics) + " |",
+        "|" + "---|" * (len(grid) + len(metrics)),
     ]
     for r in sorted(rows, key=lambda r: -r["ndcg@10"]):
         lines.append(
             "| "
             + " | ".join(str(r[k]) for k in grid)
             + " | "
-            + " | ".join(f"{r[m]:.4f}" for m in METRICS)
+            + " | ".join(f"{r[m]:.4f}" for m in metrics)
             + " |"
         )
     if base is not None:
         lines += [
             "",
             "cosine (same queries): "
-            + ", ".join(f"{m} {float(np.nanmean(base[m])):.4f}" for m in METRICS),
+            + ", ".join(f"{m} {float(np.nanmean(base[m])):.4f}" for m in metrics),
         ]
     lines += [
         "",

@@ -66,9 +66,14 @@ def test_half_fraction_design() -> None:
             pairs = [(c[i], c[j]) for c in codes]
             assert sorted(pairs) == [(0, 0), (0, 0), (0, 1), (0, 1), (1, 0), (1, 0), (1, 1), (1, 1)]
     with pytest.raises(ValueError, match="exactly two values per key; a has 3"):
-        settings_of({"a": [0, 1, 2], "b": [0, 1]}, "half")
+        settings_of({"a": [0, 1, 2], "b": [0, 1], "c": [0, 1]}, "half")
     with pytest.raises(ValueError, match="unknown sweep design"):
         settings_of(grid, "quarter")
+    with pytest.raises(ValueError, match="at least 3 keys"):
+        settings_of({"a": [0, 1], "b": [0, 1]}, "half")
+    from treerank.pipeline.sweep import _design_note
+
+    assert "I = ABCD" in _design_note("half", list(grid)) and _design_note("full", ["a"]) == ""
 
 
 def test_set_path() -> None:

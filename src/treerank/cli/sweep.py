@@ -42,7 +42,11 @@ def sweep(
 ) -> None:
     """Run `treerank run` for every setting of the grid, reusing every stage whose inputs did not
     change, and write sweep.md / sweep.json (mean, 95% CI, paired test against the reference
-    setting) and plots/<key>.png."""
+    setting) and plots/<key>.png.
+
+    The file's `sweep:` section may hold grid, reference, systems, metric and design (`full`,
+    the default: every combination; `half`: the 2^(k-1) half fraction of a grid of k >= 3
+    two-valued keys, defining relation I = AB..K)."""
     from rich.console import Console
 
     from treerank.pipeline.config import ConfigError

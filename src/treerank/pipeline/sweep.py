@@ -69,6 +69,7 @@ class SweepResult:
     rows: list[dict[str, Any]]
     stages: dict[str, list[Any]] = field(default_factory=dict)
     files: dict[str, Path] = field(default_factory=dict)
+    design: str = "full"
 
 
 def parse_value(text: str) -> Any:
@@ -149,6 +150,11 @@ def settings_of(grid: Mapping[str, Sequence[Any]], design: str = "full") -> list
         raise ValueError(f"unknown sweep design {design!r}; known: {', '.join(DESIGNS)}")
     keys = list(grid)
     if design == "half":
+        if len(keys) < 3:
+            raise ValueError(
+                f"design half needs at least 3 keys (with {len(keys)} the half fraction "
+                "confounds main effects with each other); use design full"
+            )
         bad = [k for k in keys if len(grid[k]) != 2]
         if bad:
             raise ValueError(
@@ -388,14 +394,16 @@ def run_sweep(
         raise ConfigError(str(exc)) from exc
     if not full_grid or any(not v for v in full_grid.values()):
         raise ConfigError(f"{src}: the sweep grid is empty (give --grid key.path=v1,v2)")
+    design = str(sec.get("design") or "full")
     try:
-        settings = settings_of(full_grid, str(sec.get("design") or "full"))
+        settings = settings_of(full_grid, design)
     except ValueError as exc:
         raise ConfigError(f"{src}: sweep: {exc}") from exc
     ref_values = dict(reference or sec.get("reference") or settings[0].values)
     matches = [s for s in settings if s.values == ref_values]
     if not matches:
-        raise ConfigError(f"{src}: reference {ref_values} is not a setting of the grid {full_grid}")
+        where = "the grid" if design == "full" else f"the {design} fraction of the grid"
+        raise ConfigError(f"{src}: reference {ref_values} is not a setting of {where} {full_grid}")
     systems = list(systems or sec.get("systems") or [])
     _absolute_paths(raw, src.parent.resolve())
     name = str(raw.get("name") or src.stem)
@@ -428,10 +436,21 @@ def run_sweep(
         }
     ref = matches[0]
     rows = sweep_table(settings, ref, per_query, metrics, systems or None)
-    result = SweepResult(settings, ref, per_query, rows, stages)
+    result = SweepResult(settings, ref, per_query, rows, stages, design=design)
     result.files = write_sweep(root, result, list(full_grid), metrics, sec.get("metric"))
     log(f"[sweep] {result.files['table']}")
     return result
+
+
+def _design_note(design: str, keys: Sequence[str]) -> str:
+    if design != "half":
+        return ""
+    letters = "".join(chr(ord("A") + i) for i in range(len(keys)))
+    return (
+        f" (half fraction 2^({len(keys)}-1), defining relation I = {letters}: every main effect "
+        f"is aliased with a {len(keys) - 1}-factor interaction; setting names keep their index in "
+        "the full grid)"
+    )
 
 
 def write_sweep(
@@ -450,8 +469,9 @@ def write_sweep(
     md = [
         "# treerank sweep",
         "",
-        f"{len(result.settings)} settings over {', '.join(f'`{k}`' for k in keys)}; "
-        f"reference setting: {ref}. Mean with its 95% bootstrap CI over queries; Δ = paired "
+        f"{len(result.settings)} settings over {', '.join(f'`{k}`' for k in keys)}"
+        f"{_design_note(result.design, keys)}; reference setting: {ref}. Mean with its 95% "
+        "bootstrap CI over queries; Δ = paired "
         "mean difference against the reference setting (same dataset and system), p = paired "
         f"randomization test ({N_DRAWS:,} draws, seed 0; * p < 0.05). Each setting's full "
         "report: `settings/<slug>/report.md`.",
@@ -467,6 +487,7 @@ def write_sweep(
         root / "sweep.json",
         {
             "keys": list(keys),
+            "design": result.design,
             "metrics": list(metrics),
             "reference": result.reference.values,
             "settings": [{"slug": s.slug, "values": s.values} for s in result.settings],
