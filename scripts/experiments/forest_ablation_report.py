@@ -33,7 +33,7 @@ import numpy as np
 import yaml
 
 from treerank.atomic import atomic_write_text
-from treerank.evaluation.significance import bootstrap_ci, randomization_test
+from treerank.evaluation.significance import compare_paired
 from treerank.pipeline.sweep import read_per_query, settings_of, split_sweep_section
 
 METRICS = ("ndcg@10", "mrr@10", "recall@100")  # reported when the sweep evaluated them
@@ -74,20 +74,19 @@ def main() -> None:
     for key, values in grid.items():
         lo = [s.slug for s in settings if s.values[key] == values[0]]
         hi = [s.slug for s in settings if s.values[key] == values[1]]
-        for m in metrics:
-            a = np.mean([per[x][m] for x in hi], axis=0)
-            b = np.mean([per[x][m] for x in lo], axis=0)
-            ci = bootstrap_ci(a, b)
+        hi_mean = {m: np.mean([per[x][m] for x in hi], axis=0) for m in metrics}
+        lo_mean = {m: np.mean([per[x][m] for x in lo], axis=0) for m in metrics}
+        for m, t in compare_paired(hi_mean, lo_mean, metrics).items():
             effects.append(
                 {
                     "key": key,
                     "from": values[0],
                     "to": values[1],
                     "metric": m,
-                    "effect": float(np.nanmean(a - b)),
-                    "ci_low": ci[0],
-                    "ci_high": ci[1],
-                    "p": randomization_test(a, b),
+                    "effect": t.delta,
+                    "ci_low": t.ci_low,
+                    "ci_high": t.ci_high,
+                    "p": t.p_randomization,
                 }
             )
     short = {k: k.split(".")[-1] for k in grid}

@@ -143,8 +143,8 @@ def settings_of(grid: Mapping[str, Sequence[Any]], design: str = "full") -> list
             its first value) is kept. Setting names keep their index in the full product.
 
     Raises:
-        ValueError: an unknown design, or ``half`` with a key that does not have exactly two
-            values.
+        ValueError: an unknown design, or ``half`` with fewer than 3 keys or a key that does
+            not have exactly two values.
     """
     if design not in DESIGNS:
         raise ValueError(f"unknown sweep design {design!r}; known: {', '.join(DESIGNS)}")
