@@ -33,7 +33,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("MPLBACKEND", "Agg")
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED_DATA = REPO.parent / "shared" / "data"
+# ../shared/data beside the repo; TREERANK_SHARED_DATA points elsewhere (a git worktree)
+SHARED_DATA = Path(os.environ.get("TREERANK_SHARED_DATA", REPO.parent / "shared" / "data"))
 SAMPLES = REPO / "data" / "samples"
 CACHE = REPO / ".cache" / "test-stores"
 

@@ -5,10 +5,8 @@ from __future__ import annotations
 import filecmp
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 
 import pytest
 from typer.testing import CliRunner
@@ -67,6 +65,30 @@ def _cli(*args):
     return [sys.executable, "-m", "treerank.cli.main", "embed", *args], env
 
 
+# `treerank embed` in a subprocess that sends itself a real SIGINT (Ctrl-C) as the third passage
+# batch starts, i.e. after two passage batches were checkpointed: deterministic on any machine,
+# however fast it encodes.
+CTRL_C_AT_THIRD_PASSAGE_BATCH = """
+import os, signal, sys
+from treerank.encoders.sentence import SentenceEncoder
+from treerank.cli.main import app
+
+encode_batch = SentenceEncoder.encode_batch
+seen = {"passage": 0}
+
+def interrupted(self, texts, kind="passage"):
+    if kind == "passage":
+        seen["passage"] += 1
+        if seen["passage"] == 3:
+            os.kill(os.getpid(), signal.SIGINT)
+    return encode_batch(self, texts, kind)
+
+SentenceEncoder.encode_batch = interrupted
+sys.argv = ["treerank", "embed", *sys.argv[1:]]
+app()
+"""
+
+
 def test_ctrl_c_then_resume_is_byte_identical(tmp_path, msmarco_parquet):
     common = [
         str(msmarco_parquet),
@@ -82,21 +104,10 @@ def test_ctrl_c_then_resume_is_byte_identical(tmp_path, msmarco_parquet):
     cmd, env = _cli(*common, "-o", str(tmp_path / "full"))
     subprocess.run(cmd, env=env, check=True, capture_output=True)
     part = tmp_path / "part" / "validation"
-    cmd, env = _cli(*common, "-o", str(tmp_path / "part"))
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            done = json.loads((part / "progress.json").read_text())["passage_batches_done"]
-        except (OSError, ValueError, KeyError):
-            done = 0
-        if done >= 2:
-            proc.send_signal(signal.SIGINT)
-            break
-        time.sleep(0.05)
-    _, err = proc.communicate(timeout=600)
-    if proc.returncode == 0:
-        pytest.skip("the run finished before it could be interrupted")
+    cmd = [sys.executable, "-c", CTRL_C_AT_THIRD_PASSAGE_BATCH, *common]
+    proc = subprocess.run(cmd + ["-o", str(tmp_path / "part")], env=env, capture_output=True)
+    err = proc.stderr
+    assert json.loads((part / "progress.json").read_text())["passage_batches_done"] == 2
     assert proc.returncode == 130, err.decode()
     assert b"--resume" in err
     assert (part / "progress.json").exists() and not (part / "meta.json").exists()

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-DL19 = Path("/work/shared/data/msmarco-trec-dl19")
+from tests.conftest import SHARED_DATA
+
+DL19 = SHARED_DATA / "msmarco-trec-dl19"
 RUN_NAMES = (
     "BM25",
     "BM25_RM3",

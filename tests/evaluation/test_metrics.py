@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from ir_measures import RR, R, Success, nDCG
 
-from tests.evaluation.dl19 import load_runs, require_dl19, topic_ids
+from tests.conftest import SHARED_DATA
+from tests.evaluation.dl19 import DL19, load_runs, require_dl19, topic_ids
 from treerank.evaluation.metrics import evaluate_run, ndcg_at, parse_metric
 from treerank.evaluation.qrels import Qrels
 from treerank.evaluation.trec_io import read_qrels, run_from_dict
@@ -114,7 +115,7 @@ def _parity(judged: dict[str, dict[str, int]], run_dict, qids, pindex, threshold
 def test_parity_with_ir_measures_on_dl19_runs() -> None:
     require_dl19()
     runs = load_runs()
-    judged = read_qrels("/work/shared/data/msmarco-trec-dl19/qrels.dl19-passage.txt")
+    judged = read_qrels(DL19 / "qrels.dl19-passage.txt")
     qids = [q for q in topic_ids() if q in judged]
     assert len(qids) == 43
     docids = sorted(
@@ -127,12 +128,10 @@ def test_parity_with_ir_measures_on_dl19_runs() -> None:
 
 
 def test_parity_with_ir_measures_on_scifact_bm25_run() -> None:
-    from pathlib import Path
-
     from treerank.readers.scifact import read_scifact
     from treerank.search.bm25 import BM25Index
 
-    data = Path("/work/shared/data/beir-scifact")
+    data = SHARED_DATA / "beir-scifact"
     if not (data / "scifact.zip").is_file():
         pytest.skip("SciFact not available")
     split = read_scifact(data / "scifact.zip", "test")

@@ -93,7 +93,8 @@ def test_passage_transform_applied_per_chunk() -> None:
         return x @ w
 
     ids, scores = exact_search(q, p, k=20, chunk_size=128, passage_transform=tower)
-    assert seen == [128, 128, 128, 116]
+    # one call per chunk, then one per query batch on the preselected rows (4 queries x 36)
+    assert seen == [128, 128, 128, 116, 4 * 36]
     full = q @ (p @ w).T
     np.testing.assert_allclose(scores, -np.sort(-full, axis=1)[:, :20], rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="dimension"):
@@ -158,3 +159,39 @@ def test_non_finite_vectors_raise_the_same_error_on_every_backend(tmp_path, back
     p.tofile(root / "passages.bin")
     run = build_system("cosine", backend=backend).retrieve(EmbeddingStore.open(root), 8)
     assert run.scores[0, run.ids[0].tolist().index(2)] == 0.0  # the zero vector scores 0
+
+
+def test_pair_scores_do_not_depend_on_the_batch() -> None:
+    from treerank.kernels.topk import pair_scores
+
+    rng = np.random.default_rng(3)
+    q = rng.standard_normal((5, 384)).astype(np.float32)
+    p = rng.standard_normal((300, 384)).astype(np.float32)
+    full = pair_scores(q, p)
+    ref = (q.astype(np.float64) @ p.astype(np.float64).T).astype(np.float32)
+    np.testing.assert_allclose(full, ref, rtol=0, atol=1e-5)  # float64 reference, float32 out
+    perm = rng.permutation(300)
+    # the same pairs in another order, another batch and as per-query rows: the same bits
+    np.testing.assert_array_equal(pair_scores(q[2:3], p[perm])[0], full[2, perm])
+    rows = np.stack([p[perm[:40]] for _ in range(5)])
+    np.testing.assert_array_equal(pair_scores(q, rows), full[:, perm[:40]])
+
+
+@pytest.mark.parametrize("backend", ["faiss", "torch"])
+def test_exact_search_is_the_exact_top_k_of_pair_scores(backend: str) -> None:
+    from treerank.kernels.topk import pair_scores
+
+    rng = np.random.default_rng(4)
+    q = rng.standard_normal((40, 64)).astype(np.float32)
+    p = rng.standard_normal((3000, 64)).astype(np.float32)
+    # near-ties across the cut: copies of rows a few ulps apart, and exact duplicates
+    p[1000:1300] = p[:300] * np.float32(1 + 2**-23)
+    p[2000:2100] = p[:100]
+    ids, scores = exact_search(q, p, k=50, chunk_size=700, backend=backend)
+    s = pair_scores(q, p)
+    ref_ids, ref_scores = topk_desc(s, 50)
+    np.testing.assert_array_equal(ids, ref_ids)
+    np.testing.assert_array_equal(scores, ref_scores)
+    # a constant scorer (every margin is zero) takes the full rescoring path
+    ids0, _ = exact_search(np.ones((3, 64), np.float32), np.ones((500, 64), np.float32), k=5)
+    np.testing.assert_array_equal(ids0, np.tile(np.arange(5), (3, 1)))

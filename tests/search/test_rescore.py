@@ -77,5 +77,6 @@ def test_rescore_of_all_passages_is_exact_search(scifact_store) -> None:
 
     run = RescoreSystem(Shuffled(), "cosine", depth=store.n_passages).retrieve(store, 100)
     ref = DenseSystem(CosineScorer()).retrieve(store, 100)
+    # one kernel (kernels.topk.pair_scores) computes both sides: equal, not close
     np.testing.assert_array_equal(run.ids, ref.ids)
-    np.testing.assert_allclose(run.scores, ref.scores, atol=1e-6)
+    np.testing.assert_array_equal(run.scores, ref.scores)

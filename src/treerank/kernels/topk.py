@@ -9,7 +9,19 @@ Peak memory is ``O(chunk_size * d + n_queries * k)`` whatever the corpus size (p
 memory-mapped corpus are dropped from the resident set once their chunk is done
 (:func:`release_pages`), so RSS stays bounded by the chunk, not the corpus.
 
-Two backends compute a chunk's top-k; both are exact and give the same ids:
+**Scores come from one kernel.** A BLAS product's last bits depend on how the library blocks
+the matrix (its shape, the thread count, the CPU), so two callers that score the same pair
+through different products can disagree by an ulp and swap a near-tie. Every score that
+:func:`exact_search` returns is therefore recomputed by :func:`pair_scores` (float32 inputs,
+exact float64 products, a fixed-order sum, one rounding to float32), whose value for a pair
+depends on the two vectors only, never on the batch, the chunk or the machine. The BLAS pass
+only preselects the top ``k + margin`` (:func:`preselect_depth`); a query whose preselection
+margin is smaller than the proven float32 error bound (:func:`dot_error_bound`) is rescored
+over every passage by :func:`pair_scores`, so the result is the exact top-``k`` of
+:func:`pair_scores`. :func:`treerank.search.rescore.rescore` scores its candidates with the same
+function, so rescoring every passage equals exact search by construction.
+
+Two backends compute a chunk's (preselection) top-k; both are exact and give the same ids:
 
 - ``"faiss"`` (default): ``faiss.knn`` (BLAS matmul + heap selection in C++), asked for ``k + 1``
   results so that a tie crossing the k-th position is detected and that row redone exactly.
@@ -47,6 +59,8 @@ BACKENDS = ("faiss", "torch")
 
 
 _PAD_ID = 0xFFFFFFFF
+_PAIR_BLOCK = 1 << 21  # float64 products held at once by pair_scores (16 MiB)
+_UNIT_ROUNDOFF = 2.0**-24  # float32
 
 DEPTH_SETTING = "the run depth k (--k; evaluate.k in an experiment)"
 """How errors name the run depth, the same in every command and in the library."""
@@ -84,6 +98,69 @@ def check_finite(x: np.ndarray, what: str, source: str, row_offset: int = 0) -> 
             f"{source}: {what} row {row} holds a non-finite value (NaN or inf); the store is "
             "corrupt or the model diverged"
         )
+
+
+def pair_scores(queries: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Inner products computed pair by pair in one fixed order: the one score kernel.
+
+    Each score is ``float32(sum_j float64(q_j) * float64(p_j))``: the float32 products are exact
+    in float64, the sum runs in numpy's fixed pairwise order over a contiguous row of length
+    ``d``, and the result is rounded to float32 once. The value for a pair therefore depends
+    only on the two vectors (and ``d``), never on which other pairs share the call, their
+    order, the chunking, the thread count or the CPU; it is within one float32 rounding of the
+    exact inner product.
+
+    Args:
+        queries: ``float32 (b, d)`` query vectors.
+        rows: ``float32 (b, c, d)`` passage vectors per query (candidates), or ``(c, d)``
+            passages shared by every query.
+
+    Returns:
+        ``float32 (b, c)`` inner products.
+
+    Raises:
+        ValueError: shapes that disagree.
+    """
+    q = np.asarray(queries, dtype=np.float32)
+    r = np.asarray(rows, dtype=np.float32)
+    if q.ndim != 2 or r.ndim not in (2, 3) or r.shape[-1] != q.shape[1]:
+        raise ValueError(f"queries {q.shape} and rows {r.shape} do not match")
+    if r.ndim == 3 and r.shape[0] != q.shape[0]:
+        raise ValueError(f"queries {q.shape} and per-query rows {r.shape} do not match")
+    b, d = q.shape
+    c = r.shape[-2]
+    out = np.empty((b, c), dtype=np.float32)
+    if b == 0 or c == 0:
+        return out
+    step = max(1, _PAIR_BLOCK // max(d, 1))
+    q64 = q.astype(np.float64)
+    buf = np.empty((min(step, c), d), dtype=np.float64)
+    for cs in range(0, c, step):
+        ce = min(cs + step, c)
+        m = buf[: ce - cs]
+        shared = r[cs:ce].astype(np.float64) if r.ndim == 2 else None
+        for i in range(b):
+            np.multiply(shared if shared is not None else r[i, cs:ce], q64[i], out=m)
+            out[i, cs:ce] = m.sum(axis=1)  # pairwise, per row: independent of the other rows
+    return out
+
+
+def dot_error_bound(d: int) -> float:
+    """Relative bound ``g`` on a float32 inner product computed in any order (BLAS included).
+
+    ``|fl(q . p) - q . p| <= g * ||q|| * ||p||`` with ``g = gamma_d = d u / (1 - d u)``, ``u =
+    2**-24`` (Higham, *Accuracy and Stability of Numerical Algorithms*, 2nd ed., eq. 3.5, with
+    ``sum |q_j p_j| <= ||q|| ||p||``), plus one float32 rounding of :func:`pair_scores`' result.
+    Fused multiply-adds and blocked sums only make the true error smaller.
+    """
+    du = int(d) * _UNIT_ROUNDOFF
+    return du / (1.0 - du) + 2 * _UNIT_ROUNDOFF
+
+
+def preselect_depth(k: int, n: int) -> int:
+    """How many passages the BLAS pass of :func:`exact_search` keeps per query before
+    :func:`pair_scores` rescores them: ``k + max(16, k // 8)``, at most ``n``."""
+    return min(int(n), int(k) + max(16, int(k) // 8))
 
 
 def rank_keys(ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
@@ -292,8 +369,9 @@ def exact_search(
 
     Returns:
         ``(ids int64 (nq, k'), scores float32 (nq, k'))``, ``k' = min(k, n_passages)``; score is
-        the inner product (a cosine for normalised vectors); rows sorted by score descending,
-        ties by ascending passage id.
+        the inner product (a cosine for normalised vectors) as :func:`pair_scores` computes it;
+        rows sorted by score descending, ties by ascending passage id; the exact top-``k'`` of
+        :func:`pair_scores` over every passage (see the module docstring).
 
     Raises:
         NonFiniteVectorError: a query or passage row (stored, or after the transform) holds NaN
@@ -325,6 +403,8 @@ def exact_search(
         raise ValueError(f"k={k}, chunk_size={chunk_size}, query_batch={query_batch} must be > 0")
     chunk_topk = _CHUNK_TOPK[backend]
     check_finite(q, "query", source)
+    kk = preselect_depth(k, n)  # the BLAS pass keeps a margin; pair_scores decides the top k
+    p_norm = 0.0  # largest (transformed) passage norm: scales the error bound
     keys = np.empty((nq, 0), np.int64)
     bar = tqdm(total=n, unit="passage", disable=not progress, desc="exact search")
     for start in range(0, n, chunk_size):
@@ -338,10 +418,70 @@ def exact_search(
                 f"passage block {block.shape} does not match the query dimension {q.shape[1]}"
             )
         block = np.ascontiguousarray(block)
-        new_ids, new_vals = chunk_topk(q, block, k, start, query_batch)
-        keys = merge_topk(keys, rank_keys(new_ids, new_vals), k)
+        if block.size:
+            p_norm = max(p_norm, float(np.sqrt(np.einsum("ij,ij->i", block, block).max())))
+        new_ids, new_vals = chunk_topk(q, block, kk, start, query_batch)
+        keys = merge_topk(keys, rank_keys(new_ids, new_vals), kk)
         bar.update(block.shape[0])
         del block
         release_pages(passages, start, min(start + chunk_size, n))
     bar.close()
-    return decode_keys(np.sort(keys, axis=1))
+    pre_ids, pre_vals = decode_keys(np.sort(keys, axis=1))
+    return _exact_top_k(
+        q, passages, pre_ids, pre_vals, k, passage_transform, p_norm, chunk_size, query_batch
+    )
+
+
+def _transformed_rows(
+    passages: np.ndarray, ids: np.ndarray, transform: Callable[[np.ndarray], np.ndarray] | None
+) -> np.ndarray:
+    rows = np.asarray(np.take(np.asarray(passages), ids.ravel(), axis=0), dtype=np.float32)
+    if transform is not None:
+        rows = np.asarray(transform(rows), dtype=np.float32)
+    return rows.reshape(*ids.shape, -1)
+
+
+def _exact_top_k(
+    q: np.ndarray,
+    passages: np.ndarray,
+    pre_ids: np.ndarray,
+    pre_vals: np.ndarray,
+    k: int,
+    transform: Callable[[np.ndarray], np.ndarray] | None,
+    p_norm: float,
+    chunk_size: int,
+    query_batch: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The exact top-``k`` by :func:`pair_scores`, from the BLAS preselection ``pre_ids``.
+
+    A query's preselection (its top ``kk`` by BLAS score, tie-exact) holds the whole top-``k``
+    by :func:`pair_scores` when its BLAS score at rank ``k`` exceeds the one at rank ``kk`` by
+    more than twice the error bound (every passage left out is then beaten by ``k`` kept ones
+    under either score). Queries without that margin (near-ties across the cut, constant
+    scorers) are rescored over every passage.
+    """
+    n = int(passages.shape[0])
+    nq, kk = pre_ids.shape
+    ids = np.empty((nq, k), np.int64)
+    vals = np.empty((nq, k), np.float32)
+    for s in range(0, nq, query_batch):
+        rows = _transformed_rows(passages, pre_ids[s : s + query_batch], transform)
+        exact = pair_scores(q[s : s + query_batch], rows)
+        b_ids, b_vals = sort_rows(pre_ids[s : s + query_batch], exact)
+        ids[s : s + query_batch], vals[s : s + query_batch] = b_ids[:, :k], b_vals[:, :k]
+    if kk >= n:
+        return ids, vals
+    # 2x: the bound for both scores, a second 2x for a learned tower's batch effects
+    bound = 4 * dot_error_bound(q.shape[1]) * np.linalg.norm(q, axis=1) * p_norm
+    bad = np.flatnonzero(pre_vals[:, k - 1] - pre_vals[:, kk - 1] <= bound)
+    for s in range(0, bad.size, query_batch):
+        rows_q = bad[s : s + query_batch]
+        best = np.empty((rows_q.size, 0), np.int64)
+        for start in range(0, n, chunk_size):
+            block = np.asarray(passages[start : start + chunk_size], dtype=np.float32)
+            if transform is not None:
+                block = np.asarray(transform(block), dtype=np.float32)
+            b_ids, b_vals = topk_desc(pair_scores(q[rows_q], block), k, start)
+            best = merge_topk(best, rank_keys(b_ids, b_vals), k)
+        ids[rows_q], vals[rows_q] = decode_keys(np.sort(best, axis=1))
+    return ids, vals

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from treerank.kernels.topk import release_pages, sort_rows
+from treerank.kernels.topk import pair_scores, release_pages, sort_rows
 from treerank.models.base import DenseScorer
 from treerank.search.run import Run
 
@@ -72,6 +72,11 @@ def rescore(
     release: bool = True,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Exact inner-product scores of each query's candidates; the top ``k`` per query.
+
+    Scores come from :func:`treerank.kernels.topk.pair_scores`, the kernel every score of
+    :func:`~treerank.kernels.topk.exact_search` comes from: with every passage as candidates
+    (and a row-wise passage tower such as cosine's normalisation) the result equals exact
+    search, ids and scores, by construction.
 
     Args:
         queries: ``float32 (nq, d')`` query search vectors (already through the query tower).
@@ -121,7 +126,8 @@ def rescore(
                 f"passage vectors {rows.shape} do not match the query dimension {q.shape[1]}"
             )
         b = block.shape[0]
-        exact = np.matmul(rows.reshape(b, block.shape[1], -1), q[s : s + b, :, None])[:, :, 0]
+        # the one score kernel of exact search: a pair's score never depends on its batch
+        exact = pair_scores(q[s : s + b], rows.reshape(b, block.shape[1], -1))
         scores[s : s + b] = np.where(valid, exact, -np.inf)
     ids = np.where(np.isfinite(scores), cand, -1)
     ids, scores = sort_rows(ids, scores)
