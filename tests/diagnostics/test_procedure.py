@@ -104,10 +104,15 @@ def test_generic_dense_checkpoint_identity_head_equals_cosine(
         tmp_path / "d",
         "cosine",
         k=100,
+        metric="ndcg@10",
         metrics=("ndcg@10",),
         plots=False,
+        probe_seed=7,
         probe_stores=[scifact_store["train"]],
     )
+    # the report names the probe seed actually used, not the default's 42
+    assert res["meta"]["probe_seed"] == 7
+    assert "70/30 stratified split, seed 7)" in (tmp_path / "d" / "report.md").read_text()
     assert res["variants"] is None
     assert sum(res["probes"]["queries"].values()) == 300 + 809
     assert sum(res["probes"]["labels"]["length"].values()) == 1109

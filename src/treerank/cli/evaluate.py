@@ -8,7 +8,7 @@ import typer
 
 from treerank.cli.errors import fail
 from treerank.cli.spec_help import SEE_KINDS, RegistryHelpCommand
-from treerank.evaluation.metrics import DEFAULT_METRICS
+from treerank.evaluation.significance import N_PERMUTATIONS
 from treerank.lock import LockHeldError
 
 
@@ -59,7 +59,9 @@ def evaluate(
         "linear", "--ndcg-gain", help="nDCG gain: linear (trec_eval) or exp (2^g - 1)."
     ),
     permutations: int = typer.Option(
-        10_000, "--permutations", help="Randomization-test permutations / bootstrap resamples."
+        N_PERMUTATIONS,
+        "--permutations",
+        help="Randomization-test permutations / bootstrap resamples.",
     ),
     seed: int = typer.Option(0, "--seed", help="Seed of the significance tests."),
     train_store: Path | None = typer.Option(
@@ -90,58 +92,59 @@ def evaluate(
 
     from treerank.distributed.context import launch
     from treerank.distributed.search import sharded_search
-    from treerank.evaluation.checks import too_deep
     from treerank.evaluation.compare import compare_systems
-    from treerank.evaluation.overlap import find_train_store, overlap_markdown
+    from treerank.evaluation.metrics import headline_metric
+    from treerank.evaluation.overlap import overlap_markdown
     from treerank.evaluation.plots import dataset_label
-    from treerank.evaluation.summary import headline
+    from treerank.evaluation.settings import EvaluationSettings, resolve_evaluation
+    from treerank.evaluation.summary import headline as summary_lines
     from treerank.kernels.topk import check_run_depth
     from treerank.store import EmbeddingStore
 
     console = Console(soft_wrap=True)
-    if baseline not in systems:
-        systems = [baseline, *systems]
+    settings = EvaluationSettings(
+        baseline=baseline,
+        second_baseline=second_baseline,
+        k=k,
+        metrics=tuple(metrics),
+        n_permutations=permutations,
+        seed=seed,
+        gain=gain,
+        relevance_threshold=threshold,
+        ignore_identical_ids=ignore_identical_ids,
+    )
     try:
         check_run_depth(k)
         eval_dir = store / split if split else store
         st = EmbeddingStore.open(eval_dir, dim=dim)
-        train_dir = (train_store or find_train_store(eval_dir)) if overlap else None
+        plan = resolve_evaluation(
+            eval_dir,
+            systems,
+            settings,
+            n_passages=st.n_passages,
+            metrics_given=bool(metrics),
+            train_store=train_store,
+            overlap=overlap,
+        )
+        train_dir = plan.train_dir
         train = EmbeddingStore.open(train_dir, dim=dim) if train_dir is not None else None
-        deep: list[str] = []
-        if not metrics:
-            deep = too_deep(k, DEFAULT_METRICS, st.n_passages)
-            metrics = [m for m in DEFAULT_METRICS if m not in deep]
-            if not metrics:
-                raise ValueError(
-                    f"--k {k} is below the cutoff of every default metric "
-                    f"({', '.join(DEFAULT_METRICS)}): raise --k or pass --metric with a "
-                    f"cutoff <= {k}"
-                )
         # under torchrun every rank searches a contiguous passage shard; rank 0 writes
         with launch() as ctx, sharded_search():
             main = ctx is None or ctx.is_main
             comp = compare_systems(
                 st,
-                systems,
-                baseline=baseline,
-                k=k,
+                list(plan.systems),
+                settings=plan.settings,
                 out_dir=out if main else None,
-                metrics=metrics,
-                second_baseline=second_baseline,
-                n_permutations=permutations,
-                seed=seed,
-                gain=gain,
-                relevance_threshold=threshold,
                 progress=progress and main,
                 train_store=train,
-                ignore_identical_ids=ignore_identical_ids,
             )
     except (ValueError, FileNotFoundError, KeyError, LockHeldError) as exc:
         raise fail(exc) from None
     if not main:
         return
-    if deep:
-        console.print(f"note: {', '.join(deep)} left out (deeper than --k {k})")
+    if plan.dropped_metrics:
+        console.print(f"note: {', '.join(plan.dropped_metrics)} left out (deeper than --k {k})")
     for name, err in comp.failed.items():
         console.print(f"system {name} failed: {err}", markup=False, style="red", soft_wrap=True)
     if not comp.results:
@@ -165,7 +168,7 @@ def evaluate(
             "departures from the source: "
             + ", ".join(f"{k.replace('_', ' ')} {v:,}" for k, v in comp.departures.items())
         )
-    headline_metric = "ndcg@10" if "ndcg@10" in comp.metrics else comp.metrics[0]
+    headline = headline_metric(comp.metrics)
     if comp.overlap is not None:
         caveat = "; a trained model's gain on the first group can be memorised citations"
         console.print(
@@ -173,9 +176,9 @@ def evaluate(
             f"{caveat if comp.trained else ''}):\n",
             markup=False,
         )
-        console.print(overlap_markdown(comp.overlap, headline_metric, baseline).strip())
+        console.print(overlap_markdown(comp.overlap, headline, baseline).strip())
     doc = comp.to_dict()
-    lines = headline(dataset_label(st.path, st.split), doc, headline_metric, baseline)
+    lines = summary_lines(dataset_label(st.path, st.split), doc, headline, baseline)
     if lines:
         console.print("\nSummary:", markup=False)
         for line in lines:

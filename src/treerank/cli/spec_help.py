@@ -19,7 +19,6 @@ SEE_KINDS = "the kinds are listed under 'System kinds' below"
 
 def system_kinds() -> list[tuple[str, str]]:
     """``[(kind, help line)]`` of every registered system kind, in registration order."""
-    import treerank.evaluation.fusion_tuning  # noqa: F401  (registers tuned-/adaptive-fusion)
     from treerank.search.systems import SYSTEM_KINDS
 
     return [(kind, text) for kind, (_, text) in SYSTEM_KINDS.items()]

@@ -2,10 +2,10 @@
 
 Step 2 of the DRT seed's diagnostic procedure. For each labelling of the queries (query type,
 entity-bearing, length bucket) and each representation (every DRT slot, the concatenation, the
-frozen baseline), a logistic regression is fitted on a 70/30 stratified split (seed 42) and its
-held-out accuracy is compared with the majority-class baseline of the same split. Decision rule
-(the seed's): if every slot's accuracy is within 1 percentage point of every other slot's on a
-task, the slots did not specialise on it.
+frozen baseline), a logistic regression is fitted on a 70/30 stratified split (``seed``, 42 by
+default) and its held-out accuracy is compared with the majority-class baseline of the same
+split. Decision rule (the seed's): if every slot's accuracy is within 1 percentage point of
+every other slot's on a task, the slots did not specialise on it.
 
 The labellings are defined in :mod:`treerank.diagnostics.labels`.
 """

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,8 @@ from treerank.diagnostics.failures import failure_analysis
 from treerank.diagnostics.labels import query_labels
 from treerank.diagnostics.probes import run_probes, slot_specialisation
 from treerank.diagnostics.variants import evaluate_variants, l2_normalize
-from treerank.evaluation.metrics import DEFAULT_METRICS
+from treerank.evaluation.metrics import DEFAULT_METRICS, HEADLINE_METRIC
+from treerank.evaluation.significance import N_PERMUTATIONS
 from treerank.lock import writes_dir
 
 MAX_REPRESENTATION_FLOATS = 50_000_000
@@ -47,7 +49,12 @@ STEP_FILES = {
 
 
 def paired_bootstrap(
-    a: np.ndarray, b: np.ndarray, *, n_resamples: int = 10_000, seed: int = 0, alpha: float = 0.05
+    a: np.ndarray,
+    b: np.ndarray,
+    *,
+    n_resamples: int = N_PERMUTATIONS,
+    seed: int = 0,
+    alpha: float = 0.05,
 ) -> dict[str, float]:
     """Mean of ``a - b`` over the queries where both are defined, with a paired bootstrap CI.
 
@@ -232,6 +239,39 @@ def decision_rules(
     return rules
 
 
+@dataclass(frozen=True)
+class DiagnosticsSettings:
+    """Settings of :func:`run_diagnostics` (each field's ``metadata["help"]`` says what it is)."""
+
+    metric: str = field(
+        default=HEADLINE_METRIC,
+        metadata={"help": "Metric of the failure analysis and the decision rules."},
+    )
+    metrics: tuple[str, ...] = field(
+        default=DEFAULT_METRICS, metadata={"help": "Metrics computed for every variant / system."}
+    )
+    k: int = field(default=1000, metadata={"help": "Run depth."})
+    top_n: int = field(default=10, metadata={"help": "Failure analysis: queries listed."})
+    n_examples: int = field(default=5, metadata={"help": "Failure analysis: examples shown."})
+    probe_seed: int = field(
+        default=42, metadata={"help": "The probes' 70/30 split seed (42 = the seed's)."}
+    )
+    bootstrap_seed: int = field(default=0, metadata={"help": "Seed of the paired bootstrap CIs."})
+    n_resamples: int = field(
+        default=N_PERMUTATIONS, metadata={"help": "Paired bootstrap resamples."}
+    )
+    probe_tol: float = field(
+        default=0.01, metadata={"help": "Slot probes within this accuracy: no specialisation."}
+    )
+    cka_high: float = field(
+        default=0.8, metadata={"help": "CKA to the frozen embeddings at least this: drift."}
+    )
+    equal_margin: float = field(
+        default=0.01, metadata={"help": "|delta| within this: practically equal."}
+    )
+    plots: bool = field(default=True, metadata={"help": "Write PNG plots."})
+
+
 @writes_dir("out_dir", "diagnose")
 def run_diagnostics(
     checkpoint_dir: str | Path,
@@ -239,19 +279,10 @@ def run_diagnostics(
     out_dir: str | Path,
     baseline: str = "cosine",
     *,
-    metric: str = "ndcg@10",
-    metrics: Sequence[str] = DEFAULT_METRICS,
-    k: int = 1000,
-    top_n: int = 10,
-    n_examples: int = 5,
-    probe_seed: int = 42,
-    bootstrap_seed: int = 0,
-    probe_tol: float = 0.01,
-    cka_high: float = 0.8,
-    equal_margin: float = 0.01,
-    plots: bool = True,
+    settings: DiagnosticsSettings | None = None,
     probe_stores: Sequence[Any] = (),
     progress: bool = False,
+    **overrides: Any,
 ) -> dict[str, Any]:
     """Run the four diagnostics of one checkpoint on one store and write the report.
 
@@ -262,14 +293,9 @@ def run_diagnostics(
         out_dir: where the JSON files, plots and ``report.md`` go (created).
         baseline: system spec of the comparison system (``cosine``, ``bm25``, ``ckpt:<dir>``,
             ...; ``cosine`` needs nothing beyond the store).
-        metric: the metric of the failure analysis and the decision rules.
-        metrics: metrics computed for every variant / system.
-        k: run depth.
-        top_n, n_examples: failure-analysis sizes.
-        probe_seed: the probes' split seed (42 = the seed's).
-        bootstrap_seed: seed of the paired bootstrap CIs.
-        probe_tol, cka_high, equal_margin: decision-rule thresholds (see :func:`decision_rules`).
-        plots: write PNG plots.
+        settings: the :class:`DiagnosticsSettings` (metric, metrics, k, failure-analysis sizes,
+            probe and bootstrap seeds, decision-rule thresholds, plots); default: the defaults.
+        overrides: single settings by name (``k=100, probe_seed=1``) on top of ``settings``.
         probe_stores: more stores embedded with the same encoder (e.g. the train split) whose
             queries join the probes and CKA (steps 2 and 4) for statistical power; steps 1 and 3
             always use ``store`` alone.
@@ -288,6 +314,24 @@ def run_diagnostics(
     from treerank.models.base import DenseScorer, SlotScorer
     from treerank.models.registry import load_model
 
+    names = {f.name for f in fields(DiagnosticsSettings)}
+    if set(overrides) - names:
+        bad = ", ".join(sorted(set(overrides) - names))
+        raise TypeError(f"unknown diagnostics setting(s) {bad}; known: {', '.join(sorted(names))}")
+    cfg = replace(settings or DiagnosticsSettings(), **overrides)
+    metric, metrics, k = cfg.metric, tuple(cfg.metrics), cfg.k
+    top_n, n_examples, probe_seed, bootstrap_seed = (
+        cfg.top_n,
+        cfg.n_examples,
+        cfg.probe_seed,
+        cfg.bootstrap_seed,
+    )
+    probe_tol, cka_high, equal_margin, plots = (
+        cfg.probe_tol,
+        cfg.cka_high,
+        cfg.equal_margin,
+        cfg.plots,
+    )
     if metric not in metrics:
         raise ValueError(f"metric {metric!r} must be one of metrics {list(metrics)}")
     t0 = time.perf_counter()
@@ -338,6 +382,9 @@ def run_diagnostics(
             "metric": metric,
             "metrics": list(metrics),
             "k": k,
+            "probe_seed": probe_seed,
+            "bootstrap_seed": bootstrap_seed,
+            "n_resamples": cfg.n_resamples,
         },
         "baseline": {"mean": {m: float(base_res.mean[m]) for m in metrics}},
         "variants": None,
@@ -352,12 +399,19 @@ def run_diagnostics(
         per_query = var.pop("per_query")
         learned = per_query["learned"][metric]
         var["paired"] = {
-            name: paired_bootstrap(learned, pq[metric], seed=bootstrap_seed)
+            name: paired_bootstrap(
+                learned, pq[metric], n_resamples=cfg.n_resamples, seed=bootstrap_seed
+            )
             for name, pq in per_query.items()
             if name != "learned"
         }
         var["vs_baseline"] = {
-            name: paired_bootstrap(pq[metric], base_res.per_query[metric], seed=bootstrap_seed)
+            name: paired_bootstrap(
+                pq[metric],
+                base_res.per_query[metric],
+                n_resamples=cfg.n_resamples,
+                seed=bootstrap_seed,
+            )
             for name, pq in per_query.items()
         }
         np.savez_compressed(
@@ -374,7 +428,10 @@ def run_diagnostics(
     results["model"] = {
         "mean": {m: float(np.nanmean(model_pq[m])) for m in metrics},
         "vs_baseline": paired_bootstrap(
-            model_pq[metric], base_res.per_query[metric], seed=bootstrap_seed
+            model_pq[metric],
+            base_res.per_query[metric],
+            n_resamples=cfg.n_resamples,
+            seed=bootstrap_seed,
         ),
     }
 

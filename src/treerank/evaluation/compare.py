@@ -44,9 +44,9 @@ from typing import Any
 
 import numpy as np
 
-from treerank.evaluation import fusion_tuning  # also registers the tuned fusion system kinds
+from treerank.evaluation import fusion_tuning
 from treerank.evaluation.checks import check_depth, check_evaluable
-from treerank.evaluation.metrics import DEFAULT_METRICS, EvalResult, evaluate_run, parse_metric
+from treerank.evaluation.metrics import EvalResult, evaluate_run, parse_metric
 from treerank.evaluation.overlap import overlap_breakdown, seen_positive_mask
 from treerank.evaluation.plots import dataset_label, plot_deltas, plot_recall_curve
 from treerank.evaluation.qrels import Qrels
@@ -59,11 +59,13 @@ from treerank.evaluation.report import (
     write_json,
 )
 from treerank.evaluation.seeds import seed_average, seed_spread
+from treerank.evaluation.settings import EvaluationSettings
 from treerank.evaluation.significance import McNemarResult, PairedTest, compare_paired, mcnemar
 from treerank.evaluation.trec_io import write_trec_run
 from treerank.lock import writer_lock
 from treerank.search.run import Run
 from treerank.search.systems import System, build_system, uses_trained_model
+from treerank.store.protocol import StoreLike
 
 RECALL_CURVE_KS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
 HIT_METRIC = "success@10"
@@ -77,11 +79,10 @@ class Comparison:
         runs: system -> its run.
         results: system -> :class:`EvalResult` (requested metrics plus success@10 and the
             Recall@k curve cutoffs).
-        metrics: the requested metrics (table columns).
-        baseline: name of the baseline system; ``second_baseline`` optional.
+        evaluation: the settings it ran with (``metrics``, ``baseline``, ``second_baseline``
+            and the recall curves are read from it and from ``results``).
         tests: baseline -> system -> metric -> :class:`PairedTest`.
         mcnemar: baseline -> system -> :class:`McNemarResult` on success@10.
-        recall_curves: system -> {k: mean Recall@k}.
         seconds: system -> retrieval wall time.
         files: name -> path written (empty without ``out_dir``).
         failed: system -> error message, for systems that raised (left out of the rest).
@@ -100,12 +101,9 @@ class Comparison:
 
     runs: dict[str, Run]
     results: dict[str, EvalResult]
-    metrics: tuple[str, ...]
-    baseline: str
-    second_baseline: str | None = None
+    evaluation: EvaluationSettings = field(default_factory=lambda: EvaluationSettings())
     tests: dict[str, dict[str, dict[str, PairedTest]]] = field(default_factory=dict)
     mcnemar: dict[str, dict[str, McNemarResult]] = field(default_factory=dict)
-    recall_curves: dict[str, dict[int, float]] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
     files: dict[str, Path] = field(default_factory=dict)
     settings: dict[str, Any] = field(default_factory=dict)
@@ -118,6 +116,25 @@ class Comparison:
     seed_spread: dict[str, dict[str, Any]] = field(default_factory=dict)
     tuning: dict[str, dict[str, Any]] = field(default_factory=dict)
     trained: list[str] = field(default_factory=list)
+
+    @property
+    def metrics(self) -> tuple[str, ...]:
+        """The requested metrics (table columns)."""
+        return self.evaluation.metrics
+
+    @property
+    def baseline(self) -> str:
+        return self.evaluation.baseline
+
+    @property
+    def second_baseline(self) -> str | None:
+        return self.evaluation.second_baseline
+
+    @property
+    def recall_curves(self) -> dict[str, dict[int, float]]:
+        """System -> {cutoff: mean Recall@cutoff} at :data:`RECALL_CURVE_KS` up to ``k``."""
+        ks = [c for c in RECALL_CURVE_KS if c <= self.evaluation.k]
+        return {s: {c: r.mean[f"recall@{c}"] for c in ks} for s, r in self.results.items()}
 
     def mean(self, system: str, metric: str) -> float:
         return self.results[system].mean[metric]
@@ -209,64 +226,60 @@ def _as_systems(
 
 
 def compare_systems(
-    store: Any,
+    store: StoreLike,
     systems: Mapping[str, System | str] | Sequence[str],
-    baseline: str,
-    k: int = 1000,
+    baseline: str | None = None,
+    *,
+    settings: EvaluationSettings | None = None,
     out_dir: str | Path | None = None,
-    metrics: Sequence[str] = DEFAULT_METRICS,
-    second_baseline: str | None = None,
-    n_permutations: int = 10_000,
-    seed: int = 0,
-    gain: str = "linear",
-    relevance_threshold: int | None = None,
     progress: bool = False,
     runs: Mapping[str, Run] | None = None,
-    ignore_identical_ids: bool = False,
-    train_store: Any = None,
+    train_store: StoreLike | None = None,
     seed_groups: Mapping[str, Mapping[str, int]] | None = None,
+    **overrides: Any,
 ) -> Comparison:
     """Run, evaluate and compare systems on all passages of one store split.
 
     Args:
-        store: an opened :class:`~treerank.store.EmbeddingStore` split (or anything with the same
-            attributes).
+        store: an opened store split (:class:`~treerank.store.protocol.StoreLike`).
         systems: name -> :class:`System` or spec string, or a list of spec strings (name = spec).
-        baseline: the system every other one is tested against (must be among ``systems``).
-        k: run depth (default 1000).
+        baseline: the system every other one is tested against (must be among ``systems``);
+            overrides ``settings.baseline``.
+        settings: the :class:`~treerank.evaluation.settings.EvaluationSettings` (run depth ``k``,
+            ``metrics``, ``second_baseline``, ``n_permutations``, ``seed``, ``gain``,
+            ``relevance_threshold``, ``ignore_identical_ids``: see its fields); default: the
+            defaults.
         out_dir: where to write results (see module docstring); ``None`` writes nothing.
-        metrics: table metrics, e.g. ``("mrr@10", "ndcg@10", "recall@100")``.
-        second_baseline: optionally also test everything against this system.
-        n_permutations: randomization-test permutations and bootstrap resamples.
-        seed: seed of both tests.
-        gain: nDCG gain (``"linear"`` = trec_eval).
-        relevance_threshold: override the store's threshold.
         progress: tqdm bars in dense search.
         runs: precomputed runs by system name (skips retrieval for those).
-        ignore_identical_ids: drop retrieved documents whose id is the query's id (BEIR's
-            option for ArguAna / Quora; see the module doc).
         train_store: the training split's store: adds the seen / unseen breakdown
             (:mod:`treerank.evaluation.overlap`) against ``baseline``.
         seed_groups: model -> {system name: training seed} for a model trained with several
             seeds: the model is added as a system whose per-query metrics are averaged over
             its seeds (tested like any system; no run file, no McNemar) and its spread over
             seeds is kept in ``seed_spread`` (:mod:`treerank.evaluation.seeds`).
+        overrides: single settings by name (``k=100, n_permutations=10``), applied on top of
+            ``settings``.
 
     Returns:
         The :class:`Comparison`; systems that raised are in ``failed``, not ``results``.
 
     Raises:
+        TypeError: an override that is not a setting.
         ValueError: the baseline is not among the systems, a bad spec / metric, ``k`` below 1
             or below a metric's cutoff, or a store that cannot be evaluated (no passages, no
             queries, no relevant judgment; see :mod:`treerank.evaluation.checks`).
         LockHeldError: another process is writing ``out_dir``.
     """
-    metrics = tuple(f"{m}@{c}" for m, c in map(parse_metric, metrics))
-    check_evaluable(store, relevance_threshold)
-    check_depth(k, metrics, int(store.n_passages))
+    cfg = (settings or EvaluationSettings()).with_(
+        **overrides, **({"baseline": baseline} if baseline is not None else {})
+    )
+    cfg = cfg.with_(metrics=tuple(f"{m}@{c}" for m, c in map(parse_metric, cfg.metrics)))
+    check_evaluable(store, cfg.relevance_threshold)
+    check_depth(cfg.k, cfg.metrics, int(store.n_passages))
     built = _as_systems(systems, {"progress": progress})
-    for b in (baseline, second_baseline):
-        if b is not None and b not in built:
+    for b in cfg.baselines:
+        if b not in built:
             raise ValueError(f"baseline {b!r} is not one of the systems: {', '.join(built)}")
     # a writer lock on the output folder; nothing to lock when nothing is written
     lock = writer_lock(out_dir, "evaluate") if out_dir is not None else nullcontext()
@@ -276,20 +289,12 @@ def compare_systems(
         return _compare(
             store,
             built,
-            baseline,
-            k,
-            None if out_dir is None else Path(out_dir),
-            metrics,
-            second_baseline,
-            n_permutations,
-            seed,
-            gain,
-            relevance_threshold,
-            runs,
-            ignore_identical_ids,
-            train_store,
-            seed_groups,
-            trained,
+            cfg,
+            out_dir=None if out_dir is None else Path(out_dir),
+            runs=runs,
+            train_store=train_store,
+            seed_groups=seed_groups,
+            trained=trained,
         )
 
 
@@ -308,32 +313,26 @@ def _drop_identical(
 
 
 def _compare(
-    store: Any,
+    store: StoreLike,
     built: dict[str, System],
-    baseline: str,
-    k: int,
+    cfg: EvaluationSettings,
+    *,
     out_dir: Path | None,
-    metrics: tuple[str, ...],
-    second_baseline: str | None,
-    n_permutations: int,
-    seed: int,
-    gain: str,
-    relevance_threshold: int | None,
     runs: Mapping[str, Run] | None,
-    ignore_identical_ids: bool,
-    train_store: Any,
+    train_store: StoreLike | None,
     seed_groups: Mapping[str, Mapping[str, int]] | None,
     trained: set[str],
 ) -> Comparison:
-    qrels = Qrels.from_store(store, relevance_threshold)
+    k, metrics, gain, seed = cfg.k, cfg.metrics, cfg.gain, cfg.seed
+    n_permutations, ignore_identical_ids = cfg.n_permutations, cfg.ignore_identical_ids
+    baseline = cfg.baseline
+    qrels = Qrels.from_store(store, cfg.relevance_threshold)
     doc_qrels = replace(qrels, expansion=None)  # scored on rankings expanded here
     curve_ks = tuple(c for c in RECALL_CURVE_KS if c <= k)
     all_metrics = tuple(
         dict.fromkeys(metrics + (HIT_METRIC,) + tuple(f"recall@{c}" for c in curve_ks))
     )
-    comp = Comparison(
-        runs={}, results={}, metrics=metrics, baseline=baseline, second_baseline=second_baseline
-    )
+    comp = Comparison(runs={}, results={}, evaluation=cfg)
     comp.settings = {
         "store": str(getattr(store, "path", "")),
         "split": getattr(store, "split", None),
@@ -382,17 +381,15 @@ def _compare(
         comp.runs[name] = run
         comp.doc_runs[name] = Run(name, ids, scores)
         comp.results[name] = res
-        comp.recall_curves[name] = {c: res.mean[f"recall@{c}"] for c in curve_ks}
     comp.settings["failed_systems"] = sorted(comp.failed)
     for model, members in (seed_groups or {}).items():
         if any(s not in comp.results for s in members):  # a seed's system failed
             continue
         comp.results[model] = seed_average([comp.results[s] for s in members])
-        comp.recall_curves[model] = {c: comp.results[model].mean[f"recall@{c}"] for c in curve_ks}
         comp.seed_spread[model] = seed_spread(comp.results, members, metrics)
     comp.trained = [n for n in comp.results if n in trained]
-    for b in (baseline, second_baseline):
-        if b is None or b in comp.failed:
+    for b in cfg.baselines:
+        if b in comp.failed:
             continue
         base = comp.results[b].per_query
         comp.tests[b] = {}

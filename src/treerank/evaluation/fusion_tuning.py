@@ -6,7 +6,8 @@ picking the weight by looking at the evaluation split is optimistic. Here the we
 store, ``ROOT/train`` for ``ROOT/test``) and never on the split being evaluated; asking to tune
 on the evaluated split is an error.
 
-Two system kinds (registered with :func:`treerank.search.systems.register_system_kind`):
+Two system kinds (named in the static table :data:`treerank.search.systems.SYSTEM_KINDS`, built
+on first use; this module is in the search layer: it needs only the pure metric layer):
 
 ``tuned-fusion:<A>+<B>[:method=linear,norm=zscore,...]``
     one global weight ``w`` of ``A`` (``1 - w`` of ``B``): the grid value with the best mean
@@ -51,13 +52,7 @@ from treerank.evaluation.metrics import evaluate_run, parse_metric
 from treerank.evaluation.qrels import Qrels
 from treerank.search.fusion import DEFAULT_RRF_K, NORMALISATIONS, linear_fusion, rrf
 from treerank.search.run import Run
-from treerank.search.systems import (
-    SYSTEM_KINDS,
-    System,
-    _split_fusion,
-    build_system,
-    register_system_kind,
-)
+from treerank.search.systems import System, _split_fusion, build_system
 from treerank.store.view import QuerySubset
 
 FUSION_METHODS = ("linear", "rrf")
@@ -429,19 +424,10 @@ def _builder(adaptive: bool) -> Callable[..., System]:
     return build
 
 
-if "tuned-fusion" not in SYSTEM_KINDS:  # registered once, whoever imports this module first
-    register_system_kind(
-        "tuned-fusion",
-        _builder(False),
-        "fusion with a weight tuned on another split; tuned-fusion:<A>+<B>"
-        "[:method=linear|rrf,norm=zscore,on=train|cv,queries=heldout|all,metric=ndcg@10,grid=11]",
-    )
-    register_system_kind(
-        "adaptive-fusion",
-        _builder(True),
-        "query-adaptive fusion (ridge on query vector + score statistics, trained on another "
-        "split); adaptive-fusion:<A>+<B>[:same keys as tuned-fusion]",
-    )
+build_tuned_fusion = _builder(False)
+"""The ``tuned-fusion`` kind's builder (named in ``search.systems.SYSTEM_KINDS``)."""
+build_adaptive_fusion = _builder(True)
+"""The ``adaptive-fusion`` kind's builder (named in ``search.systems.SYSTEM_KINDS``)."""
 
 
 def tuning_markdown(tuning: dict[str, dict[str, Any]]) -> str:

@@ -35,6 +35,22 @@ import numpy as np
 from treerank.evaluation.qrels import Qrels
 
 DEFAULT_METRICS = ("mrr@10", "ndcg@10", "recall@100", "recall@1000")
+HEADLINE_METRIC = "ndcg@10"
+
+
+def headline_metric(metrics: Sequence[str]) -> str:
+    """The one metric a summary leads with: ``ndcg@10`` when it is evaluated, else the first.
+
+    The one place this rule lives (reports, ``treerank evaluate`` / ``run`` summaries, sweeps).
+
+    Raises:
+        ValueError: no metric at all.
+    """
+    if not metrics:
+        raise ValueError("no metric to lead a summary with")
+    return HEADLINE_METRIC if HEADLINE_METRIC in metrics else str(metrics[0])
+
+
 _BLOCK = 8192  # queries graded at once
 GAINS = ("linear", "exp")
 

@@ -71,6 +71,11 @@ class McNemarResult:
         )
 
 
+N_PERMUTATIONS = 10_000
+"""Default randomization-test permutations and bootstrap resamples, everywhere (evaluation,
+overlap breakdown, diagnostics, ``treerank evaluate --permutations``)."""
+
+
 def _paired(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     if a.shape != b.shape or a.ndim != 1:
@@ -88,7 +93,7 @@ def wins_losses_ties(system: np.ndarray, baseline: np.ndarray) -> tuple[int, int
 
 
 def randomization_test(
-    system: np.ndarray, baseline: np.ndarray, n_permutations: int = 10_000, seed: int = 0
+    system: np.ndarray, baseline: np.ndarray, n_permutations: int = N_PERMUTATIONS, seed: int = 0
 ) -> float:
     """Two-sided paired sign-flip randomization test of the mean difference.
 
@@ -117,7 +122,7 @@ def randomization_test(
 def bootstrap_ci(
     system: np.ndarray,
     baseline: np.ndarray,
-    n_resamples: int = 10_000,
+    n_resamples: int = N_PERMUTATIONS,
     seed: int = 0,
     level: float = 0.95,
 ) -> tuple[float, float]:
@@ -166,8 +171,8 @@ def compare_paired(
     system: dict[str, np.ndarray],
     baseline: dict[str, np.ndarray],
     metrics: Sequence[str] | None = None,
-    n_permutations: int = 10_000,
-    n_resamples: int = 10_000,
+    n_permutations: int = N_PERMUTATIONS,
+    n_resamples: int = N_PERMUTATIONS,
     seed: int = 0,
 ) -> dict[str, PairedTest]:
     """Paired tests of every metric present in both per-query dicts.

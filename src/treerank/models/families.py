@@ -36,7 +36,7 @@ import dataclasses
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 __all__ = [
     "FAMILIES",
@@ -77,6 +77,20 @@ class ModelFamily:
     report: Ref = None
     curves: Ref = None
     defaults: Ref = None
+
+    FIELD_LAYERS: ClassVar[dict[str, str]] = {
+        "model": "models",
+        "config": "training",
+        "trainer": "training",
+        "defaults": "training",
+        "curves": "training",
+        "system": "search",
+        "report": "search",
+    }
+    """The highest layer (docs/DESIGN.md) a ``"module:attr"`` reference of each field may name:
+    the layer whose code resolves it (``load_model`` resolves ``model``; the training side
+    ``config`` / ``trainer`` / ``defaults`` / ``curves``; ``ckpt:`` systems and the report
+    ``system`` / ``report``). ``tests/test_layers.py`` checks every registered family."""
 
     @property
     def trainable(self) -> bool:

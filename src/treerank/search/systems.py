@@ -21,9 +21,11 @@ fingerprint (a checkpoint trained on another encoder's vectors is refused); the 
 (``treerank.models.families``) says how it searches: its ``system`` hook (the forest's inverted
 lists), or, for a dense family, :class:`DenseSystem` over its two towers.
 
-:func:`register_system_kind` adds a kind (``faiss:``, ``bm25+rm3:``, ``rescore:``, ...) with
-one entry: ``register_system_kind("faiss", build, "help text")`` where
-``build(body, spec, cache=None, **options) -> System`` gets the text after the first ``:``.
+Every built-in kind is one row of the static table ``_BUILT_IN`` (a heavy kind as a lazy
+``"module:attr"`` builder), so which kinds exist never depends on import order;
+:func:`register_system_kind` adds a kind from outside (a plugin, a test):
+``register_system_kind("xxx", build, "help text")`` where ``build(body, spec, cache=None,
+**options) -> System`` gets the text after the first ``:``.
 """
 
 from __future__ import annotations
@@ -381,43 +383,70 @@ def register_system_kind(
     SYSTEM_KINDS[kind] = (build, help)
 
 
-register_system_kind("cosine", _build_cosine, "cosine of the stored vectors (exact search)")
-register_system_kind(
-    "bm25", _build_bm25, "BM25 over passage texts; bm25:k1=0.9,b=0.4,method=lucene"
-)
-register_system_kind(
-    "bm25+rm3",
-    _build_rm3,
-    "BM25 + RM3 feedback; bm25+rm3:fb_docs=10,fb_terms=10,orig_weight=0.5[,max_df=0.1,k1,b]",
-)
-register_system_kind("rrf", _build_rrf, "reciprocal rank fusion; rrf:<A>+<B>[:k=60]")
-register_system_kind(
-    "linear-fusion",
-    _build_linear,
-    "normalised linear fusion; linear-fusion:<A>+<B>[:w=0.5,norm=minmax|zscore]",
-)
-register_system_kind("ckpt", _build_ckpt, "a trained model directory (any family); ckpt:<dir>")
+def _lazy(ref: str) -> SystemBuilder:
+    """A builder named ``"module:attr"``, imported only when a spec of its kind is built.
 
-
-def _lazy(module: str, name: str) -> SystemBuilder:
-    """A builder that imports ``module`` only when a spec of its kind is built."""
+    ``tests/test_layers.py`` checks the named module against this module's layer like an
+    ``import`` statement.
+    """
+    module, _, name = ref.partition(":")
 
     def build(body: str, spec: str, cache: Any = None, **opts: Any) -> System:
-        return getattr(importlib.import_module(module), name)(body, spec, cache=cache, **opts)
+        built: System = getattr(importlib.import_module(module), name)(
+            body, spec, cache=cache, **opts
+        )
+        return built
 
+    build.__qualname__ = build.__name__ = f"lazy[{ref}]"
     return build
 
 
-register_system_kind(
-    "faiss",
-    _lazy("treerank.search.faiss_index", "build_faiss_system"),
-    "a cached FAISS index; faiss:<flat|hnsw|ivfflat|ivfpq|ivfpqfs|int8|fp16|binary>[:k=v,...]",
+_BUILT_IN: tuple[tuple[str, SystemBuilder, str], ...] = (
+    ("cosine", _build_cosine, "cosine of the stored vectors (exact search)"),
+    ("bm25", _build_bm25, "BM25 over passage texts; bm25:k1=0.9,b=0.4,method=lucene"),
+    (
+        "bm25+rm3",
+        _build_rm3,
+        "BM25 + RM3 feedback; bm25+rm3:fb_docs=10,fb_terms=10,orig_weight=0.5[,max_df=0.1,k1,b]",
+    ),
+    ("rrf", _build_rrf, "reciprocal rank fusion; rrf:<A>+<B>[:k=60]"),
+    (
+        "linear-fusion",
+        _build_linear,
+        "normalised linear fusion; linear-fusion:<A>+<B>[:w=0.5,norm=minmax|zscore]",
+    ),
+    ("ckpt", _build_ckpt, "a trained model directory (any family); ckpt:<dir>"),
+    (
+        "faiss",
+        _lazy("treerank.search.faiss_index:build_faiss_system"),
+        "a cached FAISS index; faiss:<flat|hnsw|ivfflat|ivfpq|ivfpqfs|int8|fp16|binary>[:k=v,...]",
+    ),
+    (
+        "rescore",
+        _lazy("treerank.search.rescore:build_rescore_system"),
+        "exact dense rescoring of a first stage; rescore:<A>[:depth=100,scorer=cosine|ckpt:<dir>]",
+    ),
+    (
+        "tuned-fusion",
+        _lazy("treerank.evaluation.fusion_tuning:build_tuned_fusion"),
+        "fusion with a weight tuned on another split; tuned-fusion:<A>+<B>"
+        "[:method=linear|rrf,norm=zscore,on=train|cv,queries=heldout|all,metric=ndcg@10,grid=11]",
+    ),
+    (
+        "adaptive-fusion",
+        _lazy("treerank.evaluation.fusion_tuning:build_adaptive_fusion"),
+        "query-adaptive fusion (ridge on query vector + score statistics, trained on another "
+        "split); adaptive-fusion:<A>+<B>[:same keys as tuned-fusion]",
+    ),
 )
-register_system_kind(
-    "rescore",
-    _lazy("treerank.search.rescore", "build_rescore_system"),
-    "exact dense rescoring of a first stage; rescore:<A>[:depth=100,scorer=cosine|ckpt:<dir>]",
-)
+"""Every built-in kind, in ``--help`` order: one static table, filled when this module loads,
+so that no kind depends on which other module was imported first. A kind whose module is heavy
+or sits in a module of its own is named ``"module:attr"`` (:func:`_lazy`); ``tuned-fusion`` and
+``adaptive-fusion`` live in ``evaluation/fusion_tuning.py``, a search-layer module (it needs
+only the pure metric layer, see docs/DESIGN.md)."""
+
+for _kind, _build, _help in _BUILT_IN:
+    register_system_kind(_kind, _build, _help)
 
 
 def build_system(spec: str, cache: dict[str, System] | None = None, **options: Any) -> System:
