@@ -91,57 +91,58 @@ def embed(
     from rich.console import Console
     from rich.markup import escape
 
-    from treerank.distributed.context import launch
-    from treerank.distributed.embed import embed_sharded, rank_device
     from treerank.encoders import SentenceEncoder
-    from treerank.readers import DataFormatError, detect_format, read_split
-    from treerank.store import StoreFormatError, embed_split
+    from treerank.readers import DataFormatError, RetrievalSplit
+    from treerank.store import StoreFormatError
+    from treerank.store.dataset import EmbeddedSplit, embed_dataset, plan_dataset
 
     err = Console(stderr=True)
     console = Console()
+
+    def make_encoder(dev: str) -> SentenceEncoder:
+        return SentenceEncoder(
+            model,
+            query_prompt=query_prompt,
+            passage_prompt=passage_prompt,
+            device=dev,
+            max_seq_length=max_seq_length,
+            token_budget=token_budget,
+            max_batch_size=max_batch_size,
+            max_padding=max_padding,
+        )
+
+    def on_read(split_name: str, data: RetrievalSplit | None, main: bool) -> None:
+        if not main:
+            return
+        if data is None:
+            err.print(f"reading {input_path} ({name}, split {split_name})")
+            return
+        err.print(f"  {data.n_queries:,} queries, {data.n_passages:,} passages, K={data.k}")
+        for warning in data.warnings():
+            err.print(f"  [yellow]warning:[/yellow] {escape(warning)}", highlight=False)
+
+    def on_done(res: EmbeddedSplit) -> None:
+        if res.stats is not None:  # rank 0 (or one process)
+            console.print(_stats_table(res.split, res.path, res.stats))
+
     try:
-        name = detect_format(input_path) if fmt == "auto" else fmt
-        if name not in FORMATS:
-            raise DataFormatError(input_path, f"unknown format {fmt!r}; use one of {list(FORMATS)}")
-        todo = splits or [FORMATS[name][1]]
-        encoder = None
-        # under torchrun each rank encodes its share of the batch plan, rank 0 merges
-        with launch() as ctx:
-            main = ctx is None or ctx.is_main
-            for split_name in todo:
-                if main:
-                    err.print(f"reading {input_path} ({name}, split {split_name})")
-                split = read_split(input_path, name, split_name, limit, max_passages)
-                if main:
-                    err.print(
-                        f"  {split.n_queries:,} queries, {split.n_passages:,} passages, K={split.k}"
-                    )
-                    for warning in split.warnings():
-                        err.print(f"  [yellow]warning:[/yellow] {escape(warning)}", highlight=False)
-                if encoder is None:
-                    encoder = SentenceEncoder(
-                        model,
-                        query_prompt=query_prompt,
-                        passage_prompt=passage_prompt,
-                        device=rank_device(device),
-                        max_seq_length=max_seq_length,
-                        token_budget=token_budget,
-                        max_batch_size=max_batch_size,
-                        max_padding=max_padding,
-                    )
-                dest = out / split_name
-                run = embed_split if ctx is None else embed_sharded
-                stats = run(
-                    split,
-                    encoder,
-                    dest,
-                    resume=resume,
-                    overwrite=overwrite,
-                    reuse=reuse,
-                    progress=progress,
-                )
-                if stats is not None:
-                    console.print(_stats_table(split_name, dest, stats))
+        name = plan_dataset(input_path, fmt, splits).format
+        embed_dataset(
+            input_path,
+            out,
+            make_encoder,
+            fmt=name,
+            splits=splits,
+            limit=limit,
+            max_passages=max_passages,
+            device=device,
+            resume=resume,
+            overwrite=overwrite,
+            reuse=reuse,
+            progress=progress,
+            on_read=on_read,
+            on_done=on_done,
+        )
     except (DataFormatError, StoreFormatError, ValueError, LockHeldError) as exc:
         raise fail(exc) from None
     except KeyboardInterrupt:

@@ -322,32 +322,33 @@ def _embed_stage(
     )
 
     def work(d: Path) -> dict[str, Any]:
-        from treerank.readers import read_split
-        from treerank.store import StoreExistsError, embed_split
+        from treerank.store.dataset import embed_dataset
 
         assert ds.path is not None and ds.format is not None
-        data = read_split(ds.path, ds.format, split, limit=ds.limit, max_passages=ds.max_passages)
-        warnings = data.warnings()
-        for w in warnings:
-            run.log(f"[warn]  embed:{ds.name}:{split}: {w}")
-        enc = encoder.get()
-        try:
-            # resume=True continues an interrupted run of the same inputs (byte-identical result).
-            stats = embed_split(
-                data, enc, d, resume=not run.force, overwrite=run.force, progress=run.progress
-            )
-        except StoreExistsError:
-            # A finished store from other inputs (or an unrelated partial run): start over.
-            stats = embed_split(data, enc, d, overwrite=True, progress=run.progress)
-        return {
-            "n_queries": data.n_queries,
-            "n_passages": data.n_passages,
-            "k": data.k,
-            "encoder": enc.name,
-            "encoder_fingerprint": enc.fingerprint,
-            "stats": stats.to_dict(),
-            "warnings": warnings,
-        }
+
+        def on_read(name: str, data: Any, main: bool) -> None:
+            for w in data.warnings() if data is not None else []:
+                run.log(f"[warn]  embed:{ds.name}:{name}: {w}")
+
+        # resume continues an interrupted run of the same inputs (byte-identical result); a
+        # finished store of other inputs is replaced; passages already encoded by the same
+        # encoder in a sibling split are reused, as `treerank embed` does
+        (done,) = embed_dataset(
+            ds.path,
+            d.parent,
+            lambda _device: encoder.get(),
+            fmt=ds.format,
+            splits=[split],
+            limit=ds.limit,
+            max_passages=ds.max_passages,
+            resume=not run.force,
+            overwrite=run.force,
+            replace_stale=True,
+            progress=run.progress,
+            split_dir=lambda _split: d,
+            on_read=on_read,
+        )
+        return done.summary()
 
     return run.stage(f"embed:{ds.name}:{split}", key, path, work, in_place=True)
 
