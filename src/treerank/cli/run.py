@@ -68,11 +68,10 @@ def run(
         if o.overlap_markdown:
             typer.echo("\nSeen vs unseen positives (train/test overlap):\n")
             typer.echo(o.overlap_markdown.strip())
+    from treerank.evaluation.metrics import headline_metric
     from treerank.pipeline.report import summary_lines
 
-    metric = (
-        "ndcg@10" if "ndcg@10" in res.config.evaluate.metrics else res.config.evaluate.metrics[0]
-    )
+    metric = headline_metric(res.config.evaluate.metrics)
     typer.echo("\nSummary:")
     for name, o in res.datasets.items():
         for line in summary_lines(name, o, metric, res.config.evaluate.baselines[0]):

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from treerank.evaluation.metrics import DEFAULT_METRICS
+from treerank.kernels.vectors import ROW_CHUNK
 
 EPS = 1e-12  # as torch.nn.functional.normalize
 
@@ -201,7 +202,7 @@ def evaluate_variants(
     k: int = 1000,
     metrics: Sequence[str] = DEFAULT_METRICS,
     qrels: Any = None,
-    chunk_size: int = 65536,
+    chunk_size: int = ROW_CHUNK,
     progress: bool = False,
 ) -> dict[str, Any]:
     """Evaluate scoring variants of a DRT head on every query of ``store`` against all its passages.

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from treerank.evaluation.significance import compare_paired
+from treerank.evaluation.significance import N_PERMUTATIONS, compare_paired
 
 
 def relevant_source_ids(
@@ -72,7 +72,7 @@ def overlap_breakdown(
     baseline: str,
     metrics: Sequence[str],
     *,
-    n_permutations: int = 10_000,
+    n_permutations: int = N_PERMUTATIONS,
     seed: int = 0,
 ) -> dict[str, Any]:
     """Every system's mean metrics and paired tests against ``baseline`` on the seen / unseen parts.

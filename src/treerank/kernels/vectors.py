@@ -11,7 +11,12 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["l2_normalize"]
+__all__ = ["ROW_CHUNK", "l2_normalize"]
+
+ROW_CHUNK = 65_536
+"""Rows of an ``(n, d)`` array handled per block by the row-wise passes over a corpus (a model
+tower over the passages, a store scan, FAISS adds, embedding copies): 96 MiB at 384 float32
+dims. The one definition; every such pass imports it."""
 
 _EPS = 1e-12
 

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from treerank.kernels.vectors import ROW_CHUNK
 from treerank.models.checkpoint import CheckpointMixin
 
 __all__ = ["SCORINGS", "TwoTowerHead"]
@@ -140,7 +141,7 @@ class TwoTowerHead(CheckpointMixin, nn.Module):
         return {"temperature": self.temperature}
 
     # -- search interface (treerank.models.base.DenseScorer) ---------------------------------
-    def _encode(self, tower: nn.Module, x: np.ndarray, chunk: int = 65536) -> np.ndarray:
+    def _encode(self, tower: nn.Module, x: np.ndarray, chunk: int = ROW_CHUNK) -> np.ndarray:
         x = np.asarray(x)
         if x.ndim != 2 or x.shape[1] != self.dim:
             raise ValueError(

@@ -81,6 +81,7 @@ from tqdm.auto import tqdm
 
 from treerank.atomic import atomic_write_json
 from treerank.kernels.topk import release_pages, sort_rows
+from treerank.kernels.vectors import ROW_CHUNK
 from treerank.models.base import DenseScorer
 from treerank.names import unknown_name
 from treerank.search.rescore import RescoreSystem, dense_scorer
@@ -89,7 +90,7 @@ from treerank.search.run import Run
 INDEX_FILE = "index.faiss"
 INDEX_META = "meta.json"
 INDEXES_DIR = "indexes"
-DEFAULT_ADD_CHUNK = 65_536
+DEFAULT_ADD_CHUNK = ROW_CHUNK
 IVF_ADD_CHUNK = 16_384
 TRAIN_GATHER_BLOCK = 4_096
 MIN_TRAIN = 20_000

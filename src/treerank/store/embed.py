@@ -38,6 +38,7 @@ import numpy as np
 from treerank.atomic import atomic_write_bytes, atomic_write_json
 from treerank.encoders.batching import padding_stats
 from treerank.encoders.sentence import BatchResult, SentenceEncoder
+from treerank.kernels.vectors import ROW_CHUNK
 from treerank.lock import writes_dir
 from treerank.readers.split import RetrievalSplit
 from treerank.store.format import (
@@ -506,8 +507,8 @@ def embed_split(
         if len(hits) and pmm is not None:
             for s_i, store in enumerate(src_stores):
                 sel = hits[src_idx[hits] == s_i]
-                for c in range(0, len(sel), 65536):
-                    rows = sel[c : c + 65536]
+                for c in range(0, len(sel), ROW_CHUNK):
+                    rows = sel[c : c + ROW_CHUNK]
                     pmm[rows] = store.passages[src_row[rows]]
             stats.reused_from = [str(s.path) for s in src_stores]
         stats.n_reused_passages = len(hits)

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from treerank.atomic import atomic_write_bytes, atomic_write_json
+from treerank.kernels.vectors import ROW_CHUNK
 from treerank.store.format import (
     ALIASES_TSV,
     ARRAYS_DIR,
@@ -362,7 +363,7 @@ class EmbeddingStore:
 
         # --------------------------------------------------------------- iteration
 
-    def iter_passage_chunks(self, chunk_size: int = 65536) -> Iterator[tuple[int, np.ndarray]]:
+    def iter_passage_chunks(self, chunk_size: int = ROW_CHUNK) -> Iterator[tuple[int, np.ndarray]]:
         """Yield ``(start_row, float32 (<=chunk_size, dim) block)`` over all passages in order.
 
         Blocks are memmap slices: only the pages touched are read.

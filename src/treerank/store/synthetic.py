@@ -55,6 +55,7 @@ from typing import Any
 import numpy as np
 
 from treerank.atomic import atomic_write_json
+from treerank.kernels.vectors import ROW_CHUNK
 from treerank.store.format import (
     FORMAT_NAME,
     FORMAT_VERSION,
@@ -71,7 +72,7 @@ DEFAULT_LOCAL_RANK = 8
 ROWS_PER_COMPONENT = 20
 MAX_COMPONENTS = 1024
 DEFAULT_MAX_FIT = 50_000
-DEFAULT_CHUNK = 65_536
+DEFAULT_CHUNK = ROW_CHUNK
 KMEANS_ITERATIONS = 20
 SYNTHETIC_ENCODER = "synthetic-gaussian-mixture"
 _LOADING_BLOCK = 4096
