@@ -20,6 +20,10 @@ A family entry (:class:`ModelFamily`) names, as ``"module:attribute"`` strings i
   called with the family's systems after the evaluation, added to the report (optional);
 * ``curves``: ``plot(records, summary, path, title) -> Path | None`` for the trained model's
   directory (None: ``treerank.training.history.plot_curves`` of the training log);
+* ``modules``: the family's module map, ``(role, path under src/treerank)`` pairs; a role is
+  one or more of :data:`MODULE_ROLES` joined by ``" + "``. It is what ``docs/families.md``
+  renders (:mod:`treerank.models.family_map`): a family spread over packages is read from one
+  page. Paths, not imports: nothing is imported through them;
 * ``defaults``: ``resolve(config: TrainConfig, where) -> dataclass | dict``, the config with
   every default filled in, for families whose sections are key lists (None: the parsed
   ``TrainConfig.to_dict()`` is complete); it is part of the pipeline's train-stage key, so a
@@ -40,6 +44,7 @@ from typing import Any, ClassVar
 
 __all__ = [
     "FAMILIES",
+    "MODULE_ROLES",
     "ModelFamily",
     "family",
     "family_names",
@@ -49,6 +54,15 @@ __all__ = [
 ]
 
 Ref = str | Callable[..., Any] | type | None
+
+MODULE_ROLES = ("model", "config", "data", "losses", "stages", "trainer", "index", "kernel")
+"""The roles of a family's modules in its map (``ModelFamily.modules``), in reading order."""
+
+_HEAD_TRAINING = (
+    ("data", "training/sampler.py"),
+    ("losses", "training/losses.py"),
+    ("trainer", "training/trainer.py"),
+)
 
 
 def resolve(ref: Ref) -> Any:
@@ -77,6 +91,7 @@ class ModelFamily:
     report: Ref = None
     curves: Ref = None
     defaults: Ref = None
+    modules: tuple[tuple[str, str], ...] = ()
 
     FIELD_LAYERS: ClassVar[dict[str, str]] = {
         "model": "models",
@@ -191,6 +206,7 @@ for _entry in (
         "cosine",
         "treerank.models.cosine:CosineScorer",
         "cosine of the frozen embeddings (no training)",
+        modules=(("model", "models/cosine.py"),),
     ),
     ModelFamily(
         "linear",
@@ -199,6 +215,12 @@ for _entry in (
         config="treerank.training.heads:parse_linear_config",
         trainer="treerank.training.heads:train_linear",
         mines_negatives=True,
+        modules=(
+            ("model", "models/linear.py"),
+            ("model", "models/head.py"),
+            ("config + trainer", "training/heads.py"),
+            *_HEAD_TRAINING,
+        ),
     ),
     ModelFamily(
         "mlp",
@@ -207,6 +229,12 @@ for _entry in (
         config="treerank.training.heads:parse_mlp_config",
         trainer="treerank.training.heads:train_mlp",
         mines_negatives=True,
+        modules=(
+            ("model", "models/mlp.py"),
+            ("model", "models/head.py"),
+            ("config + trainer", "training/heads.py"),
+            *_HEAD_TRAINING,
+        ),
     ),
     ModelFamily(
         "drt",
@@ -215,6 +243,11 @@ for _entry in (
         config="treerank.training.drt:parse_drt_config",
         trainer="treerank.training.drt:train_drt",
         mines_negatives=True,
+        modules=(
+            ("model", "models/drt.py"),
+            ("config + trainer", "training/drt.py"),
+            *_HEAD_TRAINING,
+        ),
     ),
     ModelFamily(
         "forest",
@@ -226,6 +259,16 @@ for _entry in (
         report="treerank.search.forest_index:forest_report",
         curves="treerank.training.forest:plot_forest_curves",
         defaults="treerank.training.forest_config:forest_train_config",
+        modules=(
+            ("model", "models/forest.py"),
+            ("config", "training/forest_config.py"),
+            ("data", "training/forest_data.py"),
+            ("losses", "training/forest_losses.py"),
+            ("stages", "training/forest_stages.py"),
+            ("trainer", "training/forest.py"),
+            ("index", "search/forest_index.py"),
+            ("kernel", "search/forest_kernel.py"),
+        ),
     ),
 ):
     register_family(_entry)
