@@ -20,7 +20,17 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src" / "treerank"
 
 LAYERS = [
-    ("base", {"treerank", "treerank.atomic", "treerank.config", "treerank.lock", "treerank.names"}),
+    (
+        "base",
+        {
+            "treerank",
+            "treerank.atomic",
+            "treerank.config",
+            "treerank.lock",
+            "treerank.names",
+            "treerank.storelike",
+        },
+    ),
     ("distributed", {"treerank.distributed"}),  # process group, gather, DDP training step
     ("kernels", {"treerank.kernels", "treerank.distributed.search"}),
     # pure metric maths (they import nothing above base): below search, so that fusion tuning

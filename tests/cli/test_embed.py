@@ -75,6 +75,9 @@ from treerank.cli.main import app
 
 encode_batch = SentenceEncoder.encode_batch
 seen = {"passage": 0}
+# Ctrl-C raises KeyboardInterrupt even when this process inherited SIGINT as ignored (a job
+# started in the background by a non-interactive shell does)
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 def interrupted(self, texts, kind="passage"):
     if kind == "passage":

@@ -10,7 +10,7 @@ from tests.search.tiny_store import write_tiny_store
 from treerank.evaluation.compare import compare_systems
 from treerank.evaluation.metrics import DEFAULT_METRICS, headline_metric
 from treerank.evaluation.settings import EvaluationSettings, resolve_evaluation
-from treerank.store.protocol import StoreLike
+from treerank.storelike import StoreLike
 
 
 def test_every_setting_carries_its_help() -> None:

@@ -19,6 +19,7 @@ import numpy as np
 from treerank.atomic import atomic_savefig, atomic_write_json, atomic_write_text
 from treerank.search.systems import build_system
 from treerank.store.view import QuerySubset
+from treerank.storelike import StoreLike
 from treerank.training.audit import DEFAULT_MAX_RATE, AuditCurve, false_negative_curve
 
 __all__ = ["AuditResult", "audit_miners", "write_audit"]
@@ -71,7 +72,7 @@ class AuditResult:
 
 
 def audit_miners(
-    store: Any,
+    store: StoreLike,
     miners: Sequence[str],
     *,
     depth: int = 100,

@@ -29,6 +29,7 @@ import numpy as np
 
 from treerank.evaluation.qrels import Qrels
 from treerank.search.bm25 import BM25Index, BM25Params
+from treerank.storelike import StoreLike
 
 EDGES = (0.0, 0.25, 0.5, 0.75, 1.0)
 FULL = "1"
@@ -74,7 +75,7 @@ def idf_coverage(
     return out
 
 
-def store_coverage(store: Any, params: BM25Params | None = None) -> np.ndarray:
+def store_coverage(store: StoreLike, params: BM25Params | None = None) -> np.ndarray:
     """:func:`idf_coverage` of every query of a store split (BM25's tokenisation of its texts)."""
     index = BM25Index(store.passage_texts(), params)
     vocab = index.model.vocab_dict

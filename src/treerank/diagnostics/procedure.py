@@ -36,6 +36,7 @@ from treerank.diagnostics.variants import evaluate_variants, l2_normalize
 from treerank.evaluation.metrics import DEFAULT_METRICS, HEADLINE_METRIC
 from treerank.evaluation.significance import N_PERMUTATIONS
 from treerank.lock import writes_dir
+from treerank.storelike import StoreLike
 
 MAX_REPRESENTATION_FLOATS = 50_000_000
 """Cap on ``n_queries * width`` of a model's query representation in steps 2 and 4 (200 MB);
@@ -111,7 +112,7 @@ def _dump(path: Path, doc: Any) -> None:
     atomic_write_text(path, json.dumps(to_json(doc), indent=2, allow_nan=False))
 
 
-def _run_ids(system_spec: str, store: Any, k: int) -> np.ndarray:
+def _run_ids(system_spec: str, store: StoreLike, k: int) -> np.ndarray:
     """Top-``k`` ids of a system spec, built by the systems table (``cosine`` L2-normalises
     the stored vectors exactly as the ``cosine`` system of ``treerank evaluate`` does)."""
     from treerank.search.systems import build_system
@@ -275,7 +276,7 @@ class DiagnosticsSettings:
 @writes_dir("out_dir", "diagnose")
 def run_diagnostics(
     checkpoint_dir: str | Path,
-    store: Any,
+    store: StoreLike,
     out_dir: str | Path,
     baseline: str = "cosine",
     *,
@@ -525,7 +526,7 @@ def run_diagnostics(
     return to_json(results)  # plain JSON types, NaN -> None, as in diagnostics.json
 
 
-def _query_texts(store: Any) -> list[str]:
+def _query_texts(store: StoreLike) -> list[str]:
     """Query texts, or empty strings for a store without text tables (Go-tool stores): the
     text-based probe labels then have one class and those probes are skipped."""
     if getattr(store, "has_texts", True):
@@ -533,7 +534,7 @@ def _query_texts(store: Any) -> list[str]:
     return [""] * int(store.n_queries)
 
 
-def _query_types(store: Any) -> list[str] | None:
+def _query_types(store: StoreLike) -> list[str] | None:
     return store.query_types() if getattr(store, "has_texts", True) else None
 
 

@@ -36,6 +36,7 @@ import numpy as np
 
 from treerank.evaluation.metrics import DEFAULT_METRICS
 from treerank.kernels.vectors import ROW_CHUNK
+from treerank.storelike import StoreLike
 
 EPS = 1e-12  # as torch.nn.functional.normalize
 
@@ -196,7 +197,7 @@ def default_variant_names(k: int) -> list[str]:
 
 def evaluate_variants(
     model: Any,
-    store: Any,
+    store: StoreLike,
     *,
     names: Sequence[str] | None = None,
     k: int = 1000,

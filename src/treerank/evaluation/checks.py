@@ -11,12 +11,12 @@ refuses them.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
 from treerank.evaluation.metrics import parse_metric
 from treerank.kernels.topk import DEPTH_SETTING, check_run_depth
+from treerank.storelike import StoreLike
 
 
 def too_deep(k: int, metrics: Sequence[str], n_passages: int | None = None) -> list[str]:
@@ -50,7 +50,7 @@ def check_depth(k: int, metrics: Sequence[str], n_passages: int | None = None) -
         )
 
 
-def check_evaluable(store: Any, relevance_threshold: int | None = None) -> None:
+def check_evaluable(store: StoreLike, relevance_threshold: int | None = None) -> None:
     """Refuse a store split on which every metric would be undefined.
 
     Args:

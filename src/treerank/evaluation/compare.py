@@ -65,7 +65,7 @@ from treerank.evaluation.trec_io import write_trec_run
 from treerank.lock import writer_lock
 from treerank.search.run import Run
 from treerank.search.systems import System, build_system, uses_trained_model
-from treerank.store.protocol import StoreLike
+from treerank.storelike import StoreLike
 
 RECALL_CURVE_KS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
 HIT_METRIC = "success@10"
@@ -241,7 +241,7 @@ def compare_systems(
     """Run, evaluate and compare systems on all passages of one store split.
 
     Args:
-        store: an opened store split (:class:`~treerank.store.protocol.StoreLike`).
+        store: an opened store split (:class:`~treerank.storelike.StoreLike`).
         systems: name -> :class:`System` or spec string, or a list of spec strings (name = spec).
         baseline: the system every other one is tested against (must be among ``systems``);
             overrides ``settings.baseline``.
@@ -414,7 +414,7 @@ def _compare(
     return comp
 
 
-def _write(comp: Comparison, store: Any, out: Path) -> None:
+def _write(comp: Comparison, store: StoreLike, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     qids = list(store.query_ids())
     pids = comp.doc_ids if comp.doc_ids is not None else list(store.passage_ids())

@@ -54,6 +54,7 @@ from treerank.search.fusion import DEFAULT_RRF_K, NORMALISATIONS, linear_fusion,
 from treerank.search.run import Run
 from treerank.search.systems import System, _split_fusion, build_system
 from treerank.store.view import QuerySubset
+from treerank.storelike import StoreLike
 
 FUSION_METHODS = ("linear", "rrf")
 QUERY_SETS = ("heldout", "all")
@@ -65,7 +66,7 @@ HELDOUT_FRACTION = 0.2  # the trainers' default validation fraction (training.ho
 
 
 def tuning_rows(
-    store: Any, queries: str, max_queries: int, seed: int
+    store: StoreLike, queries: str, max_queries: int, seed: int
 ) -> tuple[np.ndarray, np.ndarray]:
     """Rows of ``store``'s tuning queries (see module docstring) and ``bool (nq,)`` has-relevant.
 
@@ -256,7 +257,7 @@ class TunedFusionSystem:
         self.tuning: dict[str, Any] = {}
         self._fitted: tuple[str, float, AdaptiveWeightModel | None] | None = None
 
-    def tuning_store(self, store: Any) -> Any:
+    def tuning_store(self, store: StoreLike) -> Any:
         """The store of split ``on`` beside ``store`` (``ROOT/<on>`` for ``ROOT/<split>``).
 
         Raises:
@@ -281,7 +282,7 @@ class TunedFusionSystem:
 
         return EmbeddingStore.open(there)
 
-    def cross_fit(self, store: Any, ra: Run, rb: Run) -> np.ndarray:
+    def cross_fit(self, store: StoreLike, ra: Run, rb: Run) -> np.ndarray:
         """``on=cv``: ``float (n_queries,)`` weights, each query's chosen on the other
         ``CV_FOLDS`` folds of the evaluated split (seeded), never on the query itself."""
         qrels = Qrels.from_store(store)
@@ -326,7 +327,7 @@ class TunedFusionSystem:
         }
         return weight
 
-    def fit(self, tune_store: Any) -> None:
+    def fit(self, tune_store: StoreLike) -> None:
         """Choose the weight (and fit the adaptive model) on ``tune_store``'s tuning queries."""
         key = str(getattr(tune_store, "path", id(tune_store)))
         if self._fitted is not None and self._fitted[0] == key:
@@ -367,7 +368,7 @@ class TunedFusionSystem:
             )
         self._fitted = (key, float(self.grid[j]), model)
 
-    def retrieve(self, store: Any, k: int = 1000) -> Run:
+    def retrieve(self, store: StoreLike, k: int = 1000) -> Run:
         d = max(k, self.depth)
         weight: float | np.ndarray
         if self.on == CROSS_FIT:

@@ -15,11 +15,12 @@ from treerank.evaluation.metrics import evaluate_run
 from treerank.evaluation.qrels import Qrels
 from treerank.models.forest import Forest
 from treerank.search.forest_index import ForestIndex
+from treerank.storelike import StoreLike
 
 __all__ = ["not_retrievable_stats"]
 
 
-def not_retrievable_stats(forest: Forest, store: Any, k: int = 100) -> dict[str, Any]:
+def not_retrievable_stats(forest: Forest, store: StoreLike, k: int = 100) -> dict[str, Any]:
     """What the not-retrievable outcome costs and saves on a split (its queries held out).
 
     The forest is compared with itself at ``nr_threshold = 1.0`` (every passage indexed under its

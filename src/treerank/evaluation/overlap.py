@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from treerank.evaluation.significance import N_PERMUTATIONS, compare_paired
+from treerank.storelike import StoreLike
 
 
 def relevant_source_ids(
@@ -46,7 +47,7 @@ def find_train_store(eval_dir: str | Path, train_split: str = "train") -> Path |
     return cand
 
 
-def seen_positive_mask(eval_store: Any, train_store: Any) -> np.ndarray:
+def seen_positive_mask(eval_store: StoreLike, train_store: StoreLike) -> np.ndarray:
     """``bool (n_eval_queries,)``: True where a relevant passage of the evaluation query is also
     relevant to at least one training query (matched by source passage id)."""
     train_pos = set().union(

@@ -24,9 +24,10 @@ are comparable between systems run on the same pool, not with full-collection nu
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
+
+from treerank.storelike import StoreLike
 
 _SHIFT = 32  # key = query << 32 | passage id (passage ids < 2**32)
 #: reader counts (``meta.json`` ``source_meta``) reported as departures from the source
@@ -84,7 +85,7 @@ class Qrels:
         self._index: tuple[np.ndarray, np.ndarray] | None = None
 
     @classmethod
-    def from_store(cls, store: Any, relevance_threshold: int | None = None) -> Qrels:
+    def from_store(cls, store: StoreLike, relevance_threshold: int | None = None) -> Qrels:
         """Judgments of an :class:`~treerank.store.EmbeddingStore` split; the threshold defaults
         to the store's ``relevance_threshold``.
 

@@ -86,6 +86,7 @@ from treerank.models.base import DenseScorer
 from treerank.names import unknown_name
 from treerank.search.rescore import RescoreSystem, dense_scorer
 from treerank.search.run import Run
+from treerank.storelike import StoreLike
 
 INDEX_FILE = "index.faiss"
 INDEX_META = "meta.json"
@@ -347,7 +348,7 @@ def resolve_build(spec: IndexSpec, n_passages: int) -> IndexSpec:
     return replace(spec, build=build)
 
 
-def store_signature(store: Any) -> str:
+def store_signature(store: StoreLike) -> str:
     """Hex SHA-256 identifying a store split's passage vectors.
 
     From ``meta.json``: the embed signature (data digest, encoder fingerprint, prompts, batching)
@@ -388,7 +389,7 @@ def scorer_key(over: str) -> str:
     return "ckpt:" + h.hexdigest()
 
 
-def index_key(store: Any, spec: IndexSpec) -> str:
+def index_key(store: StoreLike, spec: IndexSpec) -> str:
     """Cache key of the index ``spec`` builds on ``store`` (hex SHA-256)."""
     doc = {
         "store": store_signature(store),
@@ -584,7 +585,7 @@ def add_ivf_presized(
 
 
 def build_index(
-    store: Any,
+    store: StoreLike,
     spec: IndexSpec | str,
     index_dir: str | Path | None = None,
     scorer: DenseScorer | None = None,
@@ -744,13 +745,13 @@ class FaissSystem:
         self._scorer: tuple[str | None, DenseScorer] | None = None
         self._index: tuple[str, FaissIndex] | None = None
 
-    def scorer_for(self, store: Any) -> DenseScorer:
+    def scorer_for(self, store: StoreLike) -> DenseScorer:
         fp = getattr(store, "encoder_fingerprint", None)
         if self._scorer is None or self._scorer[0] != fp:
             self._scorer = (fp, dense_scorer(self.spec.over, fp))
         return self._scorer[1]
 
-    def index_for(self, store: Any) -> FaissIndex:
+    def index_for(self, store: StoreLike) -> FaissIndex:
         sig = store_signature(store)
         if self._index is None or self._index[0] != sig:
             idx = build_index(
@@ -763,7 +764,7 @@ class FaissSystem:
             self._index = (sig, idx)
         return self._index[1]
 
-    def retrieve(self, store: Any, k: int = 1000) -> Run:
+    def retrieve(self, store: StoreLike, k: int = 1000) -> Run:
         index = self.index_for(store)
         q = self.scorer_for(store).encode_queries(np.asarray(store.queries, dtype=np.float32))
         ids, scores = index.search(np.asarray(q), k, self.spec.search)

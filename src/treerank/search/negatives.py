@@ -14,12 +14,11 @@ settings can change without mining again.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from treerank.search.bm25 import BM25Index, BM25Params
 from treerank.store.format import MINED_NEGATIVES_ARRAY
+from treerank.storelike import StoreLike
 
 __all__ = ["DEFAULT_ARRAY", "drop_labelled", "mine_bm25_negatives"]
 
@@ -64,7 +63,7 @@ def drop_labelled(
 
 
 def mine_bm25_negatives(
-    store: Any,
+    store: StoreLike,
     depth: int = 100,
     *,
     name: str = DEFAULT_ARRAY,

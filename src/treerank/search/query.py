@@ -21,6 +21,7 @@ import numpy as np
 
 from treerank.kernels.topk import check_run_depth
 from treerank.search.run import Run
+from treerank.storelike import StoreLike
 
 
 class EncoderMismatchError(ValueError):
@@ -28,7 +29,7 @@ class EncoderMismatchError(ValueError):
     names both sides."""
 
 
-def load_store_encoder(store: Any, model: str | Path | None = None) -> Any:
+def load_store_encoder(store: StoreLike, model: str | Path | None = None) -> Any:
     """The :class:`~treerank.encoders.SentenceEncoder` a store was embedded with.
 
     Args:
@@ -127,7 +128,7 @@ class Hit:
         }
 
 
-def run_hits(store: Any, run: Run) -> list[list[Hit]]:
+def run_hits(store: StoreLike, run: Run) -> list[list[Hit]]:
     """The hits of every query of ``run`` (padding dropped), with source ids and texts."""
     try:
         sources = store.passage_ids()
@@ -154,7 +155,7 @@ def run_hits(store: Any, run: Run) -> list[list[Hit]]:
 
 
 def search_texts(
-    store: Any, system: Any, encoder: Any, texts: Sequence[str], k: int = 10
+    store: StoreLike, system: Any, encoder: Any, texts: Sequence[str], k: int = 10
 ) -> tuple[Run, list[list[Hit]]]:
     """Encode ``texts`` with ``encoder`` (query prompt included) and rank the store's passages.
 

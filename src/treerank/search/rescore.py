@@ -27,6 +27,7 @@ import numpy as np
 from treerank.kernels.topk import pair_scores, release_pages, sort_rows
 from treerank.models.base import DenseScorer
 from treerank.search.run import Run
+from treerank.storelike import StoreLike
 
 DEFAULT_DEPTH = 100
 DEFAULT_QUERY_BATCH = 64
@@ -162,12 +163,12 @@ class RescoreSystem:
         self.release = release
         self.name: str = name or f"rescore:{first.name}:depth={depth}"
 
-    def scorer_for(self, store: Any) -> DenseScorer:
+    def scorer_for(self, store: StoreLike) -> DenseScorer:
         if isinstance(self.scorer, str):
             self.scorer = dense_scorer(self.scorer, getattr(store, "encoder_fingerprint", None))
         return self.scorer
 
-    def retrieve(self, store: Any, k: int = 1000) -> Run:
+    def retrieve(self, store: StoreLike, k: int = 1000) -> Run:
         k = min(k, int(store.n_passages))
         scorer = self.scorer_for(store)
         first = self.first.retrieve(store, max(k, self.depth))

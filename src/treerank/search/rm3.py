@@ -40,6 +40,7 @@ import scipy.sparse as sp
 from treerank.kernels.topk import topk_desc
 from treerank.search.bm25 import BM25Index, BM25Params
 from treerank.search.run import Run, store_key
+from treerank.storelike import StoreLike
 
 DEFAULT_FB_DOCS = 10
 DEFAULT_FB_TERMS = 10
@@ -284,13 +285,13 @@ class RM3System:
         self._cache: tuple[str, RM3Index] | None = None
         self._run: tuple[str, Run] | None = None
 
-    def index_for(self, store: Any) -> RM3Index:
+    def index_for(self, store: StoreLike) -> RM3Index:
         key = store_key(getattr(store, "base", store))  # a view shares its store's index
         if self._cache is None or self._cache[0] != key:
             self._cache = (key, RM3Index(store.passage_texts(), self.params, self.bm25_params))
         return self._cache[1]
 
-    def retrieve(self, store: Any, k: int = 1000) -> Run:
+    def retrieve(self, store: StoreLike, k: int = 1000) -> Run:
         k = min(k, int(store.n_passages))
         key = store_key(store)
         if self._run is not None and self._run[0] == key and self._run[1].k >= k:

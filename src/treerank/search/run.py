@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
+from treerank.storelike import StoreLike
 
-def store_key(store: Any) -> str:
+
+def store_key(store: StoreLike) -> str:
     """What a system memoises its last run (or index) under for ``store``.
 
     A view (``treerank.search.query.QueryView``, ``treerank.store.view.QuerySubset``) carries

@@ -45,6 +45,7 @@ from treerank.models.families import FAMILIES
 from treerank.search.bm25 import BM25_METHODS, BM25Index, BM25Params
 from treerank.search.fusion import DEFAULT_RRF_K, NORMALISATIONS, linear_fusion, rrf
 from treerank.search.run import Run, store_key
+from treerank.storelike import StoreLike
 
 
 @runtime_checkable
@@ -53,7 +54,7 @@ class System(Protocol):
 
     name: str
 
-    def retrieve(self, store: Any, k: int = 1000) -> Run:
+    def retrieve(self, store: StoreLike, k: int = 1000) -> Run:
         """Top-``k`` passages of the split for each of its queries (row ``i`` = query ``i``)."""
         ...
 
@@ -88,13 +89,13 @@ class _RunMemo:
     def __init__(self) -> None:
         self._memo: tuple[str, Run] | None = None
 
-    def get(self, store: Any, k: int) -> Run | None:
+    def get(self, store: StoreLike, k: int) -> Run | None:
         if self._memo and self._memo[0] == store_key(store) and self._memo[1].k >= k:
             run = self._memo[1]
             return run if run.k == k else run.truncate(min(k, run.k))
         return None
 
-    def put(self, store: Any, run: Run) -> Run:
+    def put(self, store: StoreLike, run: Run) -> Run:
         self._memo = (store_key(store), run)
         return run
 
@@ -121,7 +122,7 @@ class DenseSystem:
         self.backend = backend
         self._memo = _RunMemo()
 
-    def retrieve(self, store: Any, k: int = 1000) -> Run:
+    def retrieve(self, store: StoreLike, k: int = 1000) -> Run:
         k = min(k, int(store.n_passages))
         if (hit := self._memo.get(store, k)) is not None:
             return hit
@@ -151,13 +152,13 @@ class BM25System:
         self._cache: tuple[str, BM25Index] | None = None
         self._memo = _RunMemo()
 
-    def index_for(self, store: Any) -> BM25Index:
+    def index_for(self, store: StoreLike) -> BM25Index:
         key = store_key(getattr(store, "base", store))  # a query view shares its index
         if self._cache is None or self._cache[0] != key:
             self._cache = (key, BM25Index(store.passage_texts(), self.params))
         return self._cache[1]
 
-    def retrieve(self, store: Any, k: int = 1000) -> Run:
+    def retrieve(self, store: StoreLike, k: int = 1000) -> Run:
         k = min(k, int(store.n_passages))
         if (hit := self._memo.get(store, k)) is not None:
             return hit
@@ -198,7 +199,7 @@ class FusionSystem:
             else f"linear-fusion:{a.name}+{b.name}:w={weight}"
         )
 
-    def retrieve(self, store: Any, k: int = 1000) -> Run:
+    def retrieve(self, store: StoreLike, k: int = 1000) -> Run:
         d = max(k, self.depth)
         ra, rb = self.a.retrieve(store, d), self.b.retrieve(store, d)
         if self.method == "rrf":
@@ -216,7 +217,7 @@ class CheckpointSystem:
         self._loaded: tuple[str | None, System] | None = None
         self._family: Any = None
 
-    def system_for(self, store: Any) -> System:
+    def system_for(self, store: StoreLike) -> System:
         """The loaded model's system for ``store`` (loaded once per encoder fingerprint).
 
         Raises:
@@ -244,12 +245,12 @@ class CheckpointSystem:
             self._family = fam
         return self._loaded[1]
 
-    def family_for(self, store: Any) -> Any:
+    def family_for(self, store: StoreLike) -> Any:
         """The :class:`~treerank.models.families.ModelFamily` of the loaded checkpoint."""
         self.system_for(store)
         return self._family
 
-    def retrieve(self, store: Any, k: int = 1000) -> Run:
+    def retrieve(self, store: StoreLike, k: int = 1000) -> Run:
         run = self.system_for(store).retrieve(store, k)
         return Run(self.name, run.ids, run.scores)
 

@@ -66,6 +66,7 @@ from treerank.store.format import (
     SELECTED_BIN,
     VECTOR_DTYPE,
 )
+from treerank.storelike import StoreLike
 
 DEFAULT_RANK = 256
 DEFAULT_LOCAL_RANK = 8
@@ -348,7 +349,7 @@ class StoreMixtures:
 
 
 def fit_store(
-    store: Any,
+    store: StoreLike,
     n_components: int | None = None,
     seed: int = 0,
     max_fit: int = DEFAULT_MAX_FIT,

@@ -7,6 +7,8 @@ from typing import Any
 
 import numpy as np
 
+from treerank.storelike import StoreLike
+
 __all__ = ["QuerySubset"]
 
 
@@ -38,7 +40,7 @@ class QuerySubset:
         ValueError: ``rows`` not 1-D or out of range.
     """
 
-    def __init__(self, store: Any, rows: np.ndarray) -> None:
+    def __init__(self, store: StoreLike, rows: np.ndarray) -> None:
         rows = np.asarray(rows, dtype=np.int64)
         nq = int(store.n_queries)
         if rows.ndim != 1 or (rows.size and (rows.min() < 0 or rows.max() >= nq)):

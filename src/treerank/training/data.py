@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from treerank.storelike import StoreLike
 from treerank.training.pseudo import PSEUDO_METHODS, PseudoConfig
 from treerank.training.sources import PairSet, label_pairs, teacher_pairs
 
@@ -136,7 +137,7 @@ def _digest(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:10]
 
 
-def pseudo_dir(store: Any, spec: SourceSpec) -> Path:
+def pseudo_dir(store: StoreLike, spec: SourceSpec) -> Path:
     """Where the pseudo split of ``store`` with ``spec``'s settings lives (a store sibling)."""
     return Path(store.path).parent / f"pseudo-{_digest(asdict(spec.pseudo_config()))}"
 
@@ -164,7 +165,7 @@ class TrainingTable:
     info: dict[str, Any]
 
 
-def _open_pseudo(store: Any, spec: SourceSpec) -> Any:
+def _open_pseudo(store: StoreLike, spec: SourceSpec) -> Any:
     from treerank.store import EmbeddingStore
 
     path = pseudo_dir(store, spec)
@@ -191,7 +192,7 @@ def _teacher_run(target: Any, spec: SourceSpec) -> tuple[np.ndarray, np.ndarray]
 
 
 def build_training_table(
-    store: Any, specs: Sequence[SourceSpec], train_rows: np.ndarray | None = None
+    store: StoreLike, specs: Sequence[SourceSpec], train_rows: np.ndarray | None = None
 ) -> TrainingTable:
     """Read every source of ``specs`` into one :class:`TrainingTable`.
 

@@ -26,6 +26,7 @@ from torch import Tensor, nn
 
 from treerank.config import ConfigError
 from treerank.models.drt import DRTConfig, DRTHead
+from treerank.storelike import StoreLike
 from treerank.training.config import TrainConfig, parse_train_config
 from treerank.training.heads import SamplerConfig, train_contrastive
 from treerank.training.history import TrainingLog
@@ -182,7 +183,7 @@ class DRTObjective(nn.Module):
 
 
 def train_drt(
-    store: Any,
+    store: StoreLike,
     config: Mapping[str, Any] | TrainConfig | None = None,
     *,
     train_rows: np.ndarray | None = None,

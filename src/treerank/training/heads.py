@@ -26,6 +26,7 @@ from treerank.config import ConfigError
 from treerank.models.linear import LinearHead
 from treerank.models.mlp import MLPHead
 from treerank.store.format import MINED_NEGATIVES_ARRAY
+from treerank.storelike import StoreLike
 from treerank.training.config import TrainConfig, parse_train_config
 from treerank.training.data import build_training_table, parse_sources
 from treerank.training.history import TrainingLog
@@ -142,7 +143,7 @@ def parse_mlp_config(
 
 
 def build_sampler(
-    store: Any,
+    store: StoreLike,
     cfg: SamplerConfig,
     *,
     train_rows: np.ndarray | None = None,
@@ -211,7 +212,7 @@ def build_sampler(
 
 def train_contrastive(
     model: torch.nn.Module,
-    store: Any,
+    store: StoreLike,
     config: TrainConfig,
     *,
     train_rows: np.ndarray | None = None,
@@ -280,7 +281,10 @@ def train_contrastive(
 
 
 def _refresher(
-    store: Any, sampler: ContrastiveSampler, data: SamplerConfig, train_rows: np.ndarray | None
+    store: StoreLike,
+    sampler: ContrastiveSampler,
+    data: SamplerConfig,
+    train_rows: np.ndarray | None,
 ) -> NegativeRefresher:
     """ANCE-style refresh: the current model's exact top-``refresh_depth`` for every query,
     audited on the labelled queries held out of training (all labelled ones if none)."""
@@ -318,7 +322,7 @@ def _refresher(
 
 def train_head(
     head_class: type,
-    store: Any,
+    store: StoreLike,
     config: Mapping[str, Any] | TrainConfig | None = None,
     *,
     train_rows: np.ndarray | None = None,
@@ -353,14 +357,14 @@ def train_head(
 
 
 def train_linear(
-    store: Any, config: Mapping[str, Any] | TrainConfig | None = None, **kwargs: Any
+    store: StoreLike, config: Mapping[str, Any] | TrainConfig | None = None, **kwargs: Any
 ) -> TrainOutput:
     """:func:`train_head` for ``linear`` (the ``linear`` family's trainer)."""
     return train_head(LinearHead, store, parse_linear_config(config), **kwargs)
 
 
 def train_mlp(
-    store: Any, config: Mapping[str, Any] | TrainConfig | None = None, **kwargs: Any
+    store: StoreLike, config: Mapping[str, Any] | TrainConfig | None = None, **kwargs: Any
 ) -> TrainOutput:
     """:func:`train_head` for ``mlp`` (the ``mlp`` family's trainer)."""
     return train_head(MLPHead, store, parse_mlp_config(config), **kwargs)

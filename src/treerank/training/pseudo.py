@@ -36,6 +36,7 @@ import numpy as np
 from treerank.readers.builder import SplitBuilder
 from treerank.readers.split import RetrievalSplit
 from treerank.store.format import PSEUDO_SOURCE
+from treerank.storelike import StoreLike
 
 __all__ = [
     "PSEUDO_METHODS",
@@ -220,7 +221,7 @@ def make_pseudo_split(
 
 
 def build_pseudo_store(
-    store: Any,
+    store: StoreLike,
     config: PseudoConfig | None = None,
     *,
     encoder: Any = None,

@@ -53,6 +53,7 @@ from tqdm.auto import tqdm
 from treerank.config import build
 from treerank.distributed.context import broadcast_from_main
 from treerank.distributed.training import sharded_training
+from treerank.storelike import StoreLike
 from treerank.training.history import TrainingLog
 from treerank.training.losses import (
     full_corpus_softmax,
@@ -211,7 +212,7 @@ class TrainFunction(Protocol):
 
     def __call__(
         self,
-        store: Any,
+        store: StoreLike,
         config: Any,
         *,
         train_rows: np.ndarray | None = None,

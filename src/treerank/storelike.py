@@ -1,4 +1,4 @@
-"""``StoreLike``: what one store split offers to the layers above it.
+"""``StoreLike``: what one store split offers to the layers above the store.
 
 Every function that takes a store split is typed with this protocol, not ``Any``:
 :class:`~treerank.store.EmbeddingStore` (the memory-mapped split),
@@ -18,13 +18,22 @@ Members (all read-only):
   ``passage_texts()``;
 - identity: ``path`` (the split directory, named in messages and caches), ``split``,
   ``encoder_fingerprint`` (binds checkpoints to the encoder);
-- arrays: sidecar arrays by name, ``has_array`` / ``load_array``.
+- arrays: sidecar arrays by name, ``has_array`` / ``load_array`` / ``load_array_meta`` /
+  ``save_array``;
+- the rest of a split's description: ``k`` (candidates per query), ``encoder_name``,
+  ``query_prompt``,
+  ``normalized``, ``has_texts``, ``query_types()``, ``passage_aliases()``, ``meta`` (the parsed
+  ``meta.json``), ``iter_passage_chunks(chunk_size)``.
+
+It lives in the base layer (it needs numpy only) so that any layer, the metric layer included,
+can name it without importing the store package.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -81,3 +90,31 @@ class StoreLike(Protocol):
     def has_array(self, name: str) -> bool: ...
 
     def load_array(self, name: str) -> np.ndarray | None: ...
+
+    def load_array_meta(self, name: str) -> dict[str, Any] | None: ...
+
+    def save_array(self, name: str, arr: np.ndarray, meta: dict[str, Any] | None = None) -> Any: ...
+
+    @property
+    def k(self) -> int: ...
+
+    @property
+    def encoder_name(self) -> str | None: ...
+
+    @property
+    def query_prompt(self) -> str | None: ...
+
+    @property
+    def normalized(self) -> bool: ...
+
+    @property
+    def has_texts(self) -> bool: ...
+
+    @property
+    def meta(self) -> dict[str, Any]: ...
+
+    def query_types(self) -> list[str] | None: ...
+
+    def passage_aliases(self) -> dict[str, int]: ...
+
+    def iter_passage_chunks(self, chunk_size: int = ...) -> Iterator[tuple[int, np.ndarray]]: ...
