@@ -14,7 +14,17 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src" / "treerank"
 
 LAYERS = [
-    ("base", {"treerank", "treerank.atomic", "treerank.config", "treerank.lock", "treerank.names"}),
+    (
+        "base",
+        {
+            "treerank",
+            "treerank.atomic",
+            "treerank.config",
+            "treerank.faults",
+            "treerank.lock",
+            "treerank.names",
+        },
+    ),
     ("distributed", {"treerank.distributed"}),  # process group, gather, DDP training step
     ("kernels", {"treerank.kernels", "treerank.distributed.search"}),
     ("readers", {"treerank.readers"}),

@@ -216,7 +216,9 @@ def render_markdown(results: dict[str, Any], plots: dict[str, str]) -> str:
         md.append("Not a DRT checkpoint: no slot-level scoring variants.\n")
 
     pr = results["probes"]
-    md.append("## 2. Probes (logistic regression, 70/30 stratified split, seed 42)\n")
+    md.append(
+        f"## 2. Probes (logistic regression, 70/30 stratified split, seed {pr.get('seed', 42)})\n"
+    )
     if len(pr.get("queries", {})) > 1:
         md.append(
             "Probe queries (and CKA rows): "
