@@ -1,0 +1,91 @@
+"""The small real experiment of the re-run and crash tests, and how their reports are compared.
+
+Datasets: ``sci`` (the shared 60-query / 400-passage SciFact store, train + test, via
+``store:``) trains ``linear`` with seeds 0 and 1 (a few steps; BM25 negatives are mined) and
+diagnoses its first seed; ``tiny`` (a tiny BEIR folder, embedded by the run) is evaluation-only
+and evaluates the runs zero-shot (``transfer: true``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.pipeline.tiny_beir import write_tiny_beir
+
+
+def write_experiment(
+    path: Path,
+    store_root: Path,
+    tiny: Path,
+    lr: float = 0.001,
+    diagnose: bool = True,
+    **top: Any,
+) -> Path:
+    """Write the experiment YAML to ``path`` (``top`` overrides top-level sections;
+    ``diagnose=False``: no diagnostics stage, for tests that do not need one)."""
+    if not (tiny / "corpus.jsonl").exists():
+        write_tiny_beir(tiny)
+    raw: dict[str, Any] = {
+        "name": "slice",
+        "datasets": [
+            {"name": "sci", "store": str(store_root), "train_split": "train",
+             "eval_split": "test"},
+            {"name": "tiny", "path": str(tiny), "format": "beir", "eval_split": "test"},
+        ],
+        "systems": ["bm25", "cosine"],
+        "evaluate": {"k": 100, "baselines": ["cosine", "bm25"],
+                     "metrics": ["mrr@10", "ndcg@10", "recall@100"], "seed": 0},
+        "transfer": True,
+        "diagnose": {"model": "linear" if diagnose else None, "baseline": "cosine"},
+        "models": {
+            "linear": {
+                "family": "linear",
+                "seeds": [0, 1],
+                "data": {"batch_size": 16, "n_hard": 1, "mine_depth": 20},
+                "trainer": {"epochs": 1, "max_steps": 3, "lr": lr, "log_every": 1},
+                "validation": {"fraction": 0.2},
+            }
+        },
+    }  # fmt: skip
+    raw.update(top)
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+_VOLATILE = re.compile(r"seconds|created|finished_at|_at$|elapsed|time")
+
+
+def _scrub(doc: Any, out: str) -> Any:
+    if isinstance(doc, dict):
+        return {k: _scrub(v, out) for k, v in doc.items() if not _VOLATILE.search(str(k))}
+    if isinstance(doc, list):
+        return [_scrub(v, out) for v in doc]
+    if isinstance(doc, str):
+        return doc.replace(out, "<OUT>")
+    return doc
+
+
+def report_numbers(out_dir: Path) -> dict[str, Any]:
+    """``report.json``'s per-dataset part (every number of the report) with the output
+    directory replaced by ``<OUT>`` and wall-clock fields dropped."""
+    doc = json.loads((out_dir / "report.json").read_text())
+    return _scrub(doc["datasets"], str(out_dir.resolve()))
+
+
+def report_lines(out_dir: Path) -> list[str]:
+    """``report.md`` without what differs between runs by construction: the creation time, the
+    stage table (times, reused / ran), training wall times, and the output directory."""
+    text = (out_dir / "report.md").read_text().replace(str(out_dir.resolve()), "<OUT>")
+    keep, in_stages = [], False
+    for line in text.splitlines():
+        if line.startswith("## "):
+            in_stages = line == "## Stages"
+        if in_stages or line.startswith("- created:"):
+            continue
+        keep.append(re.sub(r"seconds=[0-9.e+-]+", "seconds=<t>", line))
+    return keep
