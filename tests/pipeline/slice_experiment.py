@@ -89,3 +89,19 @@ def report_lines(out_dir: Path) -> list[str]:
             continue
         keep.append(re.sub(r"seconds=[0-9.e+-]+", "seconds=<t>", line))
     return keep
+
+
+def differences(a: Any, b: Any, where: str = "") -> list[str]:
+    """Key paths where two JSON documents differ (for readable assertion messages)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = []
+        for k in sorted(set(a) | set(b), key=str):
+            out += differences(a.get(k), b.get(k), f"{where}.{k}")
+        return out
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        return [
+            d
+            for i, (x, y) in enumerate(zip(a, b, strict=True))
+            for d in differences(x, y, f"{where}[{i}]")
+        ]
+    return [] if a == b else [f"{where}: {str(a)[:120]} != {str(b)[:120]}"]

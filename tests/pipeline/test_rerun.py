@@ -15,7 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.pipeline.slice_experiment import report_lines, report_numbers, write_experiment
+from tests.pipeline.slice_experiment import (
+    differences,
+    report_lines,
+    report_numbers,
+    write_experiment,
+)
 from treerank.pipeline.config import load_experiment
 from treerank.pipeline.experiment import run_experiment
 from treerank.pipeline.sweep import run_sweep
@@ -57,7 +62,8 @@ def test_changed_lr_reruns_evaluation_and_equals_a_fresh_run(
 
     out = tmp_path / "out"
     _run(old, out)
-    assert report_numbers(out) == report_numbers(fresh_old)
+    a, b = report_numbers(out), report_numbers(fresh_old)
+    assert a == b, differences(a, b)[:10]
     runs_before = {d: _runs(out, d) for d in ("sci", "tiny")}
 
     status = _run(new, out)  # only the learning rate changed
@@ -69,7 +75,8 @@ def test_changed_lr_reruns_evaluation_and_equals_a_fresh_run(
         "evaluate:tiny",  # the transfer evaluation reads the same runs
     ):
         assert status[stage] == "ran", (stage, status)
-    assert report_numbers(out) == report_numbers(fresh_new)
+    a, b = report_numbers(out), report_numbers(fresh_new)
+    assert a == b, differences(a, b)[:10]
     assert report_lines(out) == report_lines(fresh_new)
     # the change was real: every trained run's ranking moved, the baselines' did not
     for d, before in runs_before.items():

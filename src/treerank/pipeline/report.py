@@ -27,10 +27,13 @@ def _rel(path: Path | str | None, root: Path) -> str:
     if path is None:
         return ""
     p = Path(path)
-    try:
-        return p.resolve().relative_to(root.resolve()).as_posix()
-    except ValueError:
-        return str(p)
+    # lexically first: a sweep setting's stage directories are links into the shared cache
+    for a, b in ((p.absolute(), root.absolute()), (p.resolve(), root.resolve())):
+        try:
+            return a.relative_to(b).as_posix()
+        except ValueError:
+            pass
+    return str(p)
 
 
 def _fmt_seconds(s: float) -> str:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from treerank.faults import crash_point
+from treerank.lock import lock_path
 
 STAGE_FILE = "stage.json"
 
@@ -184,12 +185,14 @@ def run_stage(
     except KeyboardInterrupt as exc:
         if not in_place:
             shutil.rmtree(tmp, ignore_errors=True)
+            lock_path(tmp).unlink(missing_ok=True)
         if isinstance(exc, StageInterrupted):  # a nested stage already named itself
             raise
         raise StageInterrupted(name, in_place) from exc
     except Exception as exc:
         if not in_place:
             shutil.rmtree(tmp, ignore_errors=True)
+            lock_path(tmp).unlink(missing_ok=True)
         raise StageError(name, exc) from exc
     if in_place:
         log(f"[done]  {name}  ({seconds:.1f} s)")
@@ -200,6 +203,8 @@ def run_stage(
         os.replace(path, old)
     os.replace(tmp, path)
     shutil.rmtree(old, ignore_errors=True)
+    # the writer lock a library call took on the temporary directory (released by now)
+    lock_path(tmp).unlink(missing_ok=True)
     log(f"[done]  {name}  ({seconds:.1f} s)")
     return StageRecord(name, key, path, seconds, False, summary)
 
@@ -217,11 +222,15 @@ def _pid_alive(pid: int) -> bool:
 def _remove_dead_temporaries(path: Path) -> None:
     """Delete ``.<name>.tmp-<pid>-*`` / ``.<name>.old-<pid>`` beside ``path`` left by dead
     processes (a killed run); a live process's temporaries are left alone."""
-    prefixes = (f".{path.name}.tmp-", f".{path.name}.old-")
+    # (and the lock files ``..<name>.tmp-<pid>-*.lock`` of those temporaries)
+    prefixes = (f".{path.name}.tmp-", f".{path.name}.old-", f"..{path.name}.tmp-")
     for p in path.parent.iterdir() if path.parent.is_dir() else ():
         pre = next((x for x in prefixes if p.name.startswith(x)), None)
         if pre is None:
             continue
         pid = p.name[len(pre) :].partition("-")[0]
         if pid.isdigit() and not _pid_alive(int(pid)):
-            shutil.rmtree(p, ignore_errors=True)
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
