@@ -79,13 +79,14 @@ def report_numbers(out_dir: Path) -> dict[str, Any]:
 
 def report_lines(out_dir: Path) -> list[str]:
     """``report.md`` without what differs between runs by construction: the creation time, the
+    config file's path and its copy (a sweep setting's is its own ``experiment.yaml``), the
     stage table (times, reused / ran), training wall times, and the output directory."""
     text = (out_dir / "report.md").read_text().replace(str(out_dir.resolve()), "<OUT>")
     keep, in_stages = [], False
     for line in text.splitlines():
         if line.startswith("## "):
-            in_stages = line == "## Stages"
-        if in_stages or line.startswith("- created:"):
+            in_stages = line in ("## Stages", "## Configuration")
+        if in_stages or line.startswith(("- created:", "- config:")):
             continue
         keep.append(re.sub(r"seconds=[0-9.e+-]+", "seconds=<t>", line))
     return keep
