@@ -48,7 +48,7 @@ def write_experiment(
                 "seeds": [0, 1],
                 "data": {"batch_size": 16, "n_hard": 1, "mine_depth": 20},
                 "trainer": {"epochs": 1, "max_steps": 3, "lr": lr, "log_every": 1},
-                "validation": {"fraction": 0.2},
+                "validation": {"fraction": 0.0},  # the last step is the model (no early stop)
             }
         },
     }  # fmt: skip
