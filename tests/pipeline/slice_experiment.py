@@ -57,7 +57,9 @@ def write_experiment(
     return path
 
 
-_VOLATILE = re.compile(r"seconds|created|finished_at|_at$|elapsed|time")
+# wall-clock fields, and how a store was built (``resumed``: an embedding continued after a
+# crash writes the same bytes; its statistics say it was resumed)
+_VOLATILE = re.compile(r"seconds|created|finished_at|_at$|elapsed|time|^resumed$")
 
 
 def _scrub(doc: Any, out: str) -> Any:
