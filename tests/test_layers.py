@@ -26,6 +26,7 @@ LAYERS = [
             "treerank",
             "treerank.atomic",
             "treerank.config",
+            "treerank.faults",
             "treerank.lock",
             "treerank.names",
             "treerank.storelike",

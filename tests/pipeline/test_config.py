@@ -130,3 +130,38 @@ models:
         "models: {}\n",
     )
     assert load_experiment(p).diagnose.model is None  # baselines only: no diagnostics
+
+
+def test_device_and_encoder_backend_are_parsed_and_checked(tmp_path: Path) -> None:
+    from treerank.pipeline.experiment import check_library_support
+
+    cfg = load_experiment(_base(tmp_path))
+    assert cfg.device == "auto" and cfg.encoder.backend == "torch"
+    assert check_library_support(cfg) == []  # today's behaviour needs nothing new
+    for good in ("cpu", "cuda", "cuda:1"):
+        assert load_experiment(_base(tmp_path, f"device: {good}")).device == good
+    ok = load_experiment(_base(tmp_path, "encoder: {backend: onnx-int8}"))
+    assert ok.encoder.backend == "onnx-int8"
+    for bad in ("gpu", "cuda:x", "CPU"):
+        with pytest.raises(ConfigError, match=rf"device '{bad}' is not auto, cpu, cuda"):
+            load_experiment(_base(tmp_path, f"device: '{bad}'"))
+    with pytest.raises(ConfigError, match=r"encoder.backend 'tensorrt' unknown; known: torch"):
+        load_experiment(_base(tmp_path, "encoder: {backend: tensorrt}"))
+    with pytest.raises(ConfigError, match="probe_seed has the wrong type"):
+        load_experiment(_base(tmp_path, "diagnose: {model: linear, probe_seed: x}"))
+
+
+def test_library_kwargs_pass_only_declared_parameters() -> None:
+    from treerank.pipeline.experiment import _library_kwargs
+
+    def old(a: int) -> None: ...
+
+    def new(a: int, device: str = "auto") -> None: ...
+
+    assert _library_kwargs(old, device="cpu") == {}
+    assert _library_kwargs(old, device="auto") == {}
+    assert _library_kwargs(new, device="cuda:0") == {"device": "cuda:0"}
+    with pytest.raises(ValueError, match="device 'cuda:0' is not supported by .*old"):
+        _library_kwargs(old, device="cuda:0")
+    with pytest.raises(ValueError, match="backend 'onnx' is not supported"):
+        _library_kwargs(old, backend="onnx")

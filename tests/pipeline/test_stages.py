@@ -1,4 +1,5 @@
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -116,3 +117,27 @@ def test_skipped_stage_says_why(tmp_path: Path) -> None:
     assert run_stage("a", "k", tmp_path / "a", _writer("x", []), log=lambda _: None).status == (
         "reused"
     )
+
+
+def test_temporaries_of_dead_processes_are_removed_live_ones_kept(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    pid = int(dead.stdout)
+    gone = [tmp_path / f".s.tmp-{pid}-abc", tmp_path / f".s.old-{pid}"]
+    for d in gone:
+        d.mkdir()
+        (d / "half.bin").write_bytes(b"x")
+    gone_lock = tmp_path / f"..s.tmp-{pid}-abc.lock"
+    gone_lock.write_text("")
+    live = tmp_path / f".s.tmp-{os.getpid()}-xyz"
+    live.mkdir()
+    other = tmp_path / f".t.tmp-{pid}-abc"  # another stage's: not this stage's business
+    other.mkdir()
+    run_stage("s", "k", tmp_path / "s", lambda d: {"ok": 1}, log=lambda s: None)
+    assert not any(d.exists() for d in gone) and not gone_lock.exists()
+    assert live.is_dir() and other.is_dir()
+    # the stage leaves no temporary (nor a lock file of one) behind
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, other.name, "s"])

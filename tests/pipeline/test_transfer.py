@@ -13,6 +13,7 @@ from treerank.pipeline.config import (
     ExperimentConfig,
 )
 from treerank.pipeline.experiment import DatasetOutcome, _systems_for
+from treerank.pipeline.identity import RunId
 from treerank.pipeline.transfer import transfer_rows, transfer_tables
 
 
@@ -21,7 +22,7 @@ def _test(delta: float, p: float) -> dict:
 
 
 def _outcomes() -> dict[str, DatasetOutcome]:
-    a = DatasetOutcome("squad", "dev", Path("a"), checkpoints={"linear": Path("ck/a/linear")})
+    a = DatasetOutcome("squad", "dev", Path("a"), runs=[RunId("linear", "squad")])
     a.comparison = {
         "systems": {
             "cosine": {"mean": {"ndcg@10": 0.6874}},
@@ -46,7 +47,7 @@ def _outcomes() -> dict[str, DatasetOutcome]:
 
 def test_transfer_table_cells():
     outs = _outcomes()
-    assert transfer_rows(outs) == [("linear", "squad")]
+    assert transfer_rows(outs) == [RunId("linear", "squad")]
     md = transfer_tables(outs, ["ndcg@10"], ["cosine", "bm25"])
     lines = md.splitlines()
     assert lines[0] == "#### ndcg@10"
@@ -58,7 +59,6 @@ def test_transfer_table_cells():
 
 
 def test_systems_for_adds_models_trained_elsewhere():
-    outs = _outcomes()
     ds = [
         DatasetConfig("squad", Path("x"), "beir", "dev", "train"),
         DatasetConfig("scifact", Path("y"), "scifact", "test", "train"),
@@ -79,10 +79,18 @@ def test_systems_for_adds_models_trained_elsewhere():
             transfer,
         )
 
-    with_t = _systems_for(cfg(True), ds[1], outs)
-    assert with_t["linear@squad"] == "ckpt:ck/a/linear"
-    assert "linear@squad" not in _systems_for(cfg(False), ds[1], outs)
-    assert _systems_for(cfg(True), ds[0], outs)["linear"] == "ckpt:ck/a/linear"
+    runs = [RunId("linear", "squad"), RunId("mlp", "squad", 1)]
+    out = Path("out")
+
+    def specs(transfer: bool, d: DatasetConfig) -> dict[str, str]:
+        return {s.name: s.build_spec(out) for s in _systems_for(cfg(transfer), d, runs)}
+
+    with_t = specs(True, ds[1])
+    assert with_t["linear@squad"] == f"ckpt:{out / 'models' / 'squad' / 'linear' / 'checkpoint'}"
+    assert with_t["mlp@seed1@squad"].endswith("models/squad/mlp@seed1/checkpoint")
+    assert "linear@squad" not in specs(False, ds[1])
+    assert specs(True, ds[0])["linear"] == with_t["linear@squad"]
+    assert set(specs(False, ds[1])) == {"cosine", "bm25"}  # baselines added once
 
 
 def test_transfer_key_parses(tmp_path, scifact_zip):

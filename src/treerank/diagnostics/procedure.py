@@ -463,6 +463,7 @@ def run_diagnostics(
     t = time.perf_counter()
     probe_results = run_probes(reps, probe_labels, seed=probe_seed)
     results["probes"] = {
+        "seed": probe_seed,
         "queries": {str(getattr(s_, "path", "")): int(s_.n_queries) for s_ in rep_stores},
         "labels": {task: dict(sorted(_count(v).items())) for task, v in probe_labels.items()},
         "label_source": {

@@ -8,6 +8,7 @@ the rest when ``--quick`` is given, makes a cheaper profile that still runs ever
 from __future__ import annotations
 
 import copy
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,35 @@ from treerank.models.families import FAMILIES, trainable_families
 from treerank.names import unknown_name
 from treerank.readers import FORMATS
 
-__all__ = ["ConfigError", "ExperimentConfig", "ModelSpec", "deep_merge", "load_experiment"]
+__all__ = [
+    "BACKENDS",
+    "ConfigError",
+    "ExperimentConfig",
+    "ModelSpec",
+    "deep_merge",
+    "load_experiment",
+    "resolve_device",
+]
+
+# ``encoder.backend``: how the encoder runs (the ONNX backends come with ``treerank.encoders``'
+# ONNX Runtime support; the pipeline passes the value on where the encoder accepts it).
+BACKENDS = ("torch", "onnx", "onnx-int8")
+# ``device``: where training, evaluation, diagnostics and embedding run.
+DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
+
+
+def resolve_device(device: str) -> str:
+    """The device ``device`` means on this machine: ``auto`` is ``cuda`` when torch sees a GPU,
+    else ``cpu``; every other value is itself (``cpu``, ``cuda``, ``cuda:1``).
+
+    Part of the stage keys, so that a run moved from a CPU to a GPU machine re-runs the stages
+    whose numbers can change with the device, and ``auto`` on a CPU machine equals ``cpu``.
+    """
+    if device != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 @dataclass
@@ -28,6 +57,7 @@ class EncoderConfig:
     model: str | None = None
     query_prompt: str | None = None
     token_budget: int = 16384
+    backend: str = "torch"  # one of BACKENDS
 
 
 @dataclass
@@ -67,6 +97,7 @@ class DiagnoseConfig:
 
     model: str | None = None
     baseline: str = "cosine"
+    probe_seed: int = 42  # the probes' 70/30 split seed (run_diagnostics' probe_seed)
 
 
 @dataclass
@@ -118,6 +149,7 @@ class ExperimentConfig:
     diagnose: DiagnoseConfig
     raw: dict[str, Any]
     transfer: bool = False
+    device: str = "auto"  # auto | cpu | cuda[:n]
 
 
 def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -172,6 +204,7 @@ def load_experiment(
             "evaluate": dict,
             "diagnose": dict,
             "transfer": bool,
+            "device": str,
             "quick": dict,
         },
         "the top level",
@@ -185,10 +218,19 @@ def load_experiment(
 
     enc = _take(
         top.get("encoder") or {},
-        {"model": str, "query_prompt": str, "token_budget": int},
+        {"model": str, "query_prompt": str, "token_budget": int, "backend": str},
         "encoder",
         src,
     )
+    if enc.get("backend", "torch") not in BACKENDS:
+        raise ConfigError(
+            f"{src}: encoder.backend {enc['backend']!r} unknown; known: {', '.join(BACKENDS)}"
+        )
+    device = top.get("device", "auto")
+    if not DEVICE_PATTERN.fullmatch(str(device)):
+        raise ConfigError(
+            f"{src}: device {device!r} is not auto, cpu, cuda or cuda:<n> (e.g. cuda:0)"
+        )
     encoder = EncoderConfig(**enc)
 
     datasets: list[DatasetConfig] = []
@@ -252,7 +294,12 @@ def load_experiment(
         "evaluate",
         src,
     )
-    dg = _take(top.get("diagnose") or {}, {"model": str, "baseline": str}, "diagnose", src)
+    dg = _take(
+        top.get("diagnose") or {},
+        {"model": str, "baseline": str, "probe_seed": int},
+        "diagnose",
+        src,
+    )
     if "model" not in dg:
         dg["model"] = next(iter(models), None)
     diagnose = DiagnoseConfig(**dg)
@@ -280,6 +327,7 @@ def load_experiment(
         diagnose=diagnose,
         raw=top,
         transfer=bool(top.get("transfer", False)),
+        device=str(device),
     )
 
 

@@ -1,26 +1,34 @@
 """``treerank run``: one experiment from raw data to a comparison report.
 
-Stages, each incremental (reused when its inputs' fingerprints match, see
-:mod:`treerank.pipeline.stages`) and each a thin call of the same library function that its own
-command uses, so the report's numbers are exactly what ``treerank embed / train / evaluate /
-diagnose`` print:
+The run is a graph of stages (:class:`StageGraph`), each identified by a typed
+:class:`~treerank.pipeline.identity.StageId` and incremental: its key is a fingerprint of its own
+inputs and of the keys of the stages whose outputs it reads (its declared edges), and a stage
+whose key matches a finished one is reused (see :mod:`treerank.pipeline.stages`). Every stage is
+a thin call of the same library function its own command uses, so the report's numbers are
+exactly what ``treerank embed / train / evaluate / diagnose`` print:
 
 1. ``embed:<dataset>:<split>`` -> ``<out>/stores/<dataset>/<split>/`` (:func:`embed_split`,
    resumable; the test split reuses the train split's passage vectors when texts match)
-2. ``train:<dataset>:<model name>`` -> ``<out>/models/<dataset>/<model name>/checkpoint``
-   (:func:`train_model` with the model's family; several models of one family can coexist)
+2. ``train:<dataset>:<run>`` -> ``<out>/models/<dataset>/<run>/checkpoint``
+   (:func:`train_model` with the model's family; one run per seed of a seeded model); reads the
+   train split's embed stage
 3. ``evaluate:<dataset>`` -> ``<out>/eval/<dataset>/`` (:func:`compare_systems`: every system on
-   every passage of the evaluation split, paired tests against the baselines)
-4. ``diagnose:<dataset>`` -> ``<out>/diagnose/<dataset>/`` (:func:`run_diagnostics`)
+   every passage of the evaluation split, paired tests against the baselines); reads the
+   dataset's embed stages and the train stage of every run it evaluates (transfer included)
+4. ``diagnose:<dataset>`` -> ``<out>/diagnose/<dataset>/`` (:func:`run_diagnostics`); reads
+   the evaluation split's embed stage and the diagnosed run's train stage
 5. the report -> ``<out>/report.md`` + ``<out>/report.json`` (always rewritten; cheap)
+
+``docs/DESIGN.md`` ("The stage graph") lists every stage's edges and key inputs;
+:func:`plan_experiment` builds the graph without running anything.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
+import inspect
 import json
 import os
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,8 +37,15 @@ from typing import Any
 
 import yaml
 
+from treerank.faults import crash_point
 from treerank.lock import writes_dir
-from treerank.pipeline.config import DatasetConfig, ExperimentConfig, ModelSpec
+from treerank.pipeline.config import (
+    DatasetConfig,
+    ExperimentConfig,
+    ModelSpec,
+    resolve_device,
+)
+from treerank.pipeline.identity import RunId, StageId, SystemId, UnknownDependencyError
 from treerank.pipeline.stages import (
     StageRecord,
     file_sha256,
@@ -46,7 +61,11 @@ EVALUATE_OUTPUTS = ("overlap", "lexical_gap:v1", "fusion_tuning:v1")
 
 @dataclass
 class DatasetOutcome:
-    """Everything the run produced for one dataset."""
+    """Everything the run produced for one dataset.
+
+    ``checkpoints`` / ``training`` / ``seeds`` are keyed by the run's name
+    (:attr:`RunId.name`); ``runs`` holds the typed identities of the runs trained here.
+    """
 
     name: str
     eval_split: str
@@ -66,6 +85,8 @@ class DatasetOutcome:
     diagnostics: dict[str, Any] | None = None
     diagnose_dir: Path | None = None
     store_stats: dict[str, dict[str, Any]] = field(default_factory=dict)
+    runs: list[RunId] = field(default_factory=list)
+    seeds: dict[str, int | None] = field(default_factory=dict)
 
 
 @dataclass
@@ -80,6 +101,78 @@ class ExperimentResult:
     seconds: float
     report_md: Path
     report_json: Path
+
+
+# ----------------------------------------------------------------------------- library seam
+
+# MERGE POINT (seam-pipeline): the one place where the experiment's ``device`` and
+# ``encoder.backend`` reach library calls. A keyword is passed only where the called function
+# declares it (``device=`` on trainers / compare_systems / run_diagnostics, ``backend=`` on
+# SentenceEncoder, as other branches add them), so today's calls are unchanged; a value other
+# than today's behaviour that the library cannot take yet is refused before any stage runs
+# (:func:`check_library_support`, from ``validate_experiment``).
+_TODAYS_BEHAVIOUR: dict[str, tuple[Any, ...]] = {"device": ("auto", "cpu"), "backend": ("torch",)}
+
+
+def _library_kwargs(fn: Callable[..., Any], **wanted: Any) -> dict[str, Any]:
+    """The items of ``wanted`` that ``fn`` declares as parameters.
+
+    Raises:
+        ValueError: a value that changes behaviour (``device: cuda``, ``backend: onnx``) for a
+            function that does not take that parameter yet.
+    """
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # builtins without a signature: pass nothing
+        params = {}  # type: ignore[assignment]
+    out: dict[str, Any] = {}
+    for name, value in wanted.items():
+        if name in params:
+            out[name] = value
+        elif value not in _TODAYS_BEHAVIOUR.get(name, (value,)):
+            qual = getattr(fn, "__qualname__", repr(fn))
+            raise ValueError(
+                f"{name} {value!r} is not supported by {fn.__module__}.{qual} in this version "
+                f"(it has no {name}= parameter); use {' or '.join(_TODAYS_BEHAVIOUR[name])}"
+            )
+    return out
+
+
+def _library_functions() -> dict[str, Callable[..., Any]]:
+    from treerank.diagnostics.procedure import run_diagnostics
+    from treerank.encoders import SentenceEncoder
+    from treerank.evaluation.compare import compare_systems
+    from treerank.pipeline.training import train_model
+
+    return {
+        "encoder": SentenceEncoder,
+        "train": train_model,
+        "evaluate": compare_systems,
+        "diagnose": run_diagnostics,
+    }
+
+
+def check_library_support(cfg: ExperimentConfig) -> list[str]:
+    """Problems (``"<key>: <why>"``) with ``device`` / ``encoder.backend`` values that this
+    version's library calls cannot take yet; empty when every stage can run as configured."""
+    fns = _library_functions()
+    problems = []
+    wanted = {
+        "encoder": {"device": cfg.device, "backend": cfg.encoder.backend},
+        "train": {"device": cfg.device},
+        "evaluate": {"device": cfg.device},
+        "diagnose": {"device": cfg.device},
+    }
+    for what, kw in wanted.items():
+        for name, value in kw.items():
+            if what == "encoder" and name == "device":
+                continue  # SentenceEncoder has always taken device=
+            try:
+                _library_kwargs(fns[what], **{name: value})
+            except ValueError as exc:
+                key = "encoder.backend" if name == "backend" else "device"
+                problems.append(f"{key}: {exc}")
+    return list(dict.fromkeys(problems))
 
 
 class _Encoder:
@@ -101,6 +194,7 @@ class _Encoder:
             "weights": ident,
             "query_prompt": self.cfg.encoder.query_prompt,
             "token_budget": self.cfg.encoder.token_budget,
+            "backend": self.cfg.encoder.backend,
         }
 
     def get(self) -> Any:
@@ -111,8 +205,108 @@ class _Encoder:
                 self.cfg.encoder.model,
                 query_prompt=self.cfg.encoder.query_prompt,
                 token_budget=self.cfg.encoder.token_budget,
+                device=resolve_device(self.cfg.device),
+                **_library_kwargs(SentenceEncoder, backend=self.cfg.encoder.backend),
             )
         return self._enc
+
+
+# ----------------------------------------------------------------------------- the graph
+
+
+@dataclass
+class Stage:
+    """One node of the graph: identity, directory, declared edges, own inputs and work.
+
+    Attributes:
+        id: the stage's identity (its name and default path are rendered from it).
+        path: its directory in the run's output.
+        deps: the stages whose outputs it reads; their keys are part of its key.
+        inputs: its own configuration (JSON-able; part of its key).
+        work: ``work(dir) -> summary``; ``None`` for a dataset's given store (nothing to run;
+            its key is ``given_key``, from the store's files).
+        in_place: the work resumes in place (embedding).
+    """
+
+    id: StageId
+    path: Path
+    deps: tuple[StageId, ...]
+    inputs: dict[str, Any]
+    work: Callable[[Path], dict[str, Any] | None] | None = None
+    in_place: bool = False
+    given_key: str | None = None
+
+
+@dataclass
+class _Skip:
+    """A stage that does nothing in this experiment, with the reason (shown in the report)."""
+
+    name: str
+    reason: str
+    path: Path
+
+
+class StageGraph:
+    """The stages of one run in execution order, each key computed when the stage is added.
+
+    A stage may only read (declare as ``deps``) stages added before it; asking for anything
+    else raises :class:`~treerank.pipeline.identity.UnknownDependencyError`.
+    """
+
+    def __init__(self) -> None:
+        self.stages: dict[StageId, Stage] = {}
+        self.keys: dict[StageId, str] = {}
+        self.order: list[Stage | _Skip] = []
+
+    def add(self, stage: Stage) -> str:
+        """Add ``stage`` and return its key.
+
+        Raises:
+            UnknownDependencyError: a dependency that is not a stage of the graph (yet).
+            ValueError: a stage added twice.
+        """
+        if stage.id in self.stages:
+            raise ValueError(f"stage {stage.id.name} added twice")
+        for dep in stage.deps:
+            if dep not in self.keys:
+                raise UnknownDependencyError(
+                    f"stage {stage.id.name} reads {dep.name}, which is not a stage of this run "
+                    "(or is added after it)"
+                )
+        key = stage.given_key or fingerprint(
+            "stage",
+            stage.id.key_part(),
+            _version("treerank"),
+            stage.inputs,
+            [[dep.name, self.keys[dep]] for dep in stage.deps],
+        )
+        self.stages[stage.id] = stage
+        self.keys[stage.id] = key
+        self.order.append(stage)
+        return key
+
+    def skip(self, name: str, reason: str, path: Path) -> None:
+        self.order.append(_Skip(name, reason, path))
+
+    def key_of(self, stage: StageId, reader: StageId) -> str:
+        """The key of ``stage`` as read by ``reader``, which must have declared it.
+
+        Raises:
+            UnknownDependencyError: ``reader`` did not declare ``stage``, or it is unknown.
+        """
+        if reader in self.stages and stage not in self.stages[reader].deps:
+            raise UnknownDependencyError(f"stage {reader.name} did not declare {stage.name}")
+        if stage not in self.keys:
+            raise UnknownDependencyError(f"{stage.name} is not a stage of this run")
+        return self.keys[stage]
+
+    def names(self) -> dict[str, str]:
+        """Stage name -> key, for every stage (given stores included)."""
+        return {sid.name: key for sid, key in self.keys.items()}
+
+    def edges(self) -> dict[str, list[str]]:
+        """Stage name -> the names of the stages it reads."""
+        return {sid.name: [d.name for d in st.deps] for sid, st in self.stages.items()}
 
 
 @dataclass
@@ -123,35 +317,31 @@ class _Run:
     force: bool
     progress: bool
     log: Callable[[str], None]
-    stage_keys: dict[str, str] = field(default_factory=dict)
     records: list[StageRecord] = field(default_factory=list)
     stage_cache: Path | None = None
 
-    def stage(
-        self,
-        name: str,
-        key: str,
-        path: Path,
-        work: Callable[[Path], dict[str, Any] | None],
-        *,
-        in_place: bool = False,
-    ) -> StageRecord:
+    def stage(self, st: Stage, key: str) -> StageRecord:
         """:func:`run_stage` with this run's settings; the record is kept in ``records``.
 
-        With a ``stage_cache`` (sweeps) the stage lives in ``<cache>/<name>-<key>`` and ``path``
-        becomes a relative symlink to it, so equal stages of several runs are computed once.
+        With a ``stage_cache`` (sweeps) the stage lives in ``<cache>/<name>-<key>`` (rendered by
+        :meth:`StageId.cache_dir_name`) and its path becomes a relative symlink to it, so equal
+        stages of several runs are computed once.
         """
+        assert st.work is not None
+        name = st.id.name
+        kw: dict[str, Any] = {
+            "force": self.force,
+            "in_place": st.in_place,
+            "log": self.log,
+            "kind": st.id.kind,
+        }
         if self.stage_cache is None:
-            rec = run_stage(
-                name, key, path, work, force=self.force, in_place=in_place, log=self.log
-            )
+            rec = run_stage(name, key, st.path, st.work, **kw)
         else:
-            phys = self.stage_cache / f"{re.sub(r'[^A-Za-z0-9_.-]+', '_', name)}-{key[:24]}"
-            rec = run_stage(
-                name, key, phys, work, force=self.force, in_place=in_place, log=self.log
-            )
-            _link(path, phys)
-            rec.path = path
+            phys = self.stage_cache / st.id.cache_dir_name(key)
+            rec = run_stage(name, key, phys, st.work, **kw)
+            _link(st.path, phys)
+            rec.path = st.path
         self.records.append(rec)
         return rec
 
@@ -213,80 +403,18 @@ def run_experiment(
 
     validate_experiment(cfg)  # every problem, before any stage writes anything
     t0 = time.perf_counter()
-    out = cfg.output_dir
-    out.mkdir(parents=True, exist_ok=True)
-    encoder = _Encoder(cfg)
-    enc_key = encoder.key()
+    cfg.output_dir.mkdir(parents=True, exist_ok=True)
     run = _Run(cfg, force, progress, log, stage_cache=stage_cache)
-    outcomes: dict[str, DatasetOutcome] = {}
+    graph, outcomes = _plan(cfg, run)
 
-    for ds in cfg.datasets:
-        splits = list(dict.fromkeys(s for s in (ds.train_split, ds.eval_split) if s))
-        if ds.store is not None:  # an existing store root, used as is
-            root = ds.store
-            stats = {split: _existing_store(run, ds, split) for split in splits}
-        else:
-            root = out / "stores" / ds.name
-            assert ds.path is not None  # load_experiment: a dataset has `store` or `path`
-            data_sha = file_sha256(ds.path)
-            for split in splits:
-                rec = _embed_stage(run, ds, split, data_sha, enc_key, encoder)
-                run.stage_keys[f"store:{ds.name}:{split}"] = rec.key
-            stats = {
-                r.name.split(":")[-1]: r.summary
-                for r in run.records
-                if r.name.startswith(f"embed:{ds.name}:")
-            }
-        outcomes[ds.name] = DatasetOutcome(
-            name=ds.name,
-            eval_split=ds.eval_split,
-            store=root / ds.eval_split,
-            train_store=(root / ds.train_split) if ds.train_split else None,
-            dim=ds.dim,
-            store_stats=stats,
-        )
-        if cfg.models and not ds.train_split:
-            run.skip(
-                f"train:{ds.name}",
-                f"no train_split: {', '.join(cfg.models)} not trained here; baselines only",
-                out / "models" / ds.name,
-            )
-        if ds.train_split:
-            for spec in cfg.models.values():
-                if ds.models is not None and spec.name not in ds.models:
-                    continue
-                for run_name, config in spec.runs().items():
-                    rec = _train_stage(run, ds, spec, run_name, config)
-                    run.stage_keys[f"model:{ds.name}:{run_name}"] = rec.key
-                    outcomes[ds.name].checkpoints[run_name] = rec.path / "checkpoint"
-                    outcomes[ds.name].training[run_name] = rec.summary
-
-    for ds in cfg.datasets:
-        o = outcomes[ds.name]
-        systems = _systems_for(cfg, ds, outcomes)
-        rec = _evaluate_stage(run, ds, o, systems)
-        o.eval_dir = rec.path
-        o.comparison = rec.summary.get("comparison", {})
-        o.comparison_markdown = rec.summary.get("markdown", "")
-        o.overlap = rec.summary.get("overlap")
-        o.family_reports = rec.summary.get("family_reports") or {}
-        o.overlap_markdown = rec.summary.get("overlap_markdown", "")
-        wanted = dmodel = cfg.diagnose.model
-        if dmodel in cfg.models and cfg.models[dmodel].seeds:  # the first seed's checkpoint
-            dmodel = next(iter(cfg.models[dmodel].runs()))
-        o.lexical_gap = rec.summary.get("lexical_gap")
-        o.lexical_gap_markdown = rec.summary.get("lexical_gap_markdown", "")
-        if dmodel and dmodel in o.checkpoints:
-            rec = _diagnose_stage(run, ds, o, dmodel)
-            o.diagnose_dir = rec.path
-            o.diagnostics = rec.summary
-        else:
-            why = (
-                "no diagnose.model given"
-                if not dmodel
-                else f"{wanted!r} is not trained on this dataset (no train_split)"
-            )
-            run.skip(f"diagnose:{ds.name}", why, out / "diagnose" / ds.name)
+    for item in graph.order:
+        if isinstance(item, _Skip):
+            run.skip(item.name, item.reason, item.path)
+            continue
+        if item.work is None:  # a given store: nothing to run
+            continue
+        rec = run.stage(item, graph.keys[item.id])
+        _collect(item.id, rec, outcomes[item.id.dataset])
 
     from treerank.pipeline.report import write_report
 
@@ -295,6 +423,139 @@ def run_experiment(
     md, js = write_report(cfg, quick, outcomes, run.records, enc_meta, seconds)
     log(f"[report] {md}")
     return ExperimentResult(cfg, quick, outcomes, run.records, enc_meta, seconds, md, js)
+
+
+def plan_experiment(cfg: ExperimentConfig) -> StageGraph:
+    """The stage graph of ``cfg`` with every key, without running or writing anything.
+
+    What a run would reuse or re-run: a stage whose key equals the one in its directory's
+    ``stage.json`` is reused. Reads the data files (their digest), a given store's file list
+    and the encoder's weights (their digest).
+    """
+    run = _Run(cfg, force=False, progress=False, log=lambda s: None)
+    return _plan(cfg, run)[0]
+
+
+def _collect(sid: StageId, rec: StageRecord, o: DatasetOutcome) -> None:
+    """Copy what a finished stage produced into its dataset's outcome."""
+    if sid.kind == "embed":
+        assert sid.split is not None
+        o.store_stats[sid.split] = rec.summary
+    elif sid.kind == "train":
+        assert sid.run is not None
+        o.checkpoints[sid.run.name] = rec.path / "checkpoint"
+        o.training[sid.run.name] = rec.summary
+    elif sid.kind == "evaluate":
+        o.eval_dir = rec.path
+        o.comparison = rec.summary.get("comparison", {})
+        o.comparison_markdown = rec.summary.get("markdown", "")
+        o.overlap = rec.summary.get("overlap")
+        o.family_reports = rec.summary.get("family_reports") or {}
+        o.overlap_markdown = rec.summary.get("overlap_markdown", "")
+        o.lexical_gap = rec.summary.get("lexical_gap")
+        o.lexical_gap_markdown = rec.summary.get("lexical_gap_markdown", "")
+    elif sid.kind == "diagnose":
+        o.diagnose_dir = rec.path
+        o.diagnostics = rec.summary
+
+
+def experiment_runs(cfg: ExperimentConfig) -> list[RunId]:
+    """Every trained run of ``cfg``, in execution order: per dataset with a train split, per
+    model it trains (``datasets[].models``, default all), per seed (``None``: no ``seeds:``)."""
+    out = []
+    for ds in cfg.datasets:
+        if not ds.train_split:
+            continue
+        for spec in cfg.models.values():
+            if ds.models is not None and spec.name not in ds.models:
+                continue
+            for seed in spec.seeds if spec.seeds is not None else [None]:
+                out.append(RunId(spec.name, ds.name, seed))
+    return out
+
+
+def _run_config(spec: ModelSpec, run: RunId) -> dict[str, Any]:
+    """The training config of ``run``: the model's, with the run's seed for a seeded model."""
+    return dict(spec.config) if run.seed is None else {**spec.config, "seed": run.seed}
+
+
+def _plan(cfg: ExperimentConfig, run: _Run) -> tuple[StageGraph, dict[str, DatasetOutcome]]:
+    """Build the graph (keys included) and the empty outcome of every dataset."""
+    out = cfg.output_dir
+    graph = StageGraph()
+    outcomes: dict[str, DatasetOutcome] = {}
+    encoder = _Encoder(cfg)
+    enc_key: dict[str, Any] | None = None
+    device = resolve_device(cfg.device)
+    runs = experiment_runs(cfg)
+
+    for ds in cfg.datasets:
+        splits = list(dict.fromkeys(s for s in (ds.train_split, ds.eval_split) if s))
+        stats: dict[str, dict[str, Any]] = {}
+        if ds.store is not None:  # an existing store root, used as is
+            root = ds.store
+            for split in splits:
+                sid = StageId.embed(ds.name, split)
+                key, stats[split] = _existing_store(ds, split)
+                graph.add(Stage(sid, sid.path(out, root), (), {"store": str(root)}, given_key=key))
+        else:
+            root = out / "stores" / ds.name
+            assert ds.path is not None  # load_experiment: a dataset has `store` or `path`
+            data_sha = file_sha256(ds.path)
+            if enc_key is None:
+                enc_key = encoder.key()
+            for split in splits:
+                graph.add(_embed_stage(run, ds, split, data_sha, enc_key, encoder, device))
+        o = DatasetOutcome(
+            name=ds.name,
+            eval_split=ds.eval_split,
+            store=root / ds.eval_split,
+            train_store=(root / ds.train_split) if ds.train_split else None,
+            dim=ds.dim,
+            store_stats=stats,
+        )
+        outcomes[ds.name] = o
+        if cfg.models and not ds.train_split:
+            graph.skip(
+                f"train:{ds.name}",
+                f"no train_split: {', '.join(cfg.models)} not trained here; baselines only",
+                out / "models" / ds.name,
+            )
+        for r in runs:
+            if r.trained_on == ds.name:
+                spec = cfg.models[r.model]
+                config = _run_config(spec, r)
+                resolved = _resolved_config(spec, config, cfg.source)
+                o.runs.append(r)
+                o.seeds[r.name] = resolved.get("seed", config.get("seed"))
+                graph.add(_train_stage(run, ds, spec, r, config, resolved, device))
+
+    for ds in cfg.datasets:
+        o = outcomes[ds.name]
+        systems = _systems_for(cfg, ds, runs)
+        graph.add(_evaluate_stage(run, ds, o, systems, device))
+        drun = _diagnosed_run(cfg, ds, runs)
+        if drun is not None:
+            graph.add(_diagnose_stage(run, ds, o, drun, device))
+        else:
+            wanted = cfg.diagnose.model
+            why = (
+                "no diagnose.model given"
+                if not wanted
+                else f"{wanted!r} is not trained on this dataset (no train_split)"
+            )
+            graph.skip(f"diagnose:{ds.name}", why, out / "diagnose" / ds.name)
+    return graph, outcomes
+
+
+def _diagnosed_run(cfg: ExperimentConfig, ds: DatasetConfig, runs: list[RunId]) -> RunId | None:
+    """The run ``diagnose.model`` names on ``ds`` (a seeded model's first seed), if trained here."""
+    model = cfg.diagnose.model
+    if not model or model not in cfg.models:
+        return None
+    spec = cfg.models[model]
+    run = RunId(model, ds.name, spec.seeds[0] if spec.seeds else None)
+    return run if run in runs else None
 
 
 # ----------------------------------------------------------------------------- stages
@@ -307,19 +568,18 @@ def _embed_stage(
     data_sha: str,
     enc_key: dict[str, Any],
     encoder: _Encoder,
-) -> StageRecord:
-    path = run.cfg.output_dir / "stores" / ds.name / split
-    key = fingerprint(
-        "embed",
-        STORE_FORMAT_VERSION,
-        _version("treerank"),
-        data_sha,
-        ds.format,
-        split,
-        ds.limit,
-        ds.max_passages,
-        enc_key,
-    )
+    device: str,
+) -> Stage:
+    sid = StageId.embed(ds.name, split)
+    inputs = {
+        "store_format": STORE_FORMAT_VERSION,
+        "data_sha256": data_sha,
+        "format": ds.format,
+        "limit": ds.limit,
+        "max_passages": ds.max_passages,
+        "encoder": enc_key,
+        "device": device,
+    }
 
     def work(d: Path) -> dict[str, Any]:
         from treerank.store.dataset import embed_dataset
@@ -328,7 +588,7 @@ def _embed_stage(
 
         def on_read(name: str, data: Any, main: bool) -> None:
             for w in data.warnings() if data is not None else []:
-                run.log(f"[warn]  embed:{ds.name}:{name}: {w}")
+                run.log(f"[warn]  {StageId.embed(ds.name, name).name}: {w}")
 
         # resume continues an interrupted run of the same inputs (byte-identical result); a
         # finished store of other inputs is replaced; passages already encoded by the same
@@ -350,10 +610,10 @@ def _embed_stage(
         )
         return done.summary()
 
-    return run.stage(f"embed:{ds.name}:{split}", key, path, work, in_place=True)
+    return Stage(sid, sid.path(run.cfg.output_dir), (), inputs, work, in_place=True)
 
 
-def _existing_store(run: _Run, ds: DatasetConfig, split: str) -> dict[str, Any]:
+def _existing_store(ds: DatasetConfig, split: str) -> tuple[str, dict[str, Any]]:
     """Key and statistics of a split of a dataset's existing store (``datasets[].store``).
 
     The key covers every file's name, size and modification time, so a changed store re-runs
@@ -375,13 +635,13 @@ def _existing_store(run: _Run, ds: DatasetConfig, split: str) -> dict[str, Any]:
         and p.name != "stage.json"
         and p.relative_to(path).parts[0] not in (ARRAYS_DIR, INDEXES_DIR)
     )
-    run.stage_keys[f"store:{ds.name}:{split}"] = fingerprint("store", str(path), ds.dim, files)
-    return {"n_queries": st.n_queries, "n_passages": st.n_passages, "k": st.k, "store": str(path)}
-
-
-def _store_dir(run: _Run, ds: DatasetConfig, split: str) -> Path:
-    root = ds.store if ds.store is not None else run.cfg.output_dir / "stores" / ds.name
-    return root / split
+    key = fingerprint("store", str(path), ds.dim, files)
+    return key, {
+        "n_queries": st.n_queries,
+        "n_passages": st.n_passages,
+        "k": st.k,
+        "store": str(path),
+    }
 
 
 def _resolved_config(spec: ModelSpec, config: dict[str, Any], source: Any) -> dict[str, Any]:
@@ -397,20 +657,25 @@ def _resolved_config(spec: ModelSpec, config: dict[str, Any], source: Any) -> di
 
 
 def _train_stage(
-    run: _Run, ds: DatasetConfig, spec: ModelSpec, run_name: str, config: dict[str, Any]
-) -> StageRecord:
-    """Train ``spec`` with ``config`` (one seed's, for a seeded model) as ``run_name``."""
+    run: _Run,
+    ds: DatasetConfig,
+    spec: ModelSpec,
+    rid: RunId,
+    config: dict[str, Any],
+    resolved: dict[str, Any],
+    device: str,
+) -> Stage:
+    """Train ``spec`` with ``config`` (one seed's, for a seeded model) as run ``rid``."""
     assert ds.train_split is not None
+    sid = StageId.train(rid)
+    store = StageId.embed(ds.name, ds.train_split)
     store_dir = _store_dir(run, ds, ds.train_split)
-    path = run.cfg.output_dir / "models" / ds.name / run_name
-    key = fingerprint(
-        "train",
-        _version("treerank"),
-        run.stage_keys[f"store:{ds.name}:{ds.train_split}"],
-        spec.family,
-        config,
-        _resolved_config(spec, config, run.cfg.source),
-    )
+    inputs = {
+        "family": spec.family,
+        "config": config,
+        "resolved_config": resolved,
+        "device": device,
+    }
 
     def work(d: Path) -> dict[str, Any]:
         from treerank.pipeline.training import train_model
@@ -426,42 +691,55 @@ def _train_stage(
             d / "checkpoint",
             progress=run.progress,
             where=f"{run.cfg.source}: models.{spec.name}",
+            **_library_kwargs(train_model, device=run.cfg.device),
         )
+        crash_point("train", "after-weights")
         return {"family": spec.family, "summary": _jsonable(res.summary)}
 
-    return run.stage(f"train:{ds.name}:{run_name}", key, path, work)
+    return Stage(sid, sid.path(run.cfg.output_dir), (store,), inputs, work)
 
 
-def _systems_for(
-    cfg: ExperimentConfig, ds: DatasetConfig, outcomes: dict[str, DatasetOutcome]
-) -> dict[str, str]:
-    """System name -> spec for one dataset: the configured specs + every model trained on it."""
+def _store_dir(run: _Run, ds: DatasetConfig, split: str) -> Path:
+    root = ds.store if ds.store is not None else run.cfg.output_dir / "stores" / ds.name
+    return root / split
+
+
+def _systems_for(cfg: ExperimentConfig, ds: DatasetConfig, runs: list[RunId]) -> list[SystemId]:
+    """The systems evaluated on ``ds``: the configured specs, every run trained on it, with
+    ``transfer: true`` every run trained elsewhere, then the baselines not named yet.
+
+    Raises:
+        ValueError: two systems render to the same name (e.g. a spec named like a model).
+    """
     specs = ds.systems if ds.systems is not None else cfg.systems
-    systems = {s: s for s in specs}
-    for model_name, ckpt in outcomes[ds.name].checkpoints.items():
-        systems[model_name] = f"ckpt:{ckpt}"
+    out = [SystemId.of_spec(s, ds.name) for s in specs]
+    out += [SystemId.of_run(r, ds.name) for r in runs if r.trained_on == ds.name]
     if cfg.transfer:  # every model trained elsewhere, zero-shot on this dataset
-        for other, o in outcomes.items():
-            if other != ds.name:
-                for model_name, ckpt in o.checkpoints.items():
-                    systems[f"{model_name}@{other}"] = f"ckpt:{ckpt}"
+        out += [SystemId.of_run(r, ds.name) for r in runs if r.trained_on != ds.name]
+    names = [s.name for s in out]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    averages = {g for g in _seed_groups(out)}
+    clash = sorted(averages & set(names)) + dup
+    if clash:
+        raise ValueError(
+            f"datasets {ds.name}: system name(s) {', '.join(clash)} given twice (a system spec "
+            "named like a trained model or its seed average); rename the model"
+        )
     for base in cfg.evaluate.baselines:
-        systems.setdefault(base, base)
-    return systems
+        if base not in names and base not in averages:
+            out.append(SystemId.of_spec(base, ds.name))
+            names.append(base)
+    return out
 
 
-def _seed_groups(cfg: ExperimentConfig, systems: dict[str, str]) -> dict[str, dict[str, int]]:
-    """Seeded model -> {its seeds' system names: seed}, for those evaluated here."""
-    groups = {}
-    # "" on the training dataset; "@<dataset>" for models trained elsewhere (transfer: true)
-    suffixes = ["", *(f"@{ds.name}" for ds in cfg.datasets)]
-    for spec in cfg.models.values():
-        if not spec.seeds:
-            continue
-        for suffix in suffixes:
-            runs = {f"{r}{suffix}": s for r, s in zip(spec.runs(), spec.seeds, strict=True)}
-            if all(r in systems for r in runs):
-                groups[f"{spec.name}{suffix}"] = runs
+def _seed_groups(systems: list[SystemId]) -> dict[str, dict[str, int]]:
+    """Seed-average system name -> {its seeds' system names: seed}, for the seeded runs among
+    ``systems`` (grouped by model and training dataset)."""
+    groups: dict[str, dict[str, int]] = {}
+    for s in systems:
+        if s.run is not None and s.run.seed is not None:
+            avg = SystemId.seed_average(s.run.model, s.run.trained_on, s.evaluated_on)
+            groups.setdefault(avg.name, {})[s.name] = s.run.seed
     return groups
 
 
@@ -469,30 +747,30 @@ def _evaluate_stage(
     run: _Run,
     ds: DatasetConfig,
     o: DatasetOutcome,
-    systems: dict[str, str],
-) -> StageRecord:
-    path = run.cfg.output_dir / "eval" / ds.name
-    deps = {
-        name: run.stage_keys.get(
-            f"model:{name.split('@')[1]}:{name.split('@')[0]}"
-            if "@" in name
-            else f"model:{ds.name}:{name}",
-            spec,
-        )
-        for name, spec in systems.items()
-    }
+    systems: list[SystemId],
+    device: str,
+) -> Stage:
+    sid = StageId.evaluate(ds.name)
+    out = run.cfg.output_dir
+    stores = [StageId.embed(ds.name, ds.eval_split)]
+    if ds.train_split and ds.train_split != ds.eval_split:  # the seen / unseen split reads it
+        stores.append(StageId.embed(ds.name, ds.train_split))
+    trained = [StageId.train(s.run) for s in systems if s.run is not None]
     ev = run.cfg.evaluate
-    key = fingerprint(
-        "evaluate",
-        _version("treerank"),
-        run.stage_keys[f"store:{ds.name}:{ds.eval_split}"],
-        deps,
-        ev.k,
-        ev.baselines,
-        ev.metrics,
-        ev.seed,
-        EVALUATE_OUTPUTS,
-    )
+    groups = _seed_groups(systems)
+    inputs = {
+        # a trained run's identity here; its checkpoint's key comes in through the edge
+        "systems": [
+            [s.name, s.spec if s.run is None else {"run": s.run.key_part()}] for s in systems
+        ],
+        "seed_groups": groups,
+        "k": ev.k,
+        "baselines": ev.baselines,
+        "metrics": ev.metrics,
+        "seed": ev.seed,
+        "outputs": EVALUATE_OUTPUTS,
+        "device": device,
+    }
 
     def work(d: Path) -> dict[str, Any]:
         from treerank.evaluation.compare import compare_systems
@@ -503,7 +781,9 @@ def _evaluate_stage(
         # Built here (not from the spec strings inside compare_systems) so that the trained
         # models' systems can be asked for their family's report afterwards.
         cache: dict[str, Any] = {}
-        built = {n: build_system(spec, cache, progress=run.progress) for n, spec in systems.items()}
+        built = {
+            s.name: build_system(s.build_spec(out), cache, progress=run.progress) for s in systems
+        }
         comp = compare_systems(
             store,
             built,
@@ -515,8 +795,10 @@ def _evaluate_stage(
             seed=ev.seed,
             progress=run.progress,
             train_store=(EmbeddingStore.open(o.train_store, dim=o.dim) if o.train_store else None),
-            seed_groups=_seed_groups(run.cfg, systems),
+            seed_groups=groups,
+            **_library_kwargs(compare_systems, device=run.cfg.device),
         )
+        crash_point("evaluate", "after-runs")
         summary: dict[str, Any] = {
             "comparison": _jsonable(comp.to_dict()),
             "markdown": comp.markdown(),
@@ -533,7 +815,7 @@ def _evaluate_stage(
         summary.update(_lexical_gap(store, comp, ev.metrics, d))
         return summary
 
-    return run.stage(f"evaluate:{ds.name}", key, path, work)
+    return Stage(sid, sid.path(out), (*stores, *trained), inputs, work)
 
 
 def _lexical_gap(store: Any, comp: Any, metrics: list[str], d: Path) -> dict[str, Any]:
@@ -562,33 +844,39 @@ def _diagnose_stage(
     run: _Run,
     ds: DatasetConfig,
     o: DatasetOutcome,
-    model_name: str,
-) -> StageRecord:
-    path = run.cfg.output_dir / "diagnose" / ds.name
-    key = fingerprint(
-        "diagnose",
-        _version("treerank"),
-        run.stage_keys[f"store:{ds.name}:{ds.eval_split}"],
-        run.stage_keys[f"model:{ds.name}:{model_name}"],
-        run.cfg.diagnose.baseline,
-        run.cfg.evaluate.k,
-    )
+    rid: RunId,
+    device: str,
+) -> Stage:
+    sid = StageId.diagnose(ds.name)
+    out = run.cfg.output_dir
+    deps = (StageId.embed(ds.name, ds.eval_split), StageId.train(rid))
+    dg = run.cfg.diagnose
+    inputs = {
+        "run": rid.key_part(),
+        "baseline": dg.baseline,
+        "probe_seed": dg.probe_seed,
+        "k": run.cfg.evaluate.k,
+        "device": device,
+    }
 
     def work(d: Path) -> dict[str, Any]:
         from treerank.diagnostics.procedure import run_diagnostics
         from treerank.store import EmbeddingStore
 
         doc = run_diagnostics(
-            o.checkpoints[model_name],
+            rid.checkpoint(out),
             EmbeddingStore.open(o.store, dim=o.dim),
             d,
-            baseline=run.cfg.diagnose.baseline,
+            baseline=dg.baseline,
             k=run.cfg.evaluate.k,
+            probe_seed=dg.probe_seed,
             progress=run.progress,
+            **_library_kwargs(run_diagnostics, device=run.cfg.device),
         )
+        crash_point("diagnose", "after-diagnostics")
         return _jsonable(doc)
 
-    return run.stage(f"diagnose:{ds.name}", key, path, work)
+    return Stage(sid, sid.path(out), deps, inputs, work)
 
 
 # ----------------------------------------------------------------------------- helpers

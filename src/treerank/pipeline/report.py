@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from treerank.atomic import atomic_write_text
+from treerank.faults import crash_point
 
 if TYPE_CHECKING:
     from treerank.pipeline.config import ExperimentConfig
@@ -26,10 +27,13 @@ def _rel(path: Path | str | None, root: Path) -> str:
     if path is None:
         return ""
     p = Path(path)
-    try:
-        return p.resolve().relative_to(root.resolve()).as_posix()
-    except ValueError:
-        return str(p)
+    # lexically first: a sweep setting's stage directories are links into the shared cache
+    for a, b in ((p.absolute(), root.absolute()), (p.resolve(), root.resolve())):
+        try:
+            return a.relative_to(b).as_posix()
+        except ValueError:
+            pass
+    return str(p)
 
 
 def _fmt_seconds(s: float) -> str:
@@ -73,6 +77,25 @@ def summary_lines(
     from treerank.evaluation.summary import headline
 
     return headline(name, o.comparison, metric, baseline, o.overlap, min_queries)
+
+
+def _seeds_used(cfg: ExperimentConfig, o: DatasetOutcome) -> dict[str, Any]:
+    """The seeds behind one dataset's numbers: each trained run's training seed (from its
+    resolved config), the paired tests' seed, and the diagnostics' probe seed (when it ran)."""
+    return {
+        "training": dict(o.seeds),
+        "evaluation_tests": cfg.evaluate.seed,
+        "diagnostics_probes": cfg.diagnose.probe_seed if o.diagnostics is not None else None,
+    }
+
+
+def _seeds_line(seeds: dict[str, Any]) -> str:
+    parts = [f"`{r}` {s}" for r, s in seeds["training"].items()]
+    text = "Seeds used: " + (f"training {', '.join(parts)}; " if parts else "")
+    text += f"paired tests seed {seeds['evaluation_tests']}"
+    if seeds.get("diagnostics_probes") is not None:
+        text += f"; diagnostics probe split seed {seeds['diagnostics_probes']}"
+    return text + "."
 
 
 def write_report(
@@ -156,6 +179,7 @@ def write_report(
             "family_reports": {f: r.get("stats") for f, r in o.family_reports.items()},
             "training": o.training,
             "diagnostics": o.diagnostics,
+            "seeds": _seeds_used(cfg, o),
         }
         md += [f"## {name} — {o.eval_split} split", ""]
         st = o.store_stats.get(o.eval_split, {})
@@ -175,6 +199,7 @@ def write_report(
             md.append("")
         md.append(o.comparison_markdown.strip())
         md.append("")
+        md += [_seeds_line(_seeds_used(cfg, o)), ""]
         if o.train_store is None:
             md += [
                 "Seen / unseen split: skipped (this dataset has no train split, so no query "
@@ -298,5 +323,6 @@ def write_report(
     ]
     md_path, json_path = root / "report.md", root / "report.json"
     atomic_write_text(json_path, json.dumps(doc, indent=2, sort_keys=False, default=str))
+    crash_point("report", "mid-write")  # report.json new, report.md not yet
     atomic_write_text(md_path, "\n".join(md) + "\n")
     return md_path, json_path

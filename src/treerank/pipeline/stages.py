@@ -23,6 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from treerank.faults import crash_point
+from treerank.lock import lock_path
+
 STAGE_FILE = "stage.json"
 
 
@@ -130,6 +133,7 @@ def run_stage(
     force: bool = False,
     in_place: bool = False,
     log: Callable[[str], None] = print,
+    kind: str = "",
 ) -> StageRecord:
     """Run ``work(tmp_dir)`` unless ``path`` already holds a finished stage with this ``key``.
 
@@ -140,6 +144,11 @@ def run_stage(
     With ``in_place=True`` ``work`` runs on ``path`` itself, for work that is resumable on its
     own (embedding): ``stage.json`` is removed first and rewritten only on success, so a
     partial directory is never mistaken for a finished one, and a re-run can resume it.
+
+    ``kind`` (the stage kind) names the crash point ``<kind>:before-stage-json``
+    (:func:`treerank.faults.crash_point`), between the finished work and its ``stage.json``.
+    Temporary directories of earlier runs that were killed (``.<name>.tmp-<pid>-*`` whose pid
+    is no longer alive) are removed before the stage runs.
 
     Raises:
         StageError: ``work`` raised.
@@ -153,16 +162,18 @@ def run_stage(
         )
     log(f"[run]   {name}")
     path.parent.mkdir(parents=True, exist_ok=True)
+    _remove_dead_temporaries(path)
     if in_place:
         path.mkdir(exist_ok=True)
         (path / STAGE_FILE).unlink(missing_ok=True)
         tmp = path
     else:
-        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-{os.getpid()}-", dir=path.parent))
     t0 = time.perf_counter()
     try:
         summary = work(tmp) or {}
         seconds = time.perf_counter() - t0
+        crash_point(kind, "before-stage-json")
         doc = {
             "name": name,
             "key": key,
@@ -174,21 +185,52 @@ def run_stage(
     except KeyboardInterrupt as exc:
         if not in_place:
             shutil.rmtree(tmp, ignore_errors=True)
+            lock_path(tmp).unlink(missing_ok=True)
         if isinstance(exc, StageInterrupted):  # a nested stage already named itself
             raise
         raise StageInterrupted(name, in_place) from exc
     except Exception as exc:
         if not in_place:
             shutil.rmtree(tmp, ignore_errors=True)
+            lock_path(tmp).unlink(missing_ok=True)
         raise StageError(name, exc) from exc
     if in_place:
         log(f"[done]  {name}  ({seconds:.1f} s)")
         return StageRecord(name, key, path, seconds, False, summary)
-    old = path.with_name(f".{path.name}.old")
+    old = path.with_name(f".{path.name}.old-{os.getpid()}")
     shutil.rmtree(old, ignore_errors=True)
     if path.exists():
         os.replace(path, old)
     os.replace(tmp, path)
     shutil.rmtree(old, ignore_errors=True)
+    # the writer lock a library call took on the temporary directory (released by now)
+    lock_path(tmp).unlink(missing_ok=True)
     log(f"[done]  {name}  ({seconds:.1f} s)")
     return StageRecord(name, key, path, seconds, False, summary)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
+
+
+def _remove_dead_temporaries(path: Path) -> None:
+    """Delete ``.<name>.tmp-<pid>-*`` / ``.<name>.old-<pid>`` beside ``path`` left by dead
+    processes (a killed run); a live process's temporaries are left alone."""
+    # (and the lock files ``..<name>.tmp-<pid>-*.lock`` of those temporaries)
+    prefixes = (f".{path.name}.tmp-", f".{path.name}.old-", f"..{path.name}.tmp-")
+    for p in path.parent.iterdir() if path.parent.is_dir() else ():
+        pre = next((x for x in prefixes if p.name.startswith(x)), None)
+        if pre is None:
+            continue
+        pid = p.name[len(pre) :].partition("-")[0]
+        if pid.isdigit() and not _pid_alive(int(pid)):
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from treerank.distributed.context import is_main_process, main_first
+from treerank.faults import crash_point
 from treerank.lock import writer_lock
 from treerank.models.families import family, family_names, resolve
 from treerank.training.history import TrainingLog
@@ -191,6 +192,7 @@ def ensure_mined_negatives(store: Any, data: Any) -> dict[str, Any] | None:
         return None
     name = str(data.mined_array)
     mine_bm25_negatives(store, int(data.mine_depth), name=name)
+    crash_point("mining", "after-mine")  # the sidecar is written; training has not started
     meta = store.load_array_meta(name) if hasattr(store, "load_array_meta") else None
     return dict(meta or {"array": name})
 

@@ -15,12 +15,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from treerank.pipeline.identity import RunId, SystemId
+
 __all__ = ["transfer_rows", "transfer_tables"]
 
 
-def transfer_rows(outcomes: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """``(model, training dataset)`` of every trained model, in experiment order."""
-    return [(m, name) for name, o in outcomes.items() for m in o.checkpoints]
+def transfer_rows(outcomes: Mapping[str, Any]) -> list[RunId]:
+    """Every trained run (its model, seed and training dataset), in experiment order."""
+    return [r for o in outcomes.values() for r in o.runs]
 
 
 def _cell(o: Any, system: str, metric: str, baselines: Sequence[str]) -> str:
@@ -65,15 +67,15 @@ def transfer_tables(
             "| model | trained on | " + " | ".join(names) + " |",
             "|---|---|" + "---|" * len(names),
         ]
-        for model, src in rows:
+        for run in rows:
             cells = []
             for name in names:
                 o = outcomes[name]
-                system = model if name == src else f"{model}@{src}"
+                system = SystemId.of_run(run, name).name
                 cell = _cell(o, system, metric, baselines)
-                if name == src and baselines:
+                if name == run.trained_on and baselines:
                     cell += _unseen(o, system, metric, baselines[0])
                 cells.append(cell)
-            out.append(f"| {model} | {src} | " + " | ".join(cells) + " |")
+            out.append(f"| {run.name} | {run.trained_on} | " + " | ".join(cells) + " |")
         out.append("")
     return "\n".join(out)

@@ -70,6 +70,12 @@ def validate_experiment(cfg: ExperimentConfig) -> None:
         stop = trainer.get("early_stopping_metric") if isinstance(trainer, dict) else None
         if isinstance(stop, str):
             _collect(problems, f"models.{name}.trainer.early_stopping_metric", parse_metric, stop)
+    from treerank.pipeline.experiment import _systems_for, check_library_support, experiment_runs
+
+    problems += check_library_support(cfg)
+    runs = experiment_runs(cfg)
+    for d, ds in enumerate(cfg.datasets):
+        _collect(problems, f"datasets[{d}]", _systems_for, cfg, ds, runs)
     if problems:
         n = len(problems)
         raise ConfigError(

@@ -38,6 +38,7 @@ import numpy as np
 from treerank.atomic import atomic_write_bytes, atomic_write_json
 from treerank.encoders.batching import padding_stats
 from treerank.encoders.sentence import BatchResult, SentenceEncoder
+from treerank.faults import crash_point
 from treerank.kernels.vectors import ROW_CHUNK
 from treerank.lock import writes_dir
 from treerank.readers.split import RetrievalSplit
@@ -560,12 +561,14 @@ def embed_split(
                 checkpoint()
                 bar.update(len(idx))
                 written += 1
+                crash_point("embed", "mid")  # test hook (TREERANK_CRASH_AT), see treerank.faults
                 if stop_after_batches is not None and written >= stop_after_batches:
                     raise KeyboardInterrupt(f"test hook: stopped after {written} batches")
         finally:
             bar.close()
 
     # -------------------------------------------------------------- finish
+    crash_point("embed", "before-meta")
     planned_padded = padding_stats(p_len, encoder.plan(p_len))
     meta = {
         "format": FORMAT_NAME,

@@ -1,0 +1,244 @@
+"""Typed identities of ``treerank run``: trained runs, systems and stages.
+
+Every name a user reads (``train:scifact:linear@seed0``, the system ``linear@seed0@squad``), every
+output path and every stage-cache directory is **rendered** from one of the small frozen records
+below; nothing in the pipeline splits a name to recover which model, seed or dataset it meant
+(``tests/test_no_name_parsing.py`` checks that). ``@`` appears in names with three meanings (a
+seed suffix, a transfer dataset, a metric cutoff such as ``ndcg@10``), which is exactly why a
+name cannot be parsed back safely.
+
+Records:
+
+* :class:`RunId`: one trained model run: the experiment's model name, the dataset whose train
+  split trained it, and its training seed (``None``: a model without ``seeds:``).
+* :class:`SystemId`: one system evaluated on one dataset: a configured spec string (``bm25``,
+  ``rrf:cosine+bm25``), a trained run (its checkpoint), or a seeded model's seed average.
+* :class:`StageId`: one stage of the run's graph: its kind (``embed``, ``train``, ``evaluate``,
+  ``diagnose``, ``report``) and the dataset / split / run it is about.
+
+Renderings (kept equal to the names of earlier versions, so links, reports and users' scripts
+keep working):
+
+=========================================  ==============================================
+record                                     rendering
+=========================================  ==============================================
+``RunId("linear", "scifact", 0)``          run name ``linear@seed0`` (the seed suffix of
+                                           :func:`treerank.evaluation.seeds.seed_system_name`)
+``SystemId.of_run(run, "scifact")``        ``linear@seed0`` (on its training dataset)
+``SystemId.of_run(run, "squad")``          ``linear@seed0@scifact`` (transfer: evaluated on
+                                           ``squad``, trained on ``scifact``)
+``SystemId.seed_average(...)``             ``linear`` / ``linear@scifact``
+``StageId.train(run)``                     ``train:scifact:linear@seed0``, path
+                                           ``models/scifact/linear@seed0``
+``StageId.embed("scifact", "test")``       ``embed:scifact:test``, path ``stores/scifact/test``
+=========================================  ==============================================
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+__all__ = [
+    "STAGE_KINDS",
+    "RunId",
+    "StageId",
+    "StageKind",
+    "SystemId",
+    "UnknownDependencyError",
+]
+
+StageKind = Literal["embed", "train", "evaluate", "diagnose", "report"]
+STAGE_KINDS: tuple[StageKind, ...] = ("embed", "train", "evaluate", "diagnose", "report")
+
+
+class UnknownDependencyError(KeyError):
+    """A stage asked for the key of a stage it did not declare, or of one not in the graph.
+
+    Never answered with a fallback (a spec string, a path): a missing edge is a bug that would
+    let a stage be reused after its input changed.
+    """
+
+    def __str__(self) -> str:  # KeyError's default quotes the message
+        return str(self.args[0]) if self.args else "unknown dependency"
+
+
+@dataclass(frozen=True, order=True)
+class RunId:
+    """One trained run of a model.
+
+    Attributes:
+        model: the experiment's model name (``models.<name>``).
+        trained_on: the dataset whose train split trained it.
+        seed: the training seed of a model with ``seeds:``; ``None`` for a single model.
+    """
+
+    model: str
+    trained_on: str
+    seed: int | None = None
+
+    @property
+    def name(self) -> str:
+        """``"linear"`` or ``"linear@seed0"``: the run's name on its own dataset."""
+        from treerank.evaluation.seeds import seed_system_name
+
+        return self.model if self.seed is None else seed_system_name(self.model, self.seed)
+
+    def path(self, out_dir: Path) -> Path:
+        """The run's stage directory: ``<out>/models/<trained_on>/<name>``."""
+        return out_dir / "models" / self.trained_on / self.name
+
+    def checkpoint(self, out_dir: Path) -> Path:
+        """The checkpoint directory inside :meth:`path`."""
+        return self.path(out_dir) / "checkpoint"
+
+    def key_part(self) -> dict[str, object]:
+        """The run's identity as a cache-key component (names, never a rendered string)."""
+        return {"model": self.model, "trained_on": self.trained_on, "seed": self.seed}
+
+
+@dataclass(frozen=True)
+class SystemId:
+    """One system evaluated on dataset ``evaluated_on``.
+
+    Exactly one of ``spec`` (a configured system spec), ``run`` (a trained run, evaluated from
+    its checkpoint) or ``seed_group`` (the model whose seeds' per-query average this is, with
+    ``trained_on``) is set; build them with :meth:`of_spec`, :meth:`of_run`,
+    :meth:`seed_average`.
+    """
+
+    evaluated_on: str
+    spec: str | None = None
+    run: RunId | None = None
+    seed_group: str | None = None
+    trained_on: str | None = None
+
+    @classmethod
+    def of_spec(cls, spec: str, evaluated_on: str) -> SystemId:
+        return cls(evaluated_on, spec=spec)
+
+    @classmethod
+    def of_run(cls, run: RunId, evaluated_on: str) -> SystemId:
+        return cls(evaluated_on, run=run)
+
+    @classmethod
+    def seed_average(cls, model: str, trained_on: str, evaluated_on: str) -> SystemId:
+        return cls(evaluated_on, seed_group=model, trained_on=trained_on)
+
+    @property
+    def transfer(self) -> bool:
+        """Whether the system was trained on another dataset than it is evaluated on."""
+        src = self.run.trained_on if self.run is not None else self.trained_on
+        return src is not None and src != self.evaluated_on
+
+    @property
+    def name(self) -> str:
+        """The name in tables and run files: the spec, the run name, or the model name; a
+        model trained on another dataset gets ``@<training dataset>`` appended."""
+        if self.spec is not None:
+            return self.spec
+        if self.run is not None:
+            base, src = self.run.name, self.run.trained_on
+        else:
+            assert self.seed_group is not None and self.trained_on is not None
+            base, src = self.seed_group, self.trained_on
+        return f"{base}@{src}" if src != self.evaluated_on else base
+
+    def build_spec(self, out_dir: Path) -> str:
+        """The spec that builds the system: the configured one, or ``ckpt:<checkpoint>``.
+
+        Raises:
+            ValueError: a seed average (it is computed from its seeds, never built).
+        """
+        if self.spec is not None:
+            return self.spec
+        if self.run is None:
+            raise ValueError(f"{self.name}: a seed average has no spec of its own")
+        return f"ckpt:{self.run.checkpoint(out_dir)}"
+
+
+@dataclass(frozen=True, order=True)
+class StageId:
+    """One stage of ``treerank run``'s graph (see ``docs/DESIGN.md``, "The stage graph").
+
+    Attributes:
+        kind: ``embed`` / ``train`` / ``evaluate`` / ``diagnose`` / ``report``.
+        dataset: the dataset it is about (``""`` for the report).
+        split: the split of an embed stage.
+        run: the trained run of a train stage.
+    """
+
+    kind: StageKind
+    dataset: str = ""
+    split: str | None = None
+    run: RunId | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in STAGE_KINDS:
+            raise ValueError(f"unknown stage kind {self.kind!r}; known: {', '.join(STAGE_KINDS)}")
+        if (self.kind == "embed") != (self.split is not None):
+            raise ValueError(f"{self.kind} stage: a split is given exactly for embed stages")
+        if (self.kind == "train") != (self.run is not None):
+            raise ValueError(f"{self.kind} stage: a run is given exactly for train stages")
+
+    @classmethod
+    def embed(cls, dataset: str, split: str) -> StageId:
+        return cls("embed", dataset, split=split)
+
+    @classmethod
+    def train(cls, run: RunId) -> StageId:
+        return cls("train", run.trained_on, run=run)
+
+    @classmethod
+    def evaluate(cls, dataset: str) -> StageId:
+        return cls("evaluate", dataset)
+
+    @classmethod
+    def diagnose(cls, dataset: str) -> StageId:
+        return cls("diagnose", dataset)
+
+    @classmethod
+    def report(cls) -> StageId:
+        return cls("report")
+
+    @property
+    def name(self) -> str:
+        """``embed:<dataset>:<split>``, ``train:<dataset>:<run name>``, ``evaluate:<dataset>``,
+        ``diagnose:<dataset>``, ``report``."""
+        if self.kind == "report":
+            return "report"
+        if self.split is not None:
+            return f"{self.kind}:{self.dataset}:{self.split}"
+        if self.run is not None:
+            return f"{self.kind}:{self.dataset}:{self.run.name}"
+        return f"{self.kind}:{self.dataset}"
+
+    def path(self, out_dir: Path, store_root: Path | None = None) -> Path:
+        """The stage's directory under the run's ``out_dir`` (an embed stage's under
+        ``store_root`` when given: the dataset's store root)."""
+        if self.kind == "embed":
+            assert self.split is not None
+            root = store_root if store_root is not None else out_dir / "stores" / self.dataset
+            return root / self.split
+        if self.kind == "train":
+            assert self.run is not None
+            return self.run.path(out_dir)
+        if self.kind == "report":
+            return out_dir
+        return out_dir / ("eval" if self.kind == "evaluate" else "diagnose") / self.dataset
+
+    def cache_dir_name(self, key: str) -> str:
+        """The stage's directory name in a sweep's shared stage cache: ``<name>-<key[:24]>``
+        with every character outside ``[A-Za-z0-9_.-]`` replaced (one-way; never read back)."""
+        return f"{re.sub(r'[^A-Za-z0-9_.-]+', '_', self.name)}-{key[:24]}"
+
+    def key_part(self) -> dict[str, object]:
+        """The stage's identity as a cache-key component."""
+        return {
+            "kind": self.kind,
+            "dataset": self.dataset,
+            "split": self.split,
+            "run": None if self.run is None else self.run.key_part(),
+        }
