@@ -16,12 +16,13 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from treerank.atomic import make_temp_dir
 
 STAGE_FILE = "stage.json"
 
@@ -158,7 +159,7 @@ def run_stage(
         (path / STAGE_FILE).unlink(missing_ok=True)
         tmp = path
     else:
-        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+        tmp = make_temp_dir(path.parent, f".{path.name}.tmp-")
     t0 = time.perf_counter()
     try:
         summary = work(tmp) or {}
