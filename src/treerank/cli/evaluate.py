@@ -10,6 +10,7 @@ from treerank.cli.errors import fail
 from treerank.cli.spec_help import SEE_KINDS, RegistryHelpCommand
 from treerank.evaluation.metrics import DEFAULT_METRICS
 from treerank.lock import LockHeldError
+from treerank.store.format import StoreRootError
 
 
 def evaluate(
@@ -136,6 +137,8 @@ def evaluate(
                 train_store=train,
                 ignore_identical_ids=ignore_identical_ids,
             )
+    except StoreRootError as exc:
+        raise fail(exc.advice("--split")) from None
     except (ValueError, FileNotFoundError, KeyError, LockHeldError) as exc:
         raise fail(exc) from None
     if not main:

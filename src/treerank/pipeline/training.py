@@ -72,6 +72,8 @@ def open_train_store(path: str | Path, split: str = "train", dim: int | None = N
     """
     from treerank.store import EmbeddingStore
 
+    from treerank.store import StoreRootError
+
     path = Path(path)
     if (path / split).is_dir() and not (path / "queries.bin").exists():
         path = path / split
@@ -79,7 +81,10 @@ def open_train_store(path: str | Path, split: str = "train", dim: int | None = N
         raise FileNotFoundError(
             f"{path}: no such store directory (expected a split dir or a root holding {split}/)"
         )
-    return EmbeddingStore.open(path, dim=dim)
+    try:
+        return EmbeddingStore.open(path, dim=dim)
+    except StoreRootError as exc:  # a root without the wanted split: never suggest another
+        raise StoreRootError.missing_split(exc, split) from None
 
 
 def _subsample_passages(
