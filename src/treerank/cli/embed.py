@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from treerank.cli.errors import fail
+from treerank.cli.errors import ExitCode, fail
 from treerank.lock import LockHeldError
 from treerank.readers.detect import FORMATS
 
@@ -149,7 +149,7 @@ def embed(
             "[yellow]interrupted[/yellow]: the partial store is marked incomplete; "
             "rerun the same command with --resume to finish it"
         )
-        raise typer.Exit(130) from None
+        raise typer.Exit(ExitCode.INTERRUPTED) from None
 
 
 def register(app: typer.Typer) -> None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from treerank.cli.errors import fail
+from treerank.cli.errors import ExitCode, fail
 from treerank.cli.spec_help import SEE_KINDS, RegistryHelpCommand
 from treerank.evaluation.metrics import DEFAULT_METRICS
 from treerank.lock import LockHeldError
@@ -148,7 +148,7 @@ def evaluate(
     for name, err in comp.failed.items():
         console.print(f"system {name} failed: {err}", markup=False, style="red", soft_wrap=True)
     if not comp.results:
-        raise typer.Exit(1)
+        raise typer.Exit(ExitCode.FAILED)
     if baseline in comp.results:
         console.print(comp.rich())
     if second_baseline in comp.results:
@@ -189,7 +189,7 @@ def evaluate(
         for f in comp.removed_stale:
             console.print(f"removed {out / f} (left by an earlier comparison)", markup=False)
     if comp.failed:
-        raise typer.Exit(1)
+        raise typer.Exit(ExitCode.FAILED)
 
 
 def register(app: typer.Typer) -> None:
