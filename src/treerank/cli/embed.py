@@ -128,6 +128,7 @@ def embed(
                         token_budget=token_budget,
                         max_batch_size=max_batch_size,
                         max_padding=max_padding,
+                        progress=progress,
                     )
                 dest = out / split_name
                 run = embed_split if ctx is None else embed_sharded

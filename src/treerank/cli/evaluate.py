@@ -92,7 +92,7 @@ def evaluate(
     from treerank.distributed.context import launch
     from treerank.distributed.search import sharded_search
     from treerank.evaluation.checks import too_deep
-    from treerank.evaluation.compare import compare_systems
+    from treerank.evaluation.compare import compare_systems, untrained_note
     from treerank.evaluation.overlap import find_train_store, overlap_markdown
     from treerank.evaluation.plots import dataset_label
     from treerank.evaluation.summary import headline
@@ -147,6 +147,8 @@ def evaluate(
         console.print(f"note: {', '.join(deep)} left out (deeper than --k {k})")
     for name, err in comp.failed.items():
         console.print(f"system {name} failed: {err}", markup=False, style="red", soft_wrap=True)
+    for name in comp.untrained:
+        console.print(f"warning: {untrained_note(name)}", markup=False, style="yellow")
     if not comp.results:
         raise typer.Exit(ExitCode.FAILED)
     if baseline in comp.results:

@@ -63,7 +63,7 @@ from treerank.evaluation.significance import McNemarResult, PairedTest, compare_
 from treerank.evaluation.trec_io import write_trec_run
 from treerank.lock import writer_lock
 from treerank.search.run import Run
-from treerank.search.systems import System, build_system, uses_trained_model
+from treerank.search.systems import CheckpointSystem, System, build_system, uses_trained_model
 
 RECALL_CURVE_KS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
 HIT_METRIC = "success@10"
@@ -96,6 +96,9 @@ class Comparison:
         trained: the systems that are, or are built on, a trained model
             (:func:`~treerank.search.systems.uses_trained_model`; seed groups of such models
             included): the memorisation caveat concerns only these.
+        untrained: the ``ckpt:`` systems whose saved model is its initialisation (training
+            early-stopped at step 0, :meth:`CheckpointSystem.kept_initialisation`): they score
+            like their starting point (an identity-initialised head: exactly like cosine).
     """
 
     runs: dict[str, Run]
@@ -118,6 +121,7 @@ class Comparison:
     seed_spread: dict[str, dict[str, Any]] = field(default_factory=dict)
     tuning: dict[str, dict[str, Any]] = field(default_factory=dict)
     trained: list[str] = field(default_factory=list)
+    untrained: list[str] = field(default_factory=list)
 
     def mean(self, system: str, metric: str) -> float:
         return self.results[system].mean[metric]
@@ -140,6 +144,8 @@ class Comparison:
             out.append(markdown_table(*self.table(b)))
         for name, err in self.failed.items():
             out.append(f"**{name} failed**: {err}\n")
+        for name in self.untrained:
+            out.append(f"**{name}**: {untrained_note(name)}\n")
         if any(self.departures.values()):
             items = ", ".join(
                 f"{k.replace('_', ' ')}: {v:,}" for k, v in self.departures.items() if v
@@ -184,7 +190,18 @@ class Comparison:
             "removed_stale_files": self.removed_stale,
             "tuning": self.tuning,
             "trained": self.trained,
+            "untrained": self.untrained,
         }
+
+
+def untrained_note(name: str) -> str:
+    """The warning printed and written for a system in :attr:`Comparison.untrained`."""
+    return (
+        f"the saved model of {name} is its untrained initialisation (training stopped early "
+        "at step 0: no step beat it on the held-out queries), so it scores like its starting "
+        "point (an identity-initialised head: exactly like cosine); train on more queries or "
+        "lower the learning rate"
+    )
 
 
 def safe_name(name: str) -> str:
@@ -391,6 +408,11 @@ def _compare(
         comp.recall_curves[model] = {c: comp.results[model].mean[f"recall@{c}"] for c in curve_ks}
         comp.seed_spread[model] = seed_spread(comp.results, members, metrics)
     comp.trained = [n for n in comp.results if n in trained]
+    comp.untrained = [
+        n
+        for n in comp.trained
+        if isinstance(built.get(n), CheckpointSystem) and built[n].kept_initialisation()
+    ]
     for b in (baseline, second_baseline):
         if b is None or b in comp.failed:
             continue

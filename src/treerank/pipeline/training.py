@@ -70,9 +70,7 @@ def open_train_store(path: str | Path, split: str = "train", dim: int | None = N
         FileNotFoundError: neither ``path/meta.json`` nor ``path/<split>/`` exists.
         StoreFormatError: a Go-layout store opened without ``dim`` (the message says so).
     """
-    from treerank.store import EmbeddingStore
-
-    from treerank.store import StoreRootError
+    from treerank.store import EmbeddingStore, StoreRootError
 
     path = Path(path)
     if (path / split).is_dir() and not (path / "queries.bin").exists():
