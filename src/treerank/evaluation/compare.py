@@ -478,10 +478,10 @@ def _write(comp: Comparison, store: Any, out: Path) -> None:
         for s, ts in comp.tests.get(comp.baseline, {}).items()
     }
     comp.files["plot:deltas"] = plot_deltas(
-        tests, comp.metrics, comp.baseline, out / "plots" / "deltas.png", dataset
+        tests, comp.metrics, comp.baseline, out / "plots" / "deltas.png", dataset, comp.failed
     )
     comp.files["plot:recall"] = plot_recall_curve(
-        comp.recall_curves, out / "plots" / "recall_at_k.png", dataset
+        comp.recall_curves, out / "plots" / "recall_at_k.png", dataset, int(store.n_passages)
     )
     if comp.tuning:
         comp.files["tuning"] = write_json(out / "tuning.json", comp.tuning)
