@@ -105,6 +105,7 @@ def plot_failures(results: dict[str, Any], path: Path) -> Path:
     """Sorted per-query delta of the metric (model minus baseline)."""
     plt = _plt()
     from matplotlib.ticker import MaxNLocator
+
     f = results["failures"]
     s = f["summary"]
     d = np.array([x for x in f["delta"] if x is not None], dtype=np.float64)

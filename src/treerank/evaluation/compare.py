@@ -408,11 +408,8 @@ def _compare(
         comp.recall_curves[model] = {c: comp.results[model].mean[f"recall@{c}"] for c in curve_ks}
         comp.seed_spread[model] = seed_spread(comp.results, members, metrics)
     comp.trained = [n for n in comp.results if n in trained]
-    comp.untrained = [
-        n
-        for n in comp.trained
-        if isinstance(built.get(n), CheckpointSystem) and built[n].kept_initialisation()
-    ]
+    ckpts = {n: s for n, s in built.items() if isinstance(s, CheckpointSystem)}
+    comp.untrained = [n for n in comp.trained if n in ckpts and ckpts[n].kept_initialisation()]
     for b in (baseline, second_baseline):
         if b is None or b in comp.failed:
             continue
@@ -478,7 +475,7 @@ def _write(comp: Comparison, store: Any, out: Path) -> None:
         for s, ts in comp.tests.get(comp.baseline, {}).items()
     }
     comp.files["plot:deltas"] = plot_deltas(
-        tests, comp.metrics, comp.baseline, out / "plots" / "deltas.png", dataset, comp.failed
+        tests, comp.metrics, comp.baseline, out / "plots" / "deltas.png", dataset, list(comp.failed)
     )
     comp.files["plot:recall"] = plot_recall_curve(
         comp.recall_curves, out / "plots" / "recall_at_k.png", dataset, int(store.n_passages)

@@ -183,6 +183,11 @@ def read_beir(folder: str | Path, split: str = "test") -> RetrievalSplit:
     files = BeirFiles(folder)
     qrels_name = files.name(f"qrels/{split}.tsv")
     qrels = files.qrels(split)
+    if not qrels:
+        raise DataFormatError(
+            qrels_name,
+            "no judgments (an empty file or a header line only): the split has no queries",
+        )
     docs, n_empty = _corpus(*_corpus_key(files))
     b = SplitBuilder(split, "beir", relevance_threshold=1)
     for doc_id, text in docs:

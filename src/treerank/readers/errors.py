@@ -129,7 +129,9 @@ def iter_jsonl(
                 rec = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise DataFormatError(
-                    p, f"invalid JSON ({exc.msg} at column {exc.colno})", row=line_no
+                    p,
+                    f"invalid JSON ({exc.msg.removesuffix(' at')} at column {exc.colno})",
+                    row=line_no,
                 ) from None
             except RecursionError:
                 raise DataFormatError(p, "invalid JSON (nested too deeply)", row=line_no) from None
