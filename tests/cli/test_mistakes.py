@@ -741,6 +741,17 @@ MISTAKES = [
 ]
 
 
+MISTAKES.append(
+    Mistake(
+        "new-21",
+        "search --out is a directory",
+        "search --store {stores}/test -q coffee -f json --out {tmp}",
+        BAD,
+        [r"cannot be written: --out names a file, and this is a directory"],
+    )
+)
+
+
 def _index_of(env: Env, tmp: Path, split: str) -> Path:
     from treerank.search.faiss_index import build_index
     from treerank.store import EmbeddingStore
@@ -769,6 +780,11 @@ def test_mistake(m: Mistake, env: Env, tmp_path: Path) -> None:
     bad = m.setup(env, tmp_path) if m.setup else None
     args = env.fmt(m.args, tmp_path, bad).split()
     code, out = invoke(args)
+    if os.environ.get("TREERANK_MISTAKES_TABLE"):  # a JSON line per case, for the notes' table
+        with open(os.environ["TREERANK_MISTAKES_TABLE"], "a", encoding="utf-8") as f:
+            root = str(tmp_path)
+            f.write(json.dumps({"id": m.id, "what": m.what, "code": code, "out": out.replace(
+                root, "<tmp>").replace(str(env.root), "<session>")}) + "\n")  # fmt: skip
     assert code == m.code, out
     for pattern in m.message:
         assert re.search(pattern, out), (pattern, out)
@@ -889,10 +905,3 @@ def test_every_mistake_id_is_unique() -> None:
     ids = [m.id for m in MISTAKES]
     assert len(ids) == len(set(ids))
     assert sum(i.startswith("new-") for i in ids) >= 10
-
-
-if os.environ.get("TREERANK_MISTAKES_TABLE"):  # pragma: no cover - prints the table for notes
-
-    def test_print_table() -> None:
-        for m in MISTAKES:
-            print(f"| {m.id} | {m.what} | `{m.args}` | {int(m.code)} |")
