@@ -72,6 +72,8 @@ MSMARCO = {
         ]
     ).encode()
 }
+
+
 def _parquet_bytes() -> bytes:
     import io
 
