@@ -638,7 +638,7 @@ MISTAKES = [
         "corpus.jsonl is a directory",
         EMBED,
         BAD,
-        [r"corpus\.jsonl: (not a regular file|is a directory|file not found)"],
+        [r"corpus\.jsonl: not a regular file"],
         lambda e, t: _dir_instead(bad_copy(e, t), "corpus.jsonl"),
     ),
     Mistake(
