@@ -227,7 +227,10 @@ MISTAKES = [
         "wrong format for the folder",
         "embed {data} --format msmarco --out {tmp}/o",
         BAD,
-        [r"corpus\.jsonl, row 1: row lacks 'query' / 'query_id'"],
+        [
+            r"corpus\.jsonl, row 1: row lacks 'query' / 'query_id' \(this looks like 'beir' data: "
+            r"pass --format beir or auto\)"
+        ],
     ),
     Mistake(
         "trial-03",
