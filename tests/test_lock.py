@@ -46,7 +46,7 @@ def test_second_writer_stops_naming_the_holder(tmp_path) -> None:
     # the kernel released the killed holder's lock; its record is noticed as stale
     with writer_lock(d, "evaluate") as info:
         assert info.stale_holder == proc.pid
-    assert lock_path(d).read_text() == ""  # a clean release leaves no holder behind
+    assert not lock_path(d).exists()  # a clean release removes its lock file
     with writer_lock(d, "evaluate") as info:
         assert info.stale_holder is None
 
@@ -128,3 +128,56 @@ def test_every_writing_stage_takes_the_lock(tmp_path) -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_release_leaves_no_lock_file_nor_the_parents_it_created(tmp_path) -> None:
+    d = tmp_path / "runs" / "deep" / "mine"
+    with writer_lock(d, "run"):
+        assert lock_path(d).is_file()
+    assert not (tmp_path / "runs").exists()  # a pre-check that stopped here left nothing
+    with writer_lock(d, "run"):
+        d.mkdir()
+        (d / "out.txt").write_text("x")
+    assert (d / "out.txt").is_file() and not lock_path(d).exists()
+    assert sorted(p.name for p in d.parent.iterdir()) == ["mine"]
+
+
+COUNT = """
+import sys
+from pathlib import Path
+from treerank.lock import writer_lock
+d, counter = Path(sys.argv[1]), Path(sys.argv[2])
+for _ in range(25):
+    with writer_lock(d, "count", wait=60):
+        n = int(counter.read_text())
+        counter.write_text(str(n + 1))
+"""
+
+
+def test_removed_lock_files_still_exclude_concurrent_writers(tmp_path) -> None:
+    """Removing the lock file at release races with a writer that opened it: the inode
+    check makes the increments below never overlap (a lost update would show)."""
+    counter = tmp_path / "counter"
+    counter.write_text("0")
+    procs = [
+        subprocess.Popen([sys.executable, "-c", COUNT, str(tmp_path / "d"), str(counter)])
+        for _ in range(4)
+    ]
+    assert [p.wait(timeout=120) for p in procs] == [0, 0, 0, 0]
+    assert counter.read_text() == "100"
+    assert not lock_path(tmp_path / "d").exists()
+
+
+def test_evaluate_into_an_existing_file_fails_before_scoring(tmp_path, monkeypatch) -> None:
+    """Trial mistake #35: the library call refuses before any system runs; no lock is left."""
+    from tests.search.tiny_store import write_tiny_store
+    from treerank.atomic import OutputPathError
+    from treerank.evaluation import compare
+
+    store = write_tiny_store(tmp_path / "test")
+    f = tmp_path / "afile"
+    f.write_text("mine")
+    monkeypatch.setattr(compare, "_compare", lambda *a, **k: pytest.fail("scored anyway"))
+    with pytest.raises(OutputPathError, match=r"afile: exists and is not a directory"):
+        compare.compare_systems(store, ["cosine"], baseline="cosine", out_dir=f)
+    assert f.read_text() == "mine" and not lock_path(f).exists()

@@ -3,7 +3,12 @@ half-written file where a good one was.
 
 Each function writes to a temporary file in the destination's directory (created if missing),
 flushes it, then ``os.replace``-s it over the destination. Files get the usual
-``0o666 & ~umask`` permissions rather than ``mkstemp``'s 0600.
+``0o666 & ~umask`` permissions rather than ``mkstemp``'s 0600, and temporary directories swapped
+in place of a destination (:func:`make_temp_dir`) ``0o777 & ~umask`` rather than ``mkdtemp``'s
+0700, so colleagues on a shared machine can read what the umask lets them read.
+
+:func:`check_output_dir` is the one pre-check of an output directory, run before any work by
+every command that writes one (through :func:`treerank.lock.writer_lock`).
 """
 
 from __future__ import annotations
@@ -20,6 +25,56 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+class OutputPathError(ValueError):
+    """An output path cannot be written: it is a file where a directory is needed, a parent is
+    a file, or the nearest existing parent is not writable. The message names the path."""
+
+
+def check_output_dir(path: str | Path, what: str = "output directory") -> Path:
+    """Check, before any work, that directory ``path`` can be created or written; return it.
+
+    Nothing is created. ``what`` names the path in the message (e.g. ``"--out"``).
+
+    Raises:
+        OutputPathError: ``path`` exists and is not a directory; an ancestor is a file; or the
+            nearest existing ancestor (``path`` itself when it exists) is not writable.
+    """
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise OutputPathError(
+            f"{p}: exists and is not a directory; the {what} must be a directory "
+            "(choose another path, or remove the file)"
+        )
+    anc = p
+    while not anc.exists() and anc.parent != anc:
+        anc = anc.parent
+    if not anc.is_dir():
+        raise OutputPathError(
+            f"{p}: cannot be created, {anc} is a file (the {what} must be a directory)"
+        )
+    if not os.access(anc, os.W_OK | os.X_OK):
+        raise OutputPathError(f"{p}: cannot write the {what}: {anc} is not writable")
+    return p
+
+
+def chmod_as_umask(path: str | Path) -> Path:
+    """Give ``path`` the mode a plain ``open`` / ``mkdir`` would have: ``0o666 & ~umask`` for a
+    file, ``0o777 & ~umask`` for a directory (for writers, like safetensors, that use 0600)."""
+    p = Path(path)
+    os.chmod(p, (0o777 if p.is_dir() else 0o666) & ~_umask())
+    return p
+
+
+def make_temp_dir(parent: str | Path, prefix: str) -> Path:
+    """A new empty directory in ``parent`` (created if missing) with ``0o777 & ~umask``
+    permissions, to be filled and then ``os.replace``-d over a destination."""
+    parent = Path(parent)
+    parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    os.chmod(tmp, 0o777 & ~_umask())
+    return tmp
 
 
 def _replace_via_temp(path: str | Path, write: Any, *, suffix: str = ".tmp") -> Path:

@@ -30,9 +30,11 @@ def load_yaml(path: str | Path, *, what: str = "config") -> dict[str, Any]:
 
     Raises:
         FileNotFoundError: no such file.
-        ConfigError: not valid YAML, or the top level is not a mapping.
+        ConfigError: a directory, not valid YAML, or the top level is not a mapping.
     """
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{path}: is a directory; the {what} must be a YAML file")
     if not path.is_file():
         raise FileNotFoundError(f"{path}: {what} file not found")
     try:

@@ -10,6 +10,12 @@ not, so a lock file left behind by a dead process is *stale*: the next writer ta
 :attr:`LockInfo.stale_holder` names the dead one). The lock is re-entrant within a process (a run
 that holds its directory may call a stage that locks the same directory). Local filesystems only
 (``flock`` on NFS depends on the mount).
+
+A clean release removes the lock file, and the parent directories the lock itself created when
+they are still empty, so a command that stops on a pre-check, or finishes, leaves nothing behind
+but its output. Removing a lock file is safe against a writer that opened it just before: each
+writer checks, once it holds the flock, that the path still names the file it locked, and starts
+over otherwise.
 """
 
 from __future__ import annotations
@@ -22,10 +28,12 @@ import os
 import socket
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
+
+from treerank.atomic import check_output_dir
 
 F = TypeVar("F", bound=Callable[..., Any])
 LOCK_SUFFIX = ".lock"
@@ -99,8 +107,13 @@ def writer_lock(directory: str | Path, what: str = "", wait: float = 0.0) -> Ite
 
     Raises:
         LockHeldError: another live process holds the lock (after ``wait`` seconds).
+        OutputPathError: ``directory`` cannot be a directory (a file is there, a parent is a
+            file, or not writable; :func:`treerank.atomic.check_output_dir`), raised before
+            anything is created.
     """
+    check_output_dir(directory)  # before anything is created: a file there is no directory
     path = lock_path(directory)
+    created = _missing_ancestors(path.parent)
     path.parent.mkdir(parents=True, exist_ok=True)
     key = os.path.realpath(path)
     if key in _HELD:  # re-entrant within this process
@@ -112,17 +125,9 @@ def writer_lock(directory: str | Path, what: str = "", wait: float = 0.0) -> Ite
             fd, depth = _HELD[key]
             _HELD[key] = (fd, depth - 1)
         return
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
     deadline = time.monotonic() + max(wait, 0.0)
+    fd = _acquire(path, Path(directory), deadline)
     try:
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    raise LockHeldError(Path(directory), path, _read_holder(fd)) from None
-                time.sleep(min(0.2, max(deadline - time.monotonic(), 0.01)))
         previous = _read_holder(fd)
         stale = previous.get("pid") if previous.get("pid") != os.getpid() else None
         info = {"pid": os.getpid(), "host": socket.gethostname(), "what": what}
@@ -134,9 +139,54 @@ def writer_lock(directory: str | Path, what: str = "", wait: float = 0.0) -> Ite
             yield LockInfo(path, stale if isinstance(stale, int) else None)
         finally:
             del _HELD[key]
-            os.ftruncate(fd, 0)  # a released lock leaves an empty file, never a stale holder
+            os.ftruncate(fd, 0)  # never a stale holder, even if the unlink below fails
+            with suppress(OSError):
+                path.unlink()  # still holding the flock: a waiter re-checks the path (_acquire)
+            for d in reversed(created):
+                with suppress(OSError):
+                    d.rmdir()  # only when still empty: the work wrote nothing there
     finally:
         os.close(fd)  # closing the descriptor releases the flock
+
+
+def _missing_ancestors(d: Path) -> list[Path]:
+    """``d`` and its ancestors that do not exist yet, outermost first."""
+    out: list[Path] = []
+    d = Path(os.path.abspath(d))
+    while not d.exists() and d.parent != d:
+        out.append(d)
+        d = d.parent
+    return out[::-1]
+
+
+def _acquire(path: Path, directory: Path, deadline: float) -> int:
+    """Open ``path`` and take its flock (polling until ``deadline``); return the descriptor.
+
+    A lock file can be removed by its holder at release (see the module doc) between our
+    ``open`` and our ``flock``: then we hold a lock on a file no other writer will see, so we
+    check that ``path`` still names the locked file and start over when it does not.
+    """
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        raise LockHeldError(directory, path, _read_holder(fd)) from None
+                    time.sleep(min(0.2, max(deadline - time.monotonic(), 0.01)))
+            try:
+                same = os.stat(path).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+        except BaseException:
+            os.close(fd)
+            raise
+        if same:
+            return fd
+        os.close(fd)
 
 
 def writes_dir(arg: str, what: str, attr: str | None = None) -> Callable[[F], F]:

@@ -63,3 +63,14 @@ def test_fingerprint_tracks_weights():
 
 def test_encode_empty(encoder):
     assert encoder.encode_passages([]).shape == (0, 384)
+
+
+def test_no_progress_hides_the_loading_weights_bar(capfd) -> None:
+    """Issue 22: ``--no-progress`` (``progress=False``) also hides transformers' ``Loading
+    weights`` bar; the process-wide switch is restored afterwards."""
+    from transformers.utils import logging as hf_logging
+
+    assert hf_logging.is_progress_bar_enabled()
+    SentenceEncoder(progress=False)
+    assert "Loading weights" not in capfd.readouterr().err
+    assert hf_logging.is_progress_bar_enabled()

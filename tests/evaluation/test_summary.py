@@ -47,7 +47,9 @@ def test_headline_names_best_margin_and_caveat() -> None:
     )
     assert headline("scifact", {**COMP, "overlap": OVERLAP}, "ndcg@10", "cosine") == lines
     assert len(headline("scifact", COMP, "ndcg@10", "cosine")) == 1
-    assert "too few queries" in headline("x", COMP, "ndcg@10", "cosine", min_queries=301)[0]
+    small = headline("x", COMP, "ndcg@10", "cosine", min_queries=301)[0]
+    assert "too few queries" in small and "fewer than 301 evaluated queries" in small
+    assert "format path" not in small  # issue 22: no internal note told to every small dataset
     assert p_text(None) == "p n/a" and p_text(0.031) == "p = 0.031"
 
 

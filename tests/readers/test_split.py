@@ -57,3 +57,26 @@ def test_unlabelled_split_is_read_but_flagged(tmp_path: Path) -> None:
     split = read_split(root, "beir", "test")  # still readable: label-free training / serving
     assert split.n_passages == 1 and split.n_queries == 1
     assert any("evaluate will refuse it" in w for w in split.warnings())
+
+
+def test_repr_is_counts_not_texts() -> None:
+    """Issue 22: ``print(read_split(...))`` shows counts, never every passage text."""
+    import numpy as np
+
+    from treerank.readers.split import RetrievalSplit
+
+    s = RetrievalSplit(
+        "test",
+        "beir",
+        ["q1"],
+        ["roasting coffee"],
+        ["d1", "d2"],
+        ["Beans are roasted. " * 1000, "Lava flows downhill."],
+        np.array([[0, 1]], dtype=np.int32),
+        np.array([[1, 0]], dtype=np.uint8),
+        meta={"path": "data/mybeir"},
+    )
+    assert repr(s) == (
+        "RetrievalSplit(name='test', source='beir', n_queries=1, n_passages=2, k=2, "
+        "relevance_threshold=1, path='data/mybeir')"
+    )

@@ -78,7 +78,8 @@ def test_health_and_info(server) -> None:
     assert info["encoder"]["fingerprint"] == store.encoder_fingerprint
     assert info["store"]["n_passages"] == 5183 and info["store"]["dim"] == 384
     assert info["systems"] == ["cosine", "bm25"] and info["default_system"] == "cosine"
-    assert len(info["store"]["signature"]) == 64
+    assert len(info["store"]["vectors_digest"]) == 64
+    assert info["store"]["embed_signature"] != info["store"]["vectors_digest"]
 
 
 def test_search_answers_like_the_library(server) -> None:
@@ -173,7 +174,7 @@ def test_refuses_mismatched_encoder_and_index(scifact_store, encoder, tmp_path) 
     assert encoder.fingerprint in str(err.value) and "0" * 64 in str(err.value)
     # an index built on another split's passages (the train split: another signature)
     other = build_index(scifact_store["train"], "flat", index_dir=tmp_path / "idx")
-    with pytest.raises(EncoderMismatchError, match="signature") as err:
+    with pytest.raises(EncoderMismatchError, match="vectors digest") as err:
         SearchService(ServiceConfig(store=store.path, index=other.path), encoder=encoder)
     assert str(scifact_store["train"].path) in str(err.value) and str(store.path) in str(err.value)
     # the command refuses too, naming both fingerprints, exit code 2

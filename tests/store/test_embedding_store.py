@@ -151,4 +151,29 @@ def test_store_root_error_labels_a_pseudo_split(tmp_path) -> None:
         EmbeddingStore.open(tmp_path)
     msg = str(info.value)
     assert "holding the split(s) test, train (beside them pseudo-19e292a124: pseudo-queries " in msg
-    assert f"(e.g. {tmp_path / 'train'})" in msg
+    assert f"(e.g. {tmp_path / 'test'})" in msg  # the test split is suggested, not train
+
+
+def test_store_root_advice_offers_only_what_the_caller_has(tmp_path) -> None:
+    """Issue 22: the library message advises a split directory (the test split, never train),
+    not a command-line option; a command with ``--split`` adds it; training on a root without
+    ``train/`` names the missing split and suggests no other."""
+    import pytest
+
+    from tests.search.tiny_store import write_tiny_store
+    from treerank.pipeline.training import open_train_store
+    from treerank.store import EmbeddingStore, StoreRootError
+
+    write_tiny_store(tmp_path / "test")
+    write_tiny_store(tmp_path / "train")
+    with pytest.raises(StoreRootError) as err:
+        EmbeddingStore.open(tmp_path)
+    assert "--split" not in str(err.value)
+    assert str(err.value).endswith(f"open one split directory (e.g. {tmp_path / 'test'})")
+    assert err.value.advice("--split").endswith(", or pass --split test")
+    import shutil
+
+    shutil.rmtree(tmp_path / "train")
+    with pytest.raises(StoreRootError, match=r"without a 'train' split \(it holds test\)") as err:
+        open_train_store(tmp_path, "train")
+    assert "--split train" in str(err.value) and str(tmp_path / "test") not in str(err.value)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from treerank.cli.errors import fail
+from treerank.cli.errors import ExitCode, fail
 from treerank.lock import LockHeldError
 from treerank.readers.detect import FORMATS
 
@@ -109,6 +109,7 @@ def embed(
             token_budget=token_budget,
             max_batch_size=max_batch_size,
             max_padding=max_padding,
+            progress=progress,
         )
 
     def on_read(split_name: str, data: RetrievalSplit | None, main: bool) -> None:
@@ -150,7 +151,7 @@ def embed(
             "[yellow]interrupted[/yellow]: the partial store is marked incomplete; "
             "rerun the same command with --resume to finish it"
         )
-        raise typer.Exit(130) from None
+        raise typer.Exit(ExitCode.INTERRUPTED) from None
 
 
 def register(app: typer.Typer) -> None:

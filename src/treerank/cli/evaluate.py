@@ -6,10 +6,11 @@ from pathlib import Path
 
 import typer
 
-from treerank.cli.errors import fail
+from treerank.cli.errors import ExitCode, fail
 from treerank.cli.spec_help import SEE_KINDS, RegistryHelpCommand
 from treerank.evaluation.significance import N_PERMUTATIONS
 from treerank.lock import LockHeldError
+from treerank.store.format import StoreRootError
 
 
 def evaluate(
@@ -92,7 +93,7 @@ def evaluate(
 
     from treerank.distributed.context import launch
     from treerank.distributed.search import sharded_search
-    from treerank.evaluation.compare import compare_systems
+    from treerank.evaluation.compare import compare_systems, untrained_note
     from treerank.evaluation.metrics import headline_metric
     from treerank.evaluation.overlap import overlap_markdown
     from treerank.evaluation.plots import dataset_label
@@ -139,6 +140,8 @@ def evaluate(
                 progress=progress and main,
                 train_store=train,
             )
+    except StoreRootError as exc:
+        raise fail(exc.advice("--split")) from None
     except (ValueError, FileNotFoundError, KeyError, LockHeldError) as exc:
         raise fail(exc) from None
     if not main:
@@ -147,8 +150,10 @@ def evaluate(
         console.print(f"note: {', '.join(plan.dropped_metrics)} left out (deeper than --k {k})")
     for name, err in comp.failed.items():
         console.print(f"system {name} failed: {err}", markup=False, style="red", soft_wrap=True)
+    for name in comp.untrained:
+        console.print(f"warning: {untrained_note(name)}", markup=False, style="yellow")
     if not comp.results:
-        raise typer.Exit(1)
+        raise typer.Exit(ExitCode.FAILED)
     if baseline in comp.results:
         console.print(comp.rich())
     if second_baseline in comp.results:
@@ -189,7 +194,7 @@ def evaluate(
         for f in comp.removed_stale:
             console.print(f"removed {out / f} (left by an earlier comparison)", markup=False)
     if comp.failed:
-        raise typer.Exit(1)
+        raise typer.Exit(ExitCode.FAILED)
 
 
 def register(app: typer.Typer) -> None:

@@ -97,7 +97,10 @@ def _print_meta(meta: dict, path: Path | None, as_json: bool) -> None:
     table.add_row("peak RSS at build", f"{meta.get('peak_rss_mib', 0):.0f} MiB")
     enc = meta.get("encoder") or {}
     table.add_row("encoder", f"{enc.get('name')} {enc.get('fingerprint')}")
-    table.add_row("store", f"{meta.get('store')} (signature {meta.get('store_signature')})")
+    table.add_row("store", str(meta.get("store")))
+    # a digest of the store's passage vectors; meta.json's "signature" is another hash (the
+    # embed run's plan), so this one is never called a signature on screen
+    table.add_row("store vectors digest", str(meta.get("store_signature")))
     Console().print(table)
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from treerank.cli.errors import fail, print_error
+from treerank.cli.errors import ExitCode, fail, print_error
 from treerank.lock import LockHeldError
 
 
@@ -45,23 +45,23 @@ def run(
             log=lambda line: console.print(line, markup=False, highlight=False),
         )
     except (ConfigError, FileNotFoundError, LockHeldError) as exc:
-        raise fail(exc, 2) from exc
+        raise fail(exc) from exc
     except StageError as exc:
         print_error(exc, console)
         console.print(
             "Finished stages are kept; fix the cause and re-run the same command to continue."
         )
-        raise typer.Exit(1) from exc
+        raise typer.Exit(ExitCode.FAILED) from exc
     except StageInterrupted as exc:
         console.print(f"[yellow]interrupted[/yellow]: {escape(exc.advice())}", highlight=False)
-        raise typer.Exit(130) from None
+        raise typer.Exit(ExitCode.INTERRUPTED) from None
     except KeyboardInterrupt:
         console.print(
             "[yellow]interrupted[/yellow] between stages; every finished stage is kept. "
             "Re-run the same command to continue.",
             highlight=False,
         )
-        raise typer.Exit(130) from None
+        raise typer.Exit(ExitCode.INTERRUPTED) from None
     for name, o in res.datasets.items():
         typer.echo(f"\n## {name} ({o.eval_split} split, all passages)\n")
         typer.echo(o.comparison_markdown.strip())

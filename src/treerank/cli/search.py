@@ -60,6 +60,11 @@ def search(
 
     if fmt not in ("table", "json", "trec"):
         raise fail(f"--format must be table, json or trec, not {fmt!r}")
+    if out is not None and (out.is_dir() or out.parent.is_file()):  # before the encoder loads
+        raise fail(
+            f"{out}: cannot be written: --out names a file, and this is a directory or "
+            "lies under a file"
+        )
     try:
         check_run_depth(k)
         qids = [str(i) for i in range(len(queries))]

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from treerank.cli.errors import fail, print_error
+from treerank.cli.errors import ExitCode, fail, print_error
 
 
 def sweep(
@@ -60,7 +60,7 @@ def sweep(
         for item in reference.split(";"):
             k, sep, v = item.partition("=")
             if not sep:
-                raise fail(ValueError(f"bad --reference item {item!r}: expected key.path=value"), 2)
+                raise fail(ValueError(f"bad --reference item {item!r}: expected key.path=value"))
             ref[k.strip()] = parse_value(v)
     try:
         res = run_sweep(
@@ -75,11 +75,11 @@ def sweep(
             log=lambda line: console.print(line, markup=False, highlight=False),
         )
     except (ConfigError, FileNotFoundError, FileExistsError) as exc:
-        raise fail(exc, 2) from exc
+        raise fail(exc) from exc
     except StageError as exc:
         print_error(exc, console)
         console.print("Finished stages are kept in the sweep's cache; re-run to continue.")
-        raise typer.Exit(1) from exc
+        raise typer.Exit(ExitCode.FAILED) from exc
     typer.echo(res.files["table"].read_text(encoding="utf-8"))
     typer.echo(f"table: {res.files['table']}")
     typer.echo(f"numbers: {res.files['json']}")

@@ -72,7 +72,7 @@ def train(
     table.add_column("what")
     table.add_column("value", justify="right")
     table.add_row("store", str(getattr(st, "path", store)))
-    for key in ("steps", "epochs", "best_step", "stopped_early", "seconds"):
+    for key in ("steps", "epochs", "best_step", "kept_initialisation", "stopped_early", "seconds"):
         if key in s:
             table.add_row(key, str(s[key]))
     table.add_row("held-out queries", str(res.heldout_rows.size))
@@ -83,6 +83,14 @@ def train(
     if res.curves_path is not None:
         table.add_row("curves", str(res.curves_path))
     console.print(table)
+    if s.get("kept_initialisation"):
+        console.print(
+            "[yellow]warning:[/yellow] no training step beat step 0 on the held-out queries, so "
+            f"the saved model {res.checkpoint} is its untrained initialisation (a head "
+            "initialised to the identity scores exactly like cosine); train on more queries, "
+            "lower the learning rate or raise trainer.patience",
+            highlight=False,
+        )
 
 
 def register(app: typer.Typer) -> None:

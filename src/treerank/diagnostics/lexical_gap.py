@@ -178,6 +178,7 @@ def plot_lexical_gap(doc: Mapping[str, Any], path: str | Path) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     from treerank.atomic import atomic_savefig
 
@@ -186,15 +187,39 @@ def plot_lexical_gap(doc: Mapping[str, Any], path: str | Path) -> Path:
     fig, ax = plt.subplots(figsize=(8, 4))
     ax.bar(x, [r["n"] for r in doc["buckets"]], color="0.85", label="queries")
     ax.set_ylabel("queries")
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))  # a count: no 1.5 queries
     ax.set_xticks(x, labels)
     ax.set_xlabel("idf coverage of the query terms in its relevant passages")
     ax2 = ax.twinx()
-    for s in doc["buckets"][0]["systems"] if doc["buckets"] else []:
+    systems = list(doc["buckets"][0]["systems"]) if doc["buckets"] else []
+    styles = ["-", "--", "-.", ":"]
+    markers = ["o", "s", "^", "D", "v", "x"]
+    for i, s in enumerate(systems):
         ys = [np.nan if r["systems"][s] is None else r["systems"][s] for r in doc["buckets"]]
-        ax2.plot(x, ys, marker="o", label=s)
+        # identical lines (a head that equals cosine) stay visible: each system has its own
+        # dash and marker, drawn smaller on top of the earlier ones
+        ax2.plot(
+            x,
+            ys,
+            ls=styles[i % len(styles)],
+            marker=markers[i % len(markers)],
+            ms=max(8 - 1.5 * i, 3),
+            lw=max(2.5 - 0.4 * i, 1),
+            label=s,
+        )
     ax2.set_ylabel(f"mean {doc['metric']}")
     ax2.set_ylim(0, 1)
-    ax2.legend(fontsize=7, loc="upper left")
+    handles = ax.get_legend_handles_labels()
+    lines = ax2.get_legend_handles_labels()
+    # one legend outside the axes: it can never cover a bar or a line
+    ax2.legend(
+        handles[0] + lines[0],
+        handles[1] + lines[1],
+        fontsize=7,
+        loc="upper left",
+        bbox_to_anchor=(1.12, 1),
+        borderaxespad=0,
+    )
     ax.set_title("lexical gap: where each system wins")
     try:
         return atomic_savefig(fig, path, bbox_inches="tight")

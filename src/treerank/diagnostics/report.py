@@ -65,9 +65,10 @@ def plot_variants(results: dict[str, Any], path: Path) -> Path:
     ax.set_ylabel(metric)
     ax.set_title(f"{_where(results)}DRT scoring variants (no retraining)")
     ax.tick_params(axis="x", rotation=45)
-    ax.legend()
+    # outside the axes: a legend inside covered the top of a bar
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0)
     fig.tight_layout()
-    atomic_savefig(fig, path, dpi=100)
+    atomic_savefig(fig, path, dpi=100, bbox_inches="tight")
     return path
 
 
@@ -94,15 +95,17 @@ def plot_probes(results: dict[str, Any], path: Path) -> Path:
     ax.set_ylabel("held-out accuracy (dashed: majority)")
     ax.set_ylim(0, 1)
     ax.set_title(f"{_where(results)}linear probes per representation")
-    ax.legend(fontsize=7, ncol=2)
+    ax.legend(fontsize=7, ncol=2, loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0)
     fig.tight_layout()
-    atomic_savefig(fig, path, dpi=100)
+    atomic_savefig(fig, path, dpi=100, bbox_inches="tight")
     return path
 
 
 def plot_failures(results: dict[str, Any], path: Path) -> Path:
     """Sorted per-query delta of the metric (model minus baseline)."""
     plt = _plt()
+    from matplotlib.ticker import MaxNLocator
+
     f = results["failures"]
     s = f["summary"]
     d = np.array([x for x in f["delta"] if x is not None], dtype=np.float64)
@@ -110,6 +113,7 @@ def plot_failures(results: dict[str, Any], path: Path) -> Path:
     ax.plot(np.sort(d)[::-1], drawstyle="steps-mid")
     ax.axhline(0, color="k", lw=0.8)
     ax.set_xlabel("queries, sorted by delta")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # query positions: whole numbers
     ax.set_ylabel(f"delta {f['metric']}")
     ax.set_title(
         f"{_where(results)}{f['system_a']} - {f['system_b']}: {s['wins']} wins, "

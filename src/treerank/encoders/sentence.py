@@ -34,6 +34,22 @@ class BatchResult:
     real_tokens: int
 
 
+def _load(path: str, device: str, progress: bool) -> Any:
+    """``SentenceTransformer(path, device)``, with transformers' progress bars off unless
+    ``progress`` (they are a process-wide switch: restored afterwards)."""
+    from sentence_transformers import SentenceTransformer
+    from transformers.utils import logging as hf_logging
+
+    was_on = hf_logging.is_progress_bar_enabled()
+    if not progress:
+        hf_logging.disable_progress_bar()
+    try:
+        return SentenceTransformer(path, device=device)
+    finally:
+        if was_on and not progress:
+            hf_logging.enable_progress_bar()
+
+
 class SentenceEncoder:
     """A sentence-transformers model, loaded offline, producing L2-normalised float32 vectors.
 
@@ -59,6 +75,8 @@ class SentenceEncoder:
         max_batch_size: items per batch at most.
         max_padding: largest padded fraction of any item in a batch (see `plan_batches`).
         name: name recorded in stores (default: the model name, or the directory name).
+        progress: show transformers' ``Loading weights`` bar while loading (``--no-progress``
+            passes False).
 
     Attributes:
         name: encoder name.
@@ -77,9 +95,8 @@ class SentenceEncoder:
         max_batch_size: int = 256,
         max_padding: float = 0.1,
         name: str | None = None,
+        progress: bool = True,
     ) -> None:
-        from sentence_transformers import SentenceTransformer
-
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         if model is None:
             path = default_model_path()
@@ -87,7 +104,7 @@ class SentenceEncoder:
         else:
             path = str(model)
             default_name = Path(path).name if Path(path).is_dir() else path
-        self.model = SentenceTransformer(path, device=device)
+        self.model = _load(path, device, progress)
         self.model.eval()
         if max_seq_length is not None:
             self.model.max_seq_length = max_seq_length

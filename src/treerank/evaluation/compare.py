@@ -64,7 +64,7 @@ from treerank.evaluation.significance import McNemarResult, PairedTest, compare_
 from treerank.evaluation.trec_io import write_trec_run
 from treerank.lock import writer_lock
 from treerank.search.run import Run
-from treerank.search.systems import System, build_system, uses_trained_model
+from treerank.search.systems import CheckpointSystem, System, build_system, uses_trained_model
 from treerank.storelike import StoreLike
 
 RECALL_CURVE_KS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
@@ -97,6 +97,9 @@ class Comparison:
         trained: the systems that are, or are built on, a trained model
             (:func:`~treerank.search.systems.uses_trained_model`; seed groups of such models
             included): the memorisation caveat concerns only these.
+        untrained: the ``ckpt:`` systems whose saved model is its initialisation (training
+            early-stopped at step 0, :meth:`CheckpointSystem.kept_initialisation`): they score
+            like their starting point (an identity-initialised head: exactly like cosine).
     """
 
     runs: dict[str, Run]
@@ -116,6 +119,7 @@ class Comparison:
     seed_spread: dict[str, dict[str, Any]] = field(default_factory=dict)
     tuning: dict[str, dict[str, Any]] = field(default_factory=dict)
     trained: list[str] = field(default_factory=list)
+    untrained: list[str] = field(default_factory=list)
 
     @property
     def metrics(self) -> tuple[str, ...]:
@@ -157,6 +161,8 @@ class Comparison:
             out.append(markdown_table(*self.table(b)))
         for name, err in self.failed.items():
             out.append(f"**{name} failed**: {err}\n")
+        for name in self.untrained:
+            out.append(f"**{name}**: {untrained_note(name)}\n")
         if any(self.departures.values()):
             items = ", ".join(
                 f"{k.replace('_', ' ')}: {v:,}" for k, v in self.departures.items() if v
@@ -201,7 +207,18 @@ class Comparison:
             "removed_stale_files": self.removed_stale,
             "tuning": self.tuning,
             "trained": self.trained,
+            "untrained": self.untrained,
         }
+
+
+def untrained_note(name: str) -> str:
+    """The warning printed and written for a system in :attr:`Comparison.untrained`."""
+    return (
+        f"the saved model of {name} is its untrained initialisation (training stopped early "
+        "at step 0: no step beat it on the held-out queries), so it scores like its starting "
+        "point (an identity-initialised head: exactly like cosine); train on more queries or "
+        "lower the learning rate"
+    )
 
 
 def safe_name(name: str) -> str:
@@ -388,6 +405,8 @@ def _compare(
         comp.results[model] = seed_average([comp.results[s] for s in members])
         comp.seed_spread[model] = seed_spread(comp.results, members, metrics)
     comp.trained = [n for n in comp.results if n in trained]
+    ckpts = {n: s for n, s in built.items() if isinstance(s, CheckpointSystem)}
+    comp.untrained = [n for n in comp.trained if n in ckpts and ckpts[n].kept_initialisation()]
     for b in cfg.baselines:
         if b in comp.failed:
             continue
@@ -453,10 +472,10 @@ def _write(comp: Comparison, store: StoreLike, out: Path) -> None:
         for s, ts in comp.tests.get(comp.baseline, {}).items()
     }
     comp.files["plot:deltas"] = plot_deltas(
-        tests, comp.metrics, comp.baseline, out / "plots" / "deltas.png", dataset
+        tests, comp.metrics, comp.baseline, out / "plots" / "deltas.png", dataset, list(comp.failed)
     )
     comp.files["plot:recall"] = plot_recall_curve(
-        comp.recall_curves, out / "plots" / "recall_at_k.png", dataset
+        comp.recall_curves, out / "plots" / "recall_at_k.png", dataset, int(store.n_passages)
     )
     if comp.tuning:
         comp.files["tuning"] = write_json(out / "tuning.json", comp.tuning)

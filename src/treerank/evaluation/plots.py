@@ -53,9 +53,13 @@ def plot_deltas(
     baseline: str,
     path: str | Path,
     dataset: str,
+    failed: Sequence[str] = (),
 ) -> Path:
     """One panel per metric: each system's mean per-query difference to ``baseline`` with its
     paired bootstrap 95% CI (a bar crossing 0 is no evidence of a difference).
+
+    With no system to compare (only the baseline was scored, or every other system failed) the
+    figure is one panel saying so, never empty panels.
 
     Args:
         tests: system -> metric -> paired test dict (see :func:`delta_rows`); the baseline
@@ -64,6 +68,7 @@ def plot_deltas(
         baseline: name of the baseline system (axis label).
         path: output PNG.
         dataset: what was evaluated, e.g. ``"scifact/test"`` (in the title).
+        failed: systems that failed (named in the figure when nothing else is left to draw).
     """
     import matplotlib
 
@@ -71,6 +76,26 @@ def plot_deltas(
     import matplotlib.pyplot as plt
 
     systems = list(tests)
+    if not systems or not metrics:
+        fig, ax = plt.subplots(figsize=(6, 1.8))
+        ax.axis("off")
+        why = (
+            f"the other system(s) failed: {', '.join(failed)}"
+            if failed
+            else "only the baseline was scored"
+        )
+        ax.text(
+            0.5,
+            0.5,
+            f"{dataset}: nothing to compare with {baseline}\n({why})",
+            ha="center",
+            va="center",
+            wrap=True,
+        )
+        try:
+            return atomic_savefig(fig, path, bbox_inches="tight")
+        finally:
+            plt.close(fig)
     n = max(len(metrics), 1)
     fig, axes = plt.subplots(
         1, n, figsize=(3.6 * n + 1.5, 0.45 * max(len(systems), 1) + 1.6), squeeze=False
@@ -105,8 +130,22 @@ def plot_deltas(
         plt.close(fig)
 
 
+def recall_curve_ks(curve: Mapping[int, float], n_passages: int | None) -> list[int]:
+    """The cutoffs of ``curve`` worth drawing: all up to ``n_passages``, then the first one at
+    or above it (Recall@k no longer changes once k covers the corpus)."""
+    ks = sorted(curve)
+    if n_passages is None:
+        return ks
+    keep = [k for k in ks if k < n_passages]
+    keep += [k for k in ks if k >= n_passages][:1]
+    return keep
+
+
 def plot_recall_curve(
-    curves: dict[str, dict[int, float]], path: str | Path, dataset: str = ""
+    curves: dict[str, dict[int, float]],
+    path: str | Path,
+    dataset: str = "",
+    n_passages: int | None = None,
 ) -> Path:
     """Mean Recall@k against k (log x axis), one line per system.
 
@@ -114,6 +153,8 @@ def plot_recall_curve(
         curves: system -> {k: mean Recall@k}.
         path: output PNG.
         dataset: what was evaluated, e.g. ``"scifact/test"`` (in the title).
+        n_passages: the corpus size: cutoffs above it (every passage already retrieved) are
+            not drawn, except the first one at or above it.
     """
     import matplotlib
 
@@ -122,7 +163,7 @@ def plot_recall_curve(
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for s, c in curves.items():
-        ks = sorted(c)
+        ks = recall_curve_ks(c, n_passages)
         ax.plot(ks, [c[k] for k in ks], marker="o", ms=3, label=s)
     ax.set_xscale("log")
     ax.set_xlabel("k (passages retrieved)")
@@ -130,7 +171,7 @@ def plot_recall_curve(
     ax.set_ylim(0, 1.01)
     ax.set_title(f"{dataset}: mean Recall@k per system" if dataset else "mean Recall@k")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0)
     try:
         return atomic_savefig(fig, path, bbox_inches="tight")
     finally:

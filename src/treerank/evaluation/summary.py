@@ -61,7 +61,7 @@ def headline(
     if n_eval < min_queries:
         return [
             head + f"too few queries for conclusions (best {metric}: `{best}` "
-            f"{means[best]:.4f}); this dataset exercises the format path."
+            f"{means[best]:.4f}; fewer than {min_queries} evaluated queries)."
         ]
     test = comparison.get("tests", {}).get(baseline, {}).get(best, {}).get(metric)
     shown = f"`{best}` {means[best]:.4f}"

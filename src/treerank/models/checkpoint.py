@@ -17,13 +17,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 import torch
 from safetensors.torch import load_file, save_file
+
+from treerank.atomic import chmod_as_umask, make_temp_dir
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "weights.safetensors"
@@ -57,7 +58,7 @@ def save_checkpoint(path: str | Path, ckpt: Checkpoint) -> Path:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    tmp = make_temp_dir(path.parent, f".{path.name}.")
     try:
         doc = {
             "model_type": ckpt.model_type,
@@ -70,6 +71,7 @@ def save_checkpoint(path: str | Path, ckpt: Checkpoint) -> Path:
         save_file(
             {k: v.detach().contiguous().cpu() for k, v in ckpt.state.items()}, tmp / WEIGHTS_FILE
         )
+        chmod_as_umask(tmp / WEIGHTS_FILE)  # safetensors writes 0600 whatever the umask
         if path.exists():
             old = path.with_name(path.name + ".old")
             shutil.rmtree(old, ignore_errors=True)

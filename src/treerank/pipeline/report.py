@@ -51,6 +51,7 @@ def _training_rows(name: str, summary: dict[str, Any]) -> list[str]:
         for k in (
             "steps",
             "best_step",
+            "kept_initialisation",
             "best_metric",
             "best_value",
             "stopped_early",

@@ -16,13 +16,13 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from treerank.atomic import make_temp_dir
 from treerank.faults import crash_point
 from treerank.lock import lock_path
 
@@ -168,7 +168,7 @@ def run_stage(
         (path / STAGE_FILE).unlink(missing_ok=True)
         tmp = path
     else:
-        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-{os.getpid()}-", dir=path.parent))
+        tmp = make_temp_dir(path.parent, f".{path.name}.tmp-{os.getpid()}-")
     t0 = time.perf_counter()
     try:
         summary = work(tmp) or {}

@@ -71,7 +71,7 @@ def open_train_store(path: str | Path, split: str = "train", dim: int | None = N
         FileNotFoundError: neither ``path/meta.json`` nor ``path/<split>/`` exists.
         StoreFormatError: a Go-layout store opened without ``dim`` (the message says so).
     """
-    from treerank.store import EmbeddingStore
+    from treerank.store import EmbeddingStore, StoreRootError
 
     path = Path(path)
     if (path / split).is_dir() and not (path / "queries.bin").exists():
@@ -80,7 +80,10 @@ def open_train_store(path: str | Path, split: str = "train", dim: int | None = N
         raise FileNotFoundError(
             f"{path}: no such store directory (expected a split dir or a root holding {split}/)"
         )
-    return EmbeddingStore.open(path, dim=dim)
+    try:
+        return EmbeddingStore.open(path, dim=dim)
+    except StoreRootError as exc:  # a root without the wanted split: never suggest another
+        raise StoreRootError.missing_split(exc, split) from None
 
 
 def _subsample_passages(

@@ -31,6 +31,7 @@ from treerank.readers.errors import (
     check_id,
     decode_utf8,
     iter_jsonl,
+    require_file,
     split_lines,
 )
 from treerank.readers.split import RetrievalSplit
@@ -100,9 +101,7 @@ class BeirFiles:
             DataFormatError: the member does not exist.
         """
         if self.prefix is None:
-            p = self.path / rel
-            if not p.is_file():
-                raise DataFormatError(p, "file not found")
+            p = require_file(self.path / rel)  # a directory there is "not a regular file"
             with open(p, "rb") as f:
                 yield f
             return
@@ -183,6 +182,11 @@ def read_beir(folder: str | Path, split: str = "test") -> RetrievalSplit:
     files = BeirFiles(folder)
     qrels_name = files.name(f"qrels/{split}.tsv")
     qrels = files.qrels(split)
+    if not qrels:
+        raise DataFormatError(
+            qrels_name,
+            "no judgments (an empty file or a header line only): the split has no queries",
+        )
     docs, n_empty = _corpus(*_corpus_key(files))
     b = SplitBuilder(split, "beir", relevance_threshold=1)
     for doc_id, text in docs:

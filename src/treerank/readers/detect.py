@@ -108,10 +108,21 @@ def read_split(
         raise DataFormatError(path, f"unknown format {fmt!r}; use one of {sorted(FORMATS)} or auto")
     reader, default_split, _ = FORMATS[name]
     split_name = split or default_split
-    if name == "msmarco":
-        out = read_msmarco(path, split_name, limit=limit)
-    else:
-        out = reader(Path(path), split_name)
+    try:
+        if name == "msmarco":
+            out = read_msmarco(path, split_name, limit=limit)
+        else:
+            out = reader(Path(path), split_name)
+    except DataFormatError as exc:
+        if fmt != "auto":  # a format given by hand: say when the data looks like another one
+            try:
+                guess = detect_format(path)
+            except DataFormatError:
+                guess = None
+            if guess is not None and guess != name:
+                exc.args = (f"{exc.args[0]} (this looks like {guess!r} data: pass --format "
+                            f"{guess} or auto)",)  # fmt: skip
+        raise
     out.meta["format"] = name
     if out.n_passages == 0:
         corpus = Path(path) / "corpus.jsonl"

@@ -67,20 +67,42 @@ def split_lines(text: str) -> list[str]:
     return lines
 
 
-def decode_utf8(raw: bytes, path: str | Path) -> str:
+def decode_utf8(raw: bytes, path: str | Path, *, first_line: int = 1, first_byte: int = 0) -> str:
     """Decode ``raw`` as UTF-8 (a leading BOM is dropped).
 
+    Args:
+        raw: the bytes: a whole file, or one piece of it (a line read from a stream).
+        path: the file, for the message.
+        first_line: the 1-based line number of ``raw``'s first byte in the file (a reader that
+            decodes line by line passes that line's number).
+        first_byte: the 0-based file offset of ``raw``'s first byte.
+
     Raises:
-        DataFormatError: naming the 1-based line of the first invalid byte.
+        DataFormatError: naming the 1-based line of the first invalid byte in the file and its
+            byte offset in the file.
     """
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        line = raw[: exc.start].count(b"\n") + 1
+        line = first_line + raw[: exc.start].count(b"\n")
         raise DataFormatError(
-            path, f"invalid UTF-8 byte 0x{raw[exc.start]:02x} at byte {exc.start}", row=line
+            path,
+            f"invalid UTF-8 byte 0x{raw[exc.start]:02x} at byte {first_byte + exc.start} "
+            "of the file",
+            row=line,
         ) from None
     return text[1:] if text.startswith("\ufeff") else text
+
+
+def iter_raw_lines(f: IO[bytes]) -> Iterator[tuple[int, int, bytes]]:
+    """Yield ``(1-based line number, 0-based byte offset, raw line)`` from a binary stream.
+
+    Lines end at ``b"\n"`` only (the ending kept), as ``for raw in f`` gives them.
+    """
+    offset = 0
+    for line_no, raw in enumerate(f, start=1):
+        yield line_no, offset, raw
+        offset += len(raw)
 
 
 def iter_jsonl(
@@ -99,14 +121,20 @@ def iter_jsonl(
     """
     p = Path(path) if stream is not None else require_file(path)
     with open(p, "rb") if stream is None else stream as f:
-        for line_no, raw in enumerate(f, start=1):
-            line = decode_utf8(raw, p) if raw.strip() else ""
+        for line_no, offset, raw in iter_raw_lines(f):
+            line = decode_utf8(raw, p, first_line=line_no, first_byte=offset)
             if not line.strip():
                 continue
             try:
                 rec = json.loads(line)
             except json.JSONDecodeError as exc:
-                raise DataFormatError(p, f"invalid JSON ({exc.msg})", row=line_no) from None
+                raise DataFormatError(
+                    p,
+                    f"invalid JSON ({exc.msg.removesuffix(' at')} at column {exc.colno})",
+                    row=line_no,
+                ) from None
+            except RecursionError:
+                raise DataFormatError(p, "invalid JSON (nested too deeply)", row=line_no) from None
             if not isinstance(rec, dict):
                 raise DataFormatError(p, "expected a JSON object", row=line_no)
             missing = [k for k in required if k not in rec]

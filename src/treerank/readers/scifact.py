@@ -85,11 +85,28 @@ def _open_member(path: Path, name: str) -> tuple[str, str]:
 
 
 def _rows(text: str, display: str, required: tuple[str, ...]) -> list[dict[str, str]]:
+    """The CSV records as dicts (record ``i``, 1-based after the header, is ``out[i - 1]``).
+
+    Raises:
+        DataFormatError: a required column missing from the header, a record with fewer fields
+            than the header (names the record), or a CSV syntax error.
+    """
     reader = csv.DictReader(io.StringIO(text, newline=""))
-    missing = [c for c in required if c not in (reader.fieldnames or [])]
-    if missing:
-        raise DataFormatError(display, f"missing column(s) {missing}; has {reader.fieldnames}")
-    return list(reader)
+    try:
+        missing = [c for c in required if c not in (reader.fieldnames or [])]
+        if missing:
+            raise DataFormatError(display, f"missing column(s) {missing}; has {reader.fieldnames}")
+        out = []
+        for i, rec in enumerate(reader, start=1):
+            short = [c for c in required if rec.get(c) is None]
+            if short:
+                raise DataFormatError(
+                    display, f"record has no value for column(s) {short} (too few fields)", row=i
+                )
+            out.append(rec)
+    except csv.Error as exc:
+        raise DataFormatError(display, f"not valid CSV ({exc})", row=reader.line_num) from None
+    return out
 
 
 def read_scifact_corpus(path: str | Path) -> tuple[list[str], list[str], list[str]]:

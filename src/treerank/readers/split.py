@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 
-@dataclass
+@dataclass(repr=False)
 class RetrievalSplit:
     """Texts and labels of one split (queries, passages, candidate lists).
 
@@ -53,6 +53,16 @@ class RetrievalSplit:
     passage_aliases: dict[str, int] = field(default_factory=dict)
     qrels: list[tuple[str, str, int]] | None = None
     meta: dict[str, object] = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        """Counts only: printing a split never dumps its texts (a corpus can be gigabytes)."""
+        path = self.meta.get("path")
+        where = f", path={str(path)!r}" if path else ""
+        return (
+            f"RetrievalSplit(name={self.name!r}, source={self.source!r}, "
+            f"n_queries={self.n_queries}, n_passages={self.n_passages}, k={self.k}, "
+            f"relevance_threshold={self.relevance_threshold}{where})"
+        )
 
     @property
     def n_queries(self) -> int:

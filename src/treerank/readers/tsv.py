@@ -15,7 +15,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from treerank.readers.builder import SplitBuilder
-from treerank.readers.errors import DataFormatError, UniqueIds, check_id, decode_utf8, require_file
+from treerank.readers.errors import (
+    DataFormatError,
+    UniqueIds,
+    check_id,
+    decode_utf8,
+    iter_raw_lines,
+    require_file,
+)
 from treerank.readers.split import RetrievalSplit
 from treerank.readers.trec import build_judged_split, read_trec_qrels, read_trec_topics
 
@@ -38,8 +45,8 @@ def read_tsv_collection(path: str | Path, b: SplitBuilder) -> int:
     ids = UniqueIds(p, "passage")
     n = 0
     with open(p, "rb") as f:
-        for line_no, raw in enumerate(f, start=1):
-            line = decode_utf8(raw, p).rstrip("\r\n") if raw.strip() else ""
+        for line_no, offset, raw in iter_raw_lines(f):
+            line = decode_utf8(raw, p, first_line=line_no, first_byte=offset).rstrip("\r\n")
             if not line:
                 continue
             pid, sep, text = line.partition("\t")

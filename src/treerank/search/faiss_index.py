@@ -349,7 +349,9 @@ def resolve_build(spec: IndexSpec, n_passages: int) -> IndexSpec:
 
 
 def store_signature(store: StoreLike) -> str:
-    """Hex SHA-256 identifying a store split's passage vectors.
+    """Hex SHA-256 identifying a store split's passage vectors: shown to people as the store's
+    *vectors digest* (``index info``, ``/info``), since ``meta.json``'s ``signature`` is another
+    hash (the embed run's plan) that this one includes.
 
     From ``meta.json``: the embed signature (data digest, encoder fingerprint, prompts, batching)
     and the data digest, counts and dimension; for Go-tool stores without them, the passage

@@ -29,13 +29,17 @@ class EncoderMismatchError(ValueError):
     names both sides."""
 
 
-def load_store_encoder(store: StoreLike, model: str | Path | None = None) -> Any:
+def load_store_encoder(
+    store: StoreLike, model: str | Path | None = None, *, progress: bool = False
+) -> Any:
     """The :class:`~treerank.encoders.SentenceEncoder` a store was embedded with.
 
     Args:
         store: an :class:`~treerank.store.EmbeddingStore` split with ``meta.json``.
         model: model name or directory to load instead of the one named in the store (its
             fingerprint must still match).
+        progress: show transformers' ``Loading weights`` bar (off: ``search`` and ``serve``
+            print results, not loading bars).
 
     Raises:
         EncoderMismatchError: the store records no fingerprint (a Go-tool store), or the loaded
@@ -59,6 +63,7 @@ def load_store_encoder(store: StoreLike, model: str | Path | None = None) -> Any
         passage_prompt=enc_meta.get("passage_prompt"),
         max_seq_length=enc_meta.get("max_seq_length"),
         name=name,
+        progress=progress,
     )
     if encoder.fingerprint != want:
         raise EncoderMismatchError(

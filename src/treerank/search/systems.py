@@ -245,6 +245,21 @@ class CheckpointSystem:
             self._family = fam
         return self._loaded[1]
 
+    def kept_initialisation(self) -> bool:
+        """Whether the checkpoint's training kept its initialisation (training summary
+        ``kept_initialisation``: early-stopped at step 0), read from its ``config.json``
+        without loading the weights; ``False`` when the file cannot say."""
+        import json
+
+        for cfg in (self.path / "config.json", self.path / "checkpoint" / "config.json"):
+            try:
+                doc = json.loads(cfg.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                continue
+            training = (doc.get("extra") or {}).get("training") or {}
+            return bool(isinstance(training, dict) and training.get("kept_initialisation"))
+        return False
+
     def family_for(self, store: StoreLike) -> Any:
         """The :class:`~treerank.models.families.ModelFamily` of the loaded checkpoint."""
         self.system_for(store)

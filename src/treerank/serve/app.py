@@ -6,7 +6,7 @@
                          -> ``{"system", "k", "results": [{"query", "hits": [{"rank",
                          "passage_id", "source_id", "score", "text"}]}], "took_ms"}``
 ``GET /health``          ``{"status": "ok"}``
-``GET /info``            encoder name + fingerprint, store path + signature + counts, served
+``GET /info``            encoder name + fingerprint, store path + vectors digest + counts, served
                          systems, index kind + parameters, limits, requests served
 =======================  ==================================================================
 

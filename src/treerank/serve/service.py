@@ -141,9 +141,9 @@ class SearchService:
         sig = store_signature(self.store)
         if meta.get("store_signature") != sig:
             raise EncoderMismatchError(
-                f"index {path} was built on store {meta.get('store')} (signature "
+                f"index {path} was built on store {meta.get('store')} (vectors digest "
                 f"{meta.get('store_signature')}), but the served store {self.store.path} has "
-                f"signature {sig}"
+                f"vectors digest {sig}"
             )
         fp = (meta.get("encoder") or {}).get("fingerprint")
         if fp != self.store.encoder_fingerprint:
@@ -159,15 +159,19 @@ class SearchService:
         return spec, system
 
     def info(self) -> dict[str, Any]:
-        """Encoder name + fingerprint, store path + signature + counts, systems, the ``--index``
-        directory's meta, and per FAISS system its index (:func:`faiss_index_info`)."""
+        """Encoder name + fingerprint, store path + vectors digest + embed signature + counts,
+        systems, the ``--index`` directory's meta, and per FAISS system its index
+        (:func:`faiss_index_info`)."""
         from treerank.search.faiss_index import store_signature
 
         return {
             "encoder": {"name": self.encoder.name, "fingerprint": self.encoder.fingerprint},
             "store": {
                 "path": str(self.store.path),
-                "signature": store_signature(self.store),
+                # a digest of the passage vectors (FAISS indexes record it), not meta.json's
+                # embed signature (the plan of the embed run), given too under its own name
+                "vectors_digest": store_signature(self.store),
+                "embed_signature": (self.store.meta or {}).get("signature"),
                 "n_passages": self.store.n_passages,
                 "dim": self.store.dim,
                 "split": self.store.split,

@@ -2,7 +2,7 @@
 
 from treerank.store.embed import EmbedStats, StoreExistsError, embed_split, split_digest
 from treerank.store.embedding_store import EmbeddingStore
-from treerank.store.format import IncompleteStoreError, StoreFormatError
+from treerank.store.format import IncompleteStoreError, StoreFormatError, StoreRootError
 from treerank.store.source_qrels import add_source_qrels
 
 __all__ = [
@@ -11,6 +11,7 @@ __all__ = [
     "IncompleteStoreError",
     "StoreExistsError",
     "StoreFormatError",
+    "StoreRootError",
     "add_source_qrels",
     "embed_split",
     "split_digest",

@@ -32,6 +32,7 @@ from treerank.store.format import (
     VECTOR_DTYPE,
     IncompleteStoreError,
     StoreFormatError,
+    StoreRootError,
     memmap_rows,
     rows_in,
 )
@@ -118,17 +119,7 @@ class EmbeddingStore:
                 )
             splits, pseudo = _root_splits(path)
             if splits or pseudo:
-                extra = (
-                    f" (beside them {', '.join(pseudo)}: pseudo-queries built for training, "
-                    "not a split)"
-                    if pseudo
-                    else ""
-                )
-                raise StoreFormatError(
-                    f"{path}: a store root holding the split(s) {', '.join(splits) or 'none'}"
-                    f"{extra}; open one split directory (e.g. {path / (splits or pseudo)[-1]}) "
-                    "or pass the split name (--split on the command line)"
-                )
+                raise StoreRootError(path, splits, pseudo)
             if dim is None:
                 raise StoreFormatError(
                     f"{meta_path}: file not found; for a store written by the Go cmd/embed tool "

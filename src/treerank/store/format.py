@@ -71,6 +71,62 @@ class StoreFormatError(ValueError):
     with another file. The message names the file."""
 
 
+class StoreRootError(StoreFormatError):
+    """A store *root* (``<root>/<split>/`` directories) was given where one split directory is
+    needed. The message names the splits and suggests one split directory; it advises no
+    command-line option (a command that has ``--split`` adds that itself, :meth:`advice`).
+
+    Attributes:
+        root: the directory. splits: its split names, sorted. pseudo: its training-data pseudo
+            splits (not dataset splits).
+    """
+
+    def __init__(self, root: Path, splits: list[str], pseudo: list[str]) -> None:
+        self.root = Path(root)
+        self.splits = list(splits)
+        self.pseudo = list(pseudo)
+        super().__init__(self.advice())
+
+    @classmethod
+    def missing_split(cls, root: StoreRootError, split: str) -> StoreRootError:
+        """The error for a root that lacks the wanted ``split`` (training's ``train``): it
+        names the missing split and suggests no other one (training on ``test`` is a leak)."""
+        err = cls(root.root, root.splits, root.pseudo)
+        err.args = (
+            f"{root.root}: a store root without a {split!r} split (it holds "
+            f"{', '.join(root.splits + root.pseudo) or 'none'}); embed that split first "
+            f"(treerank embed DATA --split {split} --out {root.root})",
+        )
+        return err
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+    @property
+    def example(self) -> str:
+        """The split to suggest: ``test`` when present, else a split other than ``train``."""
+        names = self.splits or self.pseudo
+        for name in ("test", *[n for n in names if n != "train"]):
+            if name in names:
+                return name
+        return names[0]
+
+    def advice(self, split_option: str | None = None) -> str:
+        """The message; with ``split_option`` (e.g. ``"--split"``) it also offers that option."""
+        extra = (
+            f" (beside them {', '.join(self.pseudo)}: pseudo-queries built for training, "
+            "not a split)"
+            if self.pseudo
+            else ""
+        )
+        option = f", or pass {split_option} {self.example}" if split_option else ""
+        return (
+            f"{self.root}: a store root holding the split(s) {', '.join(self.splits) or 'none'}"
+            f"{extra}, not one split; open one split directory (e.g. "
+            f"{self.root / self.example}){option}"
+        )
+
+
 class IncompleteStoreError(StoreFormatError):
     """The directory holds a store whose embed run has not finished (no ``meta.json``)."""
 

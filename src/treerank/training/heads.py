@@ -272,6 +272,8 @@ def train_contrastive(
         "steps": result.steps,
         "epochs": result.epochs,
         "best_step": result.best_step,
+        # the kept weights are the initialisation: no step beat step 0 on the held-out queries
+        "kept_initialisation": bool(result.best_step == 0 and result.best_metrics),
         "best_metrics": result.best_metrics,
         "stopped_early": result.stopped_early,
         "seconds": round(result.seconds, 3),

@@ -100,9 +100,18 @@ def plot_curves(
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     if train:
         steps = [r["step"] for r in train]
-        ax1.plot(steps, [r.get("loss") for r in train], label="loss")
+        # markers: a run that logged a single step still shows its point (a line needs two)
+        marker = "o" if len(steps) <= 50 else None
+        ax1.plot(steps, [r.get("loss") for r in train], marker=marker, ms=4, label="loss")
         if any(r.get("chance_loss") is not None for r in train):
-            ax1.plot(steps, [r.get("chance_loss") for r in train], "--", label="chance log(M)")
+            ax1.plot(
+                steps,
+                [r.get("chance_loss") for r in train],
+                "--",
+                marker=marker,
+                ms=3,
+                label="chance log(M)",
+            )
         ax1.legend()
     ax1.set_xlabel("optimizer step")
     ax1.set_ylabel("loss (nats per query: InfoNCE + regularisers)")

@@ -1,0 +1,910 @@
+"""A new user's mistakes (issue 22): every mistake of the trial
+(``shared/trials/new-user-2026-12-01.md``, numbered ``trial-NN`` as there) and new ones
+(``new-NN``), each with its exit code (:mod:`treerank.cli.errors`) and the message it must print,
+on a 30-passage BEIR folder of our own (``tests/fixtures/mybeir``) embedded once per session.
+
+Commands run in-process through typer's ``CliRunner``; none starts a server. The serve cases
+(HTTP errors) use the app in-process. Left to the `faults` work: the port already in use
+(trial #27), YAML types (#14: only the exit code is checked here) and FAISS parameter checks
+(#34, the small-store IVF-PQ).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from treerank.cli.errors import ExitCode
+from treerank.cli.main import app
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "mybeir"
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+runner = CliRunner()
+
+OK, FAILED, BAD = ExitCode.OK, ExitCode.FAILED, ExitCode.BAD_INPUT
+
+
+@dataclass
+class Env:
+    """The session's data: the BEIR folder, its store (train + test), a trained checkpoint."""
+
+    root: Path
+    data: Path
+    stores: Path
+    ckpt: Path
+    outputs: dict[str, str] = field(default_factory=dict)
+
+    def fmt(self, s: str, tmp: Path, bad: Path | None = None) -> str:
+        return s.format(
+            data=self.data, stores=self.stores, ckpt=self.ckpt, tmp=tmp, configs=CONFIGS, bad=bad
+        )
+
+
+def invoke(args: list[str]) -> tuple[int, str]:
+    res = runner.invoke(app, args)
+    if res.exception is not None and not isinstance(res.exception, SystemExit):
+        raise res.exception  # a traceback is never an answer to a mistake
+    return res.exit_code, " ".join(res.output.split())
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_encoder():
+    """Every ``embed`` of this file reuses one loaded default encoder (loading costs seconds;
+    the commands build it with the default model and settings, which this one has)."""
+    import treerank.encoders
+
+    real = treerank.encoders.SentenceEncoder
+    mp = pytest.MonkeyPatch()
+    mp.setattr(treerank.encoders, "SentenceEncoder", lambda *a, **k: _encoder(real))
+    yield
+    mp.undo()
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory, one_encoder) -> Env:
+    root = tmp_path_factory.mktemp("newuser")
+    data = root / "mybeir"
+    shutil.copytree(FIXTURE, data)
+    e = Env(root, data, root / "stores" / "mybeir", root / "ckpt" / "linear")
+    code, out = invoke(
+        ["embed", str(data), "--format", "beir", "--split", "train", "--split", "test"]
+        + ["--out", str(e.stores), "--no-progress"]
+    )
+    assert code == OK, out
+    e.outputs["embed"] = out
+    code, out = invoke(
+        ["train", "--model", "linear", "--store", str(e.stores)]
+        + ["--config", str(CONFIGS / "heads" / "linear.yaml"), "--out", str(e.ckpt)]
+        + ["--no-progress"]
+    )
+    assert code == OK, out
+    e.outputs["train"] = out
+    return e
+
+
+# ------------------------------------------------------------------------------ bad data sets
+def bad_copy(env: Env, tmp: Path, **changes: bytes | Callable[[bytes], bytes] | None) -> Path:
+    """A copy of the BEIR folder with files replaced (``corpus_jsonl=b"..."``; a callable gets
+    the old bytes; ``None`` removes the file)."""
+    out = tmp / "bad"
+    shutil.copytree(env.data, out)
+    for key, new in changes.items():
+        rel = key.replace("__", "/").replace("_jsonl", ".jsonl").replace("_tsv", ".tsv")
+        p = out / rel
+        if new is None:
+            p.unlink()
+        else:
+            p.write_bytes(new(p.read_bytes()) if callable(new) else new)
+    return out
+
+
+def line_edit(i: int, fn: Callable[[bytes], bytes]) -> Callable[[bytes], bytes]:
+    """Change 1-based line ``i`` of a file."""
+
+    def edit(raw: bytes) -> bytes:
+        lines = raw.split(b"\n")
+        lines[i - 1] = fn(lines[i - 1])
+        return b"\n".join(lines)
+
+    return edit
+
+
+@dataclass
+class Mistake:
+    """One mistake: ``args`` (``{data}``, ``{stores}``, ``{ckpt}``, ``{tmp}``, ``{configs}``
+    are filled in; ``{bad}`` is the folder ``setup`` returns), the exit code, and regexes the
+    output must match (``absent``: must not)."""
+
+    id: str
+    what: str
+    args: str
+    code: int
+    message: list[str]
+    setup: Callable[[Env, Path], Path | None] | None = None
+    absent: list[str] = field(default_factory=list)
+    nothing_written: str | None = None  # a path (formatted) that must not exist afterwards
+
+
+def _drop_train_split(env: Env, tmp: Path) -> Path:
+    root = tmp / "sf"
+    shutil.copytree(env.stores / "test", root / "test")
+    return root
+
+
+def _afile(env: Env, tmp: Path) -> Path:
+    (tmp / "afile").write_text("mine")
+    return tmp
+
+
+def _experiment(**edits: object) -> Callable[[Env, Path], Path]:
+    def setup(env: Env, tmp: Path) -> Path:
+        doc: dict = {
+            "name": "mine",
+            "output_dir": str(tmp / "runs" / "mine"),
+            "datasets": [
+                {"name": "mybeir", "path": str(env.data), "format": "beir"}
+                | {"train_split": "train", "eval_split": "test"}
+            ],
+            "systems": ["cosine", "bm25"],
+            "evaluate": {"k": 100, "baselines": ["cosine"], "metrics": ["ndcg@10"]},
+            "models": {"lin": {"family": "linear", "trainer": {"epochs": 3}}},
+        }
+        for path, value in edits.items():
+            cur = doc
+            *head, last = path.split("__")
+            for h in head:
+                cur = cur[int(h)] if isinstance(cur, list) else cur[h]
+            if isinstance(cur, list):
+                cur[int(last)] = value
+            else:
+                cur[last] = value
+        import yaml
+
+        (tmp / "exp.yaml").write_text(yaml.safe_dump(doc))
+        return tmp
+
+    return setup
+
+
+def _other_encoder_ckpt(env: Env, tmp: Path) -> Path:
+    ck = tmp / "other"
+    shutil.copytree(env.ckpt, ck)
+    doc = json.loads((ck / "config.json").read_text())
+    doc["encoder"] = {"name": "another/model", "fingerprint": "sha256:" + "0" * 64}
+    (ck / "config.json").write_text(json.dumps(doc))
+    return tmp
+
+
+def _partial_store(env: Env, tmp: Path) -> Path:
+    from treerank.encoders import SentenceEncoder
+    from treerank.readers import read_split
+    from treerank.store import embed_split
+
+    split = read_split(env.data, "beir", split="test")
+    with pytest.raises(KeyboardInterrupt):
+        embed_split(
+            split, _encoder(SentenceEncoder), tmp / "sf" / "test", progress=False,
+            stop_after_batches=1,
+        )  # fmt: skip
+    return tmp
+
+
+_ENC: list = []
+
+
+def _encoder(cls):  # the one encoder of the session (loading costs seconds)
+    if not _ENC:
+        _ENC.append(cls(progress=False))
+    return _ENC[0]
+
+
+EMBED = "embed {bad} --format beir --split test --out {tmp}/out --no-progress"
+EMBED_SMALL = EMBED + " --max-passages 9"  # a read that succeeds: encode only the judged ones
+EVAL = "evaluate --store {stores}/test --system cosine --no-overlap --permutations 200"
+
+MISTAKES = [
+    # ------------------------------------------------------------------- the trial's 38
+    Mistake(
+        "trial-01",
+        "--format typo",
+        "embed {data} --format bier --out {tmp}/o",
+        BAD,
+        [r"unknown format 'bier'; use one of \[.*'beir'"],
+        nothing_written="{tmp}/o",
+    ),
+    Mistake(
+        "trial-02",
+        "wrong format for the folder",
+        "embed {data} --format msmarco --out {tmp}/o",
+        BAD,
+        [
+            r"corpus\.jsonl, row 1: row lacks 'query' / 'query_id' \(this looks like 'beir' data: "
+            r"pass --format beir or auto\)"
+        ],
+    ),
+    Mistake(
+        "trial-03",
+        "path does not exist",
+        "embed {tmp}/nope --out {tmp}/o",
+        BAD,
+        [r"nope: file or directory not found"],
+    ),
+    Mistake(
+        "trial-04",
+        "split not in qrels",
+        "embed {data} --format beir --split dev --out {tmp}/o",
+        BAD,
+        [r"qrels/dev\.tsv: file not found"],
+        nothing_written="{tmp}/o",
+    ),
+    Mistake(
+        "trial-05",
+        "a JSON line cut in a string",
+        EMBED,
+        BAD,
+        [r"corpus\.jsonl, row 12: invalid JSON \(Invalid control character at column \d+\)"],
+        lambda e, t: bad_copy(e, t, corpus_jsonl=line_edit(12, lambda b: b[:40] + b"\n")),
+    ),
+    Mistake(
+        "trial-06",
+        "qrels query id missing from queries.jsonl",
+        EMBED,
+        BAD,
+        [r"qrels/test\.tsv: 1 query id\(s\) absent from queries\.jsonl, e\.g\. q99"],
+        lambda e, t: bad_copy(e, t, qrels__test_tsv=lambda b: b + b"q99\tcof1\t1\n"),
+    ),
+    Mistake(
+        "trial-07",
+        "a query with empty text",
+        EMBED,
+        BAD,
+        [r"queries\.jsonl, row 5: empty query \(_id q5\)"],
+        lambda e, t: bad_copy(
+            e, t, queries_jsonl=line_edit(5, lambda b: b'{"_id": "q5", "text": " "}')
+        ),
+    ),
+    Mistake(
+        "trial-08",
+        "byte 0xe9 on line 5 of corpus.jsonl",
+        EMBED,
+        BAD,
+        [r"corpus\.jsonl, row 5: invalid UTF-8 byte 0xe9 at byte \d+ of the file"],
+        lambda e, t: bad_copy(
+            e, t, corpus_jsonl=line_edit(5, lambda b: b.replace(b"Light", b"L\xe9ght"))
+        ),
+    ),
+    Mistake(
+        "trial-08b",
+        "byte 0xe9 on line 7 of queries.jsonl",
+        EMBED,
+        BAD,
+        [r"queries\.jsonl, row 7: invalid UTF-8 byte 0xe9"],
+        lambda e, t: bad_copy(
+            e, t, queries_jsonl=line_edit(7, lambda b: b.replace(b"caffeine", b"caf\xe9ine"))
+        ),
+    ),
+    Mistake(
+        "trial-09",
+        "evaluate a split that does not exist",
+        "evaluate --store {stores}/dev --system cosine",
+        BAD,
+        [r"mybeir/dev: store directory not found"],
+    ),
+    Mistake(
+        "trial-10",
+        "evaluate the store root",
+        "evaluate --store {stores} --system cosine",
+        BAD,
+        [
+            r"a store root holding the split\(s\) test, train",
+            r"\(e\.g\. \S+/mybeir/test\)",
+            r"or pass --split test",
+        ],
+    ),
+    Mistake(
+        "trial-11",
+        "search on the store root",
+        "search --store {stores} -q coffee",
+        BAD,
+        [r"a store root holding the split\(s\) test, train", r"\(e\.g\. \S+/mybeir/test\)"],
+        absent=[r"--split"],
+    ),
+    Mistake(
+        "trial-11b",
+        "index build on the store root",
+        "index build --store {stores} --index faiss:flat",
+        BAD,
+        [r"store root holding", r"mybeir/test\)"],
+        absent=[r"--split"],
+    ),
+    Mistake(
+        "trial-11c",
+        "serve on the store root",
+        "serve --store {stores} --port 1",
+        BAD,
+        [r"store root holding", r"mybeir/test\)"],
+        absent=[r"--split"],
+    ),
+    Mistake(
+        "trial-11d",
+        "search --split (an option it has not)",
+        "search --store {stores} --split test -q coffee",
+        BAD,
+        [r"No such option: --split"],
+    ),
+    Mistake(
+        "trial-12",
+        "--system typo",
+        EVAL + " --system bm52 --out {tmp}/e",
+        BAD,
+        [r"unknown system kind 'bm52'; did you mean 'bm25'\?"],
+        nothing_written="{tmp}/e",
+    ),
+    Mistake(
+        "trial-13",
+        "misspelled key deep in the YAML",
+        "run {tmp}/exp.yaml",
+        BAD,
+        [
+            r"exp\.yaml: models\.lin\.validation: unknown key\(s\) group_by_pasage; allowed: "
+            r".*group_by_passage"
+        ],
+        _experiment(models__lin__validation={"group_by_pasage": True}),
+        nothing_written="{tmp}/runs",
+    ),
+    Mistake(
+        "trial-14",
+        "wrong value type in the YAML (epochs: three)",
+        "run {tmp}/exp.yaml",
+        BAD,
+        [r"exp\.yaml: models\.lin\.trainer"],
+        _experiment(models__lin__trainer={"epochs": "three"}),
+        nothing_written="{tmp}/runs",
+    ),
+    Mistake(
+        "trial-15",
+        "system typo inside the YAML",
+        "run {tmp}/exp.yaml",
+        BAD,
+        [
+            r"1 problem found before running anything",
+            r"systems\[2\]: unknown system kind "
+            r"'cosin'; did you mean 'cosine'\?",
+        ],
+        _experiment(systems=["cosine", "bm25", "rrf:bm25+cosin"]),
+        nothing_written="{tmp}/runs",
+    ),
+    Mistake(
+        "trial-16",
+        "top-level key typo",
+        "run {tmp}/exp.yaml",
+        BAD,
+        [r"the top level: unknown key\(s\) evalute"],
+        _experiment(evalute={"k": 10}),
+        nothing_written="{tmp}/runs",
+    ),
+    Mistake(
+        "trial-16b",
+        "dataset key typo",
+        "run {tmp}/exp.yaml",
+        BAD,
+        [r"datasets\[0\]: unknown key\(s\) eval_spilt"],
+        _experiment(datasets__0__eval_spilt="test"),
+        nothing_written="{tmp}/runs",
+    ),
+    Mistake(
+        "trial-16c",
+        "dataset path typo",
+        "run {tmp}/exp.yaml",
+        BAD,
+        [r"datasets\[0\]\.path \S+mybeirr does not exist"],
+        _experiment(datasets__0__path="/nonexistent/mybeirr"),
+        nothing_written="{tmp}/runs",
+    ),
+    Mistake(
+        "trial-17",
+        "--k 0",
+        EVAL + " --k 0",
+        BAD,
+        [r"the run depth k \(--k; evaluate\.k in an experiment\) must be at least 1, got 0"],
+    ),
+    Mistake(
+        "trial-18",
+        "--k 5 with the default metrics",
+        EVAL + " --k 5",
+        BAD,
+        [r"--k 5 is below the cutoff of every default metric"],
+    ),
+    Mistake(
+        "trial-18b",
+        "--k 5 with --metric ndcg@10",
+        EVAL + " --k 5 --metric ndcg@10",
+        BAD,
+        [r"ndcg@10 cannot be measured on a top-5 run"],
+    ),
+    Mistake(
+        "trial-19",
+        "--k larger than the corpus",
+        EVAL + " --k 1000000",
+        OK,
+        [r"7 queries evaluated"],
+    ),
+    Mistake(
+        "trial-20",
+        "train with a config of another family",
+        "train --model linear --store {stores} --config {configs}/drt/default.yaml --out {tmp}/ck",
+        BAD,
+        [r"default\.yaml.*unknown key\(s\) .*attn_hidden"],
+        nothing_written="{tmp}/ck",
+    ),
+    Mistake(
+        "trial-21",
+        "--model typo",
+        "train --model linaer --store {stores} --out {tmp}/ck",
+        BAD,
+        [r"unknown model family 'linaer'; did you mean 'linear'\?"],
+    ),
+    Mistake(
+        "trial-22",
+        "train on a root without train/",
+        "train --model linear --store {bad} --out {tmp}/ck",
+        BAD,
+        [r"a store root without a 'train' split \(it holds test\)", r"--split train"],
+        _drop_train_split,
+        absent=[r"sf/test"],
+        nothing_written="{tmp}/ck",
+    ),
+    Mistake(
+        "trial-24",
+        "re-run an interrupted embed without --resume",
+        "embed {data} --format beir --split test --out {tmp}/sf --no-progress",
+        BAD,
+        [r"sf/test/progress\.json: an unfinished embed run is here; pass resume \(--resume\)"],
+        _partial_store,
+    ),
+    Mistake(
+        "trial-26",
+        "embed over a finished store",
+        "embed {data} --format beir --split test --out {stores} --no-progress",
+        BAD,
+        [r"meta\.json: a finished store is already here; pass overwrite \(--overwrite\)"],
+    ),
+    Mistake(
+        "trial-31",
+        "serve with an index of another store",
+        "serve --store {stores}/test --index {tmp}/idx --port 1",
+        BAD,
+        [
+            r"was built on store \S+train \(vectors digest [0-9a-f]{64}\), but the served store "
+            r"\S+test has vectors digest"
+        ],
+        lambda e, t: _index_of(e, t, "train"),
+    ),
+    Mistake(
+        "trial-32",
+        "ckpt: path typo",
+        EVAL + " --system ckpt:{tmp}/lineaar --out {tmp}/e",
+        FAILED,
+        [
+            r"system ckpt:\S+lineaar failed: FileNotFoundError: \S+config\.json: missing "
+            r"\(not a treerank checkpoint directory\)",
+            r"7 queries evaluated",
+        ],
+    ),
+    Mistake(
+        "trial-33",
+        "index kind typo",
+        "index build --store {stores}/test --index faiss:hsnw",
+        BAD,
+        [r"unknown index kind 'hsnw'; did you mean 'hnsw'\?"],
+    ),
+    Mistake(
+        "trial-33b",
+        "index parameter typo",
+        "index build --store {stores}/test --index faiss:hnsw:m=32",
+        BAD,
+        [r"'m=32' is not one of M=\.\.\."],
+    ),
+    Mistake(
+        "trial-35",
+        "evaluate --out is an existing file",
+        EVAL + " --out {tmp}/afile",
+        BAD,
+        [r"afile: exists and is not a directory"],
+        _afile,
+        absent=[r"Traceback", r"queries evaluated"],
+        nothing_written="{tmp}/.afile.lock",
+    ),
+    Mistake(
+        "trial-36",
+        "qrels without header, space-separated",
+        EMBED_SMALL,
+        OK,
+        [r"7 queries"],
+        lambda e, t: bad_copy(
+            e,
+            t,
+            qrels__test_tsv=lambda b: b"\n".join(
+                x.replace(b"\t", b" ") for x in b.split(b"\n")[1:]
+            ),
+        ),
+    ),
+    Mistake(
+        "trial-36b",
+        "a judged passage not in the corpus",
+        EMBED_SMALL,
+        OK,
+        [
+            r"warning: 1 of 10 judgments name a passage that is not in the corpus and were "
+            r"dropped \(e\.g\. query q7 -> passage bik99\)"
+        ],
+        lambda e, t: bad_copy(e, t, qrels__test_tsv=lambda b: b + b"q7\tbik99\t1\n"),
+    ),
+    Mistake(
+        "trial-37",
+        "duplicate _id",
+        EMBED,
+        BAD,
+        [
+            r"corpus\.jsonl, row 15: document id 'vol4' repeated \(rows 14 and 15\); ids must "
+            r"be unique"
+        ],
+        lambda e, t: bad_copy(
+            e, t, corpus_jsonl=line_edit(15, lambda b: b.replace(b'"vol5"', b'"vol4"'))
+        ),
+    ),
+    Mistake(
+        "trial-37b",
+        "id instead of _id",
+        EMBED,
+        BAD,
+        [r"corpus\.jsonl, row 1: missing key\(s\) \['_id'\]"],
+        lambda e, t: bad_copy(
+            e, t, corpus_jsonl=line_edit(1, lambda b: b.replace(b'"_id"', b'"id"'))
+        ),
+    ),
+    # ------------------------------------------------------------------------- new ones
+    Mistake(
+        "new-01",
+        "an empty corpus.jsonl",
+        EMBED,
+        BAD,
+        [r"bad\S*: .*(no passages|passage)"],
+        lambda e, t: bad_copy(e, t, corpus_jsonl=b""),
+    ),
+    Mistake(
+        "new-02",
+        "qrels with the header only",
+        EMBED,
+        BAD,
+        [r"qrels/test\.tsv: no judgments \(an empty file or a header line only\)"],
+        lambda e, t: bad_copy(e, t, qrels__test_tsv=b"query-id\tcorpus-id\tscore\n"),
+    ),
+    Mistake(
+        "new-03",
+        "a negative grade (clipped to 0: not relevant)",
+        EMBED_SMALL,
+        OK,
+        [r"7 queries"],
+        lambda e, t: bad_copy(e, t, qrels__test_tsv=lambda b: b.replace(b"cof2\t1", b"cof2\t-1")),
+    ),
+    Mistake(
+        "new-04",
+        "a UTF-8 BOM at the start of corpus.jsonl",
+        EMBED_SMALL,
+        OK,
+        [r"7 queries, 9 passages"],
+        lambda e, t: bad_copy(e, t, corpus_jsonl=lambda b: b"\xef\xbb\xbf" + b),
+    ),
+    Mistake(
+        "new-05",
+        "CRLF line endings everywhere",
+        EMBED_SMALL,
+        OK,
+        [r"7 queries, 9 passages"],
+        lambda e, t: bad_copy(
+            e,
+            t,
+            **{
+                k: (lambda b: b.replace(b"\n", b"\r\n"))
+                for k in ("corpus_jsonl", "queries_jsonl", "qrels__test_tsv")
+            },
+        ),
+    ),
+    Mistake(
+        "new-06",
+        "a directory passed as --config",
+        "train --model linear --store {stores} --config {tmp} --out {tmp}/ck",
+        BAD,
+        [r"is a directory; the config must be a YAML file"],
+        nothing_written="{tmp}/ck",
+    ),
+    Mistake(
+        "new-07",
+        "--k not an integer",
+        EVAL + " --k ten",
+        BAD,
+        [r"Invalid value for '--k': .*valid integer"],
+    ),
+    Mistake(
+        "new-08",
+        "corpus.jsonl is a directory",
+        EMBED,
+        BAD,
+        [r"corpus\.jsonl: not a regular file"],
+        lambda e, t: _dir_instead(bad_copy(e, t), "corpus.jsonl"),
+    ),
+    Mistake(
+        "new-09",
+        "a checkpoint of another encoder",
+        EVAL + " --system ckpt:{tmp}/other",
+        FAILED,
+        [r"ckpt:\S+other failed: EncoderMismatchError: .*fingerprint"],
+        _other_encoder_ckpt,
+    ),
+    Mistake(
+        "new-10",
+        "a repeated query _id",
+        EMBED,
+        BAD,
+        [r"queries\.jsonl, row 12: query id 'q1' repeated \(rows 1 and 12\)"],
+        lambda e, t: bad_copy(
+            e, t, queries_jsonl=line_edit(12, lambda b: b.replace(b'"q12"', b'"q1"'))
+        ),
+    ),
+    Mistake(
+        "new-11",
+        "evaluate --out below a file",
+        EVAL + " --out {tmp}/afile/eval",
+        BAD,
+        [r"afile/eval: cannot be created, \S+afile is a file"],
+        _afile,
+        nothing_written="{tmp}/afile/eval",
+    ),
+    Mistake(
+        "new-12",
+        "train --out is an existing file",
+        "train --model linear --store {stores} --out {tmp}/afile",
+        BAD,
+        [r"afile: exists and is not a directory"],
+        _afile,
+        absent=[r"held-out"],
+    ),
+    Mistake(
+        "new-13",
+        "a grade that is not an integer",
+        EMBED,
+        BAD,
+        [r"qrels/test\.tsv, row 3: .*grade"],
+        lambda e, t: bad_copy(e, t, qrels__test_tsv=lambda b: b.replace(b"cof2\t1", b"cof2\tx")),
+    ),
+    Mistake(
+        "new-14",
+        "search with a missing --queries file",
+        "search --store {stores}/test --queries {tmp}/q.txt",
+        BAD,
+        [r"q\.txt: file not found"],
+    ),
+    Mistake(
+        "new-15",
+        "search --format typo",
+        "search --store {stores}/test -q coffee -f csv",
+        BAD,
+        [r"--format must be table, json or trec, not 'csv'"],
+    ),
+    Mistake(
+        "new-16",
+        "a corrupt meta.json in a store",
+        "evaluate --store {bad} --system cosine",
+        BAD,
+        [r"meta\.json: not valid JSON"],
+        lambda e, t: _corrupt_meta(e, t),
+    ),
+    Mistake(
+        "new-17",
+        "evaluate a store whose embed was interrupted",
+        "evaluate --store {tmp}/sf/test --system cosine",
+        BAD,
+        [r"sf/test: incomplete store .*--resume"],
+        _partial_store,
+    ),
+    Mistake(
+        "new-18",
+        "--baseline not among --system (added, not refused)",
+        EVAL + " --system bm25 --baseline bm25",
+        OK,
+        [r"7 queries evaluated"],
+    ),
+    Mistake(
+        "new-19",
+        "a query id with a space in qrels",
+        EMBED,
+        BAD,
+        [r"qrels/test\.tsv, row \d+: query id 'q 1' is empty or contains white space"],
+        lambda e, t: bad_copy(e, t, qrels__test_tsv=lambda b: b + b"q 1\tcof1\t1\n"),
+    ),
+    Mistake(
+        "new-20",
+        "a JSON array line instead of an object",
+        EMBED,
+        BAD,
+        [r"corpus\.jsonl, row 3: expected a JSON object"],
+        lambda e, t: bad_copy(e, t, corpus_jsonl=line_edit(3, lambda b: b"[1, 2]")),
+    ),
+]
+
+
+MISTAKES.append(
+    Mistake(
+        "new-21",
+        "search --out is a directory",
+        "search --store {stores}/test -q coffee -f json --out {tmp}",
+        BAD,
+        [r"cannot be written: --out names a file, and this is a directory"],
+    )
+)
+
+
+def _index_of(env: Env, tmp: Path, split: str) -> Path:
+    from treerank.search.faiss_index import build_index
+    from treerank.store import EmbeddingStore
+
+    build_index(EmbeddingStore.open(env.stores / split), "flat", index_dir=tmp / "idx-parent")
+    (built,) = [p for p in (tmp / "idx-parent").iterdir() if p.is_dir()]
+    built.rename(tmp / "idx")
+    return tmp
+
+
+def _dir_instead(folder: Path, name: str) -> Path:
+    (folder / name).unlink()
+    (folder / name).mkdir()
+    return folder
+
+
+def _corrupt_meta(env: Env, tmp: Path) -> Path:
+    out = tmp / "corrupt"
+    shutil.copytree(env.stores / "test", out)
+    (out / "meta.json").write_text('{"dim": 384,')
+    return out
+
+
+@pytest.mark.parametrize("m", MISTAKES, ids=[m.id for m in MISTAKES])
+def test_mistake(m: Mistake, env: Env, tmp_path: Path) -> None:
+    bad = m.setup(env, tmp_path) if m.setup else None
+    args = env.fmt(m.args, tmp_path, bad).split()
+    code, out = invoke(args)
+    if os.environ.get("TREERANK_MISTAKES_TABLE"):  # a JSON line per case, for the notes' table
+        with open(os.environ["TREERANK_MISTAKES_TABLE"], "a", encoding="utf-8") as f:
+            root = str(tmp_path)
+            f.write(json.dumps({"id": m.id, "what": m.what, "code": code, "out": out.replace(
+                root, "<tmp>").replace(str(env.root), "<session>")}) + "\n")  # fmt: skip
+    assert code == m.code, out
+    for pattern in m.message:
+        assert re.search(pattern, out), (pattern, out)
+    for pattern in m.absent:
+        assert not re.search(pattern, out), (pattern, out)
+    assert "Traceback" not in out
+    if m.nothing_written:
+        assert not Path(env.fmt(m.nothing_written, tmp_path)).exists()
+    assert not list(tmp_path.rglob(".*.lock")), "a lock file was left behind"
+
+
+# ------------------------------------------------------------- cases that need more than a call
+def test_trial_23_ctrl_c_during_embed_exits_130(env: Env, tmp_path: Path, monkeypatch) -> None:
+    import treerank.store
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(treerank.store, "embed_split", interrupted)
+    code, out = invoke(
+        ["embed", str(env.data), "--format", "beir", "--split", "test", "--out", str(tmp_path)]
+    )
+    assert code == ExitCode.INTERRUPTED
+    assert "interrupted: the partial store is marked incomplete; rerun the same command with " \
+        "--resume to finish it" in out  # fmt: skip
+
+
+HOLD = """
+import sys, time
+from treerank.lock import writer_lock
+with writer_lock(sys.argv[1], "embed"):
+    print("held", flush=True)
+    time.sleep(60)
+"""
+
+
+def test_trial_25_two_writers_of_one_store(env: Env, tmp_path: Path) -> None:
+    dest = tmp_path / "s_two" / "test"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(dest)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+        code, out = invoke(
+            ["embed", str(env.data), "--format", "beir", "--split", "test"]
+            + ["--out", str(tmp_path / "s_two"), "--no-progress"]
+        )
+    finally:
+        proc.kill()
+        proc.wait()
+    assert code == BAD
+    assert re.search(
+        rf"s_two/test: another treerank process is writing here: pid {proc.pid} \(embed\)", out
+    ), out
+
+
+def test_trial_tour_and_untrained_head_flagged(env: Env, tmp_path: Path) -> None:
+    """Trial tour + problem 17: the linear head early-stopped at step 0 is flagged by train
+    and by evaluate (console, table.md, results.json)."""
+    assert "30 passages" in env.outputs["embed"]
+    assert re.search(r"kept_initialisation\s*│?\s*True", env.outputs["train"])
+    assert "is its untrained initialisation" in env.outputs["train"]
+    out_dir = tmp_path / "eval"
+    code, out = invoke(
+        EVAL.format(stores=env.stores).split()
+        + ["--system", "bm25", "--system", f"ckpt:{env.ckpt}", "--out", str(out_dir)]
+    )
+    assert code == OK, out
+    assert f"warning: the saved model of ckpt:{env.ckpt} is its untrained initialisation" in out
+    assert "untrained initialisation" in (out_dir / "table.md").read_text()
+    doc = json.loads((out_dir / "results.json").read_text())
+    assert doc["untrained"] == [f"ckpt:{env.ckpt}"]
+    assert "exercises the format path" not in out
+    assert not list(tmp_path.rglob(".*.lock"))  # a finished evaluate leaves no lock
+
+
+def test_trial_38_api_split_as_format(env: Env) -> None:
+    from treerank.readers import DataFormatError, read_split
+
+    with pytest.raises(DataFormatError, match=r"unknown format 'test'; use one of"):
+        read_split(env.data, "test")
+    s = read_split(env.data, "beir", split="test")
+    assert repr(s).startswith("RetrievalSplit(name='test', source='beir', n_queries=7")
+    assert len(repr(s)) < 200  # problem 16: counts, not every text
+
+
+def test_trial_28_to_30_http_mistakes(env: Env) -> None:
+    from starlette.testclient import TestClient
+
+    from treerank.serve.app import create_app
+    from treerank.serve.service import SearchService, ServiceConfig
+
+    service = SearchService(
+        ServiceConfig(store=env.stores / "test", systems=("cosine",)),
+        encoder=_encoder(__import__("treerank.encoders", fromlist=["x"]).SentenceEncoder),
+    )
+    client = TestClient(create_app(service))
+    bad_json = client.post(
+        "/search",
+        content=b'{"query": "coffee", "k": 3',
+        headers={"content-type": "application/json"},
+    )
+    assert bad_json.status_code == 422 and "JSON decode error" in bad_json.text
+    for k in (-1, 0):
+        r = client.post("/search", json={"query": "coffee", "k": k})
+        assert r.status_code == 422 and "greater than or equal to 1" in r.text
+    assert client.post("/search", json={"query": "coffee", "k": 5000}).status_code == 422
+    r = client.post("/search", json={"query": "coffee", "system": "cosin"})
+    assert r.status_code == 400 and "system 'cosin' is not served; served: cosine" in r.text
+    assert client.post("/search", json={"query": ""}).status_code == 422
+    assert client.post("/search", json={"query": "x", "kk": 3}).status_code == 422
+    assert client.post("/search", json={"k": 3}).status_code == 422
+    info = client.get("/info").json()["store"]
+    assert "signature" not in info and len(info["vectors_digest"]) == 64
+
+
+def test_every_mistake_id_is_unique() -> None:
+    ids = [m.id for m in MISTAKES]
+    assert len(ids) == len(set(ids))
+    assert sum(i.startswith("new-") for i in ids) >= 10
