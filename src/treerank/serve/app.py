@@ -329,6 +329,6 @@ def serve(
     config = uvicorn.Config(
         create_app(service),
         log_level="info",
-        timeout_graceful_shutdown=graceful_s,
+        timeout_graceful_shutdown=max(1, round(graceful_s)),
     )
     uvicorn.Server(config).run(sockets=[sock])
