@@ -217,9 +217,7 @@ def main() -> None:
                 if (i + 1) % every == 0:
                     samples.append((i + 1, rss_mib(proc.pid)))
 
-            run = level(
-                base, texts, 8, args.rss_requests, args.k, args.system, 1e9, on_done=sample
-            )
+            run = level(base, texts, 8, args.rss_requests, args.k, args.system, 1e9, on_done=sample)
             samples.sort()
             vals = [v for _, v in samples] or [0.0]
             half = vals[len(vals) // 2 :]
