@@ -160,6 +160,13 @@ def test_app_limits_surrogates_and_timeout() -> None:
             "query 0 has 51 characters; the limit is 50 (max_query_chars, --max-query-chars)"
         )
         assert client.post("/search", json={"query": "a", "k": 21}).status_code == 422
+        for bad_k in (b"NaN", b"1e309", b"true", b'"5"', b"2.5"):  # 422, never 500 or a cast
+            res = client.post(
+                "/search",
+                content=b'{"query": "a", "k": ' + bad_k + b"}",
+                headers={"content-type": "application/json"},
+            )
+            assert res.status_code == 422, (bad_k, res.text)
         svc.delay_s = 1.0
         slow = client.post("/search", json={"query": "slow"})
         assert slow.status_code == 504

@@ -76,7 +76,9 @@ class SearchRequest(BaseModel):
 
     query: str | None = Field(None, min_length=1, description="One query text.")
     queries: list[str] | None = Field(None, min_length=1, description="A batch of query texts.")
-    k: int = Field(10, ge=1, description="Hits per query (at most the server's max_k).")
+    k: int = Field(
+        10, ge=1, strict=True, description="Hits per query (at most the server's max_k)."
+    )
     system: str | None = Field(None, description="A served system spec (see /info).")
 
     @field_validator("query")
@@ -195,7 +197,7 @@ def create_app(service: SearchService, batcher: QueryBatcher | None = None) -> F
     async def invalid(request: Request, exc: RequestValidationError) -> AsciiJSONResponse:
         try:
             detail = jsonable_encoder(exc.errors())
-            json.dumps(detail, ensure_ascii=True)
+            json.dumps(detail, ensure_ascii=True, allow_nan=False)  # NaN / 1e309 inputs too
         except (TypeError, ValueError):  # an input that does not serialise: drop the echoes
             detail = [
                 {k: v for k, v in e.items() if k in ("type", "loc", "msg")} for e in exc.errors()
