@@ -27,6 +27,9 @@ from treerank.search.systems import build_system
         ("bm25+rm3:orig_weight=nan", "orig_weight='nan' is not a finite number"),
         ("faiss:hnsw:ef_search=0", "ef_search must be >= 1, got 0"),
         ("faiss:ivfflat:nprobe=0", "nprobe must be >= 1, got 0"),
+        ("faiss:hnsw:M=1", "M must be >= 2, got 1"),
+        ("rescore:bm25:depth=0", "depth must be >= 1, got 0"),
+        ("rrf:bm25+cosine:k=1e3", "k='1e3' is not a int"),
     ],
 )
 def test_out_of_range_parameters_are_refused_at_parse(spec: str, message: str) -> None:

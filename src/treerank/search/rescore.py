@@ -241,7 +241,7 @@ def parse_rescore(body: str, spec: str) -> tuple[str, int, str]:
                     f"bad system spec {spec!r}: depth={value!r} is not an int"
                 ) from None
             if depth < 1:
-                raise ValueError(f"bad system spec {spec!r}: depth must be >= 1")
+                raise ValueError(f"bad system spec {spec!r}: depth must be >= 1, got {depth}")
         else:
             scorer = value
     return inner, depth, scorer
