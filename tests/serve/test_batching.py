@@ -213,3 +213,34 @@ def test_port_in_use_is_refused_before_anything() -> None:
     finally:
         first.close()
     assert threading.active_count() >= 1
+
+
+def test_graceful_shutdown_answers_the_request_in_flight() -> None:
+    # what SIGTERM / Ctrl-C does (uvicorn's handler sets should_exit), on a real uvicorn server
+    import httpx
+    import uvicorn
+
+    svc = _service(delay_s=1.0)
+    sock = bind_socket("127.0.0.1", 0)
+    port = sock.getsockname()[1]
+    app = create_app(svc)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=10))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert server.started
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        pending = pool.submit(
+            httpx.post, f"http://127.0.0.1:{port}/search", json={"query": "slow"}, timeout=30
+        )
+        time.sleep(0.3)  # the request is in the worker's 1 s search now
+        server.should_exit = True
+        res = pending.result(timeout=30)
+    assert res.status_code == 200 and res.json()["results"][0]["hits"][0]["passage_id"] == 4
+    thread.join(timeout=30)
+    assert not thread.is_alive()
+    with pytest.raises(ServiceStopped):  # the lifespan stopped the batcher
+        app.state.batcher.submit(["late"], 10, "cosine")
+    sock.close()
