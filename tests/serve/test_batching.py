@@ -41,13 +41,19 @@ class FakeService:
     def info(self) -> dict[str, Any]:
         return {"systems": list(self.systems)}
 
+    busy: bool = False
+
     def search(self, texts, k=10, system=None, count=True):
         self.calls.append((system, k, len(texts)))
-        if self.delay_s:
-            time.sleep(self.delay_s)
-        if any(t == "boom" for t in texts):
-            raise RuntimeError("engine failed")
-        return [[Hit(1, len(t), str(len(t)), float(k), t)] for t in texts]
+        self.busy = True
+        try:
+            if self.delay_s:
+                time.sleep(self.delay_s)
+            if any(t == "boom" for t in texts):
+                raise RuntimeError("engine failed")
+            return [[Hit(1, len(t), str(len(t)), float(k), t)] for t in texts]
+        finally:
+            self.busy = False
 
 
 def _service(**cfg: Any) -> FakeService:
@@ -57,7 +63,8 @@ def _service(**cfg: Any) -> FakeService:
 
 def test_concurrent_submits_share_one_engine_call() -> None:
     svc = _service()
-    b = QueryBatcher(svc, window_s=0.2, max_queries=64)
+    # the round closes when 12 texts wait (or after 10 s): no timing in the assertion
+    b = QueryBatcher(svc, window_s=10.0, max_queries=12)
     b.start()
     texts = [f"q{'x' * i}" for i in range(12)]
     futures = [b.submit([t], 10, "cosine") for t in texts]
@@ -172,7 +179,9 @@ def test_app_limits_surrogates_and_timeout() -> None:
         assert slow.status_code == 504
         assert "not answered within 0.3 s (request_timeout_s" in slow.json()["detail"]
         svc.delay_s = 0.0
-        time.sleep(1.0)  # the slow search still runs in the worker; the next waits behind it
+        wait = time.monotonic() + 30
+        while svc.busy and time.monotonic() < wait:  # the slow search still runs in the worker
+            time.sleep(0.01)
         boom = client.post("/search", json={"query": "boom"})
         assert boom.status_code == 500 and "engine failed" in boom.json()["detail"]
         info = client.get("/info").json()
@@ -190,7 +199,7 @@ def test_requests_after_shutdown_get_503() -> None:
 
 
 def test_concurrent_http_requests_are_batched() -> None:
-    svc = _service(delay_s=0.02, batch_window_s=0.01)
+    svc = _service(delay_s=0.05, batch_window_s=0.01)
     with TestClient(create_app(svc)) as client:
 
         def ask(i: int) -> tuple[int, int]:
@@ -235,7 +244,10 @@ def test_graceful_shutdown_answers_the_request_in_flight() -> None:
         pending = pool.submit(
             httpx.post, f"http://127.0.0.1:{port}/search", json={"query": "slow"}, timeout=30
         )
-        time.sleep(0.3)  # the request is in the worker's 1 s search now
+        wait = time.monotonic() + 30
+        while not svc.calls and time.monotonic() < wait:  # until the search has started
+            time.sleep(0.01)
+        assert svc.calls
         server.should_exit = True
         res = pending.result(timeout=30)
     assert res.status_code == 200 and res.json()["results"][0]["hits"][0]["passage_id"] == 4
