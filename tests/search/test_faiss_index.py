@@ -279,3 +279,102 @@ def test_fastscan_pq_sq8_refine(store, exact, tmp_path) -> None:
     np.testing.assert_allclose(refined.scores[:, :10], exact.scores[:, :10], atol=0.02)
     with pytest.raises(ValueError, match="refine=4 must be 0"):
         build_index(store, "ivfpqfs:nlist=8,refine=4", index_dir=tmp_path)
+
+
+def _nan_store(tmp_path, row: int = 3, record: bool | None = None):
+    """The tiny 8-passage store with passage ``row`` NaN; ``record``: the meta ``finite`` field."""
+    import json
+
+    from tests.search.tiny_store import write_tiny_store
+    from treerank.store import EmbeddingStore
+
+    root = tmp_path / "nan"
+    st = write_tiny_store(root)
+    p = np.fromfile(root / "passages.bin", dtype="<f4").reshape(st.n_passages, st.dim)
+    p[row, 2] = np.nan
+    p.tofile(root / "passages.bin")
+    if record is not None:
+        meta = json.loads((root / "meta.json").read_text())
+        meta["finite"] = record
+        meta["first_non_finite_row"] = {"queries": None, "passages": None if record else row}
+        (root / "meta.json").write_text(json.dumps(meta))
+    return EmbeddingStore.open(root)
+
+
+@pytest.mark.parametrize("kind", ["flat", "hnsw", "int8", "binary", "ivfflat", "fp16"])
+def test_nan_passage_is_refused_by_every_kind(kind, tmp_path) -> None:
+    # FAISS alone drops it (flat, hnsw) or ranks it with a finite score (int8, binary)
+    from treerank.kernels.topk import NonFiniteVectorError
+
+    store = _nan_store(tmp_path)
+    system = faiss_system(kind, index_dir=tmp_path / "idx")
+    with pytest.raises(NonFiniteVectorError, match=r"nan: passage row 3 holds a non-finite"):
+        system.retrieve(store, 5)
+    assert not list((tmp_path / "idx").glob(f"{kind}-*"))  # nothing cached
+
+
+def test_finiteness_record_is_trusted_and_a_record_of_bad_rows_refuses(tmp_path) -> None:
+    from treerank.kernels.topk import NonFiniteVectorError, check_store_finite
+
+    bad = _nan_store(tmp_path, row=6, record=False)
+    with pytest.raises(NonFiniteVectorError, match="passage row 6"):
+        build_index(bad, "flat", index_dir=tmp_path / "idx")
+    # a store whose meta records finite vectors is not scanned (the record is the contract)
+    trusted = _nan_store(tmp_path / "t", row=6, record=True)
+    check_store_finite(trusted)  # no scan, no error
+
+
+def test_nan_query_is_refused(store, tmp_path) -> None:
+    from treerank.kernels.topk import NonFiniteVectorError
+
+    index = build_index(store, "flat", index_dir=tmp_path)
+    q = np.asarray(store.queries[:3], dtype=np.float32).copy()
+    q[1, 0] = np.inf
+    with pytest.raises(NonFiniteVectorError, match="query row 1"):
+        index.search(q, 10)
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("hnsw:ef_search=0", "ef_search must be >= 1, got 0"),
+        ("hnsw:ef_construction=0", "ef_construction must be >= 1, got 0"),
+        ("hnsw:M=1", "M must be >= 2, got 1"),
+        ("ivfflat:nprobe=0", "nprobe must be >= 1, got 0"),
+        ("ivfflat:nlist=8,nprobe=9", "nprobe must be <= nlist .* got nprobe=9"),
+        ("ivfpq:nbits=0", r"nbits must be in \[1, 16\], got 0"),
+        ("ivfpq:nbits=17", r"nbits must be in \[1, 16\], got 17"),
+        ("ivfpq:m=0", "m must be >= 1, got 0"),
+        ("ivfpq:nbits=8,train_size=100", r"train_size must be >= 256 .*2\*\*8 = 256"),
+        ("ivfflat:nlist=64,train_size=10", "train_size must be >= 64"),
+        ("ivfpqfs:k_factor=0", "k_factor must be >= 1, got 0"),
+        ("ivfpqfs:refine=9", r"refine must be in \[0, 8\], got 9"),
+        ("flat:rescore=-5", "rescore must be >= 0, got -5"),
+        ("flat:resident=2", r"resident must be in \[0, 1\], got 2"),
+    ],
+)
+def test_parameter_ranges_are_checked_at_parse(spec: str, message: str) -> None:
+    with pytest.raises(ValueError, match=f"bad system spec 'faiss:{spec}': .*{message}"):
+        parse_index_spec(spec)
+
+
+def test_small_ef_search_still_returns_k_hits(store, exact, tmp_path) -> None:
+    index = build_index(store, "hnsw:M=16", index_dir=tmp_path)
+    ids, _ = index.search(np.asarray(store.queries[:20]), 10, {"ef_search": 1})
+    assert (ids >= 0).all() and ids.shape == (20, 10)
+
+
+def test_pq_on_a_small_store_is_a_clear_error(tmp_path) -> None:
+    from tests.search.tiny_store import write_tiny_store
+
+    store = write_tiny_store(tmp_path / "tiny")  # 8 passages, 16 dims
+    with pytest.raises(
+        ValueError,
+        match=r"faiss:ivfpq cannot be trained on 8 passages: .*2\*\*8 = 256 points; use "
+        r"nbits<=3 \(8 centroids\), or faiss:ivfflat / faiss:flat",
+    ):
+        build_index(store, "ivfpq:m=4", index_dir=tmp_path / "idx")
+    built = build_index(store, "ivfpq:m=4,nbits=3,opq=0", index_dir=tmp_path / "idx")
+    assert built.ntotal == 8 and built.meta["finite"] is True
+    with pytest.raises(ValueError, match="ivfpqfs cannot be trained on 8 passages"):
+        build_index(store, "ivfpqfs:m=4", index_dir=tmp_path / "idx")

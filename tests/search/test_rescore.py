@@ -80,3 +80,20 @@ def test_rescore_of_all_passages_is_exact_search(scifact_store) -> None:
     # one kernel (kernels.topk.pair_scores) computes both sides: equal, not close
     np.testing.assert_array_equal(run.ids, ref.ids)
     np.testing.assert_array_equal(run.scores, ref.scores)
+
+
+def test_a_nan_candidate_is_refused_not_dropped() -> None:
+    from treerank.kernels.topk import NonFiniteVectorError
+    from treerank.search.rescore import rescore
+
+    rng = np.random.default_rng(0)
+    passages = rng.standard_normal((20, 8)).astype(np.float32)
+    passages[7, 3] = np.nan
+    q = rng.standard_normal((2, 8)).astype(np.float32)
+    ok = rescore(q, passages, np.array([[1, 2, -1], [3, 4, 5]]), 3)
+    assert (ok[0][0, :2] >= 0).all() and ok[0][0, 2] == -1
+    with pytest.raises(NonFiniteVectorError, match="store-x: passage row 7 holds a non-finite"):
+        rescore(q, passages, np.array([[1, 2, -1], [3, 7, 5]]), 3, source="store-x")
+    q[1, 0] = np.inf
+    with pytest.raises(NonFiniteVectorError, match="query row 1"):
+        rescore(q, passages, np.array([[1, 2, -1], [3, 4, 5]]), 3)

@@ -234,3 +234,35 @@ def test_source_qrels_added_to_an_older_store(tmp_path, encoder, shared_data):
     other = subset_split(full, 3, 60)
     with pytest.raises(StoreFormatError, match="not embedded from this split"):
         add_source_qrels(other, dest)
+
+
+def test_finiteness_is_recorded_when_vectors_are_written(tmp_path, small_split, small_encoder):
+    ok = embed_split(small_split, small_encoder, tmp_path / "ok", progress=False, reuse=False)
+    assert ok.n_passages > 0
+    meta = json.loads((tmp_path / "ok" / "meta.json").read_text())
+    assert meta["finite"] is True
+    assert meta["non_finite_rows"] == {"queries": 0, "passages": 0}
+    poisoned: list[int] = []
+
+    def source(kind, b_i, idx):  # the encoder's batch, one passage row NaN (a diverged model)
+        res = small_encoder.encode_batch([small_split_texts(kind)[i] for i in idx], kind)
+        if kind == "passage" and b_i == 1:
+            res.vectors[0, 5] = np.nan
+            poisoned.append(int(idx[0]))
+        return res
+
+    def small_split_texts(kind):
+        return small_split.query_texts if kind == "query" else small_split.passage_texts
+
+    embed_split(
+        small_split,
+        small_encoder,
+        tmp_path / "bad",
+        progress=False,
+        reuse=False,
+        batch_source=source,
+    )
+    meta = json.loads((tmp_path / "bad" / "meta.json").read_text())
+    assert meta["finite"] is False
+    assert meta["non_finite_rows"] == {"queries": 0, "passages": 1}
+    assert meta["first_non_finite_row"] == {"queries": None, "passages": poisoned[0]}

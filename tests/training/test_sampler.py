@@ -4,9 +4,11 @@ import pytest
 from treerank.training.holdout import holdout_split
 from treerank.training.sampler import (
     ContrastiveSampler,
+    collision_mask,
     guard_mined_negatives,
     hard_negative_pool,
     relevant_lists,
+    text_keys,
 )
 
 # 4 queries; K = 4 candidates. Grades: 1 = relevant, 0 = shown but not selected.
@@ -26,13 +28,18 @@ def _check_batch(batch, relevant, labelled, pool):
     cols = batch.passage_rows
     assert np.all(np.diff(cols) > 0)  # unique, ascending: duplicates merged
     assert np.all(batch.positive.sum(axis=1) == 1)
+    known = {int(q): set(labelled[q][labelled[q] >= 0].tolist()) for q in batch.query_rows}
     for i, q in enumerate(batch.query_rows):
         rel = set(relevant[q][relevant[q] >= 0].tolist())
-        lab = set(labelled[q][labelled[q] >= 0].tolist())
+        lab = set(known[int(q)])
+        for other in batch.query_rows:  # the collision rule: rows sharing a labelled passage
+            if other != q and known[int(other)] & known[int(q)]:
+                lab |= known[int(other)]
         designated = int(cols[batch.positive[i]][0])
         assert designated in rel
         for j, pid in enumerate(cols.tolist()):
-            # exact mask: every labelled passage except the designated positive, nothing else
+            # exact mask: every labelled passage (its own or a colliding query's) except the
+            # designated positive, nothing else
             assert batch.mask_out[i, j] == (pid in lab and pid != designated)
     # every column is some query's positive or a hard negative from a pool
     allowed = set(pool[pool >= 0].tolist()) | set(relevant[relevant >= 0].tolist())
@@ -170,3 +177,68 @@ def test_passage_groups_connect_queries_sharing_a_relevant_passage():
         held_rel = set(cand[va][lab[va] > 0].tolist())
         assert not train_rel & held_rel
         assert 5 not in va  # no relevant passage: never held out
+
+
+# issue 24 case 8: two training queries with the same text and different positives
+TWIN_CAND = np.array([[10, 11, -1], [20, 21, -1], [30, 12, -1], [40, -1, -1]], np.int32)
+TWIN_LAB = np.array([[1, 0, 0], [1, 0, 0], [1, 0, 0], [1, 0, 0]], np.uint8)
+TWIN_TEXTS = ["what causes fever", "what causes fever", "is aspirin safe", "other"]
+
+
+def _twin_check(batch, keys, labelled) -> None:
+    cols = batch.passage_rows.tolist()
+    for i, q in enumerate(batch.query_rows):
+        own = int(cols[int(np.flatnonzero(batch.positive[i])[0])])
+        for k, other in enumerate(batch.query_rows):
+            if k == i or keys[q] != keys[other]:
+                continue
+            theirs = int(cols[int(np.flatnonzero(batch.positive[k])[0])])
+            if theirs != own:  # the twin's positive is never an unmasked negative
+                assert batch.mask_out[i, cols.index(theirs)], (q, other, theirs)
+
+
+def test_same_text_queries_never_push_each_others_positive_default_sampler() -> None:
+    keys = text_keys(TWIN_TEXTS)
+    assert keys[0] == keys[1] and keys[0] != keys[2]
+    _, labelled = relevant_lists(TWIN_CAND, TWIN_LAB)
+    s = ContrastiveSampler(TWIN_CAND, TWIN_LAB, batch_size=4, n_hard=0, query_keys=keys)
+    batch = s.make_batch(np.array([0, 1, 2, 3]), np.random.default_rng(0))
+    assert batch.passage_rows.tolist() == [10, 20, 30, 40]
+    # q0's row: 20 (its twin's positive) masked; 30 and 40 are true in-batch negatives
+    assert batch.mask_out.tolist() == [
+        [False, True, False, False],
+        [True, False, False, False],
+        [False, False, False, False],
+        [False, False, False, False],
+    ]
+    for epoch in range(10):
+        for b in s.epoch(epoch):
+            _twin_check(b, keys, labelled)
+    # without the keys (the old default path) q0's row would leave 20 unmasked
+    plain = ContrastiveSampler(TWIN_CAND, TWIN_LAB, batch_size=4, n_hard=0)
+    assert not plain.make_batch(np.array([0, 1]), np.random.default_rng(0)).mask_out.any()
+
+
+def test_same_text_queries_pair_sampler_with_and_without_collision_avoidance() -> None:
+    from treerank.training.sources import PairSampler, label_pairs
+
+    keys = text_keys(TWIN_TEXTS)
+    pairs = label_pairs(TWIN_CAND, TWIN_LAB, TWIN_TEXTS)
+    _, labelled = relevant_lists(TWIN_CAND, TWIN_LAB)
+    for collisions in (True, False):
+        s = PairSampler([pairs], weights=[1.0], batch_size=4, seed=0, collisions=collisions)
+        for epoch in range(5):
+            for b in s.epoch(epoch):
+                _twin_check(b, keys, labelled)
+
+
+def test_collision_mask_by_hand() -> None:
+    cols = np.array([1, 2, 3, 4])
+    keys = np.array([7, 8, 9])
+    # rows 0 and 1 share passage 2 (different texts); row 2 collides with nobody
+    mask = collision_mask(keys, [np.array([1, 2]), np.array([2, 3, -1]), np.array([4])], cols)
+    assert mask.tolist() == [
+        [False, True, True, False],
+        [True, True, False, False],
+        [False, False, False, False],
+    ]

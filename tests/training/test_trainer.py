@@ -196,3 +196,49 @@ def test_mined_negatives_used_when_candidates_have_none(toy_store):
             toy_store,
             parse_linear_config({"data": {"hard_negatives": "mined", "mined_array": "nope"}}).data,
         )
+
+
+class DivergesAtStep3(LinearHead):
+    """The loss becomes NaN at the third step (an extra loss term that blows up)."""
+
+    calls = 0
+
+    def extra_loss(self, q_repr, p_repr):
+        type(self).calls += 1
+        bad = float("nan") if type(self).calls == 3 else 0.0
+        return q_repr.sum() * 0 + bad
+
+
+@pytest.mark.parametrize("with_validation", [False, True])
+def test_non_finite_loss_stops_at_the_first_bad_step(toy_store, with_validation):
+    from treerank.training.trainer import NonFiniteLossError
+
+    DivergesAtStep3.calls = 0
+    head = DivergesAtStep3(toy_store.dim)
+    sampler, _ = build_sampler(toy_store, parse_linear_config({}).data)
+    snapshots = []
+
+    def validate(model):
+        snapshots.append(1)
+        return {"ndcg@10": 0.5}
+
+    log = TrainingLog()
+    with pytest.raises(
+        NonFiniteLossError,
+        match=r"training loss is nan at step 3 \(epoch \d+, learning rate .*\): the model "
+        r"diverged; lower trainer.lr \(now 0.001\).*nothing was saved",
+    ):
+        fit(  # progress=True: the bar must never format a None loss
+            head,
+            sampler,
+            toy_store.queries,
+            toy_store.passages,
+            TrainerConfig(epochs=5, log_every=1, patience=None, eval_every=100),
+            validate=validate if with_validation else None,
+            log=log,
+            progress=True,
+        )
+    steps = [r["step"] for r in log.records if r["kind"] == "train"]
+    assert steps == [1, 2]  # step 3 was never applied nor logged, no summary was written
+    assert not [r for r in log.records if r["kind"] == "summary"]
+    assert torch.isfinite(head.query_tower.weight).all()

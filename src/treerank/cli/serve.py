@@ -28,8 +28,29 @@ def serve(
     port: int = typer.Option(8000, "--port", help="TCP port."),
     max_k: int = typer.Option(1000, "--max-k", help="Largest k a request may ask for."),
     max_batch: int = typer.Option(256, "--max-batch", help="Most queries per request."),
+    max_body_bytes: int = typer.Option(
+        1 << 20, "--max-body-bytes", help="Largest request body in bytes (larger: 413)."
+    ),
+    max_query_chars: int = typer.Option(
+        4096, "--max-query-chars", help="Longest query text in characters (longer: 422)."
+    ),
+    timeout: float = typer.Option(
+        30.0, "--timeout", help="Seconds a request may wait for its answer (then 504)."
+    ),
+    batch_window_ms: float = typer.Option(
+        2.0, "--batch-window-ms", help="Milliseconds the micro-batcher waits for more requests."
+    ),
+    batch_queries: int = typer.Option(
+        64, "--batch-queries", help="Most query texts per encoder + search call."
+    ),
 ) -> None:
-    """Serve POST /search, GET /health, GET /info; refuses mismatched encoder/store/index."""
+    """Serve POST /search, GET /health, GET /info; refuses mismatched encoder/store/index.
+
+    Exit codes: 0 after a clean shutdown (Ctrl-C / SIGTERM: in-flight requests are answered
+    first); 2 when the port is already in use or any input is refused (before anything is
+    loaded or printed as served).
+    """
+    from treerank.serve.app import PortInUseError, bind_socket
     from treerank.serve.app import serve as run_server
     from treerank.serve.service import SearchService, ServiceConfig
     from treerank.store import StoreFormatError
@@ -37,24 +58,33 @@ def serve(
     if not systems and index is None:
         systems = ["cosine"]
     try:
-        service = SearchService(
-            ServiceConfig(
-                store=store,
-                systems=tuple(systems),
-                index=index,
-                encoder=encoder,
-                max_k=max_k,
-                max_batch=max_batch,
-            )
+        config = ServiceConfig(
+            store=store,
+            systems=tuple(systems),
+            index=index,
+            encoder=encoder,
+            max_k=max_k,
+            max_batch=max_batch,
+            max_body_bytes=max_body_bytes,
+            max_query_chars=max_query_chars,
+            request_timeout_s=timeout,
+            batch_window_s=batch_window_ms / 1000,
+            batch_queries=batch_queries,
         )
+        sock = bind_socket(host, port)  # a taken port fails here, before loading the store
+    except (ValueError, PortInUseError) as exc:
+        raise fail(exc) from None
+    try:
+        service = SearchService(config)
     except (ValueError, FileNotFoundError, OSError, StoreFormatError) as exc:
+        sock.close()
         raise fail(exc) from None
     typer.echo(
         f"serving {service.store.path} ({service.store.n_passages:,} passages) with "
         f"{', '.join(service.systems)} on http://{host}:{port}",
         err=True,
     )
-    run_server(service, host=host, port=port)
+    run_server(service, host=host, port=port, sock=sock)
 
 
 def register(app: typer.Typer) -> None:

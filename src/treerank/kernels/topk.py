@@ -45,12 +45,14 @@ import ctypes.util
 import mmap
 import sys
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
 from treerank.distributed.context import search_hook
+from treerank.kernels.vectors import ROW_CHUNK
 
 DEFAULT_CHUNK_BYTES = 384 * 2**20  # passage block per chunk: 262,144 rows at 384 dims
 DEFAULT_CHUNK_SIZE: int | None = None  # None: as many rows as fit DEFAULT_CHUNK_BYTES
@@ -161,6 +163,85 @@ def preselect_depth(k: int, n: int) -> int:
     """How many passages the BLAS pass of :func:`exact_search` keeps per query before
     :func:`pair_scores` rescores them: ``k + max(16, k // 8)``, at most ``n``."""
     return min(int(n), int(k) + max(16, int(k) // 8))
+
+
+FINITE_SCAN_ROWS = ROW_CHUNK
+
+
+def nonfinite_rows(x: np.ndarray, block: int = FINITE_SCAN_ROWS) -> tuple[int, int | None]:
+    """Count the rows of ``x`` holding NaN or inf, reading ``block`` rows at a time.
+
+    Args:
+        x: ``float (n, d)`` vectors, an ndarray or a read-only memmap (never copied whole).
+        block: rows read per step.
+
+    Returns:
+        ``(count, first)``: the number of non-finite rows and the first such row (``None``
+        when every row is finite).
+    """
+    count, first = 0, None
+    for start in range(0, int(x.shape[0]), block):
+        bad = ~np.isfinite(np.asarray(x[start : start + block])).all(axis=1)
+        n_bad = int(bad.sum())
+        if n_bad and first is None:
+            first = start + int(np.flatnonzero(bad)[0])
+        count += n_bad
+    return count, first
+
+
+def finite_record(queries: np.ndarray, passages: np.ndarray) -> dict[str, Any]:
+    """The ``meta.json`` record of a store's finiteness, written when its vectors are written.
+
+    Returns:
+        ``{"finite": bool, "non_finite_rows": {"queries": int, "passages": int},
+        "first_non_finite_row": {"queries": int | None, "passages": int | None}}``; readers
+        trust ``finite`` instead of scanning (:func:`recorded_finite`).
+    """
+    nq, fq = nonfinite_rows(queries)
+    npas, fp = nonfinite_rows(passages)
+    return {
+        "finite": nq == 0 and npas == 0,
+        "non_finite_rows": {"queries": nq, "passages": npas},
+        "first_non_finite_row": {"queries": fq, "passages": fp},
+    }
+
+
+def recorded_finite(meta: Any) -> bool | None:
+    """What a store's ``meta.json`` records about its vectors' finiteness: ``True`` (every
+    query and passage row is finite), ``False``, or ``None`` for a store written before the
+    record existed (a reader must then scan, e.g. with :func:`check_finite`)."""
+    value = (meta or {}).get("finite") if isinstance(meta, dict) else None
+    return value if isinstance(value, bool) else None
+
+
+def check_store_finite(store: Any, what: str = "passage") -> None:
+    """Raise :class:`NonFiniteVectorError` if a store's ``what`` vectors hold NaN/inf.
+
+    Trusts the ``meta.json`` record (:func:`finite_record`) when there is one; scans the
+    memory map block by block only for stores without it.
+
+    Args:
+        store: an :class:`~treerank.store.EmbeddingStore` split (``meta``, ``queries``,
+            ``passages``, ``path``).
+        what: ``"passage"`` or ``"query"``.
+    """
+    meta = getattr(store, "meta", None)
+    recorded = recorded_finite(meta)
+    if recorded is True:
+        return
+    key = "passages" if what == "passage" else "queries"
+    if recorded is False:
+        row = (meta or {}).get("first_non_finite_row", {}).get(key)
+        if row is None:
+            return
+    else:
+        _, row = nonfinite_rows(getattr(store, key))
+        if row is None:
+            return
+    raise NonFiniteVectorError(
+        f"{getattr(store, 'path', 'store')}: {what} row {row} holds a non-finite value (NaN or "
+        "inf); the store is corrupt or the model diverged"
+    )
 
 
 def rank_keys(ids: np.ndarray, scores: np.ndarray) -> np.ndarray:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from treerank.config import ConfigError, check_keys, load_yaml
+from treerank.config import ConfigError, check_keys, expected_text, load_yaml
 from treerank.evaluation.metrics import DEFAULT_METRICS
 from treerank.models.families import FAMILIES, trainable_families
 from treerank.names import unknown_name
@@ -170,7 +170,7 @@ def _take(
     for key, typ in allowed.items():
         if key in out and out[key] is not None and not isinstance(out[key], typ):
             raise ConfigError(
-                f"{src}: {where}.{key} has the wrong type ({type(out[key]).__name__})"
+                f"{src}: {where}.{key}: expected {expected_text(typ)}, got {out[key]!r}"
             )
     return out
 

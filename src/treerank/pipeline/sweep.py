@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+from treerank.config import parse_yaml
 from treerank.pipeline.config import ConfigError
 
 SWEEP_KEYS = ("grid", "design", "reference", "systems", "metric")
@@ -73,8 +74,9 @@ class SweepResult:
 
 
 def parse_value(text: str) -> Any:
-    """A grid value as YAML reads it (``0.1`` float, ``4`` int, ``null``, ``true``, strings)."""
-    return yaml.safe_load(text) if text.strip() else ""
+    """A grid value as YAML reads it (``0.1`` and ``1e-2`` floats, ``4`` int, ``null``, ``true``,
+    strings), by treerank's one YAML rule (:func:`treerank.config.parse_yaml`, YAML 1.2 floats)."""
+    return parse_yaml(text) if text.strip() else ""
 
 
 def parse_grid(items: Sequence[str]) -> dict[str, list[Any]]:
@@ -383,7 +385,7 @@ def run_sweep(
     if not src.is_file():
         raise FileNotFoundError(f"{src}: experiment file not found")
     try:
-        raw_all = yaml.safe_load(src.read_text(encoding="utf-8")) or {}
+        raw_all = parse_yaml(src.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as exc:
         raise ConfigError(f"{src}: not valid YAML ({exc})") from exc
     raw, sec = split_sweep_section(raw_all, src)
@@ -406,6 +408,7 @@ def run_sweep(
         raise ConfigError(f"{src}: reference {ref_values} is not a setting of {where} {full_grid}")
     systems = list(systems or sec.get("systems") or [])
     _absolute_paths(raw, src.parent.resolve())
+    _check_settings(raw, settings, src, quick)
     name = str(raw.get("name") or src.stem)
     root = (
         Path(out) if out is not None else Path(f"{raw.get('output_dir') or 'runs/' + name}-sweep")
@@ -440,6 +443,34 @@ def run_sweep(
     result.files = write_sweep(root, result, list(full_grid), metrics, sec.get("metric"))
     log(f"[sweep] {result.files['table']}")
     return result
+
+
+def _check_settings(
+    raw: dict[str, Any], settings: Sequence[Setting], src: Path, quick: bool
+) -> None:
+    """Load and validate every setting's experiment (types, ranges, specs) before any setting
+    runs, in a temporary directory (nothing is left behind when one fails).
+
+    Raises:
+        ConfigError: the first setting that fails, named by its values and the key path.
+    """
+    import tempfile
+
+    from treerank.pipeline.config import load_experiment
+    from treerank.pipeline.validate import validate_experiment
+
+    with tempfile.TemporaryDirectory(prefix="treerank-sweep-check-") as tmp:
+        for s in settings:
+            cfg_raw = copy.deepcopy(raw)
+            for k, v in s.values.items():
+                set_path(cfg_raw, k, v, where=str(src))
+            yml = Path(tmp) / f"{s.slug}.yaml"
+            yml.write_text(yaml.safe_dump(cfg_raw, sort_keys=False), encoding="utf-8")
+            try:
+                validate_experiment(load_experiment(yml, quick=quick, output_dir=Path(tmp) / "o"))
+            except ConfigError as exc:
+                text = str(exc).replace(str(yml.resolve()), str(src)).replace(str(yml), str(src))
+                raise ConfigError(f"sweep setting {s.values}: {text}") from None
 
 
 def _design_note(design: str, keys: Sequence[str]) -> str:

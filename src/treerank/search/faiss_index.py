@@ -59,6 +59,21 @@ store's signature (:func:`store_signature`), the kind, its build parameters and 
 (checkpoint file digests). Search parameters (``nprobe``, ``ef_search``, ``rescore``) are not in
 the key: one built index serves them all.
 
+**Parameter ranges** (:data:`PARAM_RANGES`) are checked where a spec is parsed, the range in
+the message: ``M >= 2`` (FAISS crashes at 1), ``ef_search, ef_construction, nprobe, m,
+k_factor >= 1``, ``ivfpq`` ``nbits`` in ``[1, 16]``, ``nprobe <= nlist`` when both are given.
+At search time ``ef_search`` below ``k`` is raised to ``k`` and ``nprobe`` above the built
+``nlist`` (an automatic ``nlist`` on a small store) is clipped to it. Each trained kind's
+training-size need (:func:`min_train_rows`: ``nlist`` points, ``2**nbits`` for ``ivfpq``'s PQ
+codebooks, 16 for ``ivfpqfs``) is checked before a build, so a small store gets a clear error
+with a way out instead of a FAISS C++ exception.
+
+**Finiteness**: a build refuses NaN/inf passages (:class:`~treerank.kernels.topk.
+NonFiniteVectorError`, naming the store and row) using the store's ``meta.json`` ``finite``
+record (written by ``embed``), scanning only stores without one; a head's passage-tower output
+is checked chunk by chunk; every query vector is checked at search. FAISS itself would drop a
+NaN passage (``flat``, ``hnsw``) or give it a finite score (``int8``, ``binary``).
+
 Results are sorted by score descending, ties by ascending passage id (the evaluation contract);
 ids FAISS could not fill (an IVF probe that reaches fewer than ``k`` passages) are ``-1`` with
 score ``-inf``. ``binary`` scores are negated Hamming distances (in ``[-nbits, 0]``).
@@ -80,7 +95,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from treerank.atomic import atomic_write_json
-from treerank.kernels.topk import release_pages, sort_rows
+from treerank.kernels.topk import check_finite, check_store_finite, release_pages, sort_rows
 from treerank.kernels.vectors import ROW_CHUNK
 from treerank.models.base import DenseScorer
 from treerank.names import unknown_name
@@ -239,6 +254,35 @@ _COMMON: dict[str, tuple[type, Any]] = {
 }
 
 
+#: The allowed range of every integer parameter, ``name -> (low, high or None)``, checked where a
+#: spec is parsed (:func:`parse_index_spec`) with the range in the message. ``M=1`` crashes
+#: FAISS's HNSW (its level multiplier is ``1 / log M``); PQ codebooks beyond 16 bits need more
+#: than 65,536 training passages per sub-quantiser; ``nlist=0`` and ``train_size=0`` mean
+#: "automatic", ``nbits=0`` of ``binary`` means "the dimension".
+PARAM_RANGES: dict[str, tuple[int, int | None]] = {
+    "M": (2, None),
+    "ef_construction": (1, None),
+    "ef_search": (1, None),
+    "nlist": (0, None),
+    "nprobe": (1, None),
+    "m": (1, None),
+    "opq": (0, None),
+    "train_size": (0, None),
+    "k_factor": (1, None),
+    "refine": (0, 8),
+    "rescore": (0, None),
+    "resident": (0, 1),
+}
+_KIND_RANGES: dict[tuple[str, str], tuple[int, int | None]] = {
+    ("ivfpq", "nbits"): (1, 16),
+    ("binary", "nbits"): (0, None),
+}
+
+
+def _range_text(low: int, high: int | None) -> str:
+    return f">= {low}" if high is None else f"in [{low}, {high}]"
+
+
 @dataclass(frozen=True)
 class IndexSpec:
     """A parsed ``faiss:<kind>:<params>`` spec.
@@ -294,6 +338,7 @@ def parse_index_spec(text: str, spec: str | None = None, what: str = "system spe
     kind = INDEX_KINDS[kind_name]
     allowed = {**kind.build, **kind.search, **_COMMON}
     values = {key: default for key, (_, default) in allowed.items()}
+    given: set[str] = set()
     for item in body.split(",") if body else []:
         key, sep, value = item.partition("=")
         key, value = key.strip(), value.strip()
@@ -309,8 +354,26 @@ def parse_index_spec(text: str, spec: str | None = None, what: str = "system spe
             raise ValueError(
                 f"bad {what} {spec!r}: {key}={value!r} is not a {typ.__name__}"
             ) from None
-        if typ is int and values[key] < 0:
-            raise ValueError(f"bad {what} {spec!r}: {key} must be >= 0")
+        given.add(key)
+        if typ is int:
+            low, high = _KIND_RANGES.get((kind_name, key), PARAM_RANGES.get(key, (0, None)))
+            if values[key] < low or (high is not None and values[key] > high):
+                raise ValueError(
+                    f"bad {what} {spec!r}: {key} must be {_range_text(low, high)}, "
+                    f"got {values[key]}"
+                )
+    if {"nprobe", "nlist"} <= given and values["nlist"] and values["nprobe"] > values["nlist"]:
+        raise ValueError(
+            f"bad {what} {spec!r}: nprobe must be <= nlist (it probes that many of the "
+            f"{values['nlist']} inverted lists), got nprobe={values['nprobe']}"
+        )
+    if "train_size" in given and values["train_size"]:
+        need = min_train_rows(kind_name, values)
+        if values["train_size"] < need:
+            raise ValueError(
+                f"bad {what} {spec!r}: train_size must be >= {need} for these parameters "
+                f"({_train_needs(kind_name, values)}), got {values['train_size']}"
+            )
     rescore = values["rescore"]
     return IndexSpec(
         kind=kind_name,
@@ -319,6 +382,63 @@ def parse_index_spec(text: str, spec: str | None = None, what: str = "system spe
         rescore=kind.default_rescore if rescore < 0 else int(rescore),
         over=str(values["over"]),
         resident=bool(values["resident"]),
+    )
+
+
+def min_train_rows(kind: str, build: dict[str, Any]) -> int:
+    """The fewest training passages the index kind ``kind`` with ``build`` parameters can train
+    on: ``nlist`` for the IVF kinds' coarse k-means (one point per centroid; FAISS warns below
+    39), ``2**nbits`` for ``ivfpq``'s PQ codebooks and ``16`` for ``ivfpqfs``'s 4-bit ones
+    (each sub-quantiser is a k-means of that many centroids), 1 otherwise."""
+    need = 1
+    if kind in ("ivfflat", "ivfpq", "ivfpqfs"):
+        need = max(need, int(build.get("nlist", 0)))
+    if kind == "ivfpq":
+        need = max(need, 2 ** int(build.get("nbits", 8)))
+    if kind == "ivfpqfs":
+        need = max(need, 16)
+    return need
+
+
+def _train_needs(kind: str, build: dict[str, Any]) -> str:
+    parts = []
+    if kind in ("ivfflat", "ivfpq", "ivfpqfs") and int(build.get("nlist", 0)):
+        parts.append(f"nlist={build['nlist']} centroids need one point each")
+    if kind == "ivfpq":
+        nbits = int(build.get("nbits", 8))
+        parts.append(f"PQ codebooks of nbits={nbits} need 2**{nbits} = {2**nbits} points")
+    if kind == "ivfpqfs":
+        parts.append("4-bit fast-scan PQ codebooks need 16 points")
+    return "; ".join(parts) or "at least one point"
+
+
+def check_trainable(spec: IndexSpec, n_passages: int, where: str) -> None:
+    """Refuse, before any work, an index the store's passages cannot train.
+
+    ``spec`` has its automatic parameters resolved (:func:`resolve_build`).
+
+    Raises:
+        ValueError: the training sample (``train_size``, at most ``n_passages``) is smaller than
+            :func:`min_train_rows`; the message names the need and the way out (for ``ivfpq``
+            on a small store: a smaller ``nbits``, or ``faiss:ivfflat`` / ``faiss:flat``).
+    """
+    if not INDEX_KINDS[spec.kind].trained:
+        return
+    rows = min(int(spec.build.get("train_size", 0)) or n_passages, n_passages)
+    need = min_train_rows(spec.kind, spec.build)
+    if rows >= need:
+        return
+    advice = ""
+    if spec.kind == "ivfpq":
+        fit = max(1, min(16, int(np.log2(max(rows, 2)))))
+        advice = f"; use nbits<={fit} ({2**fit} centroids), or faiss:ivfflat / faiss:flat"
+    elif spec.kind == "ivfpqfs":
+        advice = "; use faiss:ivfflat or faiss:flat"
+    elif "nlist" in spec.build:
+        advice = f"; use nlist<={rows}, or leave nlist out"
+    raise ValueError(
+        f"{where}: faiss:{spec.kind} cannot be trained on {rows} passages: "
+        f"{_train_needs(spec.kind, spec.build)}{advice}"
     )
 
 
@@ -443,23 +563,31 @@ class FaissIndex:
             ``(ids int64 (nq, k'), scores float32 (nq, k'))`` sorted by score descending, ties by
             ascending id; ``-1`` / ``-inf`` where the index returned fewer than ``k``.
 
+        ``ef_search`` below ``k`` is raised to ``k`` (HNSW keeps only ``ef_search`` candidates, so
+        a smaller value returns fewer than ``k`` hits); ``nprobe`` above the index's ``nlist``
+        is clipped to ``nlist`` (every list probed).
+
         Raises:
             ValueError: a query dimension that differs from the index's.
+            NonFiniteVectorError: a query vector holds NaN or inf.
         """
         import faiss
 
         q = np.ascontiguousarray(queries, dtype=np.float32)
         if q.ndim != 2 or q.shape[1] != self.index.d:
             raise ValueError(f"queries {q.shape} do not match the index dimension {self.index.d}")
+        check_finite(q, "query", str(self.path or "queries"))
         k = min(int(k), self.ntotal)
         if k <= 0 or q.shape[0] == 0:
             return np.empty((q.shape[0], 0), np.int64), np.empty((q.shape[0], 0), np.float32)
         p = {**{key: d for key, (_, d) in INDEX_KINDS[self.kind].search.items()}, **(params or {})}
         ps = faiss.ParameterSpace()
         if "nprobe" in p:
-            ps.set_index_parameter(self.index, "nprobe", int(p["nprobe"]))
+            ivf: Any = faiss.try_extract_index_ivf(self.index)
+            nlist = int(ivf.nlist) if ivf is not None else int(p["nprobe"])
+            ps.set_index_parameter(self.index, "nprobe", max(1, min(int(p["nprobe"]), nlist)))
         if "ef_search" in p:
-            ps.set_index_parameter(self.index, "efSearch", int(p["ef_search"]))
+            ps.set_index_parameter(self.index, "efSearch", max(int(p["ef_search"]), k))
         if "k_factor" in p and isinstance(self.index, faiss.IndexRefine):
             ps.set_index_parameter(self.index, "k_factor_rf", max(1, int(p["k_factor"])))
         dist, ids = self.index.search(q, k)
@@ -502,6 +630,7 @@ def add_ivf_presized(
     transform: Callable[[np.ndarray], np.ndarray],
     chunk_size: int = DEFAULT_ADD_CHUNK,
     on_chunk: Callable[[int], Any] | None = None,
+    check: Callable[[np.ndarray, np.ndarray, int], None] | None = None,
 ) -> None:
     """Add every passage to a trained, empty FAISS IVF index, each inverted list allocated once.
 
@@ -522,6 +651,8 @@ def add_ivf_presized(
         transform: the scorer's passage tower, ``float32 (c, d) -> float32 (c, d')``.
         chunk_size: rows per chunk.
         on_chunk: called with each chunk's row count during the second pass (a progress bar).
+        check: called as ``check(stored_block, transformed_block, first_row)`` on every chunk
+            before it is used (the build's finiteness check); it raises to stop.
 
     Raises:
         ValueError: an index that is not IVF, untrained or not empty.
@@ -542,6 +673,8 @@ def add_ivf_presized(
         stop = min(start + chunk_size, n)
         block = np.asarray(passages[start:stop], dtype=np.float32)
         x = np.ascontiguousarray(transform(block), dtype=np.float32)
+        if check is not None:
+            check(block, x, start)
         for t in transforms:
             x = np.ascontiguousarray(t.apply(x), dtype=np.float32)
         release_pages(passages, start, stop)
@@ -615,8 +748,11 @@ def build_index(
         build seconds, index bytes and the process's peak RSS (MiB) after the build.
 
     Raises:
-        ValueError: a store with fewer passages than ``nlist`` (IVF), a bad ``m``, a cache
-            directory that cannot be written.
+        ValueError: a store with fewer passages than ``nlist`` (IVF) or than the kind's training
+            needs (:func:`check_trainable`: ``ivfpq`` needs ``2**nbits``), a bad ``m``, a cache
+            directory that cannot be written; all before any training.
+        NonFiniteVectorError: a stored passage vector (its ``meta.json`` ``finite`` record, or a
+            scan for stores without one) or a passage-tower output holds NaN or inf.
     """
     import faiss
 
@@ -640,6 +776,12 @@ def build_index(
             f"use nlist <= {n}, or leave nlist out (the default for {n} passages is "
             f"{default_nlist(n)})"
         )
+    check_trainable(spec, n, str(store.path))
+    # the stored vectors: the store's meta.json record, or one scan for stores without it; a
+    # tower's output (over=ckpt:...) is checked chunk by chunk as it is added
+    check_store_finite(store, "passage")
+    check_tower = spec.over != "cosine"
+    source = str(store.path)
     t0 = time.perf_counter()
     probe = np.asarray(scorer.encode_passages(np.asarray(store.passages[:1], dtype=np.float32)))
     d = int(probe.shape[1])
@@ -648,17 +790,28 @@ def build_index(
     if kind.trained:
         n_train = int(spec.build.get("train_size", min(n, MIN_TRAIN)))
         sample = _train_sample(store.passages, n_train, scorer.encode_passages, seed)
+        if check_tower:
+            check_finite(sample, "passage-tower output (training sample)", source)
         index.train(sample)
         del sample
     bar = tqdm(total=n, unit="passage", disable=not progress, desc=f"index {spec.kind}")
+
+    def check(block: np.ndarray, out: np.ndarray, start: int) -> None:
+        if check_tower:
+            check_finite(out, "passage-tower output", source, start)
+
     if kind.presized and _is_ivf(index):
         ivf_chunk = min(chunk_size, IVF_ADD_CHUNK)  # a chunk costs 3 copies of its codes
-        add_ivf_presized(index, store.passages, scorer.encode_passages, ivf_chunk, bar.update)
+        add_ivf_presized(
+            index, store.passages, scorer.encode_passages, ivf_chunk, bar.update, check
+        )
     else:
         step = min(chunk_size, IVF_ADD_CHUNK) if _is_ivf(index) else chunk_size
         for start in range(0, n, step):
             block = np.asarray(store.passages[start : start + step], dtype=np.float32)
-            index.add(np.ascontiguousarray(scorer.encode_passages(block), dtype=np.float32))
+            out = np.ascontiguousarray(scorer.encode_passages(block), dtype=np.float32)
+            check(block, out, start)
+            index.add(out)
             bar.update(block.shape[0])
             del block
             release_pages(store.passages, start, min(start + step, n))
@@ -676,6 +829,7 @@ def build_index(
         else None,
         "n_passages": n,
         "dim": d,
+        "finite": True,  # every added vector was checked (or recorded finite by the store)
         "train_rows": n_train,
         "build_seconds": build_seconds,
         "peak_rss_mib": peak_rss_mib(),

@@ -169,9 +169,12 @@ def rrf(
             weighs ``b`` (one float or ``float (n_queries,)``).
 
     Raises:
-        ValueError: the runs have different numbers of queries; a weight outside [0, 1].
+        ValueError: the runs have different numbers of queries; a weight outside [0, 1]; an
+            ``rrf_k`` that is not > 0 (``1 / (rrf_k + rank)`` must stay finite and decreasing).
     """
     _check(a, b)
+    if not rrf_k > 0:
+        raise ValueError(f"the RRF constant k must be > 0, got {rrf_k}")
     zero = np.zeros(a.n_queries)
     wa = np.ones(a.n_queries) if weight is None else _weights(weight, a.n_queries)
     wb = np.ones(a.n_queries) if weight is None else 1.0 - wa

@@ -24,7 +24,13 @@ from typing import Any
 
 import numpy as np
 
-from treerank.kernels.topk import pair_scores, release_pages, sort_rows
+from treerank.kernels.topk import (
+    NonFiniteVectorError,
+    check_finite,
+    pair_scores,
+    release_pages,
+    sort_rows,
+)
 from treerank.models.base import DenseScorer
 from treerank.search.run import Run
 from treerank.storelike import StoreLike
@@ -71,6 +77,7 @@ def rescore(
     passage_transform: Callable[[np.ndarray], np.ndarray] | None = None,
     query_batch: int = DEFAULT_QUERY_BATCH,
     release: bool = True,
+    source: str = "passages",
 ) -> tuple[np.ndarray, np.ndarray]:
     """Exact inner-product scores of each query's candidates; the top ``k`` per query.
 
@@ -97,10 +104,15 @@ def rescore(
         ``(ids int64 (nq, k'), scores float32 (nq, k'))``, ``k' = min(k, depth)``; rows sorted by
         exact score descending, ties by ascending passage id; padding (``-1``, ``-inf``) last.
 
+        source: names the vectors in errors (the store path).
+
     Raises:
         ValueError: shapes that disagree, or candidate ids out of range.
+        NonFiniteVectorError: a query, a candidate's stored vector or its tower output holds
+            NaN or inf (a NaN score would otherwise drop the candidate silently).
     """
     q = np.ascontiguousarray(queries, dtype=np.float32)
+    check_finite(q, "query", source)
     cand = np.asarray(candidates, dtype=np.int64)
     if q.ndim != 2 or cand.ndim != 2 or q.shape[0] != cand.shape[0]:
         raise ValueError(f"queries {q.shape} and candidates {cand.shape} must be (nq, .) arrays")
@@ -118,10 +130,12 @@ def rescore(
         # one gather per batch straight into (b * depth, d); padding reads row 0, scored -inf
         rows = np.take(store, np.where(valid, block, 0).ravel(), axis=0)
         rows = rows.astype(np.float32, copy=False)
+        _check_rows(rows, np.where(valid, block, -1).ravel(), "passage", source)
         if release:  # the gather maps file pages all over a memmap: drop them again
             release_pages(passages, int(block[valid].min()), int(block[valid].max()) + 1)
         if passage_transform is not None:
             rows = np.asarray(passage_transform(rows), dtype=np.float32)
+            _check_rows(rows, np.where(valid, block, -1).ravel(), "transformed passage", source)
         if rows.shape[1] != q.shape[1]:
             raise ValueError(
                 f"passage vectors {rows.shape} do not match the query dimension {q.shape[1]}"
@@ -133,6 +147,18 @@ def rescore(
     ids = np.where(np.isfinite(scores), cand, -1)
     ids, scores = sort_rows(ids, scores)
     return ids[:, :k], scores[:, :k]
+
+
+def _check_rows(rows: np.ndarray, ids: np.ndarray, what: str, source: str) -> None:
+    """Raise :class:`NonFiniteVectorError` naming the passage id of the first bad gathered row
+    (``ids[i]`` is row ``i``'s passage, ``-1`` for padding, which is never checked)."""
+    bad = (ids >= 0) & ~np.isfinite(rows).all(axis=1)
+    if bad.any():
+        pid = int(ids[np.flatnonzero(bad)[0]])
+        raise NonFiniteVectorError(
+            f"{source}: {what} row {pid} holds a non-finite value (NaN or inf); the store is "
+            "corrupt or the model diverged"
+        )
 
 
 class RescoreSystem:
@@ -180,6 +206,7 @@ class RescoreSystem:
             k,
             passage_transform=scorer.encode_passages,
             release=self.release,
+            source=str(getattr(store, "path", "store")),
         )
         return Run(self.name, ids, scores)
 
@@ -227,7 +254,7 @@ def parse_rescore(body: str, spec: str) -> tuple[str, int, str]:
                     f"bad system spec {spec!r}: depth={value!r} is not an int"
                 ) from None
             if depth < 1:
-                raise ValueError(f"bad system spec {spec!r}: depth must be >= 1")
+                raise ValueError(f"bad system spec {spec!r}: depth must be >= 1, got {depth}")
         else:
             scorer = value
     return inner, depth, scorer

@@ -31,6 +31,7 @@ Every built-in kind is one row of the static table ``_BUILT_IN`` (a heavy kind a
 from __future__ import annotations
 
 import importlib
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -289,7 +290,20 @@ def _params(text: str, spec: str, allowed: dict[str, type]) -> dict[str, Any]:
             raise ValueError(
                 f"bad system spec {spec!r}: {key}={value!r} is not a {allowed[key].__name__}"
             ) from None
+        if isinstance(out[key], float) and not math.isfinite(out[key]):
+            raise ValueError(f"bad system spec {spec!r}: {key}={value!r} is not a finite number")
     return out
+
+
+def _in_range(
+    spec: str, key: str, value: float, low: float, high: float | None = None, open_low: bool = False
+) -> None:
+    """Refuse a parsed spec parameter outside its range; the message gives the range."""
+    below = value <= low if open_low else value < low
+    if below or (high is not None and value > high):
+        rng = f"> {low}" if open_low else f">= {low}"
+        rng = rng if high is None else f"in [{low}, {high}]"
+        raise ValueError(f"bad system spec {spec!r}: {key} must be {rng}, got {value}")
 
 
 _BM25_KEYS: dict[str, type] = {"k1": float, "b": float, "method": str}
@@ -329,11 +343,15 @@ def _build_bm25(body: str, spec: str, cache: Any = None, **opts: Any) -> System:
         raise ValueError(
             f"bad system spec {spec!r}: method must be one of {', '.join(BM25_METHODS)}"
         )
+    _in_range(spec, "k1", p.get("k1", 0.0), 0.0)
+    _in_range(spec, "b", p.get("b", 0.0), 0.0, 1.0)
     return BM25System(BM25Params(**p), name=spec)
 
 
 def _build_rrf(body: str, spec: str, cache: Any = None, **opts: Any) -> System:
     a, b, p = _split_fusion(body, spec, _RRF_KEYS)
+    _in_range(spec, "k", p.get("k", DEFAULT_RRF_K), 0, open_low=True)  # 1 / (k + rank)
+    _in_range(spec, "depth", p.get("depth", 1000), 1)
     return FusionSystem(
         build_system(a, cache, **opts),
         build_system(b, cache, **opts),
@@ -346,6 +364,12 @@ def _build_rrf(body: str, spec: str, cache: Any = None, **opts: Any) -> System:
 
 def _build_linear(body: str, spec: str, cache: Any = None, **opts: Any) -> System:
     a, b, p = _split_fusion(body, spec, _LIN_KEYS)
+    _in_range(spec, "w", p.get("w", 0.5), 0.0, 1.0)
+    _in_range(spec, "depth", p.get("depth", 1000), 1)
+    if p.get("norm", "minmax") not in NORMALISATIONS:
+        raise ValueError(
+            f"bad system spec {spec!r}: norm must be one of {', '.join(NORMALISATIONS)}"
+        )
     return FusionSystem(
         build_system(a, cache, **opts),
         build_system(b, cache, **opts),
@@ -360,7 +384,12 @@ def _build_linear(body: str, spec: str, cache: Any = None, **opts: Any) -> Syste
 def _build_rm3(body: str, spec: str, cache: Any = None, **opts: Any) -> System:
     from treerank.search.rm3 import RM3_KEYS, build_rm3
 
-    return build_rm3(_params(body, spec, RM3_KEYS), name=spec)
+    try:
+        return build_rm3(_params(body, spec, RM3_KEYS), name=spec)
+    except ValueError as exc:  # RM3Params / BM25Params range checks
+        if str(exc).startswith("bad system spec"):
+            raise
+        raise ValueError(f"bad system spec {spec!r}: {exc}") from None
 
 
 def _build_ckpt(body: str, spec: str, cache: Any = None, **opts: Any) -> System:

@@ -7,25 +7,67 @@
                          "passage_id", "source_id", "score", "text"}]}], "took_ms"}``
 ``GET /health``          ``{"status": "ok"}``
 ``GET /info``            encoder name + fingerprint, store path + vectors digest + counts, served
-                         systems, index kind + parameters, limits, requests served
+                         systems, index kind + parameters, limits, batching,
+                         requests served
 =======================  ==================================================================
 
-Bad requests get a 4xx JSON ``{"detail": ...}`` naming the problem (422: a body that does not
-fit the schema, unknown fields included; 400: an unknown system); an unexpected failure inside a
-search is a 500 with a one-line message, never a traceback.
+Bad requests get a 4xx JSON ``{"detail": ...}`` naming the problem: 422 for a body that does not
+fit the schema (unknown fields, a text with a lone UTF-16 surrogate such as ``"\\ud83d"``, a
+query longer than ``max_query_chars``, more than ``max_batch`` queries, ``k`` above ``max_k``),
+413 for a body above ``max_body_bytes`` (checked on the header and on the bytes received), 400
+for an unknown system. Every response is ASCII-escaped JSON, so a message that echoes any input
+renders. A search not answered within ``request_timeout_s`` is a 504; one that fails inside is a
+500 with a one-line message, never a traceback; a request that arrives during shutdown is a 503.
+
+Concurrent requests are answered in batches by one worker
+(:class:`~treerank.serve.batching.QueryBatcher`, started and stopped with the app's lifespan);
+the handlers only validate and wait, so the event loop is never blocked by a search.
 """
 
+import asyncio
+import errno
+import json
 import logging
+import socket
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from contextlib import asynccontextmanager
 from typing import Any, Self
 
 from fastapi import FastAPI, HTTPException, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from treerank.serve.batching import QueryBatcher, ServiceStopped
 from treerank.serve.service import SearchService
 
 log = logging.getLogger("treerank.serve")
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+
+class AsciiJSONResponse(JSONResponse):
+    """JSON with every non-ASCII character escaped (``\\uXXXX``): a lone surrogate echoed from
+    the input cannot be encoded as UTF-8, but it can always be written escaped."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(
+            content, ensure_ascii=True, allow_nan=False, separators=(",", ":")
+        ).encode("ascii")
+
+
+def _check_text(text: str, what: str) -> None:
+    for i, ch in enumerate(text):
+        if 0xD800 <= ord(ch) <= 0xDFFF:
+            raise ValueError(
+                f"{what} holds a lone UTF-16 surrogate U+{ord(ch):04X} at character {i}; "
+                "send valid Unicode (a surrogate pair is one character, escaped as two halves)"
+            )
 
 
 class SearchRequest(BaseModel):
@@ -35,8 +77,31 @@ class SearchRequest(BaseModel):
 
     query: str | None = Field(None, min_length=1, description="One query text.")
     queries: list[str] | None = Field(None, min_length=1, description="A batch of query texts.")
-    k: int = Field(10, ge=1, description="Hits per query (at most the server's max_k).")
+    k: int = Field(
+        10, ge=1, strict=True, description="Hits per query (at most the server's max_k)."
+    )
     system: str | None = Field(None, description="A served system spec (see /info).")
+
+    @field_validator("query")
+    @classmethod
+    def valid_query(cls, v: str | None) -> str | None:
+        if v is not None:
+            _check_text(v, "'query'")
+        return v
+
+    @field_validator("queries")
+    @classmethod
+    def valid_queries(cls, v: list[str] | None) -> list[str] | None:
+        for i, t in enumerate(v or []):
+            _check_text(t, f"'queries'[{i}]")
+        return v
+
+    @field_validator("system")
+    @classmethod
+    def valid_system(cls, v: str | None) -> str | None:
+        if v is not None:
+            _check_text(v, "'system'")
+        return v
 
     @model_validator(mode="after")
     def one_of(self) -> Self:
@@ -49,15 +114,101 @@ class SearchRequest(BaseModel):
         return self
 
 
-def create_app(service: SearchService) -> FastAPI:
-    """The FastAPI application answering from ``service``."""
-    max_k, max_batch = service.config.max_k, service.config.max_batch
-    app = FastAPI(title="treerank search", version="1")
+class BodyLimit:
+    """ASGI middleware: a request body above ``limit`` bytes gets 413 before any parsing.
+
+    Checks ``Content-Length`` first, then counts the bytes actually received (a chunked or lying
+    client), reading at most ``limit + 1`` bytes of it.
+    """
+
+    def __init__(self, app: Any, limit: int) -> None:
+        self.app = app
+        self.limit = int(limit)
+
+    async def _refuse(self, send: Send) -> None:
+        body = AsciiJSONResponse(
+            status_code=413,
+            content={
+                "detail": f"request body exceeds the limit of {self.limit:,} bytes "
+                "(max_body_bytes, --max-body-bytes)"
+            },
+        )
+        await send({"type": "http.response.start", "status": 413, "headers": body.raw_headers})
+        await send({"type": "http.response.body", "body": body.body})
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = dict(scope.get("headers") or []).get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.limit:
+            await self._refuse(send)
+            return
+        chunks: list[bytes] = []
+        size, more = 0, True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":  # the client went away
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.limit:
+                await self._refuse(send)
+                return
+            chunks.append(chunk)
+            more = bool(message.get("more_body", False))
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+def create_app(service: SearchService, batcher: QueryBatcher | None = None) -> FastAPI:
+    """The FastAPI application answering from ``service`` through ``batcher`` (default: a
+    :class:`QueryBatcher` with the service config's window and size), which the app's lifespan
+    starts and, on shutdown, stops after answering what is queued."""
+    cfg = service.config
+    max_k, max_batch, max_chars = cfg.max_k, cfg.max_batch, cfg.max_query_chars
+    timeout = cfg.request_timeout_s
+    batcher = batcher or QueryBatcher(service, cfg.batch_window_s, cfg.batch_queries)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        batcher.start()
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(batcher.stop)
+
+    app = FastAPI(
+        title="treerank search",
+        version="1",
+        lifespan=lifespan,
+        default_response_class=AsciiJSONResponse,
+    )
+    app.state.batcher = batcher
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> AsciiJSONResponse:
+        try:
+            detail = jsonable_encoder(exc.errors())
+            json.dumps(detail, ensure_ascii=True, allow_nan=False)  # NaN / 1e309 inputs too
+        except (TypeError, ValueError):  # an input that does not serialise: drop the echoes
+            detail = [
+                {k: v for k, v in e.items() if k in ("type", "loc", "msg")} for e in exc.errors()
+            ]
+        return AsciiJSONResponse(status_code=422, content={"detail": detail})
 
     @app.exception_handler(Exception)
-    async def internal_error(request: Request, exc: Exception) -> JSONResponse:
+    async def internal_error(request: Request, exc: Exception) -> AsciiJSONResponse:
         log.error("%s %s failed: %s: %s", request.method, request.url.path, type(exc).__name__, exc)
-        return JSONResponse(
+        return AsciiJSONResponse(
             status_code=500, content={"detail": f"internal error: {type(exc).__name__}: {exc}"}
         )
 
@@ -67,15 +218,33 @@ def create_app(service: SearchService) -> FastAPI:
 
     @app.get("/info")
     def info() -> dict[str, Any]:
-        return service.info()
+        doc = service.info()
+        s = batcher.stats
+        doc["batching"] = {
+            **doc.get("batching", {}),
+            "rounds": s.rounds,
+            "calls": s.calls,
+            "texts": s.texts,
+            "largest_call": s.largest_call,
+        }
+        return doc
 
     @app.post("/search")
-    def search(req: SearchRequest) -> dict[str, Any]:
+    async def search(req: SearchRequest) -> dict[str, Any]:
         if req.k > max_k:
-            raise HTTPException(422, detail=f"k must be less than or equal to {max_k}")
+            raise HTTPException(422, detail=f"k must be less than or equal to {max_k} (max_k)")
         texts = [req.query] if req.query is not None else list(req.queries or [])
         if len(texts) > max_batch:
-            raise HTTPException(422, detail=f"at most {max_batch} queries per request")
+            raise HTTPException(
+                422, detail=f"at most {max_batch} queries per request (max_batch, --max-batch)"
+            )
+        for i, t in enumerate(texts):
+            if len(t) > max_chars:
+                raise HTTPException(
+                    422,
+                    detail=f"query {i} has {len(t):,} characters; the limit is {max_chars:,} "
+                    "(max_query_chars, --max-query-chars)",
+                )
         system = req.system or service.default_system
         if system not in service.systems:
             raise HTTPException(
@@ -83,7 +252,19 @@ def create_app(service: SearchService) -> FastAPI:
                 detail=f"system {system!r} is not served; served: {', '.join(service.systems)}",
             )
         t0 = time.perf_counter()
-        hits = service.search(texts, k=req.k, system=system)
+        try:
+            future = batcher.submit(texts, req.k, system)
+            hits = await asyncio.wait_for(asyncio.wrap_future(future), timeout)
+        except ServiceStopped as exc:
+            raise HTTPException(503, detail=str(exc)) from None
+        except TimeoutError:
+            raise HTTPException(
+                504,
+                detail=f"the search was not answered within {timeout:g} s "
+                "(request_timeout_s, --timeout)",
+            ) from None
+        service.stats.requests += 1
+        service.stats.queries += len(texts)
         return {
             "system": system,
             "k": req.k,
@@ -94,11 +275,63 @@ def create_app(service: SearchService) -> FastAPI:
             "took_ms": (time.perf_counter() - t0) * 1000,
         }
 
+    app.add_middleware(BodyLimit, limit=cfg.max_body_bytes)
     return app
 
 
-def serve(service: SearchService, host: str = "127.0.0.1", port: int = 8000) -> None:
-    """Run the app with uvicorn until interrupted (one process; requests queue on the lock)."""
+class PortInUseError(OSError):
+    """The address to serve on cannot be bound (another process holds the port)."""
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host:port``, bound before anything is loaded or printed.
+
+    Raises:
+        PortInUseError: the port is taken (``EADDRINUSE``) or the address cannot be bound; the
+            message names the address and what to do.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        what = (
+            "is already in use"
+            if exc.errno == errno.EADDRINUSE
+            else f"cannot be bound ({exc.strerror})"
+        )
+        raise PortInUseError(
+            f"http://{host}:{port} {what}; stop the other server or choose another --port",
+        ) from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def serve(
+    service: SearchService,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    *,
+    sock: socket.socket | None = None,
+    graceful_s: float = 10.0,
+) -> None:
+    """Run the app with uvicorn until SIGINT / SIGTERM.
+
+    On a signal uvicorn stops accepting connections, lets in-flight requests finish for up to
+    ``graceful_s`` seconds, then the lifespan stops the batcher (queued work is answered first).
+
+    Args:
+        sock: an already bound socket (:func:`bind_socket`); default: bound here.
+    """
     import uvicorn
 
-    uvicorn.run(create_app(service), host=host, port=port, log_level="info")
+    sock = sock or bind_socket(host, port)
+    config = uvicorn.Config(
+        create_app(service),
+        log_level="info",
+        timeout_graceful_shutdown=max(1, round(graceful_s)),
+    )
+    uvicorn.Server(config).run(sockets=[sock])

@@ -9,9 +9,11 @@ message names both sides) when
 - a checkpoint system was trained on another encoder's vectors.
 
 Every configured system is warmed up at start (indexes built or loaded, checkpoints loaded), so
-the first request pays nothing extra. Searches run one at a time under a lock: the systems keep
-small per-store caches that are not thread-safe, and FAISS and torch already use every core
-inside one search; concurrent requests queue and are all answered.
+the first request pays nothing extra. :meth:`SearchService.search` runs one search at a time
+under a lock (the systems keep small per-store caches that are not thread-safe, and FAISS and
+torch already use every core inside one search); the HTTP app does not queue requests on that
+lock one by one but batches concurrent ones into a single call
+(:class:`~treerank.serve.batching.QueryBatcher`).
 """
 
 from __future__ import annotations
@@ -37,6 +39,14 @@ class ServiceConfig:
         encoder: model name or directory to load instead of the store's (fingerprint checked).
         max_k: largest ``k`` a request may ask for.
         max_batch: most queries in one request.
+        max_body_bytes: largest request body (bytes); a larger one gets 413.
+        max_query_chars: longest query text (characters); a longer one gets 422. The encoder
+            reads at most its ``max_seq_length`` tokens (256 for MiniLM, about 1,000 characters
+            of English), so the default 4,096 loses nothing.
+        request_timeout_s: a request not answered within this many seconds gets 504.
+        batch_window_s: how long the micro-batcher waits for more requests after the first of a
+            round (:class:`~treerank.serve.batching.QueryBatcher`).
+        batch_queries: most query texts per encoder + search call (larger requests are split).
     """
 
     store: Path
@@ -45,6 +55,20 @@ class ServiceConfig:
     encoder: str | None = None
     max_k: int = 1000
     max_batch: int = 256
+    max_body_bytes: int = 1 << 20
+    max_query_chars: int = 4096
+    request_timeout_s: float = 30.0
+    batch_window_s: float = 0.002
+    batch_queries: int = 64
+
+    def __post_init__(self) -> None:
+        for name in ("max_k", "max_batch", "max_body_bytes", "max_query_chars", "batch_queries"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not self.request_timeout_s > 0:
+            raise ValueError(f"request_timeout_s must be > 0, got {self.request_timeout_s}")
+        if not 0 <= self.batch_window_s <= 1:
+            raise ValueError(f"batch_window_s must be in [0, 1] seconds, got {self.batch_window_s}")
 
 
 @dataclass
@@ -184,7 +208,17 @@ class SearchService:
                 for name, system in self.systems.items()
                 if (info := faiss_index_info(system)) is not None
             },
-            "limits": {"max_k": self.config.max_k, "max_batch": self.config.max_batch},
+            "limits": {
+                "max_k": self.config.max_k,
+                "max_batch": self.config.max_batch,
+                "max_body_bytes": self.config.max_body_bytes,
+                "max_query_chars": self.config.max_query_chars,
+                "request_timeout_s": self.config.request_timeout_s,
+            },
+            "batching": {
+                "window_s": self.config.batch_window_s,
+                "max_queries": self.config.batch_queries,
+            },
             "served": {"requests": self.stats.requests, "queries": self.stats.queries},
         }
 

@@ -39,6 +39,7 @@ from treerank.atomic import atomic_write_bytes, atomic_write_json
 from treerank.encoders.batching import padding_stats
 from treerank.encoders.sentence import BatchResult, SentenceEncoder
 from treerank.faults import crash_point
+from treerank.kernels.topk import finite_record
 from treerank.kernels.vectors import ROW_CHUNK
 from treerank.lock import writes_dir
 from treerank.readers.split import RetrievalSplit
@@ -609,6 +610,10 @@ def embed_split(
             **({"qrels": QRELS_TSV} if split.qrels is not None else {}),
         },
         "stats": stats.to_dict(),
+        **finite_record(
+            qmm if qmm is not None else np.empty((0, dim), np.float32),
+            pmm if pmm is not None else np.empty((0, dim), np.float32),
+        ),
         "planned_passage_padding": {
             "padded_tokens": planned_padded[0],
             "real_tokens": planned_padded[1],

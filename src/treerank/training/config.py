@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from treerank.config import ConfigError, allowed_keys, build, check_keys, section
+from treerank.config import ConfigError, allowed_keys, build, check_keys, check_types, section
 from treerank.training.holdout import ValidationConfig
 
 __all__ = ["SECTIONS", "TrainConfig", "parse_train_config"]
@@ -107,6 +107,7 @@ def parse_train_config(
     model_doc = check_keys(
         section(doc, "model", where), allowed_keys(model), f"{where}.model", exclude=model_exclude
     )
+    check_types(model_doc, model, f"{where}.model")
     out = TrainConfig(
         seed=seed,
         model=model_doc,

@@ -36,6 +36,7 @@ from treerank.training.sampler import (
     guard_mined_negatives,
     hard_negative_pool,
     relevant_lists,
+    text_keys,
 )
 from treerank.training.sources import PairSampler
 from treerank.training.trainer import FitResult, TrainerConfig, TrainOutput, Validate, fit
@@ -204,6 +205,7 @@ def build_sampler(
         hard_pool=pool,
         seed=seed,
         drop_last=cfg.drop_last,
+        query_keys=text_keys(store.query_texts()) if getattr(store, "has_texts", False) else None,
     )
     info["train_queries"] = int(sampler.query_rows.size)
     info["batches_per_epoch"] = len(sampler)

@@ -31,7 +31,8 @@ Qu et al. (2021), "RocketQA" (denoising false negatives among mined hard negativ
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import hashlib
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,9 +42,11 @@ from treerank.kernels.vectors import l2_normalize
 __all__ = [
     "Batch",
     "ContrastiveSampler",
+    "collision_mask",
     "guard_mined_negatives",
     "hard_negative_pool",
     "relevant_lists",
+    "text_keys",
 ]
 
 
@@ -240,6 +243,59 @@ def _row_scores(q: np.ndarray, passages: np.ndarray, ids: np.ndarray) -> np.ndar
     return out.reshape(ids.shape)
 
 
+def text_keys(texts: Sequence[str]) -> np.ndarray:
+    """``int64 (n,)`` a 64-bit BLAKE2b hash of each exact text (equal texts, equal keys)."""
+    return np.array(
+        [
+            int.from_bytes(hashlib.blake2b(t.encode("utf-8"), digest_size=8).digest(), "little")
+            - 2**63
+            for t in texts
+        ],
+        dtype=np.int64,
+    )
+
+
+def collision_mask(keys: np.ndarray, known: Sequence[np.ndarray], cols: np.ndarray) -> np.ndarray:
+    """The batch-collision rule of every sampler: ``bool (B, M)``, True where column ``c`` is a
+    known passage of another row of the batch that *collides* with row ``i``.
+
+    Two rows collide when their queries have the same text (equal ``keys``) or share a known
+    passage (both label it). A colliding row's positives are evidence for row ``i`` too, so
+    they must never be row ``i``'s in-batch negatives; callers OR this into ``mask_out`` and then
+    clear row ``i``'s own positive / target columns. Without it, two SciFact-style twin queries
+    (one text, two different positives) push each other's positive away.
+
+    Args:
+        keys: ``int64 (B,)`` query-text keys (:func:`text_keys`).
+        known: per row, ``int (n_i,)`` passage ids labelled for it (targets and excluded ids),
+            ``-1`` ignored.
+        cols: ``int64 (M,)`` the batch's sorted unique passage columns.
+
+    Returns:
+        ``bool (B, M)``; all False when no two rows collide.
+    """
+    bsz, m = len(known), int(cols.size)
+    ids = [np.asarray(k, dtype=np.int64) for k in known]
+    ids = [k[k >= 0] for k in ids]
+    lengths = np.array([k.size for k in ids])
+    flat = np.concatenate(ids) if ids else np.empty(0, np.int64)
+    row_of = np.repeat(np.arange(bsz), lengths)
+    uniq, inv = np.unique(flat, return_inverse=True)
+    inc = np.zeros((bsz, uniq.size), dtype=np.float32)  # row x known passage incidence
+    inc[row_of, inv] = 1.0
+    keys = np.asarray(keys, dtype=np.int64)
+    link = (inc @ inc.T > 0) | (keys[:, None] == keys[None, :])
+    np.fill_diagonal(link, False)
+    if not link.any():
+        return np.zeros((bsz, m), dtype=bool)
+    at = np.clip(np.searchsorted(cols, uniq), 0, max(m - 1, 0))
+    in_batch = (cols[at] == uniq) if m else np.zeros(uniq.size, bool)
+    on_cols = np.zeros((bsz, m), dtype=np.float32)  # row x column: the row knows this column
+    hit = in_batch[inv]
+    on_cols[row_of[hit], at[inv[hit]]] = 1.0
+    return (link.astype(np.float32) @ on_cols) > 0
+
+
 class ContrastiveSampler:
     """Seeded epochs of :class:`Batch` over a set of training queries.
 
@@ -257,6 +313,10 @@ class ContrastiveSampler:
         seed: the epoch ``e`` draws from ``numpy.random.default_rng([seed, e])``: same seed, same
             batches.
         drop_last: drop a final batch smaller than ``B`` (kept when it is the only batch).
+        query_keys: ``int64 (nq,)`` query-text keys of the split (:func:`text_keys`) for the
+            batch-collision rule (:func:`collision_mask`: a batch never leaves a same-text or
+            label-sharing query's positive as an unmasked negative); None: only queries that
+            share a labelled passage collide.
 
     Raises:
         ValueError: no training query has a relevant passage, or bad sizes.
@@ -274,6 +334,7 @@ class ContrastiveSampler:
         hard_pool: np.ndarray | None = None,
         seed: int = 0,
         drop_last: bool = True,
+        query_keys: np.ndarray | None = None,
     ) -> None:
         if batch_size < 1 or n_hard < 0:
             raise ValueError(
@@ -293,6 +354,14 @@ class ContrastiveSampler:
         self.hard_pool = hard_pool if hard_pool is not None and hard_pool.shape[1] else None
         self.seed = int(seed)
         self.drop_last = drop_last
+        if query_keys is not None and np.shape(query_keys) != (nq,):
+            raise ValueError(f"query_keys has shape {np.shape(query_keys)} for {nq} queries")
+        # None: every query its own key (distinct negative numbers never equal a row's index)
+        self.query_keys = (
+            np.asarray(query_keys, dtype=np.int64)
+            if query_keys is not None
+            else -1 - np.arange(nq, dtype=np.int64)
+        )
 
     def __len__(self) -> int:
         """Batches per epoch."""
@@ -328,6 +397,7 @@ class ContrastiveSampler:
         mask_out = np.zeros((bsz, m), dtype=bool)
         r_idx = np.broadcast_to(np.arange(bsz)[:, None], lab.shape)
         mask_out[r_idx[present], at[present]] = True
+        mask_out |= collision_mask(self.query_keys[rows], list(lab), cols)
         mask_out &= ~positive
         excl = np.where(lab != pos[:, None], lab, -1)  # (B, K) labelled, not designated
         return Batch(

@@ -23,7 +23,6 @@ elsewhere in the set also get every target of their twins in ``exclude_ids``
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -31,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from treerank.training.history import TrainingLog
-from treerank.training.sampler import Batch, relevant_lists
+from treerank.training.sampler import Batch, collision_mask, relevant_lists, text_keys
 from treerank.training.trainer import FitResult, TrainerConfig, Validate, fit
 
 __all__ = [
@@ -45,18 +44,6 @@ __all__ = [
 ]
 
 MODES = ("sample", "soft")
-
-
-def text_keys(texts: Sequence[str]) -> np.ndarray:
-    """``int64 (n,)`` a 64-bit BLAKE2b hash of each exact text (equal texts, equal keys)."""
-    return np.array(
-        [
-            int.from_bytes(hashlib.blake2b(t.encode("utf-8"), digest_size=8).digest(), "little")
-            - 2**63
-            for t in texts
-        ],
-        dtype=np.int64,
-    )
 
 
 @dataclass
@@ -340,6 +327,9 @@ class PairSampler:
             at = np.searchsorted(cols, ex)
             hit = (at < m) & (cols[np.clip(at, 0, m - 1)] == ex)
             mask_out[i, at[hit]] = True
+        keys = np.array([self.sources[si].query_keys[r] for si, r in items], dtype=np.int64)
+        known = [np.concatenate([t, e]) for t, e in zip(tlists, excl, strict=True)]
+        mask_out |= collision_mask(keys, known, cols)  # the one rule (sampler.collision_mask)
         mask_out &= target == 0
         positive = np.zeros((bsz, m), dtype=bool)
         positive[np.arange(bsz), target.argmax(axis=1)] = True

@@ -317,6 +317,30 @@ def loss_from_representations(
     return loss, parts
 
 
+class NonFiniteLossError(ValueError):
+    """The training loss became NaN or infinite: the model diverged. Raised by :func:`fit` at
+    the first such step, before the update is applied; nothing is returned or saved."""
+
+
+def check_loss(loss: Tensor, step: int, epoch: int, lr: float, cfg: TrainerConfig) -> None:
+    """Raise :class:`NonFiniteLossError` when ``loss`` is NaN or +-inf.
+
+    Args:
+        loss: the 0-d loss of the batch about to be applied.
+        step: the 1-based step it belongs to; epoch: its 0-based epoch; lr: the step's learning
+            rate (after warm-up); cfg: the trainer settings the hint quotes.
+    """
+    value = float(loss.detach())
+    if math.isfinite(value):
+        return
+    raise NonFiniteLossError(
+        f"training loss is {value} at step {step} (epoch {epoch}, learning rate {lr:.3g}): "
+        f"the model diverged; lower trainer.lr (now {cfg.lr:g}), raise trainer.warmup_ratio "
+        f"(now {cfg.warmup_ratio:g}) or set trainer.grad_clip (now {cfg.grad_clip}); "
+        "nothing was saved"
+    )
+
+
 def _param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
     decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
@@ -360,6 +384,8 @@ def fit(
     Raises:
         TypeError: ``model`` lacks the :class:`ContrastiveModule` methods.
         KeyError: ``validate`` does not return ``config.early_stopping_metric``.
+        NonFiniteLossError: the loss is NaN or inf at some step (the first such step, its
+            loss and a hint are named; the update is not applied and nothing is returned).
     """
     cfg = config or TrainerConfig()
     if not isinstance(model, ContrastiveModule):
@@ -454,6 +480,7 @@ def fit(
                     loss, parts = compute_loss(
                         model, batch, q, p, cfg.symmetric_weight, all_passages, cfg.chunk_size
                     )
+                check_loss(loss, step + 1, epoch, float(sched.get_last_lr()[0]), cfg)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 grad_norm = None
@@ -484,7 +511,7 @@ def fit(
                         **stats,
                         **(extra_vals() if callable(extra_vals) else {}),
                     )
-                    if validate is None:
+                    if validate is None and isinstance(rec.get("loss"), float):
                         bar.set_postfix_str(f"loss={rec['loss']:.4f}")
                 if refresh is not None and cfg.refresh_every and step % cfg.refresh_every == 0:
                     model.eval()
