@@ -349,7 +349,28 @@ class Forest(CheckpointMixin):
         Raises:
             ValueError: hidden layers, or ``C`` not a power of two.
         """
-        hs = cls.hyperplanes(config, seed)
+        return cls.from_hyperplanes(config, cls.hyperplanes(config, seed), name, scale)
+
+    @classmethod
+    def from_hyperplanes(
+        cls, config: ForestConfig, hs: np.ndarray, name: str = "forest-sign", scale: float = 1.0
+    ) -> Forest:
+        """The sign-hyperplane forest of given hyperplanes ``hs float (M, d, b)``, ``2^b = C``
+        (see :meth:`sign_hyperplanes`).
+
+        Raises:
+            ValueError: ``hs`` does not match ``config``.
+        """
+        hs = np.asarray(hs, dtype=np.float64)
+        if (
+            hs.ndim != 3
+            or hs.shape[:2] != (config.n_models, config.dim)
+            or (2 ** hs.shape[2] != config.n_classes)
+        ):
+            raise ValueError(
+                f"sign twin: hyperplanes {hs.shape} do not match (M={config.n_models}, "
+                f"d={config.dim}, log2 C)"
+            )
         bits = hs.shape[2]
         c = np.arange(config.n_classes)
         sign = np.where((c[None, :] >> np.arange(bits)[:, None]) & 1, 1.0, -1.0)  # (b, C)
@@ -386,8 +407,9 @@ class Forest(CheckpointMixin):
         iters: int = 10,
     ) -> Forest:
         """Untrained k-means twin: model ``m`` is spherical k-means (``C`` centroids, ``iters``
-        Lloyd rounds, initialised from ``C`` distinct sample rows) on its own bootstrap sample
-        of ``sample`` rows of ``vectors`` (with replacement; ``numpy.random.default_rng(seed)``).
+        Lloyd rounds from a k-means++ seeding, Arthur & Vassilvitskii 2007, on ``1 - cos``) on
+        its own bootstrap sample of ``sample`` rows of ``vectors`` (with replacement;
+        ``numpy.random.default_rng(seed)``).
 
         As a linear argmax forest: ``W_m = centroids_m^T / s_m`` (unit-norm centroids, so the
         class is the nearest centroid by cosine) with ``s_m`` the standard deviation of the
@@ -410,7 +432,7 @@ class Forest(CheckpointMixin):
         ws = np.empty((config.n_models, config.dim, c), dtype=np.float32)
         for m in range(config.n_models):
             boot = x[rng.integers(0, len(x), size=max(sample, c))]
-            cent = boot[rng.choice(len(boot), size=c, replace=False)].copy()
+            cent = _kmeans_pp(boot, c, rng)
             for _ in range(iters):
                 assign = (boot @ cent.T).argmax(1)
                 sums = np.zeros_like(cent)
@@ -739,3 +761,17 @@ def passage_init_from_query(
     pw[-1] = torch.cat([last_w, torch.zeros(*last_w.shape[:-1], 1)], dim=-1)
     pb[-1] = torch.cat([last_b, torch.full((last_b.shape[0], 1), nr_bias)], dim=-1)
     return pw, pb
+
+
+def _kmeans_pp(x: np.ndarray, c: int, rng: np.random.Generator) -> np.ndarray:
+    """k-means++ seeding (Arthur & Vassilvitskii 2007) with the distance ``1 - cos``:
+    ``float32 (c, d)`` rows of ``x float32 (n, d)``."""
+    cent = np.empty((c, x.shape[1]), dtype=np.float32)
+    cent[0] = x[rng.integers(len(x))]
+    dist = np.maximum(1.0 - x @ cent[0], 0.0).astype(np.float64)
+    for i in range(1, c):
+        tot = dist.sum()
+        j = int(rng.choice(len(x), p=dist / tot)) if tot > 0 else int(rng.integers(len(x)))
+        cent[i] = x[j]
+        dist = np.minimum(dist, np.maximum(1.0 - x @ cent[i], 0.0))
+    return cent
