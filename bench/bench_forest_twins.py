@@ -47,7 +47,7 @@ from treerank.evaluation.qrels import Qrels
 from treerank.evaluation.significance import compare_paired
 from treerank.kernels.topk import exact_search
 from treerank.models.forest import Forest, ForestConfig, ForestSearch
-from treerank.search.forest_index import ForestSystem
+from treerank.search.forest_index import ForestIndex, ForestSystem
 
 REPO = Path(__file__).resolve().parents[1]
 METRICS = ["ndcg@10", "recall@100"]
@@ -58,6 +58,11 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "model": {"twin": "sign"},
         "trainer": {"init": "twin", "steps_query": 0, "steps_joint": 0},
     },
+}
+IRLI: dict[str, dict[str, Any]] = {
+    # IRLI re-partitioning from an untrained twin (training/forest_repartition.py)
+    "irli-from-sign": {"twin": "sign", "rounds": 3, "steps": 20},
+    "irli-from-random": {"twin": "random", "rounds": 3, "steps": 20},
 }
 TWIN_KINDS = ("random", "sign", "kmeans")
 
@@ -88,14 +93,41 @@ def load_forest(path: Path) -> Forest:
     return Forest.from_checkpoint_parts(doc["config"], doc["state"])
 
 
-def trained_forest(name: str, train: Any, n_models: int, work: Path) -> tuple[Forest, float]:
-    """The variant's forest from the cache, or trained now (seconds of training returned)."""
+def trained_forest(
+    name: str, train: Any, n_models: int, work: Path, n_classes: int = 32
+) -> tuple[Any, float]:
+    """The variant's forest (an IRLI variant: ``(forest, classes table)``) from the cache, or
+    trained now (seconds of training returned)."""
     from treerank.training.forest import train_forest
 
     path = work / f"{name}-M{n_models}.pt"
     if path.is_file():
         doc = json.loads(path.with_suffix(".json").read_text())
+        if name in IRLI:
+            tab = np.load(path.with_suffix(".npz"))
+            return (load_forest(path), tab["classes"], tab["probs"]), float(doc["seconds"])
         return load_forest(path), float(doc["seconds"])
+    if name in IRLI:
+        from treerank.training.forest_repartition import repartition_store
+
+        spec = IRLI[name]
+        t0 = time.perf_counter()
+        twin = Forest.twin(spec["twin"], ForestConfig(n_models, n_classes, int(train.dim)), 0)
+        rep = repartition_store(twin, train, rounds=spec["rounds"], steps=spec["steps"])
+        sec = time.perf_counter() - t0
+        save_forest(rep.forest, path)
+        np.savez(path.with_suffix(".npz"), classes=rep.classes, probs=rep.probs)
+        path.with_suffix(".json").write_text(
+            json.dumps(
+                {
+                    "seconds": sec,
+                    "config": spec,
+                    "objective": rep.objective,
+                    "objective_initial": rep.objective_initial,
+                }
+            )
+        )
+        return (rep.forest, rep.classes, rep.probs), sec
     cfg = merged(sample_forest_config(n_models), VARIANTS[name])
     t0 = time.perf_counter()
     out = train_forest(train, cfg, progress=False)
@@ -114,9 +146,18 @@ class _Split:
             yield s, self.passages[s : s + size]
 
 
-def per_query(forest: Forest, split: _Split, qrels: Qrels) -> dict[str, np.ndarray]:
-    run = ForestSystem(forest).retrieve(split, 100)
-    return {m: np.asarray(v) for m, v in evaluate_run(run.ids, qrels, METRICS).per_query.items()}
+def per_query(
+    forest: Forest, split: _Split, qrels: Qrels, table: tuple[np.ndarray, np.ndarray] | None = None
+) -> dict[str, np.ndarray]:
+    """Per-query metrics of the forest's search (an IRLI ``table``: its passage assignment)."""
+    system = ForestSystem(forest)
+    if table is None:
+        ids = system.retrieve(split, 100).ids
+    else:
+        m = forest.n_models
+        system.index = ForestIndex.build(table[0][:, :m], table[1][:, :m], forest.n_classes)
+        ids = system.search_queries(split.queries, 100).ids
+    return {k: np.asarray(v) for k, v in evaluate_run(ids, qrels, METRICS).per_query.items()}
 
 
 def main() -> None:
@@ -130,7 +171,7 @@ def main() -> None:
     ap.add_argument("--curve", type=int, nargs="+", default=[16, 32, 64])
     ap.add_argument("--probes", type=int, nargs="+", default=[1, 2, 4])
     ap.add_argument("--scorings", nargs="+", default=["shipped", "count", "soft"])
-    ap.add_argument("--variants", nargs="*", default=list(VARIANTS))
+    ap.add_argument("--variants", nargs="*", default=[*VARIANTS, *IRLI])
     ap.add_argument("--train-only", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -165,7 +206,11 @@ def main() -> None:
                 search = ForestSearch(probe=t, scoring=scoring)
                 res: dict[str, dict[str, np.ndarray]] = {}
                 for v, f in trained.items():
-                    res[v] = per_query(f.subset(m).with_search(search), split, qrels)
+                    if isinstance(f, tuple):
+                        fs, tab = f[0], (f[1], f[2])
+                        res[v] = per_query(fs.subset(m).with_search(search), split, qrels, tab)
+                    else:
+                        res[v] = per_query(f.subset(m).with_search(search), split, qrels)
                 for kind, fs in twins.items():
                     seeds = [per_query(f.subset(m).with_search(search), split, qrels) for f in fs]
                     res[f"twin-{kind}"] = {
@@ -208,7 +253,7 @@ def main() -> None:
         "n_models": args.models,
         "n_classes": args.classes,
         "train_seconds": seconds,
-        "variants": {v: VARIANTS[v] for v in trained},
+        "variants": {v: VARIANTS.get(v) or IRLI[v] for v in trained},
         "twin_seeds": [0, 1, 2],
         "rows": rows,
     }
