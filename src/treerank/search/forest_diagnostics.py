@@ -56,8 +56,10 @@ def vote_correlation(votes: np.ndarray) -> float:
     keep = v.std(axis=0) > 0
     if keep.sum() < 2:
         return float("nan")
-    c = np.corrcoef(v[:, keep], rowvar=False)
-    m = c.shape[0]
+    c = np.asarray(np.corrcoef(v[:, keep], rowvar=False), dtype=np.float64).reshape(
+        int(keep.sum()), int(keep.sum())
+    )
+    m = int(keep.sum())
     return float((c.sum() - np.trace(c)) / (m * (m - 1)))
 
 

@@ -102,8 +102,8 @@ def repartition(
     """
     pos_q = np.asarray(pos_q, dtype=np.int64)
     pos_p = np.asarray(pos_p, dtype=np.int64)
-    xq = torch.from_numpy(np.ascontiguousarray(queries, dtype=np.float32))
-    xp = torch.from_numpy(np.ascontiguousarray(passages, dtype=np.float32))
+    xq = torch.from_numpy(np.array(queries, dtype=np.float32))
+    xp = torch.from_numpy(np.array(passages, dtype=np.float32))
     nq, n = xq.shape[0], xp.shape[0]
     if rounds < 1 or len(pos_q) == 0 or len(pos_q) != len(pos_p):
         raise ValueError("repartition: need rounds >= 1 and matching, non-empty pairs")
