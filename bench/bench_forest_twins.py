@@ -245,9 +245,24 @@ def main() -> None:
                         + f" best twin {best}",
                         flush=True,
                     )
+    # diagnostics at the largest M, t = 1: test claims' relevant pairs vs random pairs
+    from treerank.search.forest_diagnostics import forest_diagnostics
+
+    cand, lab = np.asarray(test.candidates), np.asarray(test.labels)
+    rows_, cols_ = np.nonzero((cand >= 0) & (lab >= int(test.relevance_threshold)))
+    pairs = np.stack([rows_, cand[rows_, cols_]], 1)
+    diag: dict[str, Any] = {}
+    for v, f in trained.items():
+        diag[v] = forest_diagnostics(f[0] if isinstance(f, tuple) else f, q, p, pairs)
+    for kind, fs in twins.items():
+        diag[f"twin-{kind}"] = forest_diagnostics(fs[0], q, p, pairs)
+    for d in diag.values():
+        d.pop("collision_relevant")
+        d.pop("collision_random")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     doc = {
+        "diagnostics": diag,
         "train": str(args.train),
         "test": str(args.test),
         "n_models": args.models,
@@ -283,6 +298,24 @@ def render(doc: dict[str, Any]) -> str:
         head,
         "|" + "---|" * (5 + len(names) + 1 + len(trained)),
     ]
+    diag = doc.get("diagnostics") or {}
+    n_pairs = next(iter(diag.values()), {}).get("n_pairs", 0)
+    diag_md = [
+        "",
+        f"Diagnostics at M = {doc['n_models']}, t = K = 1, on the {n_pairs} (test claim, "
+        "relevant paper) pairs against as many random pairs (twins: seed 0; IRLI variants: "
+        "their query models through their own passage rule, not the table):",
+        "",
+        "| forest | collision rate, relevant pairs | random pairs | lift | vote correlation, "
+        "relevant | random | models voting per relevant pair |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, d in diag.items():
+        diag_md.append(
+            f"| {name} | {d['collision_relevant_mean']:.3f} | {d['collision_random_mean']:.3f} | "
+            f"{d['lift_mean']:.1f} | {d['vote_correlation_relevant']:.3f} | "
+            f"{d['vote_correlation_random']:.3f} | {d['mean_votes_relevant']:.1f} |"
+        )
     for r in rows:
         cells = [
             str(r["n_models"]),
@@ -297,7 +330,7 @@ def render(doc: dict[str, Any]) -> str:
             d = r["vs_strongest_twin"][v]["ndcg@10"]
             cells.append(f"{d['delta']:+.3f} ({d['p']:.3g})")
         out.append("| " + " | ".join(cells) + " |")
-    return "\n".join(out) + "\n"
+    return "\n".join(out + (diag_md if diag else [])) + "\n"
 
 
 if __name__ == "__main__":

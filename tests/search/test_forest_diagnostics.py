@@ -39,3 +39,29 @@ def test_identical_models_have_vote_correlation_one_and_probe_raises_collisions(
     assert vote_correlation(np.array([[1, 0], [0, 1], [1, 0]])) == pytest.approx(-1.0)
     with pytest.raises(ValueError, match="pairs must be"):
         forest_diagnostics(same, q, p, np.zeros((0, 2)))
+
+
+def test_balance_stats_and_report_carry_the_diagnostics() -> None:
+    from treerank.search.forest_index import ForestSystem, forest_report
+
+    rng = np.random.default_rng(0)
+
+    class Store:
+        passages = rng.standard_normal((60, 6)).astype(np.float32)
+        queries = (passages[:20] + 0.2 * rng.standard_normal((20, 6))).astype(np.float32)
+        candidates = np.arange(20, dtype=np.int32)[:, None]
+        labels = np.ones((20, 1), dtype=np.uint8)
+        relevance_threshold = 1
+
+        def iter_passage_chunks(self, size):
+            yield 0, self.passages
+
+    forest = Forest.random(ForestConfig(4, 4, 6), seed=0)
+    system = ForestSystem(forest)
+    system.retrieve(Store(), 10)
+    dg = system.balance_stats()["diagnostics"]
+    ref = forest_diagnostics(
+        forest, Store.queries, Store.passages, np.stack([np.arange(20)] * 2, 1)
+    )
+    assert dg["collision_relevant_mean"] == pytest.approx(ref["collision_relevant_mean"])
+    assert "x) |" in forest_report({"f": system})["markdown"]

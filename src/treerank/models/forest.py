@@ -435,8 +435,9 @@ class Forest(CheckpointMixin):
             cent = _kmeans_pp(boot, c, rng)
             for _ in range(iters):
                 assign = (boot @ cent.T).argmax(1)
-                sums = np.zeros_like(cent)
-                np.add.at(sums, assign, boot)
+                onehot = np.zeros((c, len(boot)), dtype=np.float32)
+                onehot[assign, np.arange(len(boot))] = 1.0
+                sums = onehot @ boot  # (C, d) per-cluster sums
                 norms = np.linalg.norm(sums, axis=1, keepdims=True)
                 cent = np.where(norms > 0, sums / np.maximum(norms, 1e-12), cent)
             logits = boot @ cent.T

@@ -453,6 +453,7 @@ class ForestSystem:
         self.index: ForestIndex | None = None
         self.hits: ForestHits | None = None
         self._query_classes = np.zeros((0, forest.n_models), dtype=np.int64)
+        self._store: Any = None
 
     def build_index(self, store: Any) -> ForestIndex:
         """Index every passage of ``store`` (an ``EmbeddingStore``) the forest's way
@@ -490,6 +491,7 @@ class ForestSystem:
         """
         self.index = self.build_index(store)
         self.hits = self.search_queries(np.asarray(store.queries, dtype=np.float32), k)
+        self._store = store
         return Run(name=self.name, ids=self.hits.ids, scores=self.hits.scores(self.forest.n_models))
 
     def balance_stats(self) -> dict[str, Any]:
@@ -525,7 +527,24 @@ class ForestSystem:
             "mean_postings_scanned_per_query": float(self.hits.scanned.mean())
             if self.hits.scanned.size
             else 0.0,
+            "diagnostics": self._diagnostics(),
         }
+
+    def _diagnostics(self, max_pairs: int = 5000) -> dict[str, Any] | None:
+        """:func:`treerank.search.forest_diagnostics.forest_diagnostics` on the split's
+        (query, relevant passage) pairs (the first ``max_pairs``), or None without labels."""
+        st = self._store
+        if st is None or not all(hasattr(st, a) for a in ("candidates", "labels")):
+            return None
+        from treerank.search.forest_diagnostics import forest_diagnostics
+
+        cand, lab = np.asarray(st.candidates), np.asarray(st.labels)
+        rows, cols = np.nonzero((cand >= 0) & (lab >= int(getattr(st, "relevance_threshold", 1))))
+        if not len(rows):
+            return None
+        pairs = np.stack([rows, cand[rows, cols]], 1)[:max_pairs]
+        d = forest_diagnostics(self.forest, np.asarray(st.queries), st.passages, pairs)
+        return {k: v for k, v in d.items() if not isinstance(v, list)}
 
 
 def forest_report(systems: dict[str, ForestSystem]) -> dict[str, Any]:
@@ -544,8 +563,9 @@ def forest_report(systems: dict[str, ForestSystem]) -> dict[str, Any]:
         "",
         "| forest | query class entropy (mean / min, nats) | passage class entropy "
         "(mean / min) | max = log C | not retrievable | ties at rank 10 (count / "
-        "count + secondary) | passages retrieved per query | postings scanned per query |",
-        "|---|---|---|---|---|---|---|---|",
+        "count + secondary) | passages retrieved per query | postings scanned per query | "
+        "collision rate relevant / random pairs (lift) | vote correlation |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     nan = float("nan")
     for fname, st in stats.items():
@@ -557,6 +577,12 @@ def forest_report(systems: dict[str, ForestSystem]) -> dict[str, Any]:
             f"{st['not_retrievable_fraction']:.1%} | {ties.get('count_tie', nan):.0%}"
             f" / {ties.get('secondary_tie', nan):.0%} | "
             f"{st['mean_retrieved_per_query']:.0f} | "
-            f"{st['mean_postings_scanned_per_query']:.0f} |"
+            f"{st['mean_postings_scanned_per_query']:.0f} | "
+            + (
+                f"{dg['collision_relevant_mean']:.3f} / {dg['collision_random_mean']:.3f} "
+                f"({dg['lift_mean']:.1f}x) | {dg['vote_correlation_relevant']:.3f} |"
+                if (dg := st.get("diagnostics"))
+                else "- | - |"
+            )
         )
     return {"stats": stats, "markdown": "\n".join(md)}
