@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from treerank.models.forest import Forest, ForestConfig
+from treerank.search.forest_index import ForestIndex
 from treerank.training.forest_repartition import repartition
 
 
@@ -28,7 +29,7 @@ def test_repartition_decreases_its_objective_and_respects_capacity() -> None:
     assert hist[-1, 1] < out.objective_initial
     assert np.all(hist[:, 1] <= hist[:, 0] + 1e-6)  # each training step lowers J
     cap = int(np.ceil(1.2 * 2 * 300 / 8))
-    assert out.index().list_sizes().max() <= cap
+    assert ForestIndex.build(out.classes, out.probs, 8).list_sizes().max() <= cap
     assert (out.classes >= 0).all()
     # a passage no training query cites is assigned by its own vector through the query model
     uncited = np.setdiff1d(np.arange(300), pos_p)

@@ -38,8 +38,9 @@ from typing import Any
 import numba
 import numpy as np
 
+from treerank.kernels.capacity import assign_capacity
 from treerank.models.forest import Forest
-from treerank.search.forest_kernel import ID_BLOCK, assign_capacity, count_topk, count_topk_probes
+from treerank.search.forest_kernel import ID_BLOCK, count_topk, count_topk_probes
 from treerank.search.run import Run
 
 _ID_BLOCK = ID_BLOCK
@@ -383,7 +384,7 @@ class ForestIndex:
 
 def assign_passages(forest: Forest, passages: Any, chunk_size: int = 16384) -> ForestIndex:
     """Index ``passages`` in each passage's top-K classes per model under the per-class
-    capacity of ``forest.search`` (:func:`treerank.search.forest_kernel.assign_capacity`).
+    capacity of ``forest.search`` (:func:`treerank.kernels.capacity.assign_capacity`).
 
     The capacity of model ``m`` is ``ceil((1 + epsilon) * K * N_m / C)`` with ``N_m`` the
     passages it indexes (not retrievable ones excluded), unbounded when ``epsilon`` is None.

@@ -8,7 +8,7 @@ IRLI alternates, for every repetition (here: every model ``m`` of the forest), t
    many earlier models missed the pair); a passage no training query cites scores
    ``P_m(c | x_p)``, its own vector through the query model. Passages take their top-``K``
    classes under the per-class capacity ``ceil((1 + epsilon) K N / C)`` (power-of-K-choices,
-   :func:`treerank.search.forest_kernel.assign_capacity`);
+   :func:`treerank.kernels.capacity.assign_capacity`);
 2. **query training**: ``steps`` full-batch Adam steps on the IRLI objective
 
        J_m = - sum_(q, p) w_qp log sum_{c in A_m(p)} P_m(c | q)  /  sum w_qp
@@ -31,9 +31,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from treerank.kernels.capacity import assign_capacity
 from treerank.models.forest import Forest, passage_init_from_query, stacked_forward
-from treerank.search.forest_index import ForestIndex
-from treerank.search.forest_kernel import assign_capacity
 from treerank.training.forest_losses import boosting_weights
 
 
@@ -56,10 +55,6 @@ class Repartitioned:
     probs: np.ndarray
     objective: list[list[float]] = field(default_factory=list)
     objective_initial: float = float("nan")
-
-    def index(self) -> ForestIndex:
-        """The inverted lists of the assignment table."""
-        return ForestIndex.build(self.classes, self.probs, self.forest.n_classes)
 
 
 def _objective(pq: torch.Tensor, member: torch.Tensor, pos_q: torch.Tensor, w: torch.Tensor):
