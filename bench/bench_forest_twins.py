@@ -268,7 +268,7 @@ def main() -> None:
         "n_models": args.models,
         "n_classes": args.classes,
         "train_seconds": seconds,
-        "variants": {v: VARIANTS.get(v) or IRLI[v] for v in trained},
+        "variants": {v: VARIANTS[v] if v in VARIANTS else IRLI[v] for v in trained},
         "twin_seeds": [0, 1, 2],
         "rows": rows,
     }
