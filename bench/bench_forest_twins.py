@@ -63,6 +63,7 @@ IRLI: dict[str, dict[str, Any]] = {
     # IRLI re-partitioning from an untrained twin (training/forest_repartition.py)
     "irli-from-sign": {"twin": "sign", "rounds": 3, "steps": 20},
     "irli-from-random": {"twin": "random", "rounds": 3, "steps": 20},
+    "irli-from-random-light": {"twin": "random", "rounds": 2, "steps": 5},
 }
 TWIN_KINDS = ("random", "sign", "kmeans")
 
@@ -172,6 +173,7 @@ def main() -> None:
     ap.add_argument("--probes", type=int, nargs="+", default=[1, 2, 4])
     ap.add_argument("--scorings", nargs="+", default=["shipped", "count", "soft"])
     ap.add_argument("--variants", nargs="*", default=[*VARIANTS, *IRLI])
+    ap.add_argument("--twin-kinds", nargs="+", default=list(TWIN_KINDS))
     ap.add_argument("--train-only", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -197,7 +199,8 @@ def main() -> None:
     cosine = {m: np.asarray(v) for m, v in evaluate_run(cos_ids, qrels, METRICS).per_query.items()}
     cfg = ForestConfig(args.models, args.classes, q.shape[1])
     twins = {
-        kind: [Forest.twin(kind, cfg, seed, vectors=p) for seed in (0, 1, 2)] for kind in TWIN_KINDS
+        kind: [Forest.twin(kind, cfg, seed, vectors=p) for seed in (0, 1, 2)]
+        for kind in args.twin_kinds
     }
     rows: list[dict[str, Any]] = []
     for m in args.curve:
