@@ -64,6 +64,8 @@ IRLI: dict[str, dict[str, Any]] = {
     "irli-from-sign": {"twin": "sign", "rounds": 3, "steps": 20},
     "irli-from-random": {"twin": "random", "rounds": 3, "steps": 20},
     "irli-from-random-light": {"twin": "random", "rounds": 2, "steps": 5},
+    "irli-from-random-heavy": {"twin": "random", "rounds": 5, "steps": 40},
+    "irli-from-random-nocap": {"twin": "random", "rounds": 3, "steps": 20, "capacity": None},
 }
 TWIN_KINDS = ("random", "sign", "kmeans")
 
@@ -114,7 +116,13 @@ def trained_forest(
         spec = IRLI[name]
         t0 = time.perf_counter()
         twin = Forest.twin(spec["twin"], ForestConfig(n_models, n_classes, int(train.dim)), 0)
-        rep = repartition_store(twin, train, rounds=spec["rounds"], steps=spec["steps"])
+        rep = repartition_store(
+            twin,
+            train,
+            rounds=spec["rounds"],
+            steps=spec["steps"],
+            capacity_epsilon=spec.get("capacity", 0.2),
+        )
         sec = time.perf_counter() - t0
         save_forest(rep.forest, path)
         np.savez(path.with_suffix(".npz"), classes=rep.classes, probs=rep.probs)
