@@ -1,24 +1,30 @@
-"""Forest then rescore: the forest's top-N candidates by match count, rescored by exact cosine.
+"""First-stage benchmark: the forest, its random twin, k-means IVF-Flat and HNSW as candidate
+generators for exact cosine (issue 27, part 6). One command, one table, one Pareto plot.
 
-For each depth ``N`` the forest's counting search (:mod:`treerank.search.forest_index`) returns
-``N`` candidates per query; their stored vectors are read and scored by the exact inner product
-of L2-normalised vectors (cosine, the one normalisation rule of
-:func:`treerank.kernels.vectors.l2_normalize`), and the top ``k`` are kept. Printed per ``N``,
-with exact cosine search over every passage as the reference measured in the same run:
+For one store split, in ONE run, one thread everywhere, exact cosine over every passage as the
+reference measured in the same run:
 
-* fraction of passages scored (``N / n_passages``);
-* Recall@100 relative to exact cosine's top 100 (the share of cosine's top 100 the two-stage
-  system also returns in its top 100);
-* nDCG@10 against the store's judgments, and queries/s (forest search + rescoring; the passage
-  classes and query classes are computed once, outside the timing).
+* **forest** (a trained checkpoint, ``--forest``; optional) and its **random twin**
+  (:meth:`Forest.random`, same M and C, mean over ``--twin-seeds``), at every (probe depth t,
+  assignment K) of ``--settings`` and every candidate depth N of ``--depths``: the forest's
+  top-N by its search order (:class:`ForestSearch`, shipped scoring), rescored by exact cosine
+  (:func:`treerank.search.rescore.rescore`);
+* **IVF-Flat** (FAISS, ``nlist`` = ``--nlist`` or ``4 sqrt(n)``, k-means on the passages) at
+  every ``--nprobe``; its scores are already exact inner products over the probed lists;
+* **HNSW** (FAISS ``IndexHNSWFlat``, 32 links) at every ``--ef``.
 
-The second stage is the generic rescoring of the index work
-(:func:`treerank.search.rescore.rescore`: candidate rows gathered in ascending id order, one query
-batch at a time).
+Per point: passages scored per query (forest: candidates rescored; IVF: vectors in the probed
+lists; HNSW: distance computations, ``faiss.cvar.hnsw_stats.ndis``) and its fraction of the
+collection; postings scanned per query (forest: inverted-list entries read; IVF: the same as
+scored); index bytes per passage **beside the vectors** (forest: its lists; IVF: ids and
+centroids; HNSW: the graph); Recall@100 of exact cosine's top 100; label Recall@100 and
+nDCG@10 (on all queries, and on ``seen`` / ``unseen`` ones when ``--train`` gives the training
+split); queries/s (classification, search and rescoring timed together; index building not).
 
-Run: ``nice python bench/bench_forest_rescore.py --store STORE_DIR --checkpoint FOREST_DIR
-[--depths 100 300 1000]`` (a random forest of ``--models x --classes`` without
-``--checkpoint``).
+Writes ``results.json``, ``table.md`` and ``pareto.png`` under ``--out``. Run::
+
+    OMP_NUM_THREADS=1 NUMBA_NUM_THREADS=1 nice -n 10 python bench/bench_forest_rescore.py \
+        --store STORE/test [--train STORE/train] [--forest FOREST.pt] --out DIR
 """
 
 from __future__ import annotations
@@ -27,18 +33,22 @@ import argparse
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import numba
 import numpy as np
 import torch
 
+from treerank.atomic import atomic_savefig
 from treerank.evaluation.metrics import evaluate_run
 from treerank.evaluation.qrels import Qrels
 from treerank.kernels.topk import exact_search
 from treerank.kernels.vectors import l2_normalize
-from treerank.models.forest import Forest, ForestConfig
-from treerank.search.forest_index import ForestIndex
+from treerank.models.forest import Forest, ForestConfig, ForestSearch
+from treerank.search.forest_index import ForestIndex, assign_passages
 from treerank.search.rescore import rescore
+
+METRICS = ["ndcg@10", "recall@100"]
 
 
 def rescore_cosine(
@@ -51,86 +61,293 @@ def rescore_cosine(
     return ids
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--store", required=True, help="an embedding store split directory")
-    ap.add_argument("--checkpoint", default=None, help="a trained forest checkpoint dir")
-    ap.add_argument("--prefix", type=int, default=0, help="use the checkpoint's first M pairs")
-    ap.add_argument("--models", type=int, default=64)
-    ap.add_argument("--classes", type=int, default=32)
-    ap.add_argument("--depths", type=int, nargs="+", default=[100, 200, 500, 1000])
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--json", default=None)
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    numba.set_num_threads(args.threads)
-    from treerank.store import EmbeddingStore
-
-    st = EmbeddingStore.open(args.store)
-    q = np.asarray(st.queries, dtype=np.float32)
-    p = np.asarray(st.passages, dtype=np.float32)
-    if args.checkpoint:
-        from treerank.models.registry import load_model
-
-        forest = load_model(args.checkpoint, expected_fingerprint=st.encoder_fingerprint)
-        if args.prefix:
-            forest = forest.subset(args.prefix)
-    else:
-        forest = Forest.random(ForestConfig(args.models, args.classes, q.shape[1]), seed=0)
-    index = ForestIndex.build(*forest.passage_classes(p), n_classes=forest.n_classes)
-    qc, qp = forest.query_classes(q)
-    qrels = Qrels.from_store(st)
-    metrics = ["ndcg@10", "recall@100"]
-    t0 = time.perf_counter()
-    cos_ids, _ = exact_search(l2_normalize(q), p, k=100, passage_transform=l2_normalize)
-    t_cos = time.perf_counter() - t0
-    cos = evaluate_run(cos_ids, qrels, metrics).mean
-    n = len(p)
-    rows = [
-        {
-            "system": "exact cosine",
-            "depth": n,
-            "fraction_scored": 1.0,
-            "recall100_vs_cosine": 1.0,
-            **cos,
-            "qps": len(q) / t_cos,
-        }
-    ]
-    forest_only = evaluate_run(index.search(qc, qp, 100).ids, qrels, metrics).mean
-    rows.append({"system": "forest alone", "depth": 100, "fraction_scored": 0.0, **forest_only})
-    cos_sets = [set(r[r >= 0].tolist()) for r in cos_ids]
-    for depth in args.depths:
-        t0 = time.perf_counter()
-        cand = index.search(qc, qp, depth).ids
-        ids = rescore_cosine(q, p, cand, 100)
-        sec = time.perf_counter() - t0
-        overlap = np.mean(
-            [len(cos_sets[i] & set(r[r >= 0].tolist())) / 100 for i, r in enumerate(ids)]
+def overlap100(ids: np.ndarray, ref: list[set[int]]) -> float:
+    """Mean share of the reference top 100 found in ``ids``' top 100."""
+    return float(
+        np.mean(
+            [len(ref[i] & set(r[:100][r[:100] >= 0].tolist())) / 100 for i, r in enumerate(ids)]
         )
-        res = evaluate_run(ids, qrels, metrics).mean
-        rows.append(
+    )
+
+
+def load_forest(path: str) -> Forest:
+    """A forest from a ``bench_forest_twins`` cache file (``.pt``) or a checkpoint directory."""
+    if path.endswith(".pt"):
+        doc = torch.load(path, weights_only=True)
+        return Forest.from_checkpoint_parts(doc["config"], doc["state"])
+    from treerank.models.registry import load_model
+
+    return load_model(path)
+
+
+def forest_points(
+    name: str,
+    forest: Forest,
+    q: np.ndarray,
+    p: np.ndarray,
+    settings: list[tuple[int, int]],
+    depths: list[int],
+) -> list[dict[str, Any]]:
+    """One point per (t, K, N): candidates ids and costs (metrics added by the caller)."""
+    out = []
+    n = len(p)
+    for t, kk in settings:
+        f = forest.with_search(ForestSearch(probe=t, assign=kk))
+        if kk == 1:
+            index = ForestIndex.build(*f.passage_classes(p), n_classes=f.n_classes)
+        else:
+            index = assign_passages(f, p)
+        for depth in depths:
+            t0 = time.perf_counter()
+            if t == 1 and kk == 1:
+                hits = index.search(*f.query_classes(q), depth)
+            else:
+                qc, qp, fl = f.query_top(q, t)
+                hits = index.search_probes(qc, qp, fl, depth, "shipped")
+            ids = rescore_cosine(q, p, hits.ids, 100)
+            sec = time.perf_counter() - t0
+            out.append(
+                {
+                    "system": name,
+                    "setting": f"M={f.n_models} C={f.n_classes} t={t} K={kk} N={depth}",
+                    "ids": ids,
+                    "scored_per_query": float((hits.ids >= 0).sum(1).mean()),
+                    "postings_per_query": float(hits.scanned.mean()),
+                    "index_bytes_per_passage": index.nbytes / n,
+                    "qps": len(q) / sec,
+                }
+            )
+    return out
+
+
+def faiss_points(
+    q: np.ndarray, p: np.ndarray, nlist: int, nprobes: list[int], efs: list[int]
+) -> list[dict[str, Any]]:
+    import faiss
+
+    faiss.omp_set_num_threads(1)
+    n, d = p.shape
+    out = []
+    quant = faiss.IndexFlatIP(d)
+    ivf = faiss.IndexIVFFlat(quant, d, nlist, faiss.METRIC_INNER_PRODUCT)
+    ivf.cp.seed = 0
+    ivf.train(p)
+    ivf.add(p)
+    sizes = np.array([ivf.invlists.list_size(i) for i in range(nlist)])
+    ivf_bytes = (8 * n + 4 * d * nlist) / n
+    for nprobe in nprobes:
+        ivf.nprobe = nprobe
+        t0 = time.perf_counter()
+        _, ids = ivf.search(q, 100)
+        sec = time.perf_counter() - t0
+        _, lists = quant.search(q, nprobe)
+        scored = float(sizes[lists].sum(1).mean())
+        out.append(
             {
-                "system": f"forest top-{depth} + cosine",
-                "depth": depth,
-                "fraction_scored": float((cand >= 0).sum(1).mean() / n),
-                "recall100_vs_cosine": float(overlap),
-                **res,
+                "system": "ivf-flat",
+                "setting": f"nlist={nlist} nprobe={nprobe}",
+                "ids": ids.astype(np.int64),
+                "scored_per_query": scored,
+                "postings_per_query": scored,
+                "index_bytes_per_passage": ivf_bytes,
                 "qps": len(q) / sec,
             }
         )
-    print(
-        f"store {args.store}: {len(q)} queries, {n} passages; forest M={forest.n_models} "
-        f"C={forest.n_classes}"
-    )
-    print(f"{'system':<30}{'scored':>9}{'R@100 vs cos':>14}{'nDCG@10':>9}{'R@100':>8}{'q/s':>9}")
-    for r in rows:
-        print(
-            f"{r['system']:<30}{r['fraction_scored']:>9.3f}"
-            f"{r.get('recall100_vs_cosine', float('nan')):>14.3f}{r['ndcg@10']:>9.3f}"
-            f"{r['recall@100']:>8.3f}{r.get('qps', float('nan')):>9.0f}"
+    hnsw = faiss.IndexHNSWFlat(d, 32, faiss.METRIC_INNER_PRODUCT)
+    hnsw.add(p)
+    hnsw_bytes = (faiss.serialize_index(hnsw).size - 4 * d * n) / n
+    for ef in efs:
+        hnsw.hnsw.efSearch = ef
+        faiss.cvar.hnsw_stats.reset()
+        t0 = time.perf_counter()
+        _, ids = hnsw.search(q, 100)
+        sec = time.perf_counter() - t0
+        scored = faiss.cvar.hnsw_stats.ndis / len(q)
+        out.append(
+            {
+                "system": "hnsw",
+                "setting": f"M=32 efSearch={ef}",
+                "ids": ids.astype(np.int64),
+                "scored_per_query": float(scored),
+                "postings_per_query": float(scored),
+                "index_bytes_per_passage": hnsw_bytes,
+                "qps": len(q) / sec,
+            }
         )
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=2))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--store", required=True, help="the evaluation split")
+    ap.add_argument("--train", default=None, help="its training split (seen / unseen parts)")
+    ap.add_argument("--forest", default=None, help="a trained forest (.pt cache or checkpoint)")
+    ap.add_argument("--models", type=int, default=64, help="twin's M without --forest")
+    ap.add_argument("--classes", type=int, default=32, help="twin's C without --forest")
+    ap.add_argument("--settings", nargs="+", default=["1,1", "2,1", "1,2", "2,2"], help="t,K")
+    ap.add_argument("--depths", type=int, nargs="+", default=[100, 200, 500, 1000])
+    ap.add_argument("--twin-seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--nlist", type=int, default=0)
+    ap.add_argument("--nprobe", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
+    ap.add_argument("--ef", type=int, nargs="+", default=[16, 32, 64, 128])
+    ap.add_argument("--label", default=None, help="dataset label for the table and plot")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    numba.set_num_threads(1)
+    from treerank.store import EmbeddingStore
+
+    st = EmbeddingStore.open(args.store)
+    q = l2_normalize(np.asarray(st.queries, dtype=np.float32))
+    p = l2_normalize(np.asarray(st.passages, dtype=np.float32))
+    n = len(p)
+    qrels = Qrels.from_store(st)
+    parts = {"all": np.ones(len(q), dtype=bool)}
+    if args.train:
+        from treerank.evaluation.overlap import seen_positive_mask
+
+        seen = seen_positive_mask(st, EmbeddingStore.open(args.train))
+        parts.update(seen=seen, unseen=~seen)
+    settings = [tuple(int(v) for v in s.split(",")) for s in args.settings]
+    t0 = time.perf_counter()
+    cos_ids, _ = exact_search(q, p, k=100)
+    t_cos = time.perf_counter() - t0
+    ref = [set(r[r >= 0].tolist()) for r in cos_ids]
+    points: list[dict[str, Any]] = [
+        {
+            "system": "exact cosine",
+            "setting": "all passages",
+            "ids": cos_ids,
+            "scored_per_query": float(n),
+            "postings_per_query": float(n),
+            "index_bytes_per_passage": 0.0,
+            "qps": len(q) / t_cos,
+        }
+    ]
+    if args.forest:
+        forest = load_forest(args.forest)
+        points += forest_points("forest", forest, q, p, settings, args.depths)  # type: ignore[arg-type]
+        m, c = forest.n_models, forest.n_classes
+    else:
+        m, c = args.models, args.classes
+    seeds = []
+    for seed in args.twin_seeds:
+        twin = Forest.random(ForestConfig(m, c, q.shape[1]), seed=seed)
+        seeds.append(forest_points("random twin", twin, q, p, settings, args.depths))  # type: ignore[arg-type]
+    points += faiss_points(q, p, args.nlist or int(4 * np.sqrt(n)), args.nprobe, args.ef)
+    rows = []
+    for pt in points:
+        rows.append(_measure(pt, qrels, ref, parts, n))
+    for group in zip(*seeds, strict=True):  # twin: mean over seeds, point by point
+        ms = [_measure(pt, qrels, ref, parts, n) for pt in group]
+        row = {k: v for k, v in ms[0].items()}
+        for key in (
+            "scored_per_query",
+            "fraction_scored",
+            "postings_per_query",
+            "qps",
+            "index_bytes_per_passage",
+            "recall100_vs_cosine",
+        ):
+            row[key] = float(np.mean([r[key] for r in ms]))
+        row["parts"] = {
+            part: {k: float(np.mean([r["parts"][part][k] for r in ms])) for k in METRICS}
+            for part in parts
+        }
+        row["setting"] += f" (mean of seeds {args.twin_seeds})"
+        rows.append(row)
+    label = args.label or str(st.meta.get("source", "store"))
+    doc = {
+        "store": str(args.store),
+        "label": label,
+        "n_queries": len(q),
+        "n_passages": n,
+        "parts": {k: int(v.sum()) for k, v in parts.items()},
+        "rows": rows,
+    }
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(doc, indent=1))
+    (out / "table.md").write_text(render(doc))
+    plot(doc, out / "pareto.png")
+    print(render(doc))
+
+
+def _measure(
+    pt: dict[str, Any], qrels: Qrels, ref: list[set[int]], parts: dict[str, np.ndarray], n: int
+) -> dict[str, Any]:
+    ids = pt["ids"]
+    pq = evaluate_run(ids, qrels, METRICS).per_query
+    row = {k: v for k, v in pt.items() if k != "ids"}
+    row["fraction_scored"] = pt["scored_per_query"] / n
+    row["recall100_vs_cosine"] = overlap100(ids, ref)
+    row["parts"] = {
+        part: {k: float(np.asarray(v)[mask].mean()) for k, v in pq.items()}
+        for part, mask in parts.items()
+    }
+    return row
+
+
+def render(doc: dict[str, Any]) -> str:
+    parts = list(doc["parts"])
+    head = (
+        "| system | setting | scored / query (%) | postings / query | index B / passage | "
+        "R@100 of cosine's top 100 | "
+        + " | ".join(f"nDCG@10 {p} ({doc['parts'][p]})" for p in parts)
+        + " | "
+        + " | ".join(f"R@100 {p}" for p in parts)
+        + " | q/s |"
+    )
+    out = [
+        f"{doc['label']}: {doc['n_queries']} queries, {doc['n_passages']} passages; one thread; "
+        "candidates rescored by exact cosine.",
+        "",
+        head,
+        "|" + "---|" * (7 + 2 * len(parts)),
+    ]
+    for r in doc["rows"]:
+        cells = [
+            r["system"],
+            r["setting"],
+            f"{r['scored_per_query']:.0f} ({100 * r['fraction_scored']:.1f})",
+            f"{r['postings_per_query']:.0f}",
+            f"{r['index_bytes_per_passage']:.1f}",
+            f"{r['recall100_vs_cosine']:.3f}",
+        ]
+        cells += [f"{r['parts'][p]['ndcg@10']:.4f}" for p in parts]
+        cells += [f"{r['parts'][p]['recall@100']:.3f}" for p in parts]
+        cells.append(f"{r['qps']:.0f}")
+        out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out) + "\n"
+
+
+def plot(doc: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.8, 4.4))
+    systems = sorted({r["system"] for r in doc["rows"]} - {"exact cosine"})
+    for i, s in enumerate(systems):
+        rs = sorted(
+            (r for r in doc["rows"] if r["system"] == s), key=lambda r: r["fraction_scored"]
+        )
+        ax.scatter(
+            [100 * r["fraction_scored"] for r in rs],
+            [r["recall100_vs_cosine"] for r in rs],
+            color=f"C{i}",
+            label=s,
+            s=14,
+        )
+    ax.set_xscale("log")
+    ax.set_xlabel("passages scored per query (% of the collection, log)")
+    ax.set_ylabel("Recall@100 of exact cosine's top 100")
+    ax.set_title(f"{doc['label']}: first stages + exact cosine")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    atomic_savefig(fig, path, dpi=120)
 
 
 if __name__ == "__main__":

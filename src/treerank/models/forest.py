@@ -27,6 +27,7 @@ Search lives in :mod:`treerank.search.forest_index`; training in :mod:`treerank.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -38,6 +39,8 @@ from torch import Tensor
 from treerank.models.checkpoint import CheckpointMixin
 
 MODEL_TYPE = "forest"
+TWINS = ("random", "sign", "kmeans")
+"""Kinds of untrained twin (:meth:`Forest.twin`)."""
 NOT_RETRIEVABLE = -1
 """Class value returned for a passage that a model does not index."""
 
@@ -173,6 +176,77 @@ class ForestConfig:
         )
 
 
+SCORINGS = ("shipped", "count", "soft", "query-prob")
+"""Scoring orders of the forest search (:mod:`treerank.search.forest_index`):
+
+* ``"shipped"``: match count, then ``sum P_m(c|q) * P_m(c|p)`` over matching models, then id;
+* ``"count"``: match count, then id (the seed's plain Hamming count);
+* ``"soft"``: ``sum over matching models of log P_m(c|q) - log P_m(c_{t+1}|q)`` (the passage's
+  class log-probability under the query's model, the unprobed classes floored at the best
+  unprobed class), then id;
+* ``"query-prob"``: ``sum over matching models of P_m(c|q)`` (a probe-weighted count), then id.
+"""
+
+
+@dataclass(frozen=True)
+class ForestSearch:
+    """How a forest is searched (no retraining needed to change any of it).
+
+    Attributes:
+        probe: t, classes visited per query and model (its top-t by ``P_m(c|q)``); 1 = the seed.
+        assign: K, classes a passage is indexed in per model (its top-K real classes); 1 = the
+            seed. A passage counts at most once per model.
+        capacity_epsilon: with ``assign > 1``, each (model, class) list holds at most
+            ``ceil((1 + epsilon) * K * N_m / C)`` passages (``N_m`` = passages model m indexes;
+            power-of-K-choices: the most confident passage chooses first and falls back to its
+            next classes when one is full); None = unbounded. Ignored at ``assign = 1``.
+        scoring: one of :data:`SCORINGS`.
+    """
+
+    probe: int = 1
+    assign: int = 1
+    capacity_epsilon: float | None = 0.2
+    scoring: str = "shipped"
+
+    def __post_init__(self) -> None:
+        if self.probe < 1 or self.assign < 1:
+            raise ValueError(
+                f"forest search: probe and assign must be >= 1 (got {self.probe}, {self.assign})"
+            )
+        if self.capacity_epsilon is not None and self.capacity_epsilon < 0:
+            raise ValueError(
+                f"forest search: capacity_epsilon must be >= 0 or null ({self.capacity_epsilon})"
+            )
+        if self.scoring not in SCORINGS:
+            raise ValueError(
+                f"forest search: scoring must be one of {SCORINGS} (got {self.scoring!r})"
+            )
+
+    @property
+    def is_seed(self) -> bool:
+        """t = K = 1 with the shipped order: today's search, exactly."""
+        return self.probe == 1 and self.assign == 1 and self.scoring == "shipped"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "probe": self.probe,
+            "assign": self.assign,
+            "capacity_epsilon": self.capacity_epsilon,
+            "scoring": self.scoring,
+        }
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any] | None) -> ForestSearch:
+        doc = doc or {}
+        eps = doc.get("capacity_epsilon", 0.2)
+        return cls(
+            probe=int(doc.get("probe", 1)),
+            assign=int(doc.get("assign", 1)),
+            capacity_epsilon=None if eps is None else float(eps),
+            scoring=str(doc.get("scoring", "shipped")),
+        )
+
+
 def init_layers(
     shapes: Sequence[tuple[int, int]], n_models: int, generator: torch.Generator, scale: float = 1.0
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -203,6 +277,8 @@ class Forest(CheckpointMixin):
         passage_weights / passage_biases: same, last ``d_out = C + 1`` (last column = not
             retrievable).
         name: display name (runs, reports).
+        search: how it is searched (:class:`ForestSearch`; default: the seed's t = K = 1 and the
+            shipped order).
 
     Raises:
         ValueError: tensor shapes disagree with ``config``.
@@ -218,9 +294,11 @@ class Forest(CheckpointMixin):
         passage_weights: Sequence[torch.Tensor],
         passage_biases: Sequence[torch.Tensor],
         name: str = "forest",
+        search: ForestSearch | None = None,
     ) -> None:
         self.config = config
         self.name = name
+        self.search = search or ForestSearch()
         self.extra: dict[str, Any] = {}
         self.query_weights = [w.detach().float().contiguous() for w in query_weights]
         self.query_biases = [b.detach().float().contiguous() for b in query_biases]
@@ -253,6 +331,162 @@ class Forest(CheckpointMixin):
         pw, pb = passage_init_from_query(qw, qb)
         return cls(config, qw, qb, pw, pb, name=name)
 
+    @classmethod
+    def sign_hyperplanes(
+        cls, config: ForestConfig, seed: int = 0, name: str = "forest-sign", scale: float = 1.0
+    ) -> Forest:
+        """Untrained sign-hyperplane twin (SimHash / MRPT style): ``C = 2^b``, model ``m`` draws
+        ``b`` Gaussian hyperplanes ``H_m float32 (d, b)`` and puts ``x`` in class
+        ``c = sum_i [h_i . x > 0] 2^i``.
+
+        Written as a linear argmax forest so that it shares the index and scoring: weight
+        ``W_m = scale * H_m S`` with ``S float32 (b, C)``, ``S[i, c] = +1`` when bit ``i`` of
+        ``c`` is set, else ``-1``; ``argmax_c (x W_m)_c`` is the sign pattern of ``x H_m`` (exact
+        ties only at ``h_i . x = 0``). The passage model is the query model plus a
+        not-retrievable column (bias ``-4``; never chosen at ``nr_threshold >= 0.5``).
+        The hyperplanes are ``hyperplanes(config, seed)``.
+
+        Raises:
+            ValueError: hidden layers, or ``C`` not a power of two.
+        """
+        return cls.from_hyperplanes(config, cls.hyperplanes(config, seed), name, scale)
+
+    @classmethod
+    def from_hyperplanes(
+        cls, config: ForestConfig, hs: np.ndarray, name: str = "forest-sign", scale: float = 1.0
+    ) -> Forest:
+        """The sign-hyperplane forest of given hyperplanes ``hs float (M, d, b)``, ``2^b = C``
+        (see :meth:`sign_hyperplanes`).
+
+        Raises:
+            ValueError: ``hs`` does not match ``config``.
+        """
+        hs = np.asarray(hs, dtype=np.float64)
+        if (
+            hs.ndim != 3
+            or hs.shape[:2] != (config.n_models, config.dim)
+            or (2 ** hs.shape[2] != config.n_classes)
+        ):
+            raise ValueError(
+                f"sign twin: hyperplanes {hs.shape} do not match (M={config.n_models}, "
+                f"d={config.dim}, log2 C)"
+            )
+        bits = hs.shape[2]
+        c = np.arange(config.n_classes)
+        sign = np.where((c[None, :] >> np.arange(bits)[:, None]) & 1, 1.0, -1.0)  # (b, C)
+        qw = torch.from_numpy((scale * hs @ sign).astype(np.float32))  # (M, d, C)
+        qb = torch.zeros(config.n_models, config.n_classes)
+        pw, pb = passage_init_from_query([qw], [qb])
+        return cls(config, [qw], [qb], pw, pb, name=name)
+
+    @staticmethod
+    def hyperplanes(config: ForestConfig, seed: int = 0) -> np.ndarray:
+        """The sign twin's hyperplanes: ``float64 (M, d, b)`` standard normal draws of
+        ``numpy.random.default_rng(seed)``, ``b = log2 C``.
+
+        Raises:
+            ValueError: hidden layers, or ``C`` not a power of two.
+        """
+        bits = int(round(math.log2(config.n_classes)))
+        if config.hidden or 2**bits != config.n_classes:
+            raise ValueError(
+                f"sign twin: needs a linear forest with C a power of two (C={config.n_classes}, "
+                f"hidden={config.hidden})"
+            )
+        rng = np.random.default_rng(seed)
+        return rng.standard_normal((config.n_models, config.dim, bits))
+
+    @classmethod
+    def kmeans(
+        cls,
+        config: ForestConfig,
+        vectors: np.ndarray,
+        seed: int = 0,
+        name: str = "forest-kmeans",
+        sample: int = 4096,
+        iters: int = 10,
+    ) -> Forest:
+        """Untrained k-means twin: model ``m`` is spherical k-means (``C`` centroids, ``iters``
+        Lloyd rounds from a k-means++ seeding, Arthur & Vassilvitskii 2007, on ``1 - cos``) on
+        its own bootstrap sample of ``sample`` rows of ``vectors`` (with replacement;
+        ``numpy.random.default_rng(seed)``).
+
+        As a linear argmax forest: ``W_m = centroids_m^T / s_m`` (unit-norm centroids, so the
+        class is the nearest centroid by cosine) with ``s_m`` the standard deviation of the
+        sample's logits, so the softmax is neither flat nor one-hot.
+
+        Args:
+            vectors: ``float32 (n, d)`` rows to cluster (the passages; unit-norm).
+
+        Raises:
+            ValueError: hidden layers, wrong dimension or fewer than ``C`` rows.
+        """
+        x = np.asarray(vectors, dtype=np.float32)
+        if config.hidden or x.ndim != 2 or x.shape[1] != config.dim or len(x) < config.n_classes:
+            raise ValueError(
+                f"kmeans twin: needs a linear forest and >= C rows of dim {config.dim} "
+                f"(got {x.shape}, hidden={config.hidden})"
+            )
+        rng = np.random.default_rng(seed)
+        c = config.n_classes
+        ws = np.empty((config.n_models, config.dim, c), dtype=np.float32)
+        for m in range(config.n_models):
+            boot = x[rng.integers(0, len(x), size=max(sample, c))]
+            cent = _kmeans_pp(boot, c, rng)
+            for _ in range(iters):
+                assign = (boot @ cent.T).argmax(1)
+                onehot = np.zeros((c, len(boot)), dtype=np.float32)
+                onehot[assign, np.arange(len(boot))] = 1.0
+                sums = onehot @ boot  # (C, d) per-cluster sums
+                norms = np.linalg.norm(sums, axis=1, keepdims=True)
+                cent = np.where(norms > 0, sums / np.maximum(norms, 1e-12), cent)
+            logits = boot @ cent.T
+            ws[m] = cent.T / max(float(logits.std()), 1e-6)
+        qw = torch.from_numpy(ws)
+        qb = torch.zeros(config.n_models, c)
+        pw, pb = passage_init_from_query([qw], [qb])
+        return cls(config, [qw], [qb], pw, pb, name=name)
+
+    @classmethod
+    def twin(
+        cls,
+        kind: str,
+        config: ForestConfig,
+        seed: int = 0,
+        vectors: np.ndarray | None = None,
+        name: str | None = None,
+    ) -> Forest:
+        """The untrained twin of a forest by kind (:data:`TWINS`: ``random``, ``sign``,
+        ``kmeans``; ``vectors`` = the passages for ``kmeans``).
+
+        Raises:
+            ValueError: unknown kind, or ``kmeans`` without vectors.
+        """
+        nm = name or f"forest-{kind}"
+        if kind == "random":
+            return cls.random(config, seed, name=nm)
+        if kind == "sign":
+            return cls.sign_hyperplanes(config, seed, name=nm)
+        if kind == "kmeans":
+            if vectors is None:
+                raise ValueError("kmeans twin: needs the vectors to cluster")
+            return cls.kmeans(config, vectors, seed, name=nm)
+        raise ValueError(f"forest twin: unknown kind {kind!r} (one of {TWINS})")
+
+    def with_search(self, search: ForestSearch) -> Forest:
+        """The same models searched another way (probe depth, assignment, scoring)."""
+        out = Forest(
+            self.config,
+            self.query_weights,
+            self.query_biases,
+            self.passage_weights,
+            self.passage_biases,
+            name=self.name,
+            search=search,
+        )
+        out.extra = dict(self.extra)
+        return out
+
     @property
     def n_models(self) -> int:
         return self.config.n_models
@@ -275,6 +509,7 @@ class Forest(CheckpointMixin):
             [w[:n_models] for w in self.passage_weights],
             [b[:n_models] for b in self.passage_biases],
             name=f"{self.name}[:{n_models}]",
+            search=self.search,
         )
 
     def with_nr_threshold(self, nr_threshold: float) -> Forest:
@@ -290,6 +525,7 @@ class Forest(CheckpointMixin):
             self.passage_weights,
             self.passage_biases,
             name=self.name,
+            search=self.search,
         )
 
     # ------------------------------------------------------------------ prediction
@@ -355,6 +591,59 @@ class Forest(CheckpointMixin):
         return self._classify(
             x, self.passage_weights, self.passage_biases, self.n_classes + 1, pick
         )
+
+    @torch.no_grad()
+    def query_top(self, x: np.ndarray, t: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The top-``t`` classes of every query under every model (multi-probe).
+
+        Args:
+            x: ``float32 (n, d)`` query vectors. t: probe depth (``1 <= t <= C``).
+
+        Returns:
+            ``(classes int32 (n, M, t), probs float32 (n, M, t), floor float32 (n, M))``:
+            classes by descending softmax probability (ties: lower class first), their
+            probabilities, and the probability of the best class not probed (``0`` when
+            ``t = C``). ``classes[:, :, 0]`` equals :meth:`query_classes`.
+
+        Raises:
+            ValueError: wrong input shape or ``t`` outside ``[1, C]``.
+        """
+        if not 1 <= t <= self.n_classes:
+            raise ValueError(f"forest query_top: t must be in [1, {self.n_classes}] (got {t})")
+        xt = self._check_input(x)
+        n = xt.shape[0]
+        classes = np.empty((n, self.n_models, t), dtype=np.int32)
+        probs = np.empty((n, self.n_models, t), dtype=np.float32)
+        floor = np.zeros((n, self.n_models), dtype=np.float32)
+        rb, mb = self._blocks(n, self.n_classes)
+        for m0 in range(0, self.n_models, mb):
+            ws = [w[m0 : m0 + mb] for w in self.query_weights]
+            bs = [b[m0 : m0 + mb] for b in self.query_biases]
+            for r0 in range(0, n, rb):
+                p = torch.softmax(stacked_forward(xt[r0 : r0 + rb], ws, bs), dim=-1)  # (g, r, C)
+                top = min(t + 1, self.n_classes)
+                # stable descending order: ties keep the lower class first (as argmax does)
+                order = torch.sort(p, dim=-1, descending=True, stable=True).indices[..., :top]
+                pv = torch.gather(p, -1, order)
+                classes[r0 : r0 + rb, m0 : m0 + mb] = order[..., :t].permute(1, 0, 2).numpy()
+                probs[r0 : r0 + rb, m0 : m0 + mb] = pv[..., :t].permute(1, 0, 2).numpy()
+                if top > t:
+                    floor[r0 : r0 + rb, m0 : m0 + mb] = pv[..., t].T.numpy()
+        return classes, probs, floor
+
+    @torch.no_grad()
+    def passage_probabilities(self, x: np.ndarray, m0: int, m1: int) -> np.ndarray:
+        """Passage-model softmax of models ``m0 .. m1-1``: ``float32 (m1 - m0, n, C + 1)`` (last
+        column = not retrievable); for capacity-bounded multi-assignment."""
+        xt = self._check_input(x)
+        ws = [w[m0:m1] for w in self.passage_weights]
+        bs = [b[m0:m1] for b in self.passage_biases]
+        rb, _ = self._blocks(xt.shape[0], (self.n_classes + 1) * (m1 - m0))
+        out = np.empty((m1 - m0, xt.shape[0], self.n_classes + 1), dtype=np.float32)
+        for r0 in range(0, xt.shape[0], rb):
+            z = stacked_forward(xt[r0 : r0 + rb], ws, bs)
+            out[:, r0 : r0 + rb] = torch.softmax(z, dim=-1).numpy()
+        return out
 
     def _classify(
         self,
@@ -427,7 +716,7 @@ class Forest(CheckpointMixin):
         return state
 
     def checkpoint_config(self) -> dict[str, Any]:
-        return {**self.config.to_dict(), "name": self.name}
+        return {**self.config.to_dict(), "name": self.name, "search": self.search.to_dict()}
 
     def checkpoint_state(self) -> dict[str, torch.Tensor]:
         return self.state_dict()
@@ -446,7 +735,11 @@ class Forest(CheckpointMixin):
             for side in ("query", "passage")
         }
         return cls(
-            fcfg, *tensors["query"], *tensors["passage"], name=str(config.get("name", "forest"))
+            fcfg,
+            *tensors["query"],
+            *tensors["passage"],
+            name=str(config.get("name", "forest")),
+            search=ForestSearch.from_dict(config.get("search")),
         )
 
 
@@ -469,3 +762,17 @@ def passage_init_from_query(
     pw[-1] = torch.cat([last_w, torch.zeros(*last_w.shape[:-1], 1)], dim=-1)
     pb[-1] = torch.cat([last_b, torch.full((last_b.shape[0], 1), nr_bias)], dim=-1)
     return pw, pb
+
+
+def _kmeans_pp(x: np.ndarray, c: int, rng: np.random.Generator) -> np.ndarray:
+    """k-means++ seeding (Arthur & Vassilvitskii 2007) with the distance ``1 - cos``:
+    ``float32 (c, d)`` rows of ``x float32 (n, d)``."""
+    cent = np.empty((c, x.shape[1]), dtype=np.float32)
+    cent[0] = x[rng.integers(len(x))]
+    dist = np.maximum(1.0 - x @ cent[0], 0.0).astype(np.float64)
+    for i in range(1, c):
+        tot = dist.sum()
+        j = int(rng.choice(len(x), p=dist / tot)) if tot > 0 else int(rng.integers(len(x)))
+        cent[i] = x[j]
+        dist = np.minimum(dist, np.maximum(1.0 - x @ cent[i], 0.0))
+    return cent

@@ -38,8 +38,9 @@ from typing import Any
 import numba
 import numpy as np
 
+from treerank.kernels.capacity import assign_capacity
 from treerank.models.forest import Forest
-from treerank.search.forest_kernel import ID_BLOCK, count_topk
+from treerank.search.forest_kernel import ID_BLOCK, count_topk, count_topk_probes
 from treerank.search.run import Run
 
 _ID_BLOCK = ID_BLOCK
@@ -54,8 +55,9 @@ def build_inverted_lists(
     """CSR inverted lists from a passage-class table.
 
     Args:
-        classes: ``int (n, M)`` class of passage ``i`` under model ``m``; ``-1`` = not indexed.
-        probs: ``float32 (n, M)`` probability of that class.
+        classes: ``int (n, M)`` class of passage ``i`` under model ``m``; ``-1`` = not indexed;
+            or ``int (n, M, K)`` up to ``K`` distinct classes per model (multi-assignment).
+        probs: ``float32`` of the same shape, the probability of that class.
         n_classes: C.
         id_offset: passage id of row 0.
 
@@ -68,15 +70,18 @@ def build_inverted_lists(
     """
     classes = np.asarray(classes)
     probs = np.asarray(probs, dtype=np.float32)
-    if classes.ndim != 2 or classes.shape != probs.shape:
+    if classes.ndim not in (2, 3) or classes.shape != probs.shape:
         raise ValueError(f"forest index: classes {classes.shape} and probs {probs.shape} differ")
-    n, m = classes.shape
+    n, m = classes.shape[:2]
+    per = 1 if classes.ndim == 2 else classes.shape[2]
+    classes = classes.reshape(n, m * per)
+    probs = probs.reshape(n, m * per)
     if classes.size and (classes.min() < -1 or classes.max() >= n_classes):
         raise ValueError(f"forest index: classes must lie in [-1, {n_classes})")
     valid = classes >= 0
     # Row-major nonzero: rows ascending, so a stable sort on the list key keeps ids ascending.
     rows, cols = np.nonzero(valid)
-    keys = cols.astype(np.int64) * n_classes + classes[rows, cols]
+    keys = (cols // per).astype(np.int64) * n_classes + classes[rows, cols]
     order = np.argsort(keys, kind="stable")
     keys = keys[order]
     offsets = np.zeros(m * n_classes + 1, dtype=np.int64)
@@ -95,9 +100,15 @@ class ForestHits:
     counts: np.ndarray
     secondary: np.ndarray
     scanned: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    keys: np.ndarray | None = None
+    """``float64 (nq, k)`` ranking keys of a non-seed scoring (:meth:`ForestIndex.search_probes`;
+    ``secondary`` is then zero); None for the shipped order."""
 
     def scores(self, n_models: int) -> np.ndarray:
-        """``float32 (nq, k)`` run scores ``count + secondary / (M + 1)`` (``-inf`` on padding)."""
+        """``float32 (nq, k)`` run scores ``count + secondary / (M + 1)`` (``-inf`` on padding),
+        or the ranking keys of another scoring."""
+        if self.keys is not None:
+            return np.where(self.ids >= 0, self.keys, -np.inf).astype(np.float32)
         s = (self.counts + self.secondary / (n_models + 1)).astype(np.float32)
         return np.where(self.ids >= 0, s, np.float32(-np.inf)).astype(np.float32)
 
@@ -170,9 +181,10 @@ class ForestIndex:
             ValueError: wrong number of models or classes out of range.
         """
         classes = np.asarray(classes)
-        if classes.ndim != 2 or classes.shape[1] != self.n_models:
+        if classes.ndim not in (2, 3) or classes.shape[1] != self.n_models:
             raise ValueError(
-                f"forest index: expected classes of shape (n, {self.n_models}), got {classes.shape}"
+                f"forest index: expected classes of shape (n, {self.n_models}[, K]), got "
+                f"{classes.shape}"
             )
         new_off, new_ids, new_probs = build_inverted_lists(
             classes, probs, self.n_classes, id_offset=self.n_passages
@@ -255,6 +267,90 @@ class ForestIndex:
             )
         return hits
 
+    def search_probes(
+        self,
+        query_classes: np.ndarray,
+        query_probs: np.ndarray,
+        floor: np.ndarray,
+        k: int,
+        scoring: str = "shipped",
+    ) -> ForestHits:
+        """Top ``k`` passages over each query's top-``t`` classes per model, by ``scoring``.
+
+        A passage counts at most once per model (the first, most probable, of the query's
+        probed classes it is indexed in). Keys (:data:`treerank.models.forest.SCORINGS`):
+        ``shipped`` = count + ``sum P(c|q) P(c|p)`` / (M + 1); ``count`` = count; ``soft`` =
+        ``sum (log P(c|q) - log floor)`` (floor = the best unprobed class's probability, at
+        least ``1e-30``); ``query-prob`` = ``sum P(c|q)``; ties by id ascending.
+
+        Args:
+            query_classes: ``int (nq, M, t)`` from :meth:`Forest.query_top` (descending).
+            query_probs: ``float32 (nq, M, t)``. floor: ``float32 (nq, M)``.
+            k: depth (``>= 1``). scoring: one of ``SCORINGS``.
+
+        Returns:
+            :class:`ForestHits` with ``keys`` set (``secondary`` zero).
+
+        Raises:
+            ValueError: shapes, classes, ``k`` or ``scoring`` out of range.
+        """
+        from treerank.models.forest import SCORINGS
+
+        qc = np.asarray(query_classes)
+        qp = np.asarray(query_probs, dtype=np.float64)
+        fl = np.asarray(floor, dtype=np.float64)
+        if qc.ndim != 3 or qc.shape[1] != self.n_models or qc.shape != qp.shape:
+            raise ValueError(
+                f"forest search: expected probes of shape (nq, {self.n_models}, t), got "
+                f"{qc.shape} / {qp.shape}"
+            )
+        if fl.shape != qc.shape[:2]:
+            raise ValueError(f"forest search: floor {fl.shape} does not match {qc.shape[:2]}")
+        if k < 1:
+            raise ValueError(f"forest search: k must be >= 1 (got {k})")
+        if scoring not in SCORINGS:
+            raise ValueError(f"forest search: scoring must be one of {SCORINGS} ({scoring!r})")
+        if qc.size and (qc.min() < 0 or qc.max() >= self.n_classes):
+            raise ValueError(f"forest search: query classes must lie in [0, {self.n_classes})")
+        nq, m, t = qc.shape
+        lists = (np.arange(m, dtype=np.int64)[None, :, None] * self.n_classes + qc).reshape(nq, -1)
+        if scoring == "soft":
+            w = np.log(np.maximum(qp, 1e-30)) - np.log(np.maximum(fl, 1e-30))[:, :, None]
+        else:
+            w = qp
+        w = np.ascontiguousarray(w.reshape(nq, -1), dtype=np.float64)
+        count_on = scoring in ("shipped", "count")
+        use_pp = scoring == "shipped"
+        divisor = {"shipped": float(m + 1), "count": float("inf")}.get(scoring, 1.0)
+        hits = ForestHits(
+            np.full((nq, k), -1, dtype=np.int64),
+            np.zeros((nq, k), dtype=np.int32),
+            np.zeros((nq, k), dtype=np.float64),
+            np.zeros(nq, dtype=np.int64),
+            keys=np.full((nq, k), -np.inf, dtype=np.float64),
+        )
+        assert hits.keys is not None
+        ids = np.ascontiguousarray(self.ids, dtype=np.int32)
+        probs = np.ascontiguousarray(self.probs, dtype=np.float32)
+        for s in range(0, nq, _QUERY_BLOCK):
+            sl = slice(s, min(nq, s + _QUERY_BLOCK))
+            hits.ids[sl], hits.keys[sl], hits.counts[sl], hits.scanned[sl] = count_topk_probes(
+                self.offsets,
+                ids,
+                probs,
+                np.ascontiguousarray(lists[sl]),
+                w[sl],
+                t,
+                self.n_passages,
+                int(k),
+                count_on,
+                use_pp,
+                divisor,
+                numba.get_num_threads(),
+                _ID_BLOCK,
+            )
+        return hits
+
     def stats(self) -> dict[str, Any]:
         """Class-balance statistics of the indexed passages.
 
@@ -271,13 +367,59 @@ class ForestIndex:
         cells = max(1, self.n_passages * self.n_models)
         seen = np.zeros(self.n_passages, dtype=bool)
         seen[self.ids] = True
+        # distinct (model, passage) cells (a passage may sit in K lists of one model)
+        model_of = np.repeat(
+            np.arange(self.n_models, dtype=np.int64), sizes.sum(axis=1).astype(np.int64)
+        )
+        n_cells = np.unique(model_of * max(1, self.n_passages) + self.ids).size
         return {
             "passage_class_entropy": ent.tolist(),
             "max_entropy": float(np.log(self.n_classes)),
-            "not_retrievable_fraction": float(1.0 - self.ids.size / cells),
+            "not_retrievable_fraction": float(1.0 - n_cells / cells),
+            "postings_per_passage": float(self.ids.size / max(1, self.n_passages)),
             "passages_never_indexed": int((~seen).sum()),
             "nbytes": self.nbytes,
         }
+
+
+def assign_passages(forest: Forest, passages: Any, chunk_size: int = 16384) -> ForestIndex:
+    """Index ``passages`` in each passage's top-K classes per model under the per-class
+    capacity of ``forest.search`` (:func:`treerank.kernels.capacity.assign_capacity`).
+
+    The capacity of model ``m`` is ``ceil((1 + epsilon) * K * N_m / C)`` with ``N_m`` the
+    passages it indexes (not retrievable ones excluded), unbounded when ``epsilon`` is None.
+    The whole passage matrix is classified (in row chunks) one model block at a time: memory
+    ``O(n * (C + 1))`` per model of the block.
+
+    Args:
+        forest: the forest (``search.assign`` = K). passages: ``float32 (n, d)`` (a memmap is
+            read in chunks).
+
+    Returns:
+        the :class:`ForestIndex` (postings ``<= K`` per (passage, model)).
+    """
+    sc = forest.search
+    n, m_all, c = len(passages), forest.n_models, forest.n_classes
+    kk = min(sc.assign, c)
+    classes = np.full((n, m_all, kk), -1, dtype=np.int32)
+    probs = np.zeros((n, m_all, kk), dtype=np.float32)
+    mb = max(1, min(m_all, (1 << 24) // max(1, n * (c + 1))))
+    for m0 in range(0, m_all, mb):
+        m1 = min(m_all, m0 + mb)
+        pr = np.empty((m1 - m0, n, c + 1), dtype=np.float32)
+        for r0 in range(0, n, chunk_size):
+            block = np.asarray(passages[r0 : r0 + chunk_size], dtype=np.float32)
+            pr[:, r0 : r0 + len(block)] = forest.passage_probabilities(block, m0, m1)
+        for g in range(m1 - m0):
+            n_in = int((pr[g, :, c] <= forest.config.nr_threshold).sum())
+            if sc.capacity_epsilon is None:
+                cap = max(1, n_in)
+            else:
+                cap = max(1, int(np.ceil((1.0 + sc.capacity_epsilon) * kk * n_in / c)))
+            cg, pg = assign_capacity(pr[g], kk, cap, float(forest.config.nr_threshold))
+            classes[:, m0 + g] = cg
+            probs[:, m0 + g] = pg
+    return ForestIndex.build(classes, probs, c)
 
 
 def class_entropy(classes: np.ndarray, n_classes: int) -> np.ndarray:
@@ -312,25 +454,45 @@ class ForestSystem:
         self.index: ForestIndex | None = None
         self.hits: ForestHits | None = None
         self._query_classes = np.zeros((0, forest.n_models), dtype=np.int64)
+        self._store: Any = None
 
     def build_index(self, store: Any) -> ForestIndex:
-        """Index every passage of ``store`` (an ``EmbeddingStore``)."""
+        """Index every passage of ``store`` (an ``EmbeddingStore``) the forest's way
+        (``forest.search.assign``: its argmax class per model, or its top-K under the capacity
+        of :func:`assign_passages`)."""
+        if self.forest.search.assign > 1:
+            return assign_passages(self.forest, store.passages, self.chunk_size)
         index = ForestIndex(self.forest.n_models, self.forest.n_classes)
         for _, block in store.iter_passage_chunks(self.chunk_size):
             index.add(*self.forest.passage_classes(np.asarray(block, dtype=np.float32)))
         return index
+
+    def search_queries(self, queries: np.ndarray, k: int) -> ForestHits:
+        """Search :attr:`index` for ``float32 (nq, d)`` queries the forest's way
+        (``forest.search``: probe depth and scoring)."""
+        if self.index is None:
+            raise RuntimeError("search_queries: build the index first")
+        sc = self.forest.search
+        q = np.asarray(queries, dtype=np.float32)
+        if sc.probe == 1 and sc.scoring == "shipped" and sc.assign == 1:
+            qc, qp = self.forest.query_classes(q)
+            self._query_classes = qc
+            return self.index.search(qc, qp, k)
+        qc3, qp3, floor = self.forest.query_top(q, min(sc.probe, self.forest.n_classes))
+        self._query_classes = qc3[:, :, 0]
+        return self.index.search_probes(qc3, qp3, floor, k, sc.scoring)
 
     def retrieve(self, store: Any, k: int = 1000) -> Run:
         """Rank all passages of ``store`` for all its queries.
 
         Returns:
             ``Run`` with ``ids int64 (nq, k)`` (-1 padded past the passages sharing no class with
-            the query) and ``scores float32 (nq, k)`` = ``count + secondary / (M + 1)``.
+            the query) and ``scores float32 (nq, k)`` = ``count + secondary / (M + 1)`` (or the
+            key of the forest's ``search.scoring``).
         """
         self.index = self.build_index(store)
-        qc, qp = self.forest.query_classes(np.asarray(store.queries, dtype=np.float32))
-        self.hits = self.index.search(qc, qp, k)
-        self._query_classes = qc
+        self.hits = self.search_queries(np.asarray(store.queries, dtype=np.float32), k)
+        self._store = store
         return Run(name=self.name, ids=self.hits.ids, scores=self.hits.scores(self.forest.n_models))
 
     def balance_stats(self) -> dict[str, Any]:
@@ -366,7 +528,24 @@ class ForestSystem:
             "mean_postings_scanned_per_query": float(self.hits.scanned.mean())
             if self.hits.scanned.size
             else 0.0,
+            "diagnostics": self._diagnostics(),
         }
+
+    def _diagnostics(self, max_pairs: int = 5000) -> dict[str, Any] | None:
+        """:func:`treerank.search.forest_diagnostics.forest_diagnostics` on the split's
+        (query, relevant passage) pairs (the first ``max_pairs``), or None without labels."""
+        st = self._store
+        if st is None or not all(hasattr(st, a) for a in ("candidates", "labels")):
+            return None
+        from treerank.search.forest_diagnostics import forest_diagnostics
+
+        cand, lab = np.asarray(st.candidates), np.asarray(st.labels)
+        rows, cols = np.nonzero((cand >= 0) & (lab >= int(getattr(st, "relevance_threshold", 1))))
+        if not len(rows):
+            return None
+        pairs = np.stack([rows, cand[rows, cols]], 1)[:max_pairs]
+        d = forest_diagnostics(self.forest, np.asarray(st.queries), st.passages, pairs)
+        return {k: v for k, v in d.items() if not isinstance(v, list)}
 
 
 def forest_report(systems: dict[str, ForestSystem]) -> dict[str, Any]:
@@ -385,8 +564,9 @@ def forest_report(systems: dict[str, ForestSystem]) -> dict[str, Any]:
         "",
         "| forest | query class entropy (mean / min, nats) | passage class entropy "
         "(mean / min) | max = log C | not retrievable | ties at rank 10 (count / "
-        "count + secondary) | passages retrieved per query | postings scanned per query |",
-        "|---|---|---|---|---|---|---|---|",
+        "count + secondary) | passages retrieved per query | postings scanned per query | "
+        "collision rate relevant / random pairs (lift) | vote correlation |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     nan = float("nan")
     for fname, st in stats.items():
@@ -398,6 +578,12 @@ def forest_report(systems: dict[str, ForestSystem]) -> dict[str, Any]:
             f"{st['not_retrievable_fraction']:.1%} | {ties.get('count_tie', nan):.0%}"
             f" / {ties.get('secondary_tie', nan):.0%} | "
             f"{st['mean_retrieved_per_query']:.0f} | "
-            f"{st['mean_postings_scanned_per_query']:.0f} |"
+            f"{st['mean_postings_scanned_per_query']:.0f} | "
+            + (
+                f"{dg['collision_relevant_mean']:.3f} / {dg['collision_random_mean']:.3f} "
+                f"({dg['lift_mean']:.1f}x) | {dg['vote_correlation_relevant']:.3f} |"
+                if (dg := st.get("diagnostics"))
+                else "- | - |"
+            )
         )
     return {"stats": stats, "markdown": "\n".join(md)}

@@ -174,3 +174,125 @@ def count_topk(
                 _swap(h_key, h_id, h_cnt, h_sec, 0, r)
                 _sift_down(h_key, h_id, h_cnt, h_sec, r, 0)
     return out_ids, out_counts, out_sec, scanned
+
+
+@numba.njit(parallel=True, cache=True, nogil=True)
+def count_topk_probes(
+    offsets: np.ndarray,
+    ids: np.ndarray,
+    probs: np.ndarray,
+    query_lists: np.ndarray,
+    list_weights: np.ndarray,
+    probe: int,
+    n_passages: int,
+    k: int,
+    count_on: bool,
+    use_passage_prob: bool,
+    divisor: float,
+    n_threads: int,
+    block: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Top ``k`` passages of every query over ``t`` probed lists per model (multi-probe,
+    multi-assignment), a passage counted at most once per model.
+
+    The query's lists are model-major: ``query_lists[b, m * t + j]`` is model ``m``'s ``j``-th
+    probed list (``j = 0`` its most probable class). A passage met in several of one model's
+    probed lists (multi-assignment) counts once, with the weight of the first (most probable)
+    of them. Per passage: ``count`` = models that matched, ``secondary = sum over matched
+    models of w * (P_m(c|p) if use_passage_prob else 1)`` (float64, model order), and the key
+
+        ``key = (count if count_on else 0) + secondary / divisor``,
+
+    ranked by key descending, then id ascending (the scorings of
+    :data:`treerank.models.forest.SCORINGS` are choices of ``w``, ``count_on``,
+    ``use_passage_prob`` and ``divisor``; ``divisor = inf`` ranks by count alone).
+
+    Args:
+        offsets / ids / probs: the CSR index (:func:`count_topk`).
+        query_lists: ``int64 (B, M * t)``. list_weights: ``float64 (B, M * t)``.
+        probe: t.
+        n_passages, k, n_threads, block: as :func:`count_topk` (results independent of the last
+            two).
+
+    Returns:
+        ``(ids int64 (B, k), keys float64 (B, k), counts int32 (B, k), scanned int64 (B,))``,
+        padded with ``-1`` / ``-inf`` / ``0`` past the passages with at least one match.
+    """
+    n_q, n_lists = query_lists.shape
+    out_ids = np.full((n_q, k), -1, dtype=np.int64)
+    out_keys = np.full((n_q, k), -np.inf, dtype=np.float64)
+    out_counts = np.zeros((n_q, k), dtype=np.int32)
+    scanned = np.zeros(n_q, dtype=np.int64)
+    if n_q == 0:
+        return out_ids, out_keys, out_counts, scanned
+    n_slots = max(1, min(n_threads, n_q))
+    block = max(1, min(block, n_passages))
+    for slot in numba.prange(n_slots):
+        counts = np.zeros(block, dtype=np.int32)
+        sec = np.zeros(block, dtype=np.float64)
+        last = np.full(block, -1, dtype=np.int64)
+        touched = np.empty(block, dtype=np.int64)
+        cursor = np.empty(n_lists, dtype=np.int64)
+        h_key = np.empty(k, dtype=np.float64)
+        h_id = np.empty(k, dtype=np.int64)
+        h_cnt = np.empty(k, dtype=np.int32)
+        h_sec = np.empty(k, dtype=np.float64)
+        for b in range(slot, n_q, n_slots):
+            n_read = 0
+            for j in range(n_lists):
+                lst = query_lists[b, j]
+                cursor[j] = offsets[lst]
+                n_read += offsets[lst + 1] - offsets[lst]
+            scanned[b] = n_read
+            size = 0
+            for lo in range(0, n_passages, block):
+                hi = lo + block
+                n_touched = 0
+                for j in range(n_lists):
+                    m = j // probe
+                    stop = offsets[query_lists[b, j] + 1]
+                    w = list_weights[b, j]
+                    i = cursor[j]
+                    while i < stop and ids[i] < hi:
+                        p = ids[i] - lo
+                        if last[p] != m:
+                            if last[p] == -1:
+                                touched[n_touched] = p
+                                n_touched += 1
+                            last[p] = m
+                            counts[p] += 1
+                            if use_passage_prob:
+                                sec[p] += w * np.float64(probs[i])
+                            else:
+                                sec[p] += w
+                        i += 1
+                    cursor[j] = i
+                for tt in range(n_touched):
+                    p = touched[tt]
+                    key = sec[p] / divisor
+                    if count_on:
+                        key = np.float64(counts[p]) + key
+                    pid = lo + p
+                    if size < k:
+                        h_key[size] = key
+                        h_id[size] = pid
+                        h_cnt[size] = counts[p]
+                        h_sec[size] = sec[p]
+                        _sift_up(h_key, h_id, h_cnt, h_sec, size)
+                        size += 1
+                    elif _better(key, pid, h_key[0], h_id[0]):
+                        h_key[0] = key
+                        h_id[0] = pid
+                        h_cnt[0] = counts[p]
+                        h_sec[0] = sec[p]
+                        _sift_down(h_key, h_id, h_cnt, h_sec, size, 0)
+                    counts[p] = 0
+                    sec[p] = 0.0
+                    last[p] = -1
+            for r in range(size - 1, -1, -1):
+                out_ids[b, r] = h_id[0]
+                out_keys[b, r] = h_key[0]
+                out_counts[b, r] = h_cnt[0]
+                _swap(h_key, h_id, h_cnt, h_sec, 0, r)
+                _sift_down(h_key, h_id, h_cnt, h_sec, r, 0)
+    return out_ids, out_keys, out_counts, scanned

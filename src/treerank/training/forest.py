@@ -345,6 +345,8 @@ def train_forest(
     parsed = parse_forest_config(config)
     cfg = forest_train_config(parsed)
     t_start = time.perf_counter()
+    if cfg.untrained:
+        return _untrained_output(store, cfg, parsed.to_dict(), validate, log, t_start)
     if cfg.sources is not None:
         from treerank.training.data import build_training_table, parse_sources
 
@@ -372,6 +374,7 @@ def train_forest(
         records.append(rec)
         tlog.write(str(rec["kind"]), **{k: v for k, v in rec.items() if k != "kind"})
 
+    twin = _make_twin(store, cfg, fcfg) if cfg.init == "twin" else None
     bar = tqdm(total=cfg.n_models, desc="forest pairs", unit="pair", disable=not progress)
     n_done = 0
     threads = torch.get_num_threads()
@@ -394,6 +397,9 @@ def train_forest(
             ]
             qw = [torch.cat([w[i] for w, _ in inits]) for i in range(len(inits[0][0]))]
             qb = [torch.cat([b[i] for _, b in inits]) for i in range(len(inits[0][1]))]
+            if twin is not None:  # start from the twin's query models instead
+                qw = [w[n_done : n_done + n_g].clone() for w in twin.query_weights]
+                qb = [b[n_done : n_done + n_g].clone() for b in twin.query_biases]
             qw, qb, pw, pb, losses = _train_group(cfg, group, qw, qb)
             for stack, ts in zip(q_stacks, (qw, qb, pw, pb), strict=True):
                 stack.append(ts)  # type: ignore[arg-type]
@@ -440,7 +446,9 @@ def train_forest(
             )
             if validate is not None:
                 for m in [v for v in validate_at if n_done - n_g < v <= n_done]:
-                    forest_m = _assemble(fcfg, q_stacks, cfg.name).subset(m)
+                    forest_m = (
+                        _assemble(fcfg, q_stacks, cfg.name).with_search(cfg.search()).subset(m)
+                    )
                     metrics = {k: float(v) for k, v in validate(forest_m).items()}
                     point = {"n_models": m, **metrics}
                     curve.append(point)
@@ -448,7 +456,7 @@ def train_forest(
     finally:
         bar.close()
         torch.set_num_threads(threads)
-    forest = _assemble(fcfg, q_stacks, cfg.name)
+    forest = _assemble(fcfg, q_stacks, cfg.name).with_search(cfg.search())
     pair_recs = [r for r in records if r["kind"] == "pair"]
     summary: dict[str, Any] = {
         "config": parsed.to_dict(),
@@ -466,6 +474,50 @@ def train_forest(
         "curve": curve,
     }
     write({"kind": "summary", **{k: v for k, v in summary.items() if k != "config"}})
+    forest.extra["training"] = summary
+    return TrainOutput(model=forest, summary=summary, records=tlog.records)
+
+
+def _make_twin(store: Any, cfg: ForestTrainConfig, fcfg: ForestConfig) -> Forest:
+    """The untrained twin of kind ``cfg.twin`` (seed ``cfg.seed``); a k-means twin clusters a
+    sample of at most 65,536 of the store's passages (ascending rows, seed ``cfg.seed``)."""
+    vectors = None
+    if cfg.twin == "kmeans":
+        n = int(store.n_passages)
+        rng = np.random.default_rng(cfg.seed)
+        rows = np.sort(rng.choice(n, size=min(n, 65536), replace=False))
+        vectors = np.asarray(store.passages[rows], dtype=np.float32)
+    return Forest.twin(cfg.twin, fcfg, cfg.seed, vectors=vectors, name=cfg.name)
+
+
+def _untrained_output(
+    store: Any,
+    cfg: ForestTrainConfig,
+    config: dict[str, Any],
+    validate: Callable[[Forest], Mapping[str, float]] | None,
+    log: TrainingLog | None,
+    t_start: float,
+) -> TrainOutput:
+    """``untrained: true``: the twin itself, with the same metric-vs-M curve as a trained
+    forest (validated on its first ``m`` models)."""
+    fcfg = cfg.forest_config(int(store.dim))
+    forest = _make_twin(store, cfg, fcfg).with_search(cfg.search())
+    tlog = log if log is not None else TrainingLog()
+    curve: list[dict[str, Any]] = []
+    if validate is not None:
+        for m in sorted(set(cfg.validate_at or _default_validate_at(cfg.n_models))):
+            point = {"n_models": m, **{k: float(v) for k, v in validate(forest.subset(m)).items()}}
+            curve.append(point)
+            tlog.write("eval", **point)
+    summary: dict[str, Any] = {
+        "config": config,
+        "untrained": True,
+        "twin": cfg.twin,
+        "max_entropy": math.log(fcfg.n_classes),
+        "seconds": time.perf_counter() - t_start,
+        "curve": curve,
+    }
+    tlog.write("summary", **{k: v for k, v in summary.items() if k != "config"})
     forest.extra["training"] = summary
     return TrainOutput(model=forest, summary=summary, records=tlog.records)
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from treerank.config import ConfigError
-from treerank.models.forest import ForestConfig
+from treerank.models.forest import TWINS, ForestConfig, ForestSearch
 from treerank.training.config import TrainConfig, parse_train_config
 from treerank.training.forest_losses import UNIFORMITY_KINDS
 
@@ -26,6 +26,8 @@ __all__ = [
 ]
 
 JOINT_MODES = ("joint", "alternate")
+INITS = ("random", "twin")
+"""Query-model init of a trained pair: its own random draw (the seed) or the twin's model."""
 
 
 @dataclass
@@ -36,6 +38,12 @@ class ForestTrainConfig:
     that the sample pipeline fits a 2-core CPU budget (see ``configs/forest/``). The defaults run
     every step of the seed (step A included), pairs one by one, and the learned not-retrievable
     outcome; ``docs/forest.md`` lists the departures from the seed.
+
+    Twins (issue 27): ``twin`` names the untrained twin kind (:data:`treerank.models.forest.TWINS`);
+    ``untrained: true`` makes the "trained" model that twin itself (no training: the baseline
+    beside the forest, same M, C, index and scoring); ``init: twin`` starts each trained pair's
+    query model from its twin's. ``probe`` / ``assign`` / ``capacity_epsilon`` / ``scoring`` are
+    the search settings (:class:`treerank.models.forest.ForestSearch`) saved with the model.
     """
 
     n_models: int = 64
@@ -71,6 +79,13 @@ class ForestTrainConfig:
     chunk_size: int = 65536
     validate_at: list[int] | None = None
     name: str = "forest"
+    twin: str = "random"
+    untrained: bool = False
+    init: str = "random"
+    probe: int = 1
+    assign: int = 1
+    capacity_epsilon: float | None = 0.2
+    scoring: str = "shipped"
 
     @classmethod
     def from_dict(
@@ -120,10 +135,31 @@ class ForestTrainConfig:
                 bad(f"{name} must be >= 0")
         if self.hard_negatives < 0:
             bad("hard_negatives must be >= 0")
+        if self.twin not in TWINS:
+            bad(f"twin must be one of {TWINS} (got {self.twin!r})")
+        if self.init not in INITS:
+            bad(f"init must be one of {INITS} (got {self.init!r})")
+        if self.twin == "sign" and (self.untrained or self.init == "twin"):
+            bits = self.n_classes.bit_length() - 1
+            if 2**bits != self.n_classes or self.hidden:
+                bad(
+                    f"twin: sign needs a linear forest with n_classes a power of two "
+                    f"(got {self.n_classes})"
+                )
+        if (self.untrained or self.init == "twin") and self.twin != "random" and self.hidden:
+            bad(f"twin: {self.twin} twins are linear (hidden must be [])")
+        try:
+            self.search()
+        except ValueError as exc:
+            bad(str(exc))
         if self.sources is not None:
             from treerank.training.data import parse_sources
 
             parse_sources(self.sources, where=f"{where}: data.sources")
+
+    def search(self) -> ForestSearch:
+        """The search settings of the trained forest (model section)."""
+        return ForestSearch(self.probe, self.assign, self.capacity_epsilon, self.scoring)
 
     def forest_config(self, dim: int) -> ForestConfig:
         return ForestConfig(
@@ -132,7 +168,19 @@ class ForestTrainConfig:
 
 
 FOREST_SECTIONS: dict[str, tuple[str, ...]] = {
-    "model": ("n_models", "n_classes", "hidden", "nr_threshold", "name"),
+    "model": (
+        "n_models",
+        "n_classes",
+        "hidden",
+        "nr_threshold",
+        "name",
+        "twin",
+        "untrained",
+        "probe",
+        "assign",
+        "capacity_epsilon",
+        "scoring",
+    ),
     "data": (
         "bag_queries",
         "bag_passages",
@@ -163,6 +211,7 @@ FOREST_SECTIONS: dict[str, tuple[str, ...]] = {
         "num_threads",
         "chunk_size",
         "validate_at",
+        "init",
     ),
 }
 """Which :class:`ForestTrainConfig` field each section of the forest's config holds."""
