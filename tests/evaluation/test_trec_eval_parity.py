@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from ir_measures import RR, R, nDCG
 
+from tests.conftest import SHARED_DATA
 from treerank.evaluation.compare import Comparison, compare_systems, safe_name
 
 SYSTEMS = ["cosine", "bm25", "rrf:bm25+cosine"]
@@ -94,9 +95,7 @@ def medquad_duplicates(tmp_path_factory, encoder):
     from treerank.readers.beir import read_beir
     from treerank.store import EmbeddingStore, embed_split
 
-    zpath = (
-        Path(__file__).resolve().parents[2].parent / "shared" / "data" / "medquad" / "medquad.zip"
-    )
+    zpath = SHARED_DATA / "medquad" / "medquad.zip"
     if not zpath.is_file():
         pytest.skip(f"{zpath} not found")
     with zipfile.ZipFile(zpath) as zf:
