@@ -53,6 +53,7 @@ from tqdm.auto import tqdm
 
 from treerank.distributed.context import search_hook
 from treerank.kernels.vectors import ROW_CHUNK
+from treerank.storelike import StoreLike
 
 DEFAULT_CHUNK_BYTES = 384 * 2**20  # passage block per chunk: 262,144 rows at 384 dims
 DEFAULT_CHUNK_SIZE: int | None = None  # None: as many rows as fit DEFAULT_CHUNK_BYTES
@@ -214,7 +215,7 @@ def recorded_finite(meta: Any) -> bool | None:
     return value if isinstance(value, bool) else None
 
 
-def check_store_finite(store: Any, what: str = "passage") -> None:
+def check_store_finite(store: StoreLike, what: str = "passage") -> None:
     """Raise :class:`NonFiniteVectorError` if a store's ``what`` vectors hold NaN/inf.
 
     Trusts the ``meta.json`` record (:func:`finite_record`) when there is one; scans the

@@ -37,6 +37,7 @@ from typing import Any
 
 import yaml
 
+from treerank.evaluation.metrics import headline_metric
 from treerank.faults import crash_point
 from treerank.lock import writes_dir
 from treerank.pipeline.config import (
@@ -54,6 +55,7 @@ from treerank.pipeline.stages import (
     skip_stage,
 )
 from treerank.store.format import FORMAT_VERSION as STORE_FORMAT_VERSION
+from treerank.storelike import StoreLike
 
 # What the evaluate stage writes besides the comparison (part of its key: a new output re-runs it).
 EVALUATE_OUTPUTS = ("overlap", "lexical_gap:v1", "fusion_tuning:v1")
@@ -809,7 +811,7 @@ def _evaluate_stage(
         if comp.overlap is not None:  # written to overlap.json by compare_systems
             from treerank.evaluation.overlap import overlap_markdown
 
-            metric = "ndcg@10" if "ndcg@10" in ev.metrics else ev.metrics[0]
+            metric = headline_metric(ev.metrics)
             summary["overlap"] = _jsonable(comp.overlap)
             summary["overlap_markdown"] = overlap_markdown(comp.overlap, metric, ev.baselines[0])
         summary.update(_lexical_gap(store, comp, ev.metrics, d))
@@ -818,7 +820,7 @@ def _evaluate_stage(
     return Stage(sid, sid.path(out), (*stores, *trained), inputs, work)
 
 
-def _lexical_gap(store: Any, comp: Any, metrics: list[str], d: Path) -> dict[str, Any]:
+def _lexical_gap(store: StoreLike, comp: Any, metrics: list[str], d: Path) -> dict[str, Any]:
     """The lexical-gap breakdown of every system (:mod:`treerank.diagnostics.lexical_gap`)."""
     from treerank.diagnostics.lexical_gap import (
         lexical_gap,
@@ -828,7 +830,7 @@ def _lexical_gap(store: Any, comp: Any, metrics: list[str], d: Path) -> dict[str
     )
     from treerank.store import StoreFormatError
 
-    metric = "ndcg@10" if "ndcg@10" in metrics else metrics[0]
+    metric = headline_metric(metrics)
     per_query = {s: r.per_query for s, r in comp.results.items()}
     try:
         coverage = store_coverage(store)
@@ -882,7 +884,7 @@ def _diagnose_stage(
 # ----------------------------------------------------------------------------- helpers
 
 
-def family_reports(systems: dict[str, Any], store: Any) -> dict[str, dict[str, Any]]:
+def family_reports(systems: dict[str, Any], store: StoreLike) -> dict[str, dict[str, Any]]:
     """Each model family's part of the report, for the checkpoint systems that ran on ``store``.
 
     Returns:

@@ -14,6 +14,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from treerank.evaluation.metrics import headline_metric
 from treerank.evaluation.summary import headline
 
 BEGIN = "<!-- BEGIN generated results (scripts/readme_results.py; do not edit by hand) -->"
@@ -140,7 +141,7 @@ def render(doc: Mapping[str, Any], metrics: Sequence[str] = TABLE_METRICS) -> st
     systems = comp["systems"]
     spread = comp.get("seed_spread") or {}
     single = {n for g in spread.values() for n in g["systems"]}
-    head_metric = "ndcg@10" if "ndcg@10" in comp["metrics"] else comp["metrics"][0]
+    head_metric = headline_metric(comp["metrics"])
     tests = (comp.get("tests") or {}).get(base, {})
     st = comp.get("settings") or {}
     any_sys = next(iter(systems.values()))

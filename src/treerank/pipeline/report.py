@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from treerank.atomic import atomic_write_text
+from treerank.evaluation.metrics import headline_metric
 from treerank.faults import crash_point
 
 if TYPE_CHECKING:
@@ -150,7 +151,7 @@ def write_report(
         "p = paired randomization test against the baseline (* p < 0.05).",
         "",
     ]
-    metric = "ndcg@10" if "ndcg@10" in cfg.evaluate.metrics else cfg.evaluate.metrics[0]
+    metric = headline_metric(cfg.evaluate.metrics)
     md += ["## Summary", ""]
     for name, o in outcomes.items():
         md += summary_lines(name, o, metric, cfg.evaluate.baselines[0])

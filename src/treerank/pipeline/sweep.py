@@ -45,6 +45,7 @@ import numpy as np
 import yaml
 
 from treerank.config import parse_yaml
+from treerank.evaluation.metrics import headline_metric
 from treerank.pipeline.config import ConfigError
 
 SWEEP_KEYS = ("grid", "design", "reference", "systems", "metric")
@@ -494,7 +495,7 @@ def write_sweep(
     """``sweep.md``, ``sweep.json`` and ``plots/<key>.png`` under ``root``."""
     from treerank.evaluation.report import atomic_write_text, write_json
 
-    metric = plot_metric or ("ndcg@10" if "ndcg@10" in metrics else metrics[0])
+    metric = plot_metric or headline_metric(metrics)
     files: dict[str, Path] = {}
     ref = ", ".join(f"{k} = {v}" for k, v in result.reference.values.items())
     md = [

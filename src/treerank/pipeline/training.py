@@ -21,8 +21,10 @@ import numpy as np
 
 from treerank.distributed.context import is_main_process, main_first
 from treerank.faults import crash_point
+from treerank.kernels.vectors import ROW_CHUNK
 from treerank.lock import writer_lock
 from treerank.models.families import family, family_names, resolve
+from treerank.storelike import StoreLike
 from treerank.training.history import TrainingLog
 from treerank.training.holdout import ValidationConfig, holdout_split, passage_groups
 from treerank.training.output import save_trained_model
@@ -87,7 +89,7 @@ def open_train_store(path: str | Path, split: str = "train", dim: int | None = N
 
 
 def _subsample_passages(
-    store: Any, rows: np.ndarray, max_passages: int | None, seed: int
+    store: StoreLike, rows: np.ndarray, max_passages: int | None, seed: int
 ) -> np.ndarray | None:
     """Passage ids to score for validation: None (all), or every judged passage of the
     held-out queries plus a seeded random remainder, ascending (the DPR lesson's recipe)."""
@@ -110,7 +112,7 @@ class _Split:
         self.queries, self.passages = queries, passages
         self.n_queries, self.n_passages = len(queries), int(passages.shape[0])
 
-    def iter_passage_chunks(self, chunk_size: int = 65536) -> Any:
+    def iter_passage_chunks(self, chunk_size: int = ROW_CHUNK) -> Any:
         for start in range(0, self.n_passages, chunk_size):
             yield start, np.asarray(self.passages[start : start + chunk_size], dtype=np.float32)
 
@@ -124,7 +126,7 @@ def _family_of(model: Any) -> Any:
 
 
 def make_validator(
-    store: Any, rows: np.ndarray, cfg: ValidationConfig, seed: int = 0
+    store: StoreLike, rows: np.ndarray, cfg: ValidationConfig, seed: int = 0
 ) -> Callable[[Any], dict[str, float]]:
     """The held-out callback: rank the split's passages for queries ``rows`` with the model.
 
@@ -174,7 +176,7 @@ def make_validator(
     return validate
 
 
-def ensure_mined_negatives(store: Any, data: Any) -> dict[str, Any] | None:
+def ensure_mined_negatives(store: StoreLike, data: Any) -> dict[str, Any] | None:
     """Mine BM25 hard negatives into the store when the sampler will want them.
 
     The sampler (``data``, a ``treerank.training.heads.SamplerConfig``) uses mined negatives
@@ -201,7 +203,7 @@ def ensure_mined_negatives(store: Any, data: Any) -> dict[str, Any] | None:
 
 
 def ensure_training_sources(
-    store: Any, data: Any, *, progress: bool = True
+    store: StoreLike, data: Any, *, progress: bool = True
 ) -> dict[str, Any] | None:
     """Prepare the ``data.sources`` a trainer will read (``treerank.training.data``).
 
@@ -252,7 +254,7 @@ def ensure_training_sources(
 
 def train_model(
     family_name: str,
-    train_store: Any,
+    train_store: StoreLike | str | Path,
     config: Mapping[str, Any] | None,
     out_dir: str | Path,
     *,
@@ -293,7 +295,7 @@ def train_model(
 
 def _train_model(
     family_name: str,
-    train_store: Any,
+    train_store: StoreLike | str | Path,
     config: Mapping[str, Any] | None,
     out_dir: str | Path,
     *,
@@ -304,7 +306,9 @@ def _train_model(
     fam = family(family_name)
     fn = fam.train_function()
     cfg = fam.parse_config(dict(config or {}), where)
-    store = train_store if hasattr(train_store, "queries") else open_train_store(train_store)
+    store: StoreLike = (
+        open_train_store(train_store) if isinstance(train_store, str | Path) else train_store
+    )
     vcfg: ValidationConfig = cfg.validation
     seed = int(cfg.seed)
     cand, lab = np.asarray(store.candidates), np.asarray(store.labels)

@@ -42,6 +42,7 @@ from treerank.kernels.capacity import assign_capacity
 from treerank.models.forest import Forest
 from treerank.search.forest_kernel import ID_BLOCK, count_topk, count_topk_probes
 from treerank.search.run import Run
+from treerank.storelike import StoreLike
 
 _ID_BLOCK = ID_BLOCK
 """Passage ids per accumulation block of the kernel (a knob for tests)."""
@@ -456,7 +457,7 @@ class ForestSystem:
         self._query_classes = np.zeros((0, forest.n_models), dtype=np.int64)
         self._store: Any = None
 
-    def build_index(self, store: Any) -> ForestIndex:
+    def build_index(self, store: StoreLike) -> ForestIndex:
         """Index every passage of ``store`` (an ``EmbeddingStore``) the forest's way
         (``forest.search.assign``: its argmax class per model, or its top-K under the capacity
         of :func:`assign_passages`)."""
@@ -482,7 +483,7 @@ class ForestSystem:
         self._query_classes = qc3[:, :, 0]
         return self.index.search_probes(qc3, qp3, floor, k, sc.scoring)
 
-    def retrieve(self, store: Any, k: int = 1000) -> Run:
+    def retrieve(self, store: StoreLike, k: int = 1000) -> Run:
         """Rank all passages of ``store`` for all its queries.
 
         Returns:

@@ -90,6 +90,7 @@ from treerank.models.forest import (
     passage_init_from_query,
     stacked_forward,
 )
+from treerank.storelike import StoreLike
 from treerank.training.config import TrainConfig
 from treerank.training.forest_config import (
     FOREST_SECTIONS,
@@ -310,7 +311,7 @@ def _default_validate_at(n_models: int) -> list[int]:
 
 
 def train_forest(
-    store: Any,
+    store: StoreLike,
     config: Mapping[str, Any] | TrainConfig | None = None,
     *,
     train_rows: np.ndarray | None = None,
@@ -352,7 +353,7 @@ def train_forest(
 
         specs = parse_sources(cfg.sources)
         table = build_training_table(store, specs, train_rows)
-        store, data = source_pair_data(store, table, specs, cfg.hard_negatives)
+        store, data = source_pair_data(store, table, specs, cfg.hard_negatives)  # type: ignore[assignment]
         sources_info: dict[str, Any] | None = table.info
     else:
         data = pair_data(store, cfg.hard_negatives, train_rows)
@@ -478,7 +479,7 @@ def train_forest(
     return TrainOutput(model=forest, summary=summary, records=tlog.records)
 
 
-def _make_twin(store: Any, cfg: ForestTrainConfig, fcfg: ForestConfig) -> Forest:
+def _make_twin(store: StoreLike, cfg: ForestTrainConfig, fcfg: ForestConfig) -> Forest:
     """The untrained twin of kind ``cfg.twin`` (seed ``cfg.seed``); a k-means twin clusters a
     sample of at most 65,536 of the store's passages (ascending rows, seed ``cfg.seed``)."""
     vectors = None
@@ -491,7 +492,7 @@ def _make_twin(store: Any, cfg: ForestTrainConfig, fcfg: ForestConfig) -> Forest
 
 
 def _untrained_output(
-    store: Any,
+    store: StoreLike,
     cfg: ForestTrainConfig,
     config: dict[str, Any],
     validate: Callable[[Forest], Mapping[str, float]] | None,

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from treerank.config import ConfigError
+from treerank.kernels.vectors import ROW_CHUNK
 from treerank.models.forest import TWINS, ForestConfig, ForestSearch
 from treerank.training.config import TrainConfig, parse_train_config
 from treerank.training.forest_losses import UNIFORMITY_KINDS
@@ -76,7 +77,7 @@ class ForestTrainConfig:
     nr_weight: float = 0.5
     boosting: bool = True
     num_threads: int | None = 1
-    chunk_size: int = 65536
+    chunk_size: int = ROW_CHUNK
     validate_at: list[int] | None = None
     name: str = "forest"
     twin: str = "random"

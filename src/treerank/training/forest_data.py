@@ -25,6 +25,7 @@ from torch import Tensor
 
 from treerank.kernels.topk import exact_search
 from treerank.kernels.vectors import l2_normalize
+from treerank.storelike import StoreLike
 from treerank.training.forest_config import ForestTrainConfig
 
 __all__ = [
@@ -81,7 +82,7 @@ def mine_hard_negatives(
     return rows.astype(np.int64), best_i[rows, cols].astype(np.int64)
 
 
-def pair_data(store: Any, hard_negatives: int, train_rows: np.ndarray | None) -> PairData:
+def pair_data(store: StoreLike, hard_negatives: int, train_rows: np.ndarray | None) -> PairData:
     """The training examples of a store split.
 
     Args:
@@ -187,7 +188,7 @@ class TableStore:
 
 
 def source_pair_data(
-    store: Any, table: Any, specs: Sequence[Any], hard_negatives: int
+    store: StoreLike, table: Any, specs: Sequence[Any], hard_negatives: int
 ) -> tuple[TableStore, PairData]:
     """The forest's training examples from a ``data.sources`` table.
 
@@ -326,7 +327,7 @@ class SharedRows:
     """Passage rows every pair shares: positives and fixed negatives (read from the store on
     demand, a block at a time, so a 1M-passage store is never copied into memory)."""
 
-    store: Any
+    store: StoreLike
     ids: np.ndarray  # int64 (nS,) ascending store ids
     pos: np.ndarray  # int64 (E+,) row of each positive example
     neg: np.ndarray  # int64 (E-fixed,) row of each fixed negative example
@@ -336,7 +337,7 @@ class SharedRows:
         return np.asarray(self.store.passages[self.ids[lo:hi]], dtype=np.float32)
 
 
-def shared_rows(store: Any, data: PairData) -> SharedRows:
+def shared_rows(store: StoreLike, data: PairData) -> SharedRows:
     """The shared passage rows of ``data`` (positives and fixed negatives, ascending ids)."""
     ids = np.unique(np.concatenate([data.pos_p, data.neg_p]))
     return SharedRows(
@@ -349,7 +350,7 @@ class QueryRows:
     """The training queries' vectors, read from the store a block at a time (a memory-mapped
     split's queries are never copied whole)."""
 
-    store: Any
+    store: StoreLike
     ids: np.ndarray  # int64 (nq,) store query rows, ascending
 
     @property
@@ -429,7 +430,7 @@ def in_bag_examples(
 
 def build_group(
     cfg: ForestTrainConfig,
-    store: Any,
+    store: StoreLike,
     data: PairData,
     shared: SharedRows,
     xq: QueryRows,

@@ -33,6 +33,7 @@ import torch
 
 from treerank.kernels.capacity import assign_capacity
 from treerank.models.forest import Forest, passage_init_from_query, stacked_forward
+from treerank.storelike import StoreLike
 from treerank.training.forest_losses import boosting_weights
 
 
@@ -190,7 +191,7 @@ def repartition(
     )
 
 
-def repartition_store(forest: Forest, store: Any, **kwargs: Any) -> Repartitioned:
+def repartition_store(forest: Forest, store: StoreLike, **kwargs: Any) -> Repartitioned:
     """:func:`repartition` on a store's labelled queries (every selected candidate a positive)."""
     cand, lab = np.asarray(store.candidates), np.asarray(store.labels)
     pos = (cand >= 0) & (lab >= int(store.relevance_threshold))
