@@ -643,6 +643,7 @@ MISTAKES = [
         BAD,
         [r"corpus\.jsonl: not a regular file"],
         lambda e, t: _dir_instead(bad_copy(e, t), "corpus.jsonl"),
+        absent=[r"looks like"],
     ),
     Mistake(
         "new-09",

@@ -114,7 +114,9 @@ def read_split(
         else:
             out = reader(Path(path), split_name)
     except DataFormatError as exc:
-        if fmt != "auto":  # a format given by hand: say when the data looks like another one
+        # a format given by hand failed on a row: say when the data looks like another format
+        # (not for file-level problems, where the guess has nothing to go on)
+        if fmt != "auto" and exc.row is not None:
             try:
                 guess = detect_format(path)
             except DataFormatError:
