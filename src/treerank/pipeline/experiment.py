@@ -180,8 +180,9 @@ def check_library_support(cfg: ExperimentConfig) -> list[str]:
 class _Encoder:
     """Loads the sentence-transformers model only when a stage really has to encode."""
 
-    def __init__(self, cfg: ExperimentConfig) -> None:
+    def __init__(self, cfg: ExperimentConfig, progress: bool = True) -> None:
         self.cfg = cfg
+        self.progress = progress  # False also hides transformers' "Loading weights" bar
         self._enc: Any = None
 
     def key(self) -> dict[str, Any]:
@@ -208,6 +209,7 @@ class _Encoder:
                 query_prompt=self.cfg.encoder.query_prompt,
                 token_budget=self.cfg.encoder.token_budget,
                 device=resolve_device(self.cfg.device),
+                progress=self.progress,
                 **_library_kwargs(SentenceEncoder, backend=self.cfg.encoder.backend),
             )
         return self._enc
@@ -486,7 +488,7 @@ def _plan(cfg: ExperimentConfig, run: _Run) -> tuple[StageGraph, dict[str, Datas
     out = cfg.output_dir
     graph = StageGraph()
     outcomes: dict[str, DatasetOutcome] = {}
-    encoder = _Encoder(cfg)
+    encoder = _Encoder(cfg, progress=run.progress)
     enc_key: dict[str, Any] | None = None
     device = resolve_device(cfg.device)
     runs = experiment_runs(cfg)

@@ -479,6 +479,10 @@ def train_forest(
     return TrainOutput(model=forest, summary=summary, records=tlog.records)
 
 
+KMEANS_TWIN_SAMPLE = 1 << 16
+"""Passages a k-means twin clusters at most (a uniform sample, ascending rows)."""
+
+
 def _make_twin(store: StoreLike, cfg: ForestTrainConfig, fcfg: ForestConfig) -> Forest:
     """The untrained twin of kind ``cfg.twin`` (seed ``cfg.seed``); a k-means twin clusters a
     sample of at most 65,536 of the store's passages (ascending rows, seed ``cfg.seed``)."""
@@ -486,7 +490,7 @@ def _make_twin(store: StoreLike, cfg: ForestTrainConfig, fcfg: ForestConfig) -> 
     if cfg.twin == "kmeans":
         n = int(store.n_passages)
         rng = np.random.default_rng(cfg.seed)
-        rows = np.sort(rng.choice(n, size=min(n, 65536), replace=False))
+        rows = np.sort(rng.choice(n, size=min(n, KMEANS_TWIN_SAMPLE), replace=False))
         vectors = np.asarray(store.passages[rows], dtype=np.float32)
     return Forest.twin(cfg.twin, fcfg, cfg.seed, vectors=vectors, name=cfg.name)
 
