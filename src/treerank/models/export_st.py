@@ -48,7 +48,7 @@ from treerank.models.checkpoint import EncoderMismatchError, load_checkpoint
 from treerank.models.head import TwoTowerHead
 from treerank.models.linear import LinearTower
 from treerank.models.mlp import MLPTower
-from treerank.models.registry import model_class
+from treerank.models.families import family
 
 __all__ = [
     "EXPORT_INFO_FILE",
@@ -61,12 +61,14 @@ __all__ = [
 EXPORT_INFO_FILE = "treerank_export.json"
 """Provenance written beside the sentence-transformers files (ignored by the loader)."""
 
-_REFUSALS = {
-    "forest": "the TreeRank forest scores by counting leaf matches over inverted lists, which "
-    "is not an inner product of two embedding vectors; search it with `ckpt:<dir>`",
-    "drt": "DRT weights its per-slot cosines by query-adaptive slot weights alpha(q), which no "
-    "pair of fixed query / passage vectors reproduces",
-}
+_OWN_RETRIEVAL = (
+    "it has its own retrieval (the TreeRank forest counts leaf matches over inverted lists), "
+    "which is not an inner product of two embedding vectors; search it with `ckpt:<dir>`"
+)
+_SLOTS = (
+    "it weights per-slot cosines by query-adaptive slot weights alpha(q) (DRT), which no pair of "
+    "fixed query / passage vectors reproduces"
+)
 
 
 class NotExpressibleError(ValueError):
@@ -140,18 +142,21 @@ def tower_modules(tower: nn.Module) -> list[Any]:
 
 def _load_head(checkpoint: Path) -> tuple[TwoTowerHead, Any]:
     ckpt = load_checkpoint(checkpoint)
-    if ckpt.model_type in _REFUSALS:
+    fam = family(ckpt.model_type)
+    cls = fam.model_class()
+    why = None
+    if fam.system is not None:
+        why = _OWN_RETRIEVAL
+    elif hasattr(cls, "query_alpha"):  # a SlotScorer
+        why = _SLOTS
+    elif not (isinstance(cls, type) and issubclass(cls, TwoTowerHead)):
+        why = "only the thin two-tower heads (linear, mlp) map to standard modules"
+    if why is not None:
         raise NotExpressibleError(
             f"{checkpoint}: cannot export a {ckpt.model_type!r} model to sentence-transformers: "
-            f"{_REFUSALS[ckpt.model_type]}"
+            f"{why}"
         )
-    model = model_class(ckpt.model_type).from_checkpoint(ckpt)
-    if not isinstance(model, TwoTowerHead):
-        raise NotExpressibleError(
-            f"{checkpoint}: cannot export a {ckpt.model_type!r} model to sentence-transformers: "
-            "only the thin two-tower heads (linear, mlp) map to standard modules"
-        )
-    return model, ckpt
+    return cls.from_checkpoint(ckpt), ckpt
 
 
 def export_sentence_transformers(

@@ -418,6 +418,11 @@ register_system_kind(
     _lazy("treerank.search.rescore", "build_rescore_system"),
     "exact dense rescoring of a first stage; rescore:<A>[:depth=100,scorer=cosine|ckpt:<dir>]",
 )
+register_system_kind(
+    "db",
+    _lazy("treerank.search.vector_db", "build_db_system"),
+    "a split exported to Qdrant (`treerank export`); db:<folder or http(s) url>[:collection]",
+)
 
 
 def build_system(spec: str, cache: dict[str, System] | None = None, **options: Any) -> System:
