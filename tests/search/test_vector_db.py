@@ -119,16 +119,21 @@ def test_evaluate_fusion_and_rescore_run_on_db(store, tmp_path):
     for m, v in cos.items():
         assert abs(got[m] - v) <= 1e-4, m
     assert comp.results[f"rrf:{db}+bm25"].mean["ndcg@10"] > 0.1
-    assert abs(comp.results[f"rescore:{db}:depth=50,scorer=cosine"].mean["mrr@10"] - cos["mrr@10"]) <= 1e-4
+    assert (
+        abs(comp.results[f"rescore:{db}:depth=50,scorer=cosine"].mean["mrr@10"] - cos["mrr@10"])
+        <= 1e-4
+    )
 
 
 def _points(location: Path, collection: str) -> tuple[list[int], np.ndarray, list[dict]]:
     with DBLocation(path=location).client() as client:
         pts, _ = client.scroll(collection, limit=10_000, with_vectors=True, with_payload=True)
     pts = sorted(pts, key=lambda p: int(p.id))
-    return [int(p.id) for p in pts], np.array([p.vector for p in pts], np.float32), [
-        dict(p.payload) for p in pts
-    ]
+    return (
+        [int(p.id) for p in pts],
+        np.array([p.vector for p in pts], np.float32),
+        [dict(p.payload) for p in pts],
+    )
 
 
 def _collections(location: Path) -> tuple[list[str], dict[str, str]]:
@@ -192,7 +197,8 @@ def test_killed_export_then_reexport_is_consistent(store, tmp_path):
                 os.kill(os.getpid(), signal.SIGKILL)
             return out
         QdrantClient.upsert = killing_upsert
-        export_to_db(EmbeddingStore.open({str(store.path)!r}), {str(loc)!r}, "scifact", batch_size=64)
+        store = EmbeddingStore.open({str(store.path)!r})
+        export_to_db(store, {str(loc)!r}, "scifact", batch_size=64)
         """
     )
     proc = subprocess.run([sys.executable, "-c", child], env=os.environ.copy(), timeout=600)
@@ -211,7 +217,10 @@ def test_store_mismatch_and_bad_specs(store, msmarco_store, tmp_path):
         export_to_db(store, str(tmp_path / "qd"), "a--b")
     with pytest.raises(ValueError, match="expected db:"):
         build_system("db:")
-    assert parse_db_spec("http://localhost:6333", "s") == (DBLocation(url="http://localhost:6333"), None)
+    assert parse_db_spec("http://localhost:6333", "s") == (
+        DBLocation(url="http://localhost:6333"),
+        None,
+    )
     assert parse_db_spec("https://q.example.org:6333:msmarco-dev", "s") == (
         DBLocation(url="https://q.example.org:6333"),
         "msmarco-dev",

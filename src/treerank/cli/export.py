@@ -47,7 +47,9 @@ def export(
     """Export a trained head (sentence-transformers) or a store split (vector database)."""
     if to == ST_TARGET:
         if not source.startswith("ckpt:") or out is None:
-            raise fail(f"--to {ST_TARGET} exports a head: treerank export ckpt:<dir> --to {ST_TARGET} OUT")
+            raise fail(
+                f"--to {ST_TARGET} exports a head: treerank export ckpt:<dir> --to {ST_TARGET} OUT"
+            )
         if head is not None:
             raise fail(f"--head applies to --to db:...; the head of --to {ST_TARGET} is SOURCE")
         from treerank.models.export_st import export_sentence_transformers

@@ -45,10 +45,10 @@ from torch import nn
 
 from treerank.encoders.fingerprint import weights_fingerprint
 from treerank.models.checkpoint import EncoderMismatchError, load_checkpoint
+from treerank.models.families import family
 from treerank.models.head import TwoTowerHead
 from treerank.models.linear import LinearTower
 from treerank.models.mlp import MLPTower
-from treerank.models.families import family
 
 __all__ = [
     "EXPORT_INFO_FILE",

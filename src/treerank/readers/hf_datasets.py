@@ -45,7 +45,9 @@ def _saved_files(path: Path, split: str) -> list[Path] | None:
         try:
             splits = list(json.loads((path / "dataset_dict.json").read_text())["splits"])
         except (json.JSONDecodeError, KeyError, TypeError) as exc:
-            raise DataFormatError(path / "dataset_dict.json", f"not a datasets dict ({exc})") from None
+            raise DataFormatError(
+                path / "dataset_dict.json", f"not a datasets dict ({exc})"
+            ) from None
         if split not in splits:
             raise DataFormatError(
                 path / "dataset_dict.json", f"no split {split!r}; it has {', '.join(splits)}"

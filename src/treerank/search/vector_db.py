@@ -273,7 +273,9 @@ def export_to_db(
                 payloads.append(p)
             client.upsert(
                 physical,
-                points=qm.Batch(ids=list(range(start, stop)), vectors=vecs.tolist(), payloads=payloads),
+                points=qm.Batch(
+                    ids=list(range(start, stop)), vectors=vecs.tolist(), payloads=payloads
+                ),
                 wait=True,
             )
             done += 1
