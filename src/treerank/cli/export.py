@@ -48,7 +48,8 @@ def export(
     if to == ST_TARGET:
         if not source.startswith("ckpt:") or out is None:
             raise fail(
-                f"--to {ST_TARGET} exports a head: treerank export ckpt:<dir> --to {ST_TARGET} OUT"
+                f"--to {ST_TARGET} exports a head and needs OUT: "
+                f"treerank export ckpt:<dir> --to {ST_TARGET} OUT"
             )
         if head is not None:
             raise fail(f"--head applies to --to db:...; the head of --to {ST_TARGET} is SOURCE")
