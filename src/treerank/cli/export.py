@@ -64,7 +64,7 @@ def export(
                 passage_prompt=passage_prompt,
                 overwrite=overwrite,
             )
-        except (ValueError, FileNotFoundError, FileExistsError, OSError) as exc:
+        except (ValueError, RuntimeError, FileNotFoundError, FileExistsError, OSError) as exc:
             raise fail(exc) from None
         towers = "query/document towers (Router)" if res.asymmetric else "one shared tower"
         typer.echo(f"wrote {res.path}: {res.family} head, {towers}, {res.scoring}, dim {res.dim}")

@@ -44,6 +44,7 @@ import torch
 from torch import nn
 
 from treerank.encoders.fingerprint import weights_fingerprint
+from treerank.lock import writes_dir
 from treerank.models.checkpoint import EncoderMismatchError, load_checkpoint
 from treerank.models.families import family
 from treerank.models.head import TwoTowerHead
@@ -159,6 +160,7 @@ def _load_head(checkpoint: Path) -> tuple[TwoTowerHead, Any]:
     return cls.from_checkpoint(ckpt), ckpt
 
 
+@writes_dir("out", "export")
 def export_sentence_transformers(
     checkpoint: str | Path,
     out: str | Path,
@@ -187,6 +189,7 @@ def export_sentence_transformers(
         NotExpressibleError: the forest, DRT, or any non-head family (nothing is written).
         EncoderMismatchError: ``base_model`` is not the encoder the head was trained on.
         FileExistsError: ``out`` exists and ``overwrite`` is false.
+        LockHeldError: another process is writing ``out`` (``treerank.lock``).
         FileNotFoundError / ValueError: not a checkpoint (see ``load_checkpoint``).
     """
     from sentence_transformers import SentenceTransformer
