@@ -92,7 +92,12 @@ def test_head_towers_topk_equals_checkpoint_search(encoder, store, tmp_path):
         k=30,
         passage_transform=head.encode_passages,
     )
-    run = build_system(f"db:{tmp_path / 'qd'}:head").retrieve(store, 30)
+    system = build_system(f"db:{tmp_path / 'qd'}:head")
+    from treerank.search.systems import uses_trained_model
+
+    assert system.head == f"ckpt:{ckpt.resolve()}" and uses_trained_model(system)
+    assert not uses_trained_model(build_system(f"db:{tmp_path / 'qd'}:nothing-here"))
+    run = system.retrieve(store, 30)
     assert_same_topk(run, ids, scores)
     # and it differs from raw cosine (the head really is applied on both sides)
     raw_ids, _ = exact_search(

@@ -339,6 +339,9 @@ class DBSystem:
         self.location = location
         self.collection = collection
         self.name = name
+        self.head: str | None = None
+        """``ckpt:<dir>`` of the head whose towers the collection holds, once searched (so
+        ``uses_trained_model`` sees it)."""
 
     def _query_vectors(self, store: Any, meta: dict[str, Any]) -> np.ndarray:
         q = np.asarray(store.queries, dtype=np.float32)
@@ -347,6 +350,7 @@ class DBSystem:
             return l2_normalize(q)
         from treerank.models.registry import load_model
 
+        self.head = f"ckpt:{head['checkpoint']}"
         model = load_model(head["checkpoint"], expected_fingerprint=store.encoder_fingerprint)
         return np.asarray(model.encode_queries(q), np.float32)
 
@@ -396,4 +400,12 @@ def build_db_system(body: str, spec: str, cache: Any = None, **opts: Any) -> DBS
         ValueError: an empty body (see :func:`parse_db_spec`).
     """
     loc, collection = parse_db_spec(body, spec)
-    return DBSystem(loc, collection, name=spec)
+    system = DBSystem(loc, collection, name=spec)
+    if loc.path is not None and loc.path.is_dir():  # an embedded collection: name its head now
+        with contextlib.suppress(Exception):  # not exported yet: retrieve() will say so
+            with loc.client() as client:
+                _, physical = _resolve(client, loc, collection, spec)
+                meta = client.get_collection(physical).config.metadata or {}
+                head = (meta.get("treerank") or {}).get("head")
+                system.head = f"ckpt:{head['checkpoint']}" if head else None
+    return system
