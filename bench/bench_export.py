@@ -93,8 +93,13 @@ def main() -> None:
             }
         )
         print(json.dumps(rows[-1]), flush=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.json").write_text(json.dumps({"rows": rows}, indent=2))
+        write(rows, args.out)  # after each family: a long run keeps what it measured
+
+
+def write(rows: list[dict], out: Path) -> None:
+    """``results.json`` and ``table.md`` under ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps({"rows": rows}, indent=2))
     lines = [
         "| family | "
         + " | ".join(f"{m} ckpt / exported" for m in METRICS)
@@ -107,7 +112,7 @@ def main() -> None:
             f"| {r['family']} | " + " | ".join(cells) + f" | {r['max_metric_diff']:.1e} | "
             f"{r['max_query_vector_diff']:.1e}, {r['max_passage_vector_diff']:.1e} |"
         )
-    (args.out / "table.md").write_text("\n".join(lines) + "\n")
+    (out / "table.md").write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":
