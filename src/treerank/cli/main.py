@@ -41,6 +41,7 @@ _SUBCOMMANDS = (
     "index",
     "search",
     "serve",
+    "export",
 )
 for _name in _SUBCOMMANDS:
     try:

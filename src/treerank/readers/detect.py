@@ -10,6 +10,7 @@ from treerank.readers.beir import is_beir_zip, read_beir
 from treerank.readers.cranfield import read_cranfield
 from treerank.readers.dl19 import read_trec_dl_pool
 from treerank.readers.errors import DataFormatError
+from treerank.readers.hf_datasets import is_hf_datasets_dir, read_hf_datasets
 from treerank.readers.msmarco import read_msmarco
 from treerank.readers.scifact import read_scifact
 from treerank.readers.split import RetrievalSplit
@@ -22,6 +23,11 @@ FORMATS: dict[str, tuple[Callable[[Path, str], RetrievalSplit], str, str]] = {
         read_msmarco,
         "validation",
         "MS MARCO v2.1 HF schema: parquet file/shard dir, JSON, JSONL",
+    ),
+    "hf-datasets": (
+        read_hf_datasets,
+        "validation",
+        "MS MARCO v2.1 as Hugging Face datasets Arrow: a save_to_disk folder or a datasets cache",
     ),
     "beir": (
         read_beir,
@@ -68,6 +74,8 @@ def detect_format(path: str | Path) -> str:
         )
     if (p / "corpus.jsonl").is_file():
         return "beir"
+    if is_hf_datasets_dir(p):
+        return "hf-datasets"
     if (p / "scifact.zip").is_file() or (p / "corpus_train.csv").is_file():
         return "scifact"
     if (p / "retrieve_results").is_dir():
@@ -111,6 +119,8 @@ def read_split(
     try:
         if name == "msmarco":
             out = read_msmarco(path, split_name, limit=limit)
+        elif name == "hf-datasets":  # MS MARCO rows too: read only the first `limit`
+            out = read_hf_datasets(path, split_name, limit=limit)
         else:
             out = reader(Path(path), split_name)
     except DataFormatError as exc:

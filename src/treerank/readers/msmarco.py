@@ -81,6 +81,35 @@ def _iter_parquet(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
             row += 1
 
 
+def _iter_arrow(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Rows of an Arrow IPC file as written by Hugging Face ``datasets`` (stream format; the
+    random-access file format is read too)."""
+    import pyarrow as pa
+
+    try:
+        source = pa.memory_map(str(path))
+        try:
+            reader: Any = pa.ipc.open_stream(source)
+            batches = iter(reader)
+        except pa.ArrowInvalid:
+            reader = pa.ipc.open_file(source)
+            batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
+        names = set(reader.schema.names)
+    except Exception as exc:  # pyarrow raises several types for non-arrow bytes
+        raise DataFormatError(path, f"not a readable Arrow IPC file ({exc})") from None
+    missing = [c for c in ("query_id", "query", "passages") if c not in names]
+    if missing:
+        raise DataFormatError(
+            path, f"not the MS MARCO v2.1 schema: missing column(s) {missing}; has {sorted(names)}"
+        )
+    cols = [c for c in _COLUMNS if c in names]
+    row = 0
+    for batch in batches:
+        for rec in batch.select(cols).to_pylist():
+            yield row, rec
+            row += 1
+
+
 def _iter_json(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     text = decode_utf8(path.read_bytes(), path)
     stripped = text.lstrip()
@@ -148,15 +177,26 @@ def read_msmarco(
         DataFormatError: missing file, wrong schema, empty or non-string query, bad UTF-8/JSON,
             an ``is_selected`` outside -1..255, a repeated query id (both rows named).
     """
+    return read_msmarco_files(msmarco_files(path, split), split, limit)
+
+
+def read_msmarco_files(
+    files: list[Path], split: str = "validation", limit: int | None = None
+) -> RetrievalSplit:
+    """:func:`read_msmarco` on a list of data files (``.parquet``, ``.arrow`` (Arrow IPC, as
+    written by Hugging Face ``datasets``), ``.json`` / ``.jsonl``), read in order as one split.
+
+    Raises:
+        DataFormatError: as :func:`read_msmarco`.
+    """
     b = SplitBuilder(split, "msmarco", relevance_threshold=1)
-    files = msmarco_files(path, split)
     n_empty = 0
     n_unlabelled = 0
     n_rows = 0
     first_row: dict[str, tuple[Path, int]] = {}
     for f in files:
         require_file(f)
-        rows = _iter_parquet(f) if f.suffix == ".parquet" else _iter_json(f)
+        rows = {".parquet": _iter_parquet, ".arrow": _iter_arrow}.get(f.suffix, _iter_json)(f)
         for row, rec in rows:
             if limit is not None and n_rows >= limit:
                 break

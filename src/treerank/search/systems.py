@@ -483,6 +483,11 @@ _BUILT_IN: tuple[tuple[str, SystemBuilder, str], ...] = (
         "query-adaptive fusion (ridge on query vector + score statistics, trained on another "
         "split); adaptive-fusion:<A>+<B>[:same keys as tuned-fusion]",
     ),
+    (
+        "db",
+        _lazy("treerank.search.vector_db:build_db_system"),
+        "a split exported to Qdrant (`treerank export`); db:<folder or http(s) url>[:collection]",
+    ),
 )
 """Every built-in kind, in ``--help`` order: one static table, filled when this module loads,
 so that no kind depends on which other module was imported first. A kind whose module is heavy

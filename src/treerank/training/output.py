@@ -7,6 +7,8 @@ Layout of ``<dir>/`` (written by :func:`save_trained_model`; the directory is a 
     weights.safetensors    the model's tensors
     training_log.jsonl     the trainer's log records, one JSON object per line (LOG_FILE)
     training_curves.png    the family's curves (CURVES_FILE; absent when there is nothing to draw)
+    events.out.tfevents.*  the log's scalars for TensorBoard (`treerank.training.tensorboard`;
+                           absent without the optional ``tensorboard`` package)
 
 The checkpoint is written atomically (temporary directory, then rename), then the log (atomic)
 and the plot; a plot that fails never loses the checkpoint.
@@ -15,6 +17,7 @@ and the plot; a plot that fails never loses the checkpoint.
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +25,7 @@ from treerank.atomic import atomic_write_text
 from treerank.models.checkpoint import save_checkpoint
 from treerank.models.families import family, resolve
 from treerank.training.history import plot_curves
+from treerank.training.tensorboard import write_event_files
 
 __all__ = ["CURVES_FILE", "LOG_FILE", "save_trained_model"]
 
@@ -66,6 +70,10 @@ def save_trained_model(
         atomic_write_text(
             log_path, "".join(json.dumps(r, sort_keys=True, default=str) + "\n" for r in records)
         )
+        try:
+            write_event_files(records, out)
+        except Exception as exc:  # a broken event file must never lose a trained checkpoint
+            warnings.warn(f"{out}: TensorBoard event file not written ({exc})", stacklevel=2)
         hook = resolve(family(ckpt.model_type).curves)
         try:
             if hook is not None:

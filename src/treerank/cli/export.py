@@ -1,0 +1,111 @@
+"""``treerank export``: a trained head to sentence-transformers, a store split to Qdrant.
+
+::
+
+    treerank export ckpt:<dir> --to sentence-transformers OUT
+    treerank export <store split> --to db:<folder or url>[:collection] [--head ckpt:<dir>]
+
+The ``db:`` target is the same text as the ``db:`` system that searches it afterwards
+(``treerank evaluate --store <split> --system db:<folder>:<collection>``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from treerank.cli.errors import fail
+
+ST_TARGET = "sentence-transformers"
+
+
+def export(
+    source: str = typer.Argument(
+        ..., help="ckpt:<dir> (a trained linear/MLP head) or a store split directory."
+    ),
+    to: str = typer.Option(
+        ...,
+        "--to",
+        help=f"{ST_TARGET} (needs OUT) or db:<folder or http(s) url>[:collection] (Qdrant).",
+    ),
+    out: Path | None = typer.Argument(None, help="Output directory (sentence-transformers)."),
+    head: str | None = typer.Option(
+        None, "--head", help="db: store the passage tower of this head, ckpt:<dir>."
+    ),
+    base_model: str | None = typer.Option(
+        None, "--base-model", help="Encoder the head was trained on (default all-MiniLM-L6-v2)."
+    ),
+    query_prompt: str | None = typer.Option(None, "--query-prompt", help="Query prompt."),
+    passage_prompt: str | None = typer.Option(None, "--passage-prompt", help="Passage prompt."),
+    texts: bool = typer.Option(True, "--texts/--no-texts", help="db: passage texts in payload."),
+    batch_size: int = typer.Option(512, "--batch-size", min=1, help="db: points per request."),
+    dim: int | None = typer.Option(None, "--dim", help="Dimension of a Go-tool store."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing OUT."),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bar."),
+) -> None:
+    """Export a trained head (sentence-transformers) or a store split (vector database)."""
+    if to == ST_TARGET:
+        if not source.startswith("ckpt:") or out is None:
+            raise fail(
+                f"--to {ST_TARGET} exports a head and needs OUT: "
+                f"treerank export ckpt:<dir> --to {ST_TARGET} OUT"
+            )
+        if head is not None:
+            raise fail(f"--head applies to --to db:...; the head of --to {ST_TARGET} is SOURCE")
+        from treerank.models.export_st import export_sentence_transformers
+
+        try:
+            res = export_sentence_transformers(
+                source.removeprefix("ckpt:"),
+                out,
+                base_model=base_model,
+                query_prompt=query_prompt,
+                passage_prompt=passage_prompt,
+                overwrite=overwrite,
+            )
+        except (ValueError, RuntimeError, FileNotFoundError, FileExistsError, OSError) as exc:
+            raise fail(exc) from None
+        towers = "query/document towers (Router)" if res.asymmetric else "one shared tower"
+        typer.echo(f"wrote {res.path}: {res.family} head, {towers}, {res.scoring}, dim {res.dim}")
+        return
+    if to.startswith("db:"):
+        if out is not None:
+            raise fail(f"--to {to}: takes no OUT argument (the location is in the target)")
+        if source.startswith("ckpt:"):
+            raise fail("--to db: exports a store split; pass the head as --head ckpt:<dir>")
+        if head is not None and not head.startswith("ckpt:"):
+            raise fail(f"--head {head!r}: expected ckpt:<dir>")
+        from treerank.search.vector_db import export_to_db, parse_db_spec
+        from treerank.store import EmbeddingStore
+
+        try:
+            loc, collection = parse_db_spec(to.removeprefix("db:"), to)
+            st = EmbeddingStore.open(source, dim=dim)
+            name = collection or f"{st.source or 'store'}-{st.split}"
+            res_db = export_to_db(
+                st,
+                loc,
+                name,
+                head=head.removeprefix("ckpt:") if head else None,
+                texts=texts,
+                batch_size=batch_size,
+                progress=progress,
+            )
+        except ImportError as exc:
+            raise fail(exc) from None
+        except (ValueError, FileNotFoundError, OSError) as exc:
+            raise fail(exc) from None
+        state = "already complete" if res_db.reused else "written"
+        typer.echo(
+            f"{res_db.location}: collection {res_db.collection} -> {res_db.physical} "
+            f"({res_db.n_points} points, dim {res_db.dim}, {state}); "
+            f"search it with --system db:{res_db.location}:{res_db.collection}"
+        )
+        return
+    raise fail(f"--to {to!r}: expected {ST_TARGET} or db:<folder or url>[:collection]")
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``export`` to the ``treerank`` command."""
+    app.command("export")(export)
