@@ -225,6 +225,7 @@ def compare_systems(
     ignore_identical_ids: bool = False,
     train_store: Any = None,
     seed_groups: Mapping[str, Mapping[str, int]] | None = None,
+    device: Any = None,
 ) -> Comparison:
     """Run, evaluate and compare systems on all passages of one store split.
 
@@ -264,7 +265,7 @@ def compare_systems(
     metrics = tuple(f"{m}@{c}" for m, c in map(parse_metric, metrics))
     check_evaluable(store, relevance_threshold)
     check_depth(k, metrics, int(store.n_passages))
-    built = _as_systems(systems, {"progress": progress})
+    built = _as_systems(systems, {"progress": progress, "device": device})
     for b in (baseline, second_baseline):
         if b is not None and b not in built:
             raise ValueError(f"baseline {b!r} is not one of the systems: {', '.join(built)}")

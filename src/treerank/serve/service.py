@@ -37,6 +37,8 @@ class ServiceConfig:
         encoder: model name or directory to load instead of the store's (fingerprint checked).
         max_k: largest ``k`` a request may ask for.
         max_batch: most queries in one request.
+        device: where exact search runs (``auto | cpu | cuda[:n]``,
+            ``treerank.kernels.device.resolve_device``; checked when the service starts).
     """
 
     store: Path
@@ -45,6 +47,7 @@ class ServiceConfig:
     encoder: str | None = None
     max_k: int = 1000
     max_batch: int = 256
+    device: str = "cpu"
 
 
 @dataclass
@@ -97,10 +100,12 @@ class SearchService:
     """
 
     def __init__(self, config: ServiceConfig, encoder: Any = None) -> None:
+        from treerank.kernels.device import resolve_device
         from treerank.search.systems import build_system
         from treerank.store import EmbeddingStore
 
         self.config = config
+        resolve_device(config.device)  # a bad device fails before the store is opened
         self.store = EmbeddingStore.open(config.store)
         want = self.store.encoder_fingerprint
         if encoder is None:
@@ -119,7 +124,7 @@ class SearchService:
             self.systems[spec] = system
         for spec in config.systems:
             if spec not in self.systems:
-                self.systems[spec] = build_system(spec)
+                self.systems[spec] = build_system(spec, device=config.device)
         if not self.systems:
             raise ValueError("no system to serve")
         self.default_system = next(iter(self.systems))
