@@ -131,3 +131,24 @@ def test_exact_search_cuda_refused_before_work():
     q, p = _vectors()
     with pytest.raises(DeviceError):
         exact_search(q, p, k=3, device="cuda")
+
+
+def test_dense_system_and_fusion_pass_the_device():
+    from tests.training.conftest import make_toy_store
+    from treerank.search.systems import DenseSystem, build_system
+
+    store = make_toy_store()
+    ref = build_system("cosine").retrieve(store, k=20)
+    sys_cpu = build_system("cosine", device="cpu")
+    assert isinstance(sys_cpu, DenseSystem) and sys_cpu.device == "cpu"
+    got = sys_cpu.retrieve(store, k=20)
+    assert np.array_equal(got.ids, ref.ids) and np.array_equal(got.scores, ref.scores)
+    fused = build_system("rrf:cosine+cosine", device="cpu")
+    assert all(s.device == "cpu" for s in (fused.a, fused.b))
+
+
+def test_serve_refuses_a_bad_device_before_opening_the_store(tmp_path):
+    from treerank.serve.service import SearchService, ServiceConfig
+
+    with pytest.raises(DeviceError, match="unknown device 'gpu'"):
+        SearchService(ServiceConfig(store=tmp_path / "missing", device="gpu"))
