@@ -394,6 +394,7 @@ def fit(
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     # under torchrun: DDP + cross-process in-batch negatives (treerank.distributed.training)
+    model.to(dev)  # before DDP wraps it
     shard = sharded_training(model, cfg.seed)
     if shard is not None:
         sampler = shard.global_sampler(sampler)
@@ -405,7 +406,6 @@ def fit(
         if cfg.negatives == "all"
         else None
     )
-    model.to(dev)
 
     per_epoch = len(sampler)
     total = cfg.max_steps if cfg.max_steps is not None else cfg.epochs * per_epoch
