@@ -124,6 +124,15 @@ def render(doc: dict[str, Any]) -> str:
             f"{b.get('train_queries', 0) / 2**30:.1f} GiB), "
             f"{_f(t['steps'] / t['fit_seconds'], 2)} steps/s of batch {t['batch_size']}."
         )
+    if ex.get("cpu_seconds") and fl.get("cpu_seconds"):
+        lines.append(
+            f"- Both exact searches read the 15 GB passage file from disk (the page cache cannot"
+            f" hold it beside the other jobs): CPU {_f(ex['cpu_seconds'])} s of"
+            f" {_f(ex['wall_seconds'])} s wall (treerank) and {_f(fl['cpu_seconds'])} s of"
+            f" {_f(fl['wall_seconds'])} s (FAISS); on CPU time alone the ratio is"
+            f" {fl['cpu_seconds'] / ex['cpu_seconds']:.2f}x. The batch is {ex['queries']} of the"
+            f" {s['eval_queries']:,} written queries (CPU budget), extrapolated below."
+        )
     lines.append(
         "- Forest pair at C = 1,000 over 800K queries: not run here; it needs the forest's "
         "block-wise logits (issue 26 item 5, the forest engineer's)."
@@ -133,20 +142,24 @@ def render(doc: dict[str, Any]) -> str:
         f"## Extrapolation: {SEED_QUERIES:,} queries, and the full {SEED_COLLECTION:,}-passage"
         " collection",
         "",
-        "Search time scales linearly with queries x passages; RSS of exact search and training is",
-        "bounded by the chunk / batch (measured above) and does not grow; an in-memory index grows",
-        "with its codes. One 2-core machine = this one, both cores (x2 the 1-thread times, at",
-        "best).",
+        "Search CPU time (the stage's CPU seconds, 1 thread) scales linearly with queries x",
+        "passages; the file is read once per pass whatever the batch, so wall time at 100K queries",
+        "approaches CPU time. RSS of exact search and training is bounded by the chunk / batch",
+        "(measured above) and does not grow; an in-memory index grows with its codes. One 2-core",
+        "machine = both cores (half the 1-thread CPU hours, at best); more than 12 h -> the",
+        "torchrun path (passages sharded over ranks, `treerank.distributed.search`).",
         "",
-        "| stage | 100K queries, 1M passages | 100K queries, 8.8M passages | RSS at 8.8M GiB | fits"
-        " one 2-core / 24 GiB machine? |",
+        "| stage | 100K queries, 1M passages (CPU h) | 100K queries, 8.8M passages (CPU h) |"
+        " RSS at 8.8M GiB | one 2-core / 24 GiB machine? |",
         "|---|---|---|---|---|",
     ]
     for name in ("exact", "flat-reference", "eval-linear", "int8", "ivfpq"):
         r = st.get(name)
         if not r or not r.get("queries"):
             continue
-        per_q = r["seconds"] / r["queries"]
+        # CPU time scales with queries x passages (the I/O of one pass is shared by every query
+        # of the batch, so the wall time of a 500-query batch would overstate 100K queries)
+        per_q = r["cpu_seconds"] / r["queries"]
         at_1m = per_q * SEED_QUERIES
         at_full = at_1m * grow
         rss = r["peak_rss_gib"]
@@ -172,15 +185,17 @@ def render(doc: dict[str, Any]) -> str:
         sps = t["steps"] / t["fit_seconds"]
         epoch = int(t["train_queries"]) / int(t["batch_size"])
         lines.append(
-            f"| train-linear (1 epoch of 808K) | {epoch / sps / 3600:,.2f} h | same (passages are"
-            f" gathered by row) | {t['peak_rss_gib']:,.1f} | yes |"
+            f"| train-linear (1 epoch of 808K, wall at the measured steps/s) |"
+            f" {epoch / sps / 3600:,.2f} h | same (rows are gathered, not the split) |"
+            f" {t['peak_rss_gib']:,.1f} | yes |"
         )
     dd = st.get("data", {})
     if dd.get("passages_seconds"):
         lines.append(
             f"| data (passages) | {dd['passages_seconds'] / 60:,.1f} min | "
             f"{dd['passages_seconds'] * grow / 3600:,.1f} h, "
-            f"{SEED_COLLECTION * 3840 * 4 / 1e9:,.0f} GB on disk | < 1 | memory yes |"
+            f"{SEED_COLLECTION * 3840 * 4 / 1e9:,.0f} GB on disk | 1.0 | memory yes; disk"
+            " 135 GB |"
         )
     lines += [
         "",
