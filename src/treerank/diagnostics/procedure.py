@@ -112,12 +112,12 @@ def _dump(path: Path, doc: Any) -> None:
     atomic_write_text(path, json.dumps(to_json(doc), indent=2, allow_nan=False))
 
 
-def _run_ids(system_spec: str, store: StoreLike, k: int) -> np.ndarray:
+def _run_ids(system_spec: str, store: StoreLike, k: int, device: Any = None) -> np.ndarray:
     """Top-``k`` ids of a system spec, built by the systems table (``cosine`` L2-normalises
     the stored vectors exactly as the ``cosine`` system of ``treerank evaluate`` does)."""
     from treerank.search.systems import build_system
 
-    return np.asarray(build_system(system_spec).retrieve(store, k).ids)
+    return np.asarray(build_system(system_spec, device=device).retrieve(store, k).ids)
 
 
 def decision_rules(
@@ -283,6 +283,7 @@ def run_diagnostics(
     settings: DiagnosticsSettings | None = None,
     probe_stores: Sequence[Any] = (),
     progress: bool = False,
+    device: Any = None,
     **overrides: Any,
 ) -> dict[str, Any]:
     """Run the four diagnostics of one checkpoint on one store and write the report.
@@ -365,7 +366,7 @@ def run_diagnostics(
 
     # --- the two systems' per-query metrics -------------------------------------------------
     t = time.perf_counter()
-    base_res = evaluate_run(_run_ids(baseline, store, k), qrels, metrics=metrics)
+    base_res = evaluate_run(_run_ids(baseline, store, k, device), qrels, metrics=metrics)
     timings["baseline_run"] = time.perf_counter() - t
 
     results: dict[str, Any] = {
@@ -396,7 +397,9 @@ def run_diagnostics(
     # --- step 1: scoring variants -------------------------------------------------------------
     if is_drt:
         t = time.perf_counter()
-        var = evaluate_variants(model, store, k=k, metrics=metrics, qrels=qrels, progress=progress)
+        var = evaluate_variants(
+            model, store, k=k, metrics=metrics, qrels=qrels, progress=progress, device=device
+        )
         per_query = var.pop("per_query")
         learned = per_query["learned"][metric]
         var["paired"] = {
@@ -424,7 +427,7 @@ def run_diagnostics(
         timings["variants"] = time.perf_counter() - t
     else:  # the systems registry picks the search (dense exact, forest inverted lists)
         model_pq = evaluate_run(
-            _run_ids(f"ckpt:{checkpoint_dir}", store, k), qrels, metrics=metrics
+            _run_ids(f"ckpt:{checkpoint_dir}", store, k, device), qrels, metrics=metrics
         ).per_query
     results["model"] = {
         "mean": {m: float(np.nanmean(model_pq[m])) for m in metrics},

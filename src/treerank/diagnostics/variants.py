@@ -205,6 +205,7 @@ def evaluate_variants(
     qrels: Any = None,
     chunk_size: int = ROW_CHUNK,
     progress: bool = False,
+    device: Any = None,
 ) -> dict[str, Any]:
     """Evaluate scoring variants of a DRT head on every query of ``store`` against all its passages.
 
@@ -256,7 +257,13 @@ def evaluate_variants(
 
         qv = v.query_vectors(q_slots, alpha, q_raw)
         ids, _ = exact_search(
-            qv, p_raw, k=k, chunk_size=chunk_size, passage_transform=transform, progress=progress
+            qv,
+            p_raw,
+            k=k,
+            chunk_size=chunk_size,
+            passage_transform=transform,
+            progress=progress,
+            device=device,
         )
         res = evaluate_run(ids, qrels, metrics=tuple(metrics))
         out["variants"][v.name] = {

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import numpy as np
 import torch
@@ -46,6 +47,7 @@ def sharded_exact_search(
     progress: bool = False,
     query_batch: int | None = None,
     backend: str = "faiss",
+    device: Any = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """:func:`treerank.kernels.topk.exact_search` over ``W`` ranks (same arguments and result).
 
@@ -56,7 +58,8 @@ def sharded_exact_search(
         k: results per query, clipped to ``n_passages``.
         ctx: the process group (default: :func:`~treerank.distributed.context.current`; None
             runs the one-process search).
-        chunk_size, passage_transform, query_batch, backend: as ``exact_search``.
+        chunk_size, passage_transform, query_batch, backend, device: as ``exact_search``
+            (``device="cuda"`` is ``cuda:LOCAL_RANK`` on each rank).
         progress: a bar on rank 0 (the local search and the merge).
 
     Returns:
@@ -78,6 +81,7 @@ def sharded_exact_search(
             progress=progress,
             query_batch=qb,
             backend=backend,
+            device=device,
         )
     cpu = ctx.cpu()
     q = np.ascontiguousarray(queries, dtype=np.float32)
@@ -101,6 +105,7 @@ def sharded_exact_search(
                 progress=progress and ctx.is_main,
                 query_batch=qb,
                 backend=backend,
+                device=device,
             )
         keys[:, : ids.shape[1]] = rank_keys(ids + lo, vals)
     block = max(1, GATHER_BYTES // (8 * k * ctx.world_size))

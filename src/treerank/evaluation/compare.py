@@ -253,6 +253,7 @@ def compare_systems(
     runs: Mapping[str, Run] | None = None,
     train_store: StoreLike | None = None,
     seed_groups: Mapping[str, Mapping[str, int]] | None = None,
+    device: Any = None,
     **overrides: Any,
 ) -> Comparison:
     """Run, evaluate and compare systems on all passages of one store split.
@@ -294,7 +295,7 @@ def compare_systems(
     cfg = cfg.with_(metrics=tuple(f"{m}@{c}" for m, c in map(parse_metric, cfg.metrics)))
     check_evaluable(store, cfg.relevance_threshold)
     check_depth(cfg.k, cfg.metrics, int(store.n_passages))
-    built = _as_systems(systems, {"progress": progress})
+    built = _as_systems(systems, {"progress": progress, "device": device})
     for b in cfg.baselines:
         if b not in built:
             raise ValueError(f"baseline {b!r} is not one of the systems: {', '.join(built)}")

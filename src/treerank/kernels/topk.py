@@ -26,6 +26,15 @@ Two backends compute a chunk's (preselection) top-k; both are exact and give the
 - ``"faiss"`` (default): ``faiss.knn`` (BLAS matmul + heap selection in C++), asked for ``k + 1``
   results so that a tie crossing the k-th position is detected and that row redone exactly.
 - ``"torch"``: a torch matmul and ``torch.topk`` plus the same tie repair; no FAISS needed.
+- ``"auto"``: whichever of the two is faster on this CPU, measured once and cached
+  (:func:`treerank.kernels.device.cpu_search_backend`).
+
+``device="cuda"`` (or ``"auto"`` on a machine with CUDA) runs the chunk's matmul and
+``torch.topk`` on the GPU in float32 (TF32 off), ``k + 1`` results per query so that a tie at the
+k-th position is detected and that row redone exactly on the CPU; the query block is moved once,
+each passage chunk once. GPU and CPU float32 dot products differ in their last bits, so two
+passages whose scores differ by less than about ``1e-6`` may swap (``scripts/gpu_check.sh``
+measures the agreement); otherwise the ids are the CPU's.
 
 **Ties** are broken by ascending passage id (store row), everywhere: inside a chunk, across
 chunks and at the k-th position. A constant scorer therefore returns passages ``0, 1, ..., k-1``
@@ -52,13 +61,14 @@ import torch
 from tqdm.auto import tqdm
 
 from treerank.distributed.context import search_hook
+from treerank.kernels.device import resolve_device, search_backend
 from treerank.kernels.vectors import ROW_CHUNK
 from treerank.storelike import StoreLike
 
 DEFAULT_CHUNK_BYTES = 384 * 2**20  # passage block per chunk: 262,144 rows at 384 dims
 DEFAULT_CHUNK_SIZE: int | None = None  # None: as many rows as fit DEFAULT_CHUNK_BYTES
 DEFAULT_QUERY_BATCH = 256
-BACKENDS = ("faiss", "torch")
+BACKENDS = ("faiss", "torch", "auto")
 
 
 _PAD_ID = 0xFFFFFFFF
@@ -368,6 +378,46 @@ def _chunk_topk_faiss(
     return ids + start, vals
 
 
+def chunk_topk_tensor(
+    q: torch.Tensor, block: np.ndarray, k: int, start: int, query_batch: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """One passage chunk's exact top-``k`` on ``q``'s device (the GPU kernel; runs on any device).
+
+    Args:
+        q: ``float32 (nq, d)`` query tensor, already on the device.
+        block: ``float32 (c, d)`` passage rows ``start .. start + c`` (host memory).
+        k: results per query. start: the chunk's first passage id.
+        query_batch: queries scored at once (memory ``query_batch * c`` scores on the device).
+
+    Returns:
+        ``(ids int64 (nq, min(k, c)), scores float32 (nq, min(k, c)))`` on the host, rows sorted by
+        score descending then id ascending; a row whose ``k``-th and ``(k+1)``-th scores tie is
+        redone exactly from its full score row.
+    """
+    c = block.shape[0]
+    kk = min(k, c)
+    ids = np.empty((q.shape[0], kk), np.int64)
+    vals = np.empty((q.shape[0], kk), np.float32)
+    b = torch.from_numpy(np.ascontiguousarray(block)).to(q.device, non_blocking=False)
+    for qs in range(0, q.shape[0], query_batch):
+        s = q[qs : qs + query_batch] @ b.T  # (qb, c) float32
+        if torch.isnan(s).any():
+            raise ValueError("scores contain NaN; a scorer must return finite or -inf scores")
+        if c <= k:
+            ids[qs : qs + query_batch], vals[qs : qs + query_batch] = topk_desc(s.cpu().numpy(), k)
+            continue
+        tv, ti = torch.topk(s, k + 1, dim=1, sorted=True)
+        tv_h, ti_h = tv.cpu().numpy(), ti.cpu().numpy().astype(np.int64)
+        bad = np.nonzero(tv_h[:, k - 1] == tv_h[:, k])[0]
+        r_ids, r_vals = sort_rows(ti_h[:, :k], tv_h[:, :k])
+        if bad.size:
+            r_ids[bad], r_vals[bad] = topk_desc(
+                s[torch.from_numpy(bad).to(q.device)].cpu().numpy(), k
+            )
+        ids[qs : qs + query_batch], vals[qs : qs + query_batch] = r_ids, r_vals
+    return ids + start, vals
+
+
 _CHUNK_TOPK = {"faiss": _chunk_topk_faiss, "torch": _chunk_topk_torch}
 _LIBC: ctypes.CDLL | None = None
 
@@ -430,6 +480,8 @@ def exact_search(
     query_batch: int = DEFAULT_QUERY_BATCH,
     backend: str = "faiss",
     source: str = "vectors",
+    *,
+    device: str | torch.device | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Exact top-``k`` passages by inner product for every query.
 
@@ -446,8 +498,12 @@ def exact_search(
             float32 (c, d')``; ``None`` scores the stored vectors as they are.
         progress: show a tqdm bar over passages.
         query_batch: queries scored at once by the torch backend and by tie repairs.
-        backend: ``"faiss"`` or ``"torch"`` (see module docstring); same results.
+        backend: ``"faiss"``, ``"torch"`` or ``"auto"`` (the faster on this CPU, measured once;
+            see module docstring); same results. Ignored on a GPU (torch there).
         source: names the vectors in errors (the store path).
+        device: ``"auto"`` | ``"cpu"`` | ``"cuda[:n]"`` | None (the CPU;
+            :func:`treerank.kernels.device.resolve_device`). On a GPU the matmul and top-k run
+            there; the passage transform still runs on the host, chunk by chunk.
 
     Returns:
         ``(ids int64 (nq, k'), scores float32 (nq, k'))``, ``k' = min(k, n_passages)``; score is
@@ -460,8 +516,9 @@ def exact_search(
             or inf, whatever the backend.
         ValueError: non-2-D inputs, bad sizes, an unknown backend, a dimension mismatch after the
             transform, or NaN scores.
+        DeviceError: ``device`` is unknown, or ``cuda`` without CUDA.
     """
-    if backend not in _CHUNK_TOPK:
+    if backend not in BACKENDS:
         raise ValueError(f"unknown exact-search backend {backend!r}; known: {', '.join(BACKENDS)}")
     if (hook := search_hook()) is not None:  # torchrun evaluation: shard the passages
         return hook(  # type: ignore[no-any-return]
@@ -473,7 +530,10 @@ def exact_search(
             progress=progress,
             query_batch=query_batch,
             backend=backend,
+            device=device,
         )
+    dev = resolve_device(device)
+    backend = search_backend(backend, dev)
     q = np.ascontiguousarray(queries, dtype=np.float32)
     if q.ndim != 2 or passages.ndim != 2:
         raise ValueError(f"queries {q.shape} and passages {passages.shape} must be 2-D")
@@ -483,10 +543,16 @@ def exact_search(
         chunk_size = max(1, DEFAULT_CHUNK_BYTES // (4 * max(int(passages.shape[1]), 1)))
     if k <= 0 or chunk_size <= 0 or query_batch <= 0:
         raise ValueError(f"k={k}, chunk_size={chunk_size}, query_batch={query_batch} must be > 0")
-    chunk_topk = _CHUNK_TOPK[backend]
     check_finite(q, "query", source)
     kk = preselect_depth(k, n)  # the BLAS pass keeps a margin; pair_scores decides the top k
     p_norm = 0.0  # largest (transformed) passage norm: scales the error bound
+    chunk_topk: Callable[[np.ndarray, np.ndarray, int, int, int], tuple[np.ndarray, np.ndarray]]
+    if dev.type == "cpu":
+        chunk_topk = _CHUNK_TOPK[backend]
+    else:
+        q_dev = torch.from_numpy(q).to(dev)
+        chunk_topk = lambda _q, blk, kk, st, qb: chunk_topk_tensor(q_dev, blk, kk, st, qb)  # noqa: E731
+
     keys = np.empty((nq, 0), np.int64)
     bar = tqdm(total=n, unit="passage", disable=not progress, desc="exact search")
     for start in range(0, n, chunk_size):

@@ -112,7 +112,8 @@ def slot_dropout(
         return slots
     if not 0.0 <= p < 1.0:
         raise ValueError(f"slot dropout p must be in [0, 1), got {p}")
-    keep = torch.rand(slots.shape[:2], generator=generator, device=slots.device) >= p
+    # drawn on the CPU whatever the device: the same masks (and weights) on a CPU and a GPU
+    keep = torch.rand(slots.shape[:2], generator=generator).to(slots.device) >= p
     return slots * (keep.to(slots.dtype) / (1.0 - p)).unsqueeze(-1)
 
 

@@ -115,12 +115,14 @@ class DenseSystem:
         chunk_size: int | None = DEFAULT_CHUNK_SIZE,
         progress: bool = False,
         backend: str = "faiss",
+        device: Any = None,
     ) -> None:
         self.scorer = scorer
         self.name: str = name or str(getattr(scorer, "name", "dense"))
         self.chunk_size = chunk_size
         self.progress = progress
         self.backend = backend
+        self.device = device  # exact_search's device (auto | cpu | cuda[:n]; None: the CPU)
         self._memo = _RunMemo()
 
     def retrieve(self, store: StoreLike, k: int = 1000) -> Run:
@@ -137,6 +139,7 @@ class DenseSystem:
             progress=self.progress,
             backend=self.backend,
             source=str(getattr(store, "path", "vectors")),
+            device=self.device,
         )
         return self._memo.put(store, Run(self.name, ids, scores))
 
@@ -507,7 +510,9 @@ def build_system(spec: str, cache: dict[str, System] | None = None, **options: A
             ``"linear-fusion:bm25+cosine:w=0.3,norm=zscore"``, ``"ckpt:runs/linear"``.
         cache: spec -> system already built; pass one dict to several calls so that a system
             named twice (alone and inside a fusion) is built, and run, once.
-        options: passed to dense systems (``chunk_size``, ``progress``, ``backend``).
+        options: passed to dense systems (``chunk_size``, ``progress``, ``backend``, ``device``:
+            where exact search runs, ``auto | cpu | cuda[:n]``; fusions and tuned fusions pass
+            them to both sides).
 
     Raises:
         ValueError: an unknown system type or malformed parameters (the message lists the
@@ -524,7 +529,9 @@ def build_system(spec: str, cache: dict[str, System] | None = None, **options: A
             "system kind", kind, SYSTEM_KINDS, "`treerank evaluate --help` describes each kind"
         )
         raise ValueError(msg if spec == kind else f"system spec {spec!r}: {msg}")
-    opts = {k: v for k, v in options.items() if k in ("chunk_size", "progress", "backend")}
+    opts = {
+        k: v for k, v in options.items() if k in ("chunk_size", "progress", "backend", "device")
+    }
     system = SYSTEM_KINDS[kind][0](body, spec, cache=cache, **opts)
     if cache is not None:
         cache[spec] = system

@@ -47,6 +47,8 @@ class ServiceConfig:
         batch_window_s: how long the micro-batcher waits for more requests after the first of a
             round (:class:`~treerank.serve.batching.QueryBatcher`).
         batch_queries: most query texts per encoder + search call (larger requests are split).
+        device: where exact search runs (``auto | cpu | cuda[:n]``,
+            ``treerank.kernels.device.resolve_device``; checked when the service starts).
     """
 
     store: Path
@@ -69,6 +71,8 @@ class ServiceConfig:
             raise ValueError(f"request_timeout_s must be > 0, got {self.request_timeout_s}")
         if not 0 <= self.batch_window_s <= 1:
             raise ValueError(f"batch_window_s must be in [0, 1] seconds, got {self.batch_window_s}")
+
+    device: str = "cpu"
 
 
 @dataclass
@@ -121,10 +125,12 @@ class SearchService:
     """
 
     def __init__(self, config: ServiceConfig, encoder: Any = None) -> None:
+        from treerank.kernels.device import resolve_device
         from treerank.search.systems import build_system
         from treerank.store import EmbeddingStore
 
         self.config = config
+        resolve_device(config.device)  # a bad device fails before the store is opened
         self.store = EmbeddingStore.open(config.store)
         want = self.store.encoder_fingerprint
         if encoder is None:
@@ -143,7 +149,7 @@ class SearchService:
             self.systems[spec] = system
         for spec in config.systems:
             if spec not in self.systems:
-                self.systems[spec] = build_system(spec)
+                self.systems[spec] = build_system(spec, device=config.device)
         if not self.systems:
             raise ValueError("no system to serve")
         self.default_system = next(iter(self.systems))

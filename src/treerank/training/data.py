@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from treerank.kernels.rows import StackedRows
 from treerank.storelike import StoreLike
 from treerank.training.pseudo import PSEUDO_METHODS, PseudoConfig
 from treerank.training.sources import PairSet, label_pairs, teacher_pairs
@@ -152,17 +153,30 @@ class TrainingTable:
     """One vector table and the pair sets over it.
 
     Attributes:
-        queries: ``float32 (nq', d)`` training store queries, then pseudo queries.
-        passages: ``float32 (N', d)`` the corpus, then new pseudo passages.
+        queries: ``float32 (nq', d)`` training store queries, then pseudo queries: the store's
+            array (a memory map) or a :class:`~treerank.kernels.rows.StackedRows` over both,
+            indexed by rows; never read whole.
+        passages: ``float32 (N', d)`` the corpus, then new pseudo passages (likewise).
         sources: pair sets, one per source entry. weights: their weights.
         info: counts per source (logged).
     """
 
-    queries: np.ndarray
-    passages: np.ndarray
+    queries: Any
+    passages: Any
     sources: list[PairSet]
     weights: list[float]
     info: dict[str, Any]
+
+
+class _PassageTail:
+    """Rows ``offset ..`` of a pseudo split's passages (its new ones), indexed by rows."""
+
+    def __init__(self, passages: Any, offset: int) -> None:
+        self.passages, self.offset = passages, offset
+        self.shape = (int(passages.shape[0]) - offset, int(passages.shape[1]))
+
+    def __getitem__(self, rows: Any) -> np.ndarray:
+        return np.asarray(self.passages[np.asarray(rows, dtype=np.int64) + self.offset])
 
 
 def _open_pseudo(store: StoreLike, spec: SourceSpec) -> Any:
@@ -210,13 +224,12 @@ def build_training_table(
     rows = np.arange(nq) if train_rows is None else np.asarray(train_rows, dtype=np.int64)
     pseudo_spec = next((s for s in specs if s.kind == "pseudo"), None)
     pseudo = _open_pseudo(store, pseudo_spec) if pseudo_spec is not None else None
-    queries = np.asarray(store.queries, dtype=np.float32)
-    passages = np.asarray(store.passages, dtype=np.float32)
+    # the stored arrays as they are (memory maps, read by rows in training), never concatenated
+    queries: Any = store.queries
+    passages: Any = store.passages
     if pseudo is not None:
-        queries = np.concatenate([queries, np.asarray(pseudo.queries, dtype=np.float32)])
-        passages = np.concatenate(
-            [passages, np.asarray(pseudo.passages[store.n_passages :], dtype=np.float32)]
-        )
+        queries = StackedRows(queries, pseudo.queries)
+        passages = StackedRows(passages, _PassageTail(pseudo.passages, int(store.n_passages)))
     cand, lab = np.asarray(store.candidates), np.asarray(store.labels)
     thr = int(store.relevance_threshold)
     texts = store.query_texts()

@@ -190,6 +190,7 @@ def train_drt(
     validate: Validate | None = None,
     log: TrainingLog | None = None,
     progress: bool = True,
+    device: str | torch.device | None = None,
 ) -> TrainOutput:
     """Train a DRT head on a store (the ``drt`` family's trainer).
 
@@ -205,6 +206,8 @@ def train_drt(
             (None: train the full budget and keep the last state).
         log: where the records go (None: in memory).
         progress: tqdm bar.
+        device: ``auto`` | ``cpu`` | ``cuda[:n]`` | None (CPU): where it trains (slot dropout
+            masks are drawn on the CPU, so both devices draw the same ones).
 
     Returns:
         :class:`~treerank.training.trainer.TrainOutput`: the trained :class:`DRTHead` (eval
@@ -225,6 +228,7 @@ def train_drt(
         validate=validate,
         log=log,
         progress=progress,
+        device=device,
     )
     head.eval()
     head.extra["training"] = summary

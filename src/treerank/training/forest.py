@@ -318,8 +318,12 @@ def train_forest(
     validate: Callable[[Forest], Mapping[str, float]] | None = None,
     log: TrainingLog | None = None,
     progress: bool = True,
+    device: Any = None,
 ) -> TrainOutput:
     """Train a TreeRank forest on a store's training queries (see the module docstring).
+
+    ``device`` (``auto | cpu | cuda[:n]``, None = CPU): only the CPU so far; ``cuda`` is refused
+    with a clear error before any work (the GPU path comes with the block-wise rewrite).
 
     Args:
         store: an ``EmbeddingStore`` with labelled queries (selected passages); with
@@ -343,6 +347,10 @@ def train_forest(
         ConfigError: bad config (names the key path). ValueError: a store without selected
             passages. FileNotFoundError: a ``data.sources`` entry that was not prepared.
     """
+    from treerank.kernels.device import DeviceError, resolve_device
+
+    if resolve_device(device).type != "cpu":
+        raise DeviceError(f"train_forest: device {device!r}: the forest trains on the CPU only")
     parsed = parse_forest_config(config)
     cfg = forest_train_config(parsed)
     t_start = time.perf_counter()

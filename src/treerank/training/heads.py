@@ -221,6 +221,7 @@ def train_contrastive(
     validate: Validate | None = None,
     log: TrainingLog | None = None,
     progress: bool = True,
+    device: str | torch.device | None = None,
 ) -> tuple[FitResult, dict[str, Any]]:
     """Train any :class:`~treerank.training.trainer.ContrastiveModule` on a store.
 
@@ -234,6 +235,8 @@ def train_contrastive(
         log: where the records go (None: a fresh in-memory log; the records are also in the
             returned ``FitResult.records``).
         progress: tqdm bar.
+        device: ``auto`` | ``cpu`` | ``cuda[:n]`` | None (CPU): where the model trains
+            (:func:`~treerank.training.trainer.fit`); the model comes back on the CPU.
 
     Returns:
         ``(fit_result, summary)`` with the sampler info, fit outcome and config.
@@ -256,7 +259,7 @@ def train_contrastive(
         sampler, info = build_sampler(store, data, train_rows=train_rows, seed=config.seed)
         queries, passages = store.queries, store.passages
         if config.trainer.refresh_every:
-            refresh = _refresher(store, sampler, data, train_rows)
+            refresh = _refresher(store, sampler, data, train_rows, device)
     log.write("config", **config.to_dict(), sampler_info=info)
     result = fit(
         model,
@@ -268,6 +271,7 @@ def train_contrastive(
         log=log,
         progress=progress,
         refresh=refresh,
+        device=device,
     )
     summary = {
         "sampler": info,
@@ -289,6 +293,7 @@ def _refresher(
     sampler: ContrastiveSampler,
     data: SamplerConfig,
     train_rows: np.ndarray | None,
+    device: str | torch.device | None = None,
 ) -> NegativeRefresher:
     """ANCE-style refresh: the current model's exact top-``refresh_depth`` for every query,
     audited on the labelled queries held out of training (all labelled ones if none)."""
@@ -306,6 +311,7 @@ def _refresher(
             store.passages,
             k=data.refresh_depth,
             passage_transform=model.encode_passages,
+            device=device,
         )
         return ids
 
@@ -333,8 +339,13 @@ def train_head(
     validate: Validate | None = None,
     log: TrainingLog | None = None,
     progress: bool = True,
+    device: str | torch.device | None = None,
 ) -> TrainOutput:
     """Build a head of ``head_class`` for ``store``'s dimension and train it.
+
+    ``device`` (``auto`` | ``cpu`` | ``cuda[:n]`` | None = CPU) is where it trains; the
+    initialisation is drawn on the CPU first, so a CPU and a GPU run start from the same
+    weights (they end within float32 rounding of each other, ``scripts/gpu_check.sh``).
 
     The head is constructed right after ``torch.manual_seed(config.seed)``, so its
     initialisation (orthogonal projections, MLP first layers) is reproducible.
@@ -354,7 +365,14 @@ def train_head(
         raise ConfigError(f"config.model: {exc}") from exc
     log = log if log is not None else TrainingLog()
     result, summary = train_contrastive(
-        head, store, cfg, train_rows=train_rows, validate=validate, log=log, progress=progress
+        head,
+        store,
+        cfg,
+        train_rows=train_rows,
+        validate=validate,
+        log=log,
+        progress=progress,
+        device=device,
     )
     head.extra["training"] = summary
     return TrainOutput(head, summary, result.records)

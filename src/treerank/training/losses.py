@@ -260,9 +260,11 @@ def full_corpus_softmax(
     ):
         raise ValueError(f"full_corpus_softmax: passage id out of range [0, {n})")
     w = torch.where(target_ids >= 0, target_weights, torch.zeros_like(target_weights))
-    if bool((w < 0).any()) or not torch.allclose(w.sum(dim=1), torch.ones(bsz), atol=1e-4):
+    if bool((w < 0).any()) or not torch.allclose(
+        w.sum(dim=1), torch.ones(bsz, device=w.device), atol=1e-4
+    ):
         raise ValueError("full_corpus_softmax: target weights must be distributions per row")
-    excl = exclude_ids if exclude_ids is not None else torch.full((bsz, 0), -1)
+    excl = exclude_ids if exclude_ids is not None else torch.full((bsz, 0), -1, device=w.device)
     if excl.numel():
         hit = (excl[:, :, None] == target_ids[:, None, :]) & (excl[:, :, None] >= 0)
         if bool((hit & (w[:, None, :] > 0)).any()):
@@ -272,7 +274,7 @@ def full_corpus_softmax(
     def chunk_lse(q: Tensor, block: Tensor, start: Tensor) -> Tensor:
         z = score_matrix(q, encode_passages(block))  # (B, c)
         if excl.numel():
-            ids = int(start) + torch.arange(block.shape[0])
+            ids = int(start) + torch.arange(block.shape[0], device=block.device)
             drop = (excl[:, :, None] == ids[None, None, :]).any(dim=1)  # (B, c)
             z = z.masked_fill(drop, neg_inf)
         return torch.logsumexp(z, dim=1)  # (B,)

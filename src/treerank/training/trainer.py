@@ -53,6 +53,9 @@ from tqdm.auto import tqdm
 from treerank.config import build
 from treerank.distributed.context import broadcast_from_main
 from treerank.distributed.training import sharded_training
+from treerank.kernels import rows as _rows
+from treerank.kernels.device import resolve_device
+from treerank.kernels.rows import RowSource
 from treerank.storelike import StoreLike
 from treerank.training.history import TrainingLog
 from treerank.training.losses import (
@@ -222,15 +225,22 @@ class TrainFunction(Protocol):
     ) -> TrainOutput: ...
 
 
-def _vector_source(x: np.ndarray) -> np.ndarray:
-    """Stored vectors as an in-memory array when they fit comfortably (< 2 GiB), else as given."""
-    if isinstance(x, np.memmap) and x.nbytes < (2 << 30):
-        return np.array(x, dtype=np.float32)
-    return x
+# Every contrastive family's trainer (train_linear, train_mlp, train_drt) and train_forest also
+# take ``device: str | torch.device | None = None`` (treerank.kernels.device.resolve_device).
 
 
-def _gather(x: np.ndarray, rows: np.ndarray) -> Tensor:
-    return torch.from_numpy(np.ascontiguousarray(x[rows], dtype=np.float32))
+def _vector_source(x: Any, in_memory_bytes: int | None = None) -> RowSource:
+    """Stored vectors as a :class:`~treerank.kernels.rows.RowSource`: copied into memory when
+    they fit comfortably (< ``in_memory_bytes``, default ``rows.IN_MEMORY_BYTES``), else
+    gathered from the memory map by rows."""
+    limit = _rows.IN_MEMORY_BYTES if in_memory_bytes is None else in_memory_bytes
+    return RowSource(x, in_memory_bytes=limit)
+
+
+def _gather(x: Any, rows: np.ndarray, device: torch.device | None = None) -> Tensor:
+    vals = x.gather(rows) if isinstance(x, RowSource) else x[rows]
+    t = torch.from_numpy(np.ascontiguousarray(vals, dtype=np.float32))
+    return t if device is None or device.type == "cpu" else t.to(device)
 
 
 def compute_loss(
@@ -282,8 +292,9 @@ def loss_from_representations(
     out (the step that data-parallel training runs on gathered representations; with
     ``all_passages`` every rank scores the whole corpus: that work is not split, and this
     combination is not covered by the distributed tests)."""
-    positive = torch.from_numpy(batch.positive)
-    mask_out = torch.from_numpy(batch.mask_out)
+    dev = q_repr.device
+    positive = torch.from_numpy(batch.positive).to(dev)
+    mask_out = torch.from_numpy(batch.mask_out).to(dev)
     logits = model.score_matrix(q_repr, p_repr)  # (B, M)
     if all_passages is not None:
         if batch.target_ids is None or batch.target_weights is None:
@@ -294,13 +305,13 @@ def loss_from_representations(
             all_passages,
             model.encode_passages_t,
             model.score_matrix,
-            torch.from_numpy(batch.target_ids),
-            torch.from_numpy(batch.target_weights),
-            None if excl is None else torch.from_numpy(excl),
+            torch.from_numpy(batch.target_ids).to(dev),
+            torch.from_numpy(batch.target_weights).to(dev),
+            None if excl is None else torch.from_numpy(excl).to(dev),
             chunk_size=chunk_size,
         )
     elif batch.target is not None:
-        loss = listwise_kl(logits, torch.from_numpy(batch.target), mask_out)
+        loss = listwise_kl(logits, torch.from_numpy(batch.target).to(dev), mask_out)
     else:
         loss = info_nce(logits, positive, mask_out)
     parts: dict[str, Any] = {"q2p_loss": float(loss.detach())}
@@ -361,6 +372,8 @@ def fit(
     log: TrainingLog | None = None,
     progress: bool = True,
     refresh: Callable[[Any, int], Mapping[str, Any]] | None = None,
+    device: str | torch.device | None = None,
+    in_memory_bytes: int | None = None,
 ) -> FitResult:
     """Train ``model`` with InfoNCE on the sampler's batches; restore the best held-out state.
 
@@ -377,6 +390,14 @@ def fit(
         refresh: ``refresh(model, step)`` called (in eval mode, no grad) every
             ``config.refresh_every`` steps to re-mine hard negatives with the current model
             (``treerank.training.refresh.NegativeRefresher``); what it returns is logged.
+        device: where the towers, the batch and the loss live (``auto`` | ``cpu`` |
+            ``cuda[:n]`` | None = CPU; :func:`treerank.kernels.device.resolve_device`). Vectors
+            are gathered on the host and moved per batch; the loss is float32 everywhere;
+            ``validate`` and ``refresh`` see the model on the CPU, and it is returned there.
+        in_memory_bytes: vector arrays below this size (None: ``treerank.kernels.rows.
+            IN_MEMORY_BYTES``, 2 GiB) are copied into memory; larger ones
+            are gathered from the memory map by rows (:class:`~treerank.kernels.rows.RowSource`:
+            peak RSS follows the batch, not the split). The values are the same either way.
 
     Returns:
         :class:`FitResult`.
@@ -394,19 +415,21 @@ def fit(
             "encode_passages_t and score_matrix"
         )
     log = log or TrainingLog()
+    dev = resolve_device(device)
     old_threads = torch.get_num_threads()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     # under torchrun: DDP + cross-process in-batch negatives (treerank.distributed.training)
+    model.to(dev)  # before DDP wraps it
     shard = sharded_training(model, cfg.seed)
     if shard is not None:
         sampler = shard.global_sampler(sampler)
         progress = progress and shard.ctx.is_main
-    queries = _vector_source(query_vectors)
-    passages = _vector_source(passage_vectors)
-    all_passages = (
-        torch.from_numpy(np.array(passages, dtype=np.float32))  # a writable copy
+    queries = _vector_source(query_vectors, in_memory_bytes)
+    passages = _vector_source(passage_vectors, in_memory_bytes)
+    all_passages = (  # the exact softmax holds the whole corpus (not block-wise)
+        torch.from_numpy(np.array(passages.array, dtype=np.float32)).to(dev)  # a writable copy
         if cfg.negatives == "all"
         else None
     )
@@ -432,8 +455,10 @@ def fit(
         if validate is None:
             return False
         model.eval()
+        model.to("cpu")  # validate scores numpy vectors through the model's CPU towers
         with torch.no_grad():
             metrics = broadcast_from_main(lambda: {k: float(v) for k, v in validate(model).items()})
+        model.to(dev)
         model.train()
         if cfg.early_stopping_metric not in metrics:
             raise KeyError(
@@ -465,8 +490,8 @@ def fit(
                 if shard is not None:
                     loss, parts = shard.loss(
                         batch,
-                        queries,
-                        passages,
+                        queries,  # type: ignore[arg-type]  # indexed by rows only
+                        passages,  # type: ignore[arg-type]
                         functools.partial(
                             loss_from_representations,
                             all_passages=all_passages,
@@ -475,8 +500,8 @@ def fit(
                         cfg.symmetric_weight,
                     )
                 else:
-                    q = _gather(queries, batch.query_rows)
-                    p = _gather(passages, batch.passage_rows)
+                    q = _gather(queries, batch.query_rows, dev)
+                    p = _gather(passages, batch.passage_rows, dev)
                     loss, parts = compute_loss(
                         model, batch, q, p, cfg.symmetric_weight, all_passages, cfg.chunk_size
                     )
@@ -515,8 +540,10 @@ def fit(
                         bar.set_postfix_str(f"loss={rec['loss']:.4f}")
                 if refresh is not None and cfg.refresh_every and step % cfg.refresh_every == 0:
                     model.eval()
+                    model.to("cpu")
                     with torch.no_grad():  # the sampler builds later batches from the new pool
                         info = dict(refresh(model, step))
+                    model.to(dev)
                     model.train()
                     log.write("refresh", **info)
                 if step % eval_every == 0 and evaluate(step, epoch):
@@ -533,6 +560,7 @@ def fit(
         model.load_state_dict(best_state)
     else:
         best_step = step
+    model.to("cpu")
     model.eval()
     seconds = time.perf_counter() - t0
     log.write(

@@ -1,0 +1,148 @@
+"""Row access to a training split's vectors that never loads the split whole.
+
+The contrastive trainers (heads, DRT) read a batch's query and passage rows at every step.
+:class:`RowSource` wraps the stored ``(n, d)`` array (a read-only ``np.memmap`` of a store, an
+ndarray, or any object with ``shape`` and row indexing) and serves ``rows -> float32 (len, d)``
+gathers:
+
+* a split under ``in_memory_bytes`` (default 2 GiB, the trainer's behaviour before this module)
+  is copied into memory once, which is faster than gathering from the file;
+* a larger one is **gathered from the memory map in blocks**: only the requested rows are read
+  (``array[sorted unique rows]``), and every ``release_bytes`` of gathered rows the mapping's
+  pages are dropped from the resident set (:func:`treerank.kernels.topk.release_pages`), so the
+  process's peak RSS follows the batch and ``release_bytes``, not the split (808K x 3,840
+  float32 queries are 12 GB).
+
+Either way a gather returns exactly the stored float32 values, so training on a memory-mapped
+split gives byte-identical weights to training on the same split in memory.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+__all__ = ["IN_MEMORY_BYTES", "RELEASE_BYTES", "RowSource", "StackedRows"]
+
+IN_MEMORY_BYTES = 2 << 30
+"""Splits below this many bytes are copied into memory (faster gathers)."""
+RELEASE_BYTES = 256 << 20
+"""Gathered bytes between two releases of a memory map's resident pages."""
+
+
+class RowSource:
+    """Row gathers from an ``(n, d)`` vector array without reading it whole (module docstring).
+
+    Args:
+        array: ``(n, d)`` float vectors: ``np.memmap``, ndarray, or an object with ``shape`` and
+            ``__getitem__(int64 array of rows)`` (a store view); never written.
+        in_memory_bytes: copy into memory when ``n * d * 4`` is below this (0: never).
+        release_bytes: gathered bytes between page releases of a read-only memmap.
+
+    Attributes:
+        rows_read: rows gathered so far (with repeats), for tests and logs.
+    """
+
+    def __init__(
+        self,
+        array: Any,
+        *,
+        in_memory_bytes: int = IN_MEMORY_BYTES,
+        release_bytes: int = RELEASE_BYTES,
+    ) -> None:
+        if isinstance(array, RowSource):
+            array = array.array
+        shape = tuple(int(s) for s in array.shape)
+        if len(shape) != 2:
+            raise ValueError(f"RowSource: expected (n, d) vectors, got shape {shape}")
+        self.shape: tuple[int, int] = (shape[0], shape[1])
+        # only arrays are copied in; any other row source (a store view) is always gathered
+        self.in_memory = isinstance(array, np.ndarray) and shape[0] * shape[1] * 4 < in_memory_bytes
+        if self.in_memory and isinstance(array, np.memmap):
+            array = np.array(array, dtype=np.float32)  # read the file once
+        elif self.in_memory:
+            array = np.asarray(array, dtype=np.float32)
+        self.array: Any = array
+        self.release_bytes = int(release_bytes)
+        self.rows_read = 0
+        self._since_release = 0
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(np.float32)
+
+    @property
+    def ndim(self) -> int:
+        return 2
+
+    def gather(self, rows: np.ndarray) -> np.ndarray:
+        """``float32 (len(rows), d)`` C-contiguous copy of ``rows`` (any order, repeats allowed).
+
+        Raises:
+            IndexError: a row outside ``[-n, n)``.
+        """
+        rows = np.asarray(rows, dtype=np.int64)
+        if self.in_memory:
+            return np.ascontiguousarray(self.array[rows], dtype=np.float32)
+        uniq, inv = np.unique(rows, return_inverse=True)
+        block = np.asarray(self.array[uniq], dtype=np.float32)
+        out = np.ascontiguousarray(block[inv.reshape(-1)], dtype=np.float32)
+        self.rows_read += int(uniq.size)
+        self._since_release += int(uniq.size) * self.shape[1] * 4
+        if self._since_release >= self.release_bytes:
+            self.release()
+        return out
+
+    def release(self) -> bool:
+        """Drop a read-only memmap's resident pages now (True when released)."""
+        from treerank.kernels.topk import release_pages
+
+        self._since_release = 0
+        return release_pages(self.array, 0, self.shape[0]) if not self.in_memory else False
+
+    def __getitem__(self, idx: Any) -> np.ndarray:
+        if isinstance(idx, slice):
+            return self.gather(np.arange(*idx.indices(self.shape[0])))
+        return self.gather(np.asarray(idx))
+
+
+class StackedRows:
+    """Rows of ``first`` then rows of ``second`` (a training table's store rows then pseudo rows)
+    as one row-indexable ``(n1 + n2, d)`` source, without concatenating them."""
+
+    def __init__(self, first: Any, second: Any) -> None:
+        if int(first.shape[1]) != int(second.shape[1]):
+            raise ValueError(f"StackedRows: dims differ ({first.shape} vs {second.shape})")
+        self.first, self.second = first, second
+        self.n1 = int(first.shape[0])
+        self.shape = (self.n1 + int(second.shape[0]), int(first.shape[1]))
+        self.dtype = np.dtype(np.float32)
+        self.ndim = 2
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        """The whole table, concatenated (what a caller that needs it in memory gets)."""
+        whole = np.concatenate(
+            [np.asarray(self.first, dtype=np.float32), self.second[np.arange(self.second.shape[0])]]
+        )
+        return whole if dtype is None else whole.astype(dtype, copy=False)
+
+    def __getitem__(self, idx: Any) -> np.ndarray:
+        rows = (
+            np.arange(*idx.indices(self.shape[0]))
+            if isinstance(idx, slice)
+            else np.asarray(idx, dtype=np.int64)
+        )
+        out = np.empty((rows.size, self.shape[1]), dtype=np.float32)
+        a = rows < self.n1
+        if a.any():
+            out[a] = np.asarray(self.first[rows[a]], dtype=np.float32)
+        if (~a).any():
+            out[~a] = np.asarray(self.second[rows[~a] - self.n1], dtype=np.float32)
+        return out

@@ -1,0 +1,154 @@
+"""The device setting (treerank.kernels.device) and exact search on a device."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from treerank.kernels import device as device_mod
+from treerank.kernels.device import DeviceError, cpu_search_backend, resolve_device
+from treerank.kernels.topk import chunk_topk_tensor, exact_search
+
+CUDA = torch.cuda.is_available()
+needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("TREERANK_CACHE", str(tmp_path / "cache"))
+
+
+def test_resolve_device_spellings():
+    assert resolve_device("cpu") == torch.device("cpu")
+    assert resolve_device(" CPU ") == torch.device("cpu")
+    assert resolve_device(None) == torch.device("cpu")
+    assert resolve_device(torch.device("cpu")) == torch.device("cpu")
+    expected = torch.device("cuda", 0) if CUDA else torch.device("cpu")
+    assert resolve_device("auto") == expected
+
+
+@pytest.mark.parametrize("bad", ["gpu", "cuda:x", "mps", "", "cuda:-1"])
+def test_unknown_device_is_refused(bad):
+    with pytest.raises(DeviceError, match="device"):
+        resolve_device(bad)
+
+
+@pytest.mark.skipif(CUDA, reason="checks the message on a machine without CUDA")
+@pytest.mark.parametrize("spec", ["cuda", "cuda:0", "cuda:3"])
+def test_cuda_without_cuda_says_so(spec):
+    with pytest.raises(
+        DeviceError, match=r"cuda requested but torch.cuda.is_available\(\) is False"
+    ):
+        resolve_device(spec)
+
+
+@needs_cuda
+def test_cuda_index_out_of_range():
+    with pytest.raises(DeviceError, match="torch sees"):
+        resolve_device(f"cuda:{torch.cuda.device_count()}")
+
+
+def test_cpu_backend_is_measured_once_and_cached(tmp_path, monkeypatch):
+    calls = []
+    real = device_mod._time_backend
+
+    def counting(*a, **kw):
+        calls.append(a[0])
+        return real(*a, **kw)
+
+    monkeypatch.setattr(device_mod, "_time_backend", counting)
+    small = {"n_queries": 16, "n_passages": 512, "dim": 8, "k": 5, "repeats": 1}
+    first = cpu_search_backend(**small)
+    assert first in ("torch", "faiss")
+    assert sorted(calls) == ["faiss", "torch"]
+    doc = json.loads((tmp_path / "cache" / "search-backend.json").read_text())
+    (entry,) = doc.values()
+    assert entry["backend"] == first and set(entry["seconds"]) == {"faiss", "torch"}
+    assert cpu_search_backend(**small) == first
+    assert len(calls) == 2  # the second call read the cache
+    cpu_search_backend(refresh=True, **small)
+    assert len(calls) == 4
+
+
+def test_unwritable_cache_only_means_measuring(tmp_path, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    monkeypatch.setenv("TREERANK_CACHE", str(blocker / "sub"))
+    assert cpu_search_backend(n_queries=8, n_passages=256, dim=4, k=3, repeats=1) in (
+        "torch",
+        "faiss",
+    )
+
+
+def _vectors(nq=40, n=900, d=12, seed=0):
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((nq, d), dtype=np.float32)
+    p = rng.standard_normal((n, d), dtype=np.float32)
+    p[300:420] = p[7]  # a block of exact ties crossing chunk and k boundaries
+    q[5] = 0.0  # a constant scorer row: every score ties
+    return q, p
+
+
+@pytest.mark.parametrize("backend", ["faiss", "torch", "auto"])
+def test_device_cpu_equals_default_path(backend):
+    q, p = _vectors()
+    ref = exact_search(q, p, k=150, chunk_size=250, backend=backend)
+    for dev in ("cpu", "auto") if not CUDA else ("cpu",):
+        got = exact_search(q, p, k=150, chunk_size=250, backend=backend, device=dev)
+        assert np.array_equal(got[0], ref[0]) and np.array_equal(got[1], ref[1])
+    assert np.array_equal(ref[0][5], np.arange(150))  # ties by ascending id
+
+
+@pytest.mark.parametrize("k", [1, 60, 250, 400])
+def test_tensor_kernel_matches_reference(k):
+    """The GPU chunk kernel, run on the CPU: same ids as the reference, scores within 1e-5."""
+    q, p = _vectors()
+    block = p[100:350]
+    ref_ids, ref_vals = exact_search(q, block, k=k)
+    ids, vals = chunk_topk_tensor(torch.from_numpy(q), block, k, 100, 7)
+    assert np.array_equal(ids, ref_ids + 100)
+    np.testing.assert_allclose(vals, ref_vals, atol=1e-5)
+
+
+@needs_cuda
+@pytest.mark.parametrize("k", [1, 100])
+def test_cuda_search_agrees_with_cpu(k):
+    q, p = _vectors(nq=64, n=5000, d=32)
+    cpu_ids, cpu_vals = exact_search(q, p, k=k, chunk_size=1200)
+    gpu_ids, gpu_vals = exact_search(q, p, k=k, chunk_size=1200, device="cuda")
+    np.testing.assert_allclose(gpu_vals, cpu_vals, atol=1e-5)
+    differ = gpu_ids != cpu_ids
+    # ids may differ only where the two scores are within float32 rounding of each other
+    assert np.all(np.abs(gpu_vals[differ] - cpu_vals[differ]) < 1e-5)
+    assert np.array_equal(gpu_ids[5], np.arange(k))
+
+
+@pytest.mark.skipif(CUDA, reason="machine without CUDA")
+def test_exact_search_cuda_refused_before_work():
+    q, p = _vectors()
+    with pytest.raises(DeviceError):
+        exact_search(q, p, k=3, device="cuda")
+
+
+def test_dense_system_and_fusion_pass_the_device():
+    from tests.training.conftest import make_toy_store
+    from treerank.search.systems import DenseSystem, build_system
+
+    store = make_toy_store()
+    ref = build_system("cosine").retrieve(store, k=20)
+    sys_cpu = build_system("cosine", device="cpu")
+    assert isinstance(sys_cpu, DenseSystem) and sys_cpu.device == "cpu"
+    got = sys_cpu.retrieve(store, k=20)
+    assert np.array_equal(got.ids, ref.ids) and np.array_equal(got.scores, ref.scores)
+    fused = build_system("rrf:cosine+cosine", device="cpu")
+    assert all(s.device == "cpu" for s in (fused.a, fused.b))
+
+
+def test_serve_refuses_a_bad_device_before_opening_the_store(tmp_path):
+    from treerank.serve.service import SearchService, ServiceConfig
+
+    with pytest.raises(DeviceError, match="unknown device 'gpu'"):
+        SearchService(ServiceConfig(store=tmp_path / "missing", device="gpu"))
