@@ -24,6 +24,12 @@ def serve(
     encoder: str | None = typer.Option(
         None, "--encoder", help="Model to load instead of the store's (fingerprint must match)."
     ),
+    backend: str | None = typer.Option(
+        None,
+        "--backend",
+        help="Query encoder backend: torch, onnx or onnx-int8 (default: the store's; int8 "
+        "queries are refused against an fp32 store and the reverse).",
+    ),
     host: str = typer.Option("127.0.0.1", "--host", help="Interface to bind."),
     port: int = typer.Option(8000, "--port", help="TCP port."),
     max_k: int = typer.Option(1000, "--max-k", help="Largest k a request may ask for."),
@@ -45,6 +51,7 @@ def serve(
                 encoder=encoder,
                 max_k=max_k,
                 max_batch=max_batch,
+                backend=backend,
             )
         )
     except (ValueError, FileNotFoundError, OSError, StoreFormatError) as exc:

@@ -4,6 +4,7 @@ The service refuses to start (raises :class:`~treerank.search.query.EncoderMisma
 message names both sides) when
 
 - the encoder's weights fingerprint differs from the one recorded in the store's ``meta.json``;
+- the query encoder's backend precision (int8 / fp32) differs from the store's;
 - a prebuilt index (``index=DIR``) was built on other passage vectors (its store signature
   differs from the store's) or with another encoder (its fingerprint differs from the store's);
 - a checkpoint system was trained on another encoder's vectors.
@@ -22,7 +23,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from treerank.search.query import EncoderMismatchError, Hit, load_store_encoder, search_texts
+from treerank.search.query import (
+    EncoderMismatchError,
+    Hit,
+    check_query_backend,
+    load_store_encoder,
+    search_texts,
+)
 
 
 @dataclass(frozen=True)
@@ -37,6 +44,8 @@ class ServiceConfig:
         encoder: model name or directory to load instead of the store's (fingerprint checked).
         max_k: largest ``k`` a request may ask for.
         max_batch: most queries in one request.
+        backend: encoder backend for the queries (``None``: the store's; its precision must
+            equal the store's, see `check_query_backend`).
     """
 
     store: Path
@@ -45,6 +54,7 @@ class ServiceConfig:
     encoder: str | None = None
     max_k: int = 1000
     max_batch: int = 256
+    backend: str | None = None
 
 
 @dataclass
@@ -104,13 +114,14 @@ class SearchService:
         self.store = EmbeddingStore.open(config.store)
         want = self.store.encoder_fingerprint
         if encoder is None:
-            encoder = load_store_encoder(self.store, config.encoder)
+            encoder = load_store_encoder(self.store, config.encoder, config.backend)
         elif encoder.fingerprint != want:
             raise EncoderMismatchError(
                 f"encoder {encoder.name!r} has weights fingerprint {encoder.fingerprint}, but the "
                 f"store {self.store.path} was embedded with {self.store.encoder_name!r} "
                 f"fingerprint {want}"
             )
+        check_query_backend(self.store, encoder)  # int8 queries never meet an fp32 store
         self.encoder = encoder
         self.systems: dict[str, Any] = {}
         self.index_meta: dict[str, Any] | None = None
@@ -164,7 +175,11 @@ class SearchService:
         from treerank.search.faiss_index import store_signature
 
         return {
-            "encoder": {"name": self.encoder.name, "fingerprint": self.encoder.fingerprint},
+            "encoder": {
+                "name": self.encoder.name,
+                "fingerprint": self.encoder.fingerprint,
+                "backend": str(getattr(self.encoder, "backend", "torch")),
+            },
             "store": {
                 "path": str(self.store.path),
                 "signature": store_signature(self.store),
