@@ -220,3 +220,17 @@ def test_serve_refuses_other_precision(backend_stores, encoder, int8_encoder):
     hits = service.search([int8.query_texts()[0]], k=3)
     assert service.info()["encoder"]["backend"] == "onnx-int8"
     assert len(hits) == 1
+
+
+def test_cli_search_refuses_other_precision(backend_stores):
+    from typer.testing import CliRunner
+
+    from treerank.cli.main import app
+
+    fp32, int8 = backend_stores
+    runner = CliRunner()
+    res = runner.invoke(app, ["search", "--store", str(int8.path), "-q", "x", "--backend", "onnx"])
+    assert res.exit_code == 2 and "int8 and fp32 vectors" in res.output, res.output
+    assert "--backend onnx-int8" in res.output
+    res = runner.invoke(app, ["search", "--store", str(fp32.path), "-q", "x", "--backend", "gpu"])
+    assert res.exit_code == 2 and "unknown encoder backend 'gpu'" in res.output, res.output
