@@ -42,11 +42,65 @@ def fp32_store(work: Path, split, threads: int):
     return EmbeddingStore.open(out)
 
 
+def partial(work: Path) -> None:
+    """Cosine of the int8 rows already written (non-zero rows of the pre-sized vector files)
+    to the fp32 store's; written with ``"complete": false`` and no nDCG."""
+    from treerank.readers.scifact import read_scifact
+
+    split = read_scifact(SCIFACT, "test")
+    ref = fp32_store(work, split, 1)
+    out = work / "onnx-int8" / "test"
+    progress = json.loads((out / "progress.json").read_text())
+    cos = {}
+    for kind, name, n in (
+        ("passages", "passages.bin", split.n_passages),
+        ("queries", "queries.bin", split.n_queries),
+    ):
+        v = np.fromfile(out / name, dtype="<f4").reshape(n, ref.dim)
+        done = np.linalg.norm(v, axis=1) > 0
+        c = (v[done] * np.asarray(getattr(ref, kind))[done]).sum(1)
+        cos[kind] = {
+            "n": int(done.sum()),
+            "of": n,
+            "min": float(c.min()),
+            "mean": float(c.mean()),
+            "p01": float(np.quantile(c, 0.01)),
+            "below_0.99": int((c < 0.99).sum()),
+        }
+    doc = {
+        "dataset": "BEIR SciFact test",
+        "complete": False,
+        "note": "int8 embed not finished: no nDCG; cosines over the rows written so far "
+        "(the longest passages first, as the batch plan orders them)",
+        "n_queries": split.n_queries,
+        "n_passages": split.n_passages,
+        "cosine_int8_vs_fp32": cos,
+        "int8_embed": {
+            "passage_batches_done": progress["passage_batches_done"],
+            "passage_seconds": progress["stats"]["passage_seconds"],
+        },
+    }
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    from treerank.atomic import atomic_write_json
+
+    atomic_write_json(OUT, doc)
+    print(json.dumps(doc, indent=1))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--work", type=Path, default=REPO / ".cache" / "bench-onnx")
+    ap.add_argument(
+        "--partial",
+        action="store_true",
+        help="do not embed: report the cosines of the int8 vectors written so far by a running "
+        "(or interrupted) embed into --work (nDCG needs the finished store)",
+    )
     args = ap.parse_args()
+    if args.partial:
+        partial(args.work)
+        return
 
     from treerank.encoders import SentenceEncoder
     from treerank.evaluation.metrics import evaluate_run
@@ -85,6 +139,7 @@ def main() -> None:
     }
     doc = {
         "dataset": "BEIR SciFact test",
+        "complete": True,
         "n_queries": int8.n_queries,
         "n_passages": int8.n_passages,
         "threads": args.threads,

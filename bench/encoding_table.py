@@ -71,8 +71,16 @@ def render_throughput(doc: dict[str, Any]) -> str:
 
 def render_ndcg(doc: dict[str, Any]) -> str:
     """The nDCG@10 table of ``scifact_int8_ndcg.json``."""
-    r = doc["results"]
     c = doc["cosine_int8_vs_fp32"]
+    if not doc.get("complete", True):
+        p, q = c["passages"], c["queries"]
+        return (
+            f"{doc['dataset']}: **nDCG@10 not measured** -- {doc['note']}. Cosine of the int8 "
+            f"vectors to the fp32 ones: {p['n']:,} of {p['of']:,} passages, min {p['min']:.4f}, "
+            f"mean {p['mean']:.4f} ({p['below_0.99']} below 0.99); {q['n']} of {q['of']} "
+            f"queries, min {q['min']:.4f}, mean {q['mean']:.4f} ({q['below_0.99']} below 0.99)."
+        )
+    r = doc["results"]
     ok = "✓" if abs(doc["ndcg@10_delta"]) <= doc["target_abs_delta"] else "✗"
     lines = [
         f"{doc['dataset']} ({doc['n_queries']:,} queries, {doc['n_passages']:,} passages), "
