@@ -107,6 +107,15 @@ def encoder_flops(model, batches_tokens: list[tuple[int, int]]) -> float:
     return total
 
 
+def _vm_hwm_mib() -> float:
+    """Peak resident set of this process (``VmHWM``, MiB). Unlike ``ru_maxrss``, which a child
+    started with fork + exec inherits from its (large) parent, it starts afresh at exec."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def child_memory(n: int, out: str, backend: str, threads: int) -> None:
     """Embed n passages into out with ``backend`` and print peak RSS (MiB) as JSON (run in a
     fresh process; the ONNX export is already cached by the parent)."""
@@ -115,14 +124,15 @@ def child_memory(n: int, out: str, backend: str, threads: int) -> None:
 
     texts = scifact_passages(n)
     enc = SentenceEncoder(backend=backend, threads=threads)
-    rss_loaded = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    rss_loaded = _vm_hwm_mib()
     embed_split(passage_only_split(texts), enc, out, progress=False, reuse=False)
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    rss = _vm_hwm_mib()
     text_mib = sum(len(t.encode()) for t in texts) / 2**20
     print(
         json.dumps(
             {
                 "backend": backend,
+                "rss_method": "VmHWM",
                 "n": n,
                 "peak_rss_mib": rss,
                 "rss_after_load_mib": rss_loaded,

@@ -45,6 +45,7 @@ def render_throughput(doc: dict[str, Any]) -> str:
         "plain | peak RSS MiB | serve p50 / p90 ms |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    rss_valid = all(m.get("rss_method") == "VmHWM" for m in doc.get("memory", []))
     for name, row in doc["rows"].items():
         if name == "plain":
             lines.append(
@@ -55,17 +56,25 @@ def render_throughput(doc: dict[str, Any]) -> str:
         target = t.get(name)
         ok = "" if target is None else (" ✓" if row["ratio"] >= target else " ✗")
         cpu = "-" if row.get("cpu_ratio") is None else f"{row['cpu_ratio']:.3f}"
+        rss = f"{row['peak_rss_mib']:.0f}" if rss_valid else "n/a (see below)"
         lines.append(
             f"| `{name}` | {row['passages_per_s']:.1f} | {row['ratio']:.3f} "
             f"(>= {target}){ok} | {cpu} | {row['padding']:.1%} | "
             f"{row['cosine_to_plain']['min']:.4f} / {row['cosine_to_plain']['mean']:.4f} | "
-            f"{row['peak_rss_mib']:.0f} | {row['serve_p50_ms']:.1f} / {row['serve_p90_ms']:.1f} |"
+            f"{rss} | {row['serve_p50_ms']:.1f} / {row['serve_p90_ms']:.1f} |"
         )
     lines.append("")
-    lines.append(
-        f"Peak RSS: a fresh process embedding {doc['memory_passages']:,} passages with that "
-        "backend (model, ONNX session and texts included)."
-    )
+    if rss_valid:
+        lines.append(
+            f"Peak RSS: a fresh process embedding {doc['memory_passages']:,} passages with that "
+            "backend (model, ONNX session and texts included)."
+        )
+    else:
+        lines.append(
+            "Peak RSS: not measured validly in this run -- its child processes read "
+            "`ru_maxrss`, which a fork + exec child inherits from the benchmark process (every "
+            "backend read the parent's peak). The benchmark now reads `VmHWM`; rerun it."
+        )
     return "\n".join(lines)
 
 
