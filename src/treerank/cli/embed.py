@@ -70,6 +70,16 @@ def embed(
         None, "--max-seq-length", help="Truncation in tokens (default: the model's)."
     ),
     device: str = typer.Option("cpu", "--device", help="torch device."),
+    backend: str = typer.Option(
+        "torch",
+        "--backend",
+        help="Encoder backend: torch, onnx (ONNX Runtime fp32) or onnx-int8 (dynamic int8; "
+        "queries must later use int8 too). The ONNX export is cached in "
+        "$TREERANK_CACHE/onnx or ~/.cache/treerank/onnx.",
+    ),
+    threads: int | None = typer.Option(
+        None, "--threads", help="CPU threads for every backend (default: torch's setting)."
+    ),
     resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing store."),
     reuse: bool = typer.Option(
@@ -110,6 +120,8 @@ def embed(
             max_batch_size=max_batch_size,
             max_padding=max_padding,
             progress=progress,
+            backend=backend,
+            threads=threads,
         )
 
     def on_read(split_name: str, data: RetrievalSplit | None, main: bool) -> None:

@@ -47,6 +47,12 @@ def search(
     encoder: str | None = typer.Option(
         None, "--encoder", help="Model to load instead of the store's (fingerprint must match)."
     ),
+    backend: str | None = typer.Option(
+        None,
+        "--backend",
+        help="Query encoder backend: torch, onnx or onnx-int8 (default: the store's; int8 "
+        "queries are refused against an fp32 store and the reverse).",
+    ),
 ) -> None:
     """Encode queries with the store's encoder (pinned by its weights fingerprint) and search.
 
@@ -77,7 +83,7 @@ def search(
             raise ValueError("give --query TEXT (repeatable) or --queries FILE")
         built = build_system(system)  # a bad spec fails here, before the encoder loads (~5 s)
         st = EmbeddingStore.open(store)
-        enc = load_store_encoder(st, encoder)
+        enc = load_store_encoder(st, encoder, backend)
         run, hits = search_texts(st, built, enc, texts, k)
     except (ValueError, FileNotFoundError, OSError) as exc:
         raise fail(exc) from None

@@ -24,6 +24,12 @@ def serve(
     encoder: str | None = typer.Option(
         None, "--encoder", help="Model to load instead of the store's (fingerprint must match)."
     ),
+    backend: str | None = typer.Option(
+        None,
+        "--backend",
+        help="Query encoder backend: torch, onnx or onnx-int8 (default: the store's; int8 "
+        "queries are refused against an fp32 store and the reverse).",
+    ),
     host: str = typer.Option("127.0.0.1", "--host", help="Interface to bind."),
     port: int = typer.Option(8000, "--port", help="TCP port."),
     max_k: int = typer.Option(1000, "--max-k", help="Largest k a request may ask for."),
@@ -70,6 +76,7 @@ def serve(
             request_timeout_s=timeout,
             batch_window_s=batch_window_ms / 1000,
             batch_queries=batch_queries,
+            backend=backend,
         )
         sock = bind_socket(host, port)  # a taken port fails here, before loading the store
     except (ValueError, PortInUseError) as exc:

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from treerank.encoders.backend import Backend, get_backend
 from treerank.encoders.batching import plan_batches
 from treerank.encoders.fingerprint import weights_fingerprint
 
@@ -77,11 +78,26 @@ class SentenceEncoder:
         name: name recorded in stores (default: the model name, or the directory name).
         progress: show transformers' ``Loading weights`` bar while loading (``--no-progress``
             passes False).
+        backend: ``"torch"`` (sentence-transformers' modules), ``"onnx"`` (ONNX Runtime, fp32)
+            or ``"onnx-int8"`` (ONNX Runtime, dynamic int8 quantisation); see
+            `treerank.encoders.backend`. The tokenizer, prompts and batching are the same for
+            all; the ONNX graph is exported once into `onnx_cache_dir` (or ``cache_dir``).
+            The weights fingerprint is that of the loaded weights whatever the backend.
+        threads: ``torch.set_num_threads(threads)`` now; ``None`` keeps torch's setting. ONNX
+            Runtime runs with the same count (``torch.get_num_threads()``).
+        cache_dir: directory of ONNX exports (default `onnx_cache_dir`).
 
     Attributes:
         name: encoder name.
         fingerprint: `weights_fingerprint` of the loaded model.
         dim: output dimension.
+        backend: the `Backend` record.
+        onnx_path: the exported ``.onnx`` file used (``None`` for ``torch``).
+
+    Raises:
+        ValueError: an unknown backend.
+        UnsupportedModelError: an onnx backend for a model whose modules it cannot reproduce
+            (names the module).
     """
 
     def __init__(
@@ -96,7 +112,20 @@ class SentenceEncoder:
         max_padding: float = 0.1,
         name: str | None = None,
         progress: bool = True,
+        backend: str | Backend = "torch",
+        threads: int | None = None,
+        cache_dir: str | Path | None = None,
     ) -> None:
+
+        self.backend = get_backend(backend)
+        if self.backend.runtime != "torch" and device != "cpu":
+            raise ValueError(
+                f"encoder backend {self.backend.name!r} runs on the CPU only; got device {device!r}"
+            )
+        if threads is not None:
+            if threads < 1:
+                raise ValueError(f"threads must be >= 1, got {threads}")
+            torch.set_num_threads(int(threads))
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         if model is None:
             path = default_model_path()
@@ -121,6 +150,32 @@ class SentenceEncoder:
         if dim is None:
             raise ValueError(f"{path}: model does not report its embedding dimension")
         self.dim = int(dim)
+        self.onnx_path: Path | None = None
+        self._onnx: Any = None
+        if self.backend.runtime == "onnxruntime":
+            self._load_onnx(cache_dir)
+
+    def _load_onnx(self, cache_dir: str | Path | None) -> None:
+        from treerank.encoders.onnx_runtime import (
+            INPUT_NAMES,
+            OnnxForward,
+            cached_export,
+            require_onnxruntime,
+            supported_stack,
+        )
+
+        require_onnxruntime()
+
+        pooling = supported_stack(
+            self.model, self.model_path, bool(self.query_prompt or self.passage_prompt)
+        )
+        sample = self.model.preprocess(["a"], prompt=None)
+        inputs = tuple(k for k in INPUT_NAMES if isinstance(sample.get(k), torch.Tensor))
+        path = cached_export(
+            self.model, self.fingerprint, pooling, inputs, self.backend, cache_dir=cache_dir
+        )
+        self.onnx_path = path
+        self._onnx = OnnxForward(path, inputs, torch.get_num_threads())
 
     @property
     def max_seq_length(self) -> int:
@@ -172,6 +227,12 @@ class SentenceEncoder:
         prompt = self.prompt_for(kind) or None
         features = self.model.preprocess(list(texts), prompt=prompt)
         mask = features["attention_mask"]
+        if self._onnx is not None:
+            return BatchResult(
+                vectors=self._onnx(features),
+                padded_tokens=int(mask.numel()),
+                real_tokens=int(mask.sum()),
+            )
         features = {
             k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in features.items()
         }

@@ -29,8 +29,33 @@ class EncoderMismatchError(ValueError):
     names both sides."""
 
 
+def check_query_backend(store: StoreLike, encoder: Any) -> None:
+    """Refuse a query encoder whose backend precision differs from the store's.
+
+    The store's backend is the one its ``meta.json`` records (``torch`` for stores written
+    before backends existed); ``torch`` and ``onnx`` are both fp32 and interchangeable,
+    ``onnx-int8`` goes only with ``onnx-int8``.
+
+    Raises:
+        EncoderMismatchError: naming the store, both backends and the flag to pass.
+    """
+    from treerank.encoders.backend import BackendMismatchError, check_compatible, store_backend
+
+    enc_meta = store.meta.get("encoder", {}) or {}
+    try:
+        check_compatible(store.path, store_backend(enc_meta), encoder.backend)
+    except BackendMismatchError as exc:
+        raise EncoderMismatchError(str(exc)) from None
+    except ValueError as exc:  # an unknown backend name recorded in meta.json
+        raise EncoderMismatchError(f"{store.path}/meta.json: encoder.backend: {exc}") from None
+
+
 def load_store_encoder(
-    store: StoreLike, model: str | Path | None = None, *, progress: bool = False
+    store: StoreLike,
+    model: str | Path | None = None,
+    backend: str | None = None,
+    *,
+    progress: bool = False,
 ) -> Any:
     """The :class:`~treerank.encoders.SentenceEncoder` a store was embedded with.
 
@@ -38,16 +63,26 @@ def load_store_encoder(
         store: an :class:`~treerank.store.EmbeddingStore` split with ``meta.json``.
         model: model name or directory to load instead of the one named in the store (its
             fingerprint must still match).
-        progress: show transformers' ``Loading weights`` bar (off: ``search`` and ``serve``
-            print results, not loading bars).
+        backend: encoder backend for the queries (``torch``, ``onnx``, ``onnx-int8``);
+            ``None``: the one the store records (``torch`` when it records none). Its precision
+            must equal the store's (:func:`check_query_backend`).
 
     Raises:
-        EncoderMismatchError: the store records no fingerprint (a Go-tool store), or the loaded
-            weights' fingerprint differs from the store's (both are named).
+        EncoderMismatchError: the store records no fingerprint (a Go-tool store), the backend's
+            precision differs from the store's (checked before the model is loaded), or the
+            loaded weights' fingerprint differs from the store's (both are named).
     """
+    from types import SimpleNamespace
+
     from treerank.encoders import DEFAULT_MODEL_NAME, SentenceEncoder
+    from treerank.encoders.backend import get_backend, store_backend
 
     enc_meta = store.meta.get("encoder", {}) or {}
+    try:
+        chosen = store_backend(enc_meta) if backend is None else get_backend(backend)
+    except ValueError as exc:
+        raise EncoderMismatchError(f"{store.path}: {exc}") from None
+    check_query_backend(store, SimpleNamespace(backend=chosen))
     want = enc_meta.get("fingerprint")
     name = enc_meta.get("name")
     if not want:
@@ -64,6 +99,7 @@ def load_store_encoder(
         max_seq_length=enc_meta.get("max_seq_length"),
         name=name,
         progress=progress,
+        backend=chosen,
     )
     if encoder.fingerprint != want:
         raise EncoderMismatchError(

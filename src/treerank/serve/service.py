@@ -4,6 +4,7 @@ The service refuses to start (raises :class:`~treerank.search.query.EncoderMisma
 message names both sides) when
 
 - the encoder's weights fingerprint differs from the one recorded in the store's ``meta.json``;
+- the query encoder's backend precision (int8 / fp32) differs from the store's;
 - a prebuilt index (``index=DIR``) was built on other passage vectors (its store signature
   differs from the store's) or with another encoder (its fingerprint differs from the store's);
 - a checkpoint system was trained on another encoder's vectors.
@@ -24,7 +25,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from treerank.search.query import EncoderMismatchError, Hit, load_store_encoder, search_texts
+from treerank.search.query import (
+    EncoderMismatchError,
+    Hit,
+    check_query_backend,
+    load_store_encoder,
+    search_texts,
+)
 
 
 @dataclass(frozen=True)
@@ -49,6 +56,8 @@ class ServiceConfig:
         batch_queries: most query texts per encoder + search call (larger requests are split).
         device: where exact search runs (``auto | cpu | cuda[:n]``,
             ``treerank.kernels.device.resolve_device``; checked when the service starts).
+        backend: encoder backend for the queries (``None``: the store's; its precision must
+            equal the store's, see `check_query_backend`).
     """
 
     store: Path
@@ -62,6 +71,8 @@ class ServiceConfig:
     request_timeout_s: float = 30.0
     batch_window_s: float = 0.002
     batch_queries: int = 64
+    device: str = "cpu"
+    backend: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_k", "max_batch", "max_body_bytes", "max_query_chars", "batch_queries"):
@@ -71,8 +82,6 @@ class ServiceConfig:
             raise ValueError(f"request_timeout_s must be > 0, got {self.request_timeout_s}")
         if not 0 <= self.batch_window_s <= 1:
             raise ValueError(f"batch_window_s must be in [0, 1] seconds, got {self.batch_window_s}")
-
-    device: str = "cpu"
 
 
 @dataclass
@@ -134,13 +143,14 @@ class SearchService:
         self.store = EmbeddingStore.open(config.store)
         want = self.store.encoder_fingerprint
         if encoder is None:
-            encoder = load_store_encoder(self.store, config.encoder)
+            encoder = load_store_encoder(self.store, config.encoder, config.backend)
         elif encoder.fingerprint != want:
             raise EncoderMismatchError(
                 f"encoder {encoder.name!r} has weights fingerprint {encoder.fingerprint}, but the "
                 f"store {self.store.path} was embedded with {self.store.encoder_name!r} "
                 f"fingerprint {want}"
             )
+        check_query_backend(self.store, encoder)  # int8 queries never meet an fp32 store
         self.encoder = encoder
         self.systems: dict[str, Any] = {}
         self.index_meta: dict[str, Any] | None = None
@@ -195,7 +205,11 @@ class SearchService:
         from treerank.search.faiss_index import store_signature
 
         return {
-            "encoder": {"name": self.encoder.name, "fingerprint": self.encoder.fingerprint},
+            "encoder": {
+                "name": self.encoder.name,
+                "fingerprint": self.encoder.fingerprint,
+                "backend": str(getattr(self.encoder, "backend", "torch")),
+            },
             "store": {
                 "path": str(self.store.path),
                 # a digest of the passage vectors (FAISS indexes record it), not meta.json's

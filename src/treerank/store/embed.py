@@ -195,7 +195,8 @@ def qrels_beyond_candidates(split: RetrievalSplit) -> bool:
 
 def embed_signature(data_sha: str, encoder: SentenceEncoder) -> str:
     """Hex SHA-256 of what fixes an embed run's bytes: data digest, encoder weights
-    fingerprint, prompts, truncation, batching settings and dimension (recorded in
+    fingerprint, prompts, truncation, batching settings, dimension and (int8 backends only)
+    quantisation settings (recorded in
     ``progress.json`` and ``meta.json``; ``--resume`` requires it unchanged)."""
     return hashlib.sha256(
         json.dumps(
@@ -209,6 +210,13 @@ def embed_signature(data_sha: str, encoder: SentenceEncoder) -> str:
                 "max_batch_size": encoder.max_batch_size,
                 "max_padding": encoder.max_padding,
                 "dim": encoder.dim,
+                # only int8 changes the vectors' bytes beyond float rounding; fp32 backends
+                # (torch, onnx) keep the signature of stores written before backends existed
+                **(
+                    {"quantization": encoder.backend.quantization.to_dict()}
+                    if encoder.backend.quantization is not None
+                    else {}
+                ),
             },
             sort_keys=True,
         ).encode()
@@ -310,7 +318,11 @@ def plan_embed(
     npas = split.n_passages
     if reuse is True:
         sources = reusable_stores(
-            out, encoder.fingerprint, encoder.passage_prompt, encoder.max_seq_length
+            out,
+            encoder.fingerprint,
+            encoder.passage_prompt,
+            encoder.max_seq_length,
+            precision=encoder.backend.precision,
         )
     elif reuse is False:
         sources = []
@@ -596,6 +608,10 @@ def embed_split(
             "token_budget": encoder.token_budget,
             "max_batch_size": encoder.max_batch_size,
             "max_padding": encoder.max_padding,
+            "backend": encoder.backend.name,
+            "quantization": (
+                encoder.backend.quantization.to_dict() if encoder.backend.quantization else None
+            ),
         },
         "data_sha256": data_sha,
         "signature": signature,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -13,13 +14,20 @@ from treerank.store.format import META_JSON, StoreFormatError
 
 
 def reusable_stores(
-    out_dir: str | Path, fingerprint: str, passage_prompt: str | None, max_seq_length: int
+    out_dir: str | Path,
+    fingerprint: str,
+    passage_prompt: str | None,
+    max_seq_length: int,
+    precision: str = "fp32",
 ) -> list[Path]:
     """Complete sibling split stores of ``out_dir`` written by the same encoder settings.
 
     A sibling qualifies when its ``meta.json`` says complete and records the same weights
-    fingerprint, passage prompt and ``max_seq_length`` (the things a passage vector depends on).
+    fingerprint, passage prompt, ``max_seq_length`` and backend precision (``fp32``: torch or
+    onnx, interchangeable; ``int8``) -- the things a passage vector depends on.
     """
+    from treerank.encoders.backend import store_backend
+
     out = Path(out_dir).resolve()
     found: list[Path] = []
     if not out.parent.is_dir():
@@ -37,9 +45,17 @@ def reusable_stores(
             and enc.get("fingerprint") == fingerprint
             and (enc.get("passage_prompt") or None) == (passage_prompt or None)
             and enc.get("max_seq_length") == max_seq_length
+            and _precision(enc, store_backend) == precision
         ):
             found.append(meta_path.parent)
     return found
+
+
+def _precision(enc: dict, store_backend: Any) -> str | None:
+    try:
+        return str(store_backend(enc).precision)
+    except ValueError:  # an unknown backend name: never reuse
+        return None
 
 
 def match_passages(

@@ -256,10 +256,13 @@ def build_pseudo_store(
     )
     if encoder is None:
         from treerank.encoders import DEFAULT_MODEL_NAME, SentenceEncoder
+        from treerank.encoders.backend import store_backend
 
         name = store.encoder_name
         encoder = SentenceEncoder(
-            None if name in (None, DEFAULT_MODEL_NAME) else name, query_prompt=store.query_prompt
+            None if name in (None, DEFAULT_MODEL_NAME) else name,
+            query_prompt=store.query_prompt,
+            backend=store_backend(store.meta.get("encoder") or {}),
         )
     if store.encoder_fingerprint and encoder.fingerprint != store.encoder_fingerprint:
         raise ValueError(

@@ -1,0 +1,176 @@
+"""SciFact test nDCG@10 of the ``onnx-int8`` encoder backend against the fp32 (torch) store.
+
+Embeds BEIR SciFact's test split (300 queries, 5,183 passages) with ``onnx-int8`` once (cached
+under ``--work``), ranks it with exact cosine search, and compares with the fp32 store of the
+same split (the cached test store ``.cache/test-stores/scifact-*/test``, or one embedded here
+with the torch backend when absent). Also reports the per-vector cosine of every int8 passage
+and query vector to its fp32 counterpart. Target: nDCG@10 within 0.005 of fp32.
+
+Writes ``bench/results/embed/scifact_int8_ndcg.json``. Not a CI test (minutes of CPU).
+
+Usage: ``nice -n 10 python bench/bench_onnx_ndcg.py [--threads 2]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+REPO = Path(__file__).resolve().parents[1]
+SCIFACT = REPO.parent / "shared" / "data" / "beir-scifact" / "scifact.zip"
+if not SCIFACT.is_file():
+    SCIFACT = REPO / "data" / "samples" / "scifact" / "scifact.zip"
+OUT = REPO / "bench" / "results" / "embed" / "scifact_int8_ndcg.json"
+
+
+def fp32_store(work: Path, split, threads: int):
+    from treerank.encoders import SentenceEncoder
+    from treerank.store import EmbeddingStore, embed_split
+
+    for cand in sorted((REPO / ".cache" / "test-stores").glob("scifact-*/test/meta.json")):
+        meta = json.loads(cand.read_text())
+        if meta.get("n_passages") == split.n_passages and meta.get("n_queries") == split.n_queries:
+            return EmbeddingStore.open(cand.parent)
+    out = work / "fp32" / "test"
+    embed_split(split, SentenceEncoder(threads=threads), out, resume=True, reuse=False)
+    return EmbeddingStore.open(out)
+
+
+def partial(work: Path) -> None:
+    """Cosine of the int8 rows already written (non-zero rows of the pre-sized vector files)
+    to the fp32 store's; written with ``"complete": false`` and no nDCG."""
+    from treerank.readers.scifact import read_scifact
+
+    split = read_scifact(SCIFACT, "test")
+    ref = fp32_store(work, split, 1)
+    out = work / "onnx-int8" / "test"
+    progress = json.loads((out / "progress.json").read_text())
+    cos = {}
+    for kind, name, n in (
+        ("passages", "passages.bin", split.n_passages),
+        ("queries", "queries.bin", split.n_queries),
+    ):
+        v = np.fromfile(out / name, dtype="<f4").reshape(n, ref.dim)
+        done = np.linalg.norm(v, axis=1) > 0
+        c = (v[done] * np.asarray(getattr(ref, kind))[done]).sum(1)
+        cos[kind] = {
+            "n": int(done.sum()),
+            "of": n,
+            "min": float(c.min()),
+            "mean": float(c.mean()),
+            "p01": float(np.quantile(c, 0.01)),
+            "below_0.99": int((c < 0.99).sum()),
+        }
+    doc = {
+        "dataset": "BEIR SciFact test",
+        "complete": False,
+        "note": "int8 embed not finished: no nDCG; cosines over the rows written so far "
+        "(the longest passages first, as the batch plan orders them)",
+        "n_queries": split.n_queries,
+        "n_passages": split.n_passages,
+        "cosine_int8_vs_fp32": cos,
+        "int8_embed": {
+            "passage_batches_done": progress["passage_batches_done"],
+            "passage_seconds": progress["stats"]["passage_seconds"],
+        },
+    }
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    from treerank.atomic import atomic_write_json
+
+    atomic_write_json(OUT, doc)
+    print(json.dumps(doc, indent=1))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--work", type=Path, default=REPO / ".cache" / "bench-onnx")
+    ap.add_argument(
+        "--partial",
+        action="store_true",
+        help="do not embed: report the cosines of the int8 vectors written so far by a running "
+        "(or interrupted) embed into --work (nDCG needs the finished store)",
+    )
+    args = ap.parse_args()
+    if args.partial:
+        partial(args.work)
+        return
+
+    from treerank.encoders import SentenceEncoder
+    from treerank.evaluation.metrics import evaluate_run
+    from treerank.evaluation.qrels import Qrels
+    from treerank.readers.scifact import read_scifact
+    from treerank.search.systems import build_system
+    from treerank.store import EmbeddingStore, embed_split
+
+    split = read_scifact(SCIFACT, "test")
+    ref = fp32_store(args.work, split, args.threads)
+    out = args.work / "onnx-int8" / "test"
+    enc = SentenceEncoder(backend="onnx-int8", threads=args.threads)
+    t0 = time.perf_counter()
+    stats = embed_split(split, enc, out, resume=True, reuse=False, progress=False)
+    wall = time.perf_counter() - t0
+    int8 = EmbeddingStore.open(out)
+    assert int8.meta["data_sha256"] == ref.meta["data_sha256"], "different SciFact test data"
+
+    res = {}
+    for name, store in (("fp32", ref), ("onnx-int8", int8)):
+        run = build_system("cosine").retrieve(store, 10)
+        ev = evaluate_run(run, Qrels.from_store(store), ["ndcg@10", "recall@10"])
+        res[name] = {
+            "ndcg@10": ev.mean["ndcg@10"],
+            "recall@10": ev.mean["recall@10"],
+            "per_query_ndcg@10": ev.per_query["ndcg@10"],
+            "backend": store.meta["encoder"].get("backend", "torch"),
+            "store": str(store.path.relative_to(REPO) if store.path.is_relative_to(REPO) else ""),
+        }
+    pq = np.asarray(res["onnx-int8"].pop("per_query_ndcg@10")) - np.asarray(
+        res["fp32"].pop("per_query_ndcg@10")
+    )
+    cos = {
+        kind: (np.asarray(getattr(int8, kind)) * np.asarray(getattr(ref, kind))).sum(1)
+        for kind in ("passages", "queries")
+    }
+    doc = {
+        "dataset": "BEIR SciFact test",
+        "complete": True,
+        "n_queries": int8.n_queries,
+        "n_passages": int8.n_passages,
+        "threads": args.threads,
+        "system": "cosine (exact)",
+        "results": res,
+        "ndcg@10_delta": res["onnx-int8"]["ndcg@10"] - res["fp32"]["ndcg@10"],
+        "target_abs_delta": 0.005,
+        "queries_changed_ndcg": int((np.abs(pq) > 1e-12).sum()),
+        "cosine_int8_vs_fp32": {
+            k: {
+                "min": float(v.min()),
+                "mean": float(v.mean()),
+                "p01": float(np.quantile(v, 0.01)),
+                "below_0.99": int((v < 0.99).sum()),
+            }
+            for k, v in cos.items()
+        },
+        "int8_embed": {
+            "passages_per_s": (stats.n_passages / stats.passage_seconds)
+            if stats.passage_seconds
+            else None,
+            "wall_s": wall,
+            "quantization": int8.meta["encoder"]["quantization"],
+        },
+    }
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    from treerank.atomic import atomic_write_json
+
+    atomic_write_json(OUT, doc)
+    print(json.dumps(doc, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,374 @@
+"""The ONNX Runtime forward pass of a sentence-transformers model, exported once and cached.
+
+Only module stacks treerank can reproduce exactly are exported: a ``Transformer`` (a Hugging
+Face encoder taking ``input_ids`` / ``attention_mask`` / ``token_type_ids``), a ``Pooling``
+with one of the modes ``mean``, ``cls``, ``max``, and optionally ``Normalize``.
+Anything else (``Dense``, ``LayerNorm``, ``WordEmbeddings``, custom modules, other pooling modes,
+``include_prompt=False`` with a prompt) is refused by :func:`supported_stack` with an
+:class:`UnsupportedModelError` naming the module. The graph computes transformer + pooling +
+L2 normalisation, so the ONNX output is the unit vector the torch path returns.
+
+Export cache: ``<cache>/<digest>/model.onnx`` where ``<cache>`` is :func:`onnx_cache_dir` (never
+beside the model's files: the default model lives inside an installed package) and ``<digest>``
+hashes an :class:`ExportKey` (weights fingerprint, pooling, opset, quantisation, onnxruntime,
+onnx and torch versions, treerank's export format). An entry is built into a temporary sibling
+directory and renamed into place, so a reader never sees half an export and concurrent builders
+both end with one complete entry. ``EXPORTS`` counts the exports this process made (tests).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import warnings
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from treerank.encoders.backend import Backend, Quantization
+
+OPSET = 17
+EXPORT_FORMAT = 1  # bump when the exported graph changes for the same key
+MODEL_FILE = "model.onnx"
+KEY_FILE = "key.json"
+INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
+POOLING_MODES = ("mean", "cls", "max")
+
+EXPORTS: Counter[str] = Counter()
+"""Exports made by this process, by kind (``"fp32"``, ``"int8"``): tests assert reuse."""
+
+
+class MissingDependencyError(ValueError):
+    """An onnx backend was asked for without the optional packages installed."""
+
+
+def require_onnxruntime() -> None:
+    """Raise :class:`MissingDependencyError` (naming the extra) unless onnxruntime and onnx
+    import."""
+    try:
+        import onnx  # noqa: F401
+        import onnxruntime  # noqa: F401
+    except ImportError as exc:
+        raise MissingDependencyError(
+            f"the onnx encoder backends need onnxruntime and onnx ({exc}); install them with "
+            "pip install 'treerank[onnx]'"
+        ) from None
+
+
+class UnsupportedModelError(ValueError):
+    """A sentence-transformers module the ONNX backends cannot reproduce; names the module."""
+
+
+@dataclass(frozen=True)
+class PoolingSpec:
+    """What the exported graph does after the transformer: ``mode`` in ``mean|cls|max``."""
+
+    mode: str
+    normalize: bool
+
+
+def supported_stack(model: Any, path: str, prompts: bool) -> PoolingSpec:
+    """Check that ``model``'s modules are Transformer -> Pooling [-> Normalize].
+
+    Args:
+        model: a loaded ``SentenceTransformer``.
+        path: the model's name or directory (for messages).
+        prompts: whether a query or passage prompt is configured.
+
+    Returns:
+        the pooling to reproduce.
+
+    Raises:
+        UnsupportedModelError: naming the first module (position, class, setting) that the
+            ONNX backends cannot reproduce.
+    """
+    modules = list(model)
+    names = [type(m).__name__ for m in modules]
+
+    def refuse(i: int, why: str) -> UnsupportedModelError:
+        return UnsupportedModelError(
+            f"{path}: module {i} ({names[i] if i < len(names) else 'missing'}) {why}; the onnx "
+            f"backends reproduce Transformer -> Pooling (mean|cls|max) [-> Normalize] only "
+            f"(this model: {' -> '.join(names)}); use backend 'torch'"
+        )
+
+    if not modules or names[0] != "Transformer" or not hasattr(modules[0], "auto_model"):
+        raise refuse(0, "is not a sentence-transformers Transformer")
+    if len(modules) < 2 or names[1] != "Pooling":
+        raise refuse(1, "is not a Pooling module")
+    pooling = modules[1]
+    mode = pooling.pooling_mode
+    if not isinstance(mode, str) or mode not in POOLING_MODES:
+        raise refuse(1, f"has pooling_mode {mode!r}")
+    if prompts and not getattr(pooling, "include_prompt", True):
+        raise refuse(1, "excludes prompt tokens from pooling (include_prompt=False)")
+    normalize = False
+    for i in range(2, len(modules)):
+        if names[i] == "Normalize" and i == len(modules) - 1:
+            normalize = True
+        else:
+            raise refuse(i, "is not supported")
+    return PoolingSpec(mode, normalize)
+
+
+def onnx_cache_dir() -> Path:
+    """Where exports are cached: ``$TREERANK_CACHE/onnx``, else ``$XDG_CACHE_HOME/treerank/onnx``,
+    else ``~/.cache/treerank/onnx``."""
+    if os.environ.get("TREERANK_CACHE"):
+        return Path(os.environ["TREERANK_CACHE"]).expanduser() / "onnx"
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base).expanduser() / "treerank" / "onnx"
+
+
+def _versions() -> dict[str, str]:
+    import onnx
+    import onnxruntime
+    import torch
+
+    return {
+        "onnxruntime": onnxruntime.__version__,
+        "onnx": onnx.__version__,
+        "torch": torch.__version__,
+    }
+
+
+@dataclass(frozen=True)
+class ExportKey:
+    """Everything an exported file depends on; its digest names the cache entry."""
+
+    fingerprint: str
+    pooling: PoolingSpec
+    inputs: tuple[str, ...]
+    opset: int
+    quantization: Quantization | None
+    onnxruntime: str
+    onnx: str
+    torch: str
+    export_format: int = EXPORT_FORMAT
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["inputs"] = list(self.inputs)
+        d["quantization"] = self.quantization.to_dict() if self.quantization else None
+        return d
+
+    @property
+    def digest(self) -> str:
+        """Hex SHA-256 of the key (the cache directory's name)."""
+        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()
+
+
+def export_key(
+    fingerprint: str,
+    pooling: PoolingSpec,
+    inputs: tuple[str, ...],
+    quantization: Quantization | None,
+    opset: int = OPSET,
+) -> ExportKey:
+    """The key of an export with the installed onnxruntime / onnx / torch versions."""
+    v = _versions()
+    return ExportKey(
+        fingerprint=fingerprint,
+        pooling=pooling,
+        inputs=tuple(inputs),
+        opset=opset,
+        quantization=quantization,
+        onnxruntime=v["onnxruntime"],
+        onnx=v["onnx"],
+        torch=v["torch"],
+    )
+
+
+def _graph_module(model: Any, pooling: PoolingSpec, inputs: tuple[str, ...]) -> Any:
+    """A torch module ``(input_ids, attention_mask[, token_type_ids]) -> float32 (n, dim)``
+    unit vectors: the transformer, the pooling of sentence-transformers' ``Pooling`` (mean over
+    the attention mask; first attended token; max over attended tokens) and L2 normalisation."""
+    import torch
+
+    auto_model = model[0].auto_model
+
+    class Graph(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.auto_model = auto_model
+
+        def forward(self, *args: torch.Tensor) -> torch.Tensor:
+            feats = dict(zip(inputs, args, strict=True))
+            mask = feats["attention_mask"]
+            tok = self.auto_model(**feats, return_dict=True).last_hidden_state
+            if pooling.mode == "mean":
+                m = mask.unsqueeze(-1).to(tok.dtype)
+                emb = (tok * m).sum(dim=1) / torch.clamp(m.sum(dim=1), min=1e-9)
+            elif pooling.mode == "cls":
+                first = mask.to(torch.int32).argmax(dim=1)
+                idx = first.view(-1, 1, 1).expand(-1, 1, tok.shape[-1])
+                emb = torch.gather(tok, 1, idx).squeeze(1)
+            else:  # max
+                m = mask.unsqueeze(-1).expand_as(tok)
+                emb = tok.masked_fill(m == 0, float("-inf")).max(dim=1).values
+            return torch.nn.functional.normalize(emb, p=2.0, dim=1)
+
+    return Graph().eval()
+
+
+def _export_fp32(model: Any, key: ExportKey, dest: Path) -> None:
+    import torch
+
+    graph = _graph_module(model, key.pooling, key.inputs)
+    example = tuple(torch.ones((2, 8), dtype=torch.int64) for _ in key.inputs)
+    dynamic = {name: {0: "batch", 1: "sequence"} for name in key.inputs}
+    dynamic["sentence_embedding"] = {0: "batch"}
+    with torch.inference_mode(False), torch.no_grad(), warnings.catch_warnings():
+        # the tracer warns about shape-dependent Python branches of transformers' masking code;
+        # they are constant for an encoder (the parity tests cover padded batches)
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            graph,
+            example,
+            str(dest),
+            input_names=list(key.inputs),
+            output_names=["sentence_embedding"],
+            dynamic_axes=dynamic,
+            opset_version=key.opset,
+            do_constant_folding=True,
+            dynamo=False,
+        )
+
+
+def weight_matmuls(path: Path) -> list[str]:
+    """Names of the MatMul/Gemm nodes of an ONNX graph whose second input is a constant
+    (initializer), in graph (topological) order."""
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    consts = {t.name for t in graph.initializer}
+    return [n.name for n in graph.node if n.op_type in ("MatMul", "Gemm") and n.input[1] in consts]
+
+
+def fp32_nodes(path: Path, q: Quantization, n_layers: int) -> list[str]:
+    """The weight MatMuls left in fp32: those of the first ``q.fp32_first_layers`` of
+    ``n_layers`` transformer layers (the graph's weight MatMuls, in order, split evenly).
+
+    Raises:
+        UnsupportedModelError: the weight MatMuls do not split evenly into ``n_layers``.
+    """
+    nodes = weight_matmuls(path)
+    if not q.fp32_first_layers:
+        return []
+    if n_layers < 1 or len(nodes) % n_layers:
+        raise UnsupportedModelError(
+            f"{path}: {len(nodes)} weight MatMuls do not split into {n_layers} layers; cannot "
+            "keep the first layers in fp32"
+        )
+    return nodes[: q.fp32_first_layers * (len(nodes) // n_layers)]
+
+
+def _quantize(src: Path, dest: Path, q: Quantization, n_layers: int) -> None:
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    quantize_dynamic(
+        str(src),
+        str(dest),
+        per_channel=q.per_channel,
+        weight_type=getattr(QuantType, q.weight_type),
+        op_types_to_quantize=list(q.op_types),
+        nodes_to_exclude=fp32_nodes(src, q, n_layers),
+    )
+
+
+def _build(root: Path, key: ExportKey, make: Any) -> Path:
+    """Return ``root/<digest>/model.onnx``, building it with ``make(path)`` when absent
+    (in a temporary sibling directory renamed into place)."""
+    final = root / key.digest
+    if (final / MODEL_FILE).is_file() and (final / KEY_FILE).is_file():
+        return final / MODEL_FILE
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{key.digest[:12]}-", dir=root))
+    try:
+        make(tmp / MODEL_FILE)
+        (tmp / KEY_FILE).write_text(json.dumps(key.to_dict(), indent=1, sort_keys=True))
+        try:
+            os.replace(tmp, final)
+        except OSError:
+            if not (final / MODEL_FILE).is_file():  # not a concurrent builder's finished entry
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final / MODEL_FILE
+
+
+def cached_export(
+    model: Any,
+    fingerprint: str,
+    pooling: PoolingSpec,
+    inputs: tuple[str, ...],
+    backend: Backend,
+    cache_dir: str | Path | None = None,
+) -> Path:
+    """The ONNX file of ``model`` for ``backend``, exported (and quantised) at most once.
+
+    An int8 entry is quantised from the fp32 entry of the same model (built first if absent).
+
+    Returns:
+        path of ``model.onnx`` inside the cache entry.
+    """
+    root = Path(cache_dir) if cache_dir is not None else onnx_cache_dir()
+    fp32_key = export_key(fingerprint, pooling, inputs, None)
+
+    def make_fp32(path: Path) -> None:
+        _export_fp32(model, fp32_key, path)
+        EXPORTS["fp32"] += 1
+
+    fp32 = _build(root, fp32_key, make_fp32)
+    if backend.quantization is None:
+        return fp32
+    q = backend.quantization
+
+    n_layers = int(getattr(model[0].auto_model.config, "num_hidden_layers", 0) or 0)
+
+    def make_int8(path: Path) -> None:
+        _quantize(fp32, path, q, n_layers)
+        EXPORTS["int8"] += 1
+
+    return _build(root, export_key(fingerprint, pooling, inputs, q), make_int8)
+
+
+class OnnxForward:
+    """An ONNX Runtime session on an exported encoder graph.
+
+    Args:
+        path: the ``.onnx`` file.
+        inputs: its input names, in order.
+        threads: intra-op threads (the torch thread count of the caller, so every backend runs
+            with the same number).
+    """
+
+    def __init__(self, path: Path, inputs: tuple[str, ...], threads: int) -> None:
+        import onnxruntime as ort
+
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = max(1, int(threads))
+        opts.inter_op_num_threads = 1
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        self.path = path
+        self.inputs = inputs
+        self.threads = opts.intra_op_num_threads
+        self.session = ort.InferenceSession(
+            str(path), sess_options=opts, providers=["CPUExecutionProvider"]
+        )
+
+    def __call__(self, features: dict[str, Any]) -> np.ndarray:
+        """``features``: the tokenizer's tensors (torch or numpy, ``(n, length)``).
+
+        Returns:
+            ``float32 (n, dim)`` unit vectors.
+        """
+        feed = {name: np.asarray(features[name], dtype=np.int64) for name in self.inputs}
+        (out,) = self.session.run(["sentence_embedding"], feed)
+        return np.asarray(out, dtype=np.float32)
