@@ -45,9 +45,9 @@ def resolve_device(device: str) -> str:
     """
     if device != "auto":
         return device
-    import torch
+    from treerank.kernels.device import resolve_device as resolve_torch_device
 
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    return str(resolve_torch_device("auto"))  # the one rule for `auto`
 
 
 @dataclass

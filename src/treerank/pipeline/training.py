@@ -12,6 +12,7 @@ mines hard negatives; ``treerank.training.output.save_trained_model`` writes the
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -260,6 +261,7 @@ def train_model(
     *,
     progress: bool = True,
     where: str = "config",
+    device: str | None = None,
 ) -> TrainResult:
     """Train a model of family ``family_name`` on ``train_store`` and write its directory.
 
@@ -278,6 +280,9 @@ def train_model(
         out_dir: the model directory (replaced atomically).
         progress: progress bars.
         where: names the config in error messages (``"<file>"`` or ``"<file>: models.<name>"``).
+        device: where the family's trainer runs (``auto | cpu | cuda[:n]``,
+            :func:`treerank.kernels.device.resolve_device`; ``None``: the CPU); passed to
+            trainers that take a ``device`` parameter (every built-in one does).
 
     Under ``torchrun`` every rank trains (data-parallel, ``treerank.distributed.training``) and
     only rank 0 takes the writer lock and writes the directory.
@@ -286,7 +291,7 @@ def train_model(
         KeyError: unknown or untrainable family. ConfigError: bad config. FileNotFoundError:
             no store.
     """
-    kw: dict[str, Any] = {"progress": progress, "where": where}
+    kw: dict[str, Any] = {"progress": progress, "where": where, "device": device}
     if not is_main_process():
         return _train_model(family_name, train_store, config, out_dir, **kw)
     with writer_lock(out_dir, "train"):
@@ -301,6 +306,7 @@ def _train_model(
     *,
     progress: bool = True,
     where: str = "config",
+    device: str | None = None,
 ) -> TrainResult:
     """:func:`train_model` without the writer lock."""
     fam = family(family_name)
@@ -324,8 +330,17 @@ def _train_model(
     main = is_main_process()
 
     log = TrainingLog()
+    extra: dict[str, Any] = {}
+    if device is not None and "device" in inspect.signature(fn).parameters:
+        extra["device"] = device
     out = fn(
-        store, cfg, train_rows=train_rows, validate=validate, log=log, progress=progress and main
+        store,
+        cfg,
+        train_rows=train_rows,
+        validate=validate,
+        log=log,
+        progress=progress and main,
+        **extra,
     )
     summary = dict(out.summary)
     if mined is not None:
