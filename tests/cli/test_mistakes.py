@@ -1,7 +1,7 @@
 """A new user's mistakes (issue 22): every mistake of the trial
 (``shared/trials/new-user-2026-12-01.md``, numbered ``trial-NN`` as there) and new ones
 (``new-NN``), each with its exit code (:mod:`treerank.cli.errors`) and the message it must print,
-on a 30-passage BEIR folder of our own (``tests/fixtures/mybeir``) embedded once per session.
+on a 30-passage BEIR folder of our own (``data/samples/mybeir``) embedded once per session.
 
 Commands run in-process through typer's ``CliRunner``; none starts a server. The serve cases
 (HTTP errors) use the app in-process. Left to the `faults` work: the port already in use
@@ -27,7 +27,7 @@ from typer.testing import CliRunner
 from treerank.cli.errors import ExitCode
 from treerank.cli.main import app
 
-FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "mybeir"
+FIXTURE = Path(__file__).resolve().parents[2] / "data" / "samples" / "mybeir"
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 runner = CliRunner()
 
