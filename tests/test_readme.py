@@ -7,7 +7,8 @@ the same directory. A block right after ``<!-- readme-test: skip ... -->`` is no
 job and the whole suite). Adjustments, each needed to run under a test: ``. .venv/bin/activate``
 is replaced by putting this interpreter's ``bin/`` first on ``PATH``; a line ending in ``&``
 (``treerank serve``) is started in the background, waited for on ``/health`` and stopped with
-SIGTERM at the end (it must exit 0); the port ``8000`` is replaced by a free port.
+SIGTERM where the README says ``kill %1`` (it must exit 0); the port ``8000`` becomes a free
+port.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
@@ -75,6 +78,17 @@ def wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout: float = 180.0
     raise AssertionError(f"serve not healthy after {timeout:.0f} s")
 
 
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then wait: ``serve`` shuts down cleanly and exits 0."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        code = proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    assert code == 0, f"serve exited with {code} after SIGTERM (its log: serve*.log)"
+
+
 def test_readme_structure() -> None:
     text = README.read_text(encoding="utf-8")
     lines = text.splitlines()
@@ -96,6 +110,7 @@ def test_readme_structure() -> None:
         assert any(c.startswith(f"treerank {name}") for c in tour), name
 
 
+@pytest.mark.slow
 def test_every_readme_command_runs_as_printed(tmp_path: Path) -> None:
     text = README.read_text(encoding="utf-8")
     work = tmp_path / "repo"
@@ -118,6 +133,10 @@ def test_every_readme_command_runs_as_printed(tmp_path: Path) -> None:
             for cmd in commands(block):
                 if cmd == ". .venv/bin/activate":
                     continue  # PATH already starts with this interpreter's bin/
+                if cmd.startswith("kill %1"):
+                    assert servers, "kill %1 without a background command"
+                    stop(servers.pop())
+                    continue
                 m = re.fullmatch(r"export (\w+)=(\S+)", cmd)
                 if m:
                     env[m.group(1)] = m.group(2)
@@ -131,7 +150,7 @@ def test_every_readme_command_runs_as_printed(tmp_path: Path) -> None:
                         cwd=work,
                         env=env,
                         stdout=subprocess.DEVNULL,
-                        stderr=subprocess.PIPE,
+                        stderr=(tmp_path / f"serve{len(servers)}.log").open("wb"),
                     )
                     servers.append(proc)
                     wait_healthy(f"http://127.0.0.1:{port}/health", proc)
@@ -149,13 +168,7 @@ def test_every_readme_command_runs_as_printed(tmp_path: Path) -> None:
                     assert '"results"' in res.stdout or '"hits"' in res.stdout, res.stdout
     finally:
         for proc in servers:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                code = proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                raise
-            assert code == 0, proc.stderr.read().decode() if proc.stderr else code
+            stop(proc)
     assert any(c.startswith("treerank serve") for c in ran)
     assert (work / "runs" / "mybeir" / "report.md").is_file()
     for snippet in blocks(text, "python"):
