@@ -253,8 +253,8 @@ def results_md() -> str:
             [
                 "# The main job's results",
                 "",
-                "`bash scripts/sample.sh` writes `runs/sample/report.md`; this page is rendered from",
-                "`docs/results/sample.json`, the part of its `report.json` that is published",
+                "`bash scripts/sample.sh` writes `runs/sample/report.md`; this page is rendered",
+                "from `docs/results/sample.json`, the part of its `report.json` that is published",
                 "(`python scripts/readme_results.py --report runs/sample/report.json`).",
                 "For reference, published nDCG@10 on SciFact: all-MiniLM-L6-v2 0.645 (MTEB),",
                 "BM25 0.665 (BEIR) to 0.676.",

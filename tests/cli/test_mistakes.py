@@ -801,12 +801,13 @@ def test_mistake(m: Mistake, env: Env, tmp_path: Path) -> None:
 
 # ------------------------------------------------------------- cases that need more than a call
 def test_trial_23_ctrl_c_during_embed_exits_130(env: Env, tmp_path: Path, monkeypatch) -> None:
-    import treerank.store
+    import treerank.store.dataset
 
     def interrupted(*a, **k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(treerank.store, "embed_split", interrupted)
+    # the library call behind `treerank embed` (it imports the name when it runs)
+    monkeypatch.setattr(treerank.store.dataset, "embed_dataset", interrupted)
     code, out = invoke(
         ["embed", str(env.data), "--format", "beir", "--split", "test", "--out", str(tmp_path)]
     )
