@@ -1,13 +1,13 @@
-"""Regenerate the README's result tables from an experiment report (never type them by hand).
+"""Publish the main job's numbers: copy them from a report, then regenerate the pages.
 
-    python scripts/readme_results.py --report runs/sample/report.json   # after bash scripts/sample.sh
-    python scripts/readme_results.py                                    # re-render from the JSON
-    python scripts/readme_results.py --check                            # exit 1 if README is stale
+    python scripts/readme_results.py --report runs/sample/report.json  # after scripts/sample.sh
+    python scripts/readme_results.py                                   # re-render from the JSON
+    python scripts/readme_results.py --check                           # exit 1 if a page is stale
 
 With ``--report`` the dataset's numbers are first copied into ``docs/results/sample.json``
-(committed: the README's only source); the README block between the markers of
-:mod:`treerank.pipeline.published` is then rewritten from that file. ``tests/pipeline/
-test_published.py`` runs the ``--check`` comparison.
+(committed: the only source of published numbers; :func:`treerank.pipeline.published.extract`);
+``scripts/gen_docs.py`` then renders ``docs/results/sample.md`` and the README's headline block
+from it. ``tests/test_docs.py`` and ``tests/pipeline/test_published.py`` check both.
 """
 
 from __future__ import annotations
@@ -19,11 +19,13 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
+sys.path.insert(0, str(REPO / "scripts"))
 
-from treerank.pipeline.published import extract, read_block, render, replace_block  # noqa: E402
+import gen_docs  # noqa: E402
+
+from treerank.pipeline.published import extract  # noqa: E402
 
 RESULTS = REPO / "docs" / "results" / "sample.json"
-README = REPO / "README.md"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,21 +34,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dataset", default="scifact", help="dataset of the report to publish")
     ap.add_argument("--check", action="store_true", help="only compare; exit 1 when stale")
     args = ap.parse_args(argv)
+    if args.check:
+        return gen_docs.main(["--check"])
     if args.report is not None:
         doc = extract(json.loads(args.report.read_text(encoding="utf-8")), args.dataset)
         RESULTS.parent.mkdir(parents=True, exist_ok=True)
         RESULTS.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
         print(f"wrote {RESULTS.relative_to(REPO)} from {args.report}")
-    block = render(json.loads(RESULTS.read_text(encoding="utf-8")))
-    text = README.read_text(encoding="utf-8")
-    if args.check:
-        if read_block(text) != block:
-            print(f"{README.name} is stale: run python scripts/readme_results.py", file=sys.stderr)
-            return 1
-        return 0
-    README.write_text(replace_block(text, block), encoding="utf-8")
-    print(f"rewrote the generated block of {README.name}")
-    return 0
+    return gen_docs.main([])
 
 
 if __name__ == "__main__":

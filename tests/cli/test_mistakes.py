@@ -1,7 +1,7 @@
 """A new user's mistakes (issue 22): every mistake of the trial
 (``shared/trials/new-user-2026-12-01.md``, numbered ``trial-NN`` as there) and new ones
 (``new-NN``), each with its exit code (:mod:`treerank.cli.errors`) and the message it must print,
-on a 30-passage BEIR folder of our own (``tests/fixtures/mybeir``) embedded once per session.
+on a 30-passage BEIR folder of our own (``data/samples/mybeir``) embedded once per session.
 
 Commands run in-process through typer's ``CliRunner``; none starts a server. The serve cases
 (HTTP errors) use the app in-process. Left to the `faults` work: the port already in use
@@ -27,7 +27,7 @@ from typer.testing import CliRunner
 from treerank.cli.errors import ExitCode
 from treerank.cli.main import app
 
-FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "mybeir"
+FIXTURE = Path(__file__).resolve().parents[2] / "data" / "samples" / "mybeir"
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 runner = CliRunner()
 
@@ -802,12 +802,13 @@ def test_mistake(m: Mistake, env: Env, tmp_path: Path) -> None:
 
 # ------------------------------------------------------------- cases that need more than a call
 def test_trial_23_ctrl_c_during_embed_exits_130(env: Env, tmp_path: Path, monkeypatch) -> None:
-    import treerank.store
+    import treerank.store.dataset
 
     def interrupted(*a, **k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(treerank.store, "embed_split", interrupted)
+    # the library call behind `treerank embed` (it imports the name when it runs)
+    monkeypatch.setattr(treerank.store.dataset, "embed_dataset", interrupted)
     code, out = invoke(
         ["embed", str(env.data), "--format", "beir", "--split", "test", "--out", str(tmp_path)]
     )

@@ -30,8 +30,8 @@ import json
 import logging
 import socket
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, MutableMapping
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any, Self
 
 from fastapi import FastAPI, HTTPException, Request
@@ -328,10 +328,23 @@ def serve(
     """
     import uvicorn
 
+    class _CleanExitServer(uvicorn.Server):
+        """uvicorn >= 0.29 re-raises a captured SIGINT / SIGTERM after its graceful shutdown, so
+        the process would die of the signal (exit 130 / 143) although it shut down cleanly;
+        ``treerank serve`` documents exit 0 then (docs/exit-codes.md, tests/test_readme.py)."""
+
+        @contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            with super().capture_signals():
+                try:
+                    yield
+                finally:
+                    self._captured_signals.clear()
+
     sock = sock or bind_socket(host, port)
     config = uvicorn.Config(
         create_app(service),
         log_level="info",
         timeout_graceful_shutdown=max(1, round(graceful_s)),
     )
-    uvicorn.Server(config).run(sockets=[sock])
+    _CleanExitServer(config).run(sockets=[sock])
