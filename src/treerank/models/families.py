@@ -211,7 +211,7 @@ for _entry in (
         system="treerank.search.forest_index:ForestSystem",
         report="treerank.search.forest_index:forest_report",
         curves="treerank.training.forest:plot_forest_curves",
-        defaults="treerank.training.forest_config:forest_train_config",
+        defaults="treerank.training.forest_config:forest_resolved_defaults",
     ),
 ):
     register_family(_entry)

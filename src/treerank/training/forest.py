@@ -45,6 +45,11 @@ starts from its own random init.
 passage in its query's class (not retrievable counts as a miss). It weights the positive-pair
 terms of stages 2 and 3.
 
+**IRLI re-partitioning** (``trainer.repartition: {rounds, steps, lr}``, off by default): after
+the last pair, the trained forest is re-partitioned on the training pairs
+(:mod:`treerank.training.forest_repartition`; the curve is then measured on the re-partitioned
+forest).
+
 **Training pairs**: the split's labels, or the shared ``data.sources`` list (labels,
 pseudo-queries, teacher pairs; :mod:`treerank.training.data`) that the heads and DRT read, turned
 into (query, selected passage) positives by
@@ -476,7 +481,7 @@ def train_forest(
                 match=f"{rec['train_match_rate']:.2f}",
                 nr=f"{rec['not_retrievable_fraction']:.2f}",
             )
-            if validate is not None:
+            if validate is not None and cfg.repartition is None:
                 for m in [v for v in validate_at if n_done - n_g < v <= n_done]:
                     forest_m = (
                         _assemble(fcfg, q_stacks, cfg.name).with_search(cfg.search()).subset(m)
@@ -489,6 +494,17 @@ def train_forest(
         bar.close()
         torch.set_num_threads(threads)
     forest = _assemble(fcfg, q_stacks, cfg.name).with_search(cfg.search())
+    irli: dict[str, Any] | None = None
+    if cfg.repartition is not None:
+        forest, irli = _repartitioned(forest, store, data, cfg)
+        if validate is not None:  # the curve of the re-partitioned forest's prefixes
+            for m in validate_at:
+                point = {
+                    "n_models": m,
+                    **{k: float(v) for k, v in validate(forest.subset(m)).items()},
+                }
+                curve.append(point)
+                write({"kind": "eval", "repartitioned": True, **point})
     pair_recs = [r for r in records if r["kind"] == "pair"]
     summary: dict[str, Any] = {
         "config": parsed.to_dict(),
@@ -502,12 +518,54 @@ def train_forest(
         "not_retrievable_fraction_train": float(
             np.mean([r["not_retrievable_fraction"] for r in pair_recs])
         ),
+        "repartition": irli,
         "seconds": time.perf_counter() - t_start,
         "curve": curve,
     }
     write({"kind": "summary", **{k: v for k, v in summary.items() if k != "config"}})
     forest.extra["training"] = summary
     return TrainOutput(model=forest, summary=summary, records=tlog.records)
+
+
+def _repartitioned(
+    forest: Forest, store: Any, data: Any, cfg: ForestTrainConfig
+) -> tuple[Forest, dict[str, Any]]:
+    """``trainer.repartition``: :func:`treerank.training.forest_repartition.repartition` of the
+    trained forest on the training pairs (the trainer's queries and positives, every passage of
+    the training store), capacity and ``K`` from the model section, the seed's boosting weights
+    when ``boosting``, ``group_size`` models at once. The returned forest indexes a passage by
+    its own vector through the new models (the training collection's explicit table is not
+    kept: an evaluated split's passages are indexed by the models). Holds the training queries
+    and passages and ``(G, n, C)`` scores whole (post-hoc function; not block-wise)."""
+    from treerank.training.forest_config import repartition_settings
+    from treerank.training.forest_repartition import repartition
+
+    assert cfg.repartition is not None
+    rp = repartition_settings(cfg.repartition)
+    t0 = time.perf_counter()
+    rep = repartition(
+        forest,
+        np.asarray(store.queries[data.queries], dtype=np.float32),
+        data.pos_q,
+        data.pos_p,
+        np.asarray(store.passages, dtype=np.float32),
+        rounds=rp["rounds"],
+        steps=rp["steps"],
+        lr=rp["lr"],
+        assign=cfg.assign,
+        capacity_epsilon=cfg.capacity_epsilon,
+        boosting=cfg.boosting,
+        group_size=cfg.group_size,
+    )
+    out = rep.forest.with_search(cfg.search())
+    out.name = cfg.name
+    info = {
+        **rp,
+        "objective_initial": rep.objective_initial,
+        "objective": rep.objective,
+        "seconds": time.perf_counter() - t0,
+    }
+    return out, info
 
 
 def _make_twin(store: Any, cfg: ForestTrainConfig, fcfg: ForestConfig) -> Forest:
