@@ -260,3 +260,34 @@ def test_streamed_sides_equal_the_whole_computation_with_dropout(stage) -> None:
         for a, b in zip(ws[key] + bs[key], wr[key] + br[key], strict=True):
             assert b.grad is not None and b.grad.abs().max() > 0
             torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_streamed_joint_step_holds_no_whole_side() -> None:
+    """With the trainer's streaming sides (400 queries, 3,000 passage rows, 50-row blocks), no
+    tensor autograd keeps is larger than a block (``G x chunk x max(d, C + 1)`` elements), and
+    no whole ``(G, n, C)`` logits tensor is formed (the sides hold no leaf)."""
+    from treerank.training.forest import _Side
+
+    nq, n_p, chunk, d = 400, 3000, 50, 8
+    g = _inputs(nq=nq, n_p=n_p, e_pos=400, e_neg=3000)
+    gen = torch.Generator().manual_seed(2)
+    xq, xp = torch.randn(nq, d, generator=gen), torch.randn(G, n_p, d, generator=gen)
+    qw = [torch.randn(G, d, C, generator=gen).requires_grad_(True)]
+    pw = [torch.randn(G, d, C + 1, generator=gen).requires_grad_(True)]
+    qb = [torch.zeros(G, C, requires_grad=True)]
+    pb = [torch.zeros(G, C + 1, requires_grad=True)]
+    q = _Side(
+        lambda lo, hi: xq[lo:hi],
+        lambda i: xq[torch.from_numpy(i)],
+        nq,
+        qw,
+        qb,
+    )
+    p = _Side(lambda lo, hi: xp[:, lo:hi], lambda i: xp[:, torch.from_numpy(i)], n_p, pw, pb)
+    gens = [torch.Generator().manual_seed(i) for i in range(G)]
+    for s in (q, p):
+        s.begin(0.2, gens, chunk)
+        assert s.leaf is None
+    biggest = _max_saved(lambda: stage_backward("joint", CFG, g, [q, p], chunk))
+    assert 0 < biggest <= G * chunk * max(d, C + 1)
+    assert qw[0].grad is not None and pw[0].grad is not None
