@@ -111,6 +111,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=None, help="steps per stage (default: config)")
     ap.add_argument("--judged-negatives", type=int, default=7)
     ap.add_argument("--hard-negatives", type=int, default=0)
+    ap.add_argument("--random-negatives", type=int, default=8)
     ap.add_argument("--mine-sample", type=int, default=0, help="time mining for N queries")
     ap.add_argument("--chunk-size", type=int, default=65536)
     ap.add_argument("--threads", type=int, default=1)
@@ -150,9 +151,17 @@ def main() -> None:
         cfg = {
             "seed": 0,
             "model": {"n_models": args.pairs, "n_classes": args.classes},
-            "data": {"hard_negatives": args.hard_negatives, "random_negatives": 8},
+            "data": {
+                "hard_negatives": args.hard_negatives,
+                "random_negatives": args.random_negatives,
+            },
             "trainer": trainer,
         }
+        from treerank.training.forest_data import pair_data, shared_rows
+
+        passage_rows = len(shared_rows(store, pair_data(store, 0, None)).ids) + min(
+            1024, args.queries * args.random_negatives, args.passages
+        )
         t0 = time.perf_counter()
         out = train_forest(store, cfg, validate=lambda _: {"peak_rss_gib": peak_rss_gib()})
         t_train = time.perf_counter() - t0
@@ -167,6 +176,7 @@ def main() -> None:
             "steps_per_stage": args.steps,
             "judged_negatives": args.judged_negatives,
             "hard_negatives": args.hard_negatives,
+            "random_negatives": args.random_negatives,
             "chunk_size": args.chunk_size,
             "threads": args.threads,
             "store_build_seconds": t_build,
@@ -180,6 +190,13 @@ def main() -> None:
             "peak_rss_gib_after_store": rss_store,
             "peak_rss_gib_after_pair": [p["peak_rss_gib"] for p in out.summary["curve"]],
             "peak_rss_gib": peak_rss_gib(),
+            # what the trainer before block-wise logits held whole per step: the logits of both
+            # sides and their gradients, float32 (computed from the shapes, not measured)
+            "whole_logits_and_gradients_gib": 2
+            * 4
+            * (out.summary["n_train_queries"] * args.classes + passage_rows * (args.classes + 1))
+            / 2**30,
+            "passage_rows": passage_rows,
         }
     print(json.dumps(result, indent=2))
     if args.json:

@@ -45,3 +45,112 @@ def test_repartition_bad_pairs_raise() -> None:
         repartition(forest, q, pos_q[:0], pos_p[:0], p)
     with pytest.raises(ValueError, match="out of range"):
         repartition(forest, q, pos_q, pos_p + 1000, p)
+
+
+def test_trainer_option_equals_the_post_hoc_function(toy_store) -> None:
+    """``trainer.repartition`` re-partitions the trained forest exactly as :func:`repartition`
+    does after training (same pairs, K, capacity, boosting, group size; one code path computes
+    both, so float equality up to 1e-6), its objective decreases, and the key is part of the
+    resolved config (so of the train stage key); without it the config and forest are as
+    before."""
+    import torch
+
+    from treerank.training.forest import train_forest
+    from treerank.training.forest_data import pair_data
+
+    base = {
+        "seed": 3,
+        "model": {"n_models": 3, "n_classes": 4, "assign": 2, "capacity_epsilon": 0.3},
+        "data": {"hard_negatives": 0, "random_negatives": 2},
+        "trainer": {"group_size": 2, "steps_query": 3, "steps_passage": 3, "steps_joint": 2},
+    }
+    rp = {"rounds": 2, "steps": 4, "lr": 0.05}
+    with_rp = {**base, "trainer": {**base["trainer"], "repartition": rp}}
+    plain = train_forest(toy_store, base, progress=False)
+    trained = train_forest(toy_store, with_rp, progress=False)
+    assert "repartition" not in plain.summary["config"]["trainer"]
+    assert plain.summary["repartition"] is None
+    assert trained.summary["config"]["trainer"]["repartition"] == rp
+    data = pair_data(toy_store, 0, None)
+    ref = repartition(
+        plain.model,
+        toy_store.queries[data.queries],
+        data.pos_q,
+        data.pos_p,
+        toy_store.passages,
+        rounds=2,
+        steps=4,
+        lr=0.05,
+        assign=2,
+        capacity_epsilon=0.3,
+        boosting=True,
+        group_size=2,
+    )
+    got = trained.model
+    for a, b in zip(
+        got.query_weights + got.query_biases + got.passage_weights + got.passage_biases,
+        ref.forest.query_weights
+        + ref.forest.query_biases
+        + ref.forest.passage_weights
+        + ref.forest.passage_biases,
+        strict=True,
+    ):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+    info = trained.summary["repartition"]
+    np.testing.assert_allclose(info["objective"], ref.objective, rtol=0, atol=1e-6)
+    assert info["objective"][-1][1] < info["objective_initial"]
+    assert got.name == "forest" and got.search.assign == 2
+
+
+def test_trainer_option_is_checked() -> None:
+    from treerank.config import ConfigError
+    from treerank.training.forest import parse_forest_config
+
+    def cfg(rp, **trainer):
+        return {"model": {"n_models": 2}, "trainer": {"repartition": rp, **trainer}}
+
+    with pytest.raises(ConfigError, match=r"trainer\.repartition: unknown key\(s\) round"):
+        parse_forest_config(cfg({"round": 2}))
+    with pytest.raises(ConfigError, match=r"trainer\.repartition\.rounds: must be >= 1"):
+        parse_forest_config(cfg({"rounds": 0}))
+    with pytest.raises(ConfigError, match=r"trainer\.repartition\.steps: expected an integer"):
+        parse_forest_config(cfg({"steps": "many"}))
+    with pytest.raises(ConfigError, match="untrained twin is not re-partitioned"):
+        parse_forest_config(
+            {"model": {"n_models": 2, "untrained": True}, "trainer": {"repartition": {}}}
+        )
+
+
+def test_bundled_irli_config_parses_and_runs(toy_store) -> None:
+    """``configs/forest/scifact_irli.yaml`` is a valid forest config (IRLI from the random twin)
+    and trains on a fixture (scaled down: M = 2, C = 4, one round)."""
+    from pathlib import Path
+
+    import yaml
+
+    from treerank.training.forest import forest_train_config, parse_forest_config, train_forest
+
+    path = Path(__file__).resolve().parents[2] / "configs" / "forest" / "scifact_irli.yaml"
+    raw = yaml.safe_load(path.read_text())
+    cfg = forest_train_config(parse_forest_config(raw))
+    assert cfg.repartition == {"rounds": 3, "steps": 20, "lr": 0.05} and cfg.init == "twin"
+    raw["model"].update(n_models=2, n_classes=4)
+    raw["trainer"]["repartition"] = {"rounds": 1, "steps": 2}
+    out = train_forest(toy_store, raw, progress=False)
+    assert out.model.n_models == 2 and out.summary["repartition"]["rounds"] == 1
+
+
+def test_repartition_is_in_the_train_stage_config_only_when_set() -> None:
+    """The family's resolved config (part of the train-stage key) holds ``repartition`` when
+    the config sets it, and is exactly the field list of before without it."""
+    from dataclasses import fields
+
+    from treerank.models.families import FAMILIES
+    from treerank.training.forest_config import ForestTrainConfig
+
+    fam = FAMILIES["forest"]
+    plain = fam.resolved_config({"model": {"n_models": 2}})
+    assert set(plain["resolved"]) == {f.name for f in fields(ForestTrainConfig)} - {"repartition"}
+    rp = fam.resolved_config({"model": {"n_models": 2}, "trainer": {"repartition": {"rounds": 1}}})
+    assert rp["resolved"]["repartition"] == {"rounds": 1, "steps": 20, "lr": 0.05}
+    assert rp["trainer"]["repartition"] == {"rounds": 1}

@@ -13,7 +13,7 @@ from treerank.training.forest_losses import (
     uniformity_loss,
     weighted_mean,
 )
-from treerank.training.forest_stages import StageInputs, stage_gradient
+from treerank.training.forest_stages import StageInputs, stage_backward, stage_gradient
 
 G, NQ, NP, C = 2, 13, 17, 5
 
@@ -183,3 +183,111 @@ def test_dropping_examples_no_pair_weighs_changes_no_loss_or_gradient(stage) -> 
     for a, b in zip(out[0][1], out[1][1], strict=True):
         assert a.abs().max() > 0
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("stage", ["query", "passage", "joint"])
+def test_streamed_sides_equal_the_whole_computation_with_dropout(stage) -> None:
+    """The trainer's sides above their one-block size (3 blocks of 5 rows here) recompute the
+    logits of every block and of gathered rows with the dropout masks drawn at the start of the
+    step: the loss and the parameter gradients equal the whole-tensor loss on the whole logits
+    (same masks), within float32 summation-order tolerance."""
+    from treerank.models.forest import draw_dropout_masks, stacked_forward
+    from treerank.training.forest import _Side
+
+    d, hidden, chunk, drop = 6, 4, 5, 0.25
+    g = _inputs(seed=3)
+    gen = torch.Generator().manual_seed(7)
+    xq, xp = torch.randn(NQ, d, generator=gen), torch.randn(G, NP, d, generator=gen)
+    params = {
+        "q": [torch.randn(G, d, hidden, generator=gen), torch.randn(G, hidden, C, generator=gen)],
+        "p": [
+            torch.randn(G, d, hidden, generator=gen),
+            torch.randn(G, hidden, C + 1, generator=gen),
+        ],
+    }
+    biases = {
+        k: [torch.zeros(G, hidden), torch.zeros(G, w[-1].shape[2])] for k, w in params.items()
+    }
+    target = torch.randint(0, C, (G, NQ), generator=gen)
+    cfg = ForestTrainConfig(**{**CFG.__dict__, "passage_uniformity_weight": 0.4, "dropout": drop})
+
+    def sides(ws, bs):
+        q = _Side(
+            lambda lo, hi: xq[lo:hi].unsqueeze(0).expand(G, -1, -1),
+            lambda i: xq[torch.from_numpy(i)].unsqueeze(0).expand(G, -1, -1),
+            NQ,
+            ws["q"],
+            bs["q"],
+        )
+        p = _Side(
+            lambda lo, hi: xp[:, lo:hi], lambda i: xp[:, torch.from_numpy(i)], NP, ws["p"], bs["p"]
+        )
+        return {"query": [q], "passage": [p], "joint": [q, p]}[stage]
+
+    def leaves():
+        return (
+            {k: [w.clone().requires_grad_(True) for w in v] for k, v in params.items()},
+            {k: [b.clone().requires_grad_(True) for b in v] for k, v in biases.items()},
+        )
+
+    # streamed: several blocks, masks from the bank
+    ws, bs = leaves()
+    gens = [torch.Generator().manual_seed(100 + i) for i in range(G)]
+    streamed = sides(ws, bs)
+    for s in streamed:
+        s.begin(drop, gens, chunk)
+        assert s.leaf is None and s.bank is not None  # the streaming path, not the one-block one
+    value = stage_backward(stage, cfg, g, streamed, chunk, target=target)
+    for s in streamed:
+        s.finish()
+
+    # whole: the same masks (drawn block by block from the same streams), logits at once
+    wr, br = leaves()
+    gens = [torch.Generator().manual_seed(100 + i) for i in range(G)]
+    z = []
+    for s, key in zip(streamed, {"query": "q", "passage": "p", "joint": "qp"}[stage], strict=True):
+        blocks = [
+            draw_dropout_masks(gens, min(lo + chunk, s.n) - lo, s.widths, drop)
+            for lo in range(0, s.n, chunk)
+        ]
+        masks = [torch.cat([b[i] for b in blocks], 1) for i in range(2)]
+        x = xq.unsqueeze(0).expand(G, -1, -1) if key == "q" else xp
+        z.append(stacked_forward(x, wr[key], br[key], dropout=drop, masks=masks))
+    ref = _reference(stage, cfg, g, z, target)
+    ref.backward()
+    assert value == pytest.approx(float(ref.detach()), rel=1e-5)
+    for key in {"query": "q", "passage": "p", "joint": "qp"}[stage]:
+        for a, b in zip(ws[key] + bs[key], wr[key] + br[key], strict=True):
+            assert b.grad is not None and b.grad.abs().max() > 0
+            torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_streamed_joint_step_holds_no_whole_side() -> None:
+    """With the trainer's streaming sides (400 queries, 3,000 passage rows, 50-row blocks), no
+    tensor autograd keeps is larger than a block (``G x chunk x max(d, C + 1)`` elements), and
+    no whole ``(G, n, C)`` logits tensor is formed (the sides hold no leaf)."""
+    from treerank.training.forest import _Side
+
+    nq, n_p, chunk, d = 400, 3000, 50, 8
+    g = _inputs(nq=nq, n_p=n_p, e_pos=400, e_neg=3000)
+    gen = torch.Generator().manual_seed(2)
+    xq, xp = torch.randn(nq, d, generator=gen), torch.randn(G, n_p, d, generator=gen)
+    qw = [torch.randn(G, d, C, generator=gen).requires_grad_(True)]
+    pw = [torch.randn(G, d, C + 1, generator=gen).requires_grad_(True)]
+    qb = [torch.zeros(G, C, requires_grad=True)]
+    pb = [torch.zeros(G, C + 1, requires_grad=True)]
+    q = _Side(
+        lambda lo, hi: xq[lo:hi],
+        lambda i: xq[torch.from_numpy(i)],
+        nq,
+        qw,
+        qb,
+    )
+    p = _Side(lambda lo, hi: xp[:, lo:hi], lambda i: xp[:, torch.from_numpy(i)], n_p, pw, pb)
+    gens = [torch.Generator().manual_seed(i) for i in range(G)]
+    for s in (q, p):
+        s.begin(0.2, gens, chunk)
+        assert s.leaf is None
+    biggest = _max_saved(lambda: stage_backward("joint", CFG, g, [q, p], chunk))
+    assert 0 < biggest <= G * chunk * max(d, C + 1)
+    assert qw[0].grad is not None and pw[0].grad is not None

@@ -258,7 +258,7 @@ for _entry in (
         system="treerank.search.forest_index:ForestSystem",
         report="treerank.search.forest_index:forest_report",
         curves="treerank.training.forest:plot_forest_curves",
-        defaults="treerank.training.forest_config:forest_train_config",
+        defaults="treerank.training.forest_config:forest_resolved_defaults",
         modules=(
             ("model", "models/forest.py"),
             ("config", "training/forest_config.py"),

@@ -52,6 +52,7 @@ def stacked_forward(
     *,
     dropout: float = 0.0,
     generators: Sequence[torch.Generator] | None = None,
+    masks: Sequence[torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Logits of ``G`` stacked feed-forward classifiers.
 
@@ -66,6 +67,9 @@ def stacked_forward(
             ``generators[g]`` alone (over its ``(n, width)`` block, in layer order), so a
             model's masks do not depend on which other models share the call. This is what
             makes a group of ``G`` pairs train exactly like ``G`` separate runs.
+        masks: instead of ``generators``, the keep masks themselves, one ``bool (G, n, width)``
+            per layer input (:func:`draw_dropout_masks` draws them exactly as ``generators``
+            would), so that a block of rows can be recomputed, or gathered, with the same masks.
 
     Returns:
         ``float32 (G, n, d_out_last)`` logits.
@@ -77,25 +81,23 @@ def stacked_forward(
     if not weights or len(weights) != len(biases):
         raise ValueError("stacked_forward: need one bias per weight and at least one layer")
     g, d, o = weights[0].shape
-    drop = generators is not None and dropout > 0.0
-    if drop and len(generators or ()) != g:
+    drop = (generators is not None or masks is not None) and dropout > 0.0
+    if drop and masks is None and len(generators or ()) != g:
         raise ValueError(
             f"stacked_forward: need {g} dropout generators, got {len(generators or ())}"
         )
-
-    # Masks from random bytes (8 per int64 draw, 4x cheaper than bernoulli_): an entry is dropped
-    # when its byte is < t = round(256 p), i.e. with probability t / 256 (0.1 -> 26 / 256).
+    if drop and masks is not None and len(masks) != len(weights):
+        raise ValueError(f"stacked_forward: need {len(weights)} dropout masks, got {len(masks)}")
     cut = round(256 * dropout)
     scale = 256.0 / (256 - cut)
+    layer = iter(range(len(weights)))
 
     def masked(h: torch.Tensor) -> torch.Tensor:  # (G, n, w) -> same, one mask per model
+        i = next(layer)
+        if masks is not None:
+            return h * masks[i] * scale
         assert generators is not None
-        n = h.shape[1] * h.shape[2]
-        keep = torch.empty(h.shape, dtype=torch.bool)
-        for i, gen in enumerate(generators):
-            r = torch.randint(-(2**63), 2**63 - 1, (n // 8 + 1,), dtype=torch.int64, generator=gen)
-            keep[i] = (r.view(torch.uint8)[:n] >= cut).view(h.shape[1:])
-        return h * keep * scale
+        return h * _keep_mask(generators, h.shape, cut) * scale
 
     if x.ndim == 2 and not drop:
         # One (n, d) x (d, G*o) GEMM for all models (an einsum would broadcast x G times).
@@ -112,6 +114,38 @@ def stacked_forward(
             h = masked(h)
         h = torch.baddbmm(b.unsqueeze(1), h, w)
     return h
+
+
+def _keep_mask(
+    generators: Sequence[torch.Generator], shape: Sequence[int], cut: int
+) -> torch.Tensor:
+    """``bool (G, n, w)`` keep mask, model ``g``'s from ``generators[g]``: random bytes (8 per
+    int64 draw, 4x cheaper than ``bernoulli_``), an entry dropped when its byte is
+    ``< cut = round(256 p)``, i.e. with probability ``cut / 256`` (0.1 -> 26 / 256)."""
+    n = int(shape[1]) * int(shape[2])
+    keep = torch.empty(tuple(shape), dtype=torch.bool)
+    for i, gen in enumerate(generators):
+        r = torch.randint(-(2**63), 2**63 - 1, (n // 8 + 1,), dtype=torch.int64, generator=gen)
+        keep[i] = (r.view(torch.uint8)[:n] >= cut).view(tuple(shape[1:]))
+    return keep
+
+
+def draw_dropout_masks(
+    generators: Sequence[torch.Generator], n: int, widths: Sequence[int], dropout: float
+) -> list[torch.Tensor]:
+    """The keep masks :func:`stacked_forward` would draw for an ``n``-row block.
+
+    Args:
+        generators: one per model (``G``), advanced exactly as a forward pass advances them.
+        n: rows of the block.
+        widths: the input width of every layer (``d``, then each hidden width).
+        dropout: dropout probability (``round(256 p) / 256``).
+
+    Returns:
+        per layer ``bool (G, n, width)``, to pass as ``stacked_forward(masks=...)``.
+    """
+    cut = round(256 * dropout)
+    return [_keep_mask(generators, (len(generators), n, int(w)), cut) for w in widths]
 
 
 def _argmax(p: Tensor) -> tuple[Tensor, Tensor]:

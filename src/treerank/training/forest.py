@@ -45,6 +45,11 @@ starts from its own random init.
 passage in its query's class (not retrievable counts as a miss). It weights the positive-pair
 terms of stages 2 and 3.
 
+**IRLI re-partitioning** (``trainer.repartition: {rounds, steps, lr}``, off by default): after
+the last pair, the trained forest is re-partitioned on the training pairs
+(:mod:`treerank.training.forest_repartition`; the curve is then measured on the re-partitioned
+forest).
+
 **Training pairs**: the split's labels, or the shared ``data.sources`` list (labels,
 pseudo-queries, teacher pairs; :mod:`treerank.training.data`) that the heads and DRT read, turned
 into (query, selected passage) positives by
@@ -54,10 +59,12 @@ into (query, selected passage) positives by
 cosine-similar passages that are not selected for it (mined through the exact top-k kernel), and
 ``random_negatives`` passages from the pair's own pool of ``random_pool`` random passages.
 
-**Bounded memory**: every step is one full-batch gradient, computed ``chunk_size`` rows at a
-time (:func:`_cached_step`); the loss and its gradient with respect to the logits are computed
-``chunk_size`` rows or examples at a time too (:mod:`treerank.training.forest_stages`), so the only
-full-size tensors of a step are the ``(G, n, C)`` logits and their gradients.
+**Bounded memory**: every step is one full-batch gradient, computed ``chunk_size`` rows or
+examples at a time (:func:`_blocked_step`, :func:`treerank.training.forest_stages.stage_backward`):
+the logits of a block are recomputed from its input rows whenever a pass needs them and never
+held whole, so a step holds ``O(G * chunk_size * (d + C))`` floats plus ``(G, n)``
+bookkeeping, not the ``(G, n, C)`` logits and their gradient (measured: ``docs/forest.md``,
+Scale).
 
 Measured results (SciFact, DL19, the sweeps behind the shipped settings) are in
 ``docs/forest.md``; the configs in ``configs/forest/``.
@@ -86,6 +93,7 @@ from treerank.atomic import atomic_savefig
 from treerank.models.forest import (
     Forest,
     ForestConfig,
+    draw_dropout_masks,
     init_layers,
     passage_init_from_query,
     stacked_forward,
@@ -108,7 +116,7 @@ from treerank.training.forest_data import (
     source_pair_data,
 )
 from treerank.training.forest_losses import boosting_weights
-from treerank.training.forest_stages import StageInputs, stage_gradient
+from treerank.training.forest_stages import StageInputs, stage_backward
 from treerank.training.history import TrainingLog
 from treerank.training.trainer import TrainOutput
 
@@ -128,74 +136,106 @@ def _l2(ws: list[Tensor]) -> Tensor:
 
 
 class _Side:
-    """One side of a group's models (query or passage) seen through its row blocks."""
+    """One side of a group's models (query or passage), its logits recomputed from row blocks.
+
+    Each step begins with :meth:`begin` (in side order, so the dropout streams advance as they
+    always have): a side whose ``n`` rows fit in one block computes its whole logits once with
+    autograd and serves slices of a detached leaf (its gradient back-propagated by :meth:`finish`);
+    a larger side draws its dropout masks for every block (kept as packed bits, ``n * width / 8``
+    bytes per layer and model) and recomputes the logits of any block or gathered rows with
+    those masks, autograd reaching the parameters directly. No ``(G, n, C)`` tensor is held.
+    """
 
     def __init__(
         self,
         rows: Callable[[int, int], Tensor],
+        take: Callable[[np.ndarray], Tensor],
         n: int,
         weights: list[Tensor],
         biases: list[Tensor],
     ) -> None:
-        self.rows, self.n, self.weights, self.biases = rows, n, weights, biases
+        self.rows, self.take, self.n, self.weights, self.biases = rows, take, n, weights, biases
+        self.full: Tensor | None = None
+        self.leaf: Tensor | None = None
+        self.bank: list[np.ndarray] | None = None
+        self.widths = [int(weights[0].shape[1])] + [int(w.shape[1]) for w in weights[1:]]
+        self.dropout = 0.0
 
-    def logits(self, lo: int, hi: int, dropout: float, gens: list[torch.Generator]) -> Tensor:
+    def begin(self, dropout: float, gens: list[torch.Generator], chunk: int) -> None:
+        self.dropout, self.full, self.leaf, self.bank = dropout, None, None, None
+        if self.n <= chunk:
+            self.full = self.block_logits(0, self.n, dropout, gens)
+            self.leaf = self.full.detach().requires_grad_(True)
+            return
+        if dropout > 0:
+            n_g = len(gens)
+            self.bank = [np.empty((n_g, self.n, (w + 7) // 8), np.uint8) for w in self.widths]
+            for lo in range(0, self.n, chunk):
+                hi = min(lo + chunk, self.n)
+                for bank, m in zip(
+                    self.bank, draw_dropout_masks(gens, hi - lo, self.widths, dropout), strict=True
+                ):
+                    bank[:, lo:hi] = np.packbits(m.numpy(), axis=-1)
+
+    def _masks(self, rows: slice | np.ndarray) -> list[Tensor] | None:
+        if self.bank is None:
+            return None
+        return [
+            torch.from_numpy(np.unpackbits(b[:, rows], axis=-1, count=w).view(np.bool_))
+            for b, w in zip(self.bank, self.widths, strict=True)
+        ]
+
+    def logits(self, rows: slice | Tensor) -> Tensor:
+        """``float32 (G, len(rows), width)`` logits of a block or of gathered rows."""
+        if self.leaf is not None:
+            return self.leaf[:, rows]
+        if isinstance(rows, slice):
+            x = self.rows(int(rows.start), int(rows.stop))
+            masks = self._masks(rows)
+        else:
+            idx = rows.numpy()
+            x, masks = self.take(idx), self._masks(idx)
+        return stacked_forward(
+            x, self.weights, self.biases, dropout=self.dropout if masks else 0.0, masks=masks
+        )
+
+    def block_logits(self, lo: int, hi: int, dropout: float, gens: list[torch.Generator]) -> Tensor:
+        """Logits of rows ``lo .. hi - 1`` with masks drawn from ``gens`` (0: none)."""
         return stacked_forward(
             self.rows(lo, hi), self.weights, self.biases, dropout=dropout, generators=gens
         )
 
+    def finish(self) -> None:
+        if self.full is not None and self.leaf is not None and self.leaf.grad is not None:
+            self.full.backward(self.leaf.grad)
+        self.full, self.leaf, self.bank = None, None, None
 
-def _cached_step(
+
+def _blocked_step(
     sides: list[_Side],
-    grad_fn: Callable[[list[Tensor], list[Tensor]], float],
-    chunk: int,
-    dropout: float,
+    stage: str,
+    cfg: ForestTrainConfig,
+    inputs: StageInputs,
     gens: list[torch.Generator],
+    target: Tensor | None = None,
 ) -> float:
-    """One full-batch gradient in bounded memory (the GradCache scheme, Gao et al. 2021).
-
-    1. Every side's logits ``(G, n, width)`` are computed block by block without autograd (the
-       ``(n, d)`` inputs and dropout masks are never held whole);
-    2. ``grad_fn(logits, grads)`` adds the loss gradient with respect to the logits into
-       ``grads`` (zeros shaped like the logits), itself block by block
-       (:func:`treerank.training.forest_stages.stage_gradient`), and returns the loss value;
-    3. each block is recomputed with autograd (the dropout streams are rewound, so the masks are
-       the same) and ``logits_block . grad_block`` is back-propagated into the parameters.
-
-    The parameter gradients are exactly those of the whole batch at once; memory is
-    ``O(n * width + chunk * (d + width))`` per model instead of ``O(n * d)``. When every side
-    fits in one block, the logits are computed once with autograd (same masks, same gradient).
+    """One full-batch gradient in bounded memory (the GradCache idea, Gao et al. 2021, taken
+    down to the loss): every side's logits are recomputed block by block (:class:`_Side`) and
+    :func:`treerank.training.forest_stages.stage_backward` back-propagates each block's share
+    of the loss into the parameters' ``.grad``. The gradient equals that of the whole batch at
+    once (tested); memory is ``O(G * chunk * (d + C))`` plus ``(G, n)`` bookkeeping, never
+    ``O(G * n * C)``.
 
     Returns:
         the loss value.
     """
-    if all(s.n <= chunk for s in sides):  # one block: no recomputation
-        zs = [s.logits(0, s.n, dropout, gens) for s in sides]
-        leaves = [z.detach() for z in zs]
-        grads = [torch.zeros_like(z) for z in leaves]
-        value = grad_fn(leaves, grads)
-        torch.autograd.backward(zs, grads)
-        return value
-    states = [gen.get_state() for gen in gens]
-    leaves = []
-    with torch.no_grad():
-        for s in sides:  # filled in place: no list of blocks beside the whole (no 2x peak)
-            first = s.logits(0, min(chunk, s.n), dropout, gens)
-            z = torch.empty(first.shape[0], s.n, first.shape[2])
-            z[:, : first.shape[1]] = first
-            for lo in range(chunk, s.n, chunk):
-                z[:, lo : min(lo + chunk, s.n)] = s.logits(lo, min(lo + chunk, s.n), dropout, gens)
-            leaves.append(z)
-    grads = [torch.zeros_like(z) for z in leaves]
-    value = grad_fn(leaves, grads)
-    del leaves
-    for gen, st in zip(gens, states, strict=True):
-        gen.set_state(st)
-    for side, grad in zip(sides, grads, strict=True):
-        for lo in range(0, side.n, chunk):
-            hi = min(lo + chunk, side.n)
-            (side.logits(lo, hi, dropout, gens) * grad[:, lo:hi]).sum().backward()
-    return value
+    for side in sides:
+        side.begin(cfg.dropout, gens, cfg.chunk_size)
+    try:
+        return stage_backward(stage, cfg, inputs, sides, cfg.chunk_size, target)
+    finally:
+        for side in sides:
+            side.finish()
 
 
 def _run_steps(
@@ -221,18 +261,21 @@ def _train_group(
     Each pair's loss depends on its own parameters, rows, bag, weights and dropout stream only,
     and the group's loss is the sum, so every pair gets exactly the gradients (and Adam updates)
     of training it alone. Every step is one full-batch gradient computed block by block
-    (:func:`_cached_step`, ``chunk_size`` rows per block).
+    (:func:`_blocked_step`, ``chunk_size`` rows or examples per block).
     """
     n_g = qw[0].shape[0]
     for t in (*qw, *qb):
         t.requires_grad_(True)
-    drop, chunk = cfg.dropout, cfg.chunk_size
+    chunk = cfg.chunk_size
     nq = g.xq.n
 
     def q_rows(lo: int, hi: int) -> Tensor:  # batched matmul: per-pair results as if alone
         return torch.from_numpy(g.xq.rows(lo, hi)).unsqueeze(0).expand(n_g, -1, -1)
 
-    q_side = _Side(q_rows, nq, qw, qb)
+    def q_take(idx: np.ndarray) -> Tensor:
+        return torch.from_numpy(g.xq.take(idx)).unsqueeze(0).expand(n_g, -1, -1)
+
+    q_side = _Side(q_rows, q_take, nq, qw, qb)
 
     inputs = StageInputs(
         g.qmask, g.pmask, g.wanted, g.pos_q, g.pos_p, g.pos_w, g.neg_q, g.neg_p, g.neg_w
@@ -240,10 +283,7 @@ def _train_group(
 
     # Stage 1 (step A): query model, uniformity (+ sharpness) on the bag.
     def q_step(_: int) -> float:
-        def grad_fn(z: list[Tensor], grads: list[Tensor]) -> float:
-            return stage_gradient("query", cfg, inputs, z, grads, chunk)
-
-        value = _cached_step([q_side], grad_fn, chunk, drop, g.gens)
+        value = _blocked_step([q_side], "query", cfg, inputs, g.gens)
         l2 = (cfg.weight_decay * _l2(qw)).sum()
         l2.backward()
         return value + float(l2.detach())
@@ -253,19 +293,19 @@ def _train_group(
     # Stage 2: passage model from the query model's weights; the query classes are the targets.
     with torch.no_grad():
         target = torch.cat(
-            [q_side.logits(lo, min(lo + chunk, nq), 0.0, g.gens) for lo in range(0, nq, chunk)],
+            [
+                q_side.block_logits(lo, min(lo + chunk, nq), 0.0, g.gens).argmax(-1)
+                for lo in range(0, nq, chunk)
+            ],
             1,
-        ).argmax(-1)  # (G, nq)
+        )  # (G, nq)
     pw, pb = passage_init_from_query(qw, qb, cfg.nr_bias_init)
     for t in (*pw, *pb):
         t.requires_grad_(True)
-    p_side = _Side(g.passage_rows, g.n_passage_rows, pw, pb)
+    p_side = _Side(g.passage_rows, g.passage_take, g.n_passage_rows, pw, pb)
 
     def p_step(_: int) -> float:
-        def grad_fn(z: list[Tensor], grads: list[Tensor]) -> float:
-            return stage_gradient("passage", cfg, inputs, z, grads, chunk, target=target)
-
-        value = _cached_step([p_side], grad_fn, chunk, drop, g.gens)
+        value = _blocked_step([p_side], "passage", cfg, inputs, g.gens, target=target)
         l2 = (cfg.weight_decay * _l2(pw)).sum()
         l2.backward()
         return value + float(l2.detach())
@@ -274,10 +314,7 @@ def _train_group(
 
     # Stage 3: joint (or alternating) round on the soft collision probability.
     def j_step(_: int) -> float:
-        def grad_fn(z: list[Tensor], grads: list[Tensor]) -> float:
-            return stage_gradient("joint", cfg, inputs, z, grads, chunk)
-
-        value = _cached_step([q_side, p_side], grad_fn, chunk, drop, g.gens)
+        value = _blocked_step([q_side, p_side], "joint", cfg, inputs, g.gens)
         l2 = (cfg.weight_decay * (_l2(qw) + _l2(pw))).sum()
         l2.backward()
         return value + float(l2.detach())
@@ -453,7 +490,7 @@ def train_forest(
                 match=f"{rec['train_match_rate']:.2f}",
                 nr=f"{rec['not_retrievable_fraction']:.2f}",
             )
-            if validate is not None:
+            if validate is not None and cfg.repartition is None:
                 for m in [v for v in validate_at if n_done - n_g < v <= n_done]:
                     forest_m = (
                         _assemble(fcfg, q_stacks, cfg.name).with_search(cfg.search()).subset(m)
@@ -466,6 +503,17 @@ def train_forest(
         bar.close()
         torch.set_num_threads(threads)
     forest = _assemble(fcfg, q_stacks, cfg.name).with_search(cfg.search())
+    irli: dict[str, Any] | None = None
+    if cfg.repartition is not None:
+        forest, irli = _repartitioned(forest, store, data, cfg)
+        if validate is not None:  # the curve of the re-partitioned forest's prefixes
+            for m in validate_at:
+                point = {
+                    "n_models": m,
+                    **{k: float(v) for k, v in validate(forest.subset(m)).items()},
+                }
+                curve.append(point)
+                write({"kind": "eval", "repartitioned": True, **point})
     pair_recs = [r for r in records if r["kind"] == "pair"]
     summary: dict[str, Any] = {
         "config": parsed.to_dict(),
@@ -479,12 +527,54 @@ def train_forest(
         "not_retrievable_fraction_train": float(
             np.mean([r["not_retrievable_fraction"] for r in pair_recs])
         ),
+        "repartition": irli,
         "seconds": time.perf_counter() - t_start,
         "curve": curve,
     }
     write({"kind": "summary", **{k: v for k, v in summary.items() if k != "config"}})
     forest.extra["training"] = summary
     return TrainOutput(model=forest, summary=summary, records=tlog.records)
+
+
+def _repartitioned(
+    forest: Forest, store: StoreLike, data: Any, cfg: ForestTrainConfig
+) -> tuple[Forest, dict[str, Any]]:
+    """``trainer.repartition``: :func:`treerank.training.forest_repartition.repartition` of the
+    trained forest on the training pairs (the trainer's queries and positives, every passage of
+    the training store), capacity and ``K`` from the model section, the seed's boosting weights
+    when ``boosting``, ``group_size`` models at once. The returned forest indexes a passage by
+    its own vector through the new models (the training collection's explicit table is not
+    kept: an evaluated split's passages are indexed by the models). Holds the training queries
+    and passages and ``(G, n, C)`` scores whole (post-hoc function; not block-wise)."""
+    from treerank.training.forest_config import repartition_settings
+    from treerank.training.forest_repartition import repartition
+
+    assert cfg.repartition is not None
+    rp = repartition_settings(cfg.repartition)
+    t0 = time.perf_counter()
+    rep = repartition(
+        forest,
+        np.asarray(store.queries[data.queries], dtype=np.float32),
+        data.pos_q,
+        data.pos_p,
+        np.asarray(store.passages, dtype=np.float32),
+        rounds=rp["rounds"],
+        steps=rp["steps"],
+        lr=rp["lr"],
+        assign=cfg.assign,
+        capacity_epsilon=cfg.capacity_epsilon,
+        boosting=cfg.boosting,
+        group_size=cfg.group_size,
+    )
+    out = rep.forest.with_search(cfg.search())
+    out.name = cfg.name
+    info = {
+        **rp,
+        "objective_initial": rep.objective_initial,
+        "objective": rep.objective,
+        "seconds": time.perf_counter() - t0,
+    }
+    return out, info
 
 
 KMEANS_TWIN_SAMPLE = 1 << 16

@@ -9,7 +9,7 @@ section.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from treerank.config import ConfigError
@@ -22,8 +22,10 @@ __all__ = [
     "FOREST_SECTIONS",
     "JOINT_MODES",
     "ForestTrainConfig",
+    "forest_resolved_defaults",
     "forest_train_config",
     "parse_forest_config",
+    "repartition_settings",
 ]
 
 JOINT_MODES = ("joint", "alternate")
@@ -45,6 +47,13 @@ class ForestTrainConfig:
     beside the forest, same M, C, index and scoring); ``init: twin`` starts each trained pair's
     query model from its twin's. ``probe`` / ``assign`` / ``capacity_epsilon`` / ``scoring`` are
     the search settings (:class:`treerank.models.forest.ForestSearch`) saved with the model.
+
+    IRLI re-partitioning (issue 27, :mod:`treerank.training.forest_repartition`):
+    ``repartition: {rounds: R, steps: S, lr: 0.05}`` in the trainer section re-partitions the
+    trained forest (``R`` rounds of re-assignment and ``S`` query-model Adam steps per model,
+    boosting weights as the seed's when ``boosting``, ``assign`` / ``capacity_epsilon`` of the
+    model section as the capacity, ``group_size`` models at once); absent (the default): none.
+    With ``init: twin`` and every ``steps_*`` at 0 it is IRLI from the twin.
     """
 
     n_models: int = 64
@@ -87,6 +96,7 @@ class ForestTrainConfig:
     assign: int = 1
     capacity_epsilon: float | None = 0.2
     scoring: str = "shipped"
+    repartition: dict[str, Any] | None = None
 
     @classmethod
     def from_dict(
@@ -153,6 +163,10 @@ class ForestTrainConfig:
             self.search()
         except ValueError as exc:
             bad(str(exc))
+        if self.repartition is not None:
+            if self.untrained:
+                bad("trainer.repartition: an untrained twin is not re-partitioned (use init: twin)")
+            repartition_settings(self.repartition, f"{where}: trainer.repartition")
         if self.sources is not None:
             from treerank.training.data import parse_sources
 
@@ -166,6 +180,39 @@ class ForestTrainConfig:
         return ForestConfig(
             self.n_models, self.n_classes, dim, tuple(self.hidden), self.nr_threshold
         )
+
+
+REPARTITION_DEFAULTS: dict[str, Any] = {"rounds": 2, "steps": 20, "lr": 0.05}
+"""Defaults of the ``trainer.repartition`` keys (those of
+:func:`treerank.training.forest_repartition.repartition`)."""
+
+
+def repartition_settings(cfg: Any, where: str = "trainer.repartition") -> dict[str, Any]:
+    """The checked ``trainer.repartition`` mapping with its defaults filled in.
+
+    Raises:
+        ValueError: not a mapping, an unknown key, ``rounds < 1``, ``steps < 0`` or ``lr <= 0``
+            (the message names ``where`` and the key).
+    """
+    if not isinstance(cfg, Mapping):
+        raise ValueError(f"{where}: expected a mapping {{rounds, steps, lr}} (got {cfg!r})")
+    unknown = sorted(set(cfg) - set(REPARTITION_DEFAULTS))
+    if unknown:
+        raise ValueError(
+            f"{where}: unknown key(s) {', '.join(unknown)}; "
+            f"allowed: {', '.join(REPARTITION_DEFAULTS)}"
+        )
+    out = {**REPARTITION_DEFAULTS, **dict(cfg)}
+    for key in ("rounds", "steps"):
+        if isinstance(out[key], bool) or not isinstance(out[key], int):
+            raise ValueError(f"{where}.{key}: expected an integer (got {out[key]!r})")
+    if out["rounds"] < 1:
+        raise ValueError(f"{where}.rounds: must be >= 1 (got {out['rounds']})")
+    if out["steps"] < 0:
+        raise ValueError(f"{where}.steps: must be >= 0 (got {out['steps']})")
+    if isinstance(out["lr"], bool) or not isinstance(out["lr"], int | float) or out["lr"] <= 0:
+        raise ValueError(f"{where}.lr: must be a number > 0 (got {out['lr']!r})")
+    return out
 
 
 FOREST_SECTIONS: dict[str, tuple[str, ...]] = {
@@ -213,6 +260,7 @@ FOREST_SECTIONS: dict[str, tuple[str, ...]] = {
         "chunk_size",
         "validate_at",
         "init",
+        "repartition",
     ),
 }
 """Which :class:`ForestTrainConfig` field each section of the forest's config holds."""
@@ -222,6 +270,21 @@ def forest_train_config(cfg: TrainConfig, where: str = "config") -> ForestTrainC
     """The flat :class:`ForestTrainConfig` of a parsed sectioned config (range-checked)."""
     flat = {**cfg.model, **(cfg.data or {}), **(cfg.trainer or {}), "seed": cfg.seed}
     return ForestTrainConfig.from_dict(flat, where=where)
+
+
+def forest_resolved_defaults(cfg: TrainConfig, where: str = "config") -> dict[str, Any]:
+    """Every :class:`ForestTrainConfig` field of a parsed config (the family's ``resolved``
+    config, part of the train-stage key), ``repartition`` only when set (its defaults filled
+    in): a forest without it
+    keeps the resolved config, and so the stage key, it had before the option existed."""
+    out = asdict(forest_train_config(cfg, where))
+    if out["repartition"] is None:
+        del out["repartition"]
+    else:  # defaults filled in: {rounds: 2} and {rounds: 2, steps: 20} are one stage
+        out["repartition"] = repartition_settings(
+            out["repartition"], f"{where}: trainer.repartition"
+        )
+    return out
 
 
 def parse_forest_config(

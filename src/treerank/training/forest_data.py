@@ -365,6 +365,11 @@ class QueryRows:
         """``float32 (hi - lo, d)`` vectors of training queries ``lo .. hi - 1``."""
         return np.asarray(self.store.queries[self.ids[lo:hi]], dtype=np.float32)
 
+    def take(self, idx: np.ndarray) -> np.ndarray:
+        """``float32 (len(idx), d)`` vectors of training queries ``idx`` (ascending: ascending
+        reads of a memory-mapped store)."""
+        return np.asarray(self.store.queries[self.ids[idx]], dtype=np.float32)
+
 
 @dataclass
 class PairGroup:
@@ -404,6 +409,18 @@ class PairGroup:
         if hi > n_s:
             parts.append(self.pool_x[:, max(lo, n_s) - n_s : hi - n_s])
         return parts[0] if len(parts) == 1 else torch.cat(parts, 1)
+
+    def passage_take(self, idx: np.ndarray) -> Tensor:
+        """``float32 (G, len(idx), d)`` the pairs' passage rows ``idx`` (ascending)."""
+        n_s = len(self.shared.ids)
+        shared = idx[idx < n_s]
+        out = torch.empty(self.pool_x.shape[0], len(idx), self.pool_x.shape[2])
+        if len(shared):
+            x = torch.from_numpy(np.asarray(self.shared.store.passages[self.shared.ids[shared]]))
+            out[:, : len(shared)] = x.to(torch.float32).unsqueeze(0)
+        if len(shared) < len(idx):
+            out[:, len(shared) :] = self.pool_x[:, torch.from_numpy(idx[len(shared) :] - n_s)]
+        return out
 
 
 def in_bag_examples(

@@ -12,16 +12,16 @@ of three kinds of terms over the group's logits ``zq (G, nq, C)`` (query models)
 * **global terms** (the uniformity of the bag-mean class distribution of queries, and of
   passages): a function of a small statistic ``s (G, C)`` that is itself a weighted sum over rows.
 
-:func:`stage_gradient` computes the loss value and ``dL/dzq``, ``dL/dzp`` block by block:
-statistics and the not-retrievable targets first (no autograd), then ``dL/ds`` (autograd on the
-``(G, C)`` statistic), then each block of ``chunk`` rows or examples with autograd on that block
-only, its gradient added into the full ``dL/dz`` (``index_add_`` for gathered rows). A global
-term contributes ``sum_i ds_i/dz_i . dL/ds`` per row (the chain rule through the statistic).
-The full-size tensors are the logits and their gradients, ``(G, n, C)`` each; every autograd
-graph covers one block, ``O(G * chunk * C)``. With the GradCache step of the trainer (the logits
-themselves computed block by block, Gao et al. 2021), a step's memory is
-``O(G * (nq + nP) * C + G * chunk * (d + C))``; the gradients equal those of the whole-tensor
-loss (tested against it).
+:func:`stage_backward` computes the loss value and back-propagates it block by block through
+the sides' logits (:class:`Side`), which a side recomputes from its input rows on demand: per-row
+and global terms in two passes over ``chunk``-row blocks (statistics, classes and the
+not-retrievable targets without autograd, then ``dL/ds`` by autograd on the ``(G, C)`` statistic,
+then each block with autograd, a global term contributing ``sum_i ds_i/dz_i . dL/ds`` per row),
+and example terms over ``chunk``-example blocks whose query and passage rows are gathered. No
+``(G, n, C)`` tensor is formed: every autograd graph covers one block, ``O(G * chunk * C)``, and
+the only full-length tensors are ``(G, n)`` (masks, classes, targets) and ``(G, E)`` (example
+weights). The gradients equal those of the whole-tensor loss (tested against it, with several
+blocks); :func:`stage_gradient` is the same on given logits (``dL/dz``).
 
 The formulas are those of :mod:`treerank.training.forest_losses` (uniformity, sharpness,
 not-retrievable) and of the module docstring of :mod:`treerank.training.forest`.
@@ -30,7 +30,9 @@ not-retrievable) and of the module docstring of :mod:`treerank.training.forest`.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -38,7 +40,7 @@ from torch import Tensor
 from treerank.training.forest_config import ForestTrainConfig
 from treerank.training.forest_losses import EPS, uniformity_loss
 
-__all__ = ["StageInputs", "stage_gradient"]
+__all__ = ["Side", "StageInputs", "TensorSide", "stage_backward", "stage_gradient"]
 
 STAGES = ("query", "passage", "joint")
 
@@ -59,12 +61,31 @@ class StageInputs:
     neg_w: Tensor  # float32 (G, E-)
 
 
+class Side(Protocol):
+    """One side's logits (query models: ``width = C``; passage models: ``C + 1``) for any rows.
+
+    ``logits(rows)`` returns ``float32 (G, len(rows), width)``; under autograd, a backward pass
+    through it reaches the side's parameters (or whatever the caller wants the gradient of).
+    ``rows`` is a ``slice`` (a contiguous block) or an ``int64`` tensor (gathered rows).
+    """
+
+    n: int
+
+    def logits(self, rows: slice | Tensor) -> Tensor: ...
+
+
 def _blocks(n: int, chunk: int) -> list[slice]:
     return [slice(lo, min(lo + chunk, n)) for lo in range(0, n, chunk)]
 
 
 def _leaf(t: Tensor) -> Tensor:
     return t.detach().requires_grad_(True)
+
+
+def _gathered(side: Side, rows: Tensor) -> Tensor:
+    """``side.logits`` of the gathered ``rows`` (each distinct row computed once)."""
+    uniq, inverse = torch.unique(rows, return_inverse=True)
+    return side.logits(uniq)[:, inverse]
 
 
 def _uniformity_grad(
@@ -84,22 +105,25 @@ def _uniformity_grad(
 
 
 def _query_rows(
-    cfg: ForestTrainConfig, g: StageInputs, zq: Tensor, gq: Tensor, chunk: int
-) -> float:
-    """Uniformity (global) and sharpness (per row) of the query softmax on the bag; adds the
-    gradient into ``gq``; returns the value."""
+    cfg: ForestTrainConfig, g: StageInputs, q: Side, chunk: int
+) -> tuple[float, Tensor]:
+    """Uniformity (global) and sharpness (per row) of the query softmax on the bag, back-
+    propagated block by block; returns the value and the argmax classes ``int64 (G, nq)``."""
     w = g.qmask
     wsum = w.sum(1).clamp_min(EPS)  # (G,)
-    blocks = _blocks(zq.shape[1], chunk)
-    with torch.no_grad():
-        stat = sum(
-            (torch.softmax(zq[:, b], -1) * w[:, b, None]).sum(1) for b in blocks
-        )  # (G, C) = wsum * pbar
-    assert isinstance(stat, Tensor)
+    blocks = _blocks(q.n, chunk)
+    stat = torch.zeros(w.shape[0], 0)
+    classes = torch.empty(w.shape, dtype=torch.int64)
+    with torch.no_grad():  # pass 1: the statistic (G, C) = wsum * pbar, and the classes
+        for b in blocks:
+            p = torch.softmax(q.logits(b), -1)
+            part = (p * w[:, b, None]).sum(1)
+            stat = part if stat.shape[1] == 0 else stat + part
+            classes[:, b] = p.argmax(-1)
     value, g_stat = _uniformity_grad(cfg, stat, cfg.uniformity_weight, wsum)
-    log_c = math.log(zq.shape[-1])
-    for b in blocks:
-        z = _leaf(zq[:, b])
+    for b in blocks:  # pass 2: every block's share of the gradient
+        z = q.logits(b)
+        log_c = math.log(z.shape[-1])
         p = torch.softmax(z, -1)
         out = (p * w[:, b, None] * g_stat[:, None, :]).sum()  # chain rule through the stat
         if cfg.sharpness_weight > 0:
@@ -107,42 +131,37 @@ def _query_rows(
             term = (cfg.sharpness_weight * (ent * w[:, b]).sum(-1) / wsum).sum()
             value += float(term.detach())
             out = out + term
-        out.backward()
-        assert z.grad is not None
-        gq[:, b] += z.grad
-    return value
+        if out.requires_grad:
+            out.backward()
+    return value, classes
 
 
 def _passage_rows(
-    cfg: ForestTrainConfig,
-    g: StageInputs,
-    zp: Tensor,
-    gp: Tensor,
-    neg_class: Tensor,
-    chunk: int,
+    cfg: ForestTrainConfig, g: StageInputs, ps: Side, neg_class: Tensor, chunk: int
 ) -> float:
     """The passage side's per-row and global terms (not-retrievable cross-entropy and penalty,
-    passage balance over the ``C`` real classes); adds the gradient into ``gp``.
+    passage balance over the ``C`` real classes), back-propagated block by block.
 
     ``neg_class``: ``int64 (G, E-)`` the class of each non-selected example's query (the
     not-retrievable targets: :func:`treerank.training.forest_losses.not_retrievable_targets`).
     """
-    n_g, n_p = zp.shape[0], zp.shape[1]
-    blocks = _blocks(n_p, chunk)
     pm = g.pmask
+    n_g, n_p = pm.shape
+    blocks = _blocks(n_p, chunk)
     use_nr, use_pen = cfg.nr_weight > 0, cfg.nr_penalty > 0
     use_bal = cfg.passage_uniformity_weight > 0
     if not (use_nr or use_pen or use_bal):
         return 0.0
     value = 0.0
-    with torch.no_grad():
-        stat = torch.zeros(n_g, zp.shape[-1] - 1)
+    with torch.no_grad():  # pass 1: current classes (NR targets) and the balance statistic
+        stat = torch.zeros(n_g, 0)
         cls = torch.empty(n_g, n_p, dtype=torch.int64)
         for b in blocks:
-            pp = torch.softmax(zp[:, b], -1)
+            pp = torch.softmax(ps.logits(b), -1)
             cls[:, b] = pp[..., :-1].argmax(-1)
             if use_bal:
-                stat += (pp[..., :-1] * pm[:, b, None]).sum(1)
+                part = (pp[..., :-1] * pm[:, b, None]).sum(1)
+                stat = part if stat.shape[1] == 0 else stat + part
         if use_nr:
             meets = ((cls[:, g.neg_p] == neg_class) & (g.neg_w > 0)).float()  # (G, E-)
             met = torch.zeros(n_g, n_p).index_add_(1, g.neg_p, meets) > 0
@@ -150,13 +169,13 @@ def _passage_rows(
             keep = (g.wanted & (pm > 0)).float()
             t_sum, k_sum = target.sum(-1).clamp_min(EPS), keep.sum(-1).clamp_min(EPS)
         pm_sum = pm.sum(-1).clamp_min(EPS)
+    del cls
     g_stat = None
     if use_bal:
         v, g_stat = _uniformity_grad(cfg, stat, cfg.passage_uniformity_weight)
         value += v
-    for b in blocks:
-        z = _leaf(zp[:, b])
-        pp = torch.softmax(z, -1)
+    for b in blocks:  # pass 2
+        pp = torch.softmax(ps.logits(b), -1)
         p_nr = pp[..., -1]
         term = torch.zeros(())
         if use_pen:
@@ -169,18 +188,17 @@ def _passage_rows(
         out = term
         if g_stat is not None:
             out = out + (pp[..., :-1] * pm[:, b, None] * g_stat[:, None, :]).sum()
-        out.backward()
-        assert z.grad is not None
-        gp[:, b] += z.grad
+        if out.requires_grad:
+            out.backward()
     return value
 
 
 def _passage_examples(
-    cfg: ForestTrainConfig, g: StageInputs, zp: Tensor, gp: Tensor, target: Tensor, chunk: int
+    cfg: ForestTrainConfig, g: StageInputs, ps: Side, target: Tensor, chunk: int
 ) -> float:
     """Step B's example terms: ``-log P_p(class(q))`` on selected examples and
     ``-negative_weight-weighted log(1 - P_p(class(q)))`` on non-selected ones, with
-    ``target (G, nq)`` the query models' argmax classes; adds into ``gp``."""
+    ``target (G, nq)`` the query models' argmax classes; ``chunk`` examples per block."""
     value = 0.0
     for idx_q, idx_p, w, positive in (
         (g.pos_q, g.pos_p, g.pos_w, True),
@@ -188,24 +206,20 @@ def _passage_examples(
     ):
         w_sum = w.sum(-1).clamp_min(EPS)  # (G,)
         for b in _blocks(len(idx_p), chunk):
-            rows = idx_p[b]
-            z = _leaf(zp[:, rows])  # (G, b, C + 1)
+            z = _gathered(ps, idx_p[b])  # (G, b, C + 1)
             lp = torch.log_softmax(z, -1).gather(-1, target[:, idx_q[b], None]).squeeze(-1)
             nll = -lp if positive else -torch.log1p(-lp.exp().clamp_max(1 - 1e-6))
             term = ((nll * w[:, b]).sum(-1) / w_sum).sum()
-            term.backward()
-            assert z.grad is not None
-            gp.index_add_(1, rows, z.grad)
+            if term.requires_grad:
+                term.backward()
             value += float(term.detach())
     return value
 
 
-def _joint_examples(
-    g: StageInputs, zq: Tensor, zp: Tensor, gq: Tensor, gp: Tensor, chunk: int
-) -> float:
+def _joint_examples(g: StageInputs, q: Side, ps: Side, chunk: int) -> float:
     """The joint round's example terms on the soft collision probability
     ``s = sum_c P_q(c) P_p(c)``: ``-log s`` (selected), ``-log(1 - s)`` (non-selected, weights
-    already scaled by ``negative_weight``); adds into ``gq`` and ``gp``."""
+    already scaled by ``negative_weight``); ``chunk`` examples per block, both sides gathered."""
     value = 0.0
     for idx_q, idx_p, w, positive in (
         (g.pos_q, g.pos_p, g.pos_w, True),
@@ -213,20 +227,77 @@ def _joint_examples(
     ):
         w_sum = w.sum(-1).clamp_min(EPS)
         for b in _blocks(len(idx_p), chunk):
-            rq, rp = idx_q[b], idx_p[b]
-            a, c = _leaf(zq[:, rq]), _leaf(zp[:, rp])
+            a, c = _gathered(q, idx_q[b]), _gathered(ps, idx_p[b])
             s = (torch.softmax(a, -1) * torch.softmax(c, -1)[..., :-1]).sum(-1)  # (G, b)
             if positive:
                 nll = -torch.log(s.clamp_min(EPS))
             else:
                 nll = -torch.log1p(-s.clamp_max(1 - 1e-6))
             term = ((nll * w[:, b]).sum(-1) / w_sum).sum()
-            term.backward()
-            assert a.grad is not None and c.grad is not None
-            gq.index_add_(1, rq, a.grad)
-            gp.index_add_(1, rp, c.grad)
+            if term.requires_grad:
+                term.backward()
             value += float(term.detach())
     return value
+
+
+def stage_backward(
+    stage: str,
+    cfg: ForestTrainConfig,
+    g: StageInputs,
+    sides: Sequence[Side],
+    chunk: int,
+    target: Tensor | None = None,
+) -> float:
+    """The loss of one stage, back-propagated block by block through the sides' logits.
+
+    No ``(G, n, C)`` tensor is formed: every term is computed on ``chunk`` rows (per-row and
+    global terms, in two passes: statistics without autograd, then the gradient) or ``chunk``
+    examples (their query and passage rows gathered) at a time, and each block's backward pass
+    adds its share into the parameters' ``.grad``; the sum is the whole-batch gradient (tested
+    against the whole-tensor loss).
+
+    Args:
+        stage: ``"query"`` (step A: query uniformity + sharpness; ``sides = [q]``),
+            ``"passage"`` (step B: example terms against the query classes ``target``,
+            not-retrievable and passage balance; ``sides = [p]``) or ``"joint"`` (collision
+            terms, query terms, passage terms with the current query classes;
+            ``sides = [q, p]``).
+        cfg: the trainer's hyperparameters (loss weights).
+        g: the group's example tables.
+        sides: :class:`Side` per model side; logits ``float32 (G, rows, width)``.
+        chunk: rows or examples per block.
+        target: ``int64 (G, nq)`` the query models' classes (step B only).
+
+    Returns:
+        the loss value, summed over the group's models.
+
+    Raises:
+        ValueError: unknown stage, or step B without ``target``.
+    """
+    if stage == "query":
+        return _query_rows(cfg, g, sides[0], chunk)[0]
+    if stage == "passage":
+        if target is None:
+            raise ValueError("stage_backward: step B needs the query classes (target)")
+        value = _passage_examples(cfg, g, sides[0], target, chunk)
+        return value + _passage_rows(cfg, g, sides[0], target[:, g.neg_q], chunk)
+    if stage == "joint":
+        q, ps = sides
+        value = _joint_examples(g, q, ps, chunk)
+        v, classes = _query_rows(cfg, g, q, chunk)
+        return value + v + _passage_rows(cfg, g, ps, classes[:, g.neg_q], chunk)
+    raise ValueError(f"stage_backward: unknown stage {stage!r}; known: {', '.join(STAGES)}")
+
+
+class TensorSide:
+    """A :class:`Side` over given logits ``float32 (G, n, width)`` (a leaf: its ``.grad``
+    receives ``dL/dz``); what :func:`stage_gradient` and the tests use."""
+
+    def __init__(self, z: Tensor) -> None:
+        self.z, self.n = z, int(z.shape[1])
+
+    def logits(self, rows: slice | Tensor) -> Tensor:
+        return self.z[:, rows]
 
 
 def stage_gradient(
@@ -238,40 +309,11 @@ def stage_gradient(
     chunk: int,
     target: Tensor | None = None,
 ) -> float:
-    """The loss of one stage and its gradient with respect to the logits, block by block.
-
-    Args:
-        stage: ``"query"`` (step A: query uniformity + sharpness; ``z = [zq]``), ``"passage"``
-            (step B: example terms against the query classes ``target``, not-retrievable and
-            passage balance; ``z = [zp]``) or ``"joint"`` (collision terms, query terms,
-            passage terms with the current query classes; ``z = [zq, zp]``).
-        cfg: the trainer's hyperparameters (loss weights).
-        g: the group's example tables.
-        z: ``float32 (G, n, width)`` logits per side (no autograd needed).
-        grads: zero tensors shaped like ``z``; ``dL/dz`` is added into them.
-        chunk: rows or examples per autograd block.
-        target: ``int64 (G, nq)`` the query models' classes (step B only).
-
-    Returns:
-        the loss value, summed over the group's models.
-
-    Raises:
-        ValueError: unknown stage, or step B without ``target``.
-    """
-    if stage == "query":
-        return _query_rows(cfg, g, z[0], grads[0], chunk)
-    if stage == "passage":
-        if target is None:
-            raise ValueError("stage_gradient: step B needs the query classes (target)")
-        value = _passage_examples(cfg, g, z[0], grads[0], target, chunk)
-        return value + _passage_rows(cfg, g, z[0], grads[0], target[:, g.neg_q], chunk)
-    if stage == "joint":
-        zq, zp = z
-        value = _joint_examples(g, zq, zp, grads[0], grads[1], chunk)
-        value += _query_rows(cfg, g, zq, grads[0], chunk)
-        with torch.no_grad():
-            classes = torch.cat(
-                [torch.softmax(zq[:, b], -1).argmax(-1) for b in _blocks(zq.shape[1], chunk)], 1
-            )
-        return value + _passage_rows(cfg, g, zp, grads[1], classes[:, g.neg_q], chunk)
-    raise ValueError(f"stage_gradient: unknown stage {stage!r}; known: {', '.join(STAGES)}")
+    """:func:`stage_backward` on given logits: adds ``dL/dz`` into ``grads`` (zeros shaped like
+    ``z``, ``float32 (G, n, width)`` per side) and returns the loss value."""
+    leaves = [_leaf(t) for t in z]
+    value = stage_backward(stage, cfg, g, [TensorSide(t) for t in leaves], chunk, target)
+    for leaf, grad in zip(leaves, grads, strict=True):
+        if leaf.grad is not None:
+            grad += leaf.grad
+    return value
