@@ -147,7 +147,7 @@ def test_device_and_encoder_backend_are_parsed_and_checked(tmp_path: Path) -> No
             load_experiment(_base(tmp_path, f"device: '{bad}'"))
     with pytest.raises(ConfigError, match=r"encoder.backend 'tensorrt' unknown; known: torch"):
         load_experiment(_base(tmp_path, "encoder: {backend: tensorrt}"))
-    with pytest.raises(ConfigError, match="probe_seed has the wrong type"):
+    with pytest.raises(ConfigError, match="diagnose.probe_seed: expected an integer, got .x."):
         load_experiment(_base(tmp_path, "diagnose: {model: linear, probe_seed: x}"))
 
 
