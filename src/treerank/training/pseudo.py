@@ -263,6 +263,7 @@ def build_pseudo_store(
             None if name in (None, DEFAULT_MODEL_NAME) else name,
             query_prompt=store.query_prompt,
             backend=store_backend(store.meta.get("encoder") or {}),
+            progress=progress,
         )
     if store.encoder_fingerprint and encoder.fingerprint != store.encoder_fingerprint:
         raise ValueError(
