@@ -19,9 +19,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["EVENTS_GLOB", "scalars_of", "write_event_files"]
+__all__ = ["EVENTS_FILE", "EVENTS_GLOB", "scalars_of", "write_event_files"]
 
 EVENTS_GLOB = "events.out.tfevents.*"
+EVENTS_FILE = "events.out.tfevents.treerank"
+"""The event file's one fixed name (TensorBoard reads any ``*tfevents*`` file): the writer's
+own name holds a timestamp, the host and the pid, so two runs of one config would leave
+different file lists."""
 _SKIP = ("step", "epoch", "kind")
 
 
@@ -44,8 +48,8 @@ def scalars_of(records: list[dict[str, Any]]) -> list[tuple[str, int, float]]:
 def write_event_files(records: list[dict[str, Any]], out_dir: str | Path) -> Path | None:
     """Write the records' scalars as one TensorBoard event file in ``out_dir``.
 
-    The file is written in a temporary folder inside ``out_dir`` and moved into place; event
-    files already there are replaced.
+    The file is written in a temporary folder inside ``out_dir`` and moved into place as
+    :data:`EVENTS_FILE`; event files already there are replaced.
 
     Returns:
         The event file, or ``None`` when ``tensorboard`` is not installed or there is no scalar.
@@ -67,7 +71,7 @@ def write_event_files(records: list[dict[str, Any]], out_dir: str | Path) -> Pat
         (event,) = tmp.glob(EVENTS_GLOB)
         for old in out.glob(EVENTS_GLOB):
             old.unlink()
-        dest = out / event.name
+        dest = out / EVENTS_FILE
         os.replace(event, dest)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
