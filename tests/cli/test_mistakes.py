@@ -756,6 +756,18 @@ MISTAKES.append(
 )
 
 
+MISTAKES += [
+    Mistake(
+        f"trial-port-{port}",
+        f"serve --port {port} (not a TCP port)",
+        f"serve --store {{stores}}/test --port {port}",
+        BAD,
+        [r"--port': Input should be (less|greater) than or equal to (65535|0)"],
+    )
+    for port in ("99999", "-1")
+]
+
+
 def _index_of(env: Env, tmp: Path, split: str) -> Path:
     from treerank.search.faiss_index import build_index
     from treerank.store import EmbeddingStore

@@ -224,6 +224,12 @@ def test_port_in_use_is_refused_before_anything() -> None:
     assert threading.active_count() >= 1
 
 
+@pytest.mark.parametrize("port", [-1, 65536, 99999])
+def test_port_out_of_range_is_a_clear_error(port: int) -> None:
+    with pytest.raises(ValueError, match=rf"--port {port} is not a TCP port \(0-65535\)"):
+        bind_socket("127.0.0.1", port)
+
+
 def test_graceful_shutdown_answers_the_request_in_flight() -> None:
     # what SIGTERM / Ctrl-C does (uvicorn's handler sets should_exit), on a real uvicorn server
     import httpx

@@ -31,7 +31,7 @@ def serve(
         "queries are refused against an fp32 store and the reverse).",
     ),
     host: str = typer.Option("127.0.0.1", "--host", help="Interface to bind."),
-    port: int = typer.Option(8000, "--port", help="TCP port."),
+    port: int = typer.Option(8000, "--port", min=0, max=65535, help="TCP port (0: any free port)."),
     max_k: int = typer.Option(1000, "--max-k", help="Largest k a request may ask for."),
     max_batch: int = typer.Option(256, "--max-batch", help="Most queries per request."),
     max_body_bytes: int = typer.Option(

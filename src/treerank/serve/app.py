@@ -287,9 +287,12 @@ def bind_socket(host: str, port: int) -> socket.socket:
     """A listening TCP socket on ``host:port``, bound before anything is loaded or printed.
 
     Raises:
+        ValueError: ``port`` is outside 0-65535.
         PortInUseError: the port is taken (``EADDRINUSE``) or the address cannot be bound; the
             message names the address and what to do.
     """
+    if not 0 <= port <= 65535:
+        raise ValueError(f"--port {port} is not a TCP port (0-65535)")
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
