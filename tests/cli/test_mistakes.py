@@ -878,6 +878,22 @@ def test_trial_tour_and_untrained_head_flagged(env: Env, tmp_path: Path) -> None
     assert not list(tmp_path.rglob(".*.lock"))  # a finished evaluate leaves no lock
 
 
+def test_trial_serve_port_0_prints_the_bound_port(env: Env, monkeypatch) -> None:
+    import treerank.serve.app as serve_app
+
+    seen: dict[str, object] = {}
+
+    def fake_serve(service, *, host, port, sock):  # type: ignore[no-untyped-def]
+        seen.update(port=port, bound=sock.getsockname()[1])
+        sock.close()
+
+    monkeypatch.setattr(serve_app, "serve", fake_serve)
+    code, out = invoke(["serve", "--store", str(env.stores / "test"), "--port", "0"])
+    assert code == OK, out
+    assert seen["port"] == seen["bound"] and seen["bound"] != 0
+    assert f"on http://127.0.0.1:{seen['bound']}" in out and "127.0.0.1:0" not in out
+
+
 def test_trial_38_api_split_as_format(env: Env) -> None:
     from treerank.readers import DataFormatError, read_split
 

@@ -81,6 +81,7 @@ def serve(
         sock = bind_socket(host, port)  # a taken port fails here, before loading the store
     except (ValueError, PortInUseError) as exc:
         raise fail(exc) from None
+    port = sock.getsockname()[1]  # the port really bound (--port 0: one the system chose)
     try:
         service = SearchService(config)
     except (ValueError, FileNotFoundError, OSError, StoreFormatError) as exc:
