@@ -301,14 +301,16 @@ def bind_socket(host: str, port: int) -> socket.socket:
         sock.listen(2048)
     except OSError as exc:
         sock.close()
-        what = (
-            "is already in use"
-            if exc.errno == errno.EADDRINUSE
-            else f"cannot be bound ({exc.strerror})"
-        )
-        raise PortInUseError(
-            f"http://{host}:{port} {what}; stop the other server or choose another --port",
-        ) from None
+        if exc.errno == errno.EADDRINUSE:
+            what = "is already in use; stop the other server or choose another --port"
+        elif exc.errno == errno.EACCES:
+            what = f"cannot be bound ({exc.strerror}); choose a --port above 1023"
+        else:
+            what = (
+                f"cannot be bound ({exc.strerror}); choose another --host "
+                "(an address of this machine, e.g. 127.0.0.1 or 0.0.0.0)"
+            )
+        raise PortInUseError(f"http://{host}:{port} {what}") from None
     sock.set_inheritable(True)
     return sock
 
