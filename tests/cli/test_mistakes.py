@@ -768,6 +768,35 @@ MISTAKES += [
 ]
 
 
+def _queries_file(content: bytes) -> Callable[[Env, Path], Path]:
+    def setup(env: Env, tmp: Path) -> Path:
+        (tmp / "q.tsv").write_bytes(content)
+        return tmp / "q.tsv"
+
+    return setup
+
+
+MISTAKES += [
+    Mistake(
+        "trial-dup-qid",
+        "search --queries with a query id given twice",
+        "search --store {stores}/test --queries {bad} -f trec --out {tmp}/run.trec",
+        BAD,
+        [r"q\.tsv:3: query id 'a' was already given on line 1"],
+        _queries_file(b"a\tcoffee\nb\ttea\na\tvolcano\n"),
+        nothing_written="{tmp}/run.trec",
+    ),
+    Mistake(
+        "trial-queries-utf8",
+        "search --queries with a byte that is not UTF-8",
+        "search --store {stores}/test --queries {bad}",
+        BAD,
+        [r"q\.tsv, row 2: invalid UTF-8 byte 0xe9"],
+        _queries_file(b"a\tcoffee\nb\tcaf\xe9\n"),
+    ),
+]
+
+
 def _index_of(env: Env, tmp: Path, split: str) -> Path:
     from treerank.search.faiss_index import build_index
     from treerank.store import EmbeddingStore
