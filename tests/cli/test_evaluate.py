@@ -175,6 +175,29 @@ def test_out_folder_never_mixes_two_comparisons(tmp_path) -> None:
     assert "removed" in second.output and "rrf_bm25+cosine.trec" in second.output
 
 
+def test_out_folder_keeps_files_treerank_did_not_write(tmp_path) -> None:
+    write_tiny_store(tmp_path / "test")
+    out = tmp_path / "o"
+    first = _invoke(tmp_path, "--system", "bm25", "--system", "rrf:bm25+cosine", "--out", str(out))
+    assert first.exit_code == 0, first.output
+    (out / "runs" / "mine.trec").write_text("x\n")
+    second = _invoke(tmp_path, "--system", "bm25", "--out", str(out))
+    assert second.exit_code == 0, second.output
+    assert (out / "runs" / "mine.trec").read_text() == "x\n"
+    assert not (out / "runs" / "rrf_bm25+cosine.trec").exists()
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["removed_stale_files"] == ["runs/rrf_bm25+cosine.trec"]
+    assert doc["kept_unknown_files"] == ["runs/mine.trec"]
+    assert "mine.trec alone (not written by treerank)" in " ".join(second.output.split())
+    # a folder without an earlier results.json: nothing is removed
+    bare = tmp_path / "bare"
+    (bare / "runs").mkdir(parents=True)
+    (bare / "runs" / "other.trec").write_text("y\n")
+    third = _invoke(tmp_path, "--system", "bm25", "--out", str(bare))
+    assert third.exit_code == 0, third.output
+    assert (bare / "runs" / "other.trec").read_text() == "y\n"
+
+
 def test_evaluate_reports_a_failing_system_and_keeps_the_others(tmp_path) -> None:
     write_tiny_store(tmp_path / "test")
     missing = tmp_path / "no-such-ckpt"

@@ -756,6 +756,47 @@ MISTAKES.append(
 )
 
 
+MISTAKES += [
+    Mistake(
+        f"trial-port-{port}",
+        f"serve --port {port} (not a TCP port)",
+        f"serve --store {{stores}}/test --port {port}",
+        BAD,
+        [r"--port': Input should be (less|greater) than or equal to (65535|0)"],
+    )
+    for port in ("99999", "-1")
+]
+
+
+def _queries_file(content: bytes) -> Callable[[Env, Path], Path]:
+    def setup(env: Env, tmp: Path) -> Path:
+        (tmp / "q.tsv").write_bytes(content)
+        return tmp / "q.tsv"
+
+    return setup
+
+
+MISTAKES += [
+    Mistake(
+        "trial-dup-qid",
+        "search --queries with a query id given twice",
+        "search --store {stores}/test --queries {bad} -f trec --out {tmp}/run.trec",
+        BAD,
+        [r"q\.tsv:3: query id 'a' was already given on line 1"],
+        _queries_file(b"a\tcoffee\nb\ttea\na\tvolcano\n"),
+        nothing_written="{tmp}/run.trec",
+    ),
+    Mistake(
+        "trial-queries-utf8",
+        "search --queries with a byte that is not UTF-8",
+        "search --store {stores}/test --queries {bad}",
+        BAD,
+        [r"q\.tsv, row 2: invalid UTF-8 byte 0xe9"],
+        _queries_file(b"a\tcoffee\nb\tcaf\xe9\n"),
+    ),
+]
+
+
 def _index_of(env: Env, tmp: Path, split: str) -> Path:
     from treerank.search.faiss_index import build_index
     from treerank.store import EmbeddingStore
@@ -864,6 +905,22 @@ def test_trial_tour_and_untrained_head_flagged(env: Env, tmp_path: Path) -> None
     assert doc["untrained"] == [f"ckpt:{env.ckpt}"]
     assert "exercises the format path" not in out
     assert not list(tmp_path.rglob(".*.lock"))  # a finished evaluate leaves no lock
+
+
+def test_trial_serve_port_0_prints_the_bound_port(env: Env, monkeypatch) -> None:
+    import treerank.serve.app as serve_app
+
+    seen: dict[str, object] = {}
+
+    def fake_serve(service, *, host, port, sock):  # type: ignore[no-untyped-def]
+        seen.update(port=port, bound=sock.getsockname()[1])
+        sock.close()
+
+    monkeypatch.setattr(serve_app, "serve", fake_serve)
+    code, out = invoke(["serve", "--store", str(env.stores / "test"), "--port", "0"])
+    assert code == OK, out
+    assert seen["port"] == seen["bound"] and seen["bound"] != 0
+    assert f"on http://127.0.0.1:{seen['bound']}" in out and "127.0.0.1:0" not in out
 
 
 def test_trial_38_api_split_as_format(env: Env) -> None:

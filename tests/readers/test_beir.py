@@ -115,3 +115,22 @@ def test_judged_ids_absent_from_corpus_stay_in_the_source_qrels(tmp_path):
     assert s.qrels == [("q1", "d2", 1), ("q2", "gone", 2)]
     assert s.candidates.tolist() == [[0], [-1]]  # q2 kept: scored 0, as by trec_eval
     assert s.meta["n_judgments_on_missing_passages"] == 1
+
+
+def test_documents_without_text_are_kept_as_their_title_with_a_warning(tmp_path):
+    corpus = [
+        {"_id": "d1", "title": "Alpha", "text": "alpha body"},
+        {"_id": "d2", "title": "Beta"},
+        {"_id": "d3", "title": "Gamma", "text": "gamma body"},
+        {"_id": "d4", "title": "Delta"},
+    ]
+    queries = [{"_id": "q1", "text": "a"}]
+    split = read_beir(_beir(tmp_path / "b", corpus, queries, "q1\td1\t1\n"), "test")
+    assert split.passage_texts[1] == "Beta"
+    (warning,) = [w for w in split.warnings() if 'no "text" field' in w]
+    assert warning == (
+        f'{tmp_path / "b" / "corpus.jsonl"}: 2 documents have no "text" field and are stored '
+        "as their title only (row 2, 4)"
+    )
+    full = read_beir(_beir(tmp_path / "c", corpus[::2], queries, "q1\td1\t1\n"), "test")
+    assert not [w for w in full.warnings() if "text" in w]

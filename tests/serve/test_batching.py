@@ -224,6 +224,19 @@ def test_port_in_use_is_refused_before_anything() -> None:
     assert threading.active_count() >= 1
 
 
+def test_an_address_not_of_this_machine_points_at_host() -> None:
+    want = r"10\.99\.99\.99:0 cannot be bound \(.*\); choose another --host"
+    with pytest.raises(PortInUseError, match=want) as e:
+        bind_socket("10.99.99.99", 0)
+    assert "--port" not in str(e.value)
+
+
+@pytest.mark.parametrize("port", [-1, 65536, 99999])
+def test_port_out_of_range_is_a_clear_error(port: int) -> None:
+    with pytest.raises(ValueError, match=rf"--port {port} is not a TCP port \(0-65535\)"):
+        bind_socket("127.0.0.1", port)
+
+
 def test_graceful_shutdown_answers_the_request_in_flight() -> None:
     # what SIGTERM / Ctrl-C does (uvicorn's handler sets should_exit), on a real uvicorn server
     import httpx

@@ -13,6 +13,8 @@ def test_plan_detects_the_format_and_its_default_split(msmarco_parquet, tmp_path
     plan = plan_dataset(msmarco_parquet)
     assert (plan.format, plan.splits) == ("msmarco", ("validation",))
     assert plan_dataset(msmarco_parquet, "msmarco", ["train", "dev"]).splits == ("train", "dev")
+    twice = plan_dataset(msmarco_parquet, "msmarco", ["dev", "train", "dev"])
+    assert twice.splits == ("dev", "train")  # a split named twice is embedded once
     with pytest.raises(DataFormatError, match="unknown format 'nosuch'"):
         plan_dataset(msmarco_parquet, "nosuch")
     (tmp_path / "x.csv").write_text("a,b\n")

@@ -193,6 +193,8 @@ def evaluate(
         console.print(f"wrote {out}/results.json, per_query.jsonl, table.md{extra}, runs/, plots/")
         for f in comp.removed_stale:
             console.print(f"removed {out / f} (left by an earlier comparison)", markup=False)
+        for f in comp.kept_unknown:
+            console.print(f"left {out / f} alone (not written by treerank)", markup=False)
     if comp.failed:
         raise typer.Exit(ExitCode.FAILED)
 

@@ -12,18 +12,34 @@ from treerank.cli.spec_help import SEE_KINDS, RegistryHelpCommand
 
 
 def _read_queries(path: Path) -> tuple[list[str], list[str]]:
-    """One query per line, or ``qid<TAB>text`` per line; blank lines skipped."""
+    """One query per line, or ``qid<TAB>text`` per line; blank lines skipped.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: bytes that are not UTF-8, an empty text after the tab, a query id given
+            twice (a TREC run could not tell the two apart), or no queries; names file and line.
+    """
+    from treerank.readers.errors import decode_utf8, split_lines
+
     if not path.is_file():
         raise FileNotFoundError(f"{path}: file not found")
     ids: list[str] = []
     texts: list[str] = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").split("\n"), start=1):
+    first_line: dict[str, int] = {}
+    for n, line in enumerate(split_lines(decode_utf8(path.read_bytes(), path)), start=1):
         if not line.strip():
             continue
         qid, tab, text = line.partition("\t")
         if tab and not text.strip():
             raise ValueError(f"{path}:{n}: empty query text after the tab")
-        ids.append(qid.strip() if tab else str(len(ids)))
+        qid = qid.strip() if tab else str(len(ids))
+        if qid in first_line:
+            raise ValueError(
+                f"{path}:{n}: query id {qid!r} was already given on line {first_line[qid]}; "
+                "each query needs its own id"
+            )
+        first_line[qid] = n
+        ids.append(qid)
         texts.append(text.strip() if tab else line.strip())
     if not texts:
         raise ValueError(f"{path}: no queries")

@@ -31,7 +31,7 @@ def serve(
         "queries are refused against an fp32 store and the reverse).",
     ),
     host: str = typer.Option("127.0.0.1", "--host", help="Interface to bind."),
-    port: int = typer.Option(8000, "--port", help="TCP port."),
+    port: int = typer.Option(8000, "--port", min=0, max=65535, help="TCP port (0: any free port)."),
     max_k: int = typer.Option(1000, "--max-k", help="Largest k a request may ask for."),
     max_batch: int = typer.Option(256, "--max-batch", help="Most queries per request."),
     max_body_bytes: int = typer.Option(
@@ -81,6 +81,7 @@ def serve(
         sock = bind_socket(host, port)  # a taken port fails here, before loading the store
     except (ValueError, PortInUseError) as exc:
         raise fail(exc) from None
+    port = sock.getsockname()[1]  # the port really bound (--port 0: one the system chose)
     try:
         service = SearchService(config)
     except (ValueError, FileNotFoundError, OSError, StoreFormatError) as exc:

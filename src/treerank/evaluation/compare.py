@@ -29,7 +29,9 @@ documents); ``k + 1`` passages are retrieved so that ``k`` remain.
 
 Files an earlier comparison left in ``out_dir`` for systems no longer evaluated (run files, an
 ``overlap.json``) are removed and listed under ``removed_stale_files`` in ``results.json``, so
-the folder never mixes two comparisons.
+the folder never mixes two comparisons. Only files that earlier comparison wrote are removed
+(run files named after a system of the ``results.json`` found there, its ``overlap.json``);
+any other file is left alone and listed under ``kept_unknown_files``.
 """
 
 from __future__ import annotations
@@ -116,6 +118,7 @@ class Comparison:
     doc_ids: list[str] | None = None
     overlap: dict[str, Any] | None = None
     removed_stale: list[str] = field(default_factory=list)
+    kept_unknown: list[str] = field(default_factory=list)
     seed_spread: dict[str, dict[str, Any]] = field(default_factory=dict)
     tuning: dict[str, dict[str, Any]] = field(default_factory=dict)
     trained: list[str] = field(default_factory=list)
@@ -205,6 +208,7 @@ class Comparison:
             "overlap": self.overlap,
             "seed_spread": self.seed_spread,
             "removed_stale_files": self.removed_stale,
+            "kept_unknown_files": self.kept_unknown,
             "tuning": self.tuning,
             "trained": self.trained,
             "untrained": self.untrained,
@@ -434,8 +438,24 @@ def _compare(
     return comp
 
 
+def _earlier_files(out: Path) -> set[Path]:
+    """The run files and ``overlap.json`` the comparison whose ``results.json`` is in ``out``
+    wrote (empty when there is none or it cannot be read)."""
+    import json
+
+    try:
+        doc = json.loads((out / "results.json").read_text(encoding="utf-8"))
+        systems = list(doc.get("systems") or {})
+        overlap = doc.get("overlap") is not None
+    except (OSError, ValueError, AttributeError):
+        return set()
+    files = {out / "runs" / f"{safe_name(str(s))}.trec" for s in systems}
+    return files | ({out / "overlap.json"} if overlap else set())
+
+
 def _write(comp: Comparison, store: StoreLike, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
+    earlier = _earlier_files(out)
     qids = list(store.query_ids())
     pids = comp.doc_ids if comp.doc_ids is not None else list(store.passage_ids())
     for name, run in comp.doc_runs.items():
@@ -444,8 +464,13 @@ def _write(comp: Comparison, store: StoreLike, out: Path) -> None:
         )
     if comp.overlap is not None:
         comp.files["overlap"] = write_json(out / "overlap.json", comp.overlap)
-    comp.removed_stale = remove_stale(
-        out, [*(out / "runs").glob("*.trec"), out / "overlap.json"], set(comp.files.values())
+    written = set(comp.files.values())
+    candidates = [*(out / "runs").glob("*.trec"), out / "overlap.json"]
+    comp.removed_stale = remove_stale(out, [p for p in candidates if p in earlier], written)
+    comp.kept_unknown = sorted(
+        p.relative_to(out).as_posix()
+        for p in candidates
+        if p.is_file() and p not in written and p not in earlier
     )
 
     def lines():  # type: ignore[no-untyped-def]

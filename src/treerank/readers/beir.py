@@ -141,12 +141,16 @@ def beir_splits(path: str | Path) -> list[str]:
 
 
 @lru_cache(maxsize=2)
-def _corpus(path: str, mtime_ns: int, size: int) -> tuple[tuple[tuple[str, str], ...], int]:
-    """``((doc id, passage text), ...)`` and the count of empty documents, read once per file
-    version (the key changes when the file does)."""
+def _corpus(
+    path: str, mtime_ns: int, size: int
+) -> tuple[tuple[tuple[str, str], ...], int, tuple[int, ...]]:
+    """``((doc id, passage text), ...)``, the count of empty documents and the lines of the
+    documents without a ``text`` field (kept as their title only), read once per file version
+    (the key changes when the file does)."""
     files = BeirFiles(path)
     docs: list[tuple[str, str]] = []
     n_empty = 0
+    no_text: list[int] = []
     corpus_path = files.name("corpus.jsonl")
     ids = UniqueIds(corpus_path, "document")
     with files.open("corpus.jsonl") as f:
@@ -157,8 +161,10 @@ def _corpus(path: str, mtime_ns: int, size: int) -> tuple[tuple[tuple[str, str],
             if not text:
                 n_empty += 1
                 continue
+            if "text" not in rec:
+                no_text.append(line_no)
             docs.append((doc_id, text))
-    return tuple(docs), n_empty
+    return tuple(docs), n_empty, tuple(no_text)
 
 
 def _corpus_key(files: BeirFiles) -> tuple[str, int, int]:
@@ -187,7 +193,7 @@ def read_beir(folder: str | Path, split: str = "test") -> RetrievalSplit:
             qrels_name,
             "no judgments (an empty file or a header line only): the split has no queries",
         )
-    docs, n_empty = _corpus(*_corpus_key(files))
+    docs, n_empty, no_text = _corpus(*_corpus_key(files))
     b = SplitBuilder(split, "beir", relevance_threshold=1)
     for doc_id, text in docs:
         b.add_passage(doc_id, text)
@@ -212,6 +218,14 @@ def read_beir(folder: str | Path, split: str = "test") -> RetrievalSplit:
         )
     out = build_judged_split(split, "beir", [(q, texts[q]) for q in wanted], qrels, b)
     out.meta.update({"path": str(files.path), "n_empty_documents_skipped": n_empty})
+    if no_text:
+        out.meta.update(
+            {
+                "corpus_file": str(files.name("corpus.jsonl")),
+                "n_documents_without_text": len(no_text),
+                "rows_without_text": list(no_text[:5]),
+            }
+        )
     if files.is_zip:
         out.meta["zip_member_prefix"] = files.prefix
     return out

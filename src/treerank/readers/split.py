@@ -81,7 +81,8 @@ class RetrievalSplit:
         """What the reader dropped or found unusable, as sentences for the user.
 
         Read from ``meta`` (counts the readers record) and the labels: judgments on passages
-        absent from the corpus (count and an example), empty documents skipped, and a split
+        absent from the corpus (count and an example), empty documents skipped, BEIR documents
+        without a ``text`` field (stored as their title; file and rows), and a split
         whose judgments match none of its passages (fine for label-free training and serving;
         ``evaluate`` refuses it).
         """
@@ -98,6 +99,16 @@ class RetrievalSplit:
         n_empty = self.meta.get("n_empty_documents_skipped")
         if isinstance(n_empty, int) and n_empty:
             out.append(f"{n_empty:,} documents with empty text were skipped")
+        n_no_text = self.meta.get("n_documents_without_text")
+        if isinstance(n_no_text, int) and n_no_text:
+            shown = self.meta.get("rows_without_text")
+            shown = list(shown) if isinstance(shown, list) else []
+            rows = ", ".join(str(r) for r in shown)
+            more = ", ..." if n_no_text > len(shown) else ""
+            out.append(
+                f'{self.meta.get("corpus_file")}: {n_no_text:,} documents have no "text" field '
+                f"and are stored as their title only (row {rows}{more})"
+            )
         relevant = (self.candidates >= 0) & (self.labels >= self.relevance_threshold)
         if self.n_queries and not relevant.any():
             out.append(

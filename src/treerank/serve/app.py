@@ -287,9 +287,12 @@ def bind_socket(host: str, port: int) -> socket.socket:
     """A listening TCP socket on ``host:port``, bound before anything is loaded or printed.
 
     Raises:
+        ValueError: ``port`` is outside 0-65535.
         PortInUseError: the port is taken (``EADDRINUSE``) or the address cannot be bound; the
             message names the address and what to do.
     """
+    if not 0 <= port <= 65535:
+        raise ValueError(f"--port {port} is not a TCP port (0-65535)")
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -298,14 +301,16 @@ def bind_socket(host: str, port: int) -> socket.socket:
         sock.listen(2048)
     except OSError as exc:
         sock.close()
-        what = (
-            "is already in use"
-            if exc.errno == errno.EADDRINUSE
-            else f"cannot be bound ({exc.strerror})"
-        )
-        raise PortInUseError(
-            f"http://{host}:{port} {what}; stop the other server or choose another --port",
-        ) from None
+        if exc.errno == errno.EADDRINUSE:
+            what = "is already in use; stop the other server or choose another --port"
+        elif exc.errno == errno.EACCES:
+            what = f"cannot be bound ({exc.strerror}); choose a --port above 1023"
+        else:
+            what = (
+                f"cannot be bound ({exc.strerror}); choose another --host "
+                "(an address of this machine, e.g. 127.0.0.1 or 0.0.0.0)"
+            )
+        raise PortInUseError(f"http://{host}:{port} {what}") from None
     sock.set_inheritable(True)
     return sock
 

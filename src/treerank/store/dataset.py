@@ -76,7 +76,8 @@ def plan_dataset(
         input_path: the input file or directory.
         fmt: ``"auto"`` (detect from the path and its contents) or a name of
             :data:`treerank.readers.FORMATS`.
-        splits: the splits asked for; empty: the format's default split.
+        splits: the splits asked for, in order; one named twice is embedded once. Empty: the
+            format's default split.
 
     Raises:
         DataFormatError: the input is missing, its format cannot be detected, or ``fmt`` is
@@ -87,7 +88,7 @@ def plan_dataset(
         raise DataFormatError(
             Path(input_path), f"unknown format {fmt!r}; use one of {list(FORMATS)}"
         )
-    return DatasetPlan(name, tuple(splits) or (FORMATS[name][1],))
+    return DatasetPlan(name, tuple(dict.fromkeys(splits)) or (FORMATS[name][1],))
 
 
 def embed_dataset(
