@@ -494,12 +494,8 @@ MISTAKES = [
         "trial-32",
         "ckpt: path typo",
         EVAL + " --system ckpt:{tmp}/lineaar --out {tmp}/e",
-        FAILED,
-        [
-            r"system ckpt:\S+lineaar failed: FileNotFoundError: \S+config\.json: missing "
-            r"\(not a treerank checkpoint directory\)",
-            r"7 queries evaluated",
-        ],
+        BAD,
+        [r"bad system spec 'ckpt:\S+lineaar': \S+config\.json: missing \(no such directory\)"],
     ),
     Mistake(
         "trial-33",

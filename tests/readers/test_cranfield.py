@@ -44,6 +44,13 @@ def test_folder_and_tarball_read_identically(tmp_path: Path, shared_data: Path, 
     np.testing.assert_array_equal(folder.candidates, cran.candidates)
 
 
+def test_the_published_folder_holding_only_the_tarball_is_read(shared_data: Path, cran) -> None:
+    folder = shared_data / "cranfield"  # as published: cran.tar.gz and nothing else
+    assert detect_format(folder) == "cranfield"
+    split = read_split(folder, "auto")
+    assert split.query_texts == cran.query_texts and split.passage_texts == cran.passage_texts
+
+
 def test_errors_name_file_and_line(tmp_path: Path, shared_data: Path) -> None:
     with tarfile.open(shared_data / "cranfield" / "cran.tar.gz") as tf:
         tf.extractall(tmp_path, filter="data")

@@ -218,8 +218,9 @@ class Comparison:
 def untrained_note(name: str) -> str:
     """The warning printed and written for a system in :attr:`Comparison.untrained`."""
     return (
-        f"the saved model of {name} is its untrained initialisation (training stopped early "
-        "at step 0: no step beat it on the held-out queries), so it scores like its starting "
+        f"the saved model of {name} is its untrained initialisation (training ran, but no "
+        "held-out check after step 0 beat the initial weights, so early stopping kept them: "
+        "best_step 0), so it scores like its starting "
         "point (an identity-initialised head: exactly like cosine); train on more queries or "
         "lower the learning rate"
     )

@@ -79,8 +79,18 @@ def parse_smart(text: str, display: str) -> list[tuple[str, dict[str, str]]]:
     return records
 
 
+def folder_tarball(path: Path) -> Path | None:
+    """The one Cranfield tarball (``cran*.tar.gz`` / ``.tgz`` / ``.tar``) of a folder that does
+    not hold the unpacked files (the published layout: the folder holds only the tarball)."""
+    if not path.is_dir() or (path / DOCS).is_file():
+        return None
+    found = sorted(f for pat in ("cran*.tar.gz", "cran*.tgz", "cran*.tar") for f in path.glob(pat))
+    return found[0] if len(found) == 1 else None
+
+
 def read_cranfield(path: str | Path, split: str = "test") -> RetrievalSplit:
-    """Read Cranfield (``cran.tar.gz`` or a folder with the three files) into one split.
+    """Read Cranfield (``cran.tar.gz``, a folder with the three files, or a folder holding only
+    the tarball) into one split.
 
     Args:
         path: the original tarball or an unpacked folder.
@@ -92,6 +102,7 @@ def read_cranfield(path: str | Path, split: str = "test") -> RetrievalSplit:
     p = Path(path)
     if not p.exists():
         raise DataFormatError(p, "file or directory not found")
+    p = folder_tarball(p) or p
     docs_text, docs_name = _read_member(p, DOCS)
     qry_text, qry_name = _read_member(p, QUERIES)
     rel_text, rel_name = _read_member(p, QRELS)

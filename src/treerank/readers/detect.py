@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from treerank.readers.beir import is_beir_zip, read_beir
-from treerank.readers.cranfield import read_cranfield
+from treerank.readers.cranfield import folder_tarball, read_cranfield
 from treerank.readers.dl19 import read_trec_dl_pool
 from treerank.readers.errors import DataFormatError
 from treerank.readers.hf_datasets import is_hf_datasets_dir, read_hf_datasets
@@ -80,7 +80,7 @@ def detect_format(path: str | Path) -> str:
         return "scifact"
     if (p / "retrieve_results").is_dir():
         return "trec-dl"
-    if (p / "cran.all.1400").is_file():
+    if (p / "cran.all.1400").is_file() or folder_tarball(p) is not None:
         return "cranfield"
     if (p / "collection.tsv").is_file():
         return "tsv"

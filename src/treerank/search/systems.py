@@ -398,6 +398,12 @@ def _build_rm3(body: str, spec: str, cache: Any = None, **opts: Any) -> System:
 def _build_ckpt(body: str, spec: str, cache: Any = None, **opts: Any) -> System:
     if not body:
         raise ValueError(f"bad system spec {spec!r}: expected ckpt:<checkpoint dir>")
+    # refused when the spec is built, before any system is scored (a missing checkpoint is bad
+    # input, not a failure of one system halfway through a comparison)
+    config = Path(body) / "config.json"
+    if not config.is_file():
+        what = "no such directory" if not Path(body).exists() else "not a treerank checkpoint"
+        raise ValueError(f"bad system spec {spec!r}: {config}: missing ({what})")
     return CheckpointSystem(body, name=spec, **opts)
 
 

@@ -145,11 +145,14 @@ def embed_dataset(
     """
     from treerank.distributed.context import launch
     from treerank.distributed.embed import embed_sharded, rank_device
-    from treerank.store.embed import embed_split
+    from treerank.store.embed import check_destination, embed_split
 
     plan = plan_dataset(input_path, fmt, splits)
     root = Path(out)
     where = split_dir or (lambda s: root / s)
+    if not replace_stale:  # refuse an occupied destination before reading anything
+        for name in plan.splits:
+            check_destination(where(name), resume=resume, overwrite=overwrite)
     encoder: SentenceEncoder | None = None
     done: list[EmbeddedSplit] = []
     with launch() as ctx:  # under torchrun: one process group for every split

@@ -71,6 +71,37 @@ class StoreExistsError(StoreFormatError):
     overwritten; nothing was changed."""
 
 
+def check_destination(
+    out_dir: str | Path, *, resume: bool = False, overwrite: bool = False
+) -> None:
+    """Refuse, before any input is read or encoder loaded, a destination that
+    :func:`embed_split` would refuse whatever the data: a finished store, an unfinished run or
+    bare store files, when neither ``resume`` nor ``overwrite`` is given. (With ``resume`` the
+    decision needs the data's signature, so it is left to :func:`embed_split`.)
+
+    Raises:
+        StoreExistsError: with the same message :func:`embed_split` gives.
+    """
+    if resume or overwrite:
+        return
+    out = Path(out_dir)
+    if (out / META_JSON).is_file():
+        raise StoreExistsError(
+            f"{out / META_JSON}: a finished store is already here; pass overwrite (--overwrite) "
+            "to replace it"
+        )
+    if (out / PROGRESS_JSON).is_file():
+        raise StoreExistsError(
+            f"{out / PROGRESS_JSON}: an unfinished embed run is here; pass resume (--resume) to "
+            "continue it or overwrite (--overwrite) to start again"
+        )
+    if any((out / n).exists() for n in (QUERIES_BIN, PASSAGES_BIN, INDICES_BIN)):
+        raise StoreExistsError(
+            f"{out}: holds store files but neither {META_JSON} nor {PROGRESS_JSON}; "
+            "pass overwrite (--overwrite) to replace them"
+        )
+
+
 @dataclass
 class EmbedStats:
     """Counts and timings of one embed run (cumulative over resumed runs).
@@ -421,20 +452,15 @@ def embed_split(
     # ------------------------------------------------------ state of out_dir
     data_sha = split_digest(split)
     signature = embed_signature(data_sha, encoder)
-    if has_meta and not overwrite:
+    check_destination(out, resume=resume, overwrite=overwrite)  # the cases without resume
+    if has_meta and not overwrite:  # resume: done already when the signature matches
         meta = json.loads((out / META_JSON).read_text(encoding="utf-8"))
-        if resume and meta.get("signature") == signature:
+        if meta.get("signature") == signature:
             fields = EmbedStats.__dataclass_fields__
             return EmbedStats(**{k: v for k, v in meta.get("stats", {}).items() if k in fields})
         raise StoreExistsError(
-            f"{out / META_JSON}: a finished store is already here"
-            + (" with a different data/encoder/batching signature" if resume else "")
-            + "; pass overwrite (--overwrite) to replace it"
-        )
-    if has_progress and not resume and not overwrite:
-        raise StoreExistsError(
-            f"{out / PROGRESS_JSON}: an unfinished embed run is here; pass resume (--resume) to "
-            "continue it or overwrite (--overwrite) to start again"
+            f"{out / META_JSON}: a finished store is already here with a different "
+            "data/encoder/batching signature; pass overwrite (--overwrite) to replace it"
         )
     if not has_progress and not has_meta and has_files and not overwrite:
         raise StoreExistsError(
