@@ -41,7 +41,11 @@ FORMATS: dict[str, tuple[Callable[[Path, str], RetrievalSplit], str, str]] = {
         "TREC DL pool: topics, qrels, retrieve_results/<RUN>/*.json",
     ),
     "tsv": (read_tsv, "test", "collection.tsv + queries[.<split>].tsv + TREC qrels"),
-    "cranfield": (read_cranfield, "test", "Cranfield SMART files: cran.tar.gz or a folder"),
+    "cranfield": (
+        read_cranfield,
+        "test",
+        "Cranfield SMART: cran.tar.gz, or a folder of its files or of it",
+    ),
 }
 
 
