@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -392,7 +392,9 @@ class PairGroup:
     neg_w: Tensor  # (G, E-) bag * negative_weight (0 for a random draw that is a positive)
     pmask: Tensor  # (G, nS + R) passages in the bag
     wanted: Tensor  # (G, nS + R) bool: the row is a positive of some training query
-    gens: list[torch.Generator]  # one dropout stream per pair
+    gens: list[torch.Generator]  # one dropout stream per pair (CPU generators)
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    """Where every tensor above and every row block served lives (the trainer's device)."""
 
     @property
     def n_passage_rows(self) -> int:
@@ -404,7 +406,7 @@ class PairGroup:
         n_s = len(self.shared.ids)
         parts = []
         if lo < n_s:
-            x = torch.from_numpy(self.shared.rows(lo, min(hi, n_s)))
+            x = torch.from_numpy(self.shared.rows(lo, min(hi, n_s))).to(self.device)
             parts.append(x.unsqueeze(0).expand(self.pool_x.shape[0], -1, -1))
         if hi > n_s:
             parts.append(self.pool_x[:, max(lo, n_s) - n_s : hi - n_s])
@@ -414,12 +416,13 @@ class PairGroup:
         """``float32 (G, len(idx), d)`` the pairs' passage rows ``idx`` (ascending)."""
         n_s = len(self.shared.ids)
         shared = idx[idx < n_s]
-        out = torch.empty(self.pool_x.shape[0], len(idx), self.pool_x.shape[2])
+        out = torch.empty(self.pool_x.shape[0], len(idx), self.pool_x.shape[2], device=self.device)
         if len(shared):
             x = torch.from_numpy(np.asarray(self.shared.store.passages[self.shared.ids[shared]]))
-            out[:, : len(shared)] = x.to(torch.float32).unsqueeze(0)
+            out[:, : len(shared)] = x.to(self.device, torch.float32).unsqueeze(0)
         if len(shared) < len(idx):
-            out[:, len(shared) :] = self.pool_x[:, torch.from_numpy(idx[len(shared) :] - n_s)]
+            rest = torch.from_numpy(idx[len(shared) :] - n_s).to(self.device)
+            out[:, len(shared) :] = self.pool_x[:, rest]
         return out
 
 
@@ -453,8 +456,11 @@ def build_group(
     xq: QueryRows,
     draws: list[PairDraw],
     boost: np.ndarray,
+    device: torch.device | None = None,
 ) -> PairGroup:
-    """Tensors of the pairs of ``draws``: shared rows, then each pair's random-negative rows."""
+    """Tensors of the pairs of ``draws``: shared rows, then each pair's random-negative rows,
+    built on the CPU (numpy draws) and moved to ``device`` (None = the CPU)."""
+    dev = torch.device("cpu") if device is None else device
     n_g, nq, n_s = len(draws), xq.n, len(shared.ids)
     n_pass = int(store.n_passages)
     # Random negative r of query i is slot (i * R + r) mod P of the pair's own pool of P random
@@ -493,15 +499,16 @@ def build_group(
     return PairGroup(
         xq=xq,
         shared=shared,
-        pool_x=pool_x,
-        qmask=torch.from_numpy(qmask),
-        pos_q=torch.from_numpy(pos_q),
-        pos_p=torch.from_numpy(pos_p),
-        pos_w=torch.from_numpy(pos_w.astype(np.float32)),
-        neg_q=torch.from_numpy(neg_q),
-        neg_p=torch.from_numpy(neg_p),
-        neg_w=torch.from_numpy(neg_w.astype(np.float32)),
-        pmask=torch.from_numpy(pmask.astype(np.float32)),
-        wanted=torch.from_numpy(wanted),
+        pool_x=pool_x.to(dev),
+        qmask=torch.from_numpy(qmask).to(dev),
+        pos_q=torch.from_numpy(pos_q).to(dev),
+        pos_p=torch.from_numpy(pos_p).to(dev),
+        pos_w=torch.from_numpy(pos_w.astype(np.float32)).to(dev),
+        neg_q=torch.from_numpy(neg_q).to(dev),
+        neg_p=torch.from_numpy(neg_p).to(dev),
+        neg_w=torch.from_numpy(neg_w.astype(np.float32)).to(dev),
+        pmask=torch.from_numpy(pmask.astype(np.float32)).to(dev),
+        wanted=torch.from_numpy(wanted).to(dev),
         gens=[d.dropout for d in draws],
+        device=dev,
     )
