@@ -371,8 +371,10 @@ def train_forest(
     masks) come from CPU generators and numpy and are moved to the device, so a GPU run sees the
     same draws as a CPU run and differs only by float32 rounding of its reductions (tested:
     ``tests/training/test_forest_device.py``). On the CPU the computation is the CPU path
-    exactly (``device="cpu"`` equals the default, byte for byte). The trained forest is
-    returned on the CPU; ``trainer.repartition`` (post-hoc) runs on the CPU.
+    exactly (``device="cpu"`` equals the default, byte for byte). Hard negatives are mined on
+    the device too (exact search: the same ids except where two cosines differ by < 1e-5).
+    The trained forest is returned on the CPU; ``trainer.repartition`` (post-hoc) runs on the
+    CPU.
 
     Args:
         store: an ``EmbeddingStore`` with labelled queries (selected passages); with
@@ -400,6 +402,7 @@ def train_forest(
     from treerank.kernels.device import resolve_device
 
     dev = resolve_device(device)
+    mine_on = None if dev.type == "cpu" else dev  # the CPU: exact_search's default call
     parsed = parse_forest_config(config)
     cfg = forest_train_config(parsed)
     t_start = time.perf_counter()
@@ -410,10 +413,10 @@ def train_forest(
 
         specs = parse_sources(cfg.sources)
         table = build_training_table(store, specs, train_rows)
-        store, data = source_pair_data(store, table, specs, cfg.hard_negatives)  # type: ignore[assignment]
+        store, data = source_pair_data(store, table, specs, cfg.hard_negatives, mine_on)  # type: ignore[assignment]
         sources_info: dict[str, Any] | None = table.info
     else:
-        data = pair_data(store, cfg.hard_negatives, train_rows)
+        data = pair_data(store, cfg.hard_negatives, train_rows, mine_on)
         sources_info = None
     shared = shared_rows(store, data)
     n_pass = int(store.n_passages)

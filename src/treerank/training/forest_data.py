@@ -60,19 +60,27 @@ class PairData:
 
 
 def mine_hard_negatives(
-    q: np.ndarray, passages: Any, pos_q: np.ndarray, pos_p: np.ndarray, k: int
+    q: np.ndarray,
+    passages: Any,
+    pos_q: np.ndarray,
+    pos_p: np.ndarray,
+    k: int,
+    device: Any = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Top-``k`` cosine passages per query that are not selected for it.
 
     Cosine of the stored vectors (both sides L2-normalised, the one rule of
     ``treerank.kernels.vectors``), ranked by the exact streaming kernel
-    (``treerank.kernels.topk.exact_search``: ties by ascending passage id).
+    (``treerank.kernels.topk.exact_search``: ties by ascending passage id) on ``device``
+    (None = the CPU; a GPU gives the same ids except where two cosines differ by < 1e-5).
     """
     nq, n = len(q), passages.shape[0]
     if k == 0 or nq == 0:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
     kk = min(n, k + int(np.bincount(pos_q, minlength=nq).max()))
-    best_i, _ = exact_search(l2_normalize(q), passages, k=kk, passage_transform=l2_normalize)
+    best_i, _ = exact_search(
+        l2_normalize(q), passages, k=kk, passage_transform=l2_normalize, device=device
+    )
     is_pos = np.isin(
         np.arange(nq)[:, None] * n + best_i, pos_q * n + pos_p
     )  # (nq, kk) selected ones are not negatives
@@ -82,13 +90,16 @@ def mine_hard_negatives(
     return rows.astype(np.int64), best_i[rows, cols].astype(np.int64)
 
 
-def pair_data(store: StoreLike, hard_negatives: int, train_rows: np.ndarray | None) -> PairData:
+def pair_data(
+    store: StoreLike, hard_negatives: int, train_rows: np.ndarray | None, device: Any = None
+) -> PairData:
     """The training examples of a store split.
 
     Args:
         store: an ``EmbeddingStore`` (``candidates`` / ``labels`` / ``relevance_threshold``).
         hard_negatives: cosine hard negatives mined per query (0 = none).
         train_rows: query rows to train on (None: every query with a selected passage).
+        device: where the hard negatives are mined (:func:`mine_hard_negatives`).
 
     Returns:
         :class:`PairData`: positives, fixed negatives (judged non-selected + mined), keys.
@@ -122,6 +133,7 @@ def pair_data(store: StoreLike, hard_negatives: int, train_rows: np.ndarray | No
         qv,
         store.passages,
         hard_negatives,
+        device=device,
     )
 
 
@@ -136,6 +148,7 @@ def _with_hard_negatives(
     hard_negatives: int,
     pos_weight: np.ndarray | None = None,
     excluded: tuple[np.ndarray, np.ndarray] | None = None,
+    device: Any = None,
 ) -> PairData:
     """:class:`PairData` of the given examples plus ``hard_negatives`` mined per query; the
     ``excluded`` ``(query index, passage id)`` pairs are never negatives (nor are positives)."""
@@ -144,7 +157,9 @@ def _with_hard_negatives(
     never_q, never_p = np.concatenate([pos_q, ex_q]), np.concatenate([pos_p, ex_p])
     if hard_negatives > 0:
         assert query_vectors is not None
-        hq, hp = mine_hard_negatives(query_vectors, passages, never_q, never_p, hard_negatives)
+        hq, hp = mine_hard_negatives(
+            query_vectors, passages, never_q, never_p, hard_negatives, device
+        )
         neg_q, neg_p = np.concatenate([neg_q, hq]), np.concatenate([neg_p, hp])
     if hard_negatives > 0 or excluded is not None:
         keys = np.unique(neg_q * n_pass + neg_p)
@@ -188,7 +203,11 @@ class TableStore:
 
 
 def source_pair_data(
-    store: StoreLike, table: Any, specs: Sequence[Any], hard_negatives: int
+    store: StoreLike,
+    table: Any,
+    specs: Sequence[Any],
+    hard_negatives: int,
+    device: Any = None,
 ) -> tuple[TableStore, PairData]:
     """The forest's training examples from a ``data.sources`` table.
 
@@ -206,6 +225,7 @@ def source_pair_data(
         table: :class:`treerank.training.data.TrainingTable` built from ``specs``.
         specs: the parsed ``data.sources`` entries, in the table's order.
         hard_negatives: mined per query (0 = none).
+        device: where they are mined (:func:`mine_hard_negatives`).
 
     Returns:
         ``(TableStore over the table's vectors, PairData in its row ids)``.
@@ -270,7 +290,17 @@ def source_pair_data(
     excluded = (np.searchsorted(queries, eq[inq]), ep[inq])
     qv = view.queries[queries] if hard_negatives > 0 else None
     data = _with_hard_negatives(
-        queries, pos_q, pos_p, neg_q, neg_p, qv, view.passages, hard_negatives, pos_w, excluded
+        queries,
+        pos_q,
+        pos_p,
+        neg_q,
+        neg_p,
+        qv,
+        view.passages,
+        hard_negatives,
+        pos_w,
+        excluded,
+        device,
     )
     return view, data
 
