@@ -140,6 +140,31 @@ def test_cuda_refused_before_work_without_cuda() -> None:
         forest.query_classes(np.zeros((2, 4), np.float32), device="cuda")
 
 
+def test_ckpt_system_passes_the_device_to_the_forest(tmp_path) -> None:
+    """``build_system("ckpt:...", device=...)`` (the evaluate stage's call) builds the forest's
+    system on that device."""
+    from treerank.models.checkpoint import save_checkpoint
+    from treerank.search.systems import build_system
+
+    rng = np.random.default_rng(4)
+    forest = Forest.random(ForestConfig(n_models=5, n_classes=3, dim=4), seed=4, name="f")
+    save_checkpoint(tmp_path / "f", forest.to_checkpoint("enc", "fp"))
+    store = _Store(
+        rng.standard_normal((6, 4)).astype(np.float32),
+        rng.standard_normal((50, 4)).astype(np.float32),
+    )
+    store.encoder_fingerprint = "fp"  # type: ignore[attr-defined]
+    system = build_system(f"ckpt:{tmp_path / 'f'}", device="cpu")
+    inner = system.system_for(store)  # type: ignore[attr-defined]
+    assert isinstance(inner, ForestSystem) and inner.device == torch.device("cpu")
+    np.testing.assert_array_equal(
+        system.retrieve(store, 50).ids, ForestSystem(forest).retrieve(store, 50).ids
+    )
+    if not CUDA:
+        with pytest.raises(DeviceError, match="cuda requested"):
+            build_system(f"ckpt:{tmp_path / 'f'}", device="cuda").system_for(store)  # type: ignore[attr-defined]
+
+
 class _Store:
     def __init__(self, q: np.ndarray, p: np.ndarray) -> None:
         self.queries, self.passages = q, p

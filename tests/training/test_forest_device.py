@@ -105,3 +105,31 @@ def test_cuda_group_with_boosting_trains() -> None:
     gpu = train_forest(store, cfg, progress=False, device="cuda").summary
     assert np.isfinite(gpu["final_train_match_rate_mean"])
     assert abs(gpu["final_train_match_rate_mean"] - cpu["final_train_match_rate_mean"]) <= 0.1
+
+
+def test_pipeline_passes_the_device_to_the_trainer_and_the_validator(tmp_path, monkeypatch):
+    """``train_model(device=)`` reaches ``train_forest`` and the held-out validator's
+    ForestSystem (the forest's train stage; its stage key holds the device:
+    ``tests/pipeline/test_stage_graph.py``)."""
+    import treerank.search.forest_index as fi
+    import treerank.training.forest as tf
+    from treerank.pipeline.training import train_model
+
+    seen: dict[str, list] = {"train": [], "system": []}
+    real_train, real_init = tf.train_forest, fi.ForestSystem.__init__
+
+    def spy_train(*args, device=None, **kw):  # declares device=, as train_forest does
+        seen["train"].append(device)
+        return real_train(*args, device=device, **kw)
+
+    def spy_init(self, *args, device=None, **kw):
+        seen["system"].append(device)
+        real_init(self, *args, device=device, **kw)
+
+    monkeypatch.setattr(tf, "train_forest", spy_train)
+    monkeypatch.setattr(fi.ForestSystem, "__init__", spy_init)
+    cfg = sectioned({**SMALL, "n_models": 2, "validation": {"fraction": 0.25, "k": 20}})
+    res = train_model("forest", make_toy_store(), cfg, tmp_path / "m", progress=False, device="cpu")
+    assert seen["train"] == ["cpu"]
+    assert seen["system"] and set(seen["system"]) == {"cpu"}
+    assert [p["n_models"] for p in res.summary["curve"]] == [1, 2]

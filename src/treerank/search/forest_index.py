@@ -254,7 +254,7 @@ class ForestIndex:
 
         pc, pp = self._device_table(dev)
         nq = len(qc)
-        out = (
+        out: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] = (
             np.full((nq, k), -1, dtype=np.int64),
             np.full((nq, k), -np.inf, dtype=np.float64),
             np.zeros((nq, k), dtype=np.int32),
@@ -635,15 +635,15 @@ class ForestSystem:
             raise RuntimeError("search_queries: build the index first")
         sc = self.forest.search
         q = np.asarray(queries, dtype=np.float32)
-        where = {"device": self.device, "backend": self.backend}
+        dev, backend = self.device, self.backend
         if sc.probe == 1 and sc.scoring == "shipped" and sc.assign == 1:
-            qc, qp = self.forest.query_classes(q, device=self.device)
+            qc, qp = self.forest.query_classes(q, device=dev)
             self._query_classes = qc
-            return self.index.search(qc, qp, k, **where)
+            return self.index.search(qc, qp, k, device=dev, backend=backend)
         t = min(sc.probe, self.forest.n_classes)
         qc3, qp3, floor = self.forest.query_top(q, t, device=self.device)
         self._query_classes = qc3[:, :, 0]
-        return self.index.search_probes(qc3, qp3, floor, k, sc.scoring, **where)
+        return self.index.search_probes(qc3, qp3, floor, k, sc.scoring, device=dev, backend=backend)
 
     def retrieve(self, store: StoreLike, k: int = 1000) -> Run:
         """Rank all passages of ``store`` for all its queries.

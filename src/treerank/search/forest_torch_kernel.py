@@ -60,7 +60,7 @@ def passage_table(
         does not index has ``-1`` in every slot of that model). Slots hold a passage's classes in
         ascending order.
     """
-    sizes = np.diff(np.asarray(offsets, dtype=np.int64))
+    sizes: np.ndarray = np.diff(np.asarray(offsets, dtype=np.int64)).astype(np.int64)
     lists = np.repeat(np.arange(n_models * n_classes, dtype=np.int64), sizes)
     pid = np.asarray(ids, dtype=np.int64)
     model, cls = lists // n_classes, lists % n_classes

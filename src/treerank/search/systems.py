@@ -31,6 +31,7 @@ Every built-in kind is one row of the static table ``_BUILT_IN`` (a heavy kind a
 from __future__ import annotations
 
 import importlib
+import inspect
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -211,6 +212,15 @@ class FusionSystem:
         return linear_fusion(ra, rb, k=k, weight=self.weight, norm=self.norm, name=self.name)
 
 
+def _takes_device(fn: Any) -> bool:
+    """Whether ``fn`` (a family's system class) declares a ``device`` parameter (the forest's:
+    classification and counting on the device)."""
+    try:
+        return "device" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 class CheckpointSystem:
     """A checkpoint directory, loaded for the store it is asked to rank (fingerprint-checked)."""
 
@@ -237,7 +247,10 @@ class CheckpointSystem:
             fam = family(model.model_type)
             system: System
             if fam.system is not None:
-                system = resolve(fam.system)(model, name=self.name)
+                make = resolve(fam.system)
+                dev = self.options.get("device")
+                on = {"device": dev} if dev is not None and _takes_device(make) else {}
+                system = make(model, name=self.name, **on)
             elif isinstance(model, DenseScorer):
                 system = DenseSystem(model, name=self.name, **self.options)
             else:
