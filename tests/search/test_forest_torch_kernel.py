@@ -21,7 +21,6 @@ from treerank.search import forest_index
 from treerank.search.forest_index import (
     ForestIndex,
     ForestSystem,
-    build_inverted_lists,
     count_kernel,
 )
 from treerank.search.forest_kernel import ID_BLOCK
@@ -34,24 +33,6 @@ SEED_FIELDS = ("ids", "counts", "secondary", "scanned")
 
 def test_numba_block_default_is_the_kernels() -> None:
     assert forest_index.ID_BLOCK == forest_index._ID_BLOCK == ID_BLOCK
-
-
-def test_passage_table_inverts_the_lists() -> None:
-    qc, qp, floor, pc, pp = tables(3, n=90, m=4, c=5, kk=2)
-    index = ForestIndex.build(pc, pp, 5)
-    cls, pr = index.class_table()
-    assert cls.shape == (90, 4, 2) and cls.dtype == np.int32 and pr.dtype == np.float32
-    again = build_inverted_lists(cls, pr, 5)
-    for a, b in zip(again, (index.offsets, index.ids, index.probs), strict=True):
-        np.testing.assert_array_equal(a, b)
-    # a cell's classes are the original ones (slots in ascending class order)
-    want = np.sort(np.where(pc >= 0, pc, 99), axis=-1)
-    np.testing.assert_array_equal(np.where(cls >= 0, cls, 99), want)
-    # a single-class table gives K = 1; an empty index K = 1 and every slot -1
-    one = ForestIndex.build(pc[:, :, 0], pp[:, :, 0], 5).class_table()[0]
-    assert one.shape == (90, 4, 1)
-    empty = ForestIndex.build(np.full((3, 2), -1), np.zeros((3, 2), np.float32), 4)
-    assert (empty.class_table()[0] == -1).all() and empty.class_table()[0].shape == (3, 2, 1)
 
 
 @pytest.mark.parametrize(("seed", "m", "c", "k"), [(0, 12, 6, 25), (1, 7, 3, 400), (2, 30, 4, 1)])
@@ -68,13 +49,12 @@ def test_seed_search_torch_equals_numba(seed, m, c, k) -> None:
     assert b.keys is None and (a.ids >= 0).any()
 
 
-def test_seed_search_small_blocks_and_query_blocks(monkeypatch) -> None:
-    """The passage block and the query block only bound memory."""
+def test_seed_search_small_query_blocks(monkeypatch) -> None:
+    """The query block only bounds memory."""
     qc, qp, pc, pp, c = random_tables(4, nq=23, n=301)
     index = ForestIndex.build(pc, pp, c)
     ref = index.search(qc, qp, 40)
-    monkeypatch.setattr(ftk, "BLOCK_ELEMENTS", 23 * 17)  # 17 passages per step
-    monkeypatch.setattr(forest_index, "_QUERY_BLOCK", 5)
+    monkeypatch.setattr(ftk, "CPU_BLOCK_ELEMENTS", 5 * 301)  # 5 queries per block
     got = index.search(qc, qp, 40, backend="torch")
     for f in SEED_FIELDS:
         np.testing.assert_array_equal(getattr(ref, f), getattr(got, f), err_msg=f)
@@ -96,7 +76,18 @@ def test_probes_every_scoring_torch_equals_numba(scoring, seed, t, kk) -> None:
     assert (b.secondary == 0).all() and (a.ids >= 0).sum() > 100
 
 
-def test_adding_passages_refreshes_the_table() -> None:
+def test_kernel_argument_errors() -> None:
+    z = torch.zeros
+    with pytest.raises(ValueError, match="probe 2 does not divide 3 lists"):
+        ftk.count_topk_torch(z(2), z(0), z(0), z(1, 3), z(1, 3), 2, 5, 3)
+    with pytest.raises(ValueError, match="k must be >= 1"):
+        ftk.count_topk_torch(z(2), z(0), z(0), z(1, 3), z(1, 3), 1, 5, 0)
+    with pytest.raises(ValueError, match="differ"):
+        ftk.count_topk_torch(z(2), z(0), z(0), z(1, 3), z(2, 3), 1, 5, 3)
+    assert ftk.default_block_elements(torch.device("cpu")) == ftk.CPU_BLOCK_ELEMENTS
+
+
+def test_adding_passages_refreshes_the_lists() -> None:
     qc, qp, pc, pp, c = random_tables(5, n=200)
     index = ForestIndex.build(pc[:120], pp[:120], c)
     index.search(qc, qp, 30, backend="torch")  # caches the (n = 120) table

@@ -17,10 +17,10 @@ is taken over the passages the query's lists touch, never over all ``n`` passage
 
 **Devices**: ``search`` / ``search_probes`` take ``device`` (``auto | cpu | cuda[:n]``, None =
 the CPU) and ``backend`` (:data:`COUNT_BACKENDS`): ``"auto"`` is the numba kernel on the CPU and
-the torch kernel (:mod:`treerank.search.forest_torch_kernel`, the index's class table on the
-device) on a GPU; ``"torch"`` forces the torch kernel (on the CPU too, which is how it is tested
-against the numba kernel). Both give the same ids, counts, secondary scores and keys, bit for
-bit, for every scoring. numba is imported only when the numba kernel runs.
+the torch kernel (:mod:`treerank.search.forest_torch_kernel`, the index's arrays gathered and
+scattered on the device) on a GPU; ``"torch"`` forces the torch kernel (on the CPU too, which is
+how it is tested against the numba kernel). Both give the same ids, counts, secondary scores and
+keys, bit for bit, for every scoring. numba is imported only when the numba kernel runs.
 
 Ranking (TreeRank seed): ``count(q, p) = #{m : class_m(q) == class_m(p)}``. Integer counts tie
 massively, so the order is **lexicographic and deterministic**:
@@ -166,7 +166,7 @@ class ForestIndex:
         self.offsets = np.zeros(self.n_models * self.n_classes + 1, dtype=np.int64)
         self.ids = np.zeros(0, dtype=np.int32)
         self.probs = np.zeros(0, dtype=np.float32)
-        self._table: tuple[torch.device, torch.Tensor, torch.Tensor] | None = None
+        self._table: tuple[torch.device, torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     @classmethod
     def build(cls, classes: np.ndarray, probs: np.ndarray, n_classes: int) -> ForestIndex:
@@ -216,22 +216,12 @@ class ForestIndex:
         self._table = None
         return np.arange(first, self.n_passages, dtype=np.int64)
 
-    def class_table(self) -> tuple[np.ndarray, np.ndarray]:
-        """The passages' classes and probabilities per model, from the lists:
-        ``(int32 (n, M, K), float32 (n, M, K))``, ``-1`` / ``0`` in unused slots
-        (:func:`treerank.search.forest_torch_kernel.passage_table`)."""
-        from treerank.search.forest_torch_kernel import passage_table
-
-        return passage_table(
-            self.offsets, self.ids, self.probs, self.n_models, self.n_classes, self.n_passages
-        )
-
-    def _device_table(self, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """:meth:`class_table` as tensors on ``dev`` (kept for the next search there)."""
+    def _device_lists(self, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The CSR arrays as tensors on ``dev`` (kept for the next search there)."""
         if self._table is None or self._table[0] != dev:
-            cls, pr = self.class_table()
-            self._table = (dev, torch.from_numpy(cls).to(dev), torch.from_numpy(pr).to(dev))
-        return self._table[1], self._table[2]
+            arrays = (self.offsets, np.ascontiguousarray(self.ids), self.probs)
+            self._table = (dev, *(torch.from_numpy(a).to(dev) for a in arrays))
+        return self._table[1], self._table[2], self._table[3]
 
     def _scanned(self, lists: np.ndarray) -> np.ndarray:
         """``int64 (B,)`` posting entries of each query's lists ``int64 (B, L)``."""
@@ -239,42 +229,36 @@ class ForestIndex:
 
     def _torch_count(
         self,
-        qc: np.ndarray,
+        lists: np.ndarray,
         w: np.ndarray,
+        probe: int,
         k: int,
         dev: torch.device,
         count_on: bool,
         use_pp: bool,
         divisor: float,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """:func:`~treerank.search.forest_torch_kernel.count_topk_torch` over ``qc int (nq, M,
-        t)`` / ``w float64 (nq, M, t)`` in query blocks on ``dev`` -> numpy ``(ids, keys, counts,
-        secondary)``."""
+        """:func:`~treerank.search.forest_torch_kernel.count_topk_torch` of the model-major lists
+        ``int64 (nq, M * t)`` with weights ``float64 (nq, M * t)`` on ``dev`` -> numpy ``(ids,
+        keys, counts, secondary)``."""
         from treerank.search.forest_torch_kernel import count_topk_torch
 
-        pc, pp = self._device_table(dev)
-        nq = len(qc)
-        out: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] = (
-            np.full((nq, k), -1, dtype=np.int64),
-            np.full((nq, k), -np.inf, dtype=np.float64),
-            np.zeros((nq, k), dtype=np.int32),
-            np.zeros((nq, k), dtype=np.float64),
+        offsets, ids, probs = self._device_lists(dev)
+        res = count_topk_torch(
+            offsets,
+            ids,
+            probs,
+            torch.from_numpy(np.ascontiguousarray(lists, dtype=np.int64)).to(dev),
+            torch.from_numpy(np.ascontiguousarray(w, dtype=np.float64)).to(dev),
+            probe,
+            self.n_passages,
+            k,
+            count_on=count_on,
+            use_passage_prob=use_pp,
+            divisor=divisor,
         )
-        for s in range(0, nq, _QUERY_BLOCK):
-            sl = slice(s, min(nq, s + _QUERY_BLOCK))
-            res = count_topk_torch(
-                pc,
-                pp,
-                torch.from_numpy(np.ascontiguousarray(qc[sl], dtype=np.int64)).to(dev),
-                torch.from_numpy(np.ascontiguousarray(w[sl], dtype=np.float64)).to(dev),
-                k,
-                count_on=count_on,
-                use_passage_prob=use_pp,
-                divisor=divisor,
-            )
-            for dst, src in zip(out, res, strict=True):
-                dst[sl] = src.cpu().numpy()
-        return out
+        i, keys, cnt, sec = (t.cpu().numpy() for t in res)
+        return i, keys, cnt, sec
 
     @property
     def nbytes(self) -> int:
@@ -331,9 +315,9 @@ class ForestIndex:
         nq = len(qc)
         lists = np.arange(self.n_models, dtype=np.int64)[None, :] * self.n_classes + qc
         if kernel == "torch":
-            w = np.asarray(qp, dtype=np.float64)[:, :, None]
+            w = np.asarray(qp, dtype=np.float64)
             t_ids, _, t_cnt, t_sec = self._torch_count(
-                qc[:, :, None], w, int(k), dev, True, True, float(self.n_models + 1)
+                lists, w, 1, int(k), dev, True, True, float(self.n_models + 1)
             )
             return ForestHits(t_ids, t_cnt, t_sec, self._scanned(lists))
         import numba
@@ -426,7 +410,7 @@ class ForestIndex:
         divisor = {"shipped": float(m + 1), "count": float("inf")}.get(scoring, 1.0)
         if kernel == "torch":
             t_ids, t_keys, t_cnt, _ = self._torch_count(
-                qc, w.reshape(nq, m, t), int(k), dev, count_on, use_pp, divisor
+                lists, w, t, int(k), dev, count_on, use_pp, divisor
             )
             return ForestHits(
                 t_ids, t_cnt, np.zeros((nq, k), dtype=np.float64), self._scanned(lists), t_keys

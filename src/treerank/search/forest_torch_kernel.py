@@ -1,113 +1,91 @@
 """Match counting of the forest search in torch: the numba kernel's results on any torch device.
 
 :mod:`treerank.search.forest_kernel` walks a query's inverted lists on the CPU (numba). This
-module computes the same ranking with dense torch operations, so that it runs on a GPU (or, for
-testing, on the CPU): the passages' class codes (the inverted lists turned back into a table,
-:func:`passage_table`) are compared with the query's probed classes one model at a time, a block
-of passages at a time, and the counts and secondary scores are accumulated in the numba kernel's
-order, then a running top-``k`` is merged block by block.
+module computes the same ranking with torch gathers and scatters, so that it runs on a GPU (or,
+for testing, on the CPU), with the same work: a block of queries at a time, their lists are
+walked **one list position at a time across the block** (model by model, probe by probe): the
+postings of every query's ``j``-th list are gathered from the CSR arrays at once and scattered
+into the block's ``(B, n)`` counters, then the block's top ``k`` is taken.
 
 Exactness (the same ids, counts, secondary scores and keys as the numba kernel, bit for bit):
 
-* the secondary score is accumulated in **float64, in model order**, one model per elementwise
-  step (``sec = where(hit, sec + w * float64(P_m(c|p)), sec)``), the order and the operations
-  of the numba loop, so no reduction order of the device enters it;
+* a (query, passage) counter receives at most one update per model (a passage is in a list at
+  most once; with several probes the first probed list of a model that holds the passage counts,
+  as in the numba kernel, through a ``last model`` mark), and models are processed in ascending
+  order, so the float64 secondary score is accumulated **in model order** with the numba
+  kernel's operations, ``sec = sec + w * float64(P_m(c|p))``: no reduction order of the device
+  enters it;
 * the key is formed as the numba kernel forms it: ``(count if count_on else 0) + sec /
   divisor`` in float64;
-* the top ``k`` is a **stable** descending sort of the running top-``k`` followed by the new
-  block (ids ascending within and across blocks), so equal keys rank by passage id ascending.
+* the top ``k`` is a **stable** descending sort of the keys by passage id, so equal keys rank by
+  passage id ascending; passages with no match are not retrieved (``-1`` padding).
 
-Multi-probe and multi-assignment follow :func:`~treerank.search.forest_kernel.count_topk_probes`:
-a passage counts at most once per model, with the weight of the first (most probable) probed
-class it is indexed in. Every scoring of :data:`treerank.models.forest.SCORINGS` is a choice of
-the weights ``w``, ``count_on``, ``use_passage_prob`` and ``divisor`` (as for the numba kernel).
+Every scoring of :data:`treerank.models.forest.SCORINGS` is a choice of the list weights ``w``,
+``count_on``, ``use_passage_prob`` and ``divisor``, as for the numba kernel.
 
-Cost: ``O(B * n * M * t * K)`` elementwise work for ``B`` queries, ``n`` passages, ``M``
-models, ``t`` probes and ``K`` assignments (dense: every passage of a block is compared), against
-the numba kernel's ``O(B * M * t * n / C)`` posting reads; memory ``O(B * block)`` per step plus
-the ``(n, M, K)`` class table on the device. It is the GPU path, not a faster CPU path: on the
-CPU the numba kernel stays the default.
+Cost: the postings of the query's lists (``~B * M * t * n / C``, as the numba kernel) plus a
+``(B, n)`` float64 + int32 counter block and its sort per query block; ``M * t`` gather/scatter
+steps per block (kernel launches on a GPU), so large query blocks pay: the block holds
+``block_elements // n`` queries (default :func:`default_block_elements`: 16M entries on the CPU,
+a fifth of the free memory at ~40 bytes an entry on a GPU). On the CPU the numba kernel stays the
+default (it keeps its counters in cache; this one is the GPU path, run on the CPU by the tests).
 """
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["BLOCK_ELEMENTS", "count_topk_torch", "passage_table"]
+__all__ = ["CPU_BLOCK_ELEMENTS", "count_topk_torch", "default_block_elements"]
 
-BLOCK_ELEMENTS = 1 << 24
-"""``B * block`` entries per accumulation step (float64 secondary + int32 count + masks:
-~250 MiB at the default); the passage block is ``max(1, BLOCK_ELEMENTS // B)``. Results do not
-depend on it."""
+CPU_BLOCK_ELEMENTS = 1 << 24
+"""``B * n`` counter entries per query block on the CPU (~650 MiB with the sort)."""
+BYTES_PER_ENTRY = 40
+"""float64 secondary + int32 count + int32 mark + float64 key + int64 sort index."""
 
 
-def passage_table(
-    offsets: np.ndarray, ids: np.ndarray, probs: np.ndarray, n_models: int, n_classes: int, n: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """The passage-class table of CSR inverted lists (the inverse of
-    :func:`treerank.search.forest_index.build_inverted_lists`).
-
-    Args:
-        offsets: ``int64 (M * C + 1,)``; list ``m * C + c`` is ``ids[offsets[l]:offsets[l+1]]``.
-        ids: ``int (nnz,)`` passage ids in ``[0, n)``. probs: ``float32 (nnz,)``.
-        n_models: M. n_classes: C. n: passages.
-
-    Returns:
-        ``(classes int32 (n, M, K), probs float32 (n, M, K))`` with ``K`` = the most lists of one
-        model a passage is in (at least 1); ``-1`` / ``0`` in unused slots (a passage a model
-        does not index has ``-1`` in every slot of that model). Slots hold a passage's classes in
-        ascending order.
-    """
-    sizes: np.ndarray = np.diff(np.asarray(offsets, dtype=np.int64)).astype(np.int64)
-    lists = np.repeat(np.arange(n_models * n_classes, dtype=np.int64), sizes)
-    pid = np.asarray(ids, dtype=np.int64)
-    model, cls = lists // n_classes, lists % n_classes
-    cell = pid * n_models + model  # (passage, model)
-    order = np.lexsort((cls, cell))  # by cell, then class
-    cell, cls, pr = cell[order], cls[order], np.asarray(probs, dtype=np.float32)[order]
-    first = np.r_[True, cell[1:] != cell[:-1]] if len(cell) else np.zeros(0, dtype=bool)
-    start = np.flatnonzero(first)
-    run = np.repeat(start, np.diff(np.r_[start, len(cell)]))
-    slot = np.arange(len(cell)) - run
-    kk = int(slot.max()) + 1 if len(slot) else 1
-    table = np.full((n * n_models, kk), -1, dtype=np.int32)
-    tprob = np.zeros((n * n_models, kk), dtype=np.float32)
-    table[cell, slot] = cls
-    tprob[cell, slot] = pr
-    return table.reshape(n, n_models, kk), tprob.reshape(n, n_models, kk)
+def default_block_elements(device: torch.device) -> int:
+    """Counter entries per query block: :data:`CPU_BLOCK_ELEMENTS` on the CPU; on a GPU a fifth
+    of its free memory at :data:`BYTES_PER_ENTRY` bytes an entry (at least 16M)."""
+    if device.type != "cuda":
+        return CPU_BLOCK_ELEMENTS
+    free, _ = torch.cuda.mem_get_info(device)
+    return max(CPU_BLOCK_ELEMENTS, int(free) // (5 * BYTES_PER_ENTRY))
 
 
 def count_topk_torch(
-    passage_classes: Tensor,
-    passage_probs: Tensor,
-    query_classes: Tensor,
+    offsets: Tensor,
+    ids: Tensor,
+    probs: Tensor,
+    query_lists: Tensor,
     list_weights: Tensor,
+    probe: int,
+    n_passages: int,
     k: int,
     *,
     count_on: bool = True,
     use_passage_prob: bool = True,
     divisor: float = float("inf"),
-    block: int | None = None,
+    block_elements: int | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Top ``k`` passages of every query by ``key = (count if count_on else 0) + secondary /
-    divisor`` descending, then passage id ascending (see the module docstring).
+    divisor`` descending, then passage id ascending (the torch twin of
+    :func:`treerank.search.forest_kernel.count_topk_probes`; see the module docstring).
 
     Args:
-        passage_classes: ``int (n, M, K)`` each passage's classes per model (``-1`` = none),
-            distinct within a (passage, model) cell (:func:`passage_table`).
-        passage_probs: ``float32 (n, M, K)`` the postings' ``P_m(c | p)``.
-        query_classes: ``int64 (B, M, t)`` each query's probed classes per model, most probable
-            first (``t = 1``: the seed's argmax class).
-        list_weights: ``float64 (B, M, t)`` the weight of each probed class (``P_m(c | q)`` for
-            the shipped order; :meth:`~treerank.search.forest_index.ForestIndex.search_probes`
-            for the others).
-        k: depth (``>= 1``).
+        offsets: ``int64 (M * C + 1,)`` CSR offsets of the inverted lists.
+        ids: ``int (nnz,)`` passage ids, each at most once per list. probs: ``float32 (nnz,)``
+            the postings' ``P_m(c | p)``.
+        query_lists: ``int64 (B, M * t)`` model-major probed lists (``m * C + c``; ``[b, m * t
+            + j]`` is model ``m``'s ``j``-th probed class, the most probable first).
+        list_weights: ``float64 (B, M * t)`` the weight of each probed list (``P_m(c | q)`` for
+            the shipped order).
+        probe: t. n_passages: ``n``, ids lie in ``[0, n)``. k: depth (``>= 1``).
         count_on: add the match count to the key. use_passage_prob: multiply a match's weight by
             ``P_m(c | p)``. divisor: of the secondary score (``inf``: rank by count alone;
             ``M + 1``: the shipped order).
-        block: passages per step (default ``BLOCK_ELEMENTS // B``); results do not depend on it.
+        block_elements: ``B * n`` counter entries per query block (default
+            :func:`default_block_elements`); results do not depend on it.
 
     All tensors on one device (the CPU or CUDA).
 
@@ -117,72 +95,70 @@ def count_topk_torch(
         with at least one match.
 
     Raises:
-        ValueError: shapes that disagree, or ``k < 1``.
+        ValueError: shapes that disagree, ``probe`` not dividing the lists, or ``k < 1``.
     """
-    n, n_models, n_assign = passage_classes.shape
-    b, m_q, probe = query_classes.shape
-    if m_q != n_models or tuple(list_weights.shape) != (b, m_q, probe):
+    b_all, n_lists = query_lists.shape
+    if tuple(list_weights.shape) != (b_all, n_lists):
         raise ValueError(
-            f"count_topk_torch: passages {tuple(passage_classes.shape)}, query classes "
-            f"{tuple(query_classes.shape)} and weights {tuple(list_weights.shape)} disagree"
+            f"count_topk_torch: query lists {tuple(query_lists.shape)} and weights "
+            f"{tuple(list_weights.shape)} differ"
         )
-    if tuple(passage_probs.shape) != (n, n_models, n_assign):
-        raise ValueError("count_topk_torch: passage classes and probs differ in shape")
+    if probe < 1 or n_lists % probe:
+        raise ValueError(f"count_topk_torch: probe {probe} does not divide {n_lists} lists")
     if k < 1:
         raise ValueError(f"count_topk_torch: k must be >= 1 (got {k})")
-    dev = passage_classes.device
-    pc = passage_classes.to(torch.int64)
-    qc = query_classes.to(dev, torch.int64)
-    w = list_weights.to(dev, torch.float64)
-    step = max(1, block if block is not None else BLOCK_ELEMENTS // max(1, b))
-    top_keys = torch.empty(b, 0, dtype=torch.float64, device=dev)
-    top_ids = torch.empty(b, 0, dtype=torch.int64, device=dev)
-    top_cnt = torch.empty(b, 0, dtype=torch.int32, device=dev)
-    top_sec = torch.empty(b, 0, dtype=torch.float64, device=dev)
-    for lo in range(0, n, step):
-        hi = min(n, lo + step)
-        pcb, ppb = pc[lo:hi], passage_probs[lo:hi]  # (P, M, K)
-        counts = torch.zeros(b, hi - lo, dtype=torch.int32, device=dev)
-        sec = torch.zeros(b, hi - lo, dtype=torch.float64, device=dev)
-        for m in range(n_models):
-            done: Tensor | None = None  # (B, P) already matched under model m
-            for j in range(probe):
-                cj = qc[:, m, j, None]  # (B, 1)
-                hit: Tensor | None = None
-                pp: Tensor | None = None
-                for a in range(n_assign):  # a passage's classes are distinct: one slot at most
-                    eq = pcb[None, :, m, a] == cj  # (B, P)
-                    hit = eq if hit is None else hit | eq
-                    if use_passage_prob:
-                        part = torch.where(eq, ppb[None, :, m, a], 0.0)
-                        pp = part if pp is None else pp + part
-                assert hit is not None
-                new = hit if done is None else hit & ~done
-                wj = w[:, m, j, None]  # (B, 1) float64
-                add = wj * pp.to(torch.float64) if pp is not None else wj
-                sec = torch.where(new, sec + add, sec)
-                counts += new.to(torch.int32)
-                done = new if done is None else done | new
+    dev = ids.device
+    n = int(n_passages)
+    budget = block_elements if block_elements is not None else default_block_elements(dev)
+    rows = max(1, min(max(b_all, 1), budget // max(1, n)))
+    out_ids = torch.full((b_all, k), -1, dtype=torch.int64, device=dev)
+    out_keys = torch.full((b_all, k), float("-inf"), dtype=torch.float64, device=dev)
+    out_cnt = torch.zeros(b_all, k, dtype=torch.int32, device=dev)
+    out_sec = torch.zeros(b_all, k, dtype=torch.float64, device=dev)
+    if n == 0 or b_all == 0:
+        return out_ids, out_keys, out_cnt, out_sec
+    offsets = offsets.to(dev, torch.int64)
+    probs = probs.to(dev)
+    kk = min(k, n)
+    for r0 in range(0, b_all, rows):
+        r1 = min(b_all, r0 + rows)
+        b = r1 - r0
+        ql = query_lists[r0:r1].to(dev, torch.int64)
+        wl = list_weights[r0:r1].to(dev, torch.float64)
+        counts = torch.zeros(b * n, dtype=torch.int32, device=dev)
+        sec = torch.zeros(b * n, dtype=torch.float64, device=dev)
+        last = torch.full((b * n,), -1, dtype=torch.int32, device=dev) if probe > 1 else None
+        base = torch.arange(b, dtype=torch.int64, device=dev) * n
+        for j in range(n_lists):  # model-major: models in ascending order
+            start = offsets[ql[:, j]]
+            size = offsets[ql[:, j] + 1] - start  # (B,)
+            total = int(size.sum())
+            if total == 0:
+                continue
+            owner = torch.repeat_interleave(
+                torch.arange(b, device=dev), size, output_size=total
+            )  # (T,) the query of each posting
+            first = torch.cumsum(size, 0) - size
+            pos = torch.arange(total, device=dev) - first[owner] + start[owner]
+            cells = base[owner] + ids[pos].to(torch.int64)  # distinct within one list
+            if last is not None:  # a passage counts once per model: its first probed list
+                model = j // probe
+                fresh = last[cells] != model
+                cells, owner, pos = cells[fresh], owner[fresh], pos[fresh]
+                last[cells] = model
+            w = wl[owner, j]
+            add = w * probs[pos].to(torch.float64) if use_passage_prob else w
+            sec[cells] = sec[cells] + add
+            counts[cells] = counts[cells] + 1
         key = sec / divisor
         if count_on:
             key = counts.to(torch.float64) + key
-        key = torch.where(counts > 0, key, float("-inf"))
-        ids = torch.arange(lo, hi, dtype=torch.int64, device=dev).expand(b, -1)
-        # running top-k first (smaller ids), then the block: a stable sort keeps ids ascending
-        all_keys = torch.cat([top_keys, key], 1)
-        order = torch.sort(all_keys, dim=1, descending=True, stable=True).indices[:, :k]
-        top_keys = all_keys.gather(1, order)
-        top_ids = torch.cat([top_ids, ids], 1).gather(1, order)
-        top_cnt = torch.cat([top_cnt, counts], 1).gather(1, order)
-        top_sec = torch.cat([top_sec, sec], 1).gather(1, order)
-    out_ids = torch.full((b, k), -1, dtype=torch.int64, device=dev)
-    out_keys = torch.full((b, k), float("-inf"), dtype=torch.float64, device=dev)
-    out_cnt = torch.zeros(b, k, dtype=torch.int32, device=dev)
-    out_sec = torch.zeros(b, k, dtype=torch.float64, device=dev)
-    got = top_ids.shape[1]
-    valid = top_cnt > 0
-    out_ids[:, :got] = torch.where(valid, top_ids, -1)
-    out_keys[:, :got] = torch.where(valid, top_keys, float("-inf"))
-    out_cnt[:, :got] = torch.where(valid, top_cnt, 0)
-    out_sec[:, :got] = torch.where(valid, top_sec, 0.0)
+        key = torch.where(counts > 0, key, float("-inf")).view(b, n)
+        order = torch.sort(key, dim=1, descending=True, stable=True).indices[:, :kk]
+        top_cnt = counts.view(b, n).gather(1, order)
+        hit = top_cnt > 0
+        out_ids[r0:r1, :kk] = torch.where(hit, order, -1)
+        out_keys[r0:r1, :kk] = torch.where(hit, key.gather(1, order), float("-inf"))
+        out_cnt[r0:r1, :kk] = torch.where(hit, top_cnt, 0)
+        out_sec[r0:r1, :kk] = torch.where(hit, sec.view(b, n).gather(1, order), 0.0)
     return out_ids, out_keys, out_cnt, out_sec
