@@ -218,10 +218,14 @@ class ForestIndex:
 
     def _device_lists(self, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The CSR arrays as tensors on ``dev`` (kept for the next search there)."""
-        if self._table is None or self._table[0] != dev:
-            arrays = (self.offsets, np.ascontiguousarray(self.ids), self.probs)
-            self._table = (dev, *(torch.from_numpy(a).to(dev) for a in arrays))
-        return self._table[1], self._table[2], self._table[3]
+        table = self._table
+        if table is None or table[0] != dev:
+            offsets, ids, probs = (
+                torch.from_numpy(np.ascontiguousarray(a)).to(dev)
+                for a in (self.offsets, self.ids, self.probs)
+            )
+            table = self._table = (dev, offsets, ids, probs)
+        return table[1], table[2], table[3]
 
     def _scanned(self, lists: np.ndarray) -> np.ndarray:
         """``int64 (B,)`` posting entries of each query's lists ``int64 (B, L)``."""
