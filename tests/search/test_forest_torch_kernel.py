@@ -185,18 +185,25 @@ def test_cuda_counting_equals_cpu(scoring) -> None:
 
 @needs_cuda
 def test_cuda_forest_system_agrees_with_cpu() -> None:
-    """Classification on the GPU (float32 softmax) may differ from the CPU's in the last bits;
-    on this fixture the argmax classes agree everywhere, so the runs are identical; the class
-    probabilities agree within 1e-6."""
+    """Classification on the GPU (float32 softmax) may differ from the CPU's in the last bits:
+    the argmax classes agree (>= 99.9% of the decisions), the class probabilities within 1e-6
+    where they do, and the runs rank the same passages except where two secondary scores are
+    within float32 rounding (the run scores at a differing rank within 1e-5)."""
     rng = np.random.default_rng(7)
     forest = Forest.random(ForestConfig(n_models=16, n_classes=8, dim=32), seed=1)
     q = rng.standard_normal((50, 32)).astype(np.float32)
     p = rng.standard_normal((2000, 32)).astype(np.float32)
-    cq, pq = forest.query_classes(q)
-    gq, gpq = forest.query_classes(q, device="cuda")
-    np.testing.assert_array_equal(cq, gq)
-    np.testing.assert_allclose(pq, gpq, rtol=0, atol=1e-6)
+    for cpu_side, gpu_side in (
+        (forest.query_classes(q), forest.query_classes(q, device="cuda")),
+        (forest.passage_classes(p), forest.passage_classes(p, device="cuda")),
+    ):
+        same = cpu_side[0] == gpu_side[0]
+        assert same.mean() >= 0.999
+        np.testing.assert_allclose(cpu_side[1][same], gpu_side[1][same], rtol=0, atol=1e-6)
     store = _Store(q, p)
     cpu = ForestSystem(forest).retrieve(store, 100)
     gpu = ForestSystem(forest, device="cuda").retrieve(store, 100)
-    np.testing.assert_array_equal(cpu.ids, gpu.ids)
+    differ = cpu.ids != gpu.ids
+    assert differ.mean() < 0.05
+    gap = np.abs(cpu.scores[differ] - gpu.scores[differ])
+    assert float(gap.max(initial=0.0)) < 1e-5
