@@ -17,18 +17,20 @@ Exactness (the same ids, counts, secondary scores and keys as the numba kernel, 
   enters it;
 * the key is formed as the numba kernel forms it: ``(count if count_on else 0) + sec /
   divisor`` in float64;
-* the top ``k`` is a **stable** descending sort of the keys by passage id, so equal keys rank by
-  passage id ascending; passages with no match are not retrieved (``-1`` padding).
+* the top ``k`` is the ``k`` largest keys with ties by passage id ascending: the exact ``k``-th
+  largest key from ``torch.topk``, every key above it and the lowest ids at it, then a stable
+  sort of those ``k`` by key; passages with no match are not retrieved (``-1`` padding).
 
 Every scoring of :data:`treerank.models.forest.SCORINGS` is a choice of the list weights ``w``,
 ``count_on``, ``use_passage_prob`` and ``divisor``, as for the numba kernel.
 
 Cost: the postings of the query's lists (``~B * M * t * n / C``, as the numba kernel) plus a
-``(B, n)`` float64 + int32 counter block and its sort per query block; ``M * t`` gather/scatter
-steps per block (kernel launches on a GPU), so large query blocks pay: the block holds
-``block_elements // n`` queries (default :func:`default_block_elements`: 16M entries on the CPU,
-a fifth of the free memory at ~40 bytes an entry on a GPU). On the CPU the numba kernel stays the
-default (it keeps its counters in cache; this one is the GPU path, run on the CPU by the tests).
+``(B, n)`` float64 + int32 counter block and its top-``k`` selection per query block, in
+``M * t`` gather/scatter steps per block (kernel launches on a GPU), so large query blocks pay:
+a block holds ``block_elements // n`` queries (default :func:`default_block_elements`: 16M
+entries on the CPU, a fifth of the free memory at ~40 bytes an entry on a GPU). On the CPU the
+numba kernel stays the default (it keeps its counters in cache; this one is the GPU path, run
+on the CPU by the tests).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ __all__ = ["CPU_BLOCK_ELEMENTS", "count_topk_torch", "default_block_elements"]
 CPU_BLOCK_ELEMENTS = 1 << 24
 """``B * n`` counter entries per query block on the CPU (~650 MiB with the sort)."""
 BYTES_PER_ENTRY = 40
-"""float64 secondary + int32 count + int32 mark + float64 key + int64 sort index."""
+"""float64 secondary + int32 count + int32 mark + float64 key + int64 tie rank."""
 
 
 def default_block_elements(device: torch.device) -> int:
@@ -51,6 +53,25 @@ def default_block_elements(device: torch.device) -> int:
         return CPU_BLOCK_ELEMENTS
     free, _ = torch.cuda.mem_get_info(device)
     return max(CPU_BLOCK_ELEMENTS, int(free) // (5 * BYTES_PER_ENTRY))
+
+
+def _topk_by_key_then_id(key: Tensor, k: int) -> Tensor:
+    """``int64 (B, k)`` columns of the ``k`` largest entries of ``key float64 (B, n)`` per row,
+    by key descending then column ascending (``k <= n``), without sorting the whole row.
+
+    ``torch.topk`` gives the exact ``k``-th largest value ``v`` (its order among ties is not
+    defined, so only the value is used); every entry ``> v`` is taken, and the first entries
+    ``== v`` by column fill the rest; the ``k`` taken columns (ascending) are then sorted by key
+    with a stable sort, so ties keep ascending columns (the reference's selection, ``tests``).
+    """
+    kth = torch.topk(key, k, dim=1).values[:, -1:]  # (B, 1)
+    gt = key > kth
+    eq = key == kth
+    need = k - gt.sum(1, keepdim=True)
+    take = gt | (eq & (torch.cumsum(eq.to(torch.int64), 1) <= need))
+    cols = take.nonzero()[:, 1].view(key.shape[0], k)  # row-major: columns ascending
+    order = torch.sort(key.gather(1, cols), dim=1, descending=True, stable=True).indices
+    return cols.gather(1, order)
 
 
 def count_topk_torch(
@@ -154,7 +175,7 @@ def count_topk_torch(
         if count_on:
             key = counts.to(torch.float64) + key
         key = torch.where(counts > 0, key, float("-inf")).view(b, n)
-        order = torch.sort(key, dim=1, descending=True, stable=True).indices[:, :kk]
+        order = _topk_by_key_then_id(key, kk)
         top_cnt = counts.view(b, n).gather(1, order)
         hit = top_cnt > 0
         out_ids[r0:r1, :kk] = torch.where(hit, order, -1)
