@@ -22,6 +22,7 @@ import numpy as np
 
 from treerank.distributed.context import is_main_process, main_first
 from treerank.faults import crash_point
+from treerank.kernels.device import takes_device
 from treerank.kernels.vectors import ROW_CHUNK
 from treerank.lock import writer_lock
 from treerank.models.families import family, family_names, resolve
@@ -126,14 +127,6 @@ def _family_of(model: Any) -> Any:
     return family(name)
 
 
-def _takes_device(fn: Any) -> bool:
-    """Whether ``fn`` (a system class or factory) declares a ``device`` parameter."""
-    try:
-        return "device" in inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
-
-
 def make_validator(
     store: StoreLike,
     rows: np.ndarray,
@@ -177,7 +170,7 @@ def make_validator(
             # A family with its own retrieval (the forest's inverted lists): searched as it is
             # searched at evaluation time, never through a dense view (one-hot features).
             make = resolve(fam.system)
-            on = {"device": device} if device is not None and _takes_device(make) else {}
+            on = {"device": device} if device is not None and takes_device(make) else {}
             system = make(model, None, **on)
             ids = system.retrieve(_Split(queries, passages), cfg.k).ids
         else:

@@ -31,7 +31,6 @@ Every built-in kind is one row of the static table ``_BUILT_IN`` (a heavy kind a
 from __future__ import annotations
 
 import importlib
-import inspect
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -39,6 +38,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from treerank.kernels.device import takes_device
 from treerank.kernels.topk import DEFAULT_CHUNK_SIZE, exact_search
 from treerank.models.base import DenseScorer
 from treerank.models.checkpoint import CheckpointMixin
@@ -212,15 +212,6 @@ class FusionSystem:
         return linear_fusion(ra, rb, k=k, weight=self.weight, norm=self.norm, name=self.name)
 
 
-def _takes_device(fn: Any) -> bool:
-    """Whether ``fn`` (a family's system class) declares a ``device`` parameter (the forest's:
-    classification and counting on the device)."""
-    try:
-        return "device" in inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
-
-
 class CheckpointSystem:
     """A checkpoint directory, loaded for the store it is asked to rank (fingerprint-checked)."""
 
@@ -249,7 +240,7 @@ class CheckpointSystem:
             if fam.system is not None:
                 make = resolve(fam.system)
                 dev = self.options.get("device")
-                on = {"device": dev} if dev is not None and _takes_device(make) else {}
+                on = {"device": dev} if dev is not None and takes_device(make) else {}
                 system = make(model, name=self.name, **on)
             elif isinstance(model, DenseScorer):
                 system = DenseSystem(model, name=self.name, **self.options)
