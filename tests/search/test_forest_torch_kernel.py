@@ -181,6 +181,9 @@ def test_cuda_counting_equals_cpu(scoring) -> None:
     a1, b1 = one.search(q1, p1, 100), one.search(q1, p1, 100, device="cuda")
     for f in SEED_FIELDS:
         np.testing.assert_array_equal(getattr(a1, f), getattr(b1, f), err_msg=f)
+    assert count_kernel("cuda") == (torch.device("cuda", 0), "torch")
+    with pytest.raises(ValueError, match="the numba kernel runs on the CPU only"):
+        one.search(q1, p1, 100, device="cuda", backend="numba")
 
 
 @needs_cuda
