@@ -12,9 +12,12 @@ every input is generated here: no FAISS, bm25s or bundled model is needed). Part
    Recall@100 against random qrels within 1e-4.
 3. **head epoch**: one epoch of a linear head (``training.heads.train_head``) on a generated
    labelled store; the weights of the two devices within 1e-4.
-4. **forest pair**: one forest pair (``training.forest.train_forest``, 2 models) on the CPU and,
-   when the forest accepts a GPU, on the GPU (otherwise the GPU half is reported as skipped).
-5. **throughput**: GPU/CPU ratios of parts 1-3, measured in this run.
+4. **forest pair**: one forest pair (``training.forest.train_forest``, 2 models in one group)
+   on both devices, weights within 1e-3; then the forest's counting: the same class tables of a
+   random forest counted by the CPU kernel (numba; the torch kernel on the CPU where numba is
+   not importable) and by the torch kernel on the GPU, with identical ids, counts and secondary
+   scores; the GPU's own classification is reported as its agreement with the CPU's classes.
+5. **throughput**: GPU/CPU ratios of parts 1-4, measured in this run.
 
 Without CUDA the CPU halves run and every GPU half is reported as ``skipped (no CUDA)``; the
 exit status is 0 when every check that ran passed, 1 otherwise. Prints a table, writes JSON.
@@ -208,29 +211,78 @@ def check_head(cuda: bool, quick: bool) -> dict[str, Any]:
 
 
 # -- 4. forest pair ---------------------------------------------------------------------------
+FOREST_WEIGHT_ATOL = 1e-3
+"""Largest |w_gpu - w_cpu| of the trained pair (``tests/training/test_forest_device.py``)."""
+
+
+def _forest_cpu_count(index: Any, qc: np.ndarray, qp: np.ndarray, k: int) -> tuple[Any, str]:
+    """The CPU reference count: the numba kernel where numba imports, else the torch kernel on
+    the CPU (which equals it bit for bit, ``tests/search/test_forest_torch_kernel.py``)."""
+    try:
+        import numba  # noqa: F401
+    except ImportError:
+        return index.search(qc, qp, k, device="cpu", backend="torch"), "torch (no numba)"
+    return index.search(qc, qp, k, device="cpu", backend="numba"), "numba"
+
+
 def check_forest(cuda: bool, quick: bool) -> dict[str, Any]:
+    """Train one forest pair (2 models, one group) on both devices, then count: a random forest
+    classifies the passages and queries once on the CPU and the same class tables are counted
+    by the CPU kernel and on the GPU (identical ids, counts and secondary scores required);
+    the GPU's own classification is reported as its agreement with the CPU's classes."""
+    from treerank.models.forest import Forest, ForestConfig
+    from treerank.search.forest_index import ForestIndex
     from treerank.training.forest import train_forest
 
     store = _Store(600, 2_000, 64)
     cfg = {
         "model": {"n_models": 2, "n_classes": 4},
         "trainer": {"group_size": 2, "steps_query": 10, "steps_passage": 10, "steps_joint": 5},
+        "data": {"hard_negatives": 0},  # mining is exact search (part 2), and needs no FAISS
     }
-    try:
-        cpu, t_cpu = _timed(train_forest, store, cfg, progress=False)
-    except Exception as exc:  # the forest's API is being rewritten: report, do not crash
-        return {"status": f"FAILED on the CPU: {type(exc).__name__}: {exc}"}
-    res: dict[str, Any] = {"cpu_seconds": t_cpu}
+    train_forest(store, cfg, progress=False, device="cpu")  # warm-up (imports, first calls)
+    cpu, t_cpu = _timed(train_forest, store, cfg, progress=False, device="cpu")
+    n, nq, m, c, k = (3_000, 100, 16, 8, 100) if quick else (50_000, 1_000, 64, 32, 100)
+    rng = np.random.default_rng(3)
+    passages = rng.standard_normal((n, 64), dtype=np.float32)
+    queries = rng.standard_normal((nq, 64), dtype=np.float32)
+    forest = Forest.random(ForestConfig(n_models=m, n_classes=c, dim=64), seed=3)
+    pc, pp = forest.passage_classes(passages)
+    qc, qp = forest.query_classes(queries)
+    index = ForestIndex.build(pc, pp, c)
+    _forest_cpu_count(index, qc[:4], qp[:4], k)  # warm-up (numba compiles or loads its cache)
+    (ref, kernel), t_count_cpu = _timed(_forest_cpu_count, index, qc, qp, k)
+    res: dict[str, Any] = {
+        "train": "2 models x 4 classes, 600 queries x 2,000 passages x 64",
+        "count": f"{nq} queries x {n} passages, M={m}, C={c}, k={k}",
+        "cpu_kernel": kernel,
+        "cpu_seconds": t_cpu,
+        "cpu_count_seconds": t_count_cpu,
+    }
     if not cuda:
         res["status"] = SKIP_NO_CUDA
         return res
-    try:
-        gpu, t_gpu = _timed(train_forest, store, cfg, progress=False, device=GDEV)
-    except (TypeError, ValueError, NotImplementedError) as exc:
-        res["status"] = f"GPU skipped: {exc}"
-        return res
-    res.update(gpu_seconds=t_gpu, ratio=t_cpu / t_gpu)
-    res["status"] = "ok"
+    gpu, t_gpu = _timed(train_forest, store, cfg, progress=False, device=GDEV)
+    a, b = cpu.model.state_dict(), gpu.model.state_dict()
+    diff = max(float((a[key] - b[key]).abs().max()) for key in a)
+    index.search(qc[:4], qp[:4], k, device=GDEV, backend="torch")  # warm-up
+    got, t_count_gpu = _timed(index.search, qc, qp, k, device=GDEV, backend="torch")
+    g_qc, _ = forest.query_classes(queries, device=GDEV)
+    g_pc, _ = forest.passage_classes(passages, device=GDEV)
+    res.update(
+        gpu_seconds=t_gpu,
+        ratio=t_cpu / t_gpu,
+        max_weight_diff=diff,
+        gpu_count_seconds=t_count_gpu,
+        count_ratio=t_count_cpu / t_count_gpu,
+        ids_differ=int((got.ids != ref.ids).sum()),
+        counts_differ=int((got.counts != ref.counts).sum()),
+        secondary_differ=int((got.secondary != ref.secondary).sum()),
+        query_class_agreement=float((g_qc == qc).mean()),
+        passage_class_agreement=float((g_pc == pc).mean()),
+    )
+    exact = res["ids_differ"] == res["counts_differ"] == res["secondary_differ"] == 0
+    res["status"] = "ok" if exact and diff <= FOREST_WEIGHT_ATOL else "FAILED"
     return res
 
 
@@ -271,7 +323,15 @@ def main(argv: list[str] | None = None) -> int:
         res["wall_seconds"] = time.perf_counter() - t0
         doc["checks"][name] = res
         print(f"gpu_check: {name}: {res['status']} ({res['wall_seconds']:.1f} s)", flush=True)
-    keys = ("status", "cpu_seconds", "gpu_seconds", "ratio", "ratio_fp16", "ids_differ")
+    keys = (
+        "status",
+        "cpu_seconds",
+        "gpu_seconds",
+        "ratio",
+        "ratio_fp16",
+        "count_ratio",
+        "ids_differ",
+    )
     print("\n| part | " + " | ".join(keys) + " |")
     print("|---|" + "---|" * len(keys))
     for name, res in doc["checks"].items():

@@ -27,7 +27,7 @@ def test_self_test_on_cpu_compares_exactly(tmp_path):
     out = tmp_path / "gc.json"
     assert (
         _module().main(
-            ["--quick", "--only", "search,head", "--gpu-device", "cpu", "--out", str(out)]
+            ["--quick", "--only", "search,head,forest", "--gpu-device", "cpu", "--out", str(out)]
         )
         == 0
     )
@@ -36,6 +36,10 @@ def test_self_test_on_cpu_compares_exactly(tmp_path):
     assert s["status"] == "ok" and s["ids_differ"] == 0 and s["max_metric_diff"] == 0.0
     assert 0.0 < s["cpu_metrics"]["mrr@10"] <= 1.0 and s["cpu_metrics"]["recall@100"] == 1.0
     assert h["status"] == "ok" and h["max_weight_diff"] == 0.0 and h["steps"] > 0
+    f = doc["checks"]["forest"]
+    assert f["status"] == "ok" and f["max_weight_diff"] == 0.0 and f["cpu_kernel"] == "numba"
+    assert f["ids_differ"] == f["counts_differ"] == f["secondary_differ"] == 0
+    assert f["query_class_agreement"] == f["passage_class_agreement"] == 1.0
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only message")
@@ -47,7 +51,7 @@ def test_script_without_cuda_says_gpu_parts_skipped(tmp_path):
             str(ROOT / "scripts" / "gpu_check.sh"),
             "--quick",
             "--only",
-            "search,head",
+            "search,head,forest",
             "--out",
             str(out),
         ],

@@ -152,3 +152,11 @@ def test_serve_refuses_a_bad_device_before_opening_the_store(tmp_path):
 
     with pytest.raises(DeviceError, match="unknown device 'gpu'"):
         SearchService(ServiceConfig(store=tmp_path / "missing", device="gpu"))
+
+
+def test_takes_device_reads_the_signature():
+    from treerank.models.forest import Forest
+    from treerank.search.forest_index import ForestSystem
+
+    assert device_mod.takes_device(ForestSystem) and device_mod.takes_device(exact_search)
+    assert not device_mod.takes_device(Forest.subset) and not device_mod.takes_device(len)

@@ -177,6 +177,37 @@ def test_one_input_changes_exactly_its_downstream_stages(
     assert differ == expected, f"{what}: unexpected {differ ^ expected}"
 
 
+def test_forest_train_stage_is_keyed_by_the_device(
+    base: tuple[Path, dict[str, Any], dict[str, str]],
+) -> None:
+    """The forest trains (and validates) on ``device`` (issue 26): its train stage's key holds
+    the device as the dense families' do, and ``auto`` is the device it resolves to."""
+    tmp, raw, _ = base
+    with_forest = copy.deepcopy(raw)
+    with_forest["models"]["forest"] = {
+        "family": "forest",
+        "seed": 0,
+        "model": {"n_models": 2, "n_classes": 2},
+    }
+    keys = _keys(tmp, with_forest, "forest")
+    assert "train:a:forest" in keys
+    on_gpu = copy.deepcopy(with_forest)
+    on_gpu["device"] = "cuda:0"
+    changed = _keys(tmp, on_gpu, "forest_cuda")
+    assert changed["train:a:forest"] != keys["train:a:forest"]
+    auto = copy.deepcopy(with_forest)
+    auto["device"] = "auto"
+    resolved = copy.deepcopy(with_forest)
+    resolved["device"] = resolve_device("auto")
+    assert (
+        _keys(tmp, auto, "forest_auto")["train:a:forest"]
+        == (_keys(tmp, resolved, "forest_resolved")["train:a:forest"])
+    )
+    graph = plan_experiment(load_experiment(tmp / "forest_cuda.yaml", output_dir=tmp / "out"))
+    stage = next(s for s in graph.stages.values() if s.id.name == "train:a:forest")
+    assert stage.inputs["device"] == "cuda:0"
+
+
 def test_undeclared_or_unknown_dependency_raises(tmp_path: Path) -> None:
     graph = StageGraph()
     embed = StageId.embed("a", "test")

@@ -361,6 +361,11 @@ def test_kernel_returns_exactly_the_scipy_ranking(seed, m, c, k) -> None:
         np.testing.assert_array_equal(hits.ids, ref_ids)
         np.testing.assert_array_equal(hits.counts, ref_counts)
         np.testing.assert_array_equal(hits.secondary, ref_sec)  # bit-identical float64
+    # the torch kernel (the GPU path, run on the CPU here): the same ranking, bit for bit
+    hits_t = index.search(qc, qp.astype(np.float32), k, backend="torch")
+    np.testing.assert_array_equal(hits_t.ids, ref_ids)
+    np.testing.assert_array_equal(hits_t.counts, ref_counts)
+    np.testing.assert_array_equal(hits_t.secondary, ref_sec)
     sizes = index.list_sizes()
     np.testing.assert_array_equal(hits.scanned, sizes[np.arange(m)[None, :], qc].sum(1))
 

@@ -20,6 +20,7 @@ kernels are exact and break ties by passage id, so the choice never changes a re
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import platform
@@ -39,6 +40,7 @@ __all__ = [
     "cpu_search_backend",
     "resolve_device",
     "search_backend",
+    "takes_device",
 ]
 
 DEVICE_CHOICES = ("auto", "cpu", "cuda", "cuda:<n>")
@@ -206,3 +208,12 @@ def search_backend(backend: str, device: torch.device) -> str:
     if device.type != "cpu":
         return "torch"
     return cpu_search_backend() if backend == "auto" else backend
+
+
+def takes_device(fn: Any) -> bool:
+    """Whether the callable ``fn`` (a function, a class) declares a ``device`` parameter: how a
+    caller passes the setting only to what can take it (a family's own system, a trainer)."""
+    try:
+        return "device" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False

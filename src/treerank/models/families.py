@@ -268,6 +268,7 @@ for _entry in (
             ("trainer", "training/forest.py"),
             ("index", "search/forest_index.py"),
             ("kernel", "search/forest_kernel.py"),
+            ("kernel", "search/forest_torch_kernel.py"),
             ("index", "search/forest_diagnostics.py"),
             ("trainer", "training/forest_repartition.py"),
             ("kernel", "kernels/capacity.py"),

@@ -58,7 +58,8 @@ def stacked_forward(
 
     Args:
         x: ``float32 (n, d)`` inputs shared by all ``G`` models, or ``float32 (G, n, d)`` one
-            input block per model.
+            input block per model, on the parameters' device (CPU or CUDA; float32 throughout,
+            no autocast).
         weights: per layer ``float32 (G, d_in, d_out)``.
         biases: per layer ``float32 (G, d_out)``.
         dropout: dropout probability on the input and on every hidden layer, in steps of 1/256
@@ -66,7 +67,9 @@ def stacked_forward(
         generators: one ``torch.Generator`` per model: model ``g``'s masks are drawn from
             ``generators[g]`` alone (over its ``(n, width)`` block, in layer order), so a
             model's masks do not depend on which other models share the call. This is what
-            makes a group of ``G`` pairs train exactly like ``G`` separate runs.
+            makes a group of ``G`` pairs train exactly like ``G`` separate runs. The generators
+            are CPU generators whatever the device: masks are drawn on the CPU and moved to
+            ``x``'s device, so a GPU run drops exactly the entries a CPU run drops.
         masks: instead of ``generators``, the keep masks themselves, one ``bool (G, n, width)``
             per layer input (:func:`draw_dropout_masks` draws them exactly as ``generators``
             would), so that a block of rows can be recomputed, or gathered, with the same masks.
@@ -97,7 +100,8 @@ def stacked_forward(
         if masks is not None:
             return h * masks[i] * scale
         assert generators is not None
-        return h * _keep_mask(generators, h.shape, cut) * scale
+        # masks come from the models' CPU generators (the same bits on every device)
+        return h * _keep_mask(generators, h.shape, cut).to(h.device) * scale
 
     if x.ndim == 2 and not drop:
         # One (n, d) x (d, G*o) GEMM for all models (an einsum would broadcast x G times).
@@ -146,6 +150,14 @@ def draw_dropout_masks(
     """
     cut = round(256 * dropout)
     return [_keep_mask(generators, (len(generators), n, int(w)), cut) for w in widths]
+
+
+def _device(spec: Any) -> torch.device:
+    """``device`` setting -> ``torch.device`` (:func:`treerank.kernels.device.resolve_device`;
+    None = the CPU)."""
+    from treerank.kernels.device import resolve_device
+
+    return resolve_device(spec)
 
 
 def _argmax(p: Tensor) -> tuple[Tensor, Tensor]:
@@ -583,27 +595,35 @@ class Forest(CheckpointMixin):
         return rb, mb
 
     @torch.no_grad()
-    def query_classes(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def query_classes(self, x: np.ndarray, device: Any = None) -> tuple[np.ndarray, np.ndarray]:
         """Class of every query under every model.
 
         Args:
             x: ``float32 (n, d)`` stored query vectors.
+            device: where the logits are computed (``auto | cpu | cuda[:n]``, None = the CPU;
+                :func:`treerank.kernels.device.resolve_device`): model and row blocks are moved
+                there, the results come back as numpy arrays. float32 on every device, so a GPU
+                may differ from the CPU in the last bits of a probability and, where two classes
+                tie within that, in the argmax.
 
         Returns:
             ``(classes int32 (n, M) in [0, C), probs float32 (n, M))``: argmax class and its softmax
             probability.
 
         Raises:
-            ValueError: wrong input shape.
+            ValueError: wrong input shape. DeviceError: a device that cannot be used.
         """
-        return self._classify(x, self.query_weights, self.query_biases, self.n_classes, _argmax)
+        return self._classify(
+            x, self.query_weights, self.query_biases, self.n_classes, _argmax, device
+        )
 
     @torch.no_grad()
-    def passage_classes(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def passage_classes(self, x: np.ndarray, device: Any = None) -> tuple[np.ndarray, np.ndarray]:
         """Class of every passage under every model, ``-1`` where not retrievable.
 
         Args:
             x: ``float32 (n, d)`` stored passage vectors.
+            device: where the logits are computed (as :meth:`query_classes`).
 
         Returns:
             ``(classes int32 (n, M) in [-1, C), probs float32 (n, M))``: the argmax over the ``C``
@@ -612,7 +632,7 @@ class Forest(CheckpointMixin):
             real class (0 where not retrievable).
 
         Raises:
-            ValueError: wrong input shape.
+            ValueError: wrong input shape. DeviceError: a device that cannot be used.
         """
         thr = self.config.nr_threshold
 
@@ -623,15 +643,18 @@ class Forest(CheckpointMixin):
             return torch.where(nr, torch.zeros_like(pmax), pmax), cls
 
         return self._classify(
-            x, self.passage_weights, self.passage_biases, self.n_classes + 1, pick
+            x, self.passage_weights, self.passage_biases, self.n_classes + 1, pick, device
         )
 
     @torch.no_grad()
-    def query_top(self, x: np.ndarray, t: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def query_top(
+        self, x: np.ndarray, t: int, device: Any = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The top-``t`` classes of every query under every model (multi-probe).
 
         Args:
             x: ``float32 (n, d)`` query vectors. t: probe depth (``1 <= t <= C``).
+            device: where the logits are computed (as :meth:`query_classes`).
 
         Returns:
             ``(classes int32 (n, M, t), probs float32 (n, M, t), floor float32 (n, M))``:
@@ -645,38 +668,44 @@ class Forest(CheckpointMixin):
         if not 1 <= t <= self.n_classes:
             raise ValueError(f"forest query_top: t must be in [1, {self.n_classes}] (got {t})")
         xt = self._check_input(x)
+        dev = _device(device)
         n = xt.shape[0]
         classes = np.empty((n, self.n_models, t), dtype=np.int32)
         probs = np.empty((n, self.n_models, t), dtype=np.float32)
         floor = np.zeros((n, self.n_models), dtype=np.float32)
         rb, mb = self._blocks(n, self.n_classes)
         for m0 in range(0, self.n_models, mb):
-            ws = [w[m0 : m0 + mb] for w in self.query_weights]
-            bs = [b[m0 : m0 + mb] for b in self.query_biases]
+            ws = [w[m0 : m0 + mb].to(dev) for w in self.query_weights]
+            bs = [b[m0 : m0 + mb].to(dev) for b in self.query_biases]
             for r0 in range(0, n, rb):
-                p = torch.softmax(stacked_forward(xt[r0 : r0 + rb], ws, bs), dim=-1)  # (g, r, C)
+                z = stacked_forward(xt[r0 : r0 + rb].to(dev), ws, bs)
+                p = torch.softmax(z, dim=-1)  # (g, r, C)
                 top = min(t + 1, self.n_classes)
                 # stable descending order: ties keep the lower class first (as argmax does)
                 order = torch.sort(p, dim=-1, descending=True, stable=True).indices[..., :top]
                 pv = torch.gather(p, -1, order)
-                classes[r0 : r0 + rb, m0 : m0 + mb] = order[..., :t].permute(1, 0, 2).numpy()
-                probs[r0 : r0 + rb, m0 : m0 + mb] = pv[..., :t].permute(1, 0, 2).numpy()
+                classes[r0 : r0 + rb, m0 : m0 + mb] = order[..., :t].permute(1, 0, 2).cpu().numpy()
+                probs[r0 : r0 + rb, m0 : m0 + mb] = pv[..., :t].permute(1, 0, 2).cpu().numpy()
                 if top > t:
-                    floor[r0 : r0 + rb, m0 : m0 + mb] = pv[..., t].T.numpy()
+                    floor[r0 : r0 + rb, m0 : m0 + mb] = pv[..., t].T.cpu().numpy()
         return classes, probs, floor
 
     @torch.no_grad()
-    def passage_probabilities(self, x: np.ndarray, m0: int, m1: int) -> np.ndarray:
+    def passage_probabilities(
+        self, x: np.ndarray, m0: int, m1: int, device: Any = None
+    ) -> np.ndarray:
         """Passage-model softmax of models ``m0 .. m1-1``: ``float32 (m1 - m0, n, C + 1)`` (last
-        column = not retrievable); for capacity-bounded multi-assignment."""
+        column = not retrievable); for capacity-bounded multi-assignment. ``device``: where the
+        logits are computed (as :meth:`query_classes`)."""
         xt = self._check_input(x)
-        ws = [w[m0:m1] for w in self.passage_weights]
-        bs = [b[m0:m1] for b in self.passage_biases]
+        dev = _device(device)
+        ws = [w[m0:m1].to(dev) for w in self.passage_weights]
+        bs = [b[m0:m1].to(dev) for b in self.passage_biases]
         rb, _ = self._blocks(xt.shape[0], (self.n_classes + 1) * (m1 - m0))
         out = np.empty((m1 - m0, xt.shape[0], self.n_classes + 1), dtype=np.float32)
         for r0 in range(0, xt.shape[0], rb):
-            z = stacked_forward(xt[r0 : r0 + rb], ws, bs)
-            out[:, r0 : r0 + rb] = torch.softmax(z, dim=-1).numpy()
+            z = stacked_forward(xt[r0 : r0 + rb].to(dev), ws, bs)
+            out[:, r0 : r0 + rb] = torch.softmax(z, dim=-1).cpu().numpy()
         return out
 
     def _classify(
@@ -686,22 +715,24 @@ class Forest(CheckpointMixin):
         biases: list[Tensor],
         width: int,
         pick: Callable[[Tensor], tuple[Tensor, Tensor]],
+        device: Any = None,
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Softmax every model's logits over ``x`` in memory-bounded blocks and ``pick``
-        ``(prob, class)`` per (row, model) -> ``(int32 (n, M), float32 (n, M))``."""
+        """Softmax every model's logits over ``x`` in memory-bounded blocks on ``device`` and
+        ``pick`` ``(prob, class)`` per (row, model) -> ``(int32 (n, M), float32 (n, M))``."""
         t = self._check_input(x)
+        dev = _device(device)
         n = t.shape[0]
         classes = np.empty((n, self.n_models), dtype=np.int32)
         probs = np.empty((n, self.n_models), dtype=np.float32)
         rb, mb = self._blocks(n, width)
         for m0 in range(0, self.n_models, mb):
-            ws = [w[m0 : m0 + mb] for w in weights]
-            bs = [b[m0 : m0 + mb] for b in biases]
+            ws = [w[m0 : m0 + mb].to(dev) for w in weights]
+            bs = [b[m0 : m0 + mb].to(dev) for b in biases]
             for r0 in range(0, n, rb):
-                p = torch.softmax(stacked_forward(t[r0 : r0 + rb], ws, bs), dim=-1)  # (g, r, W)
-                pmax, cls = pick(p)
-                classes[r0 : r0 + rb, m0 : m0 + mb] = cls.T.numpy()
-                probs[r0 : r0 + rb, m0 : m0 + mb] = pmax.T.numpy()
+                z = stacked_forward(t[r0 : r0 + rb].to(dev), ws, bs)
+                pmax, cls = pick(torch.softmax(z, dim=-1))  # (g, r, W) -> (g, r) each
+                classes[r0 : r0 + rb, m0 : m0 + mb] = cls.T.cpu().numpy()
+                probs[r0 : r0 + rb, m0 : m0 + mb] = pmax.T.cpu().numpy()
         return classes, probs
 
     # ------------------------------------------------------------------ dense view
@@ -793,8 +824,9 @@ def passage_init_from_query(
     pw = [w.detach().clone() for w in query_weights]
     pb = [b.detach().clone() for b in query_biases]
     last_w, last_b = pw[-1], pb[-1]
-    pw[-1] = torch.cat([last_w, torch.zeros(*last_w.shape[:-1], 1)], dim=-1)
-    pb[-1] = torch.cat([last_b, torch.full((last_b.shape[0], 1), nr_bias)], dim=-1)
+    dev = last_w.device
+    pw[-1] = torch.cat([last_w, torch.zeros(*last_w.shape[:-1], 1, device=dev)], dim=-1)
+    pb[-1] = torch.cat([last_b, torch.full((last_b.shape[0], 1), nr_bias, device=dev)], dim=-1)
     return pw, pb
 
 

@@ -785,8 +785,13 @@ def _evaluate_stage(
         # Built here (not from the spec strings inside compare_systems) so that the trained
         # models' systems can be asked for their family's report afterwards.
         cache: dict[str, Any] = {}
+        # ``device`` reaches the dense systems' exact search and the forest's classification
+        # and counting (``ckpt:`` systems pass it to a family system that takes it)
         built = {
-            s.name: build_system(s.build_spec(out), cache, progress=run.progress) for s in systems
+            s.name: build_system(
+                s.build_spec(out), cache, progress=run.progress, device=run.cfg.device
+            )
+            for s in systems
         }
         comp = compare_systems(
             store,

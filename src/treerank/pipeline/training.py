@@ -22,6 +22,7 @@ import numpy as np
 
 from treerank.distributed.context import is_main_process, main_first
 from treerank.faults import crash_point
+from treerank.kernels.device import takes_device
 from treerank.kernels.vectors import ROW_CHUNK
 from treerank.lock import writer_lock
 from treerank.models.families import family, family_names, resolve
@@ -127,7 +128,11 @@ def _family_of(model: Any) -> Any:
 
 
 def make_validator(
-    store: StoreLike, rows: np.ndarray, cfg: ValidationConfig, seed: int = 0
+    store: StoreLike,
+    rows: np.ndarray,
+    cfg: ValidationConfig,
+    seed: int = 0,
+    device: Any = None,
 ) -> Callable[[Any], dict[str, float]]:
     """The held-out callback: rank the split's passages for queries ``rows`` with the model.
 
@@ -140,6 +145,9 @@ def make_validator(
     Args:
         store: the training store. rows: held-out query ids. cfg: the validation section.
         seed: seed of the passage subsample.
+        device: where a family's own system retrieves (``auto | cpu | cuda[:n]``; passed to a
+            system that declares ``device``, the forest's: classification and counting); None:
+            the CPU. The dense path's exact search stays on the CPU.
     """
     from treerank.evaluation.metrics import evaluate_run
     from treerank.evaluation.qrels import Qrels
@@ -161,7 +169,9 @@ def make_validator(
         if fam is not None and fam.system is not None:
             # A family with its own retrieval (the forest's inverted lists): searched as it is
             # searched at evaluation time, never through a dense view (one-hot features).
-            system = resolve(fam.system)(model, None)
+            make = resolve(fam.system)
+            on = {"device": device} if device is not None and takes_device(make) else {}
+            system = make(model, None, **on)
             ids = system.retrieve(_Split(queries, passages), cfg.k).ids
         else:
             ids, _ = exact_search(
@@ -323,7 +333,7 @@ def _train_model(
         passage_groups(cand, lab, int(store.relevance_threshold)) if vcfg.group_by_passage else None
     )
     train_rows, held = holdout_split(has_rel, vcfg.fraction, seed, vcfg.max_queries, groups)
-    validate = make_validator(store, held, vcfg, seed) if held.size else None
+    validate = make_validator(store, held, vcfg, seed, device) if held.size else None
     with main_first():  # under torchrun rank 0 mines / writes sidecars, the others read them
         mined = ensure_mined_negatives(store, cfg.data) if fam.mines_negatives else None
         sources = ensure_training_sources(store, cfg.data, progress=progress)

@@ -15,6 +15,13 @@ Search (:meth:`ForestIndex.search`) runs the compiled counting kernel of
 :mod:`treerank.search.forest_kernel`: the match count stays sparse end to end and the top ``k``
 is taken over the passages the query's lists touch, never over all ``n`` passages.
 
+**Devices**: ``search`` / ``search_probes`` take ``device`` (``auto | cpu | cuda[:n]``, None =
+the CPU) and ``backend`` (:data:`COUNT_BACKENDS`): ``"auto"`` is the numba kernel on the CPU and
+the torch kernel (:mod:`treerank.search.forest_torch_kernel`, the index's arrays gathered and
+scattered on the device) on a GPU; ``"torch"`` forces the torch kernel (on the CPU too, which is
+how it is tested against the numba kernel). Both give the same ids, counts, secondary scores and
+keys, bit for bit, for every scoring. numba is imported only when the numba kernel runs.
+
 Ranking (TreeRank seed): ``count(q, p) = #{m : class_m(q) == class_m(p)}``. Integer counts tie
 massively, so the order is **lexicographic and deterministic**:
 
@@ -35,17 +42,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import numba
 import numpy as np
+import torch
 
-from treerank.kernels.capacity import assign_capacity
 from treerank.models.forest import Forest
-from treerank.search.forest_kernel import ID_BLOCK, count_topk, count_topk_probes
 from treerank.search.run import Run
 from treerank.storelike import StoreLike
 
+COUNT_BACKENDS = ("auto", "numba", "torch")
+"""Counting kernels of :meth:`ForestIndex.search`: ``auto`` = numba on the CPU, torch on a GPU."""
+ID_BLOCK = 16384
+""":data:`treerank.search.forest_kernel.ID_BLOCK` (repeated, not imported, so that numba loads
+only when the numba kernel runs; a test checks the two agree)."""
 _ID_BLOCK = ID_BLOCK
-"""Passage ids per accumulation block of the kernel (a knob for tests)."""
+"""Passage ids per accumulation block of the numba kernel (a knob for tests)."""
 _QUERY_BLOCK = 4096
 """Queries per kernel call (bounds the ``(B, k)`` outputs held at once with the scratch)."""
 
@@ -156,6 +166,7 @@ class ForestIndex:
         self.offsets = np.zeros(self.n_models * self.n_classes + 1, dtype=np.int64)
         self.ids = np.zeros(0, dtype=np.int32)
         self.probs = np.zeros(0, dtype=np.float32)
+        self._table: tuple[torch.device, torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     @classmethod
     def build(cls, classes: np.ndarray, probs: np.ndarray, n_classes: int) -> ForestIndex:
@@ -202,7 +213,56 @@ class ForestIndex:
             self.offsets = self.offsets + new_off
         first = self.n_passages
         self.n_passages += len(classes)
+        self._table = None
         return np.arange(first, self.n_passages, dtype=np.int64)
+
+    def _device_lists(self, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The CSR arrays as tensors on ``dev`` (kept for the next search there)."""
+        table = self._table
+        if table is None or table[0] != dev:
+            offsets, ids, probs = (
+                torch.from_numpy(np.ascontiguousarray(a)).to(dev)
+                for a in (self.offsets, self.ids, self.probs)
+            )
+            table = self._table = (dev, offsets, ids, probs)
+        return table[1], table[2], table[3]
+
+    def _scanned(self, lists: np.ndarray) -> np.ndarray:
+        """``int64 (B,)`` posting entries of each query's lists ``int64 (B, L)``."""
+        return np.diff(self.offsets)[lists].sum(axis=1).astype(np.int64)
+
+    def _torch_count(
+        self,
+        lists: np.ndarray,
+        w: np.ndarray,
+        probe: int,
+        k: int,
+        dev: torch.device,
+        count_on: bool,
+        use_pp: bool,
+        divisor: float,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """:func:`~treerank.search.forest_torch_kernel.count_topk_torch` of the model-major lists
+        ``int64 (nq, M * t)`` with weights ``float64 (nq, M * t)`` on ``dev`` -> numpy ``(ids,
+        keys, counts, secondary)``."""
+        from treerank.search.forest_torch_kernel import count_topk_torch
+
+        offsets, ids, probs = self._device_lists(dev)
+        res = count_topk_torch(
+            offsets,
+            ids,
+            probs,
+            torch.from_numpy(np.ascontiguousarray(lists, dtype=np.int64)).to(dev),
+            torch.from_numpy(np.ascontiguousarray(w, dtype=np.float64)).to(dev),
+            probe,
+            self.n_passages,
+            k,
+            count_on=count_on,
+            use_passage_prob=use_pp,
+            divisor=divisor,
+        )
+        i, keys, cnt, sec = (t.cpu().numpy() for t in res)
+        return i, keys, cnt, sec
 
     @property
     def nbytes(self) -> int:
@@ -218,20 +278,33 @@ class ForestIndex:
         """``int64 (M, C)`` passages per (model, class) list."""
         return np.diff(self.offsets).reshape(self.n_models, self.n_classes)
 
-    def search(self, query_classes: np.ndarray, query_probs: np.ndarray, k: int) -> ForestHits:
+    def search(
+        self,
+        query_classes: np.ndarray,
+        query_probs: np.ndarray,
+        k: int,
+        *,
+        device: Any = None,
+        backend: str = "auto",
+    ) -> ForestHits:
         """Top ``k`` passages of each query by (match count, secondary score, passage id).
 
         Args:
             query_classes: ``int (nq, M)`` from :meth:`Forest.query_classes`.
             query_probs: ``float32 (nq, M)``.
             k: depth (``>= 1``).
+            device: where the counting runs (``auto | cpu | cuda[:n]``, None = the CPU).
+            backend: :data:`COUNT_BACKENDS` (``auto``: numba on the CPU, torch on a GPU); the
+                results do not depend on it.
 
         Returns:
             :class:`ForestHits` with ``(nq, k)`` arrays.
 
         Raises:
-            ValueError: shapes disagree with the index or ``k < 1``.
+            ValueError: shapes disagree with the index, ``k < 1``, an unknown backend, or
+                ``numba`` on a GPU. DeviceError: a device that cannot be used.
         """
+        dev, kernel = count_kernel(device, backend)
         qc = np.asarray(query_classes)
         qp = np.asarray(query_probs, dtype=np.float32)
         if qc.ndim != 2 or qc.shape[1] != self.n_models or qc.shape != qp.shape:
@@ -244,13 +317,23 @@ class ForestIndex:
         if qc.size and (qc.min() < 0 or qc.max() >= self.n_classes):
             raise ValueError(f"forest search: query classes must lie in [0, {self.n_classes})")
         nq = len(qc)
+        lists = np.arange(self.n_models, dtype=np.int64)[None, :] * self.n_classes + qc
+        if kernel == "torch":
+            w = np.asarray(qp, dtype=np.float64)
+            t_ids, _, t_cnt, t_sec = self._torch_count(
+                lists, w, 1, int(k), dev, True, True, float(self.n_models + 1)
+            )
+            return ForestHits(t_ids, t_cnt, t_sec, self._scanned(lists))
+        import numba
+
+        from treerank.search.forest_kernel import count_topk
+
         hits = ForestHits(
             np.full((nq, k), -1, dtype=np.int64),
             np.zeros((nq, k), dtype=np.int32),
             np.zeros((nq, k), dtype=np.float64),
             np.zeros(nq, dtype=np.int64),
         )
-        lists = np.arange(self.n_models, dtype=np.int64)[None, :] * self.n_classes + qc
         ids = np.ascontiguousarray(self.ids, dtype=np.int32)
         probs = np.ascontiguousarray(self.probs, dtype=np.float32)
         for s in range(0, nq, _QUERY_BLOCK):
@@ -275,6 +358,9 @@ class ForestIndex:
         floor: np.ndarray,
         k: int,
         scoring: str = "shipped",
+        *,
+        device: Any = None,
+        backend: str = "auto",
     ) -> ForestHits:
         """Top ``k`` passages over each query's top-``t`` classes per model, by ``scoring``.
 
@@ -288,15 +374,18 @@ class ForestIndex:
             query_classes: ``int (nq, M, t)`` from :meth:`Forest.query_top` (descending).
             query_probs: ``float32 (nq, M, t)``. floor: ``float32 (nq, M)``.
             k: depth (``>= 1``). scoring: one of ``SCORINGS``.
+            device / backend: as :meth:`search` (every scoring runs on both kernels).
 
         Returns:
             :class:`ForestHits` with ``keys`` set (``secondary`` zero).
 
         Raises:
-            ValueError: shapes, classes, ``k`` or ``scoring`` out of range.
+            ValueError: shapes, classes, ``k``, ``scoring`` or ``backend`` out of range.
+            DeviceError: a device that cannot be used.
         """
         from treerank.models.forest import SCORINGS
 
+        dev, kernel = count_kernel(device, backend)
         qc = np.asarray(query_classes)
         qp = np.asarray(query_probs, dtype=np.float64)
         fl = np.asarray(floor, dtype=np.float64)
@@ -323,6 +412,17 @@ class ForestIndex:
         count_on = scoring in ("shipped", "count")
         use_pp = scoring == "shipped"
         divisor = {"shipped": float(m + 1), "count": float("inf")}.get(scoring, 1.0)
+        if kernel == "torch":
+            t_ids, t_keys, t_cnt, _ = self._torch_count(
+                lists, w, t, int(k), dev, count_on, use_pp, divisor
+            )
+            return ForestHits(
+                t_ids, t_cnt, np.zeros((nq, k), dtype=np.float64), self._scanned(lists), t_keys
+            )
+        import numba
+
+        from treerank.search.forest_kernel import count_topk_probes
+
         hits = ForestHits(
             np.full((nq, k), -1, dtype=np.int64),
             np.zeros((nq, k), dtype=np.int32),
@@ -383,7 +483,31 @@ class ForestIndex:
         }
 
 
-def assign_passages(forest: Forest, passages: Any, chunk_size: int = 16384) -> ForestIndex:
+def count_kernel(device: Any = None, backend: str = "auto") -> tuple[torch.device, str]:
+    """The device and counting kernel a search runs: ``(torch.device, "numba" | "torch")``.
+
+    Raises:
+        ValueError: ``backend`` not in :data:`COUNT_BACKENDS`, or ``numba`` on a GPU.
+        DeviceError: ``device`` cannot be used (:func:`treerank.kernels.device.resolve_device`).
+    """
+    from treerank.kernels.device import resolve_device
+
+    if backend not in COUNT_BACKENDS:
+        raise ValueError(
+            f"forest search: unknown counting backend {backend!r}; known: "
+            f"{', '.join(COUNT_BACKENDS)}"
+        )
+    dev = resolve_device(device)
+    if dev.type != "cpu" and backend == "numba":
+        raise ValueError(f"forest search: the numba kernel runs on the CPU only (device {dev})")
+    if backend == "auto":
+        return dev, "numba" if dev.type == "cpu" else "torch"
+    return dev, backend
+
+
+def assign_passages(
+    forest: Forest, passages: Any, chunk_size: int = 16384, device: Any = None
+) -> ForestIndex:
     """Index ``passages`` in each passage's top-K classes per model under the per-class
     capacity of ``forest.search`` (:func:`treerank.kernels.capacity.assign_capacity`).
 
@@ -395,10 +519,14 @@ def assign_passages(forest: Forest, passages: Any, chunk_size: int = 16384) -> F
     Args:
         forest: the forest (``search.assign`` = K). passages: ``float32 (n, d)`` (a memmap is
             read in chunks).
+        device: where the passage models' softmax is computed (``auto | cpu | cuda[:n]``,
+            None = the CPU); the capacity-bounded assignment itself (numba) runs on the CPU.
 
     Returns:
         the :class:`ForestIndex` (postings ``<= K`` per (passage, model)).
     """
+    from treerank.kernels.capacity import assign_capacity
+
     sc = forest.search
     n, m_all, c = len(passages), forest.n_models, forest.n_classes
     kk = min(sc.assign, c)
@@ -410,7 +538,7 @@ def assign_passages(forest: Forest, passages: Any, chunk_size: int = 16384) -> F
         pr = np.empty((m1 - m0, n, c + 1), dtype=np.float32)
         for r0 in range(0, n, chunk_size):
             block = np.asarray(passages[r0 : r0 + chunk_size], dtype=np.float32)
-            pr[:, r0 : r0 + len(block)] = forest.passage_probabilities(block, m0, m1)
+            pr[:, r0 : r0 + len(block)] = forest.passage_probabilities(block, m0, m1, device)
         for g in range(m1 - m0):
             n_in = int((pr[g, :, c] <= forest.config.nr_threshold).sum())
             if sc.capacity_epsilon is None:
@@ -446,9 +574,28 @@ class ForestSystem:
         forest: a trained :class:`Forest`.
         name: run name (default: the forest's name).
         chunk_size: passages classified per chunk.
+        device: where queries and passages are classified and the matches counted (``auto |
+            cpu | cuda[:n]``, None = the CPU; resolved before any work). On a GPU the counting
+            is the torch kernel (:mod:`treerank.search.forest_torch_kernel`), on the CPU the
+            numba kernel unless ``backend="torch"``. The counting gives the same ranking on
+            every device and kernel for the same classes; the classes themselves are float32
+            argmaxes, so a GPU can differ from the CPU where two classes tie within rounding.
+        backend: the counting kernel (:data:`COUNT_BACKENDS`).
+
+    Raises:
+        DeviceError / ValueError: a device or backend that cannot be used.
     """
 
-    def __init__(self, forest: Forest, name: str | None = None, chunk_size: int = 16384) -> None:
+    def __init__(
+        self,
+        forest: Forest,
+        name: str | None = None,
+        chunk_size: int = 16384,
+        device: Any = None,
+        backend: str = "auto",
+    ) -> None:
+        self.device, _ = count_kernel(device, backend)
+        self.backend = backend
         self.forest = forest
         self.name = name or forest.name
         self.chunk_size = chunk_size
@@ -462,10 +609,11 @@ class ForestSystem:
         (``forest.search.assign``: its argmax class per model, or its top-K under the capacity
         of :func:`assign_passages`)."""
         if self.forest.search.assign > 1:
-            return assign_passages(self.forest, store.passages, self.chunk_size)
+            return assign_passages(self.forest, store.passages, self.chunk_size, self.device)
         index = ForestIndex(self.forest.n_models, self.forest.n_classes)
         for _, block in store.iter_passage_chunks(self.chunk_size):
-            index.add(*self.forest.passage_classes(np.asarray(block, dtype=np.float32)))
+            x = np.asarray(block, dtype=np.float32)
+            index.add(*self.forest.passage_classes(x, device=self.device))
         return index
 
     def search_queries(self, queries: np.ndarray, k: int) -> ForestHits:
@@ -475,13 +623,15 @@ class ForestSystem:
             raise RuntimeError("search_queries: build the index first")
         sc = self.forest.search
         q = np.asarray(queries, dtype=np.float32)
+        dev, backend = self.device, self.backend
         if sc.probe == 1 and sc.scoring == "shipped" and sc.assign == 1:
-            qc, qp = self.forest.query_classes(q)
+            qc, qp = self.forest.query_classes(q, device=dev)
             self._query_classes = qc
-            return self.index.search(qc, qp, k)
-        qc3, qp3, floor = self.forest.query_top(q, min(sc.probe, self.forest.n_classes))
+            return self.index.search(qc, qp, k, device=dev, backend=backend)
+        t = min(sc.probe, self.forest.n_classes)
+        qc3, qp3, floor = self.forest.query_top(q, t, device=self.device)
         self._query_classes = qc3[:, :, 0]
-        return self.index.search_probes(qc3, qp3, floor, k, sc.scoring)
+        return self.index.search_probes(qc3, qp3, floor, k, sc.scoring, device=dev, backend=backend)
 
     def retrieve(self, store: StoreLike, k: int = 1000) -> Run:
         """Rank all passages of ``store`` for all its queries.

@@ -38,6 +38,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from treerank.kernels.device import takes_device
 from treerank.kernels.topk import DEFAULT_CHUNK_SIZE, exact_search
 from treerank.models.base import DenseScorer
 from treerank.models.checkpoint import CheckpointMixin
@@ -237,7 +238,10 @@ class CheckpointSystem:
             fam = family(model.model_type)
             system: System
             if fam.system is not None:
-                system = resolve(fam.system)(model, name=self.name)
+                make = resolve(fam.system)
+                dev = self.options.get("device")
+                on = {"device": dev} if dev is not None and takes_device(make) else {}
+                system = make(model, name=self.name, **on)
             elif isinstance(model, DenseScorer):
                 system = DenseSystem(model, name=self.name, **self.options)
             else:

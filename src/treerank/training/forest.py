@@ -180,8 +180,9 @@ class _Side:
     def _masks(self, rows: slice | np.ndarray) -> list[Tensor] | None:
         if self.bank is None:
             return None
+        dev = self.weights[0].device
         return [
-            torch.from_numpy(np.unpackbits(b[:, rows], axis=-1, count=w).view(np.bool_))
+            torch.from_numpy(np.unpackbits(b[:, rows], axis=-1, count=w).view(np.bool_)).to(dev)
             for b, w in zip(self.bank, self.widths, strict=True)
         ]
 
@@ -193,7 +194,7 @@ class _Side:
             x = self.rows(int(rows.start), int(rows.stop))
             masks = self._masks(rows)
         else:
-            idx = rows.numpy()
+            idx = rows.cpu().numpy()
             x, masks = self.take(idx), self._masks(idx)
         return stacked_forward(
             x, self.weights, self.biases, dropout=self.dropout if masks else 0.0, masks=masks
@@ -261,19 +262,21 @@ def _train_group(
     Each pair's loss depends on its own parameters, rows, bag, weights and dropout stream only,
     and the group's loss is the sum, so every pair gets exactly the gradients (and Adam updates)
     of training it alone. Every step is one full-batch gradient computed block by block
-    (:func:`_blocked_step`, ``chunk_size`` rows or examples per block).
+    (:func:`_blocked_step`, ``chunk_size`` rows or examples per block). Everything runs on
+    ``g.device`` (the parameters ``qw`` / ``qb`` are there); the returned stacks are on the CPU.
     """
     n_g = qw[0].shape[0]
+    dev = g.device
     for t in (*qw, *qb):
         t.requires_grad_(True)
     chunk = cfg.chunk_size
     nq = g.xq.n
 
     def q_rows(lo: int, hi: int) -> Tensor:  # batched matmul: per-pair results as if alone
-        return torch.from_numpy(g.xq.rows(lo, hi)).unsqueeze(0).expand(n_g, -1, -1)
+        return torch.from_numpy(g.xq.rows(lo, hi)).to(dev).unsqueeze(0).expand(n_g, -1, -1)
 
     def q_take(idx: np.ndarray) -> Tensor:
-        return torch.from_numpy(g.xq.take(idx)).unsqueeze(0).expand(n_g, -1, -1)
+        return torch.from_numpy(g.xq.take(idx)).to(dev).unsqueeze(0).expand(n_g, -1, -1)
 
     q_side = _Side(q_rows, q_take, nq, qw, qb)
 
@@ -332,7 +335,7 @@ def _train_group(
                 opt_p.zero_grad(set_to_none=True)
                 loss3 = j_step(step) / n_g
                 opt.step()
-    detach = [[t.detach() for t in ts] for ts in (qw, qb, pw, pb)]
+    detach = [[t.detach().cpu() for t in ts] for ts in (qw, qb, pw, pb)]
     return (
         detach[0],
         detach[1],
@@ -359,8 +362,19 @@ def train_forest(
 ) -> TrainOutput:
     """Train a TreeRank forest on a store's training queries (see the module docstring).
 
-    ``device`` (``auto | cpu | cuda[:n]``, None = CPU): only the CPU so far; ``cuda`` is refused
-    with a clear error before any work (the GPU path comes with the block-wise rewrite).
+    ``device`` (``auto | cpu | cuda[:n]``, None = CPU; resolved by
+    :func:`treerank.kernels.device.resolve_device` before any work): where the group's
+    parameters, row blocks, logits, gradients, boosting weights, example tables and Adam states
+    live, and where the boosting bookkeeping classifies the training rows. Everything is float32
+    and accumulates in float32 on every device (no autocast, no TF32 unless the caller turned
+    ``torch.backends.cuda.matmul.allow_tf32`` on); random draws (init, bags, negatives, dropout
+    masks) come from CPU generators and numpy and are moved to the device, so a GPU run sees the
+    same draws as a CPU run and differs only by float32 rounding of its reductions (tested:
+    ``tests/training/test_forest_device.py``). On the CPU the computation is the CPU path
+    exactly (``device="cpu"`` equals the default, byte for byte). Hard negatives are mined on
+    the device too (exact search: the same ids except where two cosines differ by < 1e-5).
+    The trained forest is returned on the CPU; ``trainer.repartition`` (post-hoc) runs on the
+    CPU.
 
     Args:
         store: an ``EmbeddingStore`` with labelled queries (selected passages); with
@@ -383,11 +397,12 @@ def train_forest(
     Raises:
         ConfigError: bad config (names the key path). ValueError: a store without selected
             passages. FileNotFoundError: a ``data.sources`` entry that was not prepared.
+        DeviceError: an unknown ``device``, or ``cuda`` without CUDA.
     """
-    from treerank.kernels.device import DeviceError, resolve_device
+    from treerank.kernels.device import resolve_device
 
-    if resolve_device(device).type != "cpu":
-        raise DeviceError(f"train_forest: device {device!r}: the forest trains on the CPU only")
+    dev = resolve_device(device)
+    mine_on = None if dev.type == "cpu" else dev  # the CPU: exact_search's default call
     parsed = parse_forest_config(config)
     cfg = forest_train_config(parsed)
     t_start = time.perf_counter()
@@ -398,10 +413,10 @@ def train_forest(
 
         specs = parse_sources(cfg.sources)
         table = build_training_table(store, specs, train_rows)
-        store, data = source_pair_data(store, table, specs, cfg.hard_negatives)  # type: ignore[assignment]
+        store, data = source_pair_data(store, table, specs, cfg.hard_negatives, mine_on)  # type: ignore[assignment]
         sources_info: dict[str, Any] | None = table.info
     else:
-        data = pair_data(store, cfg.hard_negatives, train_rows)
+        data = pair_data(store, cfg.hard_negatives, train_rows, mine_on)
         sources_info = None
     shared = shared_rows(store, data)
     n_pass = int(store.n_passages)
@@ -437,7 +452,7 @@ def train_forest(
             boost = (
                 boosting_weights(misses, n_done) if cfg.boosting else np.ones(len(misses))
             ).astype(np.float32)
-            group = build_group(cfg, store, data, shared, xq_all, draws, boost)
+            group = build_group(cfg, store, data, shared, xq_all, draws, boost, device=dev)
             inits = [
                 init_layers(fcfg.layer_shapes("query"), 1, d.init, cfg.init_scale) for d in draws
             ]
@@ -446,6 +461,7 @@ def train_forest(
             if twin is not None:  # start from the twin's query models instead
                 qw = [w[n_done : n_done + n_g].clone() for w in twin.query_weights]
                 qb = [b[n_done : n_done + n_g].clone() for b in twin.query_biases]
+            qw, qb = [w.to(dev) for w in qw], [b.to(dev) for b in qb]
             qw, qb, pw, pb, losses = _train_group(cfg, group, qw, qb)
             for stack, ts in zip(q_stacks, (qw, qb, pw, pb), strict=True):
                 stack.append(ts)  # type: ignore[arg-type]
@@ -459,13 +475,13 @@ def train_forest(
             )
             qc = np.concatenate(
                 [
-                    part.query_classes(xq_all.rows(lo, lo + cfg.chunk_size))[0]
+                    part.query_classes(xq_all.rows(lo, lo + cfg.chunk_size), device=dev)[0]
                     for lo in range(0, nq, cfg.chunk_size)
                 ]
             )
             pc = np.concatenate(
                 [
-                    part.passage_classes(shared.rows(lo, lo + cfg.chunk_size))[0]
+                    part.passage_classes(shared.rows(lo, lo + cfg.chunk_size), device=dev)[0]
                     for lo in range(0, len(shared.ids), cfg.chunk_size)
                 ]
             )

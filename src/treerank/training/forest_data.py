@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -60,19 +60,27 @@ class PairData:
 
 
 def mine_hard_negatives(
-    q: np.ndarray, passages: Any, pos_q: np.ndarray, pos_p: np.ndarray, k: int
+    q: np.ndarray,
+    passages: Any,
+    pos_q: np.ndarray,
+    pos_p: np.ndarray,
+    k: int,
+    device: Any = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Top-``k`` cosine passages per query that are not selected for it.
 
     Cosine of the stored vectors (both sides L2-normalised, the one rule of
     ``treerank.kernels.vectors``), ranked by the exact streaming kernel
-    (``treerank.kernels.topk.exact_search``: ties by ascending passage id).
+    (``treerank.kernels.topk.exact_search``: ties by ascending passage id) on ``device``
+    (None = the CPU; a GPU gives the same ids except where two cosines differ by < 1e-5).
     """
     nq, n = len(q), passages.shape[0]
     if k == 0 or nq == 0:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
     kk = min(n, k + int(np.bincount(pos_q, minlength=nq).max()))
-    best_i, _ = exact_search(l2_normalize(q), passages, k=kk, passage_transform=l2_normalize)
+    best_i, _ = exact_search(
+        l2_normalize(q), passages, k=kk, passage_transform=l2_normalize, device=device
+    )
     is_pos = np.isin(
         np.arange(nq)[:, None] * n + best_i, pos_q * n + pos_p
     )  # (nq, kk) selected ones are not negatives
@@ -82,13 +90,16 @@ def mine_hard_negatives(
     return rows.astype(np.int64), best_i[rows, cols].astype(np.int64)
 
 
-def pair_data(store: StoreLike, hard_negatives: int, train_rows: np.ndarray | None) -> PairData:
+def pair_data(
+    store: StoreLike, hard_negatives: int, train_rows: np.ndarray | None, device: Any = None
+) -> PairData:
     """The training examples of a store split.
 
     Args:
         store: an ``EmbeddingStore`` (``candidates`` / ``labels`` / ``relevance_threshold``).
         hard_negatives: cosine hard negatives mined per query (0 = none).
         train_rows: query rows to train on (None: every query with a selected passage).
+        device: where the hard negatives are mined (:func:`mine_hard_negatives`).
 
     Returns:
         :class:`PairData`: positives, fixed negatives (judged non-selected + mined), keys.
@@ -122,6 +133,7 @@ def pair_data(store: StoreLike, hard_negatives: int, train_rows: np.ndarray | No
         qv,
         store.passages,
         hard_negatives,
+        device=device,
     )
 
 
@@ -136,6 +148,7 @@ def _with_hard_negatives(
     hard_negatives: int,
     pos_weight: np.ndarray | None = None,
     excluded: tuple[np.ndarray, np.ndarray] | None = None,
+    device: Any = None,
 ) -> PairData:
     """:class:`PairData` of the given examples plus ``hard_negatives`` mined per query; the
     ``excluded`` ``(query index, passage id)`` pairs are never negatives (nor are positives)."""
@@ -144,7 +157,9 @@ def _with_hard_negatives(
     never_q, never_p = np.concatenate([pos_q, ex_q]), np.concatenate([pos_p, ex_p])
     if hard_negatives > 0:
         assert query_vectors is not None
-        hq, hp = mine_hard_negatives(query_vectors, passages, never_q, never_p, hard_negatives)
+        hq, hp = mine_hard_negatives(
+            query_vectors, passages, never_q, never_p, hard_negatives, device
+        )
         neg_q, neg_p = np.concatenate([neg_q, hq]), np.concatenate([neg_p, hp])
     if hard_negatives > 0 or excluded is not None:
         keys = np.unique(neg_q * n_pass + neg_p)
@@ -188,7 +203,11 @@ class TableStore:
 
 
 def source_pair_data(
-    store: StoreLike, table: Any, specs: Sequence[Any], hard_negatives: int
+    store: StoreLike,
+    table: Any,
+    specs: Sequence[Any],
+    hard_negatives: int,
+    device: Any = None,
 ) -> tuple[TableStore, PairData]:
     """The forest's training examples from a ``data.sources`` table.
 
@@ -206,6 +225,7 @@ def source_pair_data(
         table: :class:`treerank.training.data.TrainingTable` built from ``specs``.
         specs: the parsed ``data.sources`` entries, in the table's order.
         hard_negatives: mined per query (0 = none).
+        device: where they are mined (:func:`mine_hard_negatives`).
 
     Returns:
         ``(TableStore over the table's vectors, PairData in its row ids)``.
@@ -270,7 +290,17 @@ def source_pair_data(
     excluded = (np.searchsorted(queries, eq[inq]), ep[inq])
     qv = view.queries[queries] if hard_negatives > 0 else None
     data = _with_hard_negatives(
-        queries, pos_q, pos_p, neg_q, neg_p, qv, view.passages, hard_negatives, pos_w, excluded
+        queries,
+        pos_q,
+        pos_p,
+        neg_q,
+        neg_p,
+        qv,
+        view.passages,
+        hard_negatives,
+        pos_w,
+        excluded,
+        device,
     )
     return view, data
 
@@ -392,7 +422,9 @@ class PairGroup:
     neg_w: Tensor  # (G, E-) bag * negative_weight (0 for a random draw that is a positive)
     pmask: Tensor  # (G, nS + R) passages in the bag
     wanted: Tensor  # (G, nS + R) bool: the row is a positive of some training query
-    gens: list[torch.Generator]  # one dropout stream per pair
+    gens: list[torch.Generator]  # one dropout stream per pair (CPU generators)
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    """Where every tensor above and every row block served lives (the trainer's device)."""
 
     @property
     def n_passage_rows(self) -> int:
@@ -404,7 +436,7 @@ class PairGroup:
         n_s = len(self.shared.ids)
         parts = []
         if lo < n_s:
-            x = torch.from_numpy(self.shared.rows(lo, min(hi, n_s)))
+            x = torch.from_numpy(self.shared.rows(lo, min(hi, n_s))).to(self.device)
             parts.append(x.unsqueeze(0).expand(self.pool_x.shape[0], -1, -1))
         if hi > n_s:
             parts.append(self.pool_x[:, max(lo, n_s) - n_s : hi - n_s])
@@ -414,12 +446,13 @@ class PairGroup:
         """``float32 (G, len(idx), d)`` the pairs' passage rows ``idx`` (ascending)."""
         n_s = len(self.shared.ids)
         shared = idx[idx < n_s]
-        out = torch.empty(self.pool_x.shape[0], len(idx), self.pool_x.shape[2])
+        out = torch.empty(self.pool_x.shape[0], len(idx), self.pool_x.shape[2], device=self.device)
         if len(shared):
             x = torch.from_numpy(np.asarray(self.shared.store.passages[self.shared.ids[shared]]))
-            out[:, : len(shared)] = x.to(torch.float32).unsqueeze(0)
+            out[:, : len(shared)] = x.to(self.device, torch.float32).unsqueeze(0)
         if len(shared) < len(idx):
-            out[:, len(shared) :] = self.pool_x[:, torch.from_numpy(idx[len(shared) :] - n_s)]
+            rest = torch.from_numpy(idx[len(shared) :] - n_s).to(self.device)
+            out[:, len(shared) :] = self.pool_x[:, rest]
         return out
 
 
@@ -453,8 +486,11 @@ def build_group(
     xq: QueryRows,
     draws: list[PairDraw],
     boost: np.ndarray,
+    device: torch.device | None = None,
 ) -> PairGroup:
-    """Tensors of the pairs of ``draws``: shared rows, then each pair's random-negative rows."""
+    """Tensors of the pairs of ``draws``: shared rows, then each pair's random-negative rows,
+    built on the CPU (numpy draws) and moved to ``device`` (None = the CPU)."""
+    dev = torch.device("cpu") if device is None else device
     n_g, nq, n_s = len(draws), xq.n, len(shared.ids)
     n_pass = int(store.n_passages)
     # Random negative r of query i is slot (i * R + r) mod P of the pair's own pool of P random
@@ -493,15 +529,16 @@ def build_group(
     return PairGroup(
         xq=xq,
         shared=shared,
-        pool_x=pool_x,
-        qmask=torch.from_numpy(qmask),
-        pos_q=torch.from_numpy(pos_q),
-        pos_p=torch.from_numpy(pos_p),
-        pos_w=torch.from_numpy(pos_w.astype(np.float32)),
-        neg_q=torch.from_numpy(neg_q),
-        neg_p=torch.from_numpy(neg_p),
-        neg_w=torch.from_numpy(neg_w.astype(np.float32)),
-        pmask=torch.from_numpy(pmask.astype(np.float32)),
-        wanted=torch.from_numpy(wanted),
+        pool_x=pool_x.to(dev),
+        qmask=torch.from_numpy(qmask).to(dev),
+        pos_q=torch.from_numpy(pos_q).to(dev),
+        pos_p=torch.from_numpy(pos_p).to(dev),
+        pos_w=torch.from_numpy(pos_w.astype(np.float32)).to(dev),
+        neg_q=torch.from_numpy(neg_q).to(dev),
+        neg_p=torch.from_numpy(neg_p).to(dev),
+        neg_w=torch.from_numpy(neg_w.astype(np.float32)).to(dev),
+        pmask=torch.from_numpy(pmask.astype(np.float32)).to(dev),
+        wanted=torch.from_numpy(wanted).to(dev),
         gens=[d.dropout for d in draws],
+        device=dev,
     )

@@ -124,7 +124,7 @@ def not_retrievable_targets(
     with torch.no_grad():
         cls = passage_probs[..., :-1].argmax(-1)  # (G, n)
         meets = ((cls[:, neg_p] == neg_class) & (neg_w > 0)).float()  # (G, E)
-        met = torch.zeros(cls.shape).index_add_(1, neg_p, meets) > 0
+        met = torch.zeros(cls.shape, device=cls.device).index_add_(1, neg_p, meets) > 0
         return met & ~wanted & (pmask > 0)
 
 

@@ -23,6 +23,9 @@ the only full-length tensors are ``(G, n)`` (masks, classes, targets) and ``(G, 
 weights). The gradients equal those of the whole-tensor loss (tested against it, with several
 blocks); :func:`stage_gradient` is the same on given logits (``dL/dz``).
 
+Every tensor lives on the device of the stage inputs (:class:`StageInputs`, the sides' logits):
+the CPU or a CUDA device, float32 accumulation on both.
+
 The formulas are those of :mod:`treerank.training.forest_losses` (uniformity, sharpness,
 not-retrievable) and of the module docstring of :mod:`treerank.training.forest`.
 """
@@ -112,8 +115,8 @@ def _query_rows(
     w = g.qmask
     wsum = w.sum(1).clamp_min(EPS)  # (G,)
     blocks = _blocks(q.n, chunk)
-    stat = torch.zeros(w.shape[0], 0)
-    classes = torch.empty(w.shape, dtype=torch.int64)
+    stat = torch.zeros(w.shape[0], 0, device=w.device)
+    classes = torch.empty(w.shape, dtype=torch.int64, device=w.device)
     with torch.no_grad():  # pass 1: the statistic (G, C) = wsum * pbar, and the classes
         for b in blocks:
             p = torch.softmax(q.logits(b), -1)
@@ -154,8 +157,8 @@ def _passage_rows(
         return 0.0
     value = 0.0
     with torch.no_grad():  # pass 1: current classes (NR targets) and the balance statistic
-        stat = torch.zeros(n_g, 0)
-        cls = torch.empty(n_g, n_p, dtype=torch.int64)
+        stat = torch.zeros(n_g, 0, device=pm.device)
+        cls = torch.empty(n_g, n_p, dtype=torch.int64, device=pm.device)
         for b in blocks:
             pp = torch.softmax(ps.logits(b), -1)
             cls[:, b] = pp[..., :-1].argmax(-1)
@@ -164,7 +167,7 @@ def _passage_rows(
                 stat = part if stat.shape[1] == 0 else stat + part
         if use_nr:
             meets = ((cls[:, g.neg_p] == neg_class) & (g.neg_w > 0)).float()  # (G, E-)
-            met = torch.zeros(n_g, n_p).index_add_(1, g.neg_p, meets) > 0
+            met = torch.zeros(n_g, n_p, device=pm.device).index_add_(1, g.neg_p, meets) > 0
             target = (met & ~g.wanted & (pm > 0)).float()
             keep = (g.wanted & (pm > 0)).float()
             t_sum, k_sum = target.sum(-1).clamp_min(EPS), keep.sum(-1).clamp_min(EPS)
@@ -177,7 +180,7 @@ def _passage_rows(
     for b in blocks:  # pass 2
         pp = torch.softmax(ps.logits(b), -1)
         p_nr = pp[..., -1]
-        term = torch.zeros(())
+        term = torch.zeros((), device=pm.device)
         if use_pen:
             term = term + (cfg.nr_penalty * (p_nr * pm[:, b]).sum(-1) / pm_sum).sum()
         if use_nr:
