@@ -40,3 +40,29 @@ def test_k_below_one_has_one_wording_in_evaluate_and_search(tmp_path) -> None:
         res = CliRunner().invoke(app, args)
         assert res.exit_code == 2, res.output
         assert want in " ".join(res.output.split()), res.output
+
+
+def test_a_bad_device_is_refused_before_any_work_in_train_and_evaluate(tmp_path) -> None:
+    """``--device`` is checked first (exit 2, the device named, nothing written)."""
+    import torch
+
+    from tests.search.tiny_store import write_tiny_store
+
+    write_tiny_store(tmp_path / "test")
+    store = str(tmp_path / "test")
+    bad = ["gpu"] + ([] if torch.cuda.is_available() else ["cuda"])
+    for dev in bad:
+        for args in (
+            ["evaluate", "--store", store, "--device", dev, "--out", str(tmp_path / "e")],
+            ["train", "--model", "linear", "--store", store, "--device", dev, "--out", "o"],
+        ):
+            res = CliRunner().invoke(app, args)
+            assert res.exit_code == 2, res.output
+            assert "error: device (auto | cpu | cuda[:n]):" in res.output
+            assert "Traceback" not in res.output
+    assert not (tmp_path / "e").exists()
+    res = CliRunner().invoke(
+        app,
+        ["evaluate", "--store", store, "--device", "cpu", "--system", "cosine", "--no-progress"],
+    )
+    assert res.exit_code == 0, res.output

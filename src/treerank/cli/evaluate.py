@@ -81,6 +81,11 @@ def evaluate(
         None, "--dim", help="Vector dimension (only for Go-tool stores without meta.json)."
     ),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bars."),
+    device: str = typer.Option(
+        "cpu",
+        "--device",
+        help="Where to compute: auto (a CUDA GPU when there is one), cpu, cuda or cuda:N.",
+    ),
     ignore_identical_ids: bool = typer.Option(
         False,
         "--ignore-identical-ids",
@@ -99,6 +104,7 @@ def evaluate(
     from treerank.evaluation.plots import dataset_label
     from treerank.evaluation.settings import EvaluationSettings, resolve_evaluation
     from treerank.evaluation.summary import headline as summary_lines
+    from treerank.kernels.device import resolve_device
     from treerank.kernels.topk import check_run_depth
     from treerank.store import EmbeddingStore
 
@@ -116,6 +122,7 @@ def evaluate(
     )
     try:
         check_run_depth(k)
+        resolve_device(device)  # a bad or unavailable device is refused before any work
         eval_dir = store / split if split else store
         st = EmbeddingStore.open(eval_dir, dim=dim)
         plan = resolve_evaluation(
@@ -139,6 +146,7 @@ def evaluate(
                 out_dir=out if main else None,
                 progress=progress and main,
                 train_store=train,
+                device=device,
             )
     except StoreRootError as exc:
         raise fail(exc.advice("--split")) from None

@@ -32,6 +32,11 @@ def train(
     ),
     seed: int | None = typer.Option(None, "--seed", help="Override the config's seed."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bars."),
+    device: str = typer.Option(
+        "cpu",
+        "--device",
+        help="Where to compute: auto (a CUDA GPU when there is one), cpu, cuda or cuda:N.",
+    ),
 ) -> None:
     """Train MODEL on the store's queries and save a checkpoint (+ training log and curves).
 
@@ -59,10 +64,24 @@ def train(
             raise fail(str(exc)) from exc
     if seed is not None:
         cfg["seed"] = seed
+    from treerank.kernels.device import DeviceError, resolve_device
+
+    try:
+        resolve_device(device)  # a bad or unavailable device is refused before the store opens
+    except DeviceError as exc:
+        raise fail(str(exc)) from exc
     try:
         st = open_train_store(store, split, dim=dim)
         with launch() as ctx:  # torchrun: data-parallel (treerank.distributed.training)
-            res = train_model(model, st, cfg, out, progress=progress, where=str(config or "config"))
+            res = train_model(
+                model,
+                st,
+                cfg,
+                out,
+                progress=progress,
+                where=str(config or "config"),
+                device=device,
+            )
             if ctx is not None and not ctx.is_main:
                 return
     except (ValueError, KeyError, FileNotFoundError, LockHeldError) as exc:
