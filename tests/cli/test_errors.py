@@ -55,6 +55,7 @@ def test_a_bad_device_is_refused_before_any_work_in_train_and_evaluate(tmp_path)
         for args in (
             ["evaluate", "--store", store, "--device", dev, "--out", str(tmp_path / "e")],
             ["train", "--model", "linear", "--store", store, "--device", dev, "--out", "o"],
+            ["diagnose", str(tmp_path / "ck"), "--store", store, "--device", dev, "--out", "d"],
         ):
             res = CliRunner().invoke(app, args)
             assert res.exit_code == 2, res.output
