@@ -198,53 +198,29 @@ def test_out_folder_keeps_files_treerank_did_not_write(tmp_path) -> None:
     assert (bare / "runs" / "other.trec").read_text() == "y\n"
 
 
-def test_evaluate_reports_a_failing_system_and_keeps_the_others(tmp_path) -> None:
+def _evaluate_with_ckpt(tmp_path, ckpt):
+    """``evaluate`` of bm25 (and the cosine baseline) beside ``ckpt:<ckpt>`` on a tiny store."""
     write_tiny_store(tmp_path / "test")
-    missing = tmp_path / "broken-ckpt"  # a config but no weights: fails when it is loaded
-    missing.mkdir()
-    (missing / "config.json").write_text("{}")
-    result = CliRunner().invoke(
-        app,
-        [
-            "evaluate",
-            "--store",
-            str(tmp_path / "test"),
-            "--system",
-            "bm25",
-            "--system",
-            f"ckpt:{missing}",
-            "--out",
-            str(tmp_path / "out"),
-            "--permutations",
-            "10",
-            "--no-progress",
-        ],
-    )
+    args = ["evaluate", "--store", str(tmp_path / "test"), "--system", "bm25"]
+    args += ["--system", f"ckpt:{ckpt}", "--out", str(tmp_path / "out")]
+    return CliRunner().invoke(app, [*args, "--permutations", "10", "--no-progress"])
+
+
+def test_evaluate_reports_a_failing_system_and_keeps_the_others(tmp_path) -> None:
+    broken = tmp_path / "broken-ckpt"  # a config but no weights: fails when it is loaded
+    broken.mkdir()
+    (broken / "config.json").write_text("{}")
+    result = _evaluate_with_ckpt(tmp_path, broken)
     assert result.exit_code == 1, result.output
-    assert f"system ckpt:{missing} failed" in result.output and "(baseline)" in result.output
+    assert f"system ckpt:{broken} failed" in result.output and "(baseline)" in result.output
     res = json.loads((tmp_path / "out" / "results.json").read_text())
-    assert set(res["systems"]) == {"cosine", "bm25"} and list(res["failed"]) == [f"ckpt:{missing}"]
+    assert set(res["systems"]) == {"cosine", "bm25"} and list(res["failed"]) == [f"ckpt:{broken}"]
 
 
 def test_evaluate_refuses_a_missing_checkpoint_before_any_work(tmp_path) -> None:
     """A ``ckpt:`` path that holds no checkpoint is bad input: exit 2, nothing written."""
-    write_tiny_store(tmp_path / "test")
     missing = tmp_path / "no-such-ckpt"
-    result = CliRunner().invoke(
-        app,
-        [
-            "evaluate",
-            "--store",
-            str(tmp_path / "test"),
-            "--system",
-            "bm25",
-            "--system",
-            f"ckpt:{missing}",
-            "--out",
-            str(tmp_path / "out"),
-            "--no-progress",
-        ],
-    )
+    result = _evaluate_with_ckpt(tmp_path, missing)
     assert result.exit_code == 2, result.output
     assert f"bad system spec 'ckpt:{missing}'" in result.output
     assert "config.json: missing (no such directory)" in result.output

@@ -323,18 +323,26 @@ def test_dense_view_inner_product_equals_index_ranking() -> None:
     np.testing.assert_array_equal(np.floor(dense + 1e-6), counts)
 
 
-def test_ckpt_system_spec_uses_forest_search(tmp_path) -> None:
+def saved_random_forest(path, seed: int, n_models: int, n_queries: int, n_passages: int):
+    """A random forest (C = 3 over 4-d vectors) saved as a checkpoint at ``path`` (encoder
+    fingerprint ``"fp"``), and a random store of that fingerprint to rank."""
     from treerank.models.checkpoint import save_checkpoint
-    from treerank.search.systems import build_system
 
-    rng = np.random.default_rng(2)
-    forest = Forest.random(ForestConfig(n_models=6, n_classes=3, dim=4), seed=2, name="f")
-    save_checkpoint(tmp_path / "f", forest.to_checkpoint("enc", "fp"))
+    rng = np.random.default_rng(seed)
+    forest = Forest.random(ForestConfig(n_models=n_models, n_classes=3, dim=4), seed=seed, name="f")
+    save_checkpoint(path, forest.to_checkpoint("enc", "fp"))
     store = _Store(
-        rng.standard_normal((5, 4)).astype(np.float32),
-        rng.standard_normal((40, 4)).astype(np.float32),
+        rng.standard_normal((n_queries, 4)).astype(np.float32),
+        rng.standard_normal((n_passages, 4)).astype(np.float32),
     )
     store.encoder_fingerprint = "fp"  # type: ignore[attr-defined]
+    return forest, store
+
+
+def test_ckpt_system_spec_uses_forest_search(tmp_path) -> None:
+    from treerank.search.systems import build_system
+
+    forest, store = saved_random_forest(tmp_path / "f", 2, 6, 5, 40)
     run = build_system(f"ckpt:{tmp_path / 'f'}").retrieve(store, 40)
     np.testing.assert_array_equal(run.ids, ForestSystem(forest).retrieve(store, 40).ids)
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import treerank.search.forest_torch_kernel as ftk
-from tests.search.test_forest_index import random_tables
+from tests.search.test_forest_index import random_tables, saved_random_forest
 from tests.search.test_forest_probes import tables
 from treerank.kernels.device import DeviceError
 from treerank.models.forest import SCORINGS, Forest, ForestConfig, ForestSearch
@@ -134,17 +134,9 @@ def test_cuda_refused_before_work_without_cuda() -> None:
 def test_ckpt_system_passes_the_device_to_the_forest(tmp_path) -> None:
     """``build_system("ckpt:...", device=...)`` (the evaluate stage's call) builds the forest's
     system on that device."""
-    from treerank.models.checkpoint import save_checkpoint
     from treerank.search.systems import build_system
 
-    rng = np.random.default_rng(4)
-    forest = Forest.random(ForestConfig(n_models=5, n_classes=3, dim=4), seed=4, name="f")
-    save_checkpoint(tmp_path / "f", forest.to_checkpoint("enc", "fp"))
-    store = _Store(
-        rng.standard_normal((6, 4)).astype(np.float32),
-        rng.standard_normal((50, 4)).astype(np.float32),
-    )
-    store.encoder_fingerprint = "fp"  # type: ignore[attr-defined]
+    forest, store = saved_random_forest(tmp_path / "f", 4, 5, 6, 50)
     system = build_system(f"ckpt:{tmp_path / 'f'}", device="cpu")
     inner = system.system_for(store)  # type: ignore[attr-defined]
     assert isinstance(inner, ForestSystem) and inner.device == torch.device("cpu")
