@@ -159,3 +159,34 @@ def test_cv_forest_ranks_each_topic_with_the_fold_that_did_not_train_on_it(
     assert [{k: r[k] for k in pick} for r in again["rows"] if r["system"] == "forest"] == [
         {k: r[k] for k in pick} for r in doc["rows"] if r["system"] == "forest"
     ]
+
+
+def test_budget_summary_picks_the_best_point_within_each_budget() -> None:
+    bench = _bench()
+
+    def row(system: str, setting: str, scored: float, rec: float, ndcg: float) -> dict[str, Any]:
+        return {
+            "system": system,
+            "setting": setting,
+            "scored_per_query": scored,
+            "fraction_scored": scored / 1000,
+            "postings_per_query": 10 * scored,
+            "recall100_vs_cosine": rec,
+            "parts": {"all": {"ndcg@10": ndcg}},
+        }
+
+    doc = {
+        "rows": [
+            row("exact cosine", "all", 1000, 1.0, 0.6),
+            row("ivf", "a", 10, 0.5, 0.4),
+            row("ivf", "b", 20.4, 0.9, 0.55),  # 2.04 % shows as 2.0 %: within the 2 % budget
+            row("ivf", "c", 21, 0.95, 0.58),  # 2.1 %: outside it
+            row("ivf", "d", 50, 0.95, 0.59),  # ties c on recall, scores more: c wins at 5 %
+            row("twin", "e", 60, 1.0, 0.6),  # 6 %: in no budget
+        ]
+    }
+    lines = bench.budget_summary(doc).splitlines()
+    assert lines[4] == (
+        "| ivf | 0.900 (b; 204 postings) | -0.0500 | 0.950 (c; 210 postings) | -0.0200 |"
+    )
+    assert lines[5] == "| twin | - | - | - | - |"
