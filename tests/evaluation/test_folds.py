@@ -149,6 +149,12 @@ def test_cv_forest_ranks_each_topic_with_the_fold_that_did_not_train_on_it(
     assert row["parts"]["all"]["recall@100"] == pytest.approx(want["recall@100"], abs=1e-6)
     assert 0.0 < row["recall100_vs_cosine"] <= 1.0
 
+    # --render-only rewrites the same table from results.json
+    table = (tmp_path / "out" / "table.md").read_text()
+    (tmp_path / "out" / "table.md").unlink()
+    bench.main(["--render-only", "--out", str(tmp_path / "out")])
+    assert (tmp_path / "out" / "table.md").read_text() == table
+
     # a rerun reads the folds' forests from the cache and gives the same rows
     seen_rows.clear()
     bench.main()
