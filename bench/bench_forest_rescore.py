@@ -219,17 +219,17 @@ def with_overrides(cfg: dict[str, Any], sets: list[str]) -> dict[str, Any]:
 def cv_forests(
     store: Any, cfg: dict[str, Any], folds: list[np.ndarray], work: Path
 ) -> tuple[list[Forest], list[dict[str, Any]]]:
-    """Fold f's forest trained on every query row outside ``folds[f]`` (all passages), read
+    """Fold f's forest trained on the other folds' query rows (all passages), read
     from ``work/fold{f}of{K}-{key}.pt`` when cached there (``key``: a digest of the config, the
     fold's rows and the store path and encoder). Returns the forests and per fold
     ``{"train_queries", "seconds", "cached"}`` (training seconds as measured when trained)."""
     from treerank.training.forest import train_forest
 
     work.mkdir(parents=True, exist_ok=True)
-    all_rows = np.arange(store.n_queries)
+    rows = np.concatenate(folds)
     forests, info = [], []
     for f, held in enumerate(folds):
-        train_rows = np.setdiff1d(all_rows, held)
+        train_rows = np.setdiff1d(rows, held)  # the other folds' topics, as forest_experiment.py
         key = hashlib.sha256(
             json.dumps(
                 [cfg, held.tolist(), str(Path(store.path).resolve()), store.encoder_fingerprint],
