@@ -31,7 +31,9 @@ never saw its judgments) and its costs are means over all queries (index bytes: 
 folds' indexes; queries/s: all queries over the folds' summed search time). The twin has the
 config's M and C.
 
-Writes ``results.json``, ``table.md`` and ``pareto.png`` under ``--out`` (atomically). Run::
+Writes ``results.json``, ``table.md`` (with a best-point-per-budget summary, also alone in
+``budget.md``) and ``pareto.png`` under ``--out`` (atomically); ``--render-only`` rewrites the
+tables and the plot from ``results.json``. Run::
 
     OMP_NUM_THREADS=1 NUMBA_NUM_THREADS=1 nice -n 10 python bench/bench_forest_rescore.py \
         --store STORE/test [--train STORE/train] [--forest FOREST.pt] --out DIR
@@ -342,7 +344,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if args.render_only:
         doc = json.loads((Path(args.out) / "results.json").read_text())
-        atomic_write_text(Path(args.out) / "table.md", render(doc))
+        write_tables(doc, Path(args.out))
         plot(doc, Path(args.out) / "pareto.png")
         return
     if not args.store:
@@ -442,7 +444,7 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out / "results.json", doc, indent=1)
-    atomic_write_text(out / "table.md", render(doc))
+    write_tables(doc, out)
     plot(doc, out / "pareto.png")
     print(render(doc))
 
@@ -460,6 +462,14 @@ def _measure(
         for part, mask in parts.items()
     }
     return row
+
+
+def write_tables(doc: dict[str, Any], out: Path) -> None:
+    """``table.md`` (the full table and the budget summary) and ``budget.md`` (the summary
+    alone, headed by the table's title line) under ``out``."""
+    atomic_write_text(out / "table.md", render(doc))
+    title = render(doc).splitlines()[0]
+    atomic_write_text(out / "budget.md", title + "\n\n" + budget_summary(doc))
 
 
 def render(doc: dict[str, Any]) -> str:
@@ -522,7 +532,7 @@ def budget_summary(doc: dict[str, Any], budgets: tuple[float, ...] = BUDGETS) ->
         for b in budgets
     )
     out = [
-        "Best point per system within a budget of passages scored (read off the table above):",
+        "Best point per system within a budget of passages scored (from the full table):",
         "",
         head + " |",
         "|" + "---|" * (1 + 2 * len(budgets)),
