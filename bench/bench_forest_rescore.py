@@ -387,6 +387,10 @@ def main(argv: list[str] | None = None) -> None:
     if cv_cfg is not None:
         folds = topic_folds(st, args.cv_folds, int(cv_cfg.get("seed", 0)))
         forests, info = cv_forests(st, cv_cfg, folds, Path(args.work))
+        for fold_info, forest_f in zip(info, forests, strict=True):
+            # share of (passage, model) slots the learned outcome leaves out of the index
+            nr = forest_f.passage_classes(p)[0] < 0
+            fold_info["not_retrievable_fraction"] = float(nr.mean())
         points += cv_forest_points("forest", forests, folds, q, p, settings, args.depths)  # type: ignore[arg-type]
         m, c = forests[0].n_models, forests[0].n_classes
         qids = st.query_ids()

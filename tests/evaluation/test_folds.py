@@ -118,6 +118,7 @@ def test_cv_forest_ranks_each_topic_with_the_fold_that_did_not_train_on_it(
     # each fold trained on exactly the other fold's topics
     assert [r.tolist() for r in seen_rows] == [folds[1].tolist(), folds[0].tolist()]
     assert [f["train_queries"] for f in doc["cv"]["folds"]] == [len(folds[1]), len(folds[0])]
+    assert all(0.0 <= f["not_retrievable_fraction"] <= 1.0 for f in doc["cv"]["folds"])
     assert "2-fold cross-validation" in (tmp_path / "out" / "table.md").read_text()
 
     # reference: the cached fold forests searched by hand, runs put back in query order,
@@ -127,6 +128,9 @@ def test_cv_forest_ranks_each_topic_with_the_fold_that_did_not_train_on_it(
     forests = [bench.load_forest(str(c)) for c in cached]
     q = l2_normalize(np.asarray(st.queries, dtype=np.float32))
     p = l2_normalize(np.asarray(st.passages, dtype=np.float32))
+    assert [f["not_retrievable_fraction"] for f in doc["cv"]["folds"]] == [
+        float((f.passage_classes(p)[0] < 0).mean()) for f in forests
+    ]
     ids = np.full((len(q), 100), -1, dtype=np.int64)
     scored = np.zeros(len(q))
     from treerank.search.forest_index import ForestIndex
