@@ -143,19 +143,16 @@ def main() -> None:
     result: dict[str, Any] = {"config": cfg, "test": str(args.test), "metrics": list(METRICS)}
     t0 = time.perf_counter()
     if args.cv_folds:
-        rng = np.random.default_rng(cfg.get("seed", 0))
-        has_rel = (
-            (np.asarray(test.labels) >= test.relevance_threshold)
-            & (np.asarray(test.candidates) >= 0)
-        ).any(1)
-        rows = rng.permutation(np.nonzero(has_rel)[0])
-        folds = np.array_split(rows, args.cv_folds)
+        from treerank.evaluation.folds import relevant_rows, topic_folds
+
+        rows = relevant_rows(test)
+        folds = topic_folds(test, args.cv_folds, cfg.get("seed", 0))
         per_m: dict[int, list[Any]] = {}
         forest_parts, cos_parts, fold_stats = [], [], []
         train_secs = 0.0
         for f, held in enumerate(folds):
             train_rows = np.sort(np.setdiff1d(rows, held))
-            tr, ev = QueryView(test, train_rows), QueryView(test, np.sort(held))
+            tr, ev = QueryView(test, train_rows), QueryView(test, held)
 
             def validate(forest: Forest, ev: Any = ev) -> dict[str, float]:
                 res, _, _ = forest_eval(forest, ev, k)
