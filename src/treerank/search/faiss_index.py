@@ -6,7 +6,7 @@ inner product (a cosine over the default ``over=cosine`` vectors, which are L2-n
 - ``flat``: ``IndexFlatIP``, exact (the reference).
 - ``hnsw``: ``IndexHNSWFlat``; build ``M=32, ef_construction=40``; search ``ef_search=128``.
 - ``ivfflat``: ``IVF{nlist},Flat``; build ``nlist, train_size``; search ``nprobe=32``.
-- ``ivfpq``: ``OPQ{m},IVF{nlist},PQ{m}x{nbits}``; build ``nlist, m=48, nbits=8, opq=20,
+- ``ivfpq``: ``OPQ{m},IVF{nlist},PQ{m}x{nbits}np`` (no polysemous training); build ``nlist, m=48, nbits=8, opq=20,
   train_size``, where ``opq`` is the number of OPQ training iterations (FAISS's default is 50;
   each trains ``m`` k-means of ``2**8`` centroids, the slowest part of any build here; ``opq=0``
   drops the rotation); search ``nprobe=32``.
@@ -161,7 +161,12 @@ def _make_ivfpq(d: int, p: dict[str, Any]) -> Any:
     if d % p["m"]:
         raise ValueError(f"ivfpq: m={p['m']} sub-quantizers must divide the dimension {d}")
     opq = f"OPQ{p['m']}," if p["opq"] else ""
-    index = faiss.index_factory(d, f"{opq}IVF{p['nlist']},PQ{p['m']}x{p['nbits']}", _ip())
+    # "np": no polysemous training. FAISS's factory turns it on for IVF-PQ; it re-orders each
+    # sub-quantizer's centroids by simulated annealing so that Hamming distances between codes
+    # mimic theirs, which only polysemous filtering (polysemous_ht > 0, never set here) uses. The
+    # order leaves every ADC distance unchanged, and its cost is independent of the passage
+    # count: it was most of a 3,840-d build (issue 26, docs/scale.md).
+    index = faiss.index_factory(d, f"{opq}IVF{p['nlist']},PQ{p['m']}x{p['nbits']}np", _ip())
     if p["opq"]:  # OPQ alternates PQ training and a rotation fit: opq = its iterations
         chain: Any = faiss.downcast_index(index)
         rotation: Any = faiss.downcast_VectorTransform(chain.chain.at(0))
