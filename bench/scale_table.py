@@ -28,18 +28,22 @@ ONE_MACHINE_HOURS = 12.0
 DIM = 3840
 COMMAND = """\
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 NUMBA_NUM_THREADS=1
-ARGS="--root /tmp/scale-run --out bench/results/scale/results.json --passages 1000000 \\
-  --eval-queries 2000 --n-eval 2000 --train-queries 808000 --train-steps 100 \\
-  --n-index-eval 200 --ivfpq faiss:ivfpq:nlist=256,m=48,opq=0,nprobe=16,train_size=20000"
-# the fit store defaults to the cached SciFact test split under .cache/test-stores/
-nice -n 10 .venv/bin/python bench/bench_scale.py $ARGS --stages data --keep
-# then one invocation per stage (each with its own --timeout, so that each ends in time); the
-# results file is merged stage by stage and the store reused (--keep) until the last one
-for s in exact flat-reference train-linear eval-linear forest ivfpq int8; do
-  nice -n 10 .venv/bin/python bench/bench_scale.py $ARGS --stages $s --keep --timeout 3000
+# the store (the fit store defaults to the cached SciFact test split under .cache/test-stores/)
+nice -n 10 .venv/bin/python bench/bench_scale.py --root /tmp/scale-run \\
+    --out /tmp/scale-results-data.json --stages data --keep
+# then one run per stage, each with its own results file and a --timeout that ends it by the
+# session's deadline (a stage stopped there is recorded as not finished, with how far it got)
+ARGS="--root /tmp/scale-run --passages 1000000 --eval-queries 2000 --n-eval 2000 \\
+    --train-queries 808000 --train-steps 100 --n-index-eval 200"
+IVFPQ=faiss:ivfpq:nlist=256,m=48,opq=0,nprobe=16,train_size=10000
+for s in exact flat-reference ivfpq train-linear eval-linear forest; do
+  nice -n 10 .venv/bin/python bench/bench_scale.py $ARGS --ivfpq $IVFPQ \\
+      --out /tmp/scale-results-$s.json --stages $s --keep --timeout $SECONDS_LEFT
 done
 rm -rf /tmp/scale-run
-.venv/bin/python bench/scale_table.py"""
+.venv/bin/python bench/scale_table.py --merge /tmp/scale-results-data.json \\
+    /tmp/scale-results-{exact,flat-reference,ivfpq,train-linear,eval-linear,forest}.json\
+"""
 
 
 def _f(x: Any, nd: int = 1) -> str:
@@ -72,7 +76,64 @@ def _verdict(rss_gib: float, cpu_hours: float) -> str:
     return out
 
 
-def render(doc: dict[str, Any]) -> str:
+def _probe_lines(probe: dict[str, Any], forest: dict[str, Any]) -> list[str]:
+    """The 100K-passage probes (``probe-100k.json``): where an IVF-PQ build's time goes, and the
+    forest's cost per query on a small split (to size the 808K run)."""
+    r1, r2 = probe["run1"]["stages"], probe["run2"]["stages"]
+    n = int(r2["data"]["bytes"]["passages"]) // (4 * DIM)
+    out = [
+        "",
+        f"## Probes on {n:,} passages (`bench/results/scale/probe-100k.json`)",
+        "",
+        "Run before the 1M stages, on a store of the same generator, to size them.",
+        "",
+    ]
+    a, b = r1.get("ivfpq", {}), r2.get("ivfpq", {})
+    if a and b.get("build_seconds") is not None:
+        out.append(
+            f"- IVF-PQ (`{b['spec']}`): with FAISS's default polysemous training the build was"
+            f" stopped after {_f(a['wall_seconds'])} s wall ({_f(a['cpu_seconds'])} CPU s) still"
+            " in that training (a simulated-annealing re-ordering of every sub-quantizer's"
+            " centroids that only polysemous filtering uses, independent of the passage count)."
+            " Without it (`PQ48x8np`, now the `ivfpq` kind's factory string) the whole stage took"
+            f" {_f(b['cpu_seconds'])} CPU s ({_f(b['build_seconds'])} s wall build on the shared"
+            " machine); py-spy samples found it in the k-means training on `train_size` rows"
+            " (which does not grow with the passages) most of the time;"
+            f" {b['queries']} queries searched at {_f(b['qps'])} q/s;"
+            f" {_f(b['bytes_per_passage'])} B/passage at this size (the 48-byte codes and 8-byte"
+            " ids plus fixed centroid tables). So at 1M the build is the training plus ten times"
+            " the adds: it fits, and `train_size` was halved for the 1M stage."
+        )
+    i8 = r1.get("int8", {})
+    if i8.get("qps"):
+        out.append(
+            f"- int8 (`{i8['spec']}`): build {_f(i8['build_seconds'])} s, {i8['queries']} queries"
+            f" at {_f(i8['qps'], 2)} q/s (wall, on the shared machine),"
+            f" {_f(i8['bytes_per_passage'])} B/passage; its search is linear in passages."
+        )
+    fp = r1.get("forest", {})
+    if fp.get("cpu_seconds"):
+        nq = int(fp["train_queries"])
+        scale = SEED_TRAIN_QUERIES / nq
+        out.append(
+            f"- Forest pair at C = {fp['classes']:,} on {nq:,} x 3,840 training queries (one step"
+            f" per stage, {fp['random_negatives']} random negatives per query):"
+            f" {_f(fp['cpu_seconds'])} CPU s, peak RSS {_f(fp['peak_rss_gib'], 2)} GiB (its"
+            f" {nq:,} rows fit one {fp['chunk_size']:,}-row block, so its logits were held"
+            f" whole). Linear in the training rows, {SEED_TRAIN_QUERIES:,} queries need at least"
+            f" {fp['cpu_seconds'] * scale / 60:,.0f} CPU minutes (more: beyond one block every"
+            " pass recomputes each block's logits), over this session's CPU budget beside the"
+            " other stages"
+            + (
+                "; the 808K stage ran for the time that was left (above)."
+                if forest
+                else "; the 808K stage was not run."
+            )
+        )
+    return out
+
+
+def render(doc: dict[str, Any], probe: dict[str, Any] | None = None) -> str:
     st, s = doc["stages"], doc["settings"]
     n = int(s["passages"])
     grow = SEED_COLLECTION / n
@@ -298,6 +359,10 @@ def render(doc: dict[str, Any]) -> str:
         "train as one stacked step, and pairs (or groups) split over machines; its search-time",
         "indexing (every passage's class in every pair) is linear in passages x pairs and was not",
         "measured here.",
+    ]
+    if probe:
+        lines += _probe_lines(probe, fo)
+    lines += [
         "",
         "## Commands",
         "",
@@ -365,7 +430,9 @@ def main() -> None:
 
         atomic_write_json(a.results, merge(a.merge))
         print(f"wrote {a.results}")
-    a.out.write_text(render(json.loads(a.results.read_text())), encoding="utf-8")
+    probe_file = a.results.parent / "probe-100k.json"
+    probe = json.loads(probe_file.read_text()) if probe_file.exists() else None
+    a.out.write_text(render(json.loads(a.results.read_text()), probe), encoding="utf-8")
     print(f"wrote {a.out}")
 
 
