@@ -133,7 +133,36 @@ def _probe_lines(probe: dict[str, Any], forest: dict[str, Any]) -> list[str]:
     return out
 
 
-def render(doc: dict[str, Any], probe: dict[str, Any] | None = None) -> str:
+def extra_lines(results_dir: Path) -> list[str]:
+    """Target notes from the side files: the margin probe and the exact stage before its fix."""
+    out = []
+    m = results_dir / "margin-probe.json"
+    if m.exists():
+        r = json.loads(m.read_text())["result"]
+        out.append(
+            f"- Why exact search does more than one BLAS pass here (`{m.name}`,"
+            f" `bench/scale_margin_probe.py`): of {r['queries']} queries, {r['bad_at_kk']} had"
+            f" BLAS scores at rank 100 and at the preselection depth {r['kk']} closer than the"
+            f" error bound (median gap {r['gap_k_kk_median']:.2g} vs bound"
+            f" {r['bound_median']:.2g}: 3,840-d scores near the top of 1M passages are dense),"
+            " so about that fraction of queries is rescored over every passage by the float64"
+            f" pair kernel; at depth 200 {r['bad_at_200']} would be."
+        )
+    b = results_dir / "exact-before-release.json"
+    if b.exists():
+        r = json.loads(b.read_text())["exact"]
+        out.append(
+            f"- Before the page-release fix (`{b.name}`): the same exact stage reached"
+            f" {_f(r['peak_rss_gib'], 1)} GiB RSS ({_f(r['cpu_seconds'])} CPU s) in that"
+            " rescoring, whose reads of the memory map were never released, and was stopped;"
+            " `exact_search` now releases them (the table's exact row is the run after the fix)."
+        )
+    return out
+
+
+def render(
+    doc: dict[str, Any], probe: dict[str, Any] | None = None, extra: list[str] | None = None
+) -> str:
     st, s = doc["stages"], doc["settings"]
     n = int(s["passages"])
     grow = SEED_COLLECTION / n
@@ -271,6 +300,8 @@ def render(doc: dict[str, Any], probe: dict[str, Any] | None = None) -> str:
         lines.append(
             f"- Forest pair at C = 1,000 over 808K queries: not finished ({fo.get('error')})."
         )
+    for line in extra or []:
+        lines.append(line)
     lines.append(
         "- With a GPU (exact search of 100K x 1M x 3,840 in under a minute): not measured, no GPU"
         " in this session (above)."
@@ -432,7 +463,8 @@ def main() -> None:
         print(f"wrote {a.results}")
     probe_file = a.results.parent / "probe-100k.json"
     probe = json.loads(probe_file.read_text()) if probe_file.exists() else None
-    a.out.write_text(render(json.loads(a.results.read_text()), probe), encoding="utf-8")
+    page = render(json.loads(a.results.read_text()), probe, extra_lines(a.results.parent))
+    a.out.write_text(page, encoding="utf-8")
     print(f"wrote {a.out}")
 
 
