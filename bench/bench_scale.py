@@ -25,12 +25,18 @@ process (``os.wait4`` rusage: ``ru_maxrss``, user + system CPU):
 * **eval-linear**: the trained head as a ``DenseSystem`` (its passage tower applied chunk by chunk
   while streaming the 1M passages) on the evaluation queries.
 * **ivfpq**, **int8**: ``faiss:ivfpq`` / ``faiss:int8`` systems (build + search) on a smaller query
-  batch (they are timed and extrapolated).
+  batch (they are timed and extrapolated); each index is deleted after its stage.
+* **forest**: one TreeRank pair at C = ``--forest-classes`` (1,000) on the whole train split, one
+  step per stage, block-wise (``chunk_size``; :func:`stage_forest`); each step's time and the
+  peak RSS so far are written as it ends, so a stage stopped at its ``--timeout`` says how far
+  it got.
 
-Every timed search is extrapolated linearly to 100K queries (exact search cost is linear in the
-number of queries for a fixed corpus). ``docs/scale.md`` is generated from the results JSON by
-``bench/scale_table.py``. Run (about 30 CPU-minutes, 1 thread; disk: 15.4 GB passages + 12.4 GB
-train queries + the int8 index 3.9 GB, deleted at the end unless ``--keep``)::
+Every stage records the load average at its start and end, and the bytes under ``--root``
+after it. A data file of the expected size already under ``--root`` is reused (``--keep`` then a
+later run), so stages can run one invocation each, each with its own ``--out`` (merged by
+``bench/scale_table.py --merge``, which also generates ``docs/scale.md``). Disk: 15.4 GB
+passages + 12.4 GB train queries + one index (the int8 one is 3.9 GB), deleted at the end
+unless ``--keep``. One run of every stage::
 
     OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 10 .venv/bin/python bench/bench_scale.py \\
         --root /tmp/treerank-scale --out bench/results/scale/results.json
@@ -485,8 +491,8 @@ def main() -> None:
     ap.add_argument("--eval-queries", type=int, default=2_000)
     ap.add_argument("--train-queries", type=int, default=808_000)
     ap.add_argument("--snr", type=float, default=4.0)
-    ap.add_argument("--n-eval", type=int, default=500)
-    ap.add_argument("--n-index-eval", type=int, default=40)
+    ap.add_argument("--n-eval", type=int, default=2_000)
+    ap.add_argument("--n-index-eval", type=int, default=200)
     ap.add_argument("--train-steps", type=int, default=100)
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument(
