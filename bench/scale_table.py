@@ -212,8 +212,21 @@ def render(
             return
         if "wall_seconds" not in r or r.get("exit", 0) != 0 or "error" in r:
             why = r.get("error", f"exit {r.get('exit')}")
-            wall = f" after {_f(r['wall_seconds'])} s" if "wall_seconds" in r else ""
-            lines.append(f"| {name} | {what} | not finished{wall} | | | | {_load(r)} | {why} |")
+            if r.get("steps"):
+                why += "; steps that ended: " + ", ".join(
+                    f"{x['stage']} {_f(x['seconds'])} s (peak RSS {_f(x['peak_rss_gib'], 2)} GiB)"
+                    for x in r["steps"]
+                )
+            elif name == "forest":
+                why += "; no step ended"
+            if "wall_seconds" not in r:
+                lines.append(f"| {name} | {what} | not finished | | | | {_load(r)} | {why} |")
+                return
+            lines.append(
+                f"| {name} | {what} | not finished after {_f(r['wall_seconds'])} |"
+                f" {_f(r.get('peak_rss_gib'), 2)} (when stopped) | {_f(r.get('cpu_seconds'))} | |"
+                f" {_load(r)} | {why} |"
+            )
             return
         lines.append(
             f"| {name} | {what} | {_f(r['wall_seconds'])} | {_f(r['peak_rss_gib'], 2)} | "
@@ -297,8 +310,15 @@ def render(
             " top-8 search of every training query (extrapolated below)."
         )
     elif fo:
+        rss = (
+            f"; peak RSS {_f(fo['peak_rss_gib'], 2)} GiB when it was stopped (target < 8 for the"
+            " whole pair: not established)"
+            if fo.get("peak_rss_gib") is not None
+            else ""
+        )
         lines.append(
-            f"- Forest pair at C = 1,000 over 808K queries: not finished ({fo.get('error')})."
+            f"- Forest pair at C = 1,000 over {SEED_TRAIN_QUERIES:,} queries: not finished"
+            f" ({fo.get('error')}){rss}; the table's row lists the steps that ended."
         )
     for line in extra or []:
         lines.append(line)

@@ -123,7 +123,7 @@ def test_scale_page_states_targets_from_the_results() -> None:
     page = table.render(_doc(exact_qps=12.0))
     assert "= 1.20x (target >= 0.9x: met)" in page
     assert "CPU time alone (the disk wait left out): 80.0 s vs 160.0 s = 2.00x" in page
-    assert "| ivfpq | `faiss:ivfpq:nlist=256` build + search | not finished after 50.0 s" in page
+    assert "| ivfpq | `faiss:ivfpq:nlist=256` build + search | not finished after 50.0 |" in page
     assert "peak RSS 9.50 GiB (target < 8: NOT met)" in page
     # the forest's seed extrapolation: 240 CPU s / 3 steps x 130 steps x 2,000 pairs
     assert f"{240 / 3 * 130 * 2000 / 3600:,.0f} h in all" in page
@@ -155,3 +155,18 @@ def test_merge_joins_stage_runs_and_refuses_another_store(tmp_path: Path) -> Non
     b.write_text(json.dumps({"settings": {**base, "passages": 20}, "stages": {}}))
     with pytest.raises(ValueError, match="passages"):
         table.merge([a, b])
+
+
+def test_a_stopped_forest_lists_the_steps_that_ended() -> None:
+    doc = _doc(exact_qps=12.0)
+    doc["stages"]["forest"] = {
+        "wall_seconds": 600.0,
+        "peak_rss_gib": 3.25,
+        "cpu_seconds": 250.0,
+        "exit": -9,
+        "error": "stopped at its time limit",
+        "steps": [{"stage": "query", "seconds": 120.0, "peak_rss_gib": 3.0}],
+    }
+    page = table.render(doc)
+    assert "steps that ended: query 120.0 s (peak RSS 3.00 GiB)" in page
+    assert "peak RSS 3.25 GiB when it was stopped" in page
