@@ -339,10 +339,13 @@ FOREST_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "forest" / "se
 
 def stage_forest(a: argparse.Namespace) -> dict[str, Any]:
     """One forest pair at C = ``--forest-classes`` on the whole 3,840-d train split, one Adam step
-    per stage (``configs/forest/seed_scale.yaml`` otherwise: bagging 0.7, 8 random negatives from
-    a 1,024-passage pool, ``chunk_size`` rows per block of every full-batch gradient), with no
-    mined hard negatives (mining is an exact top-8 search of every training query over the 1M
-    passages: the ``exact`` stage's cost at 808K queries, extrapolated in ``docs/scale.md``)."""
+    per stage (``configs/forest/seed_scale.yaml`` otherwise: bagging 0.7, a 1,024-passage random
+    negative pool, ``chunk_size`` rows per block of every full-batch gradient), with
+    ``--forest-random-negatives`` random negatives per query (1, as ``forest_memory.json``'s 384-d
+    run: every example's rows are gathered and their logits recomputed, so the seed's 8 cost
+    ~4x the examples of 1) and no mined hard negatives (mining is an exact top-8 search of every
+    training query over the 1M passages: the ``exact`` stage's cost at 808K queries,
+    extrapolated in ``docs/scale.md``)."""
     import resource
 
     import yaml
@@ -354,7 +357,7 @@ def stage_forest(a: argparse.Namespace) -> dict[str, Any]:
     store = EmbeddingStore.open(a.root / "train")
     cfg = yaml.safe_load(FOREST_CONFIG.read_text())
     cfg["model"].update(n_models=1, n_classes=a.forest_classes)
-    cfg["data"]["hard_negatives"] = 0
+    cfg["data"].update(hard_negatives=0, random_negatives=a.forest_random_negatives)
     steps = a.forest_steps
     cfg["trainer"].update(
         steps_query=steps,
@@ -501,6 +504,12 @@ def main() -> None:
     ap.add_argument("--forest-classes", type=int, default=1000)
     ap.add_argument("--forest-steps", type=int, default=1, help="Adam steps per forest stage")
     ap.add_argument("--forest-chunk", type=int, default=65536, help="forest rows per block")
+    ap.add_argument(
+        "--forest-random-negatives",
+        type=int,
+        default=1,
+        help="random negatives per query (the seed config's 8 make ~5M examples at 808K queries)",
+    )
     ap.add_argument("--stages", default=",".join(STAGES))
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--keep", action="store_true", help="keep the store files")
