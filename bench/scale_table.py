@@ -273,7 +273,8 @@ def render(
     row(
         "forest",
         f"one forest pair at C = {_f(fo.get('classes', 1000))} on the train split "
-        f"(`{fo.get('config', 'configs/forest/seed_scale.yaml')}`, one step per stage)",
+        f"(`{fo.get('config', 'configs/forest/seed_scale.yaml')}`, one step per stage,"
+        f" {fo.get('random_negatives', '-')} random negative(s) per query)",
         f"{_f(fo.get('train_queries'))} queries, {_f(fo.get('passage_rows'))} passage rows, "
         f"chunk_size {_f(fo.get('chunk_size'))}, pair {_f(fo.get('pair_seconds'))} s"
         if fo.get("train_queries")
@@ -313,8 +314,9 @@ def render(
             f" {_f(fo['peak_rss_gib'], 2)} GiB (target < 8: {_met(fo['peak_rss_gib'] < 8)}); the"
             " (n, C) logits of both sides and their gradients held whole would be"
             f" {_f(fo['whole_logits_and_gradients_gib'], 1)} GiB (from the shapes). No mined hard"
-            " negatives (8 random ones per query from a 1,024-passage pool): mining is an exact"
-            " top-8 search of every training query (extrapolated below)."
+            f" negatives ({fo['random_negatives']} random one(s) per query from a 1,024-passage"
+            " pool): mining is an exact top-8 search of every training query (extrapolated"
+            " below)."
         )
     elif fo:
         rss = (

@@ -111,6 +111,7 @@ def _doc(exact_qps: float) -> dict[str, Any]:
                 "classes": 1000,
                 "chunk_size": 65536,
                 "steps_per_stage": 1,
+                "random_negatives": 1,
                 "passage_rows": 500_000,
                 "pair_seconds": 280.0,
                 "whole_logits_and_gradients_gib": 9.75,
