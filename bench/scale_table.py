@@ -174,7 +174,7 @@ def render(
     ]
     load_text = (
         f"1-minute load average {min(loads):.1f} to {max(loads):.1f} at the stages' starts and "
-        "ends (per stage in the table)"
+        "ends, per stage in the table"
         if loads
         else "load average not recorded"
     )
@@ -345,7 +345,8 @@ def render(
         "passages; the file is read once per pass whatever the batch, so wall time at 100K queries",
         "approaches CPU time. An in-memory FAISS index searches CPU-bound: its timed search",
         "seconds are used (the build excluded; the build is linear in passages). RSS of exact",
-        "search and training is bounded by the chunk / batch (measured above) and does not grow;",
+        "search and training is bounded by the chunk / batch and the query batch (measured above)",
+        "and does not grow with the passages;",
         "an in-memory index grows with its codes (its measured bytes per passage). One 2-core",
         f"machine = both cores (half the 1-thread CPU hours, at best); more than"
         f" {ONE_MACHINE_HOURS:.0f} h -> the torchrun path (passages sharded over ranks,",
