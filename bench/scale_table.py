@@ -275,7 +275,8 @@ def render(
         "forest",
         f"one forest pair at C = {_f(fo.get('classes', 1000))} on the train split "
         f"(`{fo.get('config', 'configs/forest/seed_scale.yaml')}`, one step per stage,"
-        f" {fo.get('random_negatives', '-')} random negative(s) per query)",
+        f" {fo.get('random_negatives', s.get('forest_random_negatives', '-'))} random"
+        " negative(s) per query)",
         f"{_f(fo.get('train_queries'))} queries, {_f(fo.get('passage_rows'))} passage rows, "
         f"chunk_size {_f(fo.get('chunk_size'))}, pair {_f(fo.get('pair_seconds'))} s"
         if fo.get("train_queries")
