@@ -25,12 +25,18 @@ process (``os.wait4`` rusage: ``ru_maxrss``, user + system CPU):
 * **eval-linear**: the trained head as a ``DenseSystem`` (its passage tower applied chunk by chunk
   while streaming the 1M passages) on the evaluation queries.
 * **ivfpq**, **int8**: ``faiss:ivfpq`` / ``faiss:int8`` systems (build + search) on a smaller query
-  batch (they are timed and extrapolated).
+  batch (they are timed and extrapolated); each index is deleted after its stage.
+* **forest**: one TreeRank pair at C = ``--forest-classes`` (1,000) on the whole train split, one
+  step per stage, block-wise (``chunk_size``; :func:`stage_forest`); each step's time and the
+  peak RSS so far are written as it ends, so a stage stopped at its ``--timeout`` says how far
+  it got.
 
-Every timed search is extrapolated linearly to 100K queries (exact search cost is linear in the
-number of queries for a fixed corpus). ``docs/scale.md`` is generated from the results JSON by
-``bench/scale_table.py``. Run (about 30 CPU-minutes, 1 thread; disk: 15.4 GB passages + 12.4 GB
-train queries + the int8 index 3.9 GB, deleted at the end unless ``--keep``)::
+Every stage records the load average at its start and end, and the bytes under ``--root``
+after it. A data file of the expected size already under ``--root`` is reused (``--keep`` then a
+later run), so stages can run one invocation each, each with its own ``--out`` (merged by
+``bench/scale_table.py --merge``, which also generates ``docs/scale.md``). Disk: 15.4 GB
+passages + 12.4 GB train queries + one index (the int8 one is 3.9 GB), deleted at the end
+unless ``--keep``. One run of every stage::
 
     OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 10 .venv/bin/python bench/bench_scale.py \\
         --root /tmp/treerank-scale --out bench/results/scale/results.json
@@ -72,23 +78,49 @@ def lift(x: np.ndarray, r: np.ndarray, snr: float, rng: np.random.Generator) -> 
     return y
 
 
-def write_rows(path: Path, mixture: Any, n: int, seed: int, snr: float, chunk: int) -> None:
+def write_rows(
+    path: Path, mixture: Any, n: int, seed: int, snr: float, chunk: int
+) -> tuple[int, int | None]:
+    """Write ``n`` lifted rows (float32, 3,840-d) to ``path`` (atomic rename); returns
+    ``(count, first)`` of the rows that are not finite (counted as they are written, for the
+    store's ``finite`` record). A file of the expected size already there is reused (a resumed
+    run): its rows are scanned instead."""
+    from treerank.kernels.topk import nonfinite_rows
+
+    if path.exists() and path.stat().st_size == n * DIM * 4:
+        return nonfinite_rows(np.memmap(path, np.float32, "r", shape=(n, DIM)))
     r = lift_matrix()
     tmp = path.with_suffix(".tmp")
+    bad, first = 0, None
     with open(tmp, "wb") as f:
         for i, s in enumerate(range(0, n, chunk)):
             base = mixture.sample(min(chunk, n - s), seed=[seed, i])
-            f.write(lift(base, r, snr, np.random.default_rng([seed, i, 1])).tobytes())
+            y = lift(base, r, snr, np.random.default_rng([seed, i, 1]))
+            c, f0 = nonfinite_rows(y)
+            if c and first is None:
+                first = s + int(f0 or 0)
+            bad += c
+            f.write(y.tobytes())
     tmp.replace(path)
+    return bad, first
 
 
 def write_split(
-    dest: Path, mixtures: Any, n_queries: int, n_passages: int, seed: int, snr: float, chunk: int
+    dest: Path,
+    mixtures: Any,
+    n_queries: int,
+    n_passages: int,
+    seed: int,
+    snr: float,
+    chunk: int,
+    passages_non_finite: tuple[int, int | None] = (0, None),
 ) -> None:
     from treerank.atomic import atomic_write_json
 
     dest.mkdir(parents=True, exist_ok=True)
-    write_rows(dest / "queries.bin", mixtures.queries, n_queries, seed + 1, snr, chunk)
+    bad_q, first_q = write_rows(
+        dest / "queries.bin", mixtures.queries, n_queries, seed + 1, snr, chunk
+    )
     rng = np.random.default_rng([seed, 7])
     cand = rng.integers(0, n_passages, size=(n_queries, 1), dtype=np.int32)
     cand.tofile(dest / "query_indices.bin")
@@ -108,6 +140,11 @@ def write_split(
         "index_dtype": "int32",
         "label_dtype": "uint8",
         "normalized": True,
+        # the finiteness record (treerank.kernels.topk.finite_record's fields), counted while
+        # the rows were written, so readers need not scan the 15 GB file
+        "finite": bad_q == 0 and passages_non_finite[0] == 0,
+        "non_finite_rows": {"queries": bad_q, "passages": passages_non_finite[0]},
+        "first_non_finite_row": {"queries": first_q, "passages": passages_non_finite[1]},
         "relevance_threshold": 1,
         "encoder": {"name": "synthetic-lifted-3840", "fingerprint": f"synthetic-lifted:{snr}"},
         "signature": f"scale-{dest.name}-{n_queries}-{n_passages}-{seed}-{snr}",
@@ -126,14 +163,14 @@ def stage_data(a: argparse.Namespace) -> dict[str, Any]:
     val, train = a.root / "validation", a.root / "train"
     val.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    write_rows(val / "passages.bin", mix.passages, a.passages, 0, a.snr, 16_384)
+    bad_p = write_rows(val / "passages.bin", mix.passages, a.passages, 0, a.snr, 16_384)
     t_pass = time.perf_counter() - t0
-    write_split(val, mix, a.eval_queries, a.passages, 0, a.snr, 16_384)
+    write_split(val, mix, a.eval_queries, a.passages, 0, a.snr, 16_384, bad_p)
     train.mkdir(parents=True, exist_ok=True)
     if not (train / "passages.bin").exists():
         os.link(val / "passages.bin", train / "passages.bin")  # one passage file, shared
     t1 = time.perf_counter()
-    write_split(train, mix, a.train_queries, a.passages, 100, a.snr, 16_384)
+    write_split(train, mix, a.train_queries, a.passages, 100, a.snr, 16_384, bad_p)
     t_train = time.perf_counter() - t1
     for d in (val, train):  # the store's own format constants
         m = json.loads((d / "meta.json").read_text())
@@ -279,17 +316,110 @@ def _faiss_stage(a: argparse.Namespace, spec: str, n: int) -> dict[str, Any]:
     t1 = time.perf_counter()
     run = system.retrieve(view, k=100)  # type: ignore[union-attr]
     sec = time.perf_counter() - t1
+    index_dir = a.root / "validation" / "indexes"
+    index_bytes = (
+        sum(f.stat().st_size for f in index_dir.rglob("*") if f.is_file())
+        if index_dir.exists()
+        else None
+    )
+    shutil.rmtree(index_dir, ignore_errors=True)  # delete as we go: one index on disk at a time
     return {
         "spec": spec,
         "queries": int(run.ids.shape[0]),
         "build_seconds": t_build,
         "seconds": sec,
         "qps": run.ids.shape[0] / sec,
-        "index_bytes": sum(
-            f.stat().st_size for f in (a.root / "validation" / "indexes").rglob("*") if f.is_file()
+        "index_bytes": index_bytes,
+        "bytes_per_passage": index_bytes / store.n_passages if index_bytes else None,
+    }
+
+
+FOREST_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "forest" / "seed_scale.yaml"
+
+
+def stage_forest(a: argparse.Namespace) -> dict[str, Any]:
+    """One forest pair at C = ``--forest-classes`` on the whole 3,840-d train split, one Adam step
+    per stage (``configs/forest/seed_scale.yaml`` otherwise: bagging 0.7, a 1,024-passage random
+    negative pool, ``chunk_size`` rows per block of every full-batch gradient), with
+    ``--forest-random-negatives`` random negatives per query (1, as ``forest_memory.json``'s 384-d
+    run: every example's rows are gathered and their logits recomputed, so the seed's 8 cost
+    ~4x the examples of 1) and no mined hard negatives (mining is an exact top-8 search of every
+    training query over the 1M passages: the ``exact`` stage's cost at 808K queries,
+    extrapolated in ``docs/scale.md``)."""
+    import resource
+
+    import yaml
+
+    from treerank.store import EmbeddingStore
+    from treerank.training.forest import train_forest
+    from treerank.training.forest_data import pair_data, shared_rows
+
+    store = EmbeddingStore.open(a.root / "train")
+    cfg = yaml.safe_load(FOREST_CONFIG.read_text())
+    cfg["model"].update(n_models=1, n_classes=a.forest_classes)
+    cfg["data"].update(hard_negatives=0, random_negatives=a.forest_random_negatives)
+    steps = a.forest_steps
+    cfg["trainer"].update(
+        steps_query=steps,
+        steps_passage=steps,
+        steps_joint=steps,
+        chunk_size=a.forest_chunk,
+        num_threads=1,
+        validate_at=[1],
+    )
+
+    def rss(_: Any) -> dict[str, float]:
+        return {"peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
+
+    # Each stage's step timed as it ends and written at once, so that a run stopped at its time
+    # limit still says how far it got and at what peak RSS (run_child reads the file).
+    import treerank.training.forest as forest_module
+
+    blocked_step = forest_module._blocked_step
+    steps_done: list[dict[str, Any]] = []
+    t0 = time.perf_counter()
+
+    def timed_step(sides: Any, stage: str, *args: Any, **kwargs: Any) -> float:
+        t = time.perf_counter()
+        value = blocked_step(sides, stage, *args, **kwargs)
+        steps_done.append(
+            {
+                "stage": stage,
+                "seconds": time.perf_counter() - t,
+                "ended_at_seconds": time.perf_counter() - t0,
+                **rss(None),
+            }
         )
-        if (a.root / "validation" / "indexes").exists()
-        else None,
+        a.result.with_suffix(".progress.json").write_text(json.dumps(steps_done))
+        return value
+
+    forest_module._blocked_step = timed_step  # type: ignore[assignment]
+    out = train_forest(store, cfg, validate=rss, progress=False)
+    sec = time.perf_counter() - t0
+    pairs = [r for r in out.records if r.get("kind") == "pair"]
+    nq = int(out.summary["n_train_queries"])
+    rows = len(shared_rows(store, pair_data(store, 0, None)).ids) + int(cfg["data"]["random_pool"])
+    return {
+        "train_queries": nq,
+        "classes": a.forest_classes,
+        "pairs": 1,
+        "steps_per_stage": steps,
+        "chunk_size": a.forest_chunk,
+        "config": str(FOREST_CONFIG.relative_to(FOREST_CONFIG.parents[2])),
+        "random_negatives": int(cfg["data"]["random_negatives"]),
+        "hard_negatives": 0,
+        "positive_examples": int(out.summary["n_positive_pairs"]),
+        "passage_rows": rows,
+        "seconds": sec,
+        "pair_seconds": float(pairs[0]["seconds"]),
+        "peak_rss_gib_after_pair": float(out.summary["curve"][0]["peak_rss_gib"]),
+        "steps": steps_done,
+        # what a trainer holding the (G, n, C) logits of both sides and their gradients whole
+        # would need, float32 (from the shapes, not measured)
+        "whole_logits_and_gradients_gib": 2
+        * 4
+        * (nq * a.forest_classes + rows * (a.forest_classes + 1))
+        / 2**30,
     }
 
 
@@ -301,6 +431,7 @@ STAGES = {
     "eval-linear": stage_eval_linear,
     "ivfpq": lambda a: _faiss_stage(a, a.ivfpq, a.n_index_eval),
     "int8": lambda a: _faiss_stage(a, "faiss:int8:train_size=20000", a.n_index_eval),
+    "forest": stage_forest,
 }
 
 
@@ -308,9 +439,10 @@ def run_child(argv: list[str], timeout: float) -> dict[str, Any]:
     """One stage in a child process: its JSON result plus wall time, peak RSS, CPU seconds."""
     out_file = Path(argv[argv.index("--result") + 1])
     t0 = time.perf_counter()
+    load_start = os.getloadavg()
     proc = subprocess.Popen([sys.executable, __file__, *argv])
     deadline = t0 + timeout
-    status, ru = 0, None
+    status, ru, killed = 0, None, False
     while True:
         pid, status, ru = os.wait4(proc.pid, os.WNOHANG)
         if pid:
@@ -318,6 +450,7 @@ def run_child(argv: list[str], timeout: float) -> dict[str, Any]:
         if time.perf_counter() > deadline:
             proc.kill()
             _, status, ru = os.wait4(proc.pid, 0)
+            killed = True
             break
         time.sleep(0.5)
     wall = time.perf_counter() - t0
@@ -326,12 +459,30 @@ def run_child(argv: list[str], timeout: float) -> dict[str, Any]:
         "peak_rss_gib": ru.ru_maxrss / 2**20,
         "cpu_seconds": ru.ru_utime + ru.ru_stime,
         "exit": os.waitstatus_to_exitcode(status),
+        # the machine's 1/5/15-minute load averages when the stage started and ended (shared
+        # machine: the times are lower bounds on an idle one's speed)
+        "load_average": {"start": list(load_start), "end": list(os.getloadavg())},
     }
     if out_file.exists():
         res.update(json.loads(out_file.read_text()))
+    elif killed:
+        res["error"] = f"stopped at its time limit ({timeout:,.0f} s wall, the session's deadline)"
     else:
-        res["error"] = "no result (timed out or failed)"
+        res["error"] = "no result (the stage failed)"
+    progress = out_file.with_suffix(".progress.json")
+    if progress.exists() and "steps" not in res:  # how far a stopped stage got
+        res["steps"] = json.loads(progress.read_text())
     return res
+
+
+def disk_bytes(root: Path) -> int:
+    """Bytes of the files under ``root``, each hard-linked file counted once."""
+    seen: dict[int, int] = {}
+    for f in root.rglob("*"):
+        if f.is_file():
+            st = f.stat()
+            seen[st.st_ino] = st.st_size
+    return sum(seen.values())
 
 
 def main() -> None:
@@ -343,12 +494,21 @@ def main() -> None:
     ap.add_argument("--eval-queries", type=int, default=2_000)
     ap.add_argument("--train-queries", type=int, default=808_000)
     ap.add_argument("--snr", type=float, default=4.0)
-    ap.add_argument("--n-eval", type=int, default=500)
-    ap.add_argument("--n-index-eval", type=int, default=40)
+    ap.add_argument("--n-eval", type=int, default=2_000)
+    ap.add_argument("--n-index-eval", type=int, default=200)
     ap.add_argument("--train-steps", type=int, default=100)
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument(
         "--ivfpq", default="faiss:ivfpq:nlist=256,m=48,opq=0,nprobe=16,train_size=20000"
+    )
+    ap.add_argument("--forest-classes", type=int, default=1000)
+    ap.add_argument("--forest-steps", type=int, default=1, help="Adam steps per forest stage")
+    ap.add_argument("--forest-chunk", type=int, default=65536, help="forest rows per block")
+    ap.add_argument(
+        "--forest-random-negatives",
+        type=int,
+        default=1,
+        help="random negatives per query (the seed config's 8 make ~5M examples at 808K queries)",
     )
     ap.add_argument("--stages", default=",".join(STAGES))
     ap.add_argument("--timeout", type=float, default=900)
@@ -384,6 +544,7 @@ def main() -> None:
         res_file.unlink(missing_ok=True)
         print(f"[scale] stage {name} ...", flush=True)
         res = run_child([*passthrough, "--stage", name, "--result", str(res_file)], a.timeout)
+        res["disk_bytes_after"] = disk_bytes(a.root)  # the store (+ what the stage kept)
         print(f"[scale] {name}: {json.dumps(res)}", flush=True)
         doc["stages"][name] = res
         a.out.parent.mkdir(parents=True, exist_ok=True)

@@ -68,6 +68,21 @@ def test_ties_break_by_ascending_passage_id_across_chunks(backend: str) -> None:
 
 
 @pytest.mark.parametrize("backend", ["faiss", "torch"])
+def test_memmap_ties_across_the_cut_take_the_full_rescoring_and_keep_the_id_order(
+    tmp_path, backend: str
+) -> None:
+    # every score ties: no query has the margin, so every one is rescored over all passages,
+    # chunk by chunk from the memory map (its pages released after each chunk)
+    p = np.ones((300, 4), np.float32)
+    p.tofile(tmp_path / "p.bin")
+    mm = np.memmap(tmp_path / "p.bin", dtype=np.float32, mode="r", shape=p.shape)
+    q = np.ones((3, 4), np.float32)
+    ids, scores = exact_search(q, mm, k=20, chunk_size=64, query_batch=2, backend=backend)
+    assert ids.tolist() == [list(range(20))] * 3
+    assert scores.tolist() == [[4.0] * 20] * 3
+
+
+@pytest.mark.parametrize("backend", ["faiss", "torch"])
 def test_constant_scorer_earns_its_id_order_mrr_not_one(backend: str) -> None:
     # every passage gets the same score; relevant passages are 3 (query 0) and 42 (query 1)
     p = np.ones((100, 4), np.float32)

@@ -614,6 +614,7 @@ def _exact_top_k(
     vals = np.empty((nq, k), np.float32)
     for s in range(0, nq, query_batch):
         rows = _transformed_rows(passages, pre_ids[s : s + query_batch], transform)
+        release_pages(passages, 0, n)  # the gathered rows' pages: RSS stays the batch's copy
         exact = pair_scores(q[s : s + query_batch], rows)
         b_ids, b_vals = sort_rows(pre_ids[s : s + query_batch], exact)
         ids[s : s + query_batch], vals[s : s + query_batch] = b_ids[:, :k], b_vals[:, :k]
@@ -631,5 +632,7 @@ def _exact_top_k(
                 block = np.asarray(transform(block), dtype=np.float32)
             b_ids, b_vals = topk_desc(pair_scores(q[rows_q], block), k, start)
             best = merge_topk(best, rank_keys(b_ids, b_vals), k)
+            del block
+            release_pages(passages, start, min(start + chunk_size, n))
         ids[rows_q], vals[rows_q] = decode_keys(np.sort(best, axis=1))
     return ids, vals

@@ -6,10 +6,10 @@ inner product (a cosine over the default ``over=cosine`` vectors, which are L2-n
 - ``flat``: ``IndexFlatIP``, exact (the reference).
 - ``hnsw``: ``IndexHNSWFlat``; build ``M=32, ef_construction=40``; search ``ef_search=128``.
 - ``ivfflat``: ``IVF{nlist},Flat``; build ``nlist, train_size``; search ``nprobe=32``.
-- ``ivfpq``: ``OPQ{m},IVF{nlist},PQ{m}x{nbits}``; build ``nlist, m=48, nbits=8, opq=20,
-  train_size``, where ``opq`` is the number of OPQ training iterations (FAISS's default is 50;
-  each trains ``m`` k-means of ``2**8`` centroids, the slowest part of any build here; ``opq=0``
-  drops the rotation); search ``nprobe=32``.
+- ``ivfpq``: ``OPQ{m},IVF{nlist},PQ{m}x{nbits}np`` (``np``: no polysemous training); build
+  ``nlist, m=48, nbits=8, opq=20, train_size``, where ``opq`` is the number of OPQ training
+  iterations (FAISS's default is 50; each trains ``m`` k-means of ``2**8`` centroids, the slowest
+  part of any build here; ``opq=0`` drops the rotation); search ``nprobe=32``.
 - ``ivfpqfs``: ``[OPQ{m},]IVF{nlist},PQ{m}x4fs`` (FAISS's ``IndexIVFPQFastScan``: 4-bit codes
   scanned with SIMD lookup tables held in registers, André et al. VLDB 2015); build
   ``nlist, m=48, opq=0, refine=0, train_size``; search ``nprobe=32, k_factor=4``. The
@@ -161,7 +161,12 @@ def _make_ivfpq(d: int, p: dict[str, Any]) -> Any:
     if d % p["m"]:
         raise ValueError(f"ivfpq: m={p['m']} sub-quantizers must divide the dimension {d}")
     opq = f"OPQ{p['m']}," if p["opq"] else ""
-    index = faiss.index_factory(d, f"{opq}IVF{p['nlist']},PQ{p['m']}x{p['nbits']}", _ip())
+    # "np": no polysemous training. FAISS's factory turns it on for IVF-PQ; it re-orders each
+    # sub-quantizer's centroids by simulated annealing so that Hamming distances between codes
+    # mimic theirs, which only polysemous filtering (polysemous_ht > 0, never set here) uses. The
+    # order leaves every ADC distance unchanged; its cost (an annealing run per sub-quantizer)
+    # does not depend on the passages, and a 3,840-d build spent minutes in it (issue 26).
+    index = faiss.index_factory(d, f"{opq}IVF{p['nlist']},PQ{p['m']}x{p['nbits']}np", _ip())
     if p["opq"]:  # OPQ alternates PQ training and a rotation fit: opq = its iterations
         chain: Any = faiss.downcast_index(index)
         rotation: Any = faiss.downcast_VectorTransform(chain.chain.at(0))
