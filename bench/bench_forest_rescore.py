@@ -139,6 +139,7 @@ def forest_points(
                 {
                     "system": name,
                     "setting": f"M={f.n_models} C={f.n_classes} t={t} K={kk} N={depth}",
+                    "params": {"M": f.n_models, "C": f.n_classes, "t": t, "K": kk, "N": depth},
                     "ids": ids,
                     "scored_per_query": float((hits.ids >= 0).sum(1).mean()),
                     "postings_per_query": float(hits.scanned.mean()),
@@ -175,6 +176,7 @@ def faiss_points(
             {
                 "system": "ivf-flat",
                 "setting": f"nlist={nlist} nprobe={nprobe}",
+                "params": {"nlist": nlist, "nprobe": nprobe},
                 "ids": ids.astype(np.int64),
                 "scored_per_query": scored,
                 "postings_per_query": scored,
@@ -196,6 +198,7 @@ def faiss_points(
             {
                 "system": "hnsw",
                 "setting": f"M=32 efSearch={ef}",
+                "params": {"M": 32, "efSearch": ef},
                 "ids": ids.astype(np.int64),
                 "scored_per_query": float(scored),
                 "postings_per_query": float(scored),
@@ -274,6 +277,7 @@ def main() -> None:
         {
             "system": "exact cosine",
             "setting": "all passages",
+            "params": {},
             "ids": cos_ids,
             "scored_per_query": float(n),
             "postings_per_query": float(n),
