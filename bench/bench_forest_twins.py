@@ -245,6 +245,13 @@ def main() -> None:
         help="overrides of --trained-config",
     )
     ap.add_argument("--twin-kinds", nargs="+", default=list(TWIN_KINDS))
+    ap.add_argument(
+        "--twin-max-models",
+        nargs="*",
+        default=[],
+        metavar="KIND=M",
+        help="search that twin kind only up to M (CPU budget)",
+    )
     ap.add_argument("--label", default=None, help="dataset label of the tables and plot")
     ap.add_argument(
         "--plot",
@@ -277,6 +284,12 @@ def main() -> None:
         trained[v], seconds[v] = trained_forest(v, train, models_of[v], work, args.classes, base)
         configs[v] = IRLI[v] if v in IRLI else merged(base or {}, VARIANTS[v])
         print(f"{v}: M = {models_of[v]}, {seconds[v]:.0f} s", flush=True)
+    twin_max = {k: args.models for k in args.twin_kinds}
+    for item in args.twin_max_models:
+        kind, eq, val = item.partition("=")
+        if not eq or kind not in twin_max or not val.isdigit():
+            raise SystemExit(f"--twin-max-models {item!r}: expected KIND=M for a chosen kind")
+        twin_max[kind] = int(val)
     if args.train_only:
         return
     q = np.asarray(test.queries, dtype=np.float32)
@@ -312,6 +325,8 @@ def main() -> None:
             for t, sc in grid:
                 res[(m, t, sc)][v] = metrics_of(search_ids(fm, index, q, t, sc, 100))
         for kind, fs in twins.items():
+            if twin_max[kind] < m:
+                continue
             per_seed: dict[tuple[int, str], list[dict[str, np.ndarray]]] = {g: [] for g in grid}
             for f in fs:
                 fm = f.subset(m)
@@ -378,6 +393,7 @@ def main() -> None:
         "test": str(args.test),
         "n_models": args.models,
         "variant_models": models_of,
+        "twin_max_models": twin_max,
         "n_classes": args.classes,
         "train_seconds": seconds,
         "variants": configs,
