@@ -86,6 +86,13 @@ IRLI: dict[str, dict[str, Any]] = {
         "sample": 0.25,
         "passage_weight": 1.0,
     },
+    "irli-from-random-sample0.25-passage4": {
+        "twin": "random",
+        "rounds": 3,
+        "steps": 20,
+        "sample": 0.25,
+        "passage_weight": 4.0,
+    },
 }
 TWIN_KINDS = ("random", "sign", "kmeans")
 

@@ -39,6 +39,7 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "irli": {"rounds": 3, "steps": 20},
     "irli-sample0.25": {"rounds": 3, "steps": 20, "sample": 0.25},
     "irli-sample0.25-passage1": {"rounds": 3, "steps": 20, "sample": 0.25, "passage_weight": 1.0},
+    "irli-sample0.25-passage4": {"rounds": 3, "steps": 20, "sample": 0.25, "passage_weight": 4.0},
 }
 
 
