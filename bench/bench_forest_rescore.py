@@ -35,6 +35,7 @@ Writes ``results.json``, ``table.md`` and ``pareto.png`` under ``--out``. Run::
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -258,7 +259,9 @@ def main() -> None:
         rng = np.random.default_rng(args.seed)
         sample = np.sort(rng.choice(len(q), args.sample_queries, replace=False))
         q = q[sample]
-        qrels = Qrels(qrels.candidates[sample], qrels.labels[sample], qrels.relevance_threshold)
+        qrels = dataclasses.replace(  # the same judgments (document ids, aliases kept)
+            qrels, candidates=qrels.candidates[sample], labels=qrels.labels[sample]
+        )
     parts = {"all": np.ones(len(q), dtype=bool)}
     if args.train:
         from treerank.evaluation.overlap import seen_positive_mask
