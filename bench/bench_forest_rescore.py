@@ -31,6 +31,11 @@ never saw its judgments) and its costs are means over all queries (index bytes: 
 folds' indexes; queries/s: all queries over the folds' summed search time). The twin has the
 config's M and C.
 
+``--table`` indexes an IRLI forest's training-collection assignment (``bench_forest_twins``'s
+``.npz``) instead of its passage models; ``--prefixes`` adds the forest's and the twin's first M
+pairs (t = K = 1) so that the recall can be read off at another system's postings or bytes;
+``--sample-queries`` evaluates a fixed seeded sample of the queries.
+
 Writes ``results.json``, ``table.md`` (with a best-point-per-budget summary, also alone in
 ``budget.md``) and ``pareto.png`` under ``--out`` (atomically); ``--render-only`` rewrites the
 tables and the plot from ``results.json``. Run::
@@ -48,8 +53,10 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import hashlib
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -102,6 +109,22 @@ def load_forest(path: str) -> Forest:
     return load_model(path)
 
 
+def load_table(path: str, n_passages: int, n_models: int) -> tuple[np.ndarray, np.ndarray]:
+    """An IRLI assignment table (``.npz`` of ``bench_forest_twins``: ``classes`` / ``probs``
+    ``(n, M, K)``), first choice per model: ``(int32 (n, M), float32 (n, M))``.
+
+    Raises:
+        SystemExit: the table does not cover ``n_passages`` rows and ``n_models`` models.
+    """
+    tab = np.load(path)
+    cls, pr = tab["classes"], tab["probs"]
+    if cls.shape[0] != n_passages or cls.shape[1] < n_models:
+        raise SystemExit(
+            f"{path}: table {cls.shape} does not match {n_passages} passages, M = {n_models}"
+        )
+    return cls[:, :n_models, 0], pr[:, :n_models, 0]
+
+
 def forest_points(
     name: str,
     forest: Forest,
@@ -109,14 +132,21 @@ def forest_points(
     p: np.ndarray,
     settings: list[tuple[int, int]],
     depths: list[int],
+    table: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> list[dict[str, Any]]:
     """One point per (t, K, N): candidates ids and costs (metrics added by the caller); the
-    point's ``seconds`` (classification, search and rescoring of all ``q``) ride along."""
+    point's ``seconds`` (classification, search and rescoring of all ``q``) ride along.
+    ``table``: an IRLI assignment ``(classes (n, M), probs)`` indexed instead of the passage
+    models (K = 1 only)."""
     out = []
     n = len(p)
     for t, kk in settings:
         f = forest.with_search(ForestSearch(probe=t, assign=kk))
-        if kk == 1:
+        if table is not None:
+            if kk != 1:
+                raise SystemExit(f"{name}: an assignment table is K = 1; drop setting {t},{kk}")
+            index = ForestIndex.build(*table, n_classes=f.n_classes)
+        elif kk == 1:
             index = ForestIndex.build(*f.passage_classes(p), n_classes=f.n_classes)
         else:
             index = assign_passages(f, p)
@@ -133,6 +163,7 @@ def forest_points(
                 {
                     "system": name,
                     "setting": f"M={f.n_models} C={f.n_classes} t={t} K={kk} N={depth}",
+                    "params": {"M": f.n_models, "C": f.n_classes, "t": t, "K": kk, "N": depth},
                     "ids": ids,
                     "scored_per_query": float((hits.ids >= 0).sum(1).mean()),
                     "postings_per_query": float(hits.scanned.mean()),
@@ -286,6 +317,7 @@ def faiss_points(
             {
                 "system": "ivf-flat",
                 "setting": f"nlist={nlist} nprobe={nprobe}",
+                "params": {"nlist": nlist, "nprobe": nprobe},
                 "ids": ids.astype(np.int64),
                 "scored_per_query": scored,
                 "postings_per_query": scored,
@@ -307,6 +339,7 @@ def faiss_points(
             {
                 "system": "hnsw",
                 "setting": f"M=32 efSearch={ef}",
+                "params": {"M": 32, "efSearch": ef},
                 "ids": ids.astype(np.int64),
                 "scored_per_query": float(scored),
                 "postings_per_query": float(scored),
@@ -326,6 +359,24 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--cv-folds", type=int, default=5, help="folds with --cv-config")
     ap.add_argument("--set", nargs="*", default=[], help="--cv-config overrides section.key=v")
     ap.add_argument("--work", default=None, help="cache of the CV folds' forests")
+    ap.add_argument(
+        "--table", default=None, help="its IRLI assignment table (.npz), indexed instead (K = 1)"
+    )
+    ap.add_argument(
+        "--prefixes",
+        type=int,
+        nargs="*",
+        default=[],
+        help="also the forest's and the twin's first M pairs at t = K = 1, every depth "
+        "(the postings / bytes curves)",
+    )
+    ap.add_argument(
+        "--sample-queries",
+        type=int,
+        default=0,
+        help="a fixed sample of this many queries (numpy default_rng(--seed)); 0: all",
+    )
+    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--models", type=int, default=64, help="twin's M without --forest")
     ap.add_argument("--classes", type=int, default=32, help="twin's C without --forest")
     ap.add_argument("--settings", nargs="+", default=["1,1", "2,1", "1,2", "2,2"], help="t,K")
@@ -351,22 +402,36 @@ def main(argv: list[str] | None = None) -> None:
         ap.error("--store is required (except with --render-only)")
     if args.cv_config and (args.forest or not args.work):
         ap.error("--cv-config needs --work and excludes --forest")
+    if args.cv_config and args.sample_queries:
+        ap.error("--cv-config folds every query of the store: it excludes --sample-queries")
     cv_cfg = with_overrides(load_yaml(args.cv_config), args.set) if args.cv_config else None
     torch.set_num_threads(1)
     numba.set_num_threads(1)
     from treerank.store import EmbeddingStore
 
+    torch.set_flush_denormal(True)
     st = EmbeddingStore.open(args.store)
     q = l2_normalize(np.asarray(st.queries, dtype=np.float32))
     p = l2_normalize(np.asarray(st.passages, dtype=np.float32))
     n = len(p)
     qrels = Qrels.from_store(st)
+    sample = None
+    if 0 < args.sample_queries < len(q):
+        rng = np.random.default_rng(args.seed)
+        sample = np.sort(rng.choice(len(q), args.sample_queries, replace=False))
+        q = q[sample]
+        qrels = dataclasses.replace(  # the same judgments (document ids, aliases kept)
+            qrels, candidates=qrels.candidates[sample], labels=qrels.labels[sample]
+        )
     parts = {"all": np.ones(len(q), dtype=bool)}
     if args.train:
         from treerank.evaluation.overlap import seen_positive_mask
 
         seen = seen_positive_mask(st, EmbeddingStore.open(args.train))
-        parts.update(seen=seen, unseen=~seen)
+        if sample is not None:
+            seen = seen[sample]
+        if seen.any():  # SQuAD dev: nothing seen, the parts would repeat "all"
+            parts.update(seen=seen, unseen=~seen)
     settings = [tuple(int(v) for v in s.split(",")) for s in args.settings]
     t0 = time.perf_counter()
     cos_ids, _ = exact_search(q, p, k=100)
@@ -376,6 +441,7 @@ def main(argv: list[str] | None = None) -> None:
         {
             "system": "exact cosine",
             "setting": "all passages",
+            "params": {},
             "ids": cos_ids,
             "scored_per_query": float(n),
             "postings_per_query": float(n),
@@ -404,14 +470,25 @@ def main(argv: list[str] | None = None) -> None:
         }
     elif args.forest:
         forest = load_forest(args.forest)
-        points += forest_points("forest", forest, q, p, settings, args.depths)  # type: ignore[arg-type]
         m, c = forest.n_models, forest.n_classes
+        table = load_table(args.table, n, m) if args.table else None
+        points += forest_points("forest", forest, q, p, settings, args.depths, table)  # type: ignore[arg-type]
+        for mm in args.prefixes:
+            if mm < m:
+                tab_m = (table[0][:, :mm], table[1][:, :mm]) if table else None
+                points += forest_points(
+                    "forest", forest.subset(mm), q, p, [(1, 1)], args.depths, tab_m
+                )
     else:
         m, c = args.models, args.classes
     seeds = []
     for seed in args.twin_seeds:
         twin = Forest.random(ForestConfig(m, c, q.shape[1]), seed=seed)
-        seeds.append(forest_points("random twin", twin, q, p, settings, args.depths))  # type: ignore[arg-type]
+        pts = forest_points("random twin", twin, q, p, settings, args.depths)  # type: ignore[arg-type]
+        for mm in args.prefixes:
+            if mm < m:
+                pts += forest_points("random twin", twin.subset(mm), q, p, [(1, 1)], args.depths)
+        seeds.append(pts)
     points += faiss_points(q, p, args.nlist or int(4 * np.sqrt(n)), args.nprobe, args.ef)
     rows = []
     for pt in points:
@@ -439,7 +516,10 @@ def main(argv: list[str] | None = None) -> None:
         "store": str(args.store),
         "label": label,
         "n_queries": len(q),
+        "n_queries_store": len(st.queries),
+        "query_sample_seed": args.seed if sample is not None else None,
         "n_passages": n,
+        "command": "python bench/bench_forest_rescore.py " + " ".join(sys.argv[1:]),
         "parts": {k: int(v.sum()) for k, v in parts.items()},
         "rows": rows,
     }
@@ -495,8 +575,15 @@ def render(doc: dict[str, Any]) -> str:
         if cv
         else ""
     )
+    if doc.get("query_sample_seed") is not None:
+        queries = (
+            f"a fixed sample of {doc['n_queries']} of the {doc['n_queries_store']} queries "
+            f"(numpy default_rng({doc['query_sample_seed']}))"
+        )
+    else:
+        queries = f"{doc['n_queries']} queries"
     out = [
-        f"{doc['label']}: {doc['n_queries']} queries, {doc['n_passages']} passages; one thread; "
+        f"{doc['label']}: {queries}, {doc['n_passages']} passages; one thread; "
         "candidates rescored by exact cosine." + how,
         "",
         head,

@@ -14,7 +14,15 @@ IRLI alternates, for every repetition (here: every model ``m`` of the forest), t
        J_m = - sum_(q, p) w_qp log sum_{c in A_m(p)} P_m(c | q)  /  sum w_qp
 
    (the query model's likelihood of its relevant passages' classes, multi-label over the
-   passage's ``K`` classes).
+   passage's ``K`` classes), optionally plus ``lambda J_p`` (``passage_weight``, default 0):
+
+       J_p = - mean over cited passages p of log sum_{c in A_m(p)} P_m(c | x_p)
+
+   the same likelihood for the cited passages' own vectors (a departure from IRLI, after the
+   seed's step B: a passage model that puts each selected passage into its queries' class).
+   IRLI's new items are indexed through the model by their own vector; ``J_p`` trains exactly
+   that path on the training collection, so that passages nobody cites (new articles) land
+   where their future queries will be predicted.
 
 The result is the forest with new query models, its passage models replaced by the query
 models (plus the never-chosen not-retrievable column), so a new passage is indexed by its own
@@ -58,11 +66,40 @@ class Repartitioned:
     objective_initial: float = float("nan")
 
 
-def _objective(pq: torch.Tensor, member: torch.Tensor, pos_q: torch.Tensor, w: torch.Tensor):
-    """``(G,)`` ``J``: ``pq (G, nq, C)`` query probabilities, ``member bool (G, E, C)`` the
-    positive's passage classes, ``w (E,)``."""
-    like = (pq[:, pos_q] * member).sum(-1).clamp_min(1e-12)  # (G, E)
-    return -(torch.log(like) * w).sum(-1) / w.sum().clamp_min(1e-12)
+LOG_EPS = float(np.log(1e-12))
+"""Floor of a log-likelihood ``log sum_{c in A(p)} P(c | q)`` (a likelihood clamped at 1e-12)."""
+
+
+def _log_likelihood(logp: torch.Tensor, cls: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """``(G, E)`` ``log sum_{c in A} P(c | x_row)``, floored at :data:`LOG_EPS`.
+
+    Args:
+        logp: ``float32 (n, G, C)`` log-softmax of ``G`` models over ``n`` rows.
+        cls: ``int64 (G, E, K)`` each example's classes per model (``-1``: unassigned).
+        rows: ``int64 (E,)`` each example's row of ``logp``.
+    """
+    n, g, c = logp.shape
+    idx = (
+        rows[None, :, None] * (g * c)
+        + torch.arange(g, dtype=torch.int64)[:, None, None] * c
+        + cls.clamp_min(0)
+    )
+    val = logp.reshape(-1)[idx].masked_fill(cls < 0, -1e30)  # finite: no NaN gradients
+    return torch.logsumexp(val, -1).clamp_min(LOG_EPS)
+
+
+def _objective(
+    logp: torch.Tensor, cls: torch.Tensor, pos_q: torch.Tensor, w: torch.Tensor
+) -> torch.Tensor:
+    """``(G,)`` ``J``: ``logp (nq, G, C)`` query log-probabilities, ``cls int64 (G, E, K)`` the
+    positive's passage classes, ``pos_q (E,)`` its query row, ``w (E,)`` its weight."""
+    like = _log_likelihood(logp, cls, pos_q)  # (G, E)
+    return -(like * w).sum(-1) / w.sum().clamp_min(1e-12)
+
+
+def _log_probs(x: torch.Tensor, ws: list[torch.Tensor], bs: list[torch.Tensor]) -> torch.Tensor:
+    """``float32 (n, G, C)`` log-softmax of the stacked models (no copy for linear models)."""
+    return torch.log_softmax(stacked_forward(x, ws, bs).transpose(0, 1), -1)
 
 
 def repartition(
@@ -79,6 +116,9 @@ def repartition(
     capacity_epsilon: float | None = 0.2,
     boosting: bool = True,
     group_size: int = 8,
+    passage_weight: float = 0.0,
+    sample: float = 1.0,
+    seed: int = 0,
 ) -> Repartitioned:
     """IRLI re-partitioning of every model of ``forest`` (see the module docstring).
 
@@ -89,12 +129,18 @@ def repartition(
         rounds: re-assignment + training rounds per model (``>= 1``). steps: Adam steps per
             round. lr: Adam learning rate. assign: K. capacity_epsilon: the capacity slack
             (None: unbounded). boosting: the seed's weights (else 1). group_size: models at once.
+        passage_weight: weight ``lambda`` of the passage term ``J_p`` (module docstring); 0,
+            the default, is IRLI's objective alone.
+        sample: fraction of the positive pairs each round's query training sees (a fresh
+            draw per group of models and round, ``numpy.random.default_rng((seed, m0, r))``;
+            the re-assignment always scores every pair); 1.0, the default, is full-batch.
+            seed: the draws' seed.
 
     Returns:
         :class:`Repartitioned`.
 
     Raises:
-        ValueError: empty or out-of-range pairs, ``rounds < 1``.
+        ValueError: empty or out-of-range pairs, ``rounds < 1``, ``passage_weight < 0``.
     """
     pos_q = np.asarray(pos_q, dtype=np.int64)
     pos_p = np.asarray(pos_p, dtype=np.int64)
@@ -105,12 +151,19 @@ def repartition(
         raise ValueError("repartition: need rounds >= 1 and matching, non-empty pairs")
     if pos_q.min() < 0 or pos_q.max() >= nq or pos_p.min() < 0 or pos_p.max() >= n:
         raise ValueError("repartition: pair rows out of range")
+    if not 0.0 < sample <= 1.0:
+        raise ValueError(f"repartition: sample must be in (0, 1] (got {sample})")
+    if not passage_weight >= 0.0:
+        raise ValueError(f"repartition: passage_weight must be >= 0 (got {passage_weight})")
     m_all, c = forest.n_models, forest.n_classes
     kk = min(assign, c)
     classes = np.full((n, m_all, kk), -1, dtype=np.int32)
     probs = np.zeros((n, m_all, kk), dtype=np.float32)
     cited = np.zeros(n, dtype=bool)
     cited[pos_p] = True
+    cited_rows = np.flatnonzero(cited)
+    xp_cited = xp[torch.from_numpy(cited_rows)]
+    rows_cited = torch.arange(len(cited_rows), dtype=torch.int64)
     # objective of the input forest with its own passage classes
     pc0, _ = forest.passage_classes(passages)
     misses = np.zeros(len(pos_q), dtype=np.int64)
@@ -128,24 +181,21 @@ def repartition(
             boosting_weights(misses, m0) if boosting else np.ones(len(pos_q), np.float32)
         )
         with torch.no_grad():
-            pq = torch.softmax(stacked_forward(xq, ws, bs), -1)
-            pc = torch.from_numpy(pc0[:, m0:m1].T.astype(np.int64))  # (g, n)
-            member = torch.zeros(g, len(pos_q), c, dtype=torch.bool)
-            valid = pc[:, tp] >= 0
-            member.scatter_(2, pc[:, tp].clamp_min(0).unsqueeze(-1), valid.unsqueeze(-1))
-            j_init += _objective(pq, member, tq, wt).tolist()
+            pc = torch.from_numpy(pc0[:, m0:m1].T.astype(np.int64))  # (g, n), -1: not indexed
+            j_init += _objective(_log_probs(xq, ws, bs), pc[:, tp, None], tq, wt).tolist()
         for r in range(rounds):
             with torch.no_grad():
                 pq = torch.softmax(stacked_forward(xq, ws, bs), -1)  # (g, nq, C)
                 own = torch.softmax(stacked_forward(xp, ws, bs), -1)  # (g, n, C)
                 score = torch.zeros(g, n, c)
                 score.index_add_(1, tp, pq[:, tq] * wt[None, :, None])
+                del pq
                 tot = score.sum(-1, keepdim=True)
                 score = torch.where(
                     torch.from_numpy(cited)[None, :, None], score / tot.clamp_min(1e-12), own
                 )
                 full = torch.cat([score, torch.zeros(g, n, 1)], -1).numpy().astype(np.float32)
-                member = torch.zeros(g, len(pos_q), c, dtype=torch.bool)
+                del score, own
                 for i in range(g):
                     cap = (
                         n
@@ -154,19 +204,32 @@ def repartition(
                     )
                     ci, pi = assign_capacity(full[i], kk, max(1, cap), 1.0)
                     classes[:, m0 + i], probs[:, m0 + i] = ci, pi
-                    cls = torch.from_numpy(ci.astype(np.int64))[tp]  # (E, K)
-                    member[i].scatter_(1, cls.clamp_min(0), cls >= 0)
-                history[r, 0] += float(_objective(pq, member, tq, wt).sum())
+                del full
+                # (g, E, K) the positives' classes; (g, n_cited, K) the cited passages'
+                cls = torch.from_numpy(classes[pos_p, m0:m1].transpose(1, 0, 2).astype(np.int64))
+                own_cls = torch.from_numpy(
+                    classes[cited_rows, m0:m1].transpose(1, 0, 2).astype(np.int64)
+                )
+                history[r, 0] += float(_objective(_log_probs(xq, ws, bs), cls, tq, wt).sum())
+            if sample < 1.0:  # this round's training pairs, and the queries they read
+                rng = np.random.default_rng((seed, m0, r))
+                keep = np.sort(rng.choice(len(pos_q), max(1, round(sample * len(pos_q))), False))
+                rows, inv = np.unique(pos_q[keep], return_inverse=True)
+                xs, ts = xq[torch.from_numpy(rows)], torch.from_numpy(inv.astype(np.int64))
+                cs, wk = cls[:, torch.from_numpy(keep)], wt[torch.from_numpy(keep)]
+            else:
+                xs, ts, cs, wk = xq, tq, cls, wt
             opt = torch.optim.Adam([*ws, *bs], lr=lr)
             for _ in range(steps):
                 opt.zero_grad(set_to_none=True)
-                pq = torch.softmax(stacked_forward(xq, ws, bs), -1)
-                loss = _objective(pq, member, tq, wt).sum()
+                loss = _objective(_log_probs(xs, ws, bs), cs, ts, wk).sum()
+                if passage_weight > 0.0:
+                    like_p = _log_likelihood(_log_probs(xp_cited, ws, bs), own_cls, rows_cited)
+                    loss = loss - passage_weight * like_p.mean(-1).sum()
                 loss.backward()
                 opt.step()
             with torch.no_grad():
-                pq = torch.softmax(stacked_forward(xq, ws, bs), -1)
-                history[r, 1] += float(_objective(pq, member, tq, wt).sum())
+                history[r, 1] += float(_objective(_log_probs(xq, ws, bs), cls, tq, wt).sum())
         with torch.no_grad():
             qcls = torch.softmax(stacked_forward(xq, ws, bs), -1).argmax(-1)  # (g, nq)
             hit = (
