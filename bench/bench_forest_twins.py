@@ -269,7 +269,6 @@ def main() -> None:
     ap.add_argument("--train-only", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    torch.set_flush_denormal(True)  # subnormal gradients slow CPU GEMMs ~30x, change nothing
     from treerank.store import EmbeddingStore
 
     models_of = {v: args.models for v in args.variants}
@@ -572,4 +571,7 @@ def plot_curve(doc: dict[str, Any], probe: int, scoring: str, path: Path) -> Non
 
 
 if __name__ == "__main__":
+    # subnormal gradients slow CPU GEMMs ~30x and change nothing here; the flag is process-wide
+    # (it breaks float32 round trips elsewhere), so it is set for the script, never by main()
+    torch.set_flush_denormal(True)
     main()
