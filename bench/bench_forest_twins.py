@@ -219,6 +219,22 @@ def search_ids(
     return index.search_probes(qc, qp, fl, k, scoring).ids
 
 
+def _per_name_models(
+    names: list[str], default: int, items: list[str], option: str, key: str, what: str
+) -> dict[str, int]:
+    """``{name: M}``: ``default`` for every name, overridden by ``option``'s ``NAME=M`` items.
+
+    Raises:
+        SystemExit: an item that is not ``NAME=M`` for one of ``names``."""
+    out = dict.fromkeys(names, default)
+    for item in items:
+        name, eq, val = item.partition("=")
+        if not eq or name not in out or not val.isdigit():
+            raise SystemExit(f"{option} {item!r}: expected {key}=M for a chosen {what}")
+        out[name] = int(val)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--train", required=True)
@@ -271,12 +287,9 @@ def main() -> None:
     torch.set_num_threads(1)
     from treerank.store import EmbeddingStore
 
-    models_of = {v: args.models for v in args.variants}
-    for item in args.variant_models:
-        name, eq, val = item.partition("=")
-        if not eq or name not in models_of or not val.isdigit():
-            raise SystemExit(f"--variant-models {item!r}: expected NAME=M for a chosen variant")
-        models_of[name] = int(val)
+    models_of = _per_name_models(
+        args.variants, args.models, args.variant_models, "--variant-models", "NAME", "variant"
+    )
     train, test = EmbeddingStore.open(args.train), EmbeddingStore.open(args.test)
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -290,12 +303,9 @@ def main() -> None:
         trained[v], seconds[v] = trained_forest(v, train, models_of[v], work, args.classes, base)
         configs[v] = IRLI[v] if v in IRLI else merged(base or {}, VARIANTS[v])
         print(f"{v}: M = {models_of[v]}, {seconds[v]:.0f} s", flush=True)
-    twin_max = {k: args.models for k in args.twin_kinds}
-    for item in args.twin_max_models:
-        kind, eq, val = item.partition("=")
-        if not eq or kind not in twin_max or not val.isdigit():
-            raise SystemExit(f"--twin-max-models {item!r}: expected KIND=M for a chosen kind")
-        twin_max[kind] = int(val)
+    twin_max = _per_name_models(
+        args.twin_kinds, args.models, args.twin_max_models, "--twin-max-models", "KIND", "kind"
+    )
     if args.train_only:
         return
     q = np.asarray(test.queries, dtype=np.float32)

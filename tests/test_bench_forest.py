@@ -4,23 +4,18 @@ section (bench/forest_docs.py), the config overrides and the table renderers
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.bench_module import load_bench
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _module(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench(name)
 
 
 def test_envelope_interpolates_in_log_cost_and_says_out_of_reach() -> None:

@@ -3,25 +3,20 @@ the lift, the written rows and their finiteness record, the disk count, the rend
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import numpy as np
 
+from tests.bench_module import load_bench
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _load(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench(name)
 
 
 bench = _load("bench_scale")

@@ -2,20 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
+
+from tests.bench_module import load_bench
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def _renderer():
-    spec = importlib.util.spec_from_file_location(
-        "encoding_table", REPO / "bench" / "encoding_table.py"
-    )
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("encoding_table")
 
 
 def test_doc_matches_results():

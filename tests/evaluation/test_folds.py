@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -12,6 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.bench_module import load_bench
 from treerank.evaluation.folds import relevant_rows, topic_folds
 from treerank.evaluation.metrics import evaluate_run
 from treerank.evaluation.qrels import Qrels
@@ -52,13 +52,7 @@ def test_topic_folds_partition_the_queries_with_a_relevant_candidate() -> None:
 
 
 def _bench() -> Any:
-    spec = importlib.util.spec_from_file_location(
-        "bench_forest_rescore", REPO / "bench" / "bench_forest_rescore.py"
-    )
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("bench_forest_rescore")
 
 
 def test_cv_forest_ranks_each_topic_with_the_fold_that_did_not_train_on_it(
