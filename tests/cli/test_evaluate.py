@@ -8,6 +8,9 @@ from typer.testing import CliRunner
 
 from tests.search.tiny_store import write_tiny_store
 from treerank.cli.main import app
+from treerank.names import file_name
+
+RRF_FILE = f"{file_name('rrf:bm25+cosine')}.trec"  # a spec with ":" gets a digest
 
 
 def test_evaluate_prints_table_and_writes_files(tmp_path) -> None:
@@ -166,13 +169,13 @@ def test_out_folder_never_mixes_two_comparisons(tmp_path) -> None:
     out = tmp_path / "o"
     first = _invoke(tmp_path, "--system", "bm25", "--system", "rrf:bm25+cosine", "--out", str(out))
     assert first.exit_code == 0, first.output
-    assert (out / "runs" / "rrf_bm25+cosine.trec").exists()
+    assert (out / "runs" / RRF_FILE).exists()
     second = _invoke(tmp_path, "--system", "bm25", "--out", str(out))
     assert second.exit_code == 0, second.output
     assert sorted(p.name for p in (out / "runs").iterdir()) == ["bm25.trec", "cosine.trec"]
     doc = json.loads((out / "results.json").read_text())
-    assert doc["removed_stale_files"] == ["runs/rrf_bm25+cosine.trec"]
-    assert "removed" in second.output and "rrf_bm25+cosine.trec" in second.output
+    assert doc["removed_stale_files"] == [f"runs/{RRF_FILE}"]
+    assert "removed" in second.output and RRF_FILE in second.output
 
 
 def test_out_folder_keeps_files_treerank_did_not_write(tmp_path) -> None:
@@ -184,9 +187,9 @@ def test_out_folder_keeps_files_treerank_did_not_write(tmp_path) -> None:
     second = _invoke(tmp_path, "--system", "bm25", "--out", str(out))
     assert second.exit_code == 0, second.output
     assert (out / "runs" / "mine.trec").read_text() == "x\n"
-    assert not (out / "runs" / "rrf_bm25+cosine.trec").exists()
+    assert not (out / "runs" / RRF_FILE).exists()
     doc = json.loads((out / "results.json").read_text())
-    assert doc["removed_stale_files"] == ["runs/rrf_bm25+cosine.trec"]
+    assert doc["removed_stale_files"] == [f"runs/{RRF_FILE}"]
     assert doc["kept_unknown_files"] == ["runs/mine.trec"]
     assert "mine.trec alone (not written by treerank)" in " ".join(second.output.split())
     # a folder without an earlier results.json: nothing is removed

@@ -11,6 +11,7 @@ from tests.search.tiny_store import write_tiny_store
 from treerank.evaluation.compare import compare_systems
 from treerank.evaluation.metrics import evaluate_run
 from treerank.evaluation.qrels import Qrels
+from treerank.names import file_name
 from treerank.search.systems import build_system
 
 
@@ -38,7 +39,7 @@ def test_compare_writes_everything(tmp_path) -> None:
     assert set(res["mcnemar_hit@10"]["cosine"]) == {"bm25", "rrf:bm25+cosine"}
     lines = (out / "per_query.jsonl").read_text().splitlines()
     assert len(lines) == 3 * 4 and json.loads(lines[0])["query_id"] == "q0"
-    assert (out / "runs" / "rrf_bm25+cosine.trec").read_text().startswith("q0 Q0 p")
+    assert (out / "runs" / f"{file_name('rrf:bm25+cosine')}.trec").read_text().startswith("q0 Q0 p")
     assert (out / "plots" / "deltas.png").read_bytes()[:4] == b"\x89PNG"
     assert (out / "plots" / "recall_at_k.png").stat().st_size > 1000
     table = (out / "table.md").read_text()

@@ -11,6 +11,7 @@ from tests.search.tiny_store import write_tiny_store
 from treerank.evaluation.compare import compare_systems
 from treerank.evaluation.metrics import EvalResult
 from treerank.evaluation.seeds import seed_average, seed_spread, seed_system_name
+from treerank.names import file_name
 
 NAN = float("nan")
 
@@ -70,5 +71,5 @@ def test_compare_systems_adds_the_seed_averaged_model(tmp_path: Path) -> None:
     assert sorted(p.name for p in (tmp_path / "out" / "runs").iterdir()) == [
         "bm25.trec",
         "cosine.trec",
-        "rrf_bm25+cosine.trec",
+        f"{file_name('rrf:bm25+cosine')}.trec",
     ]

@@ -16,7 +16,8 @@ import pytest
 from ir_measures import RR, R, nDCG
 
 from tests.conftest import SHARED_DATA
-from treerank.evaluation.compare import Comparison, compare_systems, safe_name
+from treerank.evaluation.compare import Comparison, compare_systems
+from treerank.names import file_name
 
 SYSTEMS = ["cosine", "bm25", "rrf:bm25+cosine"]
 
@@ -36,7 +37,7 @@ def assert_trec_eval_parity(comp: Comparison, out: Path, qrels_file: Path, query
     n_checked = 0
     for name, res in comp.results.items():
         ms = _measures(res.relevance_threshold)
-        run = list(ir_measures.read_trec_run(str(out / "runs" / f"{safe_name(name)}.trec")))
+        run = list(ir_measures.read_trec_run(str(out / "runs" / f"{file_name(name)}.trec")))
         ref = {
             (m.query_id, str(m.measure)): m.value
             for m in ir_measures.iter_calc(ms.values(), qrels, run)

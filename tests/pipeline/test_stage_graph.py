@@ -232,6 +232,6 @@ def test_identities_render_todays_names(tmp_path: Path) -> None:
     assert SystemId.of_spec("rrf:bm25+cosine", "squad").name == "rrf:bm25+cosine"
     assert StageId.embed("s", "test").name == "embed:s:test"
     assert StageId.evaluate("s").path(tmp_path) == tmp_path / "eval" / "s"
-    assert StageId.train(run).cache_dir_name("f" * 64) == "train_scifact_linear_seed0-" + "f" * 24
+    assert StageId.train(run).cache_dir_name("f" * 64) == "train_scifact_linear@seed0-" + "f" * 24
     with pytest.raises(ValueError, match="split"):
         StageId("embed", "s")

@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from treerank.cli.errors import fail
+from treerank.cli.options import cli_device, device_option
 from treerank.lock import LockHeldError
 
 
@@ -45,11 +46,7 @@ def diagnose(
         help="More store splits (same encoder, e.g. the train split) whose queries join the "
         "probes and CKA for statistical power; repeatable.",
     ),
-    device: str = typer.Option(
-        "cpu",
-        "--device",
-        help="Where to compute: auto (a CUDA GPU when there is one), cpu, cuda or cuda:N.",
-    ),
+    device: str = device_option(),
 ) -> None:
     """Scoring variants, per-slot probes, per-query failures and linear CKA, with the seed's
     decision rules printed next to the numbers."""
@@ -57,13 +54,12 @@ def diagnose(
     from rich.table import Table
 
     from treerank.diagnostics.procedure import DEFAULT_METRICS, run_diagnostics
-    from treerank.kernels.device import resolve_device
     from treerank.store import EmbeddingStore
 
+    device = str(cli_device(device))  # refused before any work
     console = Console()
     metrics = tuple(dict.fromkeys([*DEFAULT_METRICS, metric]))
     try:
-        resolve_device(device)  # a bad or unavailable device is refused before any work
         st = EmbeddingStore.open(store, dim=dim)
         extra = [EmbeddingStore.open(p, dim=dim) for p in probe_store]
         res = run_diagnostics(

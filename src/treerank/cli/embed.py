@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from treerank.cli.errors import ExitCode, fail
+from treerank.cli.options import cli_device, device_option
 from treerank.lock import LockHeldError
 from treerank.readers.detect import FORMATS
 
@@ -67,9 +68,12 @@ def embed(
         0.1, "--max-padding", help="Largest padded fraction of any item in a batch."
     ),
     max_seq_length: int | None = typer.Option(
-        None, "--max-seq-length", help="Truncation in tokens (default: the model's)."
+        None,
+        "--max-seq-length",
+        help="Truncation in tokens, 1..the model's limit (512 for all-MiniLM-L6-v2; default: "
+        "the model's setting, 256).",
     ),
-    device: str = typer.Option("cpu", "--device", help="torch device."),
+    device: str = device_option(),
     backend: str = typer.Option(
         "torch",
         "--backend",
@@ -91,13 +95,21 @@ def embed(
 ) -> None:
     """Embed a dataset split into a store (queries.bin, passages.bin, candidate tables, meta).
 
-    Exits 2 on bad input (message names the file and row) or when the output already holds a
-    store (use --resume / --overwrite); 130 when interrupted (the partial store is marked
-    incomplete; rerun with --resume).
+    Exits 2 on bad input (message names the file and row), a --device that is unknown or absent
+    (cuda without CUDA), a --max-seq-length outside 1..the model's limit, or when the output
+    already holds a store (use --resume / --overwrite); 130 when interrupted (the partial store
+    is marked incomplete; rerun with --resume).
     """
     import os
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from treerank.encoders.limits import check_max_seq_length
+
+    dev = str(cli_device(device).concrete())  # before any work: nothing read, nothing written
+    try:
+        check_max_seq_length(max_seq_length, model, "--max-seq-length")
+    except ValueError as exc:
+        raise fail(exc) from None
     from rich.console import Console
     from rich.markup import escape
 
@@ -148,7 +160,7 @@ def embed(
             splits=splits,
             limit=limit,
             max_passages=max_passages,
-            device=device,
+            device=dev,
             resume=resume,
             overwrite=overwrite,
             reuse=reuse,

@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from treerank.cli.errors import ExitCode, fail
+from treerank.cli.options import cli_device, device_option
 from treerank.cli.spec_help import SEE_KINDS, RegistryHelpCommand
 from treerank.evaluation.significance import N_PERMUTATIONS
 from treerank.lock import LockHeldError
@@ -81,11 +82,7 @@ def evaluate(
         None, "--dim", help="Vector dimension (only for Go-tool stores without meta.json)."
     ),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bars."),
-    device: str = typer.Option(
-        "cpu",
-        "--device",
-        help="Where to compute: auto (a CUDA GPU when there is one), cpu, cuda or cuda:N.",
-    ),
+    device: str = device_option(),
     ignore_identical_ids: bool = typer.Option(
         False,
         "--ignore-identical-ids",
@@ -104,10 +101,10 @@ def evaluate(
     from treerank.evaluation.plots import dataset_label
     from treerank.evaluation.settings import EvaluationSettings, resolve_evaluation
     from treerank.evaluation.summary import headline as summary_lines
-    from treerank.kernels.device import resolve_device
     from treerank.kernels.topk import check_run_depth
     from treerank.store import EmbeddingStore
 
+    device = str(cli_device(device))  # a bad or unavailable device is refused before any work
     console = Console(soft_wrap=True)
     settings = EvaluationSettings(
         baseline=baseline,
@@ -122,7 +119,6 @@ def evaluate(
     )
     try:
         check_run_depth(k)
-        resolve_device(device)  # a bad or unavailable device is refused before any work
         eval_dir = store / split if split else store
         st = EmbeddingStore.open(eval_dir, dim=dim)
         plan = resolve_evaluation(

@@ -36,8 +36,21 @@ def export(
     base_model: str | None = typer.Option(
         None, "--base-model", help="Encoder the head was trained on (default all-MiniLM-L6-v2)."
     ),
-    query_prompt: str | None = typer.Option(None, "--query-prompt", help="Query prompt."),
-    passage_prompt: str | None = typer.Option(None, "--passage-prompt", help="Passage prompt."),
+    query_prompt: str | None = typer.Option(
+        None,
+        "--query-prompt",
+        help="Query prompt, for a head whose store is not recorded (else the store's is carried; "
+        "a different one is refused).",
+    ),
+    passage_prompt: str | None = typer.Option(
+        None, "--passage-prompt", help="Passage prompt (as --query-prompt)."
+    ),
+    store: Path | None = typer.Option(
+        None,
+        "--store",
+        help=f"{ST_TARGET}: the store split the head was trained on (default: the one the "
+        "checkpoint records); its truncation, prompts and precision are carried or refused.",
+    ),
     texts: bool = typer.Option(True, "--texts/--no-texts", help="db: passage texts in payload."),
     batch_size: int = typer.Option(512, "--batch-size", min=1, help="db: points per request."),
     dim: int | None = typer.Option(None, "--dim", help="Dimension of a Go-tool store."),
@@ -53,6 +66,8 @@ def export(
             )
         if head is not None:
             raise fail(f"--head applies to --to db:...; the head of --to {ST_TARGET} is SOURCE")
+        if store is not None and not (store / "meta.json").is_file():
+            raise fail(f"--store {store}: no meta.json (not a store split directory)")
         from treerank.models.export_st import export_sentence_transformers
 
         try:
@@ -63,11 +78,15 @@ def export(
                 query_prompt=query_prompt,
                 passage_prompt=passage_prompt,
                 overwrite=overwrite,
+                store=store,
             )
         except (ValueError, RuntimeError, FileNotFoundError, FileExistsError, OSError) as exc:
             raise fail(exc) from None
         towers = "query/document towers (Router)" if res.asymmetric else "one shared tower"
-        typer.echo(f"wrote {res.path}: {res.family} head, {towers}, {res.scoring}, dim {res.dim}")
+        typer.echo(
+            f"wrote {res.path}: {res.family} head, {towers}, {res.scoring}, dim {res.dim}, "
+            f"max_seq_length {res.max_seq_length}, prompts {res.prompts or 'none'}"
+        )
         return
     if to.startswith("db:"):
         if out is not None:

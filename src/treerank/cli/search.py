@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from treerank.cli.errors import fail
+from treerank.cli.options import cli_device, device_option
 from treerank.cli.spec_help import SEE_KINDS, RegistryHelpCommand
 
 
@@ -69,6 +70,7 @@ def search(
         help="Query encoder backend: torch, onnx or onnx-int8 (default: the store's; int8 "
         "queries are refused against an fp32 store and the reverse).",
     ),
+    device: str = device_option(),
 ) -> None:
     """Encode queries with the store's encoder (pinned by its weights fingerprint) and search.
 
@@ -80,6 +82,7 @@ def search(
     from treerank.search.systems import build_system
     from treerank.store import EmbeddingStore
 
+    dev = cli_device(device)  # before anything is read or loaded
     if fmt not in ("table", "json", "trec"):
         raise fail(f"--format must be table, json or trec, not {fmt!r}")
     if out is not None and (out.is_dir() or out.parent.is_file()):  # before the encoder loads
@@ -97,9 +100,10 @@ def search(
             texts += ftexts
         if not texts:
             raise ValueError("give --query TEXT (repeatable) or --queries FILE")
-        built = build_system(system)  # a bad spec fails here, before the encoder loads (~5 s)
+        # a bad spec fails here, before the encoder loads (~5 s)
+        built = build_system(system, device=str(dev))
         st = EmbeddingStore.open(store)
-        enc = load_store_encoder(st, encoder, backend)
+        enc = load_store_encoder(st, encoder, backend, device=str(dev.concrete()))
         run, hits = search_texts(st, built, enc, texts, k)
     except (ValueError, FileNotFoundError, OSError) as exc:
         raise fail(exc) from None

@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from treerank.cli.errors import fail
+from treerank.cli.options import cli_device, device_option
 from treerank.cli.spec_help import SEE_KINDS, RegistryHelpCommand
 
 
@@ -49,6 +50,7 @@ def serve(
     batch_queries: int = typer.Option(
         64, "--batch-queries", help="Most query texts per encoder + search call."
     ),
+    device: str = device_option(help="Where exact search runs: auto, cpu, cuda or cuda:N."),
 ) -> None:
     """Serve POST /search, GET /health, GET /info; refuses mismatched encoder/store/index.
 
@@ -61,6 +63,7 @@ def serve(
     from treerank.serve.service import SearchService, ServiceConfig
     from treerank.store import StoreFormatError
 
+    dev = cli_device(device)  # before the port is bound or anything is loaded
     if not systems and index is None:
         systems = ["cosine"]
     try:
@@ -77,6 +80,7 @@ def serve(
             batch_window_s=batch_window_ms / 1000,
             batch_queries=batch_queries,
             backend=backend,
+            device=str(dev),
         )
         sock = bind_socket(host, port)  # a taken port fails here, before loading the store
     except (ValueError, PortInUseError) as exc:

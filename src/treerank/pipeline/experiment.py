@@ -46,9 +46,17 @@ from treerank.pipeline.config import (
     ModelSpec,
     resolve_device,
 )
-from treerank.pipeline.identity import RunId, StageId, SystemId, UnknownDependencyError
+from treerank.pipeline.identity import (
+    RunId,
+    StageId,
+    SystemId,
+    UnknownDependencyError,
+    dataset_dir,
+)
 from treerank.pipeline.stages import (
+    DIGESTS_FILE,
     StageRecord,
+    content_digests,
     file_sha256,
     fingerprint,
     run_stage,
@@ -503,7 +511,7 @@ def _plan(cfg: ExperimentConfig, run: _Run) -> tuple[StageGraph, dict[str, Datas
                 key, stats[split] = _existing_store(ds, split)
                 graph.add(Stage(sid, sid.path(out, root), (), {"store": str(root)}, given_key=key))
         else:
-            root = out / "stores" / ds.name
+            root = dataset_dir(out, "stores", ds.name)
             assert ds.path is not None  # load_experiment: a dataset has `store` or `path`
             data_sha = file_sha256(ds.path)
             if enc_key is None:
@@ -523,7 +531,7 @@ def _plan(cfg: ExperimentConfig, run: _Run) -> tuple[StageGraph, dict[str, Datas
             graph.skip(
                 f"train:{ds.name}",
                 f"no train_split: {', '.join(cfg.models)} not trained here; baselines only",
-                out / "models" / ds.name,
+                dataset_dir(out, "models", ds.name),
             )
         for r in runs:
             if r.trained_on == ds.name:
@@ -548,7 +556,7 @@ def _plan(cfg: ExperimentConfig, run: _Run) -> tuple[StageGraph, dict[str, Datas
                 if not wanted
                 else f"{wanted!r} is not trained on this dataset (no train_split)"
             )
-            graph.skip(f"diagnose:{ds.name}", why, out / "diagnose" / ds.name)
+            graph.skip(f"diagnose:{ds.name}", why, dataset_dir(out, "diagnose", ds.name))
     return graph, outcomes
 
 
@@ -620,10 +628,14 @@ def _embed_stage(
 def _existing_store(ds: DatasetConfig, split: str) -> tuple[str, dict[str, Any]]:
     """Key and statistics of a split of a dataset's existing store (``datasets[].store``).
 
-    The key covers every file's name, size and modification time, so a changed store re-runs
-    the stages that read it. Derived caches the stages themselves write beside the split (mined
-    negatives and teacher rankings under ``arrays/``, FAISS indexes under ``indexes/``) are left
-    out: a training stage that mines negatives must not change the key of every later run.
+    The key covers every file's name and content digest (SHA-256, computed once and kept in
+    the sidecar :data:`~treerank.pipeline.stages.DIGESTS_FILE` beside the files, recomputed
+    when a file's size, mtime, ctime or inode changes:
+    :func:`~treerank.pipeline.stages.content_digests`), so a changed store re-runs the stages that read it, even a same-size file with swapped rows
+    and a restored mtime. Derived caches the stages themselves write beside the split (mined
+    negatives and teacher rankings under ``arrays/``, FAISS indexes under ``indexes/``) and the
+    sidecar are left out: a training stage that mines negatives must not change the key of
+    every later run.
     """
     from treerank.search.faiss_index import INDEXES_DIR
     from treerank.store import EmbeddingStore
@@ -632,14 +644,15 @@ def _existing_store(ds: DatasetConfig, split: str) -> tuple[str, dict[str, Any]]
     assert ds.store is not None
     path = ds.store / split
     st = EmbeddingStore.open(path, dim=ds.dim)
-    files = sorted(
-        (str(p.relative_to(path)), p.stat().st_size, p.stat().st_mtime_ns)
+    rels = sorted(
+        p.relative_to(path).as_posix()
         for p in path.rglob("*")
         if p.is_file()
-        and p.name != "stage.json"
+        and p.name not in ("stage.json", DIGESTS_FILE)
         and p.relative_to(path).parts[0] not in (ARRAYS_DIR, INDEXES_DIR)
     )
-    key = fingerprint("store", str(path), ds.dim, files)
+    digests = content_digests(path, rels)
+    key = fingerprint("store", str(path), ds.dim, [[r, digests[r]] for r in rels])
     return key, {
         "n_queries": st.n_queries,
         "n_passages": st.n_passages,
@@ -704,7 +717,7 @@ def _train_stage(
 
 
 def _store_dir(run: _Run, ds: DatasetConfig, split: str) -> Path:
-    root = ds.store if ds.store is not None else run.cfg.output_dir / "stores" / ds.name
+    root = ds.store if ds.store is not None else dataset_dir(run.cfg.output_dir, "stores", ds.name)
     return root / split
 
 

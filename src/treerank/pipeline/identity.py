@@ -32,14 +32,20 @@ record                                     rendering
                                            ``models/scifact/linear@seed0``
 ``StageId.embed("scifact", "test")``       ``embed:scifact:test``, path ``stores/scifact/test``
 =========================================  ==============================================
+
+Every name becomes a path component through :func:`treerank.names.file_name` (one injective,
+filesystem-safe map: a plain name such as ``linear@seed0`` is its own file name, any other gets
+a readable slug plus a digest, ``модель`` -> ``name~<16 hex>``), so two names never share a
+directory or a run file, and a long name never exceeds the filesystem's limit.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
+
+from treerank.names import file_name, slug
 
 __all__ = [
     "STAGE_KINDS",
@@ -48,10 +54,17 @@ __all__ = [
     "StageKind",
     "SystemId",
     "UnknownDependencyError",
+    "dataset_dir",
 ]
 
 StageKind = Literal["embed", "train", "evaluate", "diagnose", "report"]
 STAGE_KINDS: tuple[StageKind, ...] = ("embed", "train", "evaluate", "diagnose", "report")
+
+
+def dataset_dir(out_dir: Path, kind: str, dataset: str) -> Path:
+    """``<out>/<kind>/<file_name(dataset)>``: a dataset's directory under ``stores``,
+    ``models``, ``eval`` or ``diagnose``."""
+    return out_dir / kind / file_name(dataset)
 
 
 class UnknownDependencyError(KeyError):
@@ -87,8 +100,9 @@ class RunId:
         return self.model if self.seed is None else seed_system_name(self.model, self.seed)
 
     def path(self, out_dir: Path) -> Path:
-        """The run's stage directory: ``<out>/models/<trained_on>/<name>``."""
-        return out_dir / "models" / self.trained_on / self.name
+        """The run's stage directory: ``<out>/models/<trained_on>/<name>`` (each part through
+        :func:`treerank.names.file_name`: injective and filesystem-safe)."""
+        return dataset_dir(out_dir, "models", self.trained_on) / file_name(self.name)
 
     def checkpoint(self, out_dir: Path) -> Path:
         """The checkpoint directory inside :meth:`path`."""
@@ -220,19 +234,24 @@ class StageId:
         ``store_root`` when given: the dataset's store root)."""
         if self.kind == "embed":
             assert self.split is not None
-            root = store_root if store_root is not None else out_dir / "stores" / self.dataset
-            return root / self.split
+            root = (
+                store_root
+                if store_root is not None
+                else dataset_dir(out_dir, "stores", self.dataset)
+            )
+            return root / self.split  # a split is a directory of the data, named as it is
         if self.kind == "train":
             assert self.run is not None
             return self.run.path(out_dir)
         if self.kind == "report":
             return out_dir
-        return out_dir / ("eval" if self.kind == "evaluate" else "diagnose") / self.dataset
+        return dataset_dir(out_dir, "eval" if self.kind == "evaluate" else "diagnose", self.dataset)
 
     def cache_dir_name(self, key: str) -> str:
-        """The stage's directory name in a sweep's shared stage cache: ``<name>-<key[:24]>``
-        with every character outside ``[A-Za-z0-9_.-]`` replaced (one-way; never read back)."""
-        return f"{re.sub(r'[^A-Za-z0-9_.-]+', '_', self.name)}-{key[:24]}"
+        """The stage's directory name in a sweep's shared stage cache: ``<slug>-<key[:24]>``
+        (:func:`treerank.names.slug` of the name, at most 40 characters; the key, which hashes
+        the stage's identity and inputs, makes it unique; one-way, never read back)."""
+        return f"{slug(self.name)}-{key[:24]}"
 
     def key_part(self) -> dict[str, object]:
         """The stage's identity as a cache-key component."""

@@ -87,6 +87,55 @@ def file_sha256(path: str | Path, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
+DIGESTS_FILE = ".treerank-digests.json"
+"""The content-digest sidecar :func:`content_digests` keeps beside a given store's files."""
+
+
+def _stat_id(st: os.stat_result) -> list[int]:
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
+
+
+def content_digests(root: Path, rels: list[str]) -> dict[str, str]:
+    """SHA-256 of each file ``root / rel``, computed once and kept in ``root / DIGESTS_FILE``.
+
+    The sidecar maps each file to its digest and to the ``stat`` it was computed at: size,
+    mtime, **ctime**, inode and device. A digest is reused only when all five still match, so
+    a file rewritten in place or replaced (``cp -p``, ``rsync -a`` or ``tar`` restore the
+    mtime, but no user tool can restore the ctime, which the kernel sets on every write,
+    rename or ``touch``) is hashed again. Callers key on the digests, never on the stat. An
+    unwritable ``root`` (a read-only store) only means hashing again on the next run.
+
+    Returns:
+        ``{rel: hex SHA-256}`` for every ``rel``.
+    """
+    from treerank.atomic import atomic_write_json
+
+    side = root / DIGESTS_FILE
+    try:
+        old = json.loads(side.read_text(encoding="utf-8"))
+        old = old if isinstance(old, dict) else {}
+    except (OSError, ValueError):
+        old = {}
+    out: dict[str, str] = {}
+    doc: dict[str, Any] = {}
+    changed = False
+    for rel in rels:
+        stat = _stat_id((root / rel).stat())
+        hit = old.get(rel)
+        if isinstance(hit, dict) and hit.get("stat") == stat and isinstance(hit.get("sha256"), str):
+            out[rel] = hit["sha256"]
+        else:
+            out[rel] = file_sha256(root / rel)
+            changed = True
+        doc[rel] = {"stat": stat, "sha256": out[rel]}
+    if changed or set(old) != set(doc):
+        try:
+            atomic_write_json(side, doc, indent=1, sort_keys=True)
+        except OSError:
+            pass
+    return out
+
+
 @dataclass
 class StageRecord:
     """What a finished stage left behind; ``skipped`` says why a stage did nothing."""

@@ -360,6 +360,8 @@ def _train_model(
     summary["validation"] = {**asdict(vcfg), "heldout_queries": int(held.size)}
     if not main:  # data-parallel training (torchrun): rank 0 writes the model
         return TrainResult(family_name, Path(out_dir), out.model, summary, held)
+    from treerank.models.export_st import encoding_contract
+
     ckpt_dir, log_path, curves = save_trained_model(
         out_dir,
         out.model,
@@ -370,6 +372,8 @@ def _train_model(
         extra={
             "train_store": str(getattr(store, "path", "")),
             "heldout_query_rows": held.tolist(),
+            # how the store's texts were encoded: what an export must reproduce (export_st)
+            "encoding": encoding_contract(dict(getattr(store, "meta", None) or {})),
         },
         title=f"{family_name}, seed {seed}, trained on {getattr(store, 'path', '')}",
     )

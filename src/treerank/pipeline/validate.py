@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from treerank.names import check_name
 from treerank.pipeline.config import ConfigError, ExperimentConfig
 
 
@@ -24,7 +25,9 @@ def _collect(problems: list[str], where: str, check: Callable[..., Any], *args: 
 
 
 def validate_experiment(cfg: ExperimentConfig) -> None:
-    """Check every system spec, metric and baseline of ``cfg``, and that models can train.
+    """Check every system spec, metric and baseline of ``cfg``, that models can train, and that
+    every dataset and model name can be represented (:func:`treerank.names.check_name`; each
+    becomes a file name through the injective :func:`treerank.names.file_name`).
 
     Model sections were already parsed when ``cfg`` was loaded, by each family's strict config
     helper (the one ``treerank train`` uses: unknown keys and wrong types fail there, with the
@@ -41,6 +44,10 @@ def validate_experiment(cfg: ExperimentConfig) -> None:
     from treerank.search.systems import build_system
 
     problems: list[str] = []
+    for d, ds in enumerate(cfg.datasets):
+        _collect(problems, f"datasets[{d}].name", check_name, ds.name, "dataset name")
+    for name in cfg.models:
+        _collect(problems, f"models.{name}", check_name, name, "model name")
     ev = cfg.evaluate
     for i, m in enumerate(ev.metrics):
         _collect(problems, f"evaluate.metrics[{i}]", parse_metric, m)

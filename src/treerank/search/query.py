@@ -56,6 +56,7 @@ def load_store_encoder(
     backend: str | None = None,
     *,
     progress: bool = False,
+    device: str = "cpu",
 ) -> Any:
     """The :class:`~treerank.encoders.SentenceEncoder` a store was embedded with.
 
@@ -66,6 +67,8 @@ def load_store_encoder(
         backend: encoder backend for the queries (``torch``, ``onnx``, ``onnx-int8``);
             ``None``: the one the store records (``torch`` when it records none). Its precision
             must equal the store's (:func:`check_query_backend`).
+        device: torch device of the query encoder (``cpu``, ``cuda``, ``cuda:n``; the onnx
+            backends run on the CPU only).
 
     Raises:
         EncoderMismatchError: the store records no fingerprint (a Go-tool store), the backend's
@@ -100,6 +103,7 @@ def load_store_encoder(
         name=name,
         progress=progress,
         backend=chosen,
+        device=device,
     )
     if encoder.fingerprint != want:
         raise EncoderMismatchError(
