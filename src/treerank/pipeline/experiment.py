@@ -631,11 +631,11 @@ def _existing_store(ds: DatasetConfig, split: str) -> tuple[str, dict[str, Any]]
     The key covers every file's name and content digest (SHA-256, computed once and kept in
     the sidecar :data:`~treerank.pipeline.stages.DIGESTS_FILE` beside the files, recomputed
     when a file's size, mtime, ctime or inode changes:
-    :func:`~treerank.pipeline.stages.content_digests`), so a changed store re-runs the stages that read it, even a same-size file with swapped rows
-    and a restored mtime. Derived caches the stages themselves write beside the split (mined
-    negatives and teacher rankings under ``arrays/``, FAISS indexes under ``indexes/``) and the
-    sidecar are left out: a training stage that mines negatives must not change the key of
-    every later run.
+    :func:`~treerank.pipeline.stages.content_digests`), so a changed store re-runs the stages
+    that read it, even a same-size file with swapped rows and a restored mtime. Derived caches
+    the stages themselves write beside the split (mined negatives and teacher rankings under
+    ``arrays/``, FAISS indexes under ``indexes/``) and the sidecar are left out: a training
+    stage that mines negatives must not change the key of every later run.
     """
     from treerank.search.faiss_index import INDEXES_DIR
     from treerank.store import EmbeddingStore

@@ -47,7 +47,7 @@ def validate_experiment(cfg: ExperimentConfig) -> None:
     for d, ds in enumerate(cfg.datasets):
         _collect(problems, f"datasets[{d}].name", check_name, ds.name, "dataset name")
     for name in cfg.models:
-        _collect(problems, f"models.{name}", check_name, name, "model name")
+        _collect(problems, f"models[{name!r}]", check_name, name, "model name")
     ev = cfg.evaluate
     for i, m in enumerate(ev.metrics):
         _collect(problems, f"evaluate.metrics[{i}]", parse_metric, m)
