@@ -792,6 +792,62 @@ MISTAKES += [
     ),
 ]
 
+# ---------------------------------------------- issue 36: devices and --max-seq-length, exit 2
+_NO_CUDA = not __import__("torch").cuda.is_available()
+_CUDA_SPELLINGS = ("cuda", "cuda:7", "CUDA") if _NO_CUDA else ()  # on a GPU machine they work
+MISTAKES += (
+    [
+        Mistake(
+            f"i36-embed-device-{spec.replace(':', '')}",
+            f"embed --device {spec} on a machine without CUDA",
+            f"embed {{data}} --format beir --split test --out {{tmp}}/out --device {spec}",
+            BAD,
+            [
+                rf"error: --device {spec}: device \(auto \| cpu \| cuda\[:n\]\): cuda requested "
+                r"but torch.cuda.is_available\(\) is False .*use device: cpu or device: auto"
+            ],
+            absent=["reading", "queries,"],  # refused before the data is read
+            nothing_written="{tmp}/out",
+        )  # fmt: skip
+        for spec in _CUDA_SPELLINGS
+    ]
+    + [
+        Mistake(
+            f"i36-{cmd}-device-gpu",
+            f"{cmd} --device gpu (not a device name)",
+            args,
+            BAD,
+            [
+                r"error: --device gpu: device \(auto \| cpu \| cuda\[:n\]\): unknown device 'gpu'; "
+                r"known: auto, cpu, cuda, cuda:<n>"
+            ],
+            nothing_written="{tmp}/out",
+        )  # fmt: skip
+        for cmd, args in (
+            ("embed", "embed {data} --format beir --split test --out {tmp}/out --device gpu"),
+            ("search", "search --store {stores}/test --query coffee --device gpu --out {tmp}/out"),
+            ("serve", "serve --store {stores}/test --device gpu --port 0"),
+            ("train", "train --model linear --store {stores} --out {tmp}/out --device gpu"),
+            ("evaluate", EVAL + " --device gpu --out {tmp}/out"),
+        )
+    ]
+    + [
+        Mistake(
+            f"i36-max-seq-length-{n}",
+            f"embed --max-seq-length {n} (MiniLM has 512 positions)",
+            f"embed {{data}} --format beir --split test --out {{tmp}}/out --max-seq-length={n}",
+            BAD,
+            [
+                rf"error: --max-seq-length {n}: out of range; expected 1\.\.512 tokens "
+                r"\(all-MiniLM-L6-v2 has 512 positions"
+            ],
+            absent=["reading"],
+            nothing_written="{tmp}/out",
+        )
+        for n in (1024, 513, 0, -5)
+    ]
+)
+
 
 def _index_of(env: Env, tmp: Path, split: str) -> Path:
     from treerank.search.faiss_index import build_index
