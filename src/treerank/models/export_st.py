@@ -147,9 +147,10 @@ def encoding_contract(meta: dict[str, Any]) -> dict[str, Any]:
     from treerank.encoders.backend import store_backend
 
     enc = meta.get("encoder") or {}
+    name: str
     try:
         backend = store_backend(enc)
-        name, precision = backend.name, backend.precision
+        name, precision = str(backend.name), backend.precision
     except ValueError:
         name, precision = str(enc.get("backend")), "unknown"
     return EncodingContract(
