@@ -4,6 +4,8 @@ refused module stacks; the backend recorded in stores and checked by search and 
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -234,3 +236,112 @@ def test_cli_search_refuses_other_precision(backend_stores):
     assert "--backend onnx-int8" in res.output
     res = runner.invoke(app, ["search", "--store", str(fp32.path), "-q", "x", "--backend", "gpu"])
     assert res.exit_code == 2 and "unknown encoder backend 'gpu'" in res.output, res.output
+
+
+# ------------------------------------------------------------------ issue 36: what the key holds
+def test_export_key_holds_everything_that_changes_the_output(encoder, onnx_encoder, monkeypatch):
+    """Every input of the export (model config, tokenizer, modules, prompts, truncation, each
+    library version) changes the key: a cached graph is never reused for a changed one."""
+    pooling = supported_stack(encoder.model, "minilm", prompts=False)
+    inputs = onnx_encoder._onnx.inputs
+    parts = ort_mod.model_parts(encoder.model)
+    assert set(parts) == {"config", "tokenizer", "modules"}
+    enc = {"query_prompt": None, "passage_prompt": None, "max_seq_length": 256}
+
+    def digest(parts=parts, encoding=enc, q=None) -> str:
+        return ort_mod.export_key(
+            encoder.fingerprint, pooling, inputs, q, parts=parts, encoding=encoding
+        ).digest
+
+    base = digest()
+    assert digest() == base  # deterministic
+    variants = [
+        digest(parts={**parts, "config": "0" * 64}),
+        digest(parts={**parts, "tokenizer": "0" * 64}),
+        digest(parts={**parts, "modules": "0" * 64}),
+        digest(encoding={**enc, "query_prompt": "query: "}),
+        digest(encoding={**enc, "passage_prompt": "passage: "}),
+        digest(encoding={**enc, "max_seq_length": 32}),
+        digest(q=get_backend("onnx-int8").quantization),
+    ]
+    real = ort_mod._versions()
+    for lib in ("torch", "transformers", "sentence_transformers", "onnx", "onnxruntime"):
+        monkeypatch.setattr(ort_mod, "_versions", lambda lib=lib: {**real, lib: "0.0.0-test"})
+        variants.append(digest())
+    monkeypatch.setattr(ort_mod, "_versions", lambda: real)
+    assert len({base, *variants}) == len(variants) + 1
+    key = json.loads((onnx_encoder.onnx_path.parent / "key.json").read_text())
+    assert key["parts"] == parts and key["transformers"] == real["transformers"]
+    assert key["model_bytes"] == onnx_encoder.onnx_path.stat().st_size
+
+
+def test_changed_config_with_identical_weights_gets_its_own_export(
+    encoder, onnx_encoder, onnx_cache, tmp_path
+):
+    """The field case: a copy of MiniLM whose config says ``hidden_act: relu`` (same weights,
+    same fingerprint) reused the first model's cached graph (cosine distance 0.17 to its own
+    torch vectors). Now it gets its own export, equal to its torch vectors."""
+    from treerank.encoders.sentence import default_model_path
+
+    copy = tmp_path / "minilm-relu"
+    shutil.copytree(default_model_path(), copy)
+    cfg = json.loads((copy / "config.json").read_text())
+    assert cfg["hidden_act"] == "gelu"
+    (copy / "config.json").write_text(json.dumps({**cfg, "hidden_act": "relu"}))
+    torch_relu = SentenceEncoder(copy, progress=False)
+    onnx_relu = SentenceEncoder(copy, backend="onnx", cache_dir=onnx_cache, progress=False)
+    assert onnx_relu.fingerprint == encoder.fingerprint  # the weights are the same
+    assert onnx_relu.onnx_path != onnx_encoder.onnx_path
+    texts = ["what is the boiling point of water", "coffee contains caffeine"]
+    want = torch_relu.encode_passages(texts)
+    assert np.abs(onnx_relu.encode_passages(texts) - want).max() <= FP32_ATOL
+    gelu = onnx_encoder.encode_passages(texts)
+    assert (1 - (gelu * want).sum(axis=1)).max() > 0.01  # the two models really differ
+
+
+DAMAGE = {
+    "half file": lambda p: p.write_bytes(p.read_bytes()[: p.stat().st_size // 2]),
+    "zero bytes": lambda p: p.write_bytes(b""),
+    "garbage": lambda p: p.write_bytes(bytes(reversed(p.read_bytes()))),  # same size
+    "model deleted, key kept": lambda p: p.unlink(),
+    "key.json garbage": lambda p: (p.parent / "key.json").write_text("{not json"),
+    "key.json deleted": lambda p: (p.parent / "key.json").unlink(),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
+def test_damaged_entry_is_detected_and_rebuilt(damage, tmp_path):
+    """Before: a raw ONNX Runtime traceback, or ``Directory not empty`` on every later run."""
+    pooling = ort_mod.PoolingSpec("mean", True)
+    key = ort_mod.export_key("sha256:" + "1" * 64, pooling, ("input_ids",), None)
+    made: list[Path] = []
+
+    def make(path: Path) -> None:
+        made.append(path)
+        path.write_bytes(b"graph-bytes-" * 1000)
+
+    first = ort_mod._build(tmp_path, key, make)
+    assert ort_mod._build(tmp_path, key, make) == first and len(made) == 1  # reused when whole
+    DAMAGE[damage](first)
+    assert ort_mod.entry_problem(first.parent, key) is not None
+    with pytest.warns(UserWarning, match="damaged ONNX export cache entry"):
+        again = ort_mod._build(tmp_path, key, make)
+    assert again == first and len(made) == 2
+    assert again.read_bytes() == b"graph-bytes-" * 1000
+    assert ort_mod.entry_problem(first.parent, key) is None
+    assert [p.name for p in tmp_path.iterdir()] == [key.digest]  # nothing left aside
+
+
+def test_damaged_real_export_is_rebuilt_before_onnx_runtime_sees_it(
+    onnx_encoder, tmp_path, monkeypatch
+):
+    entry = onnx_encoder.onnx_path.parent
+    cache = tmp_path / "cache"
+    shutil.copytree(entry, cache / entry.name)
+    DAMAGE["half file"](cache / entry.name / "model.onnx")
+    before = ort_mod.EXPORTS["fp32"]
+    with pytest.warns(UserWarning, match=r"model\.onnx has \d+ bytes"):
+        enc = SentenceEncoder(backend="onnx", cache_dir=cache, progress=False)
+    assert ort_mod.EXPORTS["fp32"] == before + 1
+    texts = ["a damaged cache entry", "is rebuilt"]
+    assert np.abs(enc.encode_passages(texts) - onnx_encoder.encode_passages(texts)).max() < 1e-6
