@@ -184,5 +184,61 @@ def test_sidecar_arrays_written_into_a_store_root_keep_its_stages(tmp_path: Path
         (tmp_path / "stores" / "test" / sub / "x.npy").write_bytes(b"derived")
     assert run() == "reused"
     meta = tmp_path / "stores" / "test" / "meta.json"
+    # a touched file with the same bytes keeps the key (the key is the content digest) ...
     os.utime(meta, ns=(meta.stat().st_atime_ns, meta.stat().st_mtime_ns + 10**9))
+    assert run() == "reused"
+    # ... a changed one re-runs
+    meta.write_text(meta.read_text() + "\n")
     assert run() == "ran"
+
+
+def test_given_store_keyed_by_content_not_mtime(tmp_path: Path, monkeypatch) -> None:
+    """Issue 36: a `passages.bin` replaced by a same-size file with two rows swapped and its
+    mtime restored (as `cp -p`, `rsync -a` or `tar` do) reused stale evaluation results. The key
+    now holds content digests, cached in a sidecar keyed by size, mtime, ctime and inode (the
+    ctime changes on every write and cannot be restored), so each file is hashed once."""
+    import os
+
+    import numpy as np
+
+    from tests.pipeline.test_training import write_store
+    from treerank.pipeline import stages
+    from treerank.pipeline.stages import DIGESTS_FILE
+
+    split = tmp_path / "stores" / "test"
+    write_store(split, seed=1)
+    (tmp_path / "exp.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "datasets": [{"name": "toy", "store": "stores", "eval_split": "test"}],
+                "systems": ["cosine"],
+                "evaluate": {"k": 20, "metrics": ["ndcg@10"], "baselines": ["cosine"]},
+                "models": {},
+            }
+        )
+    )
+    hashed: list[str] = []
+    real = stages.file_sha256
+    monkeypatch.setattr(
+        stages, "file_sha256", lambda p, *a: hashed.append(Path(p).name) or real(p, *a)
+    )
+
+    def run() -> tuple[str, str]:
+        cfg = load_experiment(tmp_path / "exp.yaml", output_dir=tmp_path / "out")
+        res = run_experiment(cfg, log=lambda s: None, progress=False)
+        return res.stages[0].status, res.stages[0].key
+
+    status, key = run()
+    assert status == "ran" and "passages.bin" in hashed
+    assert (split / DIGESTS_FILE).is_file()
+    hashed.clear()
+    assert run()[0] == "reused" and hashed == []  # digests read from the sidecar, not recomputed
+    p = split / "passages.bin"
+    st = p.stat()
+    rows = np.fromfile(p, dtype="<f4").reshape(300, 16)
+    rows[[0, 1]] = rows[[1, 0]]
+    rows.tofile(p)  # same size ...
+    os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))  # ... mtime restored
+    assert p.stat().st_size == st.st_size and p.stat().st_mtime_ns == st.st_mtime_ns
+    status, key2 = run()
+    assert status == "ran" and hashed == ["passages.bin"] and key2 != key
