@@ -160,3 +160,41 @@ def test_takes_device_reads_the_signature():
 
     assert device_mod.takes_device(ForestSystem) and device_mod.takes_device(exact_search)
     assert not device_mod.takes_device(Forest.subset) and not device_mod.takes_device(len)
+
+
+# -------------------------------------------------- issue 36: one typed Device, one probe key
+def test_parse_device_gives_one_typed_value():
+    from treerank.kernels.device import Device, parse_device
+
+    assert parse_device("cpu") == Device("cpu") and str(parse_device(" CPU ")) == "cpu"
+    assert parse_device(None) == Device("cpu")
+    auto = parse_device("auto")
+    assert auto == Device("auto") and auto.concrete() == Device("cuda" if CUDA else "cpu")
+    assert auto.torch() == resolve_device("auto")
+    assert parse_device(Device("cpu")) == Device("cpu")
+    for bad in ("gpu", "cuda:x", "mps", ""):
+        with pytest.raises(DeviceError, match="device"):
+            parse_device(bad)
+    if not CUDA:  # checked at parse time: the CLI refuses before any work
+        for spec in ("cuda", "cuda:7", "CUDA", " Cuda:0 "):
+            with pytest.raises(DeviceError, match="cuda requested"):
+                parse_device(spec)
+    else:
+        assert str(parse_device("CUDA:0")) == "cuda:0"
+
+
+def test_probe_key_holds_what_changes_the_choice(monkeypatch):
+    """The measured kernel choice is keyed by the probe's shape and the thread counts too: a
+    measurement at 16 x 512 x 8 or with another thread count is never reused for another."""
+    small = {"n_queries": 16, "n_passages": 512, "dim": 8, "k": 5, "repeats": 1}
+    key = device_mod._probe_key(small)
+    assert device_mod._probe_key(dict(small)) == key
+    assert device_mod._probe_key({**small, "n_passages": 16_384}) != key
+    assert device_mod._probe_key({**small, "dim": 384}) != key
+    assert "numpy=" in key and "cpus=" in key and "faiss_threads=" in key
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads + 1)
+        assert device_mod._probe_key(small) != key
+    finally:
+        torch.set_num_threads(threads)
