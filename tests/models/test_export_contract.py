@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
+from tests.models.test_export_st import _perturbed
 from treerank.models.checkpoint import save_checkpoint
 from treerank.models.export_st import (
     ContractError,
@@ -41,14 +41,6 @@ HEADS = {
     "linear-shared": lambda: LinearHead(384, shared=True),
     "mlp-untied": lambda: MLPHead(384, hidden=64),
 }
-
-
-def _perturbed(head: torch.nn.Module, seed: int) -> torch.nn.Module:
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in head.parameters():
-            p.add_(0.05 * torch.randn(p.shape, generator=g))
-    return head.eval()
 
 
 @pytest.fixture(scope="module", params=sorted(OPTIONS))

@@ -154,12 +154,8 @@ def test_baselines_only_experiment_skips_diagnostics(tmp_path: Path) -> None:
     assert set(report["datasets"]["toy"]["comparison"]["systems"]) == {"cosine", "bm25"}
 
 
-def test_sidecar_arrays_written_into_a_store_root_keep_its_stages(tmp_path: Path) -> None:
-    """Mined negatives (arrays/) and FAISS indexes (indexes/) are derived caches: writing them
-    beside a split used through `store:` must not re-run the stages that read it, while a
-    changed store file does."""
-    import os
-
+def _cosine_on_given_store(tmp_path: Path) -> Path:
+    """``exp.yaml``: cosine on a written store's test split given as ``store:``; its path."""
     from tests.pipeline.test_training import write_store
 
     write_store(tmp_path / "stores" / "test", seed=1)
@@ -173,6 +169,16 @@ def test_sidecar_arrays_written_into_a_store_root_keep_its_stages(tmp_path: Path
             }
         )
     )
+    return tmp_path / "stores" / "test"
+
+
+def test_sidecar_arrays_written_into_a_store_root_keep_its_stages(tmp_path: Path) -> None:
+    """Mined negatives (arrays/) and FAISS indexes (indexes/) are derived caches: writing them
+    beside a split used through `store:` must not re-run the stages that read it, while a
+    changed store file does."""
+    import os
+
+    _cosine_on_given_store(tmp_path)
 
     def run() -> str:
         cfg = load_experiment(tmp_path / "exp.yaml", output_dir=tmp_path / "out")
@@ -201,22 +207,10 @@ def test_given_store_keyed_by_content_not_mtime(tmp_path: Path, monkeypatch) -> 
 
     import numpy as np
 
-    from tests.pipeline.test_training import write_store
     from treerank.pipeline import stages
     from treerank.pipeline.stages import DIGESTS_FILE
 
-    split = tmp_path / "stores" / "test"
-    write_store(split, seed=1)
-    (tmp_path / "exp.yaml").write_text(
-        yaml.safe_dump(
-            {
-                "datasets": [{"name": "toy", "store": "stores", "eval_split": "test"}],
-                "systems": ["cosine"],
-                "evaluate": {"k": 20, "metrics": ["ndcg@10"], "baselines": ["cosine"]},
-                "models": {},
-            }
-        )
-    )
+    split = _cosine_on_given_store(tmp_path)
     hashed: list[str] = []
     real = stages.file_sha256
     monkeypatch.setattr(
