@@ -849,6 +849,39 @@ MISTAKES += (
 )
 
 
+def _int8_ckpt(env: Env, tmp: Path) -> Path:
+    ck = tmp / "int8"
+    shutil.copytree(env.ckpt, ck)
+    doc = json.loads((ck / "config.json").read_text())
+    assert doc["extra"]["encoding"]["precision"] == "fp32"  # recorded by `treerank train`
+    doc["extra"]["encoding"].update(precision="int8", backend="onnx-int8")
+    (ck / "config.json").write_text(json.dumps(doc))
+    return ck
+
+
+MISTAKES += [
+    Mistake(
+        "i36-export-int8-store",
+        "export to sentence-transformers a head trained on an int8 (onnx-int8) store",
+        "export ckpt:{bad} --to sentence-transformers {tmp}/st",
+        BAD,
+        [r"was encoded at int8 \(backend 'onnx-int8'\); a sentence-transformers folder "
+         r"computes fp32"],
+        _int8_ckpt,
+        nothing_written="{tmp}/st",
+    ),
+    Mistake(
+        "i36-export-other-prompt",
+        "export with a --query-prompt the store was not embedded with",
+        "export ckpt:{ckpt} --to sentence-transformers {tmp}/st --query-prompt q:",
+        BAD,
+        [r"--query-prompt 'q:': the store the head was trained on .* was encoded with no "
+         r"prompt; the export carries the store's prompts"],
+        nothing_written="{tmp}/st",
+    ),
+]  # fmt: skip
+
+
 def _index_of(env: Env, tmp: Path, split: str) -> Path:
     from treerank.search.faiss_index import build_index
     from treerank.store import EmbeddingStore
