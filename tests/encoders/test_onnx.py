@@ -246,6 +246,9 @@ def test_export_key_holds_everything_that_changes_the_output(encoder, onnx_encod
     inputs = onnx_encoder._onnx.inputs
     parts = ort_mod.model_parts(encoder.model)
     assert set(parts) == {"config", "tokenizer", "modules"}
+    encoder.token_lengths(["a b c d"], truncation=False)  # tokenizer calls change per-call state
+    encoder.token_lengths(["a b c d"])
+    assert ort_mod.model_parts(encoder.model) == parts  # ... which is not the tokenizer
     enc = {"query_prompt": None, "passage_prompt": None, "max_seq_length": 256}
 
     def digest(parts=parts, encoding=enc, q=None) -> str:
@@ -287,6 +290,8 @@ def test_changed_config_with_identical_weights_gets_its_own_export(
     shutil.copytree(default_model_path(), copy)
     cfg = json.loads((copy / "config.json").read_text())
     assert cfg["hidden_act"] == "gelu"
+    moved = SentenceEncoder(copy, progress=False)  # the same files elsewhere: the same parts
+    assert ort_mod.model_parts(moved.model) == ort_mod.model_parts(encoder.model)
     (copy / "config.json").write_text(json.dumps({**cfg, "hidden_act": "relu"}))
     torch_relu = SentenceEncoder(copy, progress=False)
     onnx_relu = SentenceEncoder(copy, backend="onnx", cache_dir=onnx_cache, progress=False)

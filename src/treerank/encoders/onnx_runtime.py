@@ -158,24 +158,33 @@ def _sha256_json(doc: Any) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+_LOCATION_KWARGS = frozenset({"name_or_path", "is_local", "local_files_only", "cache_dir"})
+
+
 def model_parts(model: Any) -> dict[str, str]:
     """Content digests (hex SHA-256) of what besides the weights defines a loaded model's
     computation: ``config`` (the transformer's configuration, ``config.to_dict()``: activation,
     layer sizes, position table, ...), ``tokenizer`` (its full serialisation, vocabulary and
-    settings) and ``modules`` (each module's class and ``get_config_dict()``: pooling mode and
-    flags, normalisation)."""
+    settings, without the paths it was loaded from: a moved copy of a model keeps its key) and
+    ``modules`` (each module's class and ``get_config_dict()``: pooling mode and flags,
+    normalisation)."""
     transformer = model[0]
     config = transformer.auto_model.config.to_dict()
     tok = getattr(transformer, "tokenizer", None)
     backend = getattr(tok, "backend_tokenizer", None)
     tok_doc: dict[str, Any] = {"class": type(tok).__name__}
     if backend is not None and hasattr(backend, "to_str"):
-        tok_doc["serialised"] = backend.to_str()
+        doc = json.loads(backend.to_str())
+        # truncation / padding are per-call state (every tokenizer call may set them), not the
+        # tokenizer: truncation is keyed as the encoding's max_seq_length
+        tok_doc["serialised"] = {k: v for k, v in doc.items() if k not in ("truncation", "padding")}
     elif tok is not None:
         tok_doc["vocab"] = sorted(tok.get_vocab().items())
     if tok is not None:
-        tok_doc["init_kwargs"] = {
-            k: v for k, v in getattr(tok, "init_kwargs", {}).items() if k != "name_or_path"
+        tok_doc["init_kwargs"] = {  # settings, not where the files were found
+            k: v
+            for k, v in getattr(tok, "init_kwargs", {}).items()
+            if k not in _LOCATION_KWARGS and not k.endswith("_file")
         }
         tok_doc["model_max_length"] = getattr(tok, "model_max_length", None)
     mods = []
