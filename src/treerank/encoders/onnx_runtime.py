@@ -20,7 +20,7 @@ sentence-transformers, onnx and onnxruntime versions, and treerank's export form
 An entry is built into a temporary sibling directory and renamed into place, so a reader never
 sees half an export and concurrent builders both end with one complete entry. ``key.json``
 records the key plus the SHA-256 and size of ``model.onnx``; an entry is used only when both
-match (checked on every load, about 0.1 s for MiniLM), so a damaged entry (a half-written or
+match (checked on every load, about 0.3 s for MiniLM), so a damaged entry (a half-written or
 zero-byte file, garbage, ``model.onnx`` deleted with ``key.json`` kept, an unreadable
 ``key.json``) is detected, moved aside in one rename and rebuilt atomically, never handed to
 ONNX Runtime. ``EXPORTS`` counts the exports this process made (tests).
