@@ -94,7 +94,11 @@ def train(
     for key in ("steps", "epochs", "best_step", "kept_initialisation", "stopped_early", "seconds"):
         if key in s:
             table.add_row(key, str(s[key]))
+    table.add_row("training queries", str(s.get("training_queries", "?")))
+    table.add_row("positive pairs", str(s.get("positive_pairs", "?")))
     table.add_row("held-out queries", str(res.heldout_rows.size))
+    if s.get("split_groups"):
+        table.add_row("split groups", str(s["split_groups"]))
     for k, v in (s.get("best_metrics") or {}).items():
         table.add_row(f"held-out {k}", f"{v:.4f}")
     if res.log_path is not None:
@@ -102,6 +106,13 @@ def train(
     if res.curves_path is not None:
         table.add_row("curves", str(res.curves_path))
     console.print(table)
+    if s.get("split_groups"):
+        console.print(
+            f"note: whole passage-connected groups would have held out far more than "
+            f"validation.fraction of the queries, so {s['split_groups']} group(s) were split "
+            "(some held-out queries share a relevant passage with a training query)",
+            highlight=False,
+        )
     if s.get("kept_initialisation"):
         console.print(
             "[yellow]warning:[/yellow] no training step beat step 0 on the held-out queries, so "

@@ -268,6 +268,21 @@ class CheckpointSystem:
             return bool(isinstance(training, dict) and training.get("kept_initialisation"))
         return False
 
+    def training_provenance(self) -> dict[str, Any] | None:
+        """The checkpoint's record of its training store (``extra.train_provenance`` of its
+        ``config.json``, :func:`treerank.evaluation.provenance.training_provenance`), read
+        without loading the weights; ``None`` when it has none (an older checkpoint)."""
+        import json
+
+        for cfg in (self.path / "config.json", self.path / "checkpoint" / "config.json"):
+            try:
+                doc = json.loads(cfg.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                continue
+            prov = (doc.get("extra") or {}).get("train_provenance")
+            return prov if isinstance(prov, dict) else None
+        return None
+
     def family_for(self, store: StoreLike) -> Any:
         """The :class:`~treerank.models.families.ModelFamily` of the loaded checkpoint."""
         self.system_for(store)
