@@ -19,8 +19,9 @@ __all__ = [
     "passage_groups",
 ]
 
-MIN_TRAINING_QUERIES = 3
-"""The fewest training queries (with a relevant passage) a holdout may leave: below it
+MIN_TRAINING_QUERIES = 2
+"""The fewest training queries (with a relevant passage) a holdout may leave (a contrastive
+batch needs two: one query's positive is the other's in-batch negative): below it
 :func:`holdout_split` raises :class:`HoldoutError` with advice."""
 
 OVERSHOOT = 2.0
