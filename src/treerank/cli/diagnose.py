@@ -45,6 +45,12 @@ def diagnose(
         help="More store splits (same encoder, e.g. the train split) whose queries join the "
         "probes and CKA for statistical power; repeatable.",
     ),
+    overwrite: bool = typer.Option(
+        False,
+        "--overwrite",
+        help="Write into a non-empty --out (refused without it); the old files stay until "
+        "the diagnostics are computed.",
+    ),
     device: str = typer.Option(
         "cpu",
         "--device",
@@ -62,7 +68,10 @@ def diagnose(
 
     console = Console()
     metrics = tuple(dict.fromkeys([*DEFAULT_METRICS, metric]))
+    from treerank.atomic import refuse_existing_output
+
     try:
+        refuse_existing_output(out, overwrite, "earlier diagnostics")
         resolve_device(device)  # a bad or unavailable device is refused before any work
         st = EmbeddingStore.open(store, dim=dim)
         extra = [EmbeddingStore.open(p, dim=dim) for p in probe_store]

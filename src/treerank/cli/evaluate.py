@@ -86,6 +86,12 @@ def evaluate(
         "--device",
         help="Where to compute: auto (a CUDA GPU when there is one), cpu, cuda or cuda:N.",
     ),
+    overwrite: bool = typer.Option(
+        False,
+        "--overwrite",
+        help="Write into a non-empty --out (refused without it); the old files stay until "
+        "every system is scored.",
+    ),
     ignore_identical_ids: bool = typer.Option(
         False,
         "--ignore-identical-ids",
@@ -120,7 +126,11 @@ def evaluate(
         relevance_threshold=threshold,
         ignore_identical_ids=ignore_identical_ids,
     )
+    from treerank.atomic import refuse_existing_output
+
     try:
+        if out is not None:
+            refuse_existing_output(out, overwrite, "earlier evaluation results")
         check_run_depth(k)
         resolve_device(device)  # a bad or unavailable device is refused before any work
         eval_dir = store / split if split else store
@@ -160,6 +170,8 @@ def evaluate(
         console.print(f"system {name} failed: {err}", markup=False, style="red", soft_wrap=True)
     for name in comp.untrained:
         console.print(f"warning: {untrained_note(name)}", markup=False, style="yellow")
+    for leak in comp.leaks.values():
+        console.print(f"warning: train/test leak: {leak['message']}", markup=False, style="yellow")
     if not comp.results:
         raise typer.Exit(ExitCode.FAILED)
     if baseline in comp.results:
@@ -190,6 +202,15 @@ def evaluate(
             markup=False,
         )
         console.print(overlap_markdown(comp.overlap, headline, baseline).strip())
+        for name, where in comp.trained_on.items():
+            if train_dir is None or not where.get("store"):
+                continue
+            if Path(str(where["store"])).resolve() != Path(train_dir).resolve():
+                console.print(
+                    f"note: {name} trained on {where['store']} (split {where['split']}), not on "
+                    f"the training split {train_dir} of this breakdown",
+                    markup=False,
+                )
     doc = comp.to_dict()
     lines = summary_lines(dataset_label(st.path, st.split), doc, headline, baseline)
     if lines:

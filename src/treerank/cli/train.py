@@ -32,6 +32,12 @@ def train(
     ),
     seed: int | None = typer.Option(None, "--seed", help="Override the config's seed."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bars."),
+    overwrite: bool = typer.Option(
+        False,
+        "--overwrite",
+        help="Replace a non-empty --out (refused without it); the old checkpoint is kept "
+        "until the new one is written.",
+    ),
     device: str = typer.Option(
         "cpu",
         "--device",
@@ -69,6 +75,12 @@ def train(
     try:
         resolve_device(device)  # a bad or unavailable device is refused before the store opens
     except DeviceError as exc:
+        raise fail(str(exc)) from exc
+    from treerank.atomic import OutputPathError, refuse_existing_output
+
+    try:
+        refuse_existing_output(out, overwrite, "a model directory or other files")
+    except OutputPathError as exc:
         raise fail(str(exc)) from exc
     try:
         st = open_train_store(store, split, dim=dim)

@@ -106,7 +106,7 @@ class Comparison:
         leaks: ``ckpt:`` system -> :meth:`Leak.to_dict
             <treerank.evaluation.provenance.Leak.to_dict>`, for checkpoints evaluated on the
             split they trained on or on queries they trained on (warned, flagged, not refused).
-        trained_on: ``ckpt:`` system -> the store and split it trained on (from its record).
+        trained_on: ``ckpt:`` system -> ``{"store", "split"}`` it trained on (its record).
     """
 
     runs: dict[str, Run]
@@ -129,7 +129,7 @@ class Comparison:
     trained: list[str] = field(default_factory=list)
     untrained: list[str] = field(default_factory=list)
     leaks: dict[str, dict[str, Any]] = field(default_factory=dict)
-    trained_on: dict[str, str] = field(default_factory=dict)
+    trained_on: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def metrics(self) -> tuple[str, ...]:
@@ -446,7 +446,7 @@ def _compare(
     comp.untrained = [n for n in comp.trained if n in ckpts and ckpts[n].kept_initialisation()]
     comp.leaks = {x.system: x.to_dict() for x in leaks}
     comp.trained_on = {
-        n: f"{p.get('store')} (split {p.get('split')})"
+        n: {"store": p.get("store"), "split": p.get("split")}
         for n, p in (provenances or {}).items()
         if p
     }
