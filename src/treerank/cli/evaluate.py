@@ -102,6 +102,7 @@ def evaluate(
     """Evaluate systems on every passage of a split; print and write a comparison table."""
     from rich.console import Console
 
+    from treerank.atomic import refuse_existing_output
     from treerank.distributed.context import launch
     from treerank.distributed.search import sharded_search
     from treerank.evaluation.compare import compare_systems, untrained_note
@@ -115,20 +116,18 @@ def evaluate(
     from treerank.store import EmbeddingStore
 
     console = Console(soft_wrap=True)
-    settings = EvaluationSettings(
-        baseline=baseline,
-        second_baseline=second_baseline,
-        k=k,
-        metrics=tuple(metrics),
-        n_permutations=permutations,
-        seed=seed,
-        gain=gain,
-        relevance_threshold=threshold,
-        ignore_identical_ids=ignore_identical_ids,
-    )
-    from treerank.atomic import refuse_existing_output
-
     try:
+        settings = EvaluationSettings(
+            baseline=baseline,
+            second_baseline=second_baseline,
+            k=k,
+            metrics=tuple(metrics),
+            n_permutations=permutations,
+            seed=seed,
+            gain=gain,
+            relevance_threshold=threshold,
+            ignore_identical_ids=ignore_identical_ids,
+        )
         if out is not None:
             refuse_existing_output(out, overwrite, "earlier evaluation results")
         check_run_depth(k)

@@ -420,10 +420,24 @@ def _build_ckpt(body: str, spec: str, cache: Any = None, **opts: Any) -> System:
     # refused when the spec is built, before any system is scored (a missing checkpoint is bad
     # input, not a failure of one system halfway through a comparison)
     config = Path(body) / "config.json"
-    if not config.is_file():
+    if not config.is_file() and not (Path(body) / "checkpoint" / "config.json").is_file():
         what = "no such directory" if not Path(body).exists() else "not a treerank checkpoint"
+        found = _checkpoints_below(Path(body)) if Path(body).is_dir() else []
+        if found:
+            what += "; checkpoints below it: " + ", ".join(f"ckpt:{f}" for f in found[:3])
+            what += " ..." if len(found) > 3 else ""
         raise ValueError(f"bad system spec {spec!r}: {config}: missing ({what})")
     return CheckpointSystem(body, name=spec, **opts)
+
+
+def _checkpoints_below(folder: Path, depth: int = 3) -> list[Path]:
+    """Checkpoint directories (holding ``config.json`` + ``weights.safetensors``) up to
+    ``depth`` levels below ``folder`` (a run's output or ``models/`` folder), sorted."""
+    found: list[Path] = []
+    for level in range(1, depth + 1):
+        pattern = "/".join(["*"] * level) + "/weights.safetensors"
+        found += [w.parent for w in folder.glob(pattern) if (w.parent / "config.json").is_file()]
+    return sorted(found)
 
 
 SystemBuilder = Callable[..., System]
