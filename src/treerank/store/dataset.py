@@ -112,7 +112,7 @@ def _check_split_files(path: Path, splits: Sequence[str]) -> None:
                 f"--split {seen[files]} and --split {s} would read the same rows ({what}); "
                 "a train/test split read from one set of rows is a leak: give each split its "
                 "own file (or shards named <split>-*.parquet), or split the queries yourself "
-                "(README, "Your own data": a collection without a train/test split)",
+                "(README, 'Your own data': a collection without a train/test split)",
             )
         seen[files] = s
 
