@@ -102,7 +102,9 @@ class DBLocation:
                 "the vector database needs qdrant-client: pip install 'treerank[db]'"
             ) from exc
         if self.url is not None:
-            client = QdrantClient(url=self.url, api_key=os.environ.get("QDRANT_API_KEY"))
+            client = QdrantClient(  # no version probe: its thread warns when no server runs
+                url=self.url, api_key=os.environ.get("QDRANT_API_KEY"), check_compatibility=False
+            )
         else:
             assert self.path is not None
             self.path.mkdir(parents=True, exist_ok=True)
