@@ -946,8 +946,11 @@ MISTAKES += [
         "--train-store of another collection",
         "evaluate --store {stores}/test --system cosine --train-store {bad} --permutations 200",
         BAD,
-        [r"--train-store \S+validation shares no passage \(by id or text\) with the evaluated "
-         r"split", r"--no-overlap"],  # fmt: skip
+        [
+            r"--train-store \S+validation shares no passage \(by id or text\) with the evaluated "
+            r"split",
+            r"--no-overlap",
+        ],  # fmt: skip
         _other_collection,
     ),
     Mistake(
@@ -956,8 +959,10 @@ MISTAKES += [
         f"embed {MSMARCO_FILE} --format msmarco --split train --split validation "
         "--out {tmp}/s --no-progress",
         BAD,
-        [r"--split train and --split validation would read the same rows \(this file holds "
-         r"one split\)"],  # fmt: skip
+        [
+            r"--split train and --split validation would read the same rows \(this file holds "
+            r"one split\)"
+        ],  # fmt: skip
         nothing_written="{tmp}/s",
     ),
     Mistake(
@@ -1013,8 +1018,10 @@ MISTAKES += [
         "export a head without the ckpt: prefix",
         "export {ckpt} --to sentence-transformers {tmp}/st",
         BAD,
-        [r"lacks the ckpt: prefix: treerank export ckpt:\S+linear --to sentence-transformers "
-         r"\S+/st"],  # fmt: skip
+        [
+            r"lacks the ckpt: prefix: treerank export ckpt:\S+linear --to sentence-transformers "
+            r"\S+/st"
+        ],  # fmt: skip
         absent=[r"needs OUT"],
         nothing_written="{tmp}/st",
     ),
@@ -1028,7 +1035,7 @@ MISTAKES += [
     ),
     Mistake(
         "t33-16",
-        "forest n_models: \"16\" (a string)",
+        'forest n_models: "16" (a string)',
         "train --model forest --store {stores} --config {bad} --out {tmp}/ck",
         BAD,
         [r"c\.yaml\.model\.n_models: expected an integer, got '16'"],
@@ -1050,8 +1057,10 @@ MISTAKES += [
         "a holdout that leaves one training query",
         TRAIN + " --config {bad} --out {tmp}/ck",
         BAD,
-        [r"c\.yaml: validation: the holdout leaves 1 training query with a relevant passage "
-         r"\(of 5; 4 held out\), fewer than 2: lower validation\.fraction"],  # fmt: skip
+        [
+            r"c\.yaml: validation: the holdout leaves 1 training query with a relevant passage "
+            r"\(of 5; 4 held out\), fewer than 2: lower validation\.fraction"
+        ],  # fmt: skip
         _yaml({"validation": {"fraction": 0.8}}),
         nothing_written="{tmp}/ck",
     ),
@@ -1105,7 +1114,7 @@ MISTAKES += [
     ),
     Mistake(
         "t33-25",
-        "linear data.batch_size: \"64\"",
+        'linear data.batch_size: "64"',
         TRAIN + " --config {bad} --out {tmp}/ck",
         BAD,
         [r"c\.yaml\.data\.batch_size: expected an integer, got '64'"],
@@ -1145,7 +1154,7 @@ MISTAKES += [
     ),
     Mistake(
         "t33-30",
-        "validation.fraction: \"0.2\" (a string)",
+        'validation.fraction: "0.2" (a string)',
         TRAIN + " --config {bad} --out {tmp}/ck",
         BAD,
         [r"c\.yaml\.validation\.fraction: expected a number, got '0\.2'"],
@@ -1185,7 +1194,6 @@ MISTAKES += [
         absent=[r"below it"],
     ),
 ]
-
 
 
 @pytest.mark.parametrize("m", MISTAKES, ids=[m.id for m in MISTAKES])
@@ -1341,7 +1349,9 @@ def test_compare_systems_refuses_a_string_of_systems(env: Env) -> None:
     from treerank import compare_systems
     from treerank.store import EmbeddingStore
 
-    with pytest.raises(TypeError, match=r"not str 'cosine'; e\.g\. compare_systems\(store, \['cosine'\]\)"):
+    with pytest.raises(
+        TypeError, match=r"not str 'cosine'; e\.g\. compare_systems\(store, \['cosine'\]\)"
+    ):
         compare_systems(EmbeddingStore.open(env.stores / "test"), "cosine")  # type: ignore[arg-type]
 
 

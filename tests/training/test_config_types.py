@@ -67,7 +67,9 @@ def test_every_value_of_the_wrong_type_names_its_key(name: str) -> None:
 
 
 def test_the_trials_forest_values() -> None:
-    with pytest.raises(ConfigError, match=r"f\.yaml\.model\.n_models: expected an integer, got '16'"):
+    with pytest.raises(
+        ConfigError, match=r"f\.yaml\.model\.n_models: expected an integer, got '16'"
+    ):
         family("forest").parse_config({"model": {"n_models": "16"}}, "f.yaml")
     with pytest.raises(
         ConfigError, match=r"f\.yaml\.trainer\.steps_passage: expected an integer, got 30\.5"

@@ -70,7 +70,10 @@ def test_run_train_and_config_resolve_alike(name: str, tmp_path: Path) -> None:
     exp = {
         "name": "x",
         "output_dir": str(tmp_path / "runs"),
-        "datasets": [{"name": "d", "store": str(tmp_path), "dim": 4} | {"eval_split": "test", "train_split": "train"}],
+        "datasets": [
+            {"name": "d", "store": str(tmp_path), "dim": 4}
+            | {"eval_split": "test", "train_split": "train"}
+        ],
         "systems": ["cosine"],
         "evaluate": {"k": 10, "baselines": ["cosine"], "metrics": ["ndcg@10"]},
         "models": {"m": {"family": name}},

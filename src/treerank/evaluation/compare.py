@@ -173,7 +173,7 @@ class Comparison:
             out.append(f"**{name} failed**: {err}\n")
         for name in self.untrained:
             out.append(f"**{name}**: {untrained_note(name)}\n")
-        for name, leak in self.leaks.items():
+        for leak in self.leaks.values():
             out.append(f"**warning, train/test leak**: {leak['message']}\n")
         if any(self.departures.values()):
             items = ", ".join(

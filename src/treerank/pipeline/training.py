@@ -20,7 +20,9 @@ from typing import Any
 
 import numpy as np
 
+from treerank.config import ConfigError
 from treerank.distributed.context import is_main_process, main_first
+from treerank.evaluation.provenance import training_provenance
 from treerank.faults import crash_point
 from treerank.kernels.device import takes_device
 from treerank.kernels.vectors import ROW_CHUNK
@@ -28,8 +30,6 @@ from treerank.lock import writer_lock
 from treerank.models.families import family, family_names, resolve
 from treerank.storelike import StoreLike
 from treerank.training.history import TrainingLog
-from treerank.config import ConfigError
-from treerank.evaluation.provenance import training_provenance
 from treerank.training.holdout import (
     HoldoutError,
     ValidationConfig,

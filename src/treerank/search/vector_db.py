@@ -227,14 +227,14 @@ def export_to_db(
     dim = int(store.dim)
     if head_dir is not None:
         from treerank.models.base import DenseScorer
+        from treerank.models.families import family
         from treerank.models.registry import load_model
 
-        from treerank.models.families import family
-
         model = load_model(head_dir, expected_fingerprint=store.encoder_fingerprint)
-        if not isinstance(model, DenseScorer) or not family(model.model_type).dense:
+        model_type = str(getattr(model, "model_type", ""))
+        if not isinstance(model, DenseScorer) or not family(model_type).dense:
             raise ValueError(
-                f"{head_dir}: a {model.model_type!r} model has no passage vectors to store "
+                f"{head_dir}: a {model_type!r} model has no passage vectors to store "
                 "(only dense families: linear, mlp, cosine-like)"
             )
         transform = model.encode_passages

@@ -104,8 +104,10 @@ def _check_split_files(path: Path, splits: Sequence[str]) -> None:
     for s in splits:
         files = tuple(msmarco_files(path, s))
         if files in seen:
-            what = "this file holds one split" if path.is_file() else (
-                f"no shard name here starts with {s!r} or {seen[files]!r}"
+            what = (
+                "this file holds one split"
+                if path.is_file()
+                else (f"no shard name here starts with {s!r} or {seen[files]!r}")
             )
             raise DataFormatError(
                 path,
