@@ -253,10 +253,9 @@ class CheckpointSystem:
             self._family = fam
         return self._loaded[1]
 
-    def kept_initialisation(self) -> bool:
-        """Whether the checkpoint's training kept its initialisation (training summary
-        ``kept_initialisation``: early-stopped at step 0), read from its ``config.json``
-        without loading the weights; ``False`` when the file cannot say."""
+    def _extra(self) -> dict[str, Any] | None:
+        """The ``extra`` record of the checkpoint's ``config.json`` (of ``<dir>`` or of a run's
+        ``<dir>/checkpoint``), read without loading the weights; ``None``: unreadable."""
         import json
 
         for cfg in (self.path / "config.json", self.path / "checkpoint" / "config.json"):
@@ -264,24 +263,23 @@ class CheckpointSystem:
                 doc = json.loads(cfg.read_text(encoding="utf-8"))
             except (OSError, ValueError):
                 continue
-            training = (doc.get("extra") or {}).get("training") or {}
-            return bool(isinstance(training, dict) and training.get("kept_initialisation"))
-        return False
+            extra = doc.get("extra") if isinstance(doc, dict) else None
+            return extra if isinstance(extra, dict) else {}
+        return None
+
+    def kept_initialisation(self) -> bool:
+        """Whether the checkpoint's training kept its initialisation (training summary
+        ``kept_initialisation``: early-stopped at step 0), read from its ``config.json``
+        without loading the weights; ``False`` when the file cannot say."""
+        training = (self._extra() or {}).get("training") or {}
+        return bool(isinstance(training, dict) and training.get("kept_initialisation"))
 
     def training_provenance(self) -> dict[str, Any] | None:
         """The checkpoint's record of its training store (``extra.train_provenance`` of its
         ``config.json``, :func:`treerank.evaluation.provenance.training_provenance`), read
         without loading the weights; ``None`` when it has none (an older checkpoint)."""
-        import json
-
-        for cfg in (self.path / "config.json", self.path / "checkpoint" / "config.json"):
-            try:
-                doc = json.loads(cfg.read_text(encoding="utf-8"))
-            except (OSError, ValueError):
-                continue
-            prov = (doc.get("extra") or {}).get("train_provenance")
-            return prov if isinstance(prov, dict) else None
-        return None
+        prov = (self._extra() or {}).get("train_provenance")
+        return prov if isinstance(prov, dict) else None
 
     def family_for(self, store: StoreLike) -> Any:
         """The :class:`~treerank.models.families.ModelFamily` of the loaded checkpoint."""
