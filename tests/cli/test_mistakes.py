@@ -127,7 +127,7 @@ class Mistake:
 
     id: str
     what: str
-    args: str
+    args: str | list[str]
     code: int
     message: list[str]
     setup: Callable[[Env, Path], Path | None] | None = None
@@ -1185,6 +1185,21 @@ MISTAKES += [
         _run_folder,
     ),
     Mistake(
+        "t33-35",
+        "search -q '' (serve refuses it with 422)",
+        ["search", "--store", "{stores}/test", "-q", ""],
+        BAD,
+        [r"--query number 1 is empty \(or only white space\)"],
+    ),
+    Mistake(
+        "t33-36",
+        "a seen / unseen breakdown on another split than the model trained on",
+        EVAL + " --system ckpt:{ckpt} --overlap --train-store {stores}/test",
+        OK,
+        [r"note: ckpt:\S+ trained on \S+train \(split train\), not on the training split "
+         r"\S+test of this breakdown"],  # fmt: skip
+    ),
+    Mistake(
         "t33-34",
         "ckpt: naming an empty folder",
         EVAL + " --system ckpt:{tmp}/empty",
@@ -1199,7 +1214,10 @@ MISTAKES += [
 @pytest.mark.parametrize("m", MISTAKES, ids=[m.id for m in MISTAKES])
 def test_mistake(m: Mistake, env: Env, tmp_path: Path) -> None:
     bad = m.setup(env, tmp_path) if m.setup else None
-    args = env.fmt(m.args, tmp_path, bad).split()
+    if isinstance(m.args, list):  # an argument that white space cannot delimit (an empty one)
+        args = [env.fmt(a, tmp_path, bad) for a in m.args]
+    else:
+        args = env.fmt(m.args, tmp_path, bad).split()
     code, out = invoke(args)
     if os.environ.get("TREERANK_MISTAKES_TABLE"):  # a JSON line per case, for the notes' table
         with open(os.environ["TREERANK_MISTAKES_TABLE"], "a", encoding="utf-8") as f:
