@@ -95,7 +95,7 @@ class DRTTrainerConfig(TrainerConfig):
     lambda_dec: float = 0.1
     epochs: int = 60
     lr: float = 3e-4
-    patience: int = 8
+    patience: int | None = 8
     threads: int | None = 1
 
     def __post_init__(self) -> None:
