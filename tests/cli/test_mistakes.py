@@ -1196,8 +1196,10 @@ MISTAKES += [
         "a seen / unseen breakdown on another split than the model trained on",
         EVAL + " --system ckpt:{ckpt} --overlap --train-store {stores}/test",
         OK,
-        [r"note: ckpt:\S+ trained on \S+train \(split train\), not on the training split "
-         r"\S+test of this breakdown"],  # fmt: skip
+        [
+            r"note: ckpt:\S+ trained on \S+train \(split train\), not on the training split "
+            r"\S+test of this breakdown"
+        ],  # fmt: skip
     ),
     Mistake(
         "t33-34",
