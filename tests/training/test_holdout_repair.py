@@ -72,3 +72,26 @@ def test_too_few_training_queries_is_refused_with_advice() -> None:
         holdout_split(has, 0.5, 0)
     assert MIN_TRAINING_QUERIES == 2
     assert holdout_split(np.array([True]), 0.2, 0)[1].size == 0  # nothing held out: no refusal
+
+
+def test_accounting_counts_by_hand_and_reaches_the_report_table() -> None:
+    from treerank.pipeline.report import _training_rows
+    from treerank.pipeline.training import training_accounting
+
+    # 4 queries: q0 2 positives, q1 1, q2 none, q3 1; q3 held out
+    relevant = np.array([[1, 1], [1, 0], [0, 0], [0, 1]], bool)
+    has = relevant.any(axis=1)
+    acc = training_accounting(
+        relevant, has, np.array([0, 1, 2]), np.array([3]), {"split_groups": 1}
+    )
+    assert acc == {
+        "training_queries": 2,
+        "positive_pairs": 3,
+        "heldout_queries": 1,
+        "split_groups": 1,
+    }
+    (row,) = _training_rows("lin", {"summary": {**acc, "steps": 7}})
+    assert row == (
+        "| `lin` | training_queries=2, positive_pairs=3, heldout_queries=1, split_groups=1, "
+        "steps=7 |"
+    )
