@@ -8,7 +8,8 @@ in place of a destination (:func:`make_temp_dir`) ``0o777 & ~umask`` rather than
 0700, so colleagues on a shared machine can read what the umask lets them read.
 
 :func:`check_output_dir` is the one pre-check of an output directory, run before any work by
-every command that writes one (through :func:`treerank.lock.writer_lock`).
+every command that writes one (through :func:`treerank.lock.writer_lock`);
+:func:`refuse_existing_output` refuses a non-empty one without ``--overwrite``.
 """
 
 from __future__ import annotations
@@ -57,6 +58,32 @@ def check_output_dir(path: str | Path, what: str = "output directory") -> Path:
     if not os.access(anc, os.W_OK | os.X_OK):
         raise OutputPathError(f"{p}: cannot write the {what}: {anc} is not writable")
     return p
+
+
+class OutputExistsError(OutputPathError):
+    """An output directory already holds earlier results and replacing them was not asked
+    for (``--overwrite``)."""
+
+
+def refuse_existing_output(
+    path: str | Path, overwrite: bool, what: str = "earlier results", flag: str = "--overwrite"
+) -> None:
+    """Refuse, before any work, to write into a non-empty existing directory unless
+    ``overwrite`` (every command that writes an output directory calls it; no silent
+    overwrite). A missing or empty directory, or a path that is not a directory (refused by
+    :func:`check_output_dir` with its own message), passes.
+
+    Raises:
+        OutputExistsError: ``path`` is a non-empty directory and ``overwrite`` is false; the
+            message names the path, what is there and the flag.
+    """
+    p = Path(path)
+    if overwrite or not p.is_dir() or not any(p.iterdir()):
+        return
+    raise OutputExistsError(
+        f"{p}: already holds {what}; pass {flag} to replace them (the old contents are kept "
+        "until the new ones are complete), or choose another output directory"
+    )
 
 
 def chmod_as_umask(path: str | Path) -> Path:

@@ -182,6 +182,8 @@ def expected_text(annotation: Any) -> str:
         if args and len(set(args)) == 1:
             return f"a list of {len(args)} {_plural(expected_text(args[0]))}"
         return f"a list of {len(args)} values"
+    if origin is list and args:
+        return f"a list of {_plural(expected_text(args[0]))}"
     if origin in (list, dict):
         return _KIND_WORDS[origin]
     return _KIND_WORDS.get(annotation, getattr(annotation, "__name__", str(annotation)))
@@ -215,7 +217,9 @@ def _matches(value: Any, annotation: Any) -> bool | None:
             _matches(v, a) is not False for v, a in zip(value, args, strict=True)
         )
     if origin is list or annotation is list:
-        return isinstance(value, list)
+        if not isinstance(value, list):
+            return False
+        return not args or all(_matches(v, args[0]) is not False for v in value)
     if origin is dict or annotation is dict:
         return isinstance(value, dict)
     if annotation is bool:

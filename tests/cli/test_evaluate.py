@@ -170,7 +170,10 @@ def test_out_folder_never_mixes_two_comparisons(tmp_path) -> None:
     first = _invoke(tmp_path, "--system", "bm25", "--system", "rrf:bm25+cosine", "--out", str(out))
     assert first.exit_code == 0, first.output
     assert (out / "runs" / RRF_FILE).exists()
-    second = _invoke(tmp_path, "--system", "bm25", "--out", str(out))
+    refused = _invoke(tmp_path, "--system", "bm25", "--out", str(out))  # no silent overwrite
+    assert refused.exit_code == 2 and "pass --overwrite" in refused.output, refused.output
+    assert (out / "runs" / RRF_FILE).exists()  # untouched
+    second = _invoke(tmp_path, "--system", "bm25", "--out", str(out), "--overwrite")
     assert second.exit_code == 0, second.output
     assert sorted(p.name for p in (out / "runs").iterdir()) == ["bm25.trec", "cosine.trec"]
     doc = json.loads((out / "results.json").read_text())
@@ -184,7 +187,7 @@ def test_out_folder_keeps_files_treerank_did_not_write(tmp_path) -> None:
     first = _invoke(tmp_path, "--system", "bm25", "--system", "rrf:bm25+cosine", "--out", str(out))
     assert first.exit_code == 0, first.output
     (out / "runs" / "mine.trec").write_text("x\n")
-    second = _invoke(tmp_path, "--system", "bm25", "--out", str(out))
+    second = _invoke(tmp_path, "--system", "bm25", "--out", str(out), "--overwrite")
     assert second.exit_code == 0, second.output
     assert (out / "runs" / "mine.trec").read_text() == "x\n"
     assert not (out / "runs" / RRF_FILE).exists()
@@ -196,7 +199,7 @@ def test_out_folder_keeps_files_treerank_did_not_write(tmp_path) -> None:
     bare = tmp_path / "bare"
     (bare / "runs").mkdir(parents=True)
     (bare / "runs" / "other.trec").write_text("y\n")
-    third = _invoke(tmp_path, "--system", "bm25", "--out", str(bare))
+    third = _invoke(tmp_path, "--system", "bm25", "--out", str(bare), "--overwrite")
     assert third.exit_code == 0, third.output
     assert (bare / "runs" / "other.trec").read_text() == "y\n"
 

@@ -127,7 +127,7 @@ class Mistake:
 
     id: str
     what: str
-    args: str
+    args: str | list[str]
     code: int
     message: list[str]
     setup: Callable[[Env, Path], Path | None] | None = None
@@ -905,10 +905,410 @@ def _corrupt_meta(env: Env, tmp: Path) -> Path:
     return out
 
 
+# --------------------------------------------- issue 33: numbers a researcher can trust (t33-NN)
+MSMARCO_FILE = FIXTURE.parents[1] / "samples" / "msmarco" / "ms_marco_v2.1_validation_10.parquet"
+TRAIN = "train --model linear --store {stores} --no-progress"
+
+
+def _nonempty(name: str) -> Callable[[Env, Path], Path]:
+    def setup(env: Env, tmp: Path) -> Path:
+        (tmp / name).mkdir()
+        (tmp / name / "mine.txt").write_text("keep me")
+        return tmp
+
+    return setup
+
+
+def _yaml(doc: dict) -> Callable[[Env, Path], Path]:
+    def setup(env: Env, tmp: Path) -> Path:
+        import yaml
+
+        (tmp / "c.yaml").write_text(yaml.safe_dump(doc))
+        return tmp / "c.yaml"
+
+    return setup
+
+
+def _text_leak_ckpt(env: Env, tmp: Path) -> Path:
+    """The session's checkpoint, its record rewritten as if it trained on a split of another
+    store whose query texts are the test split's (one file read under two split names)."""
+    from treerank.evaluation.provenance import training_provenance
+    from treerank.store import EmbeddingStore
+
+    ck = tmp / "leaky"
+    shutil.copytree(env.ckpt, ck)
+    doc = json.loads((ck / "config.json").read_text())
+    test = training_provenance(EmbeddingStore.open(env.stores / "test"))
+    doc["extra"]["train_provenance"] = test | {
+        "store": "/elsewhere/train",
+        "split": "train",
+        "signature": "another",
+        "query_id_hashes": "",
+    }
+    (ck / "config.json").write_text(json.dumps(doc))
+    return tmp
+
+
+def _other_collection(env: Env, tmp: Path) -> Path:
+    code, out = invoke(
+        ["embed", str(MSMARCO_FILE), "--format", "msmarco", "--split", "validation"]
+        + ["--limit", "2", "--out", str(tmp / "other"), "--no-progress"]
+    )
+    assert code == OK, out
+    return tmp / "other" / "validation"
+
+
+def _forest_ckpt(env: Env, tmp: Path) -> Path:
+    import yaml
+
+    cfg = {"model": {"n_models": 2, "n_classes": 4, "untrained": True}}
+    (tmp / "f.yaml").write_text(yaml.safe_dump(cfg))
+    code, out = invoke(
+        ["train", "--model", "forest", "--store", str(env.stores), "--config", str(tmp / "f.yaml")]
+        + ["--out", str(tmp / "forest"), "--no-progress"]
+    )
+    assert code == OK, out
+    return tmp
+
+
+def _run_folder(env: Env, tmp: Path) -> Path:
+    shutil.copytree(env.ckpt, tmp / "runs" / "models" / "mybeir" / "lin" / "checkpoint")
+    return tmp
+
+
+def _experiment_without_quick(env: Env, tmp: Path) -> Path:
+    return _experiment()(env, tmp)
+
+
+MISTAKES += [
+    # --- the issue's cases
+    Mistake(
+        "t33-01",
+        "train --out over an existing checkpoint",
+        TRAIN + " --out {ckpt}",
+        BAD,
+        [r"linear: already holds a model directory or other files; pass --overwrite"],
+    ),
+    Mistake(
+        "t33-02",
+        "evaluate --out over earlier results",
+        EVAL + " --out {tmp}/e",
+        BAD,
+        [r"/e: already holds earlier evaluation results; pass --overwrite", r"kept until"],
+        _nonempty("e"),
+        absent=[r"queries evaluated"],
+    ),
+    Mistake(
+        "t33-03",
+        "diagnose --out over earlier diagnostics",
+        "diagnose {ckpt} --store {stores}/test --out {tmp}/d",
+        BAD,
+        [r"/d: already holds earlier diagnostics; pass --overwrite"],
+        _nonempty("d"),
+    ),
+    Mistake(
+        "t33-04",
+        "a head evaluated on the split it trained on",
+        "evaluate --store {stores}/train --system cosine --system ckpt:{ckpt} --no-overlap "
+        "--permutations 200",
+        OK,
+        [
+            r"warning: train/test leak: ckpt:\S+ is evaluated on the very split it trained on "
+            r"\(\S+train \(split train\)\): 5 of 5 evaluated query ids and 5 query texts are "
+            r"training queries"
+        ],
+    ),
+    Mistake(
+        "t33-05",
+        "a head evaluated on queries it trained on under another split name (by text)",
+        EVAL + " --system ckpt:{tmp}/leaky",
+        OK,
+        [
+            r"train/test leak: ckpt:\S+leaky is evaluated on a split whose queries overlap its "
+            r"training queries \(/elsewhere/train \(split train\)\): 0 of 7 evaluated query ids "
+            r"and 7 query texts"
+        ],
+        _text_leak_ckpt,
+    ),
+    Mistake(
+        "t33-06",
+        "--train-store of another collection",
+        "evaluate --store {stores}/test --system cosine --train-store {bad} --permutations 200",
+        BAD,
+        [
+            r"--train-store \S+validation shares no passage \(by id or text\) with the evaluated "
+            r"split",
+            r"--no-overlap",
+        ],  # fmt: skip
+        _other_collection,
+    ),
+    Mistake(
+        "t33-07",
+        "one MS MARCO file as both --split train and --split validation",
+        f"embed {MSMARCO_FILE} --format msmarco --split train --split validation "
+        "--out {tmp}/s --no-progress",
+        BAD,
+        [
+            r"--split train and --split validation would read the same rows \(this file holds "
+            r"one split\)"
+        ],  # fmt: skip
+        nothing_written="{tmp}/s",
+    ),
+    Mistake(
+        "t33-08",
+        "run --quick on a config without a quick: section",
+        "run {tmp}/exp.yaml --quick",
+        BAD,
+        [r"exp\.yaml: --quick merges the file's quick: section, but it has none"],
+        _experiment_without_quick,
+        nothing_written="{tmp}/runs",
+    ),
+    Mistake(
+        "t33-09",
+        "embed --limit 0",
+        "embed {data} --format beir --split test --limit 0 --out {tmp}/s --no-progress",
+        BAD,
+        [r"--limit must be at least 1 \(queries kept\), got 0"],
+        nothing_written="{tmp}/s",
+    ),
+    Mistake(
+        "t33-10",
+        "evaluate --permutations 0",
+        "evaluate --store {stores}/test --system cosine --no-overlap --permutations 0",
+        BAD,
+        [r"--permutations\) must be at least 1"],
+    ),
+    Mistake(
+        "t33-11",
+        "embed --model not available offline",
+        "embed {data} --format beir --split test --model nosuch-org/nosuch-model --out {tmp}/s",
+        BAD,
+        [r"--model nosuch-org/nosuch-model: not available offline"],
+        nothing_written="{tmp}/s",
+    ),
+    Mistake(
+        "t33-12",
+        "export --to db:http://... with no server",
+        "export {stores}/test --to db:http://127.0.0.1:9:col --no-progress",
+        BAD,
+        [r"the Qdrant server at http://127\.0\.0\.1:9 cannot be reached"],
+    ),
+    Mistake(
+        "t33-13",
+        "export --head with a forest checkpoint into db:",
+        "export {stores}/test --to db:{tmp}/qd:col --head ckpt:{tmp}/forest --no-progress",
+        BAD,
+        [r"a 'forest' model has no passage vectors to store"],
+        _forest_ckpt,
+        nothing_written="{tmp}/qd",
+    ),
+    Mistake(
+        "t33-14",
+        "export a head without the ckpt: prefix",
+        "export {ckpt} --to sentence-transformers {tmp}/st",
+        BAD,
+        [
+            r"lacks the ckpt: prefix: treerank export ckpt:\S+linear --to sentence-transformers "
+            r"\S+/st"
+        ],  # fmt: skip
+        absent=[r"needs OUT"],
+        nothing_written="{tmp}/st",
+    ),
+    Mistake(
+        "t33-15",
+        "ckpt: naming a run's models folder",
+        EVAL + " --system ckpt:{tmp}/runs/models",
+        BAD,
+        [r"not a treerank checkpoint; checkpoints below it: ckpt:\S+models/mybeir/lin/checkpoint"],
+        _run_folder,
+    ),
+    Mistake(
+        "t33-16",
+        'forest n_models: "16" (a string)',
+        "train --model forest --store {stores} --config {bad} --out {tmp}/ck",
+        BAD,
+        [r"c\.yaml\.model\.n_models: expected an integer, got '16'"],
+        _yaml({"model": {"n_models": "16"}}),
+        nothing_written="{tmp}/ck",
+    ),
+    Mistake(
+        "t33-17",
+        "forest steps_passage: 30.5",
+        "train --model forest --store {stores} --config {bad} --out {tmp}/ck",
+        BAD,
+        [r"c\.yaml\.trainer\.steps_passage: expected an integer, got 30\.5"],
+        _yaml({"trainer": {"steps_passage": 30.5}}),
+        nothing_written="{tmp}/ck",
+    ),
+    # --- new ones of our own
+    Mistake(
+        "t33-18",
+        "a holdout that leaves one training query",
+        TRAIN + " --config {bad} --out {tmp}/ck",
+        BAD,
+        [
+            r"c\.yaml: validation: the holdout leaves 1 training query with a relevant passage "
+            r"\(of 5; 4 held out\), fewer than 2: lower validation\.fraction"
+        ],  # fmt: skip
+        _yaml({"validation": {"fraction": 0.8}}),
+        nothing_written="{tmp}/ck",
+    ),
+    Mistake(
+        "t33-19",
+        "train --out a non-empty folder of other files",
+        TRAIN + " --out {tmp}/mine",
+        BAD,
+        [r"mine: already holds a model directory or other files; pass --overwrite"],
+        _nonempty("mine"),
+    ),
+    Mistake(
+        "t33-20",
+        "train --overwrite replaces a checkpoint",
+        TRAIN + " --config {configs}/heads/linear.yaml --out {tmp}/ck2 --overwrite",
+        OK,
+        [r"training queries\s*│?\s*4", r"positive pairs\s*│?\s*\d+", r"held-out queries\s*│?\s*1"],
+        lambda e, t: shutil.copytree(e.ckpt, t / "ck2") and None,
+    ),
+    Mistake(
+        "t33-21",
+        "evaluate --overwrite into earlier results",
+        EVAL + " --out {tmp}/e --overwrite",
+        OK,
+        [r"7 queries evaluated", r"left \S+mine\.txt alone|wrote"],
+        _nonempty("e"),
+    ),
+    Mistake(
+        "t33-22",
+        "evaluate --permutations -5",
+        "evaluate --store {stores}/test --system cosine --permutations -5",
+        BAD,
+        [r"must be at least 1 .*got -5"],
+    ),
+    Mistake(
+        "t33-23",
+        "embed --limit -1",
+        "embed {data} --format beir --split test --limit -1 --out {tmp}/s",
+        BAD,
+        [r"--limit must be at least 1 \(queries kept\), got -1"],
+        nothing_written="{tmp}/s",
+    ),
+    Mistake(
+        "t33-24",
+        "linear trainer.epochs: 2.5",
+        TRAIN + " --config {bad} --out {tmp}/ck",
+        BAD,
+        [r"c\.yaml\.trainer\.epochs: expected an integer, got 2\.5"],
+        _yaml({"trainer": {"epochs": 2.5}}),
+        nothing_written="{tmp}/ck",
+    ),
+    Mistake(
+        "t33-25",
+        'linear data.batch_size: "64"',
+        TRAIN + " --config {bad} --out {tmp}/ck",
+        BAD,
+        [r"c\.yaml\.data\.batch_size: expected an integer, got '64'"],
+        _yaml({"data": {"batch_size": "64"}}),
+    ),
+    Mistake(
+        "t33-26",
+        "linear model.temperature: hot",
+        TRAIN + " --config {bad} --out {tmp}/ck",
+        BAD,
+        [r"c\.yaml\.model\.temperature: expected a number, got 'hot'"],
+        _yaml({"model": {"temperature": "hot"}}),
+    ),
+    Mistake(
+        "t33-27",
+        "forest model.hidden: [64, a]",
+        "train --model forest --store {stores} --config {bad} --out {tmp}/ck",
+        BAD,
+        [r"c\.yaml\.model\.hidden: expected a list of integers, got \[64, 'a'\]"],
+        _yaml({"model": {"hidden": [64, "a"]}}),
+    ),
+    Mistake(
+        "t33-28",
+        "forest data.bag_queries: most",
+        "train --model forest --store {stores} --config {bad} --out {tmp}/ck",
+        BAD,
+        [r"c\.yaml\.data\.bag_queries: expected a number, got 'most'"],
+        _yaml({"data": {"bag_queries": "most"}}),
+    ),
+    Mistake(
+        "t33-29",
+        "forest n_models: 0 (range, with its path)",
+        "train --model forest --store {stores} --config {bad} --out {tmp}/ck",
+        BAD,
+        [r"c\.yaml.*n_models must be >= 1"],
+        _yaml({"model": {"n_models": 0}}),
+    ),
+    Mistake(
+        "t33-30",
+        'validation.fraction: "0.2" (a string)',
+        TRAIN + " --config {bad} --out {tmp}/ck",
+        BAD,
+        [r"c\.yaml\.validation\.fraction: expected a number, got '0\.2'"],
+        _yaml({"validation": {"fraction": "0.2"}}),
+    ),
+    Mistake(
+        "t33-31",
+        "run --quick with an empty quick: section",
+        "run {tmp}/exp.yaml --quick",
+        BAD,
+        [r"--quick merges the file's quick: section, but it has none"],
+        _experiment(quick={}),
+        nothing_written="{tmp}/runs",
+    ),
+    Mistake(
+        "t33-32",
+        "export a store path --to sentence-transformers without OUT",
+        "export {stores}/test --to sentence-transformers",
+        BAD,
+        [r"lacks the ckpt: prefix: treerank export ckpt:\S+test --to sentence-transformers OUT"],
+    ),
+    Mistake(
+        "t33-33",
+        "ckpt: naming a run's model folder (its checkpoint/ inside): accepted",
+        EVAL + " --system ckpt:{tmp}/runs/models/mybeir/lin",
+        OK,
+        [r"7 queries evaluated"],
+        _run_folder,
+    ),
+    Mistake(
+        "t33-35",
+        "search -q '' (serve refuses it with 422)",
+        ["search", "--store", "{stores}/test", "-q", ""],
+        BAD,
+        [r"--query number 1 is empty \(or only white space\)"],
+    ),
+    Mistake(
+        "t33-36",
+        "a seen / unseen breakdown on another split than the model trained on",
+        EVAL + " --system ckpt:{ckpt} --overlap --train-store {stores}/test",
+        OK,
+        [
+            r"note: ckpt:\S+ trained on \S+train \(split train\), not on the training split "
+            r"\S+test of this breakdown"
+        ],  # fmt: skip
+    ),
+    Mistake(
+        "t33-34",
+        "ckpt: naming an empty folder",
+        EVAL + " --system ckpt:{tmp}/empty",
+        BAD,
+        [r"empty/config\.json: missing \(not a treerank checkpoint\)"],
+        lambda e, t: (t / "empty").mkdir() or t,
+        absent=[r"below it"],
+    ),
+]
+
+
 @pytest.mark.parametrize("m", MISTAKES, ids=[m.id for m in MISTAKES])
 def test_mistake(m: Mistake, env: Env, tmp_path: Path) -> None:
     bad = m.setup(env, tmp_path) if m.setup else None
-    args = env.fmt(m.args, tmp_path, bad).split()
+    if isinstance(m.args, list):  # an argument that white space cannot delimit (an empty one)
+        args = [env.fmt(a, tmp_path, bad) for a in m.args]
+    else:
+        args = env.fmt(m.args, tmp_path, bad).split()
     code, out = invoke(args)
     if os.environ.get("TREERANK_MISTAKES_TABLE"):  # a JSON line per case, for the notes' table
         with open(os.environ["TREERANK_MISTAKES_TABLE"], "a", encoding="utf-8") as f:
@@ -1052,3 +1452,61 @@ def test_every_mistake_id_is_unique() -> None:
     ids = [m.id for m in MISTAKES]
     assert len(ids) == len(set(ids))
     assert sum(i.startswith("new-") for i in ids) >= 10
+
+
+def test_compare_systems_refuses_a_string_of_systems(env: Env) -> None:
+    from treerank import compare_systems
+    from treerank.store import EmbeddingStore
+
+    with pytest.raises(
+        TypeError, match=r"not str 'cosine'; e\.g\. compare_systems\(store, \['cosine'\]\)"
+    ):
+        compare_systems(EmbeddingStore.open(env.stores / "test"), "cosine")  # type: ignore[arg-type]
+
+
+def test_leak_is_flagged_in_results_and_table(env: Env, tmp_path: Path) -> None:
+    out_dir = tmp_path / "eval"
+    code, out = invoke(
+        ["evaluate", "--store", str(env.stores / "train"), "--system", "cosine"]
+        + ["--system", f"ckpt:{env.ckpt}", "--permutations", "200", "--out", str(out_dir)]
+    )
+    assert code == OK, out
+    doc = json.loads((out_dir / "results.json").read_text())
+    leak = doc["leaks"][f"ckpt:{env.ckpt}"]
+    assert leak["same_split"] is True and leak["queries_by_id"] == 5 == leak["n_queries"]
+    assert doc["trained_on"][f"ckpt:{env.ckpt}"]["split"] == "train"
+    assert "train/test leak" in (out_dir / "table.md").read_text()
+    # on the test split: no leak, and the seen / unseen breakdown names where it trained
+    code, out = invoke(
+        ["evaluate", "--store", str(env.stores / "test"), "--system", "cosine"]
+        + ["--system", f"ckpt:{env.ckpt}", "--permutations", "200", "--out", str(tmp_path / "t")]
+    )
+    assert code == OK, out
+    assert "train/test leak" not in out
+    assert json.loads((tmp_path / "t" / "results.json").read_text())["leaks"] == {}
+
+
+def test_train_summary_accounts_for_the_training_set(env: Env) -> None:
+    doc = json.loads((env.ckpt / "config.json").read_text())["extra"]
+    s = doc["training"]
+    assert (s["training_queries"], s["heldout_queries"], s["split_groups"]) == (4, 1, 0)
+    assert s["positive_pairs"] >= s["training_queries"]
+    prov = doc["train_provenance"]
+    assert prov["split"] == "train" and prov["n_queries"] == 5
+    assert len(prov["query_id_hashes"]) == 5 * 16 and len(prov["query_text_hashes"]) == 5 * 16
+    assert re.search(r"training queries\s*│?\s*4", env.outputs["train"])
+
+
+def test_train_overwrite_keeps_nothing_stale(env: Env, tmp_path: Path) -> None:
+    """--overwrite replaces the checkpoint atomically: the old weights stay until the new ones
+    are written, and the new directory is a complete checkpoint."""
+    ck = tmp_path / "ck"
+    shutil.copytree(env.ckpt, ck)
+    before = (ck / "weights.safetensors").stat().st_mtime_ns
+    code, out = invoke(
+        ["train", "--model", "linear", "--store", str(env.stores), "--seed", "1"]
+        + ["--out", str(ck), "--overwrite", "--no-progress"]
+    )
+    assert code == OK, out
+    assert (ck / "weights.safetensors").stat().st_mtime_ns != before
+    assert json.loads((ck / "config.json").read_text())["extra"]["training"]["config"]["seed"] == 1

@@ -46,6 +46,12 @@ def diagnose(
         help="More store splits (same encoder, e.g. the train split) whose queries join the "
         "probes and CKA for statistical power; repeatable.",
     ),
+    overwrite: bool = typer.Option(
+        False,
+        "--overwrite",
+        help="Write into a non-empty --out (refused without it); the old files stay until "
+        "the diagnostics are computed.",
+    ),
     device: str = device_option(),
 ) -> None:
     """Scoring variants, per-slot probes, per-query failures and linear CKA, with the seed's
@@ -59,7 +65,10 @@ def diagnose(
     device = str(cli_device(device))  # refused before any work
     console = Console()
     metrics = tuple(dict.fromkeys([*DEFAULT_METRICS, metric]))
+    from treerank.atomic import refuse_existing_output
+
     try:
+        refuse_existing_output(out, overwrite, "earlier diagnostics")
         st = EmbeddingStore.open(store, dim=dim)
         extra = [EmbeddingStore.open(p, dim=dim) for p in probe_store]
         res = run_diagnostics(

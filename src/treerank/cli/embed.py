@@ -151,6 +151,7 @@ def embed(
             console.print(_stats_table(res.split, res.path, res.stats))
 
     try:
+        check_model_offline(model)
         name = plan_dataset(input_path, fmt, splits).format
         embed_dataset(
             input_path,
@@ -176,6 +177,32 @@ def embed(
             "rerun the same command with --resume to finish it"
         )
         raise typer.Exit(ExitCode.INTERRUPTED) from None
+
+
+def check_model_offline(model: str | None) -> None:
+    """Refuse, before any work, an encoder ``--model`` that cannot be loaded offline: not a
+    local directory and not in the Hugging Face cache while downloads are off
+    (``HF_HUB_OFFLINE=1``, the CLI's default). ``None`` (the bundled default) passes.
+
+    Raises:
+        ValueError: one line naming the model and what to do.
+    """
+    import os
+
+    if model is None or Path(model).expanduser().exists():
+        return
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() not in ("1", "true", "yes", "on"):
+        return  # downloads allowed: the library fetches it
+    from huggingface_hub import snapshot_download
+
+    try:
+        snapshot_download(model, local_files_only=True)
+    except Exception:  # noqa: BLE001 - every way of "not in the cache" is the same answer
+        raise ValueError(
+            f"--model {model}: not available offline (not a local directory and not in the "
+            "Hugging Face cache; downloads are off, HF_HUB_OFFLINE=1); pass a local model "
+            "directory, or leave --model out for the bundled all-MiniLM-L6-v2"
+        ) from None
 
 
 def register(app: typer.Typer) -> None:

@@ -83,6 +83,12 @@ def evaluate(
     ),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bars."),
     device: str = device_option(),
+    overwrite: bool = typer.Option(
+        False,
+        "--overwrite",
+        help="Write into a non-empty --out (refused without it); the old files stay until "
+        "every system is scored.",
+    ),
     ignore_identical_ids: bool = typer.Option(
         False,
         "--ignore-identical-ids",
@@ -93,6 +99,7 @@ def evaluate(
     """Evaluate systems on every passage of a split; print and write a comparison table."""
     from rich.console import Console
 
+    from treerank.atomic import refuse_existing_output
     from treerank.distributed.context import launch
     from treerank.distributed.search import sharded_search
     from treerank.evaluation.compare import compare_systems, untrained_note
@@ -106,18 +113,20 @@ def evaluate(
 
     device = str(cli_device(device))  # a bad or unavailable device is refused before any work
     console = Console(soft_wrap=True)
-    settings = EvaluationSettings(
-        baseline=baseline,
-        second_baseline=second_baseline,
-        k=k,
-        metrics=tuple(metrics),
-        n_permutations=permutations,
-        seed=seed,
-        gain=gain,
-        relevance_threshold=threshold,
-        ignore_identical_ids=ignore_identical_ids,
-    )
     try:
+        settings = EvaluationSettings(
+            baseline=baseline,
+            second_baseline=second_baseline,
+            k=k,
+            metrics=tuple(metrics),
+            n_permutations=permutations,
+            seed=seed,
+            gain=gain,
+            relevance_threshold=threshold,
+            ignore_identical_ids=ignore_identical_ids,
+        )
+        if out is not None:
+            refuse_existing_output(out, overwrite, "earlier evaluation results")
         check_run_depth(k)
         eval_dir = store / split if split else store
         st = EmbeddingStore.open(eval_dir, dim=dim)
@@ -156,6 +165,8 @@ def evaluate(
         console.print(f"system {name} failed: {err}", markup=False, style="red", soft_wrap=True)
     for name in comp.untrained:
         console.print(f"warning: {untrained_note(name)}", markup=False, style="yellow")
+    for leak in comp.leaks.values():
+        console.print(f"warning: train/test leak: {leak['message']}", markup=False, style="yellow")
     if not comp.results:
         raise typer.Exit(ExitCode.FAILED)
     if baseline in comp.results:
@@ -186,6 +197,15 @@ def evaluate(
             markup=False,
         )
         console.print(overlap_markdown(comp.overlap, headline, baseline).strip())
+        for name, where in comp.trained_on.items():
+            if train_dir is None or not where.get("store"):
+                continue
+            if Path(str(where["store"])).resolve() != Path(train_dir).resolve():
+                console.print(
+                    f"note: {name} trained on {where['store']} (split {where['split']}), not on "
+                    f"the training split {train_dir} of this breakdown",
+                    markup=False,
+                )
     doc = comp.to_dict()
     lines = summary_lines(dataset_label(st.path, st.split), doc, headline, baseline)
     if lines:

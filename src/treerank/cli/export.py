@@ -59,7 +59,13 @@ def export(
 ) -> None:
     """Export a trained head (sentence-transformers) or a store split (vector database)."""
     if to == ST_TARGET:
-        if not source.startswith("ckpt:") or out is None:
+        if not source.startswith("ckpt:"):
+            raise fail(
+                f"--to {ST_TARGET} exports a trained head, named ckpt:<dir>; SOURCE {source!r} "
+                f"lacks the ckpt: prefix: treerank export ckpt:{source} --to {ST_TARGET} "
+                f"{out or 'OUT'}"
+            )
+        if out is None:
             raise fail(
                 f"--to {ST_TARGET} exports a head and needs OUT: "
                 f"treerank export ckpt:<dir> --to {ST_TARGET} OUT"
@@ -115,6 +121,14 @@ def export(
             raise fail(exc) from None
         except (ValueError, FileNotFoundError, OSError) as exc:
             raise fail(exc) from None
+        except Exception as exc:  # the Qdrant client's errors: no server, refused, HTTP errors
+            if not type(exc).__module__.startswith("qdrant_client"):
+                raise
+            raise fail(
+                f"--to {to}: the Qdrant server at {loc} cannot be reached or refused the request "
+                f"({type(exc).__name__}: {exc}); start it (e.g. docker run -p 6333:6333 "
+                "qdrant/qdrant), or export to a local folder: --to db:<folder>[:collection]"
+            ) from None
         state = "already complete" if res_db.reused else "written"
         typer.echo(
             f"{res_db.location}: collection {res_db.collection} -> {res_db.physical} "

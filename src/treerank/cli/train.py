@@ -33,6 +33,12 @@ def train(
     ),
     seed: int | None = typer.Option(None, "--seed", help="Override the config's seed."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bars."),
+    overwrite: bool = typer.Option(
+        False,
+        "--overwrite",
+        help="Replace a non-empty --out (refused without it); the old checkpoint is kept "
+        "until the new one is written.",
+    ),
     device: str = device_option(),
 ) -> None:
     """Train MODEL on the store's queries and save a checkpoint (+ training log and curves).
@@ -62,6 +68,12 @@ def train(
     if seed is not None:
         cfg["seed"] = seed
     device = str(cli_device(device))  # a bad or unavailable device is refused before the store
+    from treerank.atomic import OutputPathError, refuse_existing_output
+
+    try:
+        refuse_existing_output(out, overwrite, "a model directory or other files")
+    except OutputPathError as exc:
+        raise fail(str(exc)) from exc
     try:
         st = open_train_store(store, split, dim=dim)
         with launch() as ctx:  # torchrun: data-parallel (treerank.distributed.training)
@@ -86,7 +98,11 @@ def train(
     for key in ("steps", "epochs", "best_step", "kept_initialisation", "stopped_early", "seconds"):
         if key in s:
             table.add_row(key, str(s[key]))
+    table.add_row("training queries", str(s.get("training_queries", "?")))
+    table.add_row("positive pairs", str(s.get("positive_pairs", "?")))
     table.add_row("held-out queries", str(res.heldout_rows.size))
+    if s.get("split_groups"):
+        table.add_row("split groups", str(s["split_groups"]))
     for k, v in (s.get("best_metrics") or {}).items():
         table.add_row(f"held-out {k}", f"{v:.4f}")
     if res.log_path is not None:
@@ -94,6 +110,13 @@ def train(
     if res.curves_path is not None:
         table.add_row("curves", str(res.curves_path))
     console.print(table)
+    if s.get("split_groups"):
+        console.print(
+            f"note: whole passage-connected groups would have held out far more than "
+            f"validation.fraction of the queries, so {s['split_groups']} group(s) were split "
+            "(some held-out queries share a relevant passage with a training query)",
+            highlight=False,
+        )
     if s.get("kept_initialisation"):
         console.print(
             "[yellow]warning:[/yellow] no training step beat step 0 on the held-out queries, so "

@@ -53,6 +53,7 @@ from treerank.evaluation.checks import check_depth, check_evaluable
 from treerank.evaluation.metrics import EvalResult, evaluate_run, parse_metric
 from treerank.evaluation.overlap import overlap_breakdown, seen_positive_mask
 from treerank.evaluation.plots import dataset_label, plot_deltas, plot_recall_curve
+from treerank.evaluation.provenance import Leak, check_leaks, check_train_store
 from treerank.evaluation.qrels import Qrels
 from treerank.evaluation.report import (
     atomic_write_text,
@@ -105,6 +106,10 @@ class Comparison:
         untrained: the ``ckpt:`` systems whose saved model is its initialisation (training
             early-stopped at step 0, :meth:`CheckpointSystem.kept_initialisation`): they score
             like their starting point (an identity-initialised head: exactly like cosine).
+        leaks: ``ckpt:`` system -> :meth:`Leak.to_dict
+            <treerank.evaluation.provenance.Leak.to_dict>`, for checkpoints evaluated on the
+            split they trained on or on queries they trained on (warned, flagged, not refused).
+        trained_on: ``ckpt:`` system -> ``{"store", "split"}`` it trained on (its record).
     """
 
     runs: dict[str, Run]
@@ -126,6 +131,8 @@ class Comparison:
     tuning: dict[str, dict[str, Any]] = field(default_factory=dict)
     trained: list[str] = field(default_factory=list)
     untrained: list[str] = field(default_factory=list)
+    leaks: dict[str, dict[str, Any]] = field(default_factory=dict)
+    trained_on: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def metrics(self) -> tuple[str, ...]:
@@ -169,6 +176,8 @@ class Comparison:
             out.append(f"**{name} failed**: {err}\n")
         for name in self.untrained:
             out.append(f"**{name}**: {untrained_note(name)}\n")
+        for leak in self.leaks.values():
+            out.append(f"**warning, train/test leak**: {leak['message']}\n")
         if any(self.departures.values()):
             items = ", ".join(
                 f"{k.replace('_', ' ')}: {v:,}" for k, v in self.departures.items() if v
@@ -215,6 +224,8 @@ class Comparison:
             "tuning": self.tuning,
             "trained": self.trained,
             "untrained": self.untrained,
+            "leaks": self.leaks,
+            "trained_on": self.trained_on,
         }
 
 
@@ -234,6 +245,11 @@ def _as_systems(
 ) -> dict[str, System]:
     if isinstance(systems, Mapping):
         items = list(systems.items())
+    elif isinstance(systems, str | bytes):
+        raise TypeError(
+            f"systems must be a mapping name -> System or spec, or a list of spec strings, not "
+            f"{type(systems).__name__} {systems!r}; e.g. compare_systems(store, [{systems!r}])"
+        )
     else:
         items = [(s, s) for s in systems]
     out: dict[str, System] = {}
@@ -286,11 +302,16 @@ def compare_systems(
         The :class:`Comparison`; systems that raised are in ``failed``, not ``results``.
 
     Raises:
-        TypeError: an override that is not a setting.
+        TypeError: an override that is not a setting; ``systems`` given as one string.
         ValueError: the baseline is not among the systems, a bad spec / metric, ``k`` below 1
             or below a metric's cutoff, or a store that cannot be evaluated (no passages, no
             queries, no relevant judgment; see :mod:`treerank.evaluation.checks`).
         LockHeldError: another process is writing ``out_dir``.
+        TrainStoreMismatchError: ``train_store`` shares no passage with ``store`` (another
+            collection; :func:`~treerank.evaluation.provenance.check_train_store`).
+
+    A ``ckpt:`` system evaluated on the split it trained on, or on queries it trained on (by
+    id or by text), is flagged in :attr:`Comparison.leaks` (checked before any retrieval).
     """
     cfg = (settings or EvaluationSettings()).with_(
         **overrides, **({"baseline": baseline} if baseline is not None else {})
@@ -306,6 +327,12 @@ def compare_systems(
     lock = writer_lock(out_dir, "evaluate") if out_dir is not None else nullcontext()
     trained = {n for n, s in built.items() if uses_trained_model(s)}
     trained |= {m for m, members in (seed_groups or {}).items() if trained & set(members)}
+    provenances = {
+        n: s.training_provenance() for n, s in built.items() if isinstance(s, CheckpointSystem)
+    }
+    leaks = check_leaks(store, provenances)  # before any retrieval
+    if train_store is not None:
+        check_train_store(store, train_store)
     with lock:
         return _compare(
             store,
@@ -316,6 +343,8 @@ def compare_systems(
             train_store=train_store,
             seed_groups=seed_groups,
             trained=trained,
+            leaks=leaks,
+            provenances=provenances,
         )
 
 
@@ -343,6 +372,8 @@ def _compare(
     train_store: StoreLike | None,
     seed_groups: Mapping[str, Mapping[str, int]] | None,
     trained: set[str],
+    leaks: Sequence[Leak] = (),
+    provenances: Mapping[str, dict[str, Any] | None] | None = None,
 ) -> Comparison:
     k, metrics, gain, seed = cfg.k, cfg.metrics, cfg.gain, cfg.seed
     n_permutations, ignore_identical_ids = cfg.n_permutations, cfg.ignore_identical_ids
@@ -411,6 +442,12 @@ def _compare(
     comp.trained = [n for n in comp.results if n in trained]
     ckpts = {n: s for n, s in built.items() if isinstance(s, CheckpointSystem)}
     comp.untrained = [n for n in comp.trained if n in ckpts and ckpts[n].kept_initialisation()]
+    comp.leaks = {x.system: x.to_dict() for x in leaks}
+    comp.trained_on = {
+        n: {"store": p.get("store"), "split": p.get("split")}
+        for n, p in (provenances or {}).items()
+        if p
+    }
     for b in cfg.baselines:
         if b in comp.failed:
             continue

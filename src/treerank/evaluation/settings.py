@@ -56,6 +56,18 @@ class EvaluationSettings:
         metadata={"help": "Drop a retrieved document whose id is the query's id (BEIR)."},
     )
 
+    def __post_init__(self) -> None:
+        if isinstance(self.n_permutations, bool) or not isinstance(self.n_permutations, int):
+            raise ValueError(
+                f"the number of permutations (--permutations) must be an integer, got "
+                f"{self.n_permutations!r}"
+            )
+        if self.n_permutations < 1:
+            raise ValueError(
+                "the number of permutations (--permutations) must be at least 1 (the paired "
+                f"randomization test and the bootstrap need resamples), got {self.n_permutations}"
+            )
+
     @property
     def baselines(self) -> tuple[str, ...]:
         """The baseline, then the second baseline when there is one."""

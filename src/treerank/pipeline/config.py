@@ -182,7 +182,8 @@ def load_experiment(
 
     Args:
         path: the YAML file.
-        quick: deep-merge its ``quick:`` section over the rest.
+        quick: deep-merge its ``quick:`` section over the rest (a file without one, or with an
+            empty one, is refused: ``ConfigError``).
         output_dir: overrides ``output_dir`` (default: ``runs/<name>`` under the current
             directory; with ``quick``, ``runs/<name>-quick``).
 
@@ -211,6 +212,12 @@ def load_experiment(
         src,
     )
     quick_section = top.pop("quick", None) or {}
+    if quick and not quick_section:  # a flag that would do nothing says so
+        raise ConfigError(
+            f"{src}: --quick merges the file's quick: section, but it has none (the run would "
+            "be the full experiment); add a quick: section (see configs/sample.yaml) or drop "
+            "--quick"
+        )
     if quick:
         top = deep_merge(top, quick_section)
     base = src.parent

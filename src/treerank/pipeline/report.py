@@ -50,6 +50,10 @@ def _training_rows(name: str, summary: dict[str, Any]) -> list[str]:
     keep = [
         (k, s[k])
         for k in (
+            "training_queries",
+            "positive_pairs",
+            "heldout_queries",
+            "split_groups",
             "steps",
             "best_step",
             "kept_initialisation",

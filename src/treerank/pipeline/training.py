@@ -20,7 +20,9 @@ from typing import Any
 
 import numpy as np
 
+from treerank.config import ConfigError
 from treerank.distributed.context import is_main_process, main_first
+from treerank.evaluation.provenance import training_provenance
 from treerank.faults import crash_point
 from treerank.kernels.device import takes_device
 from treerank.kernels.vectors import ROW_CHUNK
@@ -28,7 +30,12 @@ from treerank.lock import writer_lock
 from treerank.models.families import family, family_names, resolve
 from treerank.storelike import StoreLike
 from treerank.training.history import TrainingLog
-from treerank.training.holdout import ValidationConfig, holdout_split, passage_groups
+from treerank.training.holdout import (
+    HoldoutError,
+    ValidationConfig,
+    holdout_split,
+    passage_groups,
+)
 from treerank.training.output import save_trained_model
 
 __all__ = [
@@ -39,6 +46,7 @@ __all__ = [
     "make_validator",
     "open_train_store",
     "train_model",
+    "training_accounting",
 ]
 
 
@@ -263,6 +271,34 @@ def ensure_training_sources(
     return done
 
 
+def training_accounting(
+    relevant: np.ndarray,
+    has_relevant: np.ndarray,
+    train_rows: np.ndarray,
+    held: np.ndarray,
+    counts: Mapping[str, int] | None = None,
+) -> dict[str, int]:
+    """What a model trained on: the counts every ``train`` summary, stage record and report
+    table gives.
+
+    Args:
+        relevant: ``bool (nq, K)`` judged-relevant candidate slots of the training store.
+        has_relevant: ``bool (nq,)``. train_rows / held: the holdout's rows.
+        counts: :func:`~treerank.training.holdout.holdout_split`'s ``stats``.
+
+    Returns:
+        ``{"training_queries": queries trained on that have a relevant passage,
+        "positive_pairs": their (query, relevant passage) pairs, "heldout_queries",
+        "split_groups": passage-connected groups the holdout split (0: none)}``.
+    """
+    return {
+        "training_queries": int(np.asarray(has_relevant)[train_rows].sum()),
+        "positive_pairs": int(np.asarray(relevant)[train_rows].sum()),
+        "heldout_queries": int(held.size),
+        "split_groups": int((counts or {}).get("split_groups", 0)),
+    }
+
+
 def train_model(
     family_name: str,
     train_store: StoreLike | str | Path,
@@ -332,7 +368,15 @@ def _train_model(
     groups = (
         passage_groups(cand, lab, int(store.relevance_threshold)) if vcfg.group_by_passage else None
     )
-    train_rows, held = holdout_split(has_rel, vcfg.fraction, seed, vcfg.max_queries, groups)
+    counts: dict[str, int] = {}
+    try:
+        train_rows, held = holdout_split(
+            has_rel, vcfg.fraction, seed, vcfg.max_queries, groups, stats=counts
+        )
+    except HoldoutError as exc:
+        raise ConfigError(f"{where}: validation: {exc}") from None
+    rel = (cand >= 0) & (lab >= int(store.relevance_threshold))
+    accounting = training_accounting(rel, has_rel, train_rows, held, counts)
     validate = make_validator(store, held, vcfg, seed, device) if held.size else None
     with main_first():  # under torchrun rank 0 mines / writes sidecars, the others read them
         mined = ensure_mined_negatives(store, cfg.data) if fam.mines_negatives else None
@@ -358,6 +402,7 @@ def _train_model(
     if sources is not None:
         summary["training_sources"] = sources
     summary["validation"] = {**asdict(vcfg), "heldout_queries": int(held.size)}
+    summary.update(accounting)
     if not main:  # data-parallel training (torchrun): rank 0 writes the model
         return TrainResult(family_name, Path(out_dir), out.model, summary, held)
     from treerank.models.export_st import encoding_contract
@@ -374,6 +419,7 @@ def _train_model(
             "heldout_query_rows": held.tolist(),
             # how the store's texts were encoded: what an export must reproduce (export_st)
             "encoding": encoding_contract(dict(getattr(store, "meta", None) or {})),
+            "train_provenance": training_provenance(store),
         },
         title=f"{family_name}, seed {seed}, trained on {getattr(store, 'path', '')}",
     )

@@ -253,10 +253,9 @@ class CheckpointSystem:
             self._family = fam
         return self._loaded[1]
 
-    def kept_initialisation(self) -> bool:
-        """Whether the checkpoint's training kept its initialisation (training summary
-        ``kept_initialisation``: early-stopped at step 0), read from its ``config.json``
-        without loading the weights; ``False`` when the file cannot say."""
+    def _extra(self) -> dict[str, Any] | None:
+        """The ``extra`` record of the checkpoint's ``config.json`` (of ``<dir>`` or of a run's
+        ``<dir>/checkpoint``), read without loading the weights; ``None``: unreadable."""
         import json
 
         for cfg in (self.path / "config.json", self.path / "checkpoint" / "config.json"):
@@ -264,9 +263,23 @@ class CheckpointSystem:
                 doc = json.loads(cfg.read_text(encoding="utf-8"))
             except (OSError, ValueError):
                 continue
-            training = (doc.get("extra") or {}).get("training") or {}
-            return bool(isinstance(training, dict) and training.get("kept_initialisation"))
-        return False
+            extra = doc.get("extra") if isinstance(doc, dict) else None
+            return extra if isinstance(extra, dict) else {}
+        return None
+
+    def kept_initialisation(self) -> bool:
+        """Whether the checkpoint's training kept its initialisation (training summary
+        ``kept_initialisation``: early-stopped at step 0), read from its ``config.json``
+        without loading the weights; ``False`` when the file cannot say."""
+        training = (self._extra() or {}).get("training") or {}
+        return bool(isinstance(training, dict) and training.get("kept_initialisation"))
+
+    def training_provenance(self) -> dict[str, Any] | None:
+        """The checkpoint's record of its training store (``extra.train_provenance`` of its
+        ``config.json``, :func:`treerank.evaluation.provenance.training_provenance`), read
+        without loading the weights; ``None`` when it has none (an older checkpoint)."""
+        prov = (self._extra() or {}).get("train_provenance")
+        return prov if isinstance(prov, dict) else None
 
     def family_for(self, store: StoreLike) -> Any:
         """The :class:`~treerank.models.families.ModelFamily` of the loaded checkpoint."""
@@ -405,10 +418,24 @@ def _build_ckpt(body: str, spec: str, cache: Any = None, **opts: Any) -> System:
     # refused when the spec is built, before any system is scored (a missing checkpoint is bad
     # input, not a failure of one system halfway through a comparison)
     config = Path(body) / "config.json"
-    if not config.is_file():
+    if not config.is_file() and not (Path(body) / "checkpoint" / "config.json").is_file():
         what = "no such directory" if not Path(body).exists() else "not a treerank checkpoint"
+        found = _checkpoints_below(Path(body)) if Path(body).is_dir() else []
+        if found:
+            what += "; checkpoints below it: " + ", ".join(f"ckpt:{f}" for f in found[:3])
+            what += " ..." if len(found) > 3 else ""
         raise ValueError(f"bad system spec {spec!r}: {config}: missing ({what})")
     return CheckpointSystem(body, name=spec, **opts)
+
+
+def _checkpoints_below(folder: Path, depth: int = 3) -> list[Path]:
+    """Checkpoint directories (holding ``config.json`` + ``weights.safetensors``) up to
+    ``depth`` levels below ``folder`` (a run's output or ``models/`` folder), sorted."""
+    found: list[Path] = []
+    for level in range(1, depth + 1):
+        pattern = "/".join(["*"] * level) + "/weights.safetensors"
+        found += [w.parent for w in folder.glob(pattern) if (w.parent / "config.json").is_file()]
+    return sorted(found)
 
 
 SystemBuilder = Callable[..., System]

@@ -102,7 +102,9 @@ class DBLocation:
                 "the vector database needs qdrant-client: pip install 'treerank[db]'"
             ) from exc
         if self.url is not None:
-            client = QdrantClient(url=self.url, api_key=os.environ.get("QDRANT_API_KEY"))
+            client = QdrantClient(  # no version probe: its thread warns when no server runs
+                url=self.url, api_key=os.environ.get("QDRANT_API_KEY"), check_compatibility=False
+            )
         else:
             assert self.path is not None
             self.path.mkdir(parents=True, exist_ok=True)
@@ -225,16 +227,24 @@ def export_to_db(
     dim = int(store.dim)
     if head_dir is not None:
         from treerank.models.base import DenseScorer
+        from treerank.models.families import family
         from treerank.models.registry import load_model
 
         model = load_model(head_dir, expected_fingerprint=store.encoder_fingerprint)
-        if not isinstance(model, DenseScorer):
+        model_type = str(getattr(model, "model_type", ""))
+        if not isinstance(model, DenseScorer) or not family(model_type).dense:
             raise ValueError(
-                f"{head_dir}: a {model.model_type!r} model has no passage vectors to store "
+                f"{head_dir}: a {model_type!r} model has no passage vectors to store "
                 "(only dense families: linear, mlp, cosine-like)"
             )
         transform = model.encode_passages
         dim = int(getattr(model, "out_dim", dim))
+        probe = np.asarray(transform(np.asarray(store.passages[:1], dtype=np.float32)))
+        if probe.ndim != 2 or probe.shape[1] != dim:  # checked before the collection exists
+            raise ValueError(
+                f"{head_dir}: its passage tower gives vectors of shape {tuple(probe.shape)}, "
+                f"not (1, {dim}); it cannot be stored as a {dim}-dimensional collection"
+            )
     identity = {"store": _store_identity(store), "head": _head_identity(head_dir)}
     physical = _physical_name(collection, identity)
     ids = store.passage_ids() if getattr(store, "has_texts", False) else None

@@ -81,14 +81,42 @@ def plan_dataset(
 
     Raises:
         DataFormatError: the input is missing, its format cannot be detected, or ``fmt`` is
-            not a known format (the message lists them).
+            not a known format (the message lists them); two splits of an MS MARCO input that
+            would read the same files (one file holds one split).
     """
     name = detect_format(Path(input_path)) if fmt == "auto" else fmt
     if name not in FORMATS:
         raise DataFormatError(
             Path(input_path), f"unknown format {fmt!r}; use one of {list(FORMATS)}"
         )
-    return DatasetPlan(name, tuple(dict.fromkeys(splits)) or (FORMATS[name][1],))
+    plan = DatasetPlan(name, tuple(dict.fromkeys(splits)) or (FORMATS[name][1],))
+    if name == "msmarco" and len(plan.splits) > 1:
+        _check_split_files(Path(input_path), plan.splits)
+    return plan
+
+
+def _check_split_files(path: Path, splits: Sequence[str]) -> None:
+    """MS MARCO input names its split only by file (a single file holds one split; a shard
+    directory selects ``<split>*`` shards): refuse two splits that would read the same files."""
+    from treerank.readers.msmarco import msmarco_files
+
+    seen: dict[tuple[Path, ...], str] = {}
+    for s in splits:
+        files = tuple(msmarco_files(path, s))
+        if files in seen:
+            what = (
+                "this file holds one split"
+                if path.is_file()
+                else (f"no shard name here starts with {s!r} or {seen[files]!r}")
+            )
+            raise DataFormatError(
+                path,
+                f"--split {seen[files]} and --split {s} would read the same rows ({what}); "
+                "a train/test split read from one set of rows is a leak: give each split its "
+                "own file (or shards named <split>-*.parquet), or split the queries yourself "
+                "(README, 'Your own data': a collection without a train/test split)",
+            )
+        seen[files] = s
 
 
 def embed_dataset(
@@ -147,6 +175,8 @@ def embed_dataset(
     from treerank.distributed.embed import embed_sharded, rank_device
     from treerank.store.embed import check_destination, embed_split
 
+    if limit is not None and limit < 1:
+        raise ValueError(f"--limit must be at least 1 (queries kept), got {limit}")
     plan = plan_dataset(input_path, fmt, splits)
     root = Path(out)
     where = split_dir or (lambda s: root / s)

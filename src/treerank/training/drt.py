@@ -34,6 +34,7 @@ from treerank.training.trainer import TrainerConfig, TrainOutput, Validate
 
 __all__ = [
     "DRTObjective",
+    "DRTSamplerConfig",
     "DRTTrainerConfig",
     "decorrelation_loss",
     "parse_drt_config",
@@ -81,18 +82,35 @@ def decorrelation_loss(sub: Tensor) -> Tensor:
 
 @dataclass
 class DRTTrainerConfig(TrainerConfig):
-    """The ``trainer`` section of a DRT config: the thin heads' trainer plus the loss weight.
+    """The ``trainer`` section of a DRT config: the thin heads' trainer plus the loss weight,
+    with DRT's own defaults (``configs/drt/default.yaml`` lists the same values; a test
+    compares them).
 
     Attributes:
         lambda_dec: weight of the slot decorrelation term (0 disables it; the seed: 0.1).
+        epochs: 60; lr: 3e-4 (picked on held-out SciFact train queries); patience: 8;
+        threads: 1.
     """
 
     lambda_dec: float = 0.1
+    epochs: int = 60
+    lr: float = 3e-4
+    patience: int | None = 8
+    threads: int | None = 1
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.lambda_dec < 0:
             raise ValueError(f"lambda_dec must be >= 0, got {self.lambda_dec}")
+
+
+@dataclass
+class DRTSamplerConfig(SamplerConfig):
+    """The ``data`` section of a DRT config: the heads' sampler with DRT's guard defaults
+    (no rank skipped, margin 0: ``configs/drt/default.yaml``)."""
+
+    guard_skip_top: int = 0
+    guard_margin: float | None = 0.0
 
 
 def parse_drt_config(
@@ -114,7 +132,7 @@ def parse_drt_config(
     if isinstance(cfg, TrainConfig):
         return cfg
     out = parse_train_config(
-        cfg, model=DRTConfig, data=SamplerConfig, trainer=DRTTrainerConfig, where=where
+        cfg, model=DRTConfig, data=DRTSamplerConfig, trainer=DRTTrainerConfig, where=where
     )
     try:
         DRTConfig.from_dict({"dim": 1, **out.model})

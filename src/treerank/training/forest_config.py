@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from treerank.config import ConfigError
+from treerank.config import ConfigError, check_types
 from treerank.kernels.vectors import ROW_CHUNK
 from treerank.models.forest import TWINS, ForestConfig, ForestSearch
 from treerank.training.config import TrainConfig, parse_train_config
@@ -306,6 +306,8 @@ def parse_forest_config(
         where=where,
         model_exclude=(),
     )
+    for name in ("model", "data", "trainer"):  # key-list sections: typed by the flat record
+        check_types(getattr(out, name) or {}, ForestTrainConfig, f"{where}.{name}")
     try:
         forest_train_config(out, where)
     except (TypeError, ValueError) as exc:

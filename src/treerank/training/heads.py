@@ -42,6 +42,7 @@ from treerank.training.sources import PairSampler
 from treerank.training.trainer import FitResult, TrainerConfig, TrainOutput, Validate, fit
 
 __all__ = [
+    "HeadTrainerConfig",
     "SamplerConfig",
     "build_sampler",
     "parse_head_config",
@@ -114,6 +115,20 @@ class SamplerConfig:
             raise ValueError("batch_size >= 1 and n_hard >= 0 are required")
 
 
+@dataclass
+class HeadTrainerConfig(TrainerConfig):
+    """The ``trainer`` section of the linear and MLP heads: :class:`TrainerConfig` with the
+    heads' own defaults (``configs/heads/*.yaml`` list the same values; a test compares them).
+
+    Attributes:
+        epochs: 30 (the heads' recipe; the generic trainer's default is 20).
+        threads: 1 (torch threads; the machine is shared).
+    """
+
+    epochs: int = 30
+    threads: int | None = 1
+
+
 def parse_head_config(
     cfg: Mapping[str, Any] | TrainConfig | None, head_class: type, where: str = "config"
 ) -> TrainConfig:
@@ -125,7 +140,7 @@ def parse_head_config(
     if isinstance(cfg, TrainConfig):
         return cfg
     return parse_train_config(
-        cfg, model=head_class, data=SamplerConfig, trainer=TrainerConfig, where=where
+        cfg, model=head_class, data=SamplerConfig, trainer=HeadTrainerConfig, where=where
     )
 
 

@@ -10,7 +10,28 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["ValidationConfig", "holdout_split", "passage_groups"]
+__all__ = [
+    "MIN_TRAINING_QUERIES",
+    "OVERSHOOT",
+    "HoldoutError",
+    "ValidationConfig",
+    "holdout_split",
+    "passage_groups",
+]
+
+MIN_TRAINING_QUERIES = 2
+"""The fewest training queries (with a relevant passage) a holdout may leave (a contrastive
+batch needs two: one query's positive is the other's in-batch negative): below it
+:func:`holdout_split` raises :class:`HoldoutError` with advice."""
+
+OVERSHOOT = 2.0
+"""A grouped holdout that takes more than ``OVERSHOOT`` times its target count (whole groups
+overshoot when one passage-connected group is large, CISI: 38 of 39 queries) is repaired: the
+groups too large for what is left of the target are split (see :func:`holdout_split`)."""
+
+
+class HoldoutError(ValueError):
+    """A holdout that would leave fewer than :data:`MIN_TRAINING_QUERIES` training queries."""
 
 
 @dataclass
@@ -85,6 +106,7 @@ def holdout_split(
     seed: int = 0,
     max_queries: int | None = None,
     groups: np.ndarray | None = None,
+    stats: dict[str, int] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Split query ids into training and held-out sets.
 
@@ -98,13 +120,22 @@ def holdout_split(
         max_queries: cap on the held-out count (large splits: a few thousand queries are enough
             to rank checkpoints and cheap to score against the full passage set).
         groups: ``int (nq,)`` group id per query (:func:`passage_groups`): whole groups are held
-            out, drawn in a seeded order until the held-out count reaches the target.
+            out, drawn in a seeded order until the held-out count reaches the target. When
+            whole groups would hold out more than :data:`OVERSHOOT` times the target (one
+            giant passage-connected group) or leave fewer than :data:`MIN_TRAINING_QUERIES`
+            training queries, grouping is capped at the fraction: whole groups that fit, then
+            the remainder drawn from inside the groups too large to fit (``split_groups`` in
+            ``stats`` counts them; their held-out queries may share a relevant passage with a
+            training query).
+        stats: filled, when given, with ``heldout_queries``, ``training_queries`` (with a
+            relevant passage), ``target_heldout`` and ``split_groups``.
 
     Returns:
         ``(train_rows, heldout_rows)``: ``int64`` ascending query ids, disjoint, covering all.
 
     Raises:
         ValueError: ``fraction`` outside ``[0, 1)``.
+        HoldoutError: fewer than :data:`MIN_TRAINING_QUERIES` training queries would be left.
     """
     if not 0.0 <= fraction < 1.0:
         raise ValueError(f"held-out fraction must be in [0, 1), got {fraction}")
@@ -114,13 +145,66 @@ def holdout_split(
     if max_queries is not None:
         n_out = min(n_out, int(max_queries))
     rng = np.random.default_rng(seed)
+    split_groups = 0
     if groups is not None and n_out:
         groups = np.asarray(groups)
         order = rng.permutation(np.unique(groups[eligible]))
         sizes = np.bincount(groups[eligible], minlength=int(groups.max()) + 1)[order]
         take = order[: int(np.searchsorted(np.cumsum(sizes), n_out)) + 1]
         held = eligible[np.isin(groups[eligible], take)]
+        if held.size > OVERSHOOT * n_out or eligible.size - held.size < MIN_TRAINING_QUERIES:
+            held, split_groups = _capped_groups(eligible, groups, order, sizes, n_out, rng)
     else:
         held = np.sort(rng.choice(eligible, size=n_out, replace=False)) if n_out else eligible[:0]
+    n_train = int(eligible.size - held.size)
+    if held.size and n_train < MIN_TRAINING_QUERIES:
+        raise HoldoutError(
+            f"the holdout leaves {n_train} training quer{'y' if n_train == 1 else 'ies'} with a "
+            f"relevant passage (of {eligible.size}; {held.size} held out), fewer than "
+            f"{MIN_TRAINING_QUERIES}: lower validation.fraction, or set validation.fraction: 0 "
+            "(no early stopping), or train on a split with more judged queries"
+        )
     train = np.setdiff1d(np.arange(has_relevant.size), held)
+    if stats is not None:
+        stats.update(
+            heldout_queries=int(held.size),
+            training_queries=n_train,
+            target_heldout=n_out,
+            split_groups=split_groups,
+        )
     return train.astype(np.int64), held.astype(np.int64)
+
+
+def _capped_groups(
+    eligible: np.ndarray,
+    groups: np.ndarray,
+    order: np.ndarray,
+    sizes: np.ndarray,
+    n_out: int,
+    rng: np.random.Generator,
+) -> tuple[np.ndarray, int]:
+    """Whole groups (in the seeded ``order``) while they fit in what is left of ``n_out``; then
+    the rest of the target from the groups too large to fit, split by a seeded draw. Returns
+    the held-out rows (ascending) and the number of groups split."""
+    picked: list[np.ndarray] = []
+    left = n_out
+    too_big = []
+    for g, size in zip(order.tolist(), sizes.tolist(), strict=True):
+        if size <= left:
+            picked.append(eligible[groups[eligible] == g])
+            left -= size
+        else:
+            too_big.append(g)
+        if not left:
+            break
+    n_split = 0
+    for g in too_big:
+        if not left:
+            break
+        members = eligible[groups[eligible] == g]
+        n = min(left, members.size)
+        picked.append(rng.choice(members, size=n, replace=False))
+        left -= n
+        n_split += 1
+    held = np.sort(np.concatenate(picked)) if picked else eligible[:0]
+    return held.astype(np.int64), n_split
