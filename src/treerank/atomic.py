@@ -9,16 +9,29 @@ in place of a destination (:func:`make_temp_dir`) ``0o777 & ~umask`` rather than
 
 :func:`check_output_dir` is the one pre-check of an output directory, run before any work by
 every command that writes one (through :func:`treerank.lock.writer_lock`).
+
+:func:`is_disk_full` names the machine fault of a full filesystem (``ENOSPC``, ``EDQUOT``): the
+CLI turns it into one line and its own exit code, and a per-system error catch re-raises it
+instead of recording it as that system's failure.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+"""``errno`` values of a full filesystem: no space left, disk quota exceeded."""
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """Whether ``exc`` is an ``OSError`` of a full filesystem (:data:`DISK_FULL_ERRNOS`)."""
+    return isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS
 
 
 def _umask() -> int:

@@ -953,10 +953,23 @@ def test_trial_28_to_30_http_mistakes(env: Env) -> None:
     r = client.post("/search", json={"query": "coffee", "system": "cosin"})
     assert r.status_code == 400 and "system 'cosin' is not served; served: cosine" in r.text
     assert client.post("/search", json={"query": ""}).status_code == 422
+    for blank in ("", "  "):  # issue 36: was silently the default system
+        r = client.post("/search", json={"query": "coffee", "system": blank})
+        assert r.status_code == 422 and "'system' is empty" in r.text, r.text
     assert client.post("/search", json={"query": "x", "kk": 3}).status_code == 422
     assert client.post("/search", json={"k": 3}).status_code == 422
     info = client.get("/info").json()["store"]
     assert "signature" not in info and len(info["vectors_digest"]) == 64
+
+
+def test_trial_36_search_empty_query_is_refused_like_serve(env: Env) -> None:
+    # the HTTP API answers 422 for an empty query; the CLI ranked an empty text (issue 36)
+    for args in (["-q", ""], ["-q", "coffee", "-q", "   "]):
+        code, out = invoke(["search", "--store", str(env.stores / "test"), *args])
+        n = len(args) // 2
+        assert code == BAD, out
+        assert f"error: --query {n} is empty; give a query text" in out, out
+        assert "Traceback" not in out
 
 
 def test_every_mistake_id_is_unique() -> None:

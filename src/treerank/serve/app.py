@@ -12,12 +12,14 @@
 =======================  ==================================================================
 
 Bad requests get a 4xx JSON ``{"detail": ...}`` naming the problem: 422 for a body that does not
-fit the schema (unknown fields, a text with a lone UTF-16 surrogate such as ``"\\ud83d"``, a
-query longer than ``max_query_chars``, more than ``max_batch`` queries, ``k`` above ``max_k``),
-413 for a body above ``max_body_bytes`` (checked on the header and on the bytes received), 400
-for an unknown system. Every response is ASCII-escaped JSON, so a message that echoes any input
-renders. A search not answered within ``request_timeout_s`` is a 504; one that fails inside is a
-500 with a one-line message, never a traceback; a request that arrives during shutdown is a 503.
+fit the schema (unknown fields, an empty or blank text, an empty or blank ``system``, a text
+with a lone UTF-16 surrogate such as ``"\\ud83d"``, a query longer than ``max_query_chars``,
+more than ``max_batch`` queries, ``k`` above ``max_k``), 413 for a body above
+``max_body_bytes`` (checked on the header and on the bytes received), 400 for an unknown system.
+Every response is ASCII-escaped JSON, so a message that echoes any input renders. A search not
+answered within ``request_timeout_s`` is a 504; one that fails inside is a 500 with a one-line
+message, never a traceback; a request that arrives during shutdown, or is still running when
+the graceful shutdown window ends, is a 503.
 
 Concurrent requests are answered in batches by one worker
 (:class:`~treerank.serve.batching.QueryBatcher`, started and stopped with the app's lifespan);
@@ -101,6 +103,11 @@ class SearchRequest(BaseModel):
     def valid_system(cls, v: str | None) -> str | None:
         if v is not None:
             _check_text(v, "'system'")
+            if not v.strip():
+                raise ValueError(
+                    "'system' is empty; name a served system (see /info) or leave the field "
+                    "out for the default"
+                )
         return v
 
     @model_validator(mode="after")
@@ -245,7 +252,7 @@ def create_app(service: SearchService, batcher: QueryBatcher | None = None) -> F
                     detail=f"query {i} has {len(t):,} characters; the limit is {max_chars:,} "
                     "(max_query_chars, --max-query-chars)",
                 )
-        system = req.system or service.default_system
+        system = service.default_system if req.system is None else req.system
         if system not in service.systems:
             raise HTTPException(
                 status_code=400,
