@@ -100,8 +100,11 @@ def _replace_via_temp(path: str | Path, write: Any, *, suffix: str = ".tmp") -> 
         os.close(fd)
         write(Path(tmp))
         os.replace(tmp, p)
-    except BaseException:
+    except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
+        if is_disk_full(exc) and getattr(exc, "filename", None) is None:
+            # a write(2) error names no file: name the destination (its old version is intact)
+            raise OSError(exc.errno, exc.strerror, str(p)) from exc  # type: ignore[attr-defined]
         raise
     return p
 
