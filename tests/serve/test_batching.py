@@ -18,7 +18,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from treerank.search.query import Hit
-from treerank.serve.app import PortInUseError, bind_socket, create_app
+from treerank.serve.app import PortInUseError, bind_socket, create_app, make_server
 from treerank.serve.batching import QueryBatcher, ServiceStopped
 from treerank.serve.service import ServiceConfig
 
@@ -240,13 +240,12 @@ def test_port_out_of_range_is_a_clear_error(port: int) -> None:
 def test_graceful_shutdown_answers_the_request_in_flight() -> None:
     # what SIGTERM / Ctrl-C does (uvicorn's handler sets should_exit), on a real uvicorn server
     import httpx
-    import uvicorn
 
     svc = _service(delay_s=1.0)
     sock = bind_socket("127.0.0.1", 0)
     port = sock.getsockname()[1]
     app = create_app(svc)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=10))
+    server = make_server(app, graceful_s=10)  # the server `treerank serve` runs
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
@@ -268,4 +267,42 @@ def test_graceful_shutdown_answers_the_request_in_flight() -> None:
     assert not thread.is_alive()
     with pytest.raises(ServiceStopped):  # the lifespan stopped the batcher
         app.state.batcher.submit(["late"], 10, "cosine")
+    sock.close()
+
+
+def test_a_search_still_running_after_the_graceful_window_gets_503() -> None:
+    # issue 36: uvicorn cancels what still runs when the window ends; that was a 500
+    import httpx
+
+    svc = _service(delay_s=3.0)  # the engine call outlasts the 1 s window
+    sock = bind_socket("127.0.0.1", 0)
+    port = sock.getsockname()[1]
+    app = create_app(svc)
+    server = make_server(app, graceful_s=1)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert server.started
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        pending = pool.submit(
+            httpx.post, f"http://127.0.0.1:{port}/search", json={"query": "slow"}, timeout=30
+        )
+        wait = time.monotonic() + 30
+        while not svc.calls and time.monotonic() < wait:
+            time.sleep(0.01)
+        assert svc.calls
+        t0 = time.monotonic()
+        server.should_exit = True  # what SIGTERM does
+        res = pending.result(timeout=30)
+        waited = time.monotonic() - t0
+    assert res.status_code == 503, res.text
+    assert res.json() == {
+        "detail": "the server shut down before the search was answered (the graceful "
+        "shutdown window ended); retry"
+    }
+    assert 0.9 < waited < 2.9  # answered at the end of the window, not after the search
+    thread.join(timeout=30)
+    assert not thread.is_alive()
     sock.close()
