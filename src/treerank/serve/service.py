@@ -10,11 +10,21 @@ message names both sides) when
 - a checkpoint system was trained on another encoder's vectors.
 
 Every configured system is warmed up at start (indexes built or loaded, checkpoints loaded), so
-the first request pays nothing extra. :meth:`SearchService.search` runs one search at a time
-under a lock (the systems keep small per-store caches that are not thread-safe, and FAISS and
-torch already use every core inside one search); the HTTP app does not queue requests on that
-lock one by one but batches concurrent ones into a single call
-(:class:`~treerank.serve.batching.QueryBatcher`).
+the first request pays nothing extra.
+
+**Batch invariance.** :meth:`SearchService.search` answers each text as a batch of one: its own
+``encode_queries`` call (no padding to other queries' lengths, no batch-shaped kernel) and its
+own ``retrieve`` (FAISS's flat search, for one, switches from a SIMD loop to BLAS at 20 queries),
+so a query's vector, ids, order and scores are bit for bit the ones it gets alone, whichever
+requests share its micro-batch; ties are broken by ascending passage id everywhere. Encoding a
+query inside a padded batch of others moves its vector by ~1e-7, enough to swap near-tied
+passages (issue 36). The cost is the encoder's batching gain,
+measured by ``bench/bench_serve_invariance.py`` (``docs/serving.md``).
+
+:meth:`SearchService.search` runs one search at a time under a lock (the systems keep small
+per-store caches that are not thread-safe, and FAISS and torch already use every core inside
+one search); the HTTP app does not queue requests on that lock one by one but batches
+concurrent ones into one worker round (:class:`~treerank.serve.batching.QueryBatcher`).
 """
 
 from __future__ import annotations
@@ -245,7 +255,12 @@ class SearchService:
     def search(
         self, texts: list[str], k: int = 10, system: str | None = None, count: bool = True
     ) -> list[list[Hit]]:
-        """Hits for each text (at most ``k``), from ``system`` (default: the first configured).
+        """Hits for each text (at most ``k``), from ``system`` (default: the first configured);
+        each text is encoded and searched alone (module docstring: batch invariance).
+
+        Returns:
+            one list of :class:`~treerank.search.query.Hit` per text (rank, passage id, source
+            id, score: the system's float32 score, text), at most ``k`` each.
 
         Raises:
             KeyError: a system that is not served (the message lists the served ones).
@@ -254,8 +269,13 @@ class SearchService:
         name = system or self.default_system
         if name not in self.systems:
             raise KeyError(f"system {name!r} is not served; served: {', '.join(self.systems)}")
+        if not texts:
+            raise ValueError("no query texts")
         with self._lock:
-            _, hits = search_texts(self.store, self.systems[name], self.encoder, texts, k)
+            hits = [
+                search_texts(self.store, self.systems[name], self.encoder, [text], k)[1][0]
+                for text in texts
+            ]
             if count:
                 self.stats.requests += 1
                 self.stats.queries += len(texts)
