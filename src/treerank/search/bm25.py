@@ -21,6 +21,7 @@ from __future__ import annotations
 import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Final
 
 import numpy as np
 
@@ -30,7 +31,7 @@ BM25_METHODS = ("lucene", "robertson", "atire", "bm25l", "bm25+")
 DEFAULT_K1 = 0.9
 DEFAULT_B = 0.4
 _SCORE_BUDGET = 32_000_000  # dense scores held at once (128 MB of float32)
-LEXICAL_NORMALISATION = "NFC"
+LEXICAL_NORMALISATION: Final = "NFC"
 
 
 def lexical_form(text: str) -> str:

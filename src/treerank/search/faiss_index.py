@@ -75,7 +75,7 @@ so a ``passages.bin`` damaged after ``embed`` is caught whatever ``meta.json``'s
 record says; a head's passage-tower output is checked chunk by chunk; every query vector is
 checked at search. FAISS itself would drop a NaN passage (``flat``, ``hnsw``) or give it a
 finite score (``int8``, ``binary``). The check costs one ``isfinite`` pass over each block
-already in memory (``bench/bench_index.py --finite-check``).
+already in memory (``bench/bench_finite_check.py``).
 
 Results are sorted by score descending, ties by ascending passage id (the evaluation contract);
 ids FAISS could not fill (an IVF probe that reaches fewer than ``k`` passages) are ``-1`` with
