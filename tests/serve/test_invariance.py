@@ -113,3 +113,19 @@ def test_16_concurrent_clients_get_the_sequential_rankings(service: SearchServic
     assert [[(h["passage_id"], h["score"]) for h in hs] for hs in concurrent] == key
     assert all(k[0][0] == 0 for k in key)
     assert batching["texts"] >= 2 * 56  # every request went through the batcher
+
+
+def test_no_batch_invariant_encodes_the_batch_together(tmp_path: Path) -> None:
+    # the throughput option: one encode per batch, so the exaggerated batch effect shows
+    _tied_store(tmp_path / "s")
+    encoder = BatchSensitiveEncoder()
+    service = SearchService(
+        ServiceConfig(store=tmp_path / "s", systems=("cosine",), batch_invariant=False),
+        encoder=encoder,
+    )
+    alone = service.search(["dogs"], k=2)[0]
+    together = service.search(["dogs", "cats", "fish"], k=2)[0]
+    assert [h.passage_id for h in alone] == [0, 1]
+    assert [h.passage_id for h in together] == [1, 0]  # leaned towards passage 1
+    assert encoder.batches[-1] == 3
+    assert service.info()["batching"]["invariant"] is False
