@@ -1065,6 +1065,26 @@ def test_issue36_full_disk_during_evaluate_exits_3_keeping_the_earlier_result(
     assert not list((tmp_path / "ev").rglob(".*.lock")), "the lock was left behind"
 
 
+def test_issue36_full_disk_inside_a_system_stops_evaluate_with_exit_3(
+    env: Env, tmp_path: Path, monkeypatch
+) -> None:
+    # a machine fault, not one system's failure: not recorded as "system failed" (exit 1)
+    store = tmp_path / "store"
+    shutil.copytree(env.stores / "test", store)
+    args = ["evaluate", "--store", str(store), "--system", "cosine", "--system", "faiss:flat"]
+    args += ["--no-overlap", "--permutations", "200", "--out", str(tmp_path / "ev")]
+    with monkeypatch.context() as mp:
+        seen = _full_disk(mp, "meta.json")  # the FAISS index cache's meta.json
+        code, log = invoke(args)
+    assert len(seen) == 1 and seen[0].parent.parent == store / "indexes", seen
+    assert code == ExitCode.DISK_FULL, log
+    assert "failed" not in log
+    _one_error_line(
+        log, seen[0], "files written before keep their earlier version; free space, then rerun"
+    )
+    assert not list((store / "indexes").glob("flat-*")), "a half-written index was left"
+
+
 def test_every_mistake_id_is_unique() -> None:
     ids = [m.id for m in MISTAKES]
     assert len(ids) == len(set(ids))
