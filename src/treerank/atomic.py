@@ -10,16 +10,29 @@ in place of a destination (:func:`make_temp_dir`) ``0o777 & ~umask`` rather than
 :func:`check_output_dir` is the one pre-check of an output directory, run before any work by
 every command that writes one (through :func:`treerank.lock.writer_lock`);
 :func:`refuse_existing_output` refuses a non-empty one without ``--overwrite``.
+
+:func:`is_disk_full` names the machine fault of a full filesystem (``ENOSPC``, ``EDQUOT``): the
+CLI turns it into one line and its own exit code, and a per-system error catch re-raises it
+instead of recording it as that system's failure.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+"""``errno`` values of a full filesystem: no space left, disk quota exceeded."""
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """Whether ``exc`` is an ``OSError`` of a full filesystem (:data:`DISK_FULL_ERRNOS`)."""
+    return isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS
 
 
 def _umask() -> int:
@@ -114,8 +127,11 @@ def _replace_via_temp(path: str | Path, write: Any, *, suffix: str = ".tmp") -> 
         os.close(fd)
         write(Path(tmp))
         os.replace(tmp, p)
-    except BaseException:
+    except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
+        if is_disk_full(exc) and getattr(exc, "filename", None) is None:
+            # a write(2) error names no file: name the destination (its old version is intact)
+            raise OSError(exc.errno, exc.strerror, str(p)) from exc  # type: ignore[attr-defined]
         raise
     return p
 

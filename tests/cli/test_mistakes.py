@@ -11,6 +11,7 @@ Commands run in-process through typer's ``CliRunner``; none starts a server. The
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -1442,10 +1443,135 @@ def test_trial_28_to_30_http_mistakes(env: Env) -> None:
     r = client.post("/search", json={"query": "coffee", "system": "cosin"})
     assert r.status_code == 400 and "system 'cosin' is not served; served: cosine" in r.text
     assert client.post("/search", json={"query": ""}).status_code == 422
+    for blank in ("", "  "):  # issue 36: was silently the default system
+        r = client.post("/search", json={"query": "coffee", "system": blank})
+        assert r.status_code == 422 and "'system' is empty" in r.text, r.text
     assert client.post("/search", json={"query": "x", "kk": 3}).status_code == 422
     assert client.post("/search", json={"k": 3}).status_code == 422
     info = client.get("/info").json()["store"]
     assert "signature" not in info and len(info["vectors_digest"]) == 64
+
+
+def test_trial_36_search_empty_query_is_refused_like_serve(env: Env) -> None:
+    # the HTTP API answers 422 for an empty query; the CLI ranked an empty text (issue 36)
+    for args in (["-q", ""], ["-q", "coffee", "-q", "   "]):
+        code, out = invoke(["search", "--store", str(env.stores / "test"), *args])
+        n = len(args) // 2
+        assert code == BAD, out
+        assert f"error: --query {n} is empty; give a query text" in out, out
+        assert "Traceback" not in out
+
+
+def _full_disk(monkeypatch, name: str, after: int = 0) -> list[Path]:
+    """Atomic writes of files called ``name``, from the ``after + 1``-th on, fail as on a full
+    filesystem: half the bytes reach the temp file, then the write raises ``OSError(ENOSPC)``
+    with no file name, as ``write(2)`` does. Returns the paths seen."""
+    import treerank.atomic
+
+    real = treerank.atomic._replace_via_temp
+    seen: list[Path] = []
+
+    def replace(path, write, *, suffix=".tmp"):  # type: ignore[no-untyped-def]
+        if Path(path).name != name:
+            return real(path, write, suffix=suffix)
+        seen.append(Path(path))
+        if len(seen) <= after:
+            return real(path, write, suffix=suffix)
+
+        def full(tmp: Path) -> None:
+            write(tmp)
+            tmp.write_bytes(tmp.read_bytes()[: tmp.stat().st_size // 2])
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        return real(path, full, suffix=suffix)
+
+    monkeypatch.setattr(treerank.atomic, "_replace_via_temp", replace)
+    return seen
+
+
+def _one_error_line(out: str, path: Path, advice: str) -> None:
+    want = f"error: {path}: no space left on the device (No space left on device); {advice}"
+    assert want in out, out
+    assert out.count("error:") == 1 and "Traceback" not in out and "Errno" not in out, out
+
+
+EMBED_ARGS = ["--format", "beir", "--split", "test", "--no-progress"]
+EMBED_ADVICE = "the store is left marked incomplete; free space, then rerun with --resume"
+
+
+@pytest.mark.parametrize("where", ["meta.json", "progress.json", "fallocate"])
+def test_issue36_full_disk_during_embed_exits_3_and_resumes(
+    env: Env, tmp_path: Path, monkeypatch, where: str
+) -> None:
+    from treerank.store import EmbeddingStore, StoreFormatError
+
+    fresh, out = tmp_path / "fresh", tmp_path / "out"
+    code, log = invoke(["embed", str(env.data), *EMBED_ARGS, "--out", str(fresh)])
+    assert code == OK, log
+    with monkeypatch.context() as mp:
+        if where == "fallocate":  # the vector files are reserved before any encoding
+            import treerank.store.embed as embed_mod
+
+            def no_space(fd: int, offset: int, length: int) -> None:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+            mp.setattr(embed_mod.os, "posix_fallocate", no_space)
+            failed_file = out / "test" / "queries.bin"
+        else:  # progress.json: its 2nd write (a checkpoint); meta.json: the last write
+            _full_disk(mp, where, after=1 if where == "progress.json" else 0)
+            failed_file = out / "test" / where
+        code, log = invoke(["embed", str(env.data), *EMBED_ARGS, "--out", str(out)])
+    assert code == ExitCode.DISK_FULL, log
+    _one_error_line(log, failed_file, EMBED_ADVICE)
+    with pytest.raises((StoreFormatError, FileNotFoundError)):  # nothing looks complete
+        EmbeddingStore.open(out / "test")
+    assert not list(out.rglob(".*.tmp")), "a temp file was left behind"
+    code, log = invoke(["embed", str(env.data), *EMBED_ARGS, "--out", str(out), "--resume"])
+    assert code == OK, log
+    for f in ("queries.bin", "passages.bin", "passages.jsonl"):  # as an uninterrupted run
+        assert (out / "test" / f).read_bytes() == (fresh / "test" / f).read_bytes(), f
+
+
+def test_issue36_full_disk_during_evaluate_exits_3_keeping_the_earlier_result(
+    env: Env, tmp_path: Path, monkeypatch
+) -> None:
+    args = ["evaluate", "--store", str(env.stores / "test"), "--system", "cosine"]
+    args += ["--no-overlap", "--permutations", "200", "--out", str(tmp_path / "ev")]
+    code, log = invoke(args)
+    assert code == OK, log
+    before = (tmp_path / "ev" / "results.json").read_bytes()
+    with monkeypatch.context() as mp:
+        seen = _full_disk(mp, "results.json")
+        code, log = invoke([*args, "--system", "bm25"])
+    assert seen and code == ExitCode.DISK_FULL, log
+    _one_error_line(
+        log,
+        tmp_path / "ev" / "results.json",
+        "files written before keep their earlier version; free space, then rerun",
+    )
+    assert (tmp_path / "ev" / "results.json").read_bytes() == before  # the earlier one survives
+    assert not list((tmp_path / "ev").rglob(".*.tmp")), "a temp file was left behind"
+    assert not list((tmp_path / "ev").rglob(".*.lock")), "the lock was left behind"
+
+
+def test_issue36_full_disk_inside_a_system_stops_evaluate_with_exit_3(
+    env: Env, tmp_path: Path, monkeypatch
+) -> None:
+    # a machine fault, not one system's failure: not recorded as "system failed" (exit 1)
+    store = tmp_path / "store"
+    shutil.copytree(env.stores / "test", store)
+    args = ["evaluate", "--store", str(store), "--system", "cosine", "--system", "faiss:flat"]
+    args += ["--no-overlap", "--permutations", "200", "--out", str(tmp_path / "ev")]
+    with monkeypatch.context() as mp:
+        seen = _full_disk(mp, "meta.json")  # the FAISS index cache's meta.json
+        code, log = invoke(args)
+    assert len(seen) == 1 and seen[0].parent.parent == store / "indexes", seen
+    assert code == ExitCode.DISK_FULL, log
+    assert "failed" not in log
+    _one_error_line(
+        log, seen[0], "files written before keep their earlier version; free space, then rerun"
+    )
+    assert not list((store / "indexes").glob("flat-*")), "a half-written index was left"
 
 
 def test_every_mistake_id_is_unique() -> None:

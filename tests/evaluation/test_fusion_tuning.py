@@ -96,7 +96,50 @@ def test_adaptive_fusion_runs_and_reports(tmp_path: Path) -> None:
     assert run.n_queries == 4
     t = system.tuning
     assert sum(t["eval_weights"]["histogram"].values()) == 4
-    assert set(t["cv_on_tuning_queries"]) == {"global", "adaptive", "folds"}
+    assert set(t["cv_on_tuning_queries"]) == {"global", "adaptive", "folds", "n_queries"}
+    assert t["cv_on_tuning_queries"]["n_queries"] == 4
+
+
+def test_cross_validation_on_two_queries_reports_not_enough_queries() -> None:
+    # 2 tuning queries, 5 folds: each fold would fit on 1 query, so every fold is skipped; the
+    # old code returned np.mean(np.empty(2)), numbers from uninitialised memory
+    grid = np.linspace(0, 1, 3)
+    x = np.array([[0.0, 1.0], [1.0, 0.0]])
+    y = np.array([[0.2, 0.5, 0.9], [0.7, 0.4, 0.1]])
+    cv = cross_validate(x, y, grid)
+    assert cv == {
+        "status": "not enough queries",
+        "folds": 5,
+        "n_queries": 0,
+        "tuning_queries": 2,
+        "needed": 3,
+    }
+
+
+def test_cross_validation_global_mean_is_over_scored_queries_hand_computed() -> None:
+    # 3 queries, one per fold: query 0 and 1 see means [0.5, 0.5] (tie -> w = 0), query 2 sees
+    # [1, 0] (w = 0): global = (1 + 1 + 0) / 3
+    grid = np.array([0.0, 1.0])
+    x = np.array([[0.0, 1.0], [1.0, 0.0], [0.5, 0.5]])
+    y = np.array([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]])
+    cv = cross_validate(x, y, grid)
+    assert cv["n_queries"] == 3 and cv["folds"] == 5
+    assert cv["global"] == pytest.approx(2 / 3, abs=1e-12)
+    assert 0.0 <= cv["adaptive"] <= 1.0
+
+
+def test_adaptive_fusion_with_two_tuning_queries_says_not_enough(tmp_path: Path) -> None:
+    from treerank.evaluation.fusion_tuning import tuning_markdown
+
+    _, test = _two_splits(tmp_path)
+    system = build_system("adaptive-fusion:bm25+cosine:queries=all,max_queries=2,grid=3")
+    system.retrieve(_NoLabels(test), k=8)
+    t = system.tuning
+    assert t["tuned_on"]["n_queries"] == 2
+    cv = t["cv_on_tuning_queries"]
+    assert cv["status"] == "not enough queries" and "global" not in cv and "adaptive" not in cv
+    text = tuning_markdown({system.name: t})
+    assert "5-fold CV on tuning queries: not enough queries (2, needs 3)" in text
 
 
 def test_adaptive_model_learns_a_feature_dependent_weight() -> None:

@@ -79,3 +79,32 @@ def test_bad_params_rejected() -> None:
         BM25Params(method="bm26")
     with pytest.raises(ValueError, match="b <= 1"):
         BM25Params(b=1.5)
+
+
+NFC_CAFE = "caf\u00e9"  # é as one code point
+NFD_CAFE = "cafe\u0301"  # e + combining acute accent: the same visible text
+
+
+def test_nfd_and_nfc_spellings_score_alike_hand_computed() -> None:
+    # issue 36: the NFC query found the passage (1.000), the NFD one nothing (0.000).
+    # Each passage keeps 3 tokens after stopwords (dl = avgdl = 3), "café" is in 1 of N = 3
+    # passages with tf = 1, so Lucene BM25 = idf * tf / (tf + k1) with idf = log(1 + (3 - 1 + 0.5)
+    # / (1 + 0.5)) = log(8/3), k1 = 0.9: log(8/3) / 1.9 = 0.51623.
+    for corpus_form in (NFC_CAFE, NFD_CAFE):
+        index = BM25Index(
+            [f"the {corpus_form} opened early", "a bakery on main street", "coffee beans roasted"]
+        )
+        s = index.scores([NFC_CAFE, NFD_CAFE, f"{NFD_CAFE} bakery".upper()])
+        assert s[0].tolist() == s[1].tolist()
+        assert s[0, 0] == pytest.approx(math.log(8 / 3) / 1.9, rel=1e-6)
+        assert s[0, 1] == 0.0 and s[0, 2] == 0.0
+        assert s[2, 0] == pytest.approx(math.log(8 / 3) / 1.9, rel=1e-6)  # upper-cased NFD too
+        ids, _ = index.search([NFD_CAFE], k=3)
+        assert ids[0].tolist() == [0, -1, -1]
+
+
+def test_lexical_form_is_nfc_not_nfkc() -> None:
+    from treerank.search.bm25 import lexical_form
+
+    assert lexical_form(NFD_CAFE) == NFC_CAFE
+    assert lexical_form("m\u00b2 \ufb01sh") == "m\u00b2 \ufb01sh"  # compatibility forms kept

@@ -132,3 +132,18 @@ def test_rm3_spec_and_fusion_parsing() -> None:
         build_system("bm25+rm3:fb_docs=0")
     with pytest.raises(ValueError, match="not one of"):
         build_system("bm25+rm3:fbdocs=3")
+
+
+def test_rm3_scores_nfd_and_nfc_queries_alike() -> None:
+    nfc, nfd = "caf\u00e9 menu", "cafe\u0301 menu"
+    passages = [
+        "the caf\u00e9 menu lists espresso",
+        "cafe\u0301 opening hours and menu prices",
+        "a bakery sells bread",
+        "espresso machines for the home",
+    ]
+    index = RM3Index(passages)
+    ids_c, s_c = index.search([nfc], k=4)
+    ids_d, s_d = index.search([nfd], k=4)
+    assert ids_c.tolist() == ids_d.tolist() and s_c.tolist() == s_d.tolist()
+    assert set(ids_c[0, :2].tolist()) == {0, 1}  # both spellings of the passage are found

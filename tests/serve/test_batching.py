@@ -18,7 +18,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from treerank.search.query import Hit
-from treerank.serve.app import PortInUseError, bind_socket, create_app
+from treerank.serve.app import PortInUseError, bind_socket, create_app, make_server
 from treerank.serve.batching import QueryBatcher, ServiceStopped
 from treerank.serve.service import ServiceConfig
 
@@ -237,16 +237,18 @@ def test_port_out_of_range_is_a_clear_error(port: int) -> None:
         bind_socket("127.0.0.1", port)
 
 
-def test_graceful_shutdown_answers_the_request_in_flight() -> None:
-    # what SIGTERM / Ctrl-C does (uvicorn's handler sets should_exit), on a real uvicorn server
+def _shutdown_during_a_search(delay_s: float, graceful_s: float):  # type: ignore[no-untyped-def]
+    """Start the server `treerank serve` runs (:func:`make_server`) on a free port, send one
+    search whose engine call takes ``delay_s``, and once it runs do what SIGTERM / Ctrl-C does
+    (uvicorn's handler sets ``should_exit``). Returns ``(response, seconds from the signal to
+    the response, app)`` after the server has stopped."""
     import httpx
-    import uvicorn
 
-    svc = _service(delay_s=1.0)
+    svc = _service(delay_s=delay_s)
     sock = bind_socket("127.0.0.1", 0)
     port = sock.getsockname()[1]
     app = create_app(svc)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=10))
+    server = make_server(app, graceful_s=graceful_s)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
@@ -261,11 +263,29 @@ def test_graceful_shutdown_answers_the_request_in_flight() -> None:
         while not svc.calls and time.monotonic() < wait:  # until the search has started
             time.sleep(0.01)
         assert svc.calls
+        t0 = time.monotonic()
         server.should_exit = True
         res = pending.result(timeout=30)
-    assert res.status_code == 200 and res.json()["results"][0]["hits"][0]["passage_id"] == 4
+        waited = time.monotonic() - t0
     thread.join(timeout=30)
     assert not thread.is_alive()
+    sock.close()
+    return res, waited, app
+
+
+def test_graceful_shutdown_answers_the_request_in_flight() -> None:
+    res, _, app = _shutdown_during_a_search(delay_s=1.0, graceful_s=10)
+    assert res.status_code == 200 and res.json()["results"][0]["hits"][0]["passage_id"] == 4
     with pytest.raises(ServiceStopped):  # the lifespan stopped the batcher
         app.state.batcher.submit(["late"], 10, "cosine")
-    sock.close()
+
+
+def test_a_search_still_running_after_the_graceful_window_gets_503() -> None:
+    # issue 36: uvicorn cancels what still runs when the window ends; that was a 500
+    res, waited, _ = _shutdown_during_a_search(delay_s=3.0, graceful_s=1)
+    assert res.status_code == 503, res.text
+    assert res.json() == {
+        "detail": "the server shut down before the search was answered (the graceful "
+        "shutdown window ended); retry"
+    }
+    assert 0.9 < waited < 2.9  # answered at the end of the window, not after the search

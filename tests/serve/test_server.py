@@ -221,6 +221,34 @@ def test_lone_surrogate_and_limits_on_the_real_server(server) -> None:
     assert client.get("/info").json()["limits"]["max_body_bytes"] == 1 << 20
 
 
+def test_16_concurrent_clients_56_requests_rank_as_sequential(server) -> None:
+    # issue 36: 2 of 56 top-3 lists differed at rank 3 when the micro-batch encoded the queries
+    # together; each text is now encoded and searched alone, so the answers are the sequential
+    # ones exactly (ids, order and scores), whatever shares the batch
+    client, store = server
+    texts = store.query_texts()[:56]
+
+    def ask(t: str, http: httpx.Client) -> list[tuple[int, float]]:
+        r = http.post("/search", json={"query": t, "k": 10})
+        assert r.status_code == 200, r.text
+        return [(h["passage_id"], h["score"]) for h in r.json()["results"][0]["hits"]]
+
+    sequential = [ask(t, client) for t in texts]
+    calls_before = client.get("/info").json()["batching"]["calls"]
+
+    def one_client(c: int) -> list[tuple[int, list[tuple[int, float]]]]:
+        with httpx.Client(base_url=str(client.base_url), timeout=120) as http:
+            return [(i, ask(texts[i], http)) for i in range(c, len(texts), 16)]
+
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        answers = [a for part in pool.map(one_client, range(16)) for a in part]
+    assert len(answers) == 56
+    for i, ranking in answers:
+        assert ranking == sequential[i], texts[i]
+    batching = client.get("/info").json()["batching"]
+    assert batching["calls"] - calls_before < 56  # requests did share batches
+
+
 def test_load_8_clients_x_50_requests_no_failures(server) -> None:
     client, store = server
     texts = store.query_texts()[:50]
@@ -247,8 +275,8 @@ def test_load_8_clients_x_50_requests_no_failures(server) -> None:
         answers = [a for part in pool.map(one_client, range(8)) for a in part]
     assert len(answers) == 400
     assert [s for s, _, _ in answers if s != 200] == []  # 0 failures
-    for _, t, scores in answers:  # batched encoding: the same scores up to float rounding
-        assert scores == pytest.approx(reference[t], abs=1e-4)
+    for _, t, scores in answers:  # each text is answered alone: the same scores exactly
+        assert scores == reference[t]
     batching = client.get("/info").json()["batching"]
     assert batching["texts"] >= 450 and batching["calls"] < batching["texts"]
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from treerank.cli.errors import ExitCode, fail
+from treerank.cli.errors import ExitCode, exit_on_disk_full, fail
 from treerank.cli.options import cli_device, device_option
 from treerank.lock import LockHeldError
 from treerank.readers.detect import FORMATS
@@ -150,33 +150,35 @@ def embed(
         if res.stats is not None:  # rank 0 (or one process)
             console.print(_stats_table(res.split, res.path, res.stats))
 
-    try:
-        check_model_offline(model)
-        name = plan_dataset(input_path, fmt, splits).format
-        embed_dataset(
-            input_path,
-            out,
-            make_encoder,
-            fmt=name,
-            splits=splits,
-            limit=limit,
-            max_passages=max_passages,
-            device=dev,
-            resume=resume,
-            overwrite=overwrite,
-            reuse=reuse,
-            progress=progress,
-            on_read=on_read,
-            on_done=on_done,
-        )
-    except (DataFormatError, StoreFormatError, ValueError, LockHeldError) as exc:
-        raise fail(exc) from None
-    except KeyboardInterrupt:
-        err.print(
-            "[yellow]interrupted[/yellow]: the partial store is marked incomplete; "
-            "rerun the same command with --resume to finish it"
-        )
-        raise typer.Exit(ExitCode.INTERRUPTED) from None
+    advice = "the store is left marked incomplete; free space, then rerun with --resume"
+    with exit_on_disk_full(advice):
+        try:
+            check_model_offline(model)
+            name = plan_dataset(input_path, fmt, splits).format
+            embed_dataset(
+                input_path,
+                out,
+                make_encoder,
+                fmt=name,
+                splits=splits,
+                limit=limit,
+                max_passages=max_passages,
+                device=dev,
+                resume=resume,
+                overwrite=overwrite,
+                reuse=reuse,
+                progress=progress,
+                on_read=on_read,
+                on_done=on_done,
+            )
+        except (DataFormatError, StoreFormatError, ValueError, LockHeldError) as exc:
+            raise fail(exc) from None
+        except KeyboardInterrupt:
+            err.print(
+                "[yellow]interrupted[/yellow]: the partial store is marked incomplete; "
+                "rerun the same command with --resume to finish it"
+            )
+            raise typer.Exit(ExitCode.INTERRUPTED) from None
 
 
 def check_model_offline(model: str | None) -> None:

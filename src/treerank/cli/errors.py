@@ -7,6 +7,8 @@ The message is printed literally: rich markup would otherwise swallow bracketed 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -21,6 +23,7 @@ class ExitCode(IntEnum):
     OK = 0
     FAILED = 1
     BAD_INPUT = 2
+    DISK_FULL = 3
     INTERRUPTED = 130
     TERMINATED = 143
 
@@ -50,6 +53,14 @@ EXIT_CODES: tuple[ExitCodeDoc, ...] = (
         "an output path that is a file or not writable; another process writing the same "
         "output directory",
         "nothing (no output directory, no lock file)",
+    ),
+    ExitCodeDoc(
+        ExitCode.DISK_FULL,
+        "the filesystem filled up (or a disk quota was reached) during the work: one line "
+        "naming the file being written (`embed`, `evaluate`)",
+        "nothing that looks complete: an `embed` store stays marked incomplete (free space, "
+        "then `--resume`); files written atomically keep their earlier version (an earlier "
+        "`evaluate` result survives)",
     ),
     ExitCodeDoc(
         ExitCode.INTERRUPTED,
@@ -89,6 +100,32 @@ def print_error(message: object, console: Console | None = None) -> None:
     (console or Console(stderr=True, soft_wrap=True)).print(
         f"[red]error:[/red] {escape(str(message))}", highlight=False
     )
+
+
+def disk_full_message(exc: OSError, advice: str) -> str:
+    """The one line of a full filesystem: ``<file>: no space left on the device (<strerror>);
+    <advice>``."""
+    where = exc.filename or "a file"
+    return f"{where}: no space left on the device ({exc.strerror or exc}); {advice}"
+
+
+@contextmanager
+def exit_on_disk_full(advice: str) -> Iterator[None]:
+    """Turn an ``OSError`` of a full filesystem (:func:`treerank.atomic.is_disk_full`) raised
+    inside the block into ``error: <file>: no space left ...; <advice>`` and
+    :attr:`ExitCode.DISK_FULL`; any other exception passes through.
+
+    Raises:
+        typer.Exit: code 3, after printing the one-line error.
+    """
+    from treerank.atomic import is_disk_full
+
+    try:
+        yield
+    except OSError as exc:
+        if not is_disk_full(exc):
+            raise
+        raise fail(disk_full_message(exc, advice), ExitCode.DISK_FULL) from None
 
 
 def fail(message: object, code: int = ExitCode.BAD_INPUT) -> typer.Exit:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from treerank.cli.errors import ExitCode, fail
+from treerank.cli.errors import ExitCode, exit_on_disk_full, fail
 from treerank.cli.options import cli_device, device_option
 from treerank.cli.spec_help import SEE_KINDS, RegistryHelpCommand
 from treerank.evaluation.significance import N_PERMUTATIONS
@@ -113,50 +113,52 @@ def evaluate(
 
     device = str(cli_device(device))  # a bad or unavailable device is refused before any work
     console = Console(soft_wrap=True)
-    try:
-        settings = EvaluationSettings(
-            baseline=baseline,
-            second_baseline=second_baseline,
-            k=k,
-            metrics=tuple(metrics),
-            n_permutations=permutations,
-            seed=seed,
-            gain=gain,
-            relevance_threshold=threshold,
-            ignore_identical_ids=ignore_identical_ids,
-        )
-        if out is not None:
-            refuse_existing_output(out, overwrite, "earlier evaluation results")
-        check_run_depth(k)
-        eval_dir = store / split if split else store
-        st = EmbeddingStore.open(eval_dir, dim=dim)
-        plan = resolve_evaluation(
-            eval_dir,
-            systems,
-            settings,
-            n_passages=st.n_passages,
-            metrics_given=bool(metrics),
-            train_store=train_store,
-            overlap=overlap,
-        )
-        train_dir = plan.train_dir
-        train = EmbeddingStore.open(train_dir, dim=dim) if train_dir is not None else None
-        # under torchrun every rank searches a contiguous passage shard; rank 0 writes
-        with launch() as ctx, sharded_search():
-            main = ctx is None or ctx.is_main
-            comp = compare_systems(
-                st,
-                list(plan.systems),
-                settings=plan.settings,
-                out_dir=out if main else None,
-                progress=progress and main,
-                train_store=train,
-                device=device,
+    advice = "files written before keep their earlier version; free space, then rerun"
+    with exit_on_disk_full(advice):
+        try:
+            settings = EvaluationSettings(
+                baseline=baseline,
+                second_baseline=second_baseline,
+                k=k,
+                metrics=tuple(metrics),
+                n_permutations=permutations,
+                seed=seed,
+                gain=gain,
+                relevance_threshold=threshold,
+                ignore_identical_ids=ignore_identical_ids,
             )
-    except StoreRootError as exc:
-        raise fail(exc.advice("--split")) from None
-    except (ValueError, FileNotFoundError, KeyError, LockHeldError) as exc:
-        raise fail(exc) from None
+            if out is not None:
+                refuse_existing_output(out, overwrite, "earlier evaluation results")
+            check_run_depth(k)
+            eval_dir = store / split if split else store
+            st = EmbeddingStore.open(eval_dir, dim=dim)
+            plan = resolve_evaluation(
+                eval_dir,
+                systems,
+                settings,
+                n_passages=st.n_passages,
+                metrics_given=bool(metrics),
+                train_store=train_store,
+                overlap=overlap,
+            )
+            train_dir = plan.train_dir
+            train = EmbeddingStore.open(train_dir, dim=dim) if train_dir is not None else None
+            # under torchrun every rank searches a contiguous passage shard; rank 0 writes
+            with launch() as ctx, sharded_search():
+                main = ctx is None or ctx.is_main
+                comp = compare_systems(
+                    st,
+                    list(plan.systems),
+                    settings=plan.settings,
+                    out_dir=out if main else None,
+                    progress=progress and main,
+                    train_store=train,
+                    device=device,
+                )
+        except StoreRootError as exc:
+            raise fail(exc.advice("--split")) from None
+        except (ValueError, FileNotFoundError, KeyError, LockHeldError) as exc:
+            raise fail(exc) from None
     if not main:
         return
     if plan.dropped_metrics:

@@ -92,6 +92,9 @@ def search(
         )
     try:
         check_run_depth(k)
+        for i, q in enumerate(queries, 1):
+            if not q.strip():  # the HTTP API refuses an empty query too (422)
+                raise ValueError(f"--query {i} is empty; give a query text")
         qids = [str(i) for i in range(len(queries))]
         texts = list(queries)
         for i, t in enumerate(texts, 1):

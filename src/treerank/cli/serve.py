@@ -51,6 +51,13 @@ def serve(
         64, "--batch-queries", help="Most query texts per encoder + search call."
     ),
     device: str = device_option(help="Where exact search runs: auto, cpu, cuda or cuda:N."),
+    batch_invariant: bool = typer.Option(
+        True,
+        "--batch-invariant/--no-batch-invariant",
+        help="Encode and search each query alone, so its ranking never depends on the other "
+        "requests of its micro-batch (default); --no-batch-invariant encodes a batch together "
+        "(more throughput; near-ties may then swap with the traffic).",
+    ),
 ) -> None:
     """Serve POST /search, GET /health, GET /info; refuses mismatched encoder/store/index.
 
@@ -79,6 +86,7 @@ def serve(
             request_timeout_s=timeout,
             batch_window_s=batch_window_ms / 1000,
             batch_queries=batch_queries,
+            batch_invariant=batch_invariant,
             backend=backend,
             device=str(dev),
         )

@@ -48,6 +48,7 @@ from typing import Any
 
 import numpy as np
 
+from treerank.atomic import is_disk_full
 from treerank.evaluation import fusion_tuning
 from treerank.evaluation.checks import check_depth, check_evaluable
 from treerank.evaluation.metrics import EvalResult, evaluate_run, parse_metric
@@ -427,6 +428,8 @@ def _compare(
                 comp.departures["self_hits_dropped"] = max(comp.departures["self_hits_dropped"], n)
             res = evaluate_run(ids, doc_qrels, all_metrics, gain=gain)
         except Exception as exc:  # noqa: BLE001 - recorded and reported, see module doc
+            if is_disk_full(exc):  # a machine fault, not this system's: stop (exit 3 at the CLI)
+                raise
             comp.failed[name] = f"{type(exc).__name__}: {exc}"
             comp.seconds.pop(name, None)
             continue

@@ -195,24 +195,55 @@ class AdaptiveWeightModel:
         return np.array([self.grid[select_weight(self.grid, row)] for row in pred])
 
 
+CV_MIN_TRAIN = 2  # tuning queries a fold's global weight / adaptive model is fitted on, at least
+
+
 def cross_validate(
     x: np.ndarray, y: np.ndarray, grid: np.ndarray, folds: int = 5, seed: int = 0
-) -> dict[str, float]:
+) -> dict[str, Any]:
     """Mean metric on held-out folds of the tuning queries: the global weight picked on the other
-    folds vs the adaptive model fitted on them."""
+    folds vs the adaptive model fitted on them.
+
+    Args:
+        x: ``float (n, f)`` query features. y: ``float (n, G)`` per-query metric at each grid
+            weight. grid: ``float (G,)`` weights, ascending. folds: number of folds (>= 1).
+
+    Returns:
+        ``{"global": float, "adaptive": float, "folds": int, "n_queries": int}``, the means over
+        the ``n_queries`` queries whose fold could be fitted (a fold needs
+        :data:`CV_MIN_TRAIN` other queries); when no fold could be (fewer than
+        ``CV_MIN_TRAIN + 1`` tuning queries) ``{"status": "not enough queries", "folds": int,
+        "n_queries": 0, "tuning_queries": n, "needed": CV_MIN_TRAIN + 1}`` and no numbers:
+        never a mean over unset memory.
+    """
     rng = np.random.default_rng(seed)
     order = rng.permutation(len(x))
-    glob, adap = np.empty(len(x)), np.empty(len(x))
+    glob, adap = np.full(len(x), np.nan), np.full(len(x), np.nan)
+    scored = np.zeros(len(x), dtype=bool)
     for f in range(folds):
         te = order[f::folds]
         tr = np.setdiff1d(order, te)
-        if tr.size < 2 or te.size == 0:
+        if tr.size < CV_MIN_TRAIN or te.size == 0:
             continue
         j = select_weight(grid, np.nanmean(y[tr], axis=0))
         glob[te] = y[te, j]
         w = AdaptiveWeightModel(grid).fit(x[tr], y[tr]).weights(x[te])
         adap[te] = y[te, np.searchsorted(grid, w)]
-    return {"global": float(np.mean(glob)), "adaptive": float(np.mean(adap)), "folds": folds}
+        scored[te] = True
+    if not scored.any():
+        return {
+            "status": "not enough queries",
+            "folds": folds,
+            "n_queries": 0,
+            "tuning_queries": len(x),
+            "needed": CV_MIN_TRAIN + 1,
+        }
+    return {
+        "global": float(np.mean(glob[scored])),
+        "adaptive": float(np.mean(adap[scored])),
+        "folds": folds,
+        "n_queries": int(scored.sum()),
+    }
 
 
 class TunedFusionSystem:
@@ -448,10 +479,16 @@ def tuning_markdown(tuning: dict[str, dict[str, Any]]) -> str:
         if t.get("kind") == "adaptive-fusion":
             cv = t.get("cv_on_tuning_queries", {})
             ew = t.get("eval_weights", {})
+            if "adaptive" in cv:
+                cv_text = f"adaptive {cv['adaptive']:.4f} vs global {cv['global']:.4f}"
+            else:
+                cv_text = (
+                    f"not enough queries ({cv.get('tuning_queries', 0)}, needs "
+                    f"{cv.get('needed', CV_MIN_TRAIN + 1)})"
+                )
             extra = (
-                f"per-query w, mean {ew.get('mean', float('nan')):.2f}; 5-fold CV on tuning "
-                f"queries: adaptive {cv.get('adaptive', float('nan')):.4f} vs global "
-                f"{cv.get('global', float('nan')):.4f}"
+                f"per-query w, mean {ew.get('mean', float('nan')):.2f}; "
+                f"{cv.get('folds', CV_FOLDS)}-fold CV on tuning queries: {cv_text}"
             )
         lines.append(
             f"| {name} | {on.get('split')} ({on.get('queries')}, {on.get('n_queries')} q) | "

@@ -97,6 +97,21 @@ class NonFiniteVectorError(ValueError):
     and the first bad row. Raised by :func:`exact_search` on every backend, before scoring."""
 
 
+def _rows_surely_finite(x: np.ndarray) -> bool:
+    """A one-read screen: every row of a float ``(n, d)`` block sums to a finite value.
+
+    A NaN or inf element makes its row's sum NaN or inf, so ``True`` proves every element is
+    finite; ``False`` (a non-finite element, or a float overflow of finite values) sends the
+    caller to the exact elementwise check. The sum is a BLAS matrix-vector product: it reads the
+    block once and allocates ``n`` floats, where ``np.isfinite`` allocates ``n * d`` booleans.
+    """
+    a = np.asarray(x)
+    if a.ndim != 2 or a.dtype not in (np.float32, np.float64) or a.size == 0:
+        return False
+    with np.errstate(over="ignore", invalid="ignore"):
+        return bool(np.isfinite(a @ np.ones(a.shape[1], dtype=a.dtype)).all())
+
+
 def check_finite(x: np.ndarray, what: str, source: str, row_offset: int = 0) -> None:
     """Raise :class:`NonFiniteVectorError` naming ``source`` and the row if ``x`` has NaN/inf.
 
@@ -104,12 +119,33 @@ def check_finite(x: np.ndarray, what: str, source: str, row_offset: int = 0) -> 
         x: ``float32 (n, d)`` vectors; row ``i`` is row ``row_offset + i`` of ``source``.
         what: ``"query"`` or ``"passage"``. source: the store path (or a description).
     """
+    if _rows_surely_finite(x):
+        return
     bad = ~np.isfinite(x)
     if bad.any():
         row = row_offset + int(np.flatnonzero(bad.any(axis=1))[0])
         raise NonFiniteVectorError(
             f"{source}: {what} row {row} holds a non-finite value (NaN or inf); the store is "
             "corrupt or the model diverged"
+        )
+
+
+def check_rows_finite(x: np.ndarray, rows: np.ndarray, what: str, source: str) -> None:
+    """Raise :class:`NonFiniteVectorError` naming ``source`` and the store row of the first bad
+    row of a gathered block (``x[i]`` is row ``rows[i]``; ``-1`` marks padding, never checked).
+
+    Args:
+        x: ``float32 (m, d)`` gathered vectors. rows: ``int (m,)`` their store rows.
+        what: ``"passage"`` / ``"transformed passage"``. source: the store file (or path).
+    """
+    if _rows_surely_finite(x):
+        return
+    ids = np.asarray(rows).ravel()
+    bad = (ids >= 0) & ~np.isfinite(x).all(axis=1)
+    if bad.any():
+        raise NonFiniteVectorError(
+            f"{source}: {what} row {int(ids[np.flatnonzero(bad)[0]])} holds a non-finite value "
+            "(NaN or inf); the store is corrupt or the model diverged"
         )
 
 

@@ -16,6 +16,14 @@ class SplitBuilder:
     ``passage_aliases``. A query's candidate list keeps the first slot of each passage; when
     dedup folds two source passages of one query into one id, the larger grade is kept.
 
+    Exact text means the exact code points, **not** Unicode-normalised: an NFD and an NFC
+    spelling of one visible passage stay two passages. Dedup decides passage identity (qrels,
+    split digests, every store signature) and the dense encoder reads the raw text, so two
+    texts are one passage only when every consumer sees the same string; lexical matching
+    treats the two spellings alike anyway (BM25 and RM3 normalise to NFC,
+    :func:`treerank.search.bm25.lexical_form`), and passage-vector reuse between splits
+    (:func:`treerank.store.reuse.match_passages`) matches exact text the same way.
+
     Args:
         name: split name.
         source: dataset / format tag.

@@ -69,10 +69,13 @@ codebooks, 16 for ``ivfpqfs``) is checked before a build, so a small store gets 
 with a way out instead of a FAISS C++ exception.
 
 **Finiteness**: a build refuses NaN/inf passages (:class:`~treerank.kernels.topk.
-NonFiniteVectorError`, naming the store and row) using the store's ``meta.json`` ``finite``
-record (written by ``embed``), scanning only stores without one; a head's passage-tower output
-is checked chunk by chunk; every query vector is checked at search. FAISS itself would drop a
-NaN passage (``flat``, ``hnsw``) or give it a finite score (``int8``, ``binary``).
+NonFiniteVectorError`, naming the store file and row): every stored block is checked as it is
+read to be added (and every row of the training sample as it is gathered), in the same pass,
+so a ``passages.bin`` damaged after ``embed`` is caught whatever ``meta.json``'s ``finite``
+record says; a head's passage-tower output is checked chunk by chunk; every query vector is
+checked at search. FAISS itself would drop a NaN passage (``flat``, ``hnsw``) or give it a
+finite score (``int8``, ``binary``). The check costs one ``isfinite`` pass over each block
+already in memory (``bench/bench_finite_check.py``).
 
 Results are sorted by score descending, ties by ascending passage id (the evaluation contract);
 ids FAISS could not fill (an IVF probe that reaches fewer than ``k`` passages) are ``-1`` with
@@ -95,7 +98,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from treerank.atomic import atomic_write_json
-from treerank.kernels.topk import check_finite, check_store_finite, release_pages, sort_rows
+from treerank.kernels.topk import check_finite, check_rows_finite, release_pages, sort_rows
 from treerank.kernels.vectors import ROW_CHUNK
 from treerank.models.base import DenseScorer
 from treerank.names import unknown_name
@@ -603,9 +606,16 @@ class FaissIndex:
 
 
 def _train_sample(
-    passages: np.ndarray, size: int, transform: Callable[[np.ndarray], np.ndarray], seed: int
+    passages: np.ndarray,
+    size: int,
+    transform: Callable[[np.ndarray], np.ndarray],
+    seed: int,
+    source: str | None = None,
 ) -> np.ndarray:
     """``size`` passages drawn uniformly (sorted ids), through ``transform``, ``float32``.
+
+    With ``source`` every gathered stored row is checked finite as it is read
+    (:class:`~treerank.kernels.topk.NonFiniteVectorError` naming ``source`` and the store row).
 
     Read :data:`TRAIN_GATHER_BLOCK` sampled rows at a time with each block's file pages released
     after it: a uniform sample touches pages all over the file, and the kernel maps neighbouring
@@ -617,7 +627,10 @@ def _train_sample(
     parts = []
     for start in range(0, len(rows), TRAIN_GATHER_BLOCK):
         block = rows[start : start + TRAIN_GATHER_BLOCK]
-        parts.append(np.asarray(passages[block], dtype=np.float32))
+        part = np.asarray(passages[block], dtype=np.float32)
+        if source is not None:
+            check_rows_finite(part, block, "passage", source)
+        parts.append(part)
         release_pages(passages, int(block[0]), int(block[-1]) + 1)
     sample = np.concatenate(parts) if parts else np.empty((0, passages.shape[1]), np.float32)
     return np.ascontiguousarray(transform(sample))
@@ -756,8 +769,8 @@ def build_index(
         ValueError: a store with fewer passages than ``nlist`` (IVF) or than the kind's training
             needs (:func:`check_trainable`: ``ivfpq`` needs ``2**nbits``), a bad ``m``, a cache
             directory that cannot be written; all before any training.
-        NonFiniteVectorError: a stored passage vector (its ``meta.json`` ``finite`` record, or a
-            scan for stores without one) or a passage-tower output holds NaN or inf.
+        NonFiniteVectorError: a stored passage vector (checked as it is read, whatever
+            ``meta.json`` records) or a passage-tower output holds NaN or inf.
     """
     import faiss
 
@@ -782,19 +795,20 @@ def build_index(
             f"{default_nlist(n)})"
         )
     check_trainable(spec, n, str(store.path))
-    # the stored vectors: the store's meta.json record, or one scan for stores without it; a
-    # tower's output (over=ckpt:...) is checked chunk by chunk as it is added
-    check_store_finite(store, "passage")
+    # the stored vectors are checked block by block as they are read (training sample, then
+    # every added chunk), never by trusting meta.json; a tower's output (over=ckpt:...) too
     check_tower = spec.over != "cosine"
-    source = str(store.path)
+    source = str(Path(store.path) / "passages.bin")
     t0 = time.perf_counter()
-    probe = np.asarray(scorer.encode_passages(np.asarray(store.passages[:1], dtype=np.float32)))
+    first = np.asarray(store.passages[:1], dtype=np.float32)
+    check_finite(first, "passage", source)  # before the tower and FAISS see it
+    probe = np.asarray(scorer.encode_passages(first))
     d = int(probe.shape[1])
     index = kind.make(d, spec.build)
     n_train = 0
     if kind.trained:
         n_train = int(spec.build.get("train_size", min(n, MIN_TRAIN)))
-        sample = _train_sample(store.passages, n_train, scorer.encode_passages, seed)
+        sample = _train_sample(store.passages, n_train, scorer.encode_passages, seed, source)
         if check_tower:
             check_finite(sample, "passage-tower output (training sample)", source)
         index.train(sample)
@@ -802,6 +816,7 @@ def build_index(
     bar = tqdm(total=n, unit="passage", disable=not progress, desc=f"index {spec.kind}")
 
     def check(block: np.ndarray, out: np.ndarray, start: int) -> None:
+        check_finite(block, "passage", source, start)
         if check_tower:
             check_finite(out, "passage-tower output", source, start)
 
@@ -834,7 +849,7 @@ def build_index(
         else None,
         "n_passages": n,
         "dim": d,
-        "finite": True,  # every added vector was checked (or recorded finite by the store)
+        "finite": True,  # every added vector was checked as it was read
         "train_rows": n_train,
         "build_seconds": build_seconds,
         "peak_rss_mib": peak_rss_mib(),

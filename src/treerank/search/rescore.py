@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 
 from treerank.kernels.topk import (
-    NonFiniteVectorError,
     check_finite,
+    check_rows_finite,
     pair_scores,
     release_pages,
     sort_rows,
@@ -130,12 +130,13 @@ def rescore(
         # one gather per batch straight into (b * depth, d); padding reads row 0, scored -inf
         rows = np.take(store, np.where(valid, block, 0).ravel(), axis=0)
         rows = rows.astype(np.float32, copy=False)
-        _check_rows(rows, np.where(valid, block, -1).ravel(), "passage", source)
+        row_ids = np.where(valid, block, -1).ravel()
+        check_rows_finite(rows, row_ids, "passage", source)
         if release:  # the gather maps file pages all over a memmap: drop them again
             release_pages(passages, int(block[valid].min()), int(block[valid].max()) + 1)
         if passage_transform is not None:
             rows = np.asarray(passage_transform(rows), dtype=np.float32)
-            _check_rows(rows, np.where(valid, block, -1).ravel(), "transformed passage", source)
+            check_rows_finite(rows, row_ids, "transformed passage", source)
         if rows.shape[1] != q.shape[1]:
             raise ValueError(
                 f"passage vectors {rows.shape} do not match the query dimension {q.shape[1]}"
@@ -147,18 +148,6 @@ def rescore(
     ids = np.where(np.isfinite(scores), cand, -1)
     ids, scores = sort_rows(ids, scores)
     return ids[:, :k], scores[:, :k]
-
-
-def _check_rows(rows: np.ndarray, ids: np.ndarray, what: str, source: str) -> None:
-    """Raise :class:`NonFiniteVectorError` naming the passage id of the first bad gathered row
-    (``ids[i]`` is row ``i``'s passage, ``-1`` for padding, which is never checked)."""
-    bad = (ids >= 0) & ~np.isfinite(rows).all(axis=1)
-    if bad.any():
-        pid = int(ids[np.flatnonzero(bad)[0]])
-        raise NonFiniteVectorError(
-            f"{source}: {what} row {pid} holds a non-finite value (NaN or inf); the store is "
-            "corrupt or the model diverged"
-        )
 
 
 class RescoreSystem:

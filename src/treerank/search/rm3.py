@@ -7,10 +7,10 @@ interpolated with the original query, Abdul-Jaleel et al., TREC 2004), exactly a
 
 1. Retrieve with BM25; the top ``fb_docs`` passages **with a positive score** are the feedback set
    (fewer when BM25 matched fewer; none leaves the query unchanged).
-2. Each feedback passage ``d`` becomes a term-count vector over the BM25 vocabulary (stemmed,
-   stopwords removed, the same tokens BM25 indexed), keeping only terms of 2-20 characters
-   matching ``[a-z0-9]+`` whose document frequency is at most ``max_df = 10%`` of the passages
-   (Anserini's stopword heuristic), pruned to its ``fb_terms`` most frequent terms.
+2. Each feedback passage ``d`` becomes a term-count vector over the BM25 vocabulary (NFC
+   normalised, stemmed, stopwords removed, the same tokens BM25 indexed), keeping only terms of
+   2-20 characters matching ``[a-z0-9]+`` whose document frequency is at most ``max_df = 10%``
+   of the passages (Anserini's stopword heuristic), pruned to its ``fb_terms`` most frequent terms.
 3. Relevance model: ``P(t|R) ~ sum_d tf(t, d) / |d|' * score(d)``, with ``|d|'`` the L1 norm of the
    pruned vector and ``score(d)`` the passage's BM25 score. Because the model is L1-normalised
    afterwards, weighting by the raw score equals weighting by the normalised score

@@ -12,12 +12,14 @@
 =======================  ==================================================================
 
 Bad requests get a 4xx JSON ``{"detail": ...}`` naming the problem: 422 for a body that does not
-fit the schema (unknown fields, a text with a lone UTF-16 surrogate such as ``"\\ud83d"``, a
-query longer than ``max_query_chars``, more than ``max_batch`` queries, ``k`` above ``max_k``),
-413 for a body above ``max_body_bytes`` (checked on the header and on the bytes received), 400
-for an unknown system. Every response is ASCII-escaped JSON, so a message that echoes any input
-renders. A search not answered within ``request_timeout_s`` is a 504; one that fails inside is a
-500 with a one-line message, never a traceback; a request that arrives during shutdown is a 503.
+fit the schema (unknown fields, an empty or blank text, an empty or blank ``system``, a text
+with a lone UTF-16 surrogate such as ``"\\ud83d"``, a query longer than ``max_query_chars``,
+more than ``max_batch`` queries, ``k`` above ``max_k``), 413 for a body above
+``max_body_bytes`` (checked on the header and on the bytes received), 400 for an unknown system.
+Every response is ASCII-escaped JSON, so a message that echoes any input renders. A search not
+answered within ``request_timeout_s`` is a 504; one that fails inside is a 500 with a one-line
+message, never a traceback; a request that arrives during shutdown, or is still running when
+the graceful shutdown window ends, is a 503.
 
 Concurrent requests are answered in batches by one worker
 (:class:`~treerank.serve.batching.QueryBatcher`, started and stopped with the app's lifespan);
@@ -101,6 +103,11 @@ class SearchRequest(BaseModel):
     def valid_system(cls, v: str | None) -> str | None:
         if v is not None:
             _check_text(v, "'system'")
+            if not v.strip():
+                raise ValueError(
+                    "'system' is empty; name a served system (see /info) or leave the field "
+                    "out for the default"
+                )
         return v
 
     @model_validator(mode="after")
@@ -193,6 +200,7 @@ def create_app(service: SearchService, batcher: QueryBatcher | None = None) -> F
         default_response_class=AsciiJSONResponse,
     )
     app.state.batcher = batcher
+    app.state.shutting_down = False  # set by the server when its shutdown begins (make_server)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> AsciiJSONResponse:
@@ -245,7 +253,7 @@ def create_app(service: SearchService, batcher: QueryBatcher | None = None) -> F
                     detail=f"query {i} has {len(t):,} characters; the limit is {max_chars:,} "
                     "(max_query_chars, --max-query-chars)",
                 )
-        system = req.system or service.default_system
+        system = service.default_system if req.system is None else req.system
         if system not in service.systems:
             raise HTTPException(
                 status_code=400,
@@ -257,6 +265,16 @@ def create_app(service: SearchService, batcher: QueryBatcher | None = None) -> F
             hits = await asyncio.wait_for(asyncio.wrap_future(future), timeout)
         except ServiceStopped as exc:
             raise HTTPException(503, detail=str(exc)) from None
+        except asyncio.CancelledError:
+            if not app.state.shutting_down:  # not ours to answer (e.g. the client went away)
+                raise
+            # uvicorn cancels what still runs when the graceful window ends: answer 503, not 500
+            future.cancel()  # the worker skips it if it has not started
+            raise HTTPException(
+                503,
+                detail="the server shut down before the search was answered (the graceful "
+                "shutdown window ended); retry",
+            ) from None
         except TimeoutError:
             raise HTTPException(
                 504,
@@ -315,21 +333,13 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(
-    service: SearchService,
-    host: str = "127.0.0.1",
-    port: int = 8000,
-    *,
-    sock: socket.socket | None = None,
-    graceful_s: float = 10.0,
-) -> None:
-    """Run the app with uvicorn until SIGINT / SIGTERM.
+def make_server(app: FastAPI, graceful_s: float = 10.0) -> Any:
+    """The ``uvicorn.Server`` that :func:`serve` runs, for ``app`` (:func:`create_app`).
 
-    On a signal uvicorn stops accepting connections, lets in-flight requests finish for up to
-    ``graceful_s`` seconds, then the lifespan stops the batcher (queued work is answered first).
-
-    Args:
-        sock: an already bound socket (:func:`bind_socket`); default: bound here.
+    When its shutdown begins it sets ``app.state.shutting_down``; a search still running when
+    the ``graceful_s`` window ends is then cancelled by uvicorn and answered 503 (documented in
+    ``docs/serving.md``), not 500. A captured SIGINT / SIGTERM is not re-raised after a clean
+    shutdown (exit 0).
     """
     import uvicorn
 
@@ -346,10 +356,32 @@ def serve(
                 finally:
                     self._captured_signals.clear()
 
-    sock = sock or bind_socket(host, port)
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            app.state.shutting_down = True
+            await super().shutdown(sockets)
+
     config = uvicorn.Config(
-        create_app(service),
-        log_level="info",
-        timeout_graceful_shutdown=max(1, round(graceful_s)),
+        app, log_level="info", timeout_graceful_shutdown=max(1, round(graceful_s))
     )
-    _CleanExitServer(config).run(sockets=[sock])
+    return _CleanExitServer(config)
+
+
+def serve(
+    service: SearchService,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    *,
+    sock: socket.socket | None = None,
+    graceful_s: float = 10.0,
+) -> None:
+    """Run the app with uvicorn until SIGINT / SIGTERM.
+
+    On a signal uvicorn stops accepting connections, lets in-flight requests finish for up to
+    ``graceful_s`` seconds (a search still running then is answered 503), then the lifespan
+    stops the batcher (queued work is answered first).
+
+    Args:
+        sock: an already bound socket (:func:`bind_socket`); default: bound here.
+    """
+    sock = sock or bind_socket(host, port)
+    make_server(create_app(service), graceful_s).run(sockets=[sock])

@@ -8,7 +8,9 @@ thread owns the service's systems (their per-store caches are not thread-safe) a
 2. groups the collected items by ``(system, k)`` (``k`` changes some indexes' search, e.g.
    HNSW's ``ef_search`` is raised to ``k``, so only equal ``k`` share a call),
 3. answers each group with one :meth:`~treerank.serve.service.SearchService.search` call
-   (one ``encode_queries`` over all texts, one ``retrieve``) and hands each item its rows.
+   and hands each item its rows. That call encodes and searches each text alone, so an answer
+   never depends on which requests shared the round (batch invariance, see
+   :mod:`treerank.serve.service`); the round saves the per-request hand-offs and the lock.
 
 A request with more than ``max_queries`` texts is split into chunks of at most that many; each
 chunk is queued only when the previous one is answered, so a small request that arrives

@@ -10,11 +10,22 @@ message names both sides) when
 - a checkpoint system was trained on another encoder's vectors.
 
 Every configured system is warmed up at start (indexes built or loaded, checkpoints loaded), so
-the first request pays nothing extra. :meth:`SearchService.search` runs one search at a time
-under a lock (the systems keep small per-store caches that are not thread-safe, and FAISS and
-torch already use every core inside one search); the HTTP app does not queue requests on that
-lock one by one but batches concurrent ones into a single call
-(:class:`~treerank.serve.batching.QueryBatcher`).
+the first request pays nothing extra.
+
+**Batch invariance** (``batch_invariant``, the default; ``serve --no-batch-invariant`` turns it
+off). :meth:`SearchService.search` answers each text as a batch of one: its own
+``encode_queries`` call (no padding to other queries' lengths, no batch-shaped kernel) and its
+own ``retrieve`` (FAISS's flat search, for one, switches from a SIMD loop to BLAS at 20 queries),
+so a query's vector, ids, order and scores are bit for bit the ones it gets alone, whichever
+requests share its micro-batch; ties are broken by ascending passage id everywhere. Encoding a
+query inside a padded batch of others moves its vector by ~1e-7, enough to swap near-tied
+passages (issue 36). The cost is the encoder's batching gain,
+measured by ``bench/bench_serve_invariance.py`` (``docs/serving.md``).
+
+:meth:`SearchService.search` runs one search at a time under a lock (the systems keep small
+per-store caches that are not thread-safe, and FAISS and torch already use every core inside
+one search); the HTTP app does not queue requests on that lock one by one but batches
+concurrent ones into one worker round (:class:`~treerank.serve.batching.QueryBatcher`).
 """
 
 from __future__ import annotations
@@ -54,6 +65,10 @@ class ServiceConfig:
         batch_window_s: how long the micro-batcher waits for more requests after the first of a
             round (:class:`~treerank.serve.batching.QueryBatcher`).
         batch_queries: most query texts per encoder + search call (larger requests are split).
+        batch_invariant: answer each text alone (its own encode and retrieve), so a ranking
+            never depends on the batch (default); ``False``: one ``encode_queries`` and one
+            ``retrieve`` per batch (more throughput; a query's vector then moves by ~1e-7 with
+            its batch and near-ties may swap).
         device: where exact search runs (``auto | cpu | cuda[:n]``,
             ``treerank.kernels.device.resolve_device``; checked when the service starts).
         backend: encoder backend for the queries (``None``: the store's; its precision must
@@ -71,6 +86,7 @@ class ServiceConfig:
     request_timeout_s: float = 30.0
     batch_window_s: float = 0.002
     batch_queries: int = 64
+    batch_invariant: bool = True
     device: str = "cpu"
     backend: str | None = None
 
@@ -238,6 +254,7 @@ class SearchService:
             "batching": {
                 "window_s": self.config.batch_window_s,
                 "max_queries": self.config.batch_queries,
+                "invariant": self.config.batch_invariant,
             },
             "served": {"requests": self.stats.requests, "queries": self.stats.queries},
         }
@@ -245,7 +262,13 @@ class SearchService:
     def search(
         self, texts: list[str], k: int = 10, system: str | None = None, count: bool = True
     ) -> list[list[Hit]]:
-        """Hits for each text (at most ``k``), from ``system`` (default: the first configured).
+        """Hits for each text (at most ``k``), from ``system`` (default: the first configured);
+        each text is encoded and searched alone unless ``batch_invariant`` is off (module
+        docstring: batch invariance).
+
+        Returns:
+            one list of :class:`~treerank.search.query.Hit` per text (rank, passage id, source
+            id, score: the system's float32 score, text), at most ``k`` each.
 
         Raises:
             KeyError: a system that is not served (the message lists the served ones).
@@ -254,8 +277,17 @@ class SearchService:
         name = system or self.default_system
         if name not in self.systems:
             raise KeyError(f"system {name!r} is not served; served: {', '.join(self.systems)}")
+        if not texts:
+            raise ValueError("no query texts")
+        system_ = self.systems[name]
         with self._lock:
-            _, hits = search_texts(self.store, self.systems[name], self.encoder, texts, k)
+            if self.config.batch_invariant:
+                hits = [
+                    search_texts(self.store, system_, self.encoder, [text], k)[1][0]
+                    for text in texts
+                ]
+            else:
+                hits = search_texts(self.store, system_, self.encoder, texts, k)[1]
             if count:
                 self.stats.requests += 1
                 self.stats.queries += len(texts)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import sys
 import time
@@ -35,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from treerank.atomic import atomic_write_bytes, atomic_write_json
+from treerank.atomic import atomic_write_bytes, atomic_write_json, is_disk_full
 from treerank.encoders.batching import padding_stats
 from treerank.encoders.sentence import BatchResult, SentenceEncoder
 from treerank.faults import crash_point
@@ -287,8 +288,19 @@ def _write_tables(split: RetrievalSplit, out: Path) -> None:
 
 
 def _presize(path: Path, n_bytes: int) -> None:
+    """Create ``path`` with ``n_bytes`` zero bytes, its blocks reserved now (``posix_fallocate``)
+    so that a full filesystem fails here, as ``OSError(ENOSPC)`` naming the file, and not as a
+    ``SIGBUS`` in a later write through the memory map; a filesystem without ``fallocate``
+    keeps the sparse file."""
     with open(path, "wb") as f:
         f.truncate(n_bytes)
+        if n_bytes and hasattr(os, "posix_fallocate"):
+            try:
+                os.posix_fallocate(f.fileno(), 0, n_bytes)
+            except OSError as exc:
+                if is_disk_full(exc):
+                    raise OSError(exc.errno, exc.strerror, str(path)) from None
+                # EOPNOTSUPP / EINVAL: no fallocate here; the sparse file is written as before
 
 
 def _open_rw(path: Path, n: int, dim: int) -> np.memmap | None:
@@ -511,9 +523,14 @@ def embed_split(
         stats.resumed = True
     else:
         clear_store(out)
-        _write_tables(split, out)
-        _presize(out / QUERIES_BIN, nq * dim * 4)
-        _presize(out / PASSAGES_BIN, npas * dim * 4)
+        try:
+            _write_tables(split, out)
+            _presize(out / QUERIES_BIN, nq * dim * 4)
+            _presize(out / PASSAGES_BIN, npas * dim * 4)
+        except OSError as exc:
+            if is_disk_full(exc):  # nothing half-made stays: the same command runs again
+                clear_store(out)
+            raise
         stats = EmbedStats(n_queries=nq, n_passages=npas)
         stats.n_truncated_queries = int((q_full > max_len).sum())
         stats.truncated_query_tokens = int(np.maximum(q_full - max_len, 0).sum())
