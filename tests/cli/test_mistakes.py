@@ -1279,7 +1279,7 @@ MISTAKES += [
         "search -q '' (serve refuses it with 422)",
         ["search", "--store", "{stores}/test", "-q", ""],
         BAD,
-        [r"--query number 1 is empty \(or only white space\)"],
+        [r"--query 1 is empty; give a query text"],
     ),
     Mistake(
         "t33-36",

@@ -97,9 +97,6 @@ def search(
                 raise ValueError(f"--query {i} is empty; give a query text")
         qids = [str(i) for i in range(len(queries))]
         texts = list(queries)
-        for i, t in enumerate(texts, 1):
-            if not t.strip():  # as serve answers 422: an empty query has no meaning to rank by
-                raise ValueError(f"--query number {i} is empty (or only white space)")
         if queries_file is not None:
             fids, ftexts = _read_queries(queries_file)
             qids += fids
