@@ -73,9 +73,19 @@ def embed(
     backend: str = typer.Option(
         "torch",
         "--backend",
-        help="Encoder backend: torch, onnx (ONNX Runtime fp32) or onnx-int8 (dynamic int8; "
-        "queries must later use int8 too). The ONNX export is cached in "
+        help="Encoder backend: torch, onnx (ONNX Runtime fp32), onnx-int8 (dynamic int8; "
+        "queries must later use int8 too) or auto (the measured fastest path that meets its "
+        "fidelity bound, cached per machine). The ONNX export is cached in "
         "$TREERANK_CACHE/onnx or ~/.cache/treerank/onnx.",
+    ),
+    precision: str = typer.Option(
+        "fp32",
+        "--precision",
+        help="Torch backend precision: fp32, bf16 (bf16 autocast; a seeded sample is checked "
+        "against fp32, cosine >= 0.999) or auto (measured, see docs/encoding.md).",
+    ),
+    bf16_weights: bool = typer.Option(
+        False, "--bf16-weights", help="With --precision bf16: also cast the weights to bf16."
     ),
     threads: int | None = typer.Option(
         None, "--threads", help="CPU threads for every backend (default: torch's setting)."
@@ -122,6 +132,8 @@ def embed(
             progress=progress,
             backend=backend,
             threads=threads,
+            precision=precision,
+            bf16_weights=bf16_weights,
         )
 
     def on_read(split_name: str, data: RetrievalSplit | None, main: bool) -> None:

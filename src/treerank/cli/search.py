@@ -66,8 +66,15 @@ def search(
     backend: str | None = typer.Option(
         None,
         "--backend",
-        help="Query encoder backend: torch, onnx or onnx-int8 (default: the store's; int8 "
+        help="Query encoder backend: torch, onnx, onnx-int8 or auto (default: the store's; int8 "
         "queries are refused against an fp32 store and the reverse).",
+    ),
+    precision: str | None = typer.Option(
+        None,
+        "--precision",
+        help="Query encoder precision on the torch backend: fp32, bf16 or auto (the measured "
+        "fastest path the store allows; default: the store's). fp32 and bf16 mix; int8 only "
+        "with int8.",
     ),
 ) -> None:
     """Encode queries with the store's encoder (pinned by its weights fingerprint) and search.
@@ -99,7 +106,7 @@ def search(
             raise ValueError("give --query TEXT (repeatable) or --queries FILE")
         built = build_system(system)  # a bad spec fails here, before the encoder loads (~5 s)
         st = EmbeddingStore.open(store)
-        enc = load_store_encoder(st, encoder, backend)
+        enc = load_store_encoder(st, encoder, backend, precision=precision)
         run, hits = search_texts(st, built, enc, texts, k)
     except (ValueError, FileNotFoundError, OSError) as exc:
         raise fail(exc) from None

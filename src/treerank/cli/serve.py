@@ -27,8 +27,15 @@ def serve(
     backend: str | None = typer.Option(
         None,
         "--backend",
-        help="Query encoder backend: torch, onnx or onnx-int8 (default: the store's; int8 "
+        help="Query encoder backend: torch, onnx, onnx-int8 or auto (default: the store's; int8 "
         "queries are refused against an fp32 store and the reverse).",
+    ),
+    precision: str | None = typer.Option(
+        None,
+        "--precision",
+        help="Query encoder precision on the torch backend: fp32, bf16 or auto (the measured "
+        "fastest path the store allows; default: the store's). fp32 and bf16 mix; int8 only "
+        "with int8.",
     ),
     host: str = typer.Option("127.0.0.1", "--host", help="Interface to bind."),
     port: int = typer.Option(8000, "--port", min=0, max=65535, help="TCP port (0: any free port)."),
@@ -77,6 +84,7 @@ def serve(
             batch_window_s=batch_window_ms / 1000,
             batch_queries=batch_queries,
             backend=backend,
+            precision=precision,
         )
         sock = bind_socket(host, port)  # a taken port fails here, before loading the store
     except (ValueError, PortInUseError) as exc:

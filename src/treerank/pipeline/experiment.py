@@ -198,6 +198,12 @@ class _Encoder:
             "query_prompt": self.cfg.encoder.query_prompt,
             "token_budget": self.cfg.encoder.token_budget,
             "backend": self.cfg.encoder.backend,
+            # fp32 keeps the key of configs written before precisions existed
+            **(
+                {"precision": self.cfg.encoder.precision}
+                if self.cfg.encoder.precision != "fp32"
+                else {}
+            ),
         }
 
     def get(self) -> Any:
@@ -210,7 +216,11 @@ class _Encoder:
                 token_budget=self.cfg.encoder.token_budget,
                 device=resolve_device(self.cfg.device),
                 progress=self.progress,
-                **_library_kwargs(SentenceEncoder, backend=self.cfg.encoder.backend),
+                **_library_kwargs(
+                    SentenceEncoder,
+                    backend=self.cfg.encoder.backend,
+                    precision=self.cfg.encoder.precision,
+                ),
             )
         return self._enc
 

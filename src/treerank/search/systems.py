@@ -38,6 +38,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from treerank.encoders.precision import vector_precision
 from treerank.kernels.device import takes_device
 from treerank.kernels.topk import DEFAULT_CHUNK_SIZE, exact_search
 from treerank.models.base import DenseScorer
@@ -234,7 +235,9 @@ class CheckpointSystem:
 
         fp = getattr(store, "encoder_fingerprint", None)
         if self._loaded is None or self._loaded[0] != fp:
-            model = load_model(self.path, expected_fingerprint=fp)
+            model = load_model(
+                self.path, expected_fingerprint=fp, expected_precision=vector_precision(store)
+            )
             fam = family(model.model_type)
             system: System
             if fam.system is not None:
