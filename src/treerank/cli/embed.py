@@ -25,6 +25,12 @@ def _stats_table(split_name: str, out: Path, stats: object) -> object:
         table.add_row(what, f"{total:,}", "-" if rate is None else f"{rate:,.1f}")
     table.add_row("padding ratio", f"{stats.padding_ratio:.1%}", "")
     table.add_row("encode seconds", f"{stats.seconds:,.1f}", "")
+    if stats.fidelity_checked:
+        table.add_row(
+            "fidelity guard: checked / below bound (fp32 used)",
+            f"{stats.fidelity_checked:,} / {stats.fidelity_breaches:,}",
+            f"min cos {stats.fidelity_min_cosine:.5f}",
+        )
     return table
 
 
@@ -118,6 +124,10 @@ def embed(
 
     err = Console(stderr=True)
     console = Console()
+    from treerank.encoders.precision import PRECISIONS
+
+    if precision not in PRECISIONS:  # before anything is read or loaded
+        raise fail(f"--precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
 
     def make_encoder(dev: str) -> SentenceEncoder:
         return SentenceEncoder(

@@ -159,7 +159,7 @@ def check_mix(
     base: str,
     other: str,
     *,
-    base_what: str = "the store's passages",
+    base_what: str = "the store's vectors",
     other_what: str = "the queries",
     fix: str = "",
 ) -> None:
@@ -181,10 +181,11 @@ def check_mix(
                 f"{where}: unknown vector precision {p!r}; known: {', '.join(MIX_SPACE)}"
             )
     if MIX_SPACE[base] != MIX_SPACE[other]:
+        one, two = sorted((base, other), reverse=True)
         raise PrecisionMixError(
-            f"{where}: {base_what} are {base} vectors, but {other_what} are {other}; "
-            f"{base} and {other} vectors lie in different spaces (fp32 and bf16 mix, int8 only "
-            f"with int8; docs/encoding.md)" + (f". {fix}" if fix else "")
+            f"{where}: {base_what} ({base}), but {other_what} ({other}); {one} and {two} "
+            f"vectors lie in different spaces (fp32 and bf16 mix, int8 only with int8; "
+            f"docs/encoding.md)" + (f". {fix}" if fix else "")
         )
 
 

@@ -110,8 +110,8 @@ def load_checkpoint(
             The checkpoint's recorded precision must mix with it
             (`treerank.encoders.precision.check_mix`: a head trained on fp32 or bf16 vectors
             never scores an int8 store, nor the reverse); a checkpoint recording none (written
-            before precisions existed) is taken as fp32 trained, with a warning when the store
-            is not fp32.
+            before precisions existed) is not refused, but flagged with a warning on an int8
+            store.
 
     Raises:
         FileNotFoundError: ``path`` or one of its two files is missing.
@@ -143,23 +143,25 @@ def load_checkpoint(
     if expected_precision is not None:
         from treerank.encoders.precision import check_mix
 
-        if trained is None and expected_precision != "fp32":
-            import warnings
+        if trained is None:
+            if expected_precision == "int8":
+                import warnings
 
-            warnings.warn(
-                f"{path}: the checkpoint records no training precision (written before "
-                f"precisions existed; taken as fp32), and the store it scores holds "
-                f"{expected_precision} vectors",
-                stacklevel=2,
+                warnings.warn(
+                    f"{path}: the checkpoint records no training precision (written before "
+                    "precisions existed), and the store it scores holds int8 vectors: if it "
+                    "was trained on fp32 vectors its scores are not comparable",
+                    stacklevel=2,
+                )
+        else:
+            check_mix(
+                path,
+                expected_precision,
+                str(trained),
+                base_what="the store's vectors",
+                other_what="the vectors this checkpoint was trained on",
+                fix="Train the model on a store of the same precision",
             )
-        check_mix(
-            path,
-            expected_precision,
-            str(trained or "fp32"),
-            base_what="the store's vectors",
-            other_what="the vectors this checkpoint was trained on",
-            fix="Train the model on a store of the same precision",
-        )
     return Checkpoint(
         model_type=model_type,
         config=dict(doc.get("config", {})),

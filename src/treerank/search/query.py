@@ -52,7 +52,9 @@ def check_query_backend(store: StoreLike, encoder: Any) -> None:
             store.path,
             base,
             other,
-            other_what=f"the queries (backend {encoder.backend.name!r})",
+            base_what="the store's passages were encoded with backend "
+            f"{enc_meta.get('backend') or 'torch'!r}",
+            other_what=f"the queries would be encoded with {encoder.backend.name!r}",
             fix=f"Use --backend {enc_meta.get('backend') or 'torch'} (or re-embed the store "
             f"with {encoder.backend.name!r})",
         )
@@ -97,7 +99,7 @@ def load_store_encoder(
         base = store_precision(enc_meta)
         chosen: Backend | str = store_backend(enc_meta) if backend is None else backend
         if precision is None:
-            precision = base if base == "bf16" and chosen in ("torch", "auto") else "fp32"
+            precision = base if base == "bf16" and str(chosen) in ("torch", "auto") else "fp32"
             if chosen == "auto":
                 precision = "auto"
         if precision not in PRECISIONS:

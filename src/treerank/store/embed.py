@@ -110,7 +110,9 @@ class EmbedStats:
     ``*_real_tokens`` the non-pad ones. Seconds are wall-clock encoding time.
     ``n_truncated_*``: texts longer than the encoder's ``max_seq_length`` (prompt and special
     tokens included), which the encoder cuts; ``truncated_*_tokens``: the tokens cut from them
-    (all passages of the split, reused ones included).
+    (all passages of the split, reused ones included). ``fidelity_*``: the fidelity guard of a
+    reduced precision (items re-encoded in fp32, their least cosine, items below the bound and
+    replaced by fp32; ``meta.json`` ``encoder.fidelity`` has the details).
     """
 
     n_queries: int = 0
@@ -130,6 +132,9 @@ class EmbedStats:
     truncated_query_tokens: int = 0
     n_truncated_passages: int = 0
     truncated_passage_tokens: int = 0
+    fidelity_checked: int = 0
+    fidelity_min_cosine: float | None = None
+    fidelity_breaches: int = 0
 
     @property
     def padding_ratio(self) -> float:
@@ -662,9 +667,13 @@ def embed_split(
         for mm in (qmm, pmm):
             if mm is not None:
                 mm.flush()
-        import warnings
+        stats.fidelity_checked = fidelity.checked
+        stats.fidelity_min_cosine = fidelity.min_cosine
+        stats.fidelity_breaches = len(fidelity.breaches)
+        if fidelity.breaches:
+            import warnings
 
-        warnings.warn(fidelity.message(out), stacklevel=2)
+            warnings.warn(fidelity.message(out), stacklevel=3)
     crash_point("embed", "before-meta")
     planned_padded = padding_stats(p_len, encoder.plan(p_len))
     meta = {
