@@ -28,7 +28,6 @@ Usage: ``nice -n 10 python bench/bench_encoding.py [--n-passages 320] [--batch-s
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
