@@ -4,11 +4,23 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import typer
 
 from treerank.cli.errors import fail
 from treerank.cli.spec_help import SEE_KINDS, RegistryHelpCommand
+
+
+def query_precision_option() -> Any:
+    """The ``--precision`` option of the commands that encode queries (``search``, ``serve``)."""
+    return typer.Option(
+        None,
+        "--precision",
+        help="Query encoder precision on the torch backend: fp32, bf16 or auto (the measured "
+        "fastest path the store allows; default: the store's). fp32 and bf16 mix; int8 only "
+        "with int8.",
+    )
 
 
 def _read_queries(path: Path) -> tuple[list[str], list[str]]:
@@ -69,13 +81,7 @@ def search(
         help="Query encoder backend: torch, onnx, onnx-int8 or auto (default: the store's; int8 "
         "queries are refused against an fp32 store and the reverse).",
     ),
-    precision: str | None = typer.Option(
-        None,
-        "--precision",
-        help="Query encoder precision on the torch backend: fp32, bf16 or auto (the measured "
-        "fastest path the store allows; default: the store's). fp32 and bf16 mix; int8 only "
-        "with int8.",
-    ),
+    precision: str | None = query_precision_option(),
 ) -> None:
     """Encode queries with the store's encoder (pinned by its weights fingerprint) and search.
 

@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from treerank.cli.errors import fail
+from treerank.cli.search import query_precision_option
 from treerank.cli.spec_help import SEE_KINDS, RegistryHelpCommand
 
 
@@ -30,13 +31,7 @@ def serve(
         help="Query encoder backend: torch, onnx, onnx-int8 or auto (default: the store's; int8 "
         "queries are refused against an fp32 store and the reverse).",
     ),
-    precision: str | None = typer.Option(
-        None,
-        "--precision",
-        help="Query encoder precision on the torch backend: fp32, bf16 or auto (the measured "
-        "fastest path the store allows; default: the store's). fp32 and bf16 mix; int8 only "
-        "with int8.",
-    ),
+    precision: str | None = query_precision_option(),
     host: str = typer.Option("127.0.0.1", "--host", help="Interface to bind."),
     port: int = typer.Option(8000, "--port", min=0, max=65535, help="TCP port (0: any free port)."),
     max_k: int = typer.Option(1000, "--max-k", help="Largest k a request may ask for."),

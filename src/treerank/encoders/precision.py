@@ -384,6 +384,10 @@ class Choice:
         }
 
     def message(self) -> str:
+        if not self.seconds:
+            return (
+                f"encoder auto: {self.path.name} (the only path the settings allow; not measured)"
+            )
         src = "cached probe" if self.cached else "probe"
         times = ", ".join(f"{k} {v:.3f}s" for k, v in self.seconds.items())
         return f"encoder auto: {self.path.name} ({self.ratio:.2f}x torch/fp32; {src}: {times})"
@@ -514,8 +518,7 @@ def resolve_path(
     """
     import torch
 
-    from treerank.atomic import atomic_write_json
-    from treerank.kernels.device import cache_dir
+    from treerank.kernels.device import cache_dir, read_probe_cache, write_probe_cache
 
     cands = candidate_paths(backend, precision, allowed)
     if not _onnx_available():
@@ -530,13 +533,7 @@ def resolve_path(
     key = probe_key(encoder.fingerprint, torch.get_num_threads(), versions)
     names = sorted(p.name for p in cands)
     cache = cache_dir() / CACHE_FILE
-    doc: dict[str, Any] = {}
-    try:
-        doc = json.loads(cache.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        doc = {}
-    if not isinstance(doc, dict):
-        doc = {}
+    doc = read_probe_cache(cache)
     entry = doc.get(key)
     hit = entry.get(json.dumps(names)) if isinstance(entry, dict) else None
     by_name = {p.name: p for p in PATHS}
@@ -552,9 +549,5 @@ def resolve_path(
     entry = entry if isinstance(entry, dict) else {}
     entry[json.dumps(names)] = {**choice.to_dict(), "measured_unix": time.time()}
     doc[key] = entry
-    try:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(cache, doc, indent=1, sort_keys=True)
-    except OSError:
-        pass
+    write_probe_cache(cache, doc)
     return choice
