@@ -300,3 +300,24 @@ def test_fidelity_guard_reports_a_breach_and_falls_back_to_fp32(small_split, enc
     fp32 = encoder.encode_passages(texts)
     # the breaching rows now hold their fp32 vectors (cosine 1 to float rounding)
     assert prec.cosines(np.asarray(store.passages)[rows], fp32).min() > 1 - 1e-5
+
+
+def test_cli_evaluate_refuses_an_fp32_head_on_an_int8_store(tmp_path):
+    from typer.testing import CliRunner
+
+    from tests.search.tiny_store import write_tiny_store
+    from treerank.cli.main import app
+    from treerank.models.checkpoint import save_checkpoint
+    from treerank.models.linear import LinearHead
+
+    head = LinearHead(16).to_checkpoint("fake", "sha256:fake", encoder_precision="fp32")
+    save_checkpoint(tmp_path / "head", head)
+    store = write_tiny_store(tmp_path / "test")
+    meta = json.loads((store.path / "meta.json").read_text())
+    meta["encoder"]["backend"] = "onnx-int8"
+    (store.path / "meta.json").write_text(json.dumps(meta))
+    args = ["evaluate", "--store", str(store.path), "--k", "5", "--metric", "ndcg@5"]
+    args += ["--permutations", "20", "--no-progress", "--system", f"ckpt:{tmp_path / 'head'}"]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 2, res.output
+    assert "int8 and fp32 vectors lie in different spaces" in " ".join(res.output.split())

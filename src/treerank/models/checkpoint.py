@@ -132,36 +132,9 @@ def load_checkpoint(
         enc = doc["encoder"]
     except (json.JSONDecodeError, KeyError, TypeError) as exc:
         raise ValueError(f"{cfg_path}: not a treerank checkpoint config ({exc})") from exc
+    check_binding(path, enc, expected_fingerprint, expected_precision)
     fp = str(enc.get("fingerprint", ""))
-    if expected_fingerprint is not None and fp != expected_fingerprint:
-        raise EncoderMismatchError(
-            f"{path}: trained on vectors from encoder {enc.get('name')!r} (fingerprint {fp[:12]}), "
-            f"but the store was embedded with fingerprint {expected_fingerprint[:12]}; "
-            "re-train the head on this store or re-embed with the same encoder"
-        )
     trained = enc.get("precision")
-    if expected_precision is not None:
-        from treerank.encoders.precision import check_mix
-
-        if trained is None:
-            if expected_precision == "int8":
-                import warnings
-
-                warnings.warn(
-                    f"{path}: the checkpoint records no training precision (written before "
-                    "precisions existed), and the store it scores holds int8 vectors: if it "
-                    "was trained on fp32 vectors its scores are not comparable",
-                    stacklevel=2,
-                )
-        else:
-            check_mix(
-                path,
-                expected_precision,
-                str(trained),
-                base_what="the store's vectors",
-                other_what="the vectors this checkpoint was trained on",
-                fix="Train the model on a store of the same precision",
-            )
     return Checkpoint(
         model_type=model_type,
         config=dict(doc.get("config", {})),
@@ -172,6 +145,80 @@ def load_checkpoint(
         extra=dict(doc.get("extra", {})),
         encoder_precision=None if trained is None else str(trained),
     )
+
+
+def check_binding(
+    path: str | Path,
+    encoder: dict[str, Any],
+    expected_fingerprint: str | None = None,
+    expected_precision: str | None = None,
+) -> None:
+    """Check a checkpoint's ``config.json`` ``encoder`` block against the store it will score:
+    the weights fingerprint must equal, the training precision must mix with the store's
+    (`treerank.encoders.precision.check_mix`); see :func:`load_checkpoint` (``None`` skips a
+    check; a checkpoint recording no precision is flagged on an int8 store, not refused).
+
+    Raises:
+        EncoderMismatchError: another encoder's fingerprint.
+        PrecisionMixError: a training precision the mixing rule keeps apart from the store's.
+    """
+    fp = str(encoder.get("fingerprint", ""))
+    if expected_fingerprint is not None and fp != expected_fingerprint:
+        raise EncoderMismatchError(
+            f"{path}: trained on vectors from encoder {encoder.get('name')!r} (fingerprint "
+            f"{fp[:12]}), but the store was embedded with fingerprint "
+            f"{expected_fingerprint[:12]}; re-train the head on this store or re-embed with the "
+            "same encoder"
+        )
+    trained = encoder.get("precision")
+    if expected_precision is None:
+        return
+    if trained is None:
+        if expected_precision == "int8":
+            import warnings
+
+            warnings.warn(
+                f"{path}: the checkpoint records no training precision (written before "
+                "precisions existed), and the store it scores holds int8 vectors: if it "
+                "was trained on fp32 vectors its scores are not comparable",
+                stacklevel=3,
+            )
+        return
+    from treerank.encoders.precision import check_mix
+
+    check_mix(
+        path,
+        expected_precision,
+        str(trained),
+        base_what="the store's vectors",
+        other_what="the vectors this checkpoint was trained on",
+        fix="Train the model on a store of the same precision",
+    )
+
+
+def check_checkpoint_store(
+    path: str | Path, expected_fingerprint: str | None, expected_precision: str | None
+) -> None:
+    """:func:`check_binding` of the checkpoint directory ``path`` (``config.json`` only, no
+    weights read): what ``evaluate`` runs for every checkpoint system before any work.
+
+    Raises:
+        FileNotFoundError / ValueError: no readable checkpoint config; and see
+            :func:`check_binding`.
+    """
+    path = Path(path)
+    if not (path / CONFIG_FILE).is_file() and (path / "checkpoint" / CONFIG_FILE).is_file():
+        path = path / "checkpoint"
+    cfg_path = path / CONFIG_FILE
+    try:
+        enc = json.loads(cfg_path.read_text())["encoder"]
+    except OSError as exc:
+        raise FileNotFoundError(
+            f"{cfg_path}: missing (not a treerank checkpoint directory)"
+        ) from exc
+    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise ValueError(f"{cfg_path}: not a treerank checkpoint config ({exc})") from exc
+    check_binding(path, enc, expected_fingerprint, expected_precision)
 
 
 class CheckpointMixin:

@@ -256,6 +256,20 @@ class CheckpointSystem:
             self._family = fam
         return self._loaded[1]
 
+    def check_store(self, store: StoreLike) -> None:
+        """Refuse ``store`` before any work when the checkpoint is bound to another encoder or
+        to vectors of a precision the mixing rule keeps apart (reads ``config.json`` only).
+
+        Raises:
+            EncoderMismatchError / PrecisionMixError: see
+                `treerank.models.checkpoint.check_binding`.
+        """
+        from treerank.models.checkpoint import check_checkpoint_store
+
+        check_checkpoint_store(
+            self.path, getattr(store, "encoder_fingerprint", None), vector_precision(store)
+        )
+
     def kept_initialisation(self) -> bool:
         """Whether the checkpoint's training kept its initialisation (training summary
         ``kept_initialisation``: early-stopped at step 0), read from its ``config.json``
