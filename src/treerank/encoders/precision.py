@@ -21,7 +21,8 @@ reuses passages, ``search``, ``serve``, ``evaluate`` and ``run`` when a checkpoi
 store): two precisions may meet (a store's passages and its query vectors; the vectors a model
 was trained on and the store it scores) when both lie in the same *space*
 (:data:`MIX_SPACE`). fp32 and bf16 share the fp32 space: a bf16 vector's cosine to its fp32 one
-is bounded by 0.999 (measured min 0.99996 on 320 SciFact abstracts, ``docs/encoding.md``), ten
+is bounded by 0.999 (measured min 0.99997 on 320 SciFact abstracts, 0.99992 with bf16
+weights; SciFact nDCG@10 +0.0005: ``docs/encoding.md``), ten
 times closer than int8's 0.99 and below the float noise a re-encoding of the same text already
 shows between two batch layouts. int8 vectors (measured min 0.992, nDCG@10 moved by -0.0056 on
 SciFact and +0.0099 on CISI) form their own space: int8 meets only int8.
