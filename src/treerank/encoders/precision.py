@@ -16,16 +16,17 @@ precision, so their vectors sit near the fp32 ones. Each reduced precision has a
 bound**, the least cosine of one of its vectors to the fp32 vector of the same text
 (:data:`FIDELITY_BOUNDS`: bf16 0.999, int8 0.99).
 
-**The mixing rule** (:func:`check_mix`, the one function every command calls: ``embed`` when it
-reuses passages, ``search``, ``serve``, ``evaluate`` and ``run`` when a checkpoint scores a
-store): two precisions may meet (a store's passages and its query vectors; the vectors a model
-was trained on and the store it scores) when both lie in the same *space*
-(:data:`MIX_SPACE`). fp32 and bf16 share the fp32 space: a bf16 vector's cosine to its fp32 one
-is bounded by 0.999 (measured min 0.99997 on 320 SciFact abstracts, 0.99992 with bf16
-weights; SciFact nDCG@10 +0.0005: ``docs/encoding.md``), ten
-times closer than int8's 0.99 and below the float noise a re-encoding of the same text already
-shows between two batch layouts. int8 vectors (measured min 0.992, nDCG@10 moved by -0.0056 on
-SciFact and +0.0099 on CISI) form their own space: int8 meets only int8.
+**The mixing rule** (:func:`check_mix`, the one function every command calls: ``search`` and
+``serve`` for query vectors, and every checkpoint load bound to a store -- ``evaluate``,
+``run``, ``diagnose``, ``search``, ``serve``): two precisions may meet (a store's passages and
+its query vectors; the vectors a model was trained on and the store it scores) when both lie in
+the same *space* (:data:`MIX_SPACE`). fp32 and bf16 share the fp32 space: a bf16 vector's
+cosine to its fp32 one is bounded by 0.999 (measured min 0.99997 on 320 SciFact abstracts,
+0.99992 with bf16 weights; SciFact nDCG@10 +0.0005: ``docs/encoding.md``), ten times closer
+than int8's 0.99 and of the order of the float noise between two batch layouts of the same
+text (cosine > 0.9999). int8 vectors (measured min 0.992, nDCG@10 moved by -0.0056 on SciFact
+and +0.0099 on CISI) form their own space: int8 meets only int8. Passage reuse between sibling
+stores (``embed``) is stricter: the same precision.
 
 **The fidelity guard** (:func:`fidelity_check`): while embedding with a reduced precision, a
 seeded sample of items is encoded again in fp32 (the torch modules) and compared; items below
