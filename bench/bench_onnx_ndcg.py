@@ -1,6 +1,7 @@
-"""SciFact test nDCG@10 of the ``onnx-int8`` encoder backend against the fp32 (torch) store.
+"""SciFact test nDCG@10 of a reduced-precision encoding path against the fp32 (torch) store.
 
-Embeds BEIR SciFact's test split (300 queries, 5,183 passages) with ``onnx-int8`` once (cached
+``--path onnx-int8`` (default) or ``--path bf16`` (the torch backend under bf16 autocast).
+Embeds BEIR SciFact's test split (300 queries, 5,183 passages) with that path once (cached
 under ``--work``), ranks it with exact cosine search, and compares with the fp32 store of the
 same split (the cached test store ``.cache/test-stores/scifact-*/test``, or one embedded here
 with the torch backend when absent). Also reports the per-vector cosine of every int8 passage
@@ -27,6 +28,16 @@ SCIFACT = REPO.parent / "shared" / "data" / "beir-scifact" / "scifact.zip"
 if not SCIFACT.is_file():
     SCIFACT = REPO / "data" / "samples" / "scifact" / "scifact.zip"
 OUT = REPO / "bench" / "results" / "embed" / "scifact_int8_ndcg.json"
+PATHS = {  # --path: (store name, encoder keywords, results file, cosine key, target)
+    "onnx-int8": ("onnx-int8", {"backend": "onnx-int8"}, OUT, "int8", 0.005),
+    "bf16": (
+        "torch-bf16",
+        {"precision": "bf16"},
+        OUT.with_name("scifact_bf16_ndcg.json"),
+        "bf16",
+        0.001,
+    ),
+}
 
 
 def fp32_store(work: Path, split, threads: int):
@@ -97,6 +108,7 @@ def main() -> None:
         help="do not embed: report the cosines of the int8 vectors written so far by a running "
         "(or interrupted) embed into --work (nDCG needs the finished store)",
     )
+    ap.add_argument("--path", choices=sorted(PATHS), default="onnx-int8")
     args = ap.parse_args()
     if args.partial:
         partial(args.work)
@@ -111,16 +123,17 @@ def main() -> None:
 
     split = read_scifact(SCIFACT, "test")
     ref = fp32_store(args.work, split, args.threads)
-    out = args.work / "onnx-int8" / "test"
-    enc = SentenceEncoder(backend="onnx-int8", threads=args.threads)
+    label, enc_kw, out_file, cos_label, target = PATHS[args.path]
+    out = args.work / label / "test"
+    enc = SentenceEncoder(threads=args.threads, **enc_kw)  # type: ignore[arg-type]
     t0 = time.perf_counter()
     stats = embed_split(split, enc, out, resume=True, reuse=False, progress=False)
     wall = time.perf_counter() - t0
-    int8 = EmbeddingStore.open(out)
+    int8 = EmbeddingStore.open(out)  # the reduced-precision store (int8 or bf16)
     assert int8.meta["data_sha256"] == ref.meta["data_sha256"], "different SciFact test data"
 
     res = {}
-    for name, store in (("fp32", ref), ("onnx-int8", int8)):
+    for name, store in (("fp32", ref), (label, int8)):
         run = build_system("cosine").retrieve(store, 10)
         ev = evaluate_run(run, Qrels.from_store(store), ["ndcg@10", "recall@10"])
         res[name] = {
@@ -130,7 +143,7 @@ def main() -> None:
             "backend": store.meta["encoder"].get("backend", "torch"),
             "store": str(store.path.relative_to(REPO) if store.path.is_relative_to(REPO) else ""),
         }
-    pq = np.asarray(res["onnx-int8"].pop("per_query_ndcg@10")) - np.asarray(
+    pq = np.asarray(res[label].pop("per_query_ndcg@10")) - np.asarray(
         res["fp32"].pop("per_query_ndcg@10")
     )
     cos = {
@@ -145,10 +158,10 @@ def main() -> None:
         "threads": args.threads,
         "system": "cosine (exact)",
         "results": res,
-        "ndcg@10_delta": res["onnx-int8"]["ndcg@10"] - res["fp32"]["ndcg@10"],
-        "target_abs_delta": 0.005,
+        "ndcg@10_delta": res[label]["ndcg@10"] - res["fp32"]["ndcg@10"],
+        "target_abs_delta": target,
         "queries_changed_ndcg": int((np.abs(pq) > 1e-12).sum()),
-        "cosine_int8_vs_fp32": {
+        f"cosine_{cos_label}_vs_fp32": {
             k: {
                 "min": float(v.min()),
                 "mean": float(v.mean()),
@@ -157,18 +170,19 @@ def main() -> None:
             }
             for k, v in cos.items()
         },
-        "int8_embed": {
+        f"{cos_label}_embed": {
             "passages_per_s": (stats.n_passages / stats.passage_seconds)
             if stats.passage_seconds
             else None,
             "wall_s": wall,
             "quantization": int8.meta["encoder"]["quantization"],
+            "fidelity": int8.meta["encoder"].get("fidelity"),
         },
     }
-    OUT.parent.mkdir(parents=True, exist_ok=True)
+    out_file.parent.mkdir(parents=True, exist_ok=True)
     from treerank.atomic import atomic_write_json
 
-    atomic_write_json(OUT, doc)
+    atomic_write_json(out_file, doc)
     print(json.dumps(doc, indent=1))
 
 

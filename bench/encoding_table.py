@@ -1,8 +1,9 @@
 """Render the measured tables of ``docs/encoding.md`` from the benchmark JSON files.
 
-Reads ``bench/results/embed/backends.json`` (``bench/bench_embed.py``) and
-``bench/results/embed/scifact_int8_ndcg.json`` (``bench/bench_onnx_ndcg.py``) and replaces the
-text between ``<!-- BEGIN measured -->`` and ``<!-- END measured -->`` in ``docs/encoding.md``.
+Reads ``bench/results/embed/encoding_paths.json`` (``bench/bench_encoding.py``),
+``bench/results/embed/backends.json`` (``bench/bench_embed.py``) and
+``bench/results/embed/scifact_{bf16,int8}_ndcg.json`` (``bench/bench_onnx_ndcg.py``) and replaces
+the text between ``<!-- BEGIN measured -->`` and ``<!-- END measured -->`` in ``docs/encoding.md``.
 ``tests/encoders/test_encoding_doc.py`` checks that the document equals this rendering, so no
 number in it is typed by hand.
 
@@ -78,19 +79,100 @@ def render_throughput(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def render_ndcg(doc: dict[str, Any]) -> str:
-    """The nDCG@10 table of ``scifact_int8_ndcg.json``."""
-    c = doc["cosine_int8_vs_fp32"]
+def render_paths(doc: dict[str, Any]) -> str:
+    """The per-path throughput table of ``encoding_paths.json`` (``bench/bench_encoding.py``)."""
+    cpu = doc.get("cpu", {})
+    flags = cpu.get("Flags", "")
+    simd = [f for f in flags.split() if f.startswith(("avx512", "amx", "avx2", "avx_vnni"))]
+    lines = [
+        f"{doc['n_passages']:,} SciFact test abstracts, batches of at most {doc['batch_size']}, "
+        f"{doc['threads']} thread(s) for every path, best of {doc['repeats']} interleaved "
+        f"repeats in one process (order rotated each repeat); CPU: {cpu.get('Model name', '?')} "
+        f"({cpu.get('CPU(s)', '?')} CPUs; SIMD flags: {' '.join(simd) or 'none'}; "
+        f"{'with' if 'amx_bf16' in flags else 'no'} AMX), load average "
+        f"{doc['load_average'][0]:.1f} (shared machine); torch {doc['versions']['torch']}, "
+        f"onnxruntime {doc['versions']['onnxruntime']}. Ratio = plain fp32 "
+        "`SentenceTransformer.encode` seconds / the path's seconds (wall; CPU: process CPU "
+        "seconds); cosine to plain fp32's vector of the same text.",
+        "",
+        "| path | vectors | passages/s | ratio | CPU ratio | vs `torch/fp32` | min / mean cosine "
+        "(bound) |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for name, row in doc["rows"].items():
+        cos = row["cosine_to_fp32"]
+        cpu_r = "-" if row.get("cpu_ratio") is None else f"{row['cpu_ratio']:.2f}"
+        bound = "" if row["precision"] == "fp32" else f" (>= {row['bound']})"
+        label = f"`{name}`" if not name.startswith("plain") else f"{name} `encode`"
+        lines.append(
+            f"| {label} | {row['precision']} | {row['passages_per_s']:.2f} | "
+            f"{row['ratio']:.2f} | {cpu_r} | {row['ratio_to_torch_fp32']:.2f} | "
+            f"{cos['min']:.5f} / {cos['mean']:.5f}{bound} |"
+        )
+    by_coll = {
+        n: r["cosine_to_fp32_by_collection"]
+        for n, r in doc["rows"].items()
+        if "cosine_to_fp32_by_collection" in r
+    }
+    if by_coll:
+        colls = list(next(iter(by_coll.values())))
+        sizes = doc.get("fidelity_collections", {})
+        lines += [
+            "",
+            "Min cosine to the fp32 vector of the same text per collection (SciFact: the "
+            f"{doc['n_passages']} abstracts above; "
+            + ", ".join(f"{c}: the first {sizes[c]} passages" for c in colls if c in sizes)
+            + "; Cranfield stands in for CISI-like short technical abstracts):",
+            "",
+            "| path | " + " | ".join(colls) + " |",
+            "|---|" + "---:|" * len(colls),
+        ]
+        for name, row in by_coll.items():
+            lines.append(f"| `{name}` | " + " | ".join(f"{row[c]:.5f}" for c in colls) + " |")
+    auto = doc.get("auto")
+    if auto:
+        probe = ", ".join(f"`{k}` {v:.3f} s" for k, v in auto["seconds"].items())
+        lines += [
+            "",
+            f"`auto` chose `{auto['path']}`: its probe ({auto['probe_texts']} fixed texts, one "
+            f"batch) measured {auto['ratio_to_fp32']:.2f}x `torch/fp32` ({probe}).",
+        ]
+    return "\n".join(lines)
+
+
+NDCG_FILES = (  # results file, label of the reduced store in it, cosine key
+    ("scifact_bf16_ndcg.json", "torch-bf16", "bf16"),
+    ("scifact_int8_ndcg.json", "onnx-int8", "int8"),
+)
+
+
+def render_ndcg(doc: dict[str, Any], label: str = "onnx-int8", prec: str = "int8") -> str:
+    """The nDCG@10 table of a ``scifact_<prec>_ndcg.json`` (``bench/bench_onnx_ndcg.py``)."""
+    c = doc[f"cosine_{prec}_vs_fp32"]
+    # the file counts vectors below 0.99 (int8's bound); bf16's 0.999 shows through the minimum
+    below = "below_0.99" if prec == "int8" else None
     if not doc.get("complete", True):
         p, q = c["passages"], c["queries"]
         return (
-            f"{doc['dataset']}: **nDCG@10 not measured** -- {doc['note']}. Cosine of the int8 "
+            f"{doc['dataset']}: **nDCG@10 not measured** -- {doc['note']}. Cosine of the {prec} "
             f"vectors to the fp32 ones: {p['n']:,} of {p['of']:,} passages, min {p['min']:.4f}, "
             f"mean {p['mean']:.4f} ({p['below_0.99']} below 0.99); {q['n']} of {q['of']} "
             f"queries, min {q['min']:.4f}, mean {q['mean']:.4f} ({q['below_0.99']} below 0.99)."
         )
     r = doc["results"]
-    ok = "✓" if abs(doc["ndcg@10_delta"]) <= doc["target_abs_delta"] else "✗"
+    delta = doc["ndcg@10_delta"]
+    if prec == "int8":
+        verdict = (
+            "no bound on the metric is promised for int8: the earlier ±0.005 claim is withdrawn "
+            "(it failed here and on CISI, where nDCG@10 moved by +0.0099, issue 33)"
+        )
+    else:
+        ok = "✓" if abs(delta) <= doc["target_abs_delta"] else "✗"
+        verdict = f"target within ±{doc['target_abs_delta']} {ok}"
+
+    def n_below(k: str) -> str:
+        return f" ({c[k][below]} below 0.99)" if below else ""
+
     lines = [
         f"{doc['dataset']} ({doc['n_queries']:,} queries, {doc['n_passages']:,} passages), "
         f"{doc['system']}:",
@@ -99,30 +181,37 @@ def render_ndcg(doc: dict[str, Any]) -> str:
         "|---|---:|---:|",
         f"| fp32 (`{r['fp32']['backend']}`) | {r['fp32']['ndcg@10']:.4f} | "
         f"{r['fp32']['recall@10']:.4f} |",
-        f"| `onnx-int8` | {r['onnx-int8']['ndcg@10']:.4f} | {r['onnx-int8']['recall@10']:.4f} |",
+        f"| `{label}` | {r[label]['ndcg@10']:.4f} | {r[label]['recall@10']:.4f} |",
         "",
-        f"Difference {doc['ndcg@10_delta']:+.4f} (target within ±{doc['target_abs_delta']}) {ok}; "
+        f"Difference {delta:+.4f} ({verdict}); "
         f"{doc['queries_changed_ndcg']} of {doc['n_queries']} queries changed their nDCG@10. "
-        "Cosine of every int8 vector to its fp32 one: passages min "
-        f"{c['passages']['min']:.4f}, mean {c['passages']['mean']:.4f} "
-        f"({c['passages']['below_0.99']} below 0.99); queries min {c['queries']['min']:.4f}, "
-        f"mean {c['queries']['mean']:.4f} ({c['queries']['below_0.99']} below 0.99).",
+        f"Cosine of every {prec} vector to its fp32 one: passages min "
+        f"{c['passages']['min']:.5f}, mean {c['passages']['mean']:.5f}{n_below('passages')}; "
+        f"queries min {c['queries']['min']:.5f}, mean {c['queries']['mean']:.5f}"
+        f"{n_below('queries')}.",
     ]
     return "\n".join(lines)
 
 
 def render() -> str:
-    """The measured section (both tables, or a note where a results file is missing)."""
+    """The measured section (every table, or a note where a results file is missing)."""
     parts = []
+    paths = _load("encoding_paths.json")
+    parts.append(
+        "### Encode throughput per path (`bench/bench_encoding.py`)\n\n"
+        + (render_paths(paths) if paths else "_not measured yet_")
+    )
     thr = _load("backends.json")
     parts.append(
-        "### Throughput, memory, serve latency\n\n"
+        "### Throughput, memory, serve latency (`bench/bench_embed.py`, earlier run)\n\n"
         + (render_throughput(thr) if thr else "_not measured yet_")
     )
-    nd = _load("scifact_int8_ndcg.json")
-    parts.append(
-        "### Retrieval quality of onnx-int8\n\n" + (render_ndcg(nd) if nd else "_not measured yet_")
-    )
+    for name, label, prec in NDCG_FILES:
+        nd = _load(name)
+        parts.append(
+            f"### Retrieval quality of {label}\n\n"
+            + (render_ndcg(nd, label, prec) if nd else "_not measured yet_")
+        )
     return "\n\n".join(parts)
 
 

@@ -147,6 +147,12 @@ def test_device_and_encoder_backend_are_parsed_and_checked(tmp_path: Path) -> No
             load_experiment(_base(tmp_path, f"device: '{bad}'"))
     with pytest.raises(ConfigError, match=r"encoder.backend 'tensorrt' unknown; known: torch"):
         load_experiment(_base(tmp_path, "encoder: {backend: tensorrt}"))
+    assert cfg.encoder.precision == "fp32"
+    bf16 = load_experiment(_base(tmp_path, "encoder: {precision: bf16, backend: auto}"))
+    assert bf16.encoder.precision == "bf16" and bf16.encoder.backend == "auto"
+    assert check_library_support(bf16) == []  # SentenceEncoder takes precision= and auto
+    with pytest.raises(ConfigError, match=r"encoder.precision 'fp16' unknown; known: fp32"):
+        load_experiment(_base(tmp_path, "encoder: {precision: fp16}"))
     with pytest.raises(ConfigError, match="diagnose.probe_seed: expected an integer, got .x."):
         load_experiment(_base(tmp_path, "diagnose: {model: linear, probe_seed: x}"))
 

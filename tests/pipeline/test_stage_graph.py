@@ -119,6 +119,7 @@ CASES: list[tuple[str, Callable[[Path], Callable[[dict[str, Any]], None]], set[s
     ("query prompt", lambda t: _set("encoder", "query_prompt", value="query: "), ALL),
     ("token budget", lambda t: _set("encoder", "token_budget", value=8192), ALL),
     ("backend", lambda t: _set("encoder", "backend", value="onnx-int8"), ALL),
+    ("precision", lambda t: _set("encoder", "precision", value="bf16"), ALL),
     # where it runs
     ("device", lambda t: _set("device", value="cuda:0"), ALL),
     # diagnose settings

@@ -112,7 +112,8 @@ def test_ckpt_dense_and_retrieving_models(store, tmp_path, monkeypatch) -> None:
     entry = ModelFamily("toy-retriever", Retriever, system=lambda model, name: model)
     monkeypatch.setitem(FAMILIES, "toy-retriever", entry)
     monkeypatch.setattr(
-        "treerank.models.registry.load_model", lambda path, expected_fingerprint=None: Retriever()
+        "treerank.models.registry.load_model",
+        lambda path, expected_fingerprint=None, expected_precision=None: Retriever(),
     )
     out = build_system(f"ckpt:{tmp_path / 'cos'}").retrieve(store, 8)
     assert out.ids.shape == (4, 1) and out.name == f"ckpt:{tmp_path / 'cos'}"

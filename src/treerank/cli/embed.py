@@ -26,6 +26,12 @@ def _stats_table(split_name: str, out: Path, stats: object) -> object:
         table.add_row(what, f"{total:,}", "-" if rate is None else f"{rate:,.1f}")
     table.add_row("padding ratio", f"{stats.padding_ratio:.1%}", "")
     table.add_row("encode seconds", f"{stats.seconds:,.1f}", "")
+    if stats.fidelity_checked:
+        table.add_row(
+            "fidelity guard: checked / below bound (fp32 used)",
+            f"{stats.fidelity_checked:,} / {stats.fidelity_breaches:,}",
+            f"min cos {stats.fidelity_min_cosine:.5f}",
+        )
     return table
 
 
@@ -77,9 +83,19 @@ def embed(
     backend: str = typer.Option(
         "torch",
         "--backend",
-        help="Encoder backend: torch, onnx (ONNX Runtime fp32) or onnx-int8 (dynamic int8; "
-        "queries must later use int8 too). The ONNX export is cached in "
+        help="Encoder backend: torch, onnx (ONNX Runtime fp32), onnx-int8 (dynamic int8; "
+        "queries must later use int8 too) or auto (the measured fastest path that meets its "
+        "fidelity bound, cached per machine). The ONNX export is cached in "
         "$TREERANK_CACHE/onnx or ~/.cache/treerank/onnx.",
+    ),
+    precision: str = typer.Option(
+        "fp32",
+        "--precision",
+        help="Torch backend precision: fp32, bf16 (bf16 autocast; a seeded sample is checked "
+        "against fp32, cosine >= 0.999) or auto (measured, see docs/encoding.md).",
+    ),
+    bf16_weights: bool = typer.Option(
+        False, "--bf16-weights", help="With --precision bf16: also cast the weights to bf16."
     ),
     threads: int | None = typer.Option(
         None, "--threads", help="CPU threads for every backend (default: torch's setting)."
@@ -120,6 +136,10 @@ def embed(
 
     err = Console(stderr=True)
     console = Console()
+    from treerank.encoders.precision import PRECISIONS
+
+    if precision not in PRECISIONS:  # before anything is read or loaded
+        raise fail(f"--precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
 
     def make_encoder(dev: str) -> SentenceEncoder:
         return SentenceEncoder(
@@ -134,6 +154,8 @@ def embed(
             progress=progress,
             backend=backend,
             threads=threads,
+            precision=precision,
+            bf16_weights=bf16_weights,
         )
 
     def on_read(split_name: str, data: RetrievalSplit | None, main: bool) -> None:

@@ -4,12 +4,24 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import typer
 
 from treerank.cli.errors import fail
 from treerank.cli.options import cli_device, device_option
 from treerank.cli.spec_help import SEE_KINDS, RegistryHelpCommand
+
+
+def query_precision_option() -> Any:
+    """The ``--precision`` option of the commands that encode queries (``search``, ``serve``)."""
+    return typer.Option(
+        None,
+        "--precision",
+        help="Query encoder precision on the torch backend: fp32, bf16 or auto (the measured "
+        "fastest path the store allows; default: the store's). fp32 and bf16 mix; int8 only "
+        "with int8.",
+    )
 
 
 def _read_queries(path: Path) -> tuple[list[str], list[str]]:
@@ -67,10 +79,11 @@ def search(
     backend: str | None = typer.Option(
         None,
         "--backend",
-        help="Query encoder backend: torch, onnx or onnx-int8 (default: the store's; int8 "
+        help="Query encoder backend: torch, onnx, onnx-int8 or auto (default: the store's; int8 "
         "queries are refused against an fp32 store and the reverse).",
     ),
     device: str = device_option(),
+    precision: str | None = query_precision_option(),
 ) -> None:
     """Encode queries with the store's encoder (pinned by its weights fingerprint) and search.
 
@@ -106,7 +119,9 @@ def search(
         # a bad spec fails here, before the encoder loads (~5 s)
         built = build_system(system, device=str(dev))
         st = EmbeddingStore.open(store)
-        enc = load_store_encoder(st, encoder, backend, device=str(dev.concrete()))
+        enc = load_store_encoder(
+            st, encoder, backend, device=str(dev.concrete()), precision=precision
+        )
         run, hits = search_texts(st, built, enc, texts, k)
     except (ValueError, FileNotFoundError, OSError) as exc:
         raise fail(exc) from None

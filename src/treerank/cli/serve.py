@@ -8,6 +8,7 @@ import typer
 
 from treerank.cli.errors import fail
 from treerank.cli.options import cli_device, device_option
+from treerank.cli.search import query_precision_option
 from treerank.cli.spec_help import SEE_KINDS, RegistryHelpCommand
 
 
@@ -28,9 +29,10 @@ def serve(
     backend: str | None = typer.Option(
         None,
         "--backend",
-        help="Query encoder backend: torch, onnx or onnx-int8 (default: the store's; int8 "
+        help="Query encoder backend: torch, onnx, onnx-int8 or auto (default: the store's; int8 "
         "queries are refused against an fp32 store and the reverse).",
     ),
+    precision: str | None = query_precision_option(),
     host: str = typer.Option("127.0.0.1", "--host", help="Interface to bind."),
     port: int = typer.Option(8000, "--port", min=0, max=65535, help="TCP port (0: any free port)."),
     max_k: int = typer.Option(1000, "--max-k", help="Largest k a request may ask for."),
@@ -89,6 +91,7 @@ def serve(
             batch_invariant=batch_invariant,
             backend=backend,
             device=str(dev),
+            precision=precision,
         )
         sock = bind_socket(host, port)  # a taken port fails here, before loading the store
     except (ValueError, PortInUseError) as exc:

@@ -33,6 +33,7 @@ from treerank.diagnostics.failures import failure_analysis
 from treerank.diagnostics.labels import query_labels
 from treerank.diagnostics.probes import run_probes, slot_specialisation
 from treerank.diagnostics.variants import evaluate_variants, l2_normalize
+from treerank.encoders.precision import vector_precision
 from treerank.evaluation.metrics import DEFAULT_METRICS, HEADLINE_METRIC
 from treerank.evaluation.significance import N_PERMUTATIONS
 from treerank.lock import writes_dir
@@ -339,7 +340,7 @@ def run_diagnostics(
     t0 = time.perf_counter()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    model = load_model(checkpoint_dir, store.encoder_fingerprint)
+    model = load_model(checkpoint_dir, store.encoder_fingerprint, vector_precision(store))
     is_drt = isinstance(model, SlotScorer)  # slot-level steps for any slot model (DRT)
     is_dense = isinstance(model, DenseScorer)
     model_name = str(getattr(model, "name", "model"))
@@ -501,7 +502,9 @@ def run_diagnostics(
             cka["vs_frozen"][name] = linear_cka(x, qx)
     cka["model_vs_frozen"] = cka["vs_frozen"].get(model_name)
     if baseline.startswith("ckpt:"):
-        other = load_model(baseline[len("ckpt:") :], store.encoder_fingerprint)
+        other = load_model(
+            baseline[len("ckpt:") :], store.encoder_fingerprint, vector_precision(store)
+        )
         if isinstance(other, DenseScorer):
             bq = other.encode_queries(qx)
             cka["vs_baseline"] = {n: linear_cka(x, bq) for n, x in reps.items()}

@@ -10,8 +10,9 @@ backend        runtime                                                      prec
 
 ``torch`` and ``onnx`` compute the same function in fp32 (vectors agree to ~1e-6), so stores and
 queries of the two are interchangeable; ``onnx-int8`` vectors lie in a slightly different space
-(cosine ~0.99 to fp32), so a store records its backend's *precision* and queries must match it
-(:func:`check_compatible`).
+(cosine ~0.99 to fp32), so a store records its backend's *precision*; which precisions may meet
+is the one rule of `treerank.encoders.precision.check_mix` (the torch backend's bf16 path is
+there too).
 
 Quantisation is ONNX Runtime's dynamic quantisation (``quantize_dynamic``): weights of every
 MatMul/Gemm are int8 per output channel, activations are quantised per tensor at run time
@@ -110,25 +111,3 @@ def store_backend(encoder_meta: dict[str, Any]) -> Backend:
         ValueError: the recorded name is unknown.
     """
     return get_backend(encoder_meta.get("backend") or "torch")
-
-
-class BackendMismatchError(ValueError):
-    """Queries would be encoded at another precision than the store's passages."""
-
-
-def check_compatible(store_path: Any, store: Backend, queries: Backend) -> None:
-    """Refuse query vectors whose precision differs from the store's.
-
-    ``torch`` and ``onnx`` (both fp32) are interchangeable; ``onnx-int8`` goes only with
-    ``onnx-int8``.
-
-    Raises:
-        BackendMismatchError: naming both backends and the store.
-    """
-    if store.precision != queries.precision:
-        raise BackendMismatchError(
-            f"{store_path}: the store's passages were encoded with backend {store.name!r} "
-            f"({store.precision}), but the queries would be encoded with {queries.name!r} "
-            f"({queries.precision}); int8 and fp32 vectors lie in different spaces. Use "
-            f"--backend {store.name} (or re-embed the store with {queries.name!r})"
-        )

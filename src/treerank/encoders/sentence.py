@@ -89,16 +89,31 @@ class SentenceEncoder:
         threads: ``torch.set_num_threads(threads)`` now; ``None`` keeps torch's setting. ONNX
             Runtime runs with the same count (``torch.get_num_threads()``).
         cache_dir: directory of ONNX exports (default `onnx_cache_dir`).
+        precision: the torch backend's compute precision: ``"fp32"`` (the reference),
+            ``"bf16"`` (the forward pass under ``torch.autocast(device, dtype=torch.bfloat16)``;
+            rows still come back float32, unit-norm) or ``"auto"`` (the measured fastest path
+            that meets its fidelity bound, `treerank.encoders.precision.resolve_path`; with
+            ``backend="auto"`` the ONNX paths are candidates too). ONNX backends take
+            ``"fp32"`` or ``"auto"`` only (their precision is the backend's).
+        bf16_weights: with ``precision="bf16"``, also cast the weights to bf16 (a fp32 copy
+            is kept for the fidelity guard's reference); the fingerprint stays the fp32
+            weights'.
+        allowed_precisions: vector precisions ``auto`` may choose (a store's space, see
+            `treerank.encoders.precision.check_mix`); ``None``: any.
+        refresh_probe: with ``auto``, measure again even when a cached choice exists.
 
     Attributes:
         name: encoder name.
         fingerprint: `weights_fingerprint` of the loaded model.
         dim: output dimension.
-        backend: the `Backend` record.
+        backend: the `Backend` record (``auto`` resolved).
+        precision: the vector precision: ``"fp32"``, ``"bf16"`` or ``"int8"`` (``onnx-int8``).
+        auto_choice: the `Choice` that resolved ``auto`` (``None`` without ``auto``).
         onnx_path: the exported ``.onnx`` file used (``None`` for ``torch``).
 
     Raises:
-        ValueError: an unknown backend; ``max_seq_length`` out of range.
+        ValueError: an unknown backend or precision, ``bf16`` with an ONNX backend,
+            ``bf16_weights`` without ``precision="bf16"``; ``max_seq_length`` out of range.
         UnsupportedModelError: an onnx backend for a model whose modules it cannot reproduce
             (names the module).
     """
@@ -118,9 +133,24 @@ class SentenceEncoder:
         backend: str | Backend = "torch",
         threads: int | None = None,
         cache_dir: str | Path | None = None,
+        precision: str = "fp32",
+        bf16_weights: bool = False,
+        allowed_precisions: Sequence[str] | None = None,
+        refresh_probe: bool = False,
     ) -> None:
+        from treerank.encoders.precision import PRECISIONS
 
-        self.backend = get_backend(backend)
+        if precision not in PRECISIONS:
+            raise ValueError(f"unknown precision {precision!r}; use one of {', '.join(PRECISIONS)}")
+        auto = backend == "auto" or precision == "auto"
+        self.backend = get_backend("torch" if auto else backend)
+        if self.backend.runtime != "torch" and precision == "bf16":
+            raise ValueError(
+                "precision 'bf16' runs on the torch backend only; got backend "
+                f"{self.backend.name!r}"
+            )
+        if bf16_weights and precision != "bf16":
+            raise ValueError("bf16_weights needs precision 'bf16'")
         if self.backend.runtime != "torch" and device != "cpu":
             raise ValueError(
                 f"encoder backend {self.backend.name!r} runs on the CPU only; got device {device!r}"
@@ -156,10 +186,41 @@ class SentenceEncoder:
         self.dim = int(dim)
         self.onnx_path: Path | None = None
         self._onnx: Any = None
-        if self.backend.runtime == "onnxruntime":
-            self._load_onnx(cache_dir)
+        self._cache_dir = cache_dir
+        self._ref_model: Any = None
+        self._torch_precision = "fp32" if precision == "auto" else precision
+        self.bf16_weights = bool(bf16_weights)
+        self.auto_choice: Any = None
+        if auto:
+            from treerank.encoders.precision import resolve_path
 
-    def _load_onnx(self, cache_dir: str | Path | None) -> None:
+            self.auto_choice = resolve_path(
+                self,
+                str(backend) if not isinstance(backend, Backend) else backend.name,
+                precision,
+                allowed=allowed_precisions,
+                refresh=refresh_probe,
+            )
+            import sys
+
+            print(self.auto_choice.message(), file=sys.stderr)
+            path = self.auto_choice.path
+            self.backend = get_backend(path.backend)
+            self._torch_precision = path.precision if path.backend == "torch" else "fp32"
+        if self.bf16_weights:
+            import copy
+
+            self._ref_model = copy.deepcopy(self.model)
+            self.model.to(torch.bfloat16)
+        if self.backend.runtime == "onnxruntime":
+            self.onnx_path, self._onnx = self._load_onnx(cache_dir, self.backend)
+
+    @property
+    def precision(self) -> str:
+        """The vector precision: ``"fp32"``, ``"bf16"`` or ``"int8"``."""
+        return "int8" if self.backend.quantization is not None else self._torch_precision
+
+    def _load_onnx(self, cache_dir: str | Path | None, backend: Backend) -> tuple[Path, Any]:
         from treerank.encoders.onnx_runtime import (
             INPUT_NAMES,
             OnnxForward,
@@ -181,10 +242,9 @@ class SentenceEncoder:
             "max_seq_length": self.max_seq_length,
         }
         path = cached_export(
-            self.model, self.fingerprint, pooling, inputs, self.backend, cache_dir, encoding
+            self.model, self.fingerprint, pooling, inputs, backend, cache_dir, encoding
         )
-        self.onnx_path = path
-        self._onnx = OnnxForward(path, inputs, torch.get_num_threads())
+        return path, OnnxForward(path, inputs, torch.get_num_threads())
 
     @property
     def max_seq_length(self) -> int:
@@ -237,22 +297,57 @@ class SentenceEncoder:
         features = self.model.preprocess(list(texts), prompt=prompt)
         mask = features["attention_mask"]
         if self._onnx is not None:
-            return BatchResult(
-                vectors=self._onnx(features),
-                padded_tokens=int(mask.numel()),
-                real_tokens=int(mask.sum()),
-            )
+            vectors = self._onnx(features)
+        else:
+            vectors = self._torch_forward(self.model, features, self._torch_precision)
+        return BatchResult(
+            vectors=vectors, padded_tokens=int(mask.numel()), real_tokens=int(mask.sum())
+        )
+
+    def _torch_forward(self, model: Any, features: dict[str, Any], precision: str) -> np.ndarray:
+        """The torch modules' forward pass in ``precision`` (``bf16``: under autocast):
+        ``float32 (n, dim)`` unit-norm rows."""
         features = {
             k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in features.items()
         }
-        with torch.inference_mode():
-            emb = self.model(features)["sentence_embedding"].float()
-            emb = torch.nn.functional.normalize(emb, p=2, dim=1)
-        return BatchResult(
-            vectors=emb.cpu().numpy().astype(np.float32, copy=False),
-            padded_tokens=int(mask.numel()),
-            real_tokens=int(mask.sum()),
-        )
+        with (
+            torch.inference_mode(),
+            torch.autocast(
+                torch.device(self.device).type, dtype=torch.bfloat16, enabled=precision == "bf16"
+            ),
+        ):
+            emb = model(features)["sentence_embedding"]
+        emb = torch.nn.functional.normalize(emb.float(), p=2, dim=1)
+        return emb.cpu().numpy().astype(np.float32, copy=False)
+
+    def encode_reference(self, texts: Sequence[str], kind: str = "passage") -> np.ndarray:
+        """Encode ``texts`` through the fp32 torch modules whatever this encoder's path (the
+        fidelity guard's reference), in length-bucketed batches.
+
+        Returns:
+            ``float32 (n, dim)``, unit-norm rows in input order.
+        """
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        if not len(texts):
+            return out
+        prompt = self.prompt_for(kind) or None
+        model = self._ref_model if self._ref_model is not None else self.model
+        for idx in self.plan(self.token_lengths(texts, kind)):
+            features = model.preprocess([texts[i] for i in idx], prompt=prompt)
+            out[idx] = self._torch_forward(model, features, "fp32")
+        return out
+
+    def probe_forward(self, path: Any) -> Callable[[], np.ndarray]:
+        """A callable encoding `treerank.encoders.precision.PROBE_TEXTS` as one batch through
+        ``path`` (an `EncodePath`): what the ``auto`` probe times (ONNX paths export first)."""
+        from treerank.encoders.precision import PROBE_TEXTS
+
+        features = self.model.preprocess(list(PROBE_TEXTS), prompt=None)
+        if path.backend == "torch":
+            model = self._ref_model if self._ref_model is not None else self.model
+            return lambda: self._torch_forward(model, features, path.precision)
+        _, forward = self._load_onnx(self._cache_dir, get_backend(path.backend))
+        return lambda: np.asarray(forward(features), dtype=np.float32)
 
     def encode(
         self,

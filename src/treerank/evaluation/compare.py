@@ -324,6 +324,10 @@ def compare_systems(
     for b in cfg.baselines:
         if b not in built:
             raise ValueError(f"baseline {b!r} is not one of the systems: {', '.join(built)}")
+    for system in built.values():  # a checkpoint bound to other vectors: refused before work
+        check = getattr(system, "check_store", None)
+        if callable(check):
+            check(store)
     # a writer lock on the output folder; nothing to lock when nothing is written
     lock = writer_lock(out_dir, "evaluate") if out_dir is not None else nullcontext()
     trained = {n for n, s in built.items() if uses_trained_model(s)}

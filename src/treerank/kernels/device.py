@@ -42,9 +42,11 @@ __all__ = [
     "cache_dir",
     "cpu_search_backend",
     "parse_device",
+    "read_probe_cache",
     "resolve_device",
     "search_backend",
     "takes_device",
+    "write_probe_cache",
 ]
 
 DEVICE_CHOICES = ("auto", "cpu", "cuda", "cuda:<n>")
@@ -250,13 +252,7 @@ def cpu_search_backend(
     probe = {"n_queries": n_queries, "n_passages": n_passages, "dim": dim, "k": k}
     key = _probe_key({**probe, "repeats": repeats})
     path = cache_dir() / PROBE_FILE
-    doc: dict[str, Any] = {}
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        doc = {}
-    if not isinstance(doc, dict):
-        doc = {}
+    doc = read_probe_cache(path)
     hit = doc.get(key)
     if not refresh and isinstance(hit, dict) and hit.get("backend") in ("torch", "faiss"):
         return str(hit["backend"])
@@ -271,12 +267,27 @@ def cpu_search_backend(
         "probe": probe,
         "measured_unix": time.time(),
     }
+    write_probe_cache(path, doc)
+    return backend
+
+
+def read_probe_cache(path: Path) -> dict[str, Any]:
+    """A measured-choice cache file (``key -> record``); ``{}`` when missing, unreadable or
+    not a JSON object (the caches are advisory: a bad one only means measuring again)."""
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def write_probe_cache(path: Path, doc: dict[str, Any]) -> None:
+    """Write a measured-choice cache atomically; an unwritable cache directory is ignored."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_json(path, doc, indent=1, sort_keys=True)
     except OSError:
         pass
-    return backend
 
 
 def search_backend(backend: str, device: torch.device) -> str:

@@ -1,7 +1,9 @@
 """Checkpoints: a directory with ``config.json`` and ``weights.safetensors``.
 
-``config.json`` holds ``{"model_type", "config", "encoder": {"name", "fingerprint"}, "dim",
-"extra"}``; the weights are a flat ``name -> tensor`` map.
+``config.json`` holds ``{"model_type", "config", "encoder": {"name", "fingerprint",
+"precision"}, "dim", "extra"}``; the weights are a flat ``name -> tensor`` map. ``precision`` is
+the vector precision of the store it was trained on (``fp32`` | ``bf16`` | ``int8``; absent in
+checkpoints written before precisions existed).
 
 Every model class shares one round trip, :class:`CheckpointMixin`: a model says what its config
 is (a JSON mapping that rebuilds it), what its tensors are, and how to rebuild itself from the
@@ -48,6 +50,7 @@ class Checkpoint:
     encoder_fingerprint: str
     dim: int
     extra: dict[str, Any] = field(default_factory=dict)
+    encoder_precision: str | None = None
 
 
 def save_checkpoint(path: str | Path, ckpt: Checkpoint) -> Path:
@@ -63,7 +66,11 @@ def save_checkpoint(path: str | Path, ckpt: Checkpoint) -> Path:
         doc = {
             "model_type": ckpt.model_type,
             "config": ckpt.config,
-            "encoder": {"name": ckpt.encoder_name, "fingerprint": ckpt.encoder_fingerprint},
+            "encoder": {
+                "name": ckpt.encoder_name,
+                "fingerprint": ckpt.encoder_fingerprint,
+                **({"precision": ckpt.encoder_precision} if ckpt.encoder_precision else {}),
+            },
             "dim": ckpt.dim,
             "extra": ckpt.extra,
         }
@@ -86,7 +93,11 @@ def save_checkpoint(path: str | Path, ckpt: Checkpoint) -> Path:
     return path
 
 
-def load_checkpoint(path: str | Path, expected_fingerprint: str | None = None) -> Checkpoint:
+def load_checkpoint(
+    path: str | Path,
+    expected_fingerprint: str | None = None,
+    expected_precision: str | None = None,
+) -> Checkpoint:
     """Read a checkpoint directory.
 
     Args:
@@ -94,11 +105,19 @@ def load_checkpoint(path: str | Path, expected_fingerprint: str | None = None) -
             directory holding it as ``checkpoint/``.
         expected_fingerprint: the encoder fingerprint of the store it will score; ``None`` skips
             the check.
+        expected_precision: the vector precision of that store (``fp32`` | ``bf16`` |
+            ``int8``, `treerank.encoders.precision.vector_precision`); ``None`` skips the check.
+            The checkpoint's recorded precision must mix with it
+            (`treerank.encoders.precision.check_mix`: a head trained on fp32 or bf16 vectors
+            never scores an int8 store, nor the reverse); a checkpoint recording none (written
+            before precisions existed) is not refused, but flagged with a warning on an int8
+            store.
 
     Raises:
         FileNotFoundError: ``path`` or one of its two files is missing.
         ValueError: ``config.json`` is not a treerank checkpoint config.
         EncoderMismatchError: the checkpoint's encoder fingerprint differs from ``expected``.
+        PrecisionMixError: the checkpoint's training precision cannot mix with the store's.
     """
     path = Path(path)
     if not (path / CONFIG_FILE).is_file() and (path / "checkpoint" / CONFIG_FILE).is_file():
@@ -113,13 +132,9 @@ def load_checkpoint(path: str | Path, expected_fingerprint: str | None = None) -
         enc = doc["encoder"]
     except (json.JSONDecodeError, KeyError, TypeError) as exc:
         raise ValueError(f"{cfg_path}: not a treerank checkpoint config ({exc})") from exc
+    check_binding(path, enc, expected_fingerprint, expected_precision)
     fp = str(enc.get("fingerprint", ""))
-    if expected_fingerprint is not None and fp != expected_fingerprint:
-        raise EncoderMismatchError(
-            f"{path}: trained on vectors from encoder {enc.get('name')!r} (fingerprint {fp[:12]}), "
-            f"but the store was embedded with fingerprint {expected_fingerprint[:12]}; "
-            "re-train the head on this store or re-embed with the same encoder"
-        )
+    trained = enc.get("precision")
     return Checkpoint(
         model_type=model_type,
         config=dict(doc.get("config", {})),
@@ -128,7 +143,82 @@ def load_checkpoint(path: str | Path, expected_fingerprint: str | None = None) -
         encoder_fingerprint=fp,
         dim=int(doc.get("dim", 0)),
         extra=dict(doc.get("extra", {})),
+        encoder_precision=None if trained is None else str(trained),
     )
+
+
+def check_binding(
+    path: str | Path,
+    encoder: dict[str, Any],
+    expected_fingerprint: str | None = None,
+    expected_precision: str | None = None,
+) -> None:
+    """Check a checkpoint's ``config.json`` ``encoder`` block against the store it will score:
+    the weights fingerprint must equal, the training precision must mix with the store's
+    (`treerank.encoders.precision.check_mix`); see :func:`load_checkpoint` (``None`` skips a
+    check; a checkpoint recording no precision is flagged on an int8 store, not refused).
+
+    Raises:
+        EncoderMismatchError: another encoder's fingerprint.
+        PrecisionMixError: a training precision the mixing rule keeps apart from the store's.
+    """
+    fp = str(encoder.get("fingerprint", ""))
+    if expected_fingerprint is not None and fp != expected_fingerprint:
+        raise EncoderMismatchError(
+            f"{path}: trained on vectors from encoder {encoder.get('name')!r} (fingerprint "
+            f"{fp[:12]}), but the store was embedded with fingerprint "
+            f"{expected_fingerprint[:12]}; re-train the head on this store or re-embed with the "
+            "same encoder"
+        )
+    trained = encoder.get("precision")
+    if expected_precision is None:
+        return
+    if trained is None:
+        if expected_precision == "int8":
+            import warnings
+
+            warnings.warn(
+                f"{path}: the checkpoint records no training precision (written before "
+                "precisions existed), and the store it scores holds int8 vectors: if it "
+                "was trained on fp32 vectors its scores are not comparable",
+                stacklevel=3,
+            )
+        return
+    from treerank.encoders.precision import check_mix
+
+    check_mix(
+        path,
+        expected_precision,
+        str(trained),
+        base_what="the store's vectors",
+        other_what="the vectors this checkpoint was trained on",
+        fix="Train the model on a store of the same precision",
+    )
+
+
+def check_checkpoint_store(
+    path: str | Path, expected_fingerprint: str | None, expected_precision: str | None
+) -> None:
+    """:func:`check_binding` of the checkpoint directory ``path`` (``config.json`` only, no
+    weights read): what ``evaluate`` runs for every checkpoint system before any work.
+
+    Raises:
+        FileNotFoundError / ValueError: no readable checkpoint config; and see
+            :func:`check_binding`.
+    """
+    path = Path(path)
+    if not (path / CONFIG_FILE).is_file() and (path / "checkpoint" / CONFIG_FILE).is_file():
+        path = path / "checkpoint"
+    cfg_path = path / CONFIG_FILE
+    try:
+        enc = json.loads(cfg_path.read_text())["encoder"]
+    except OSError as exc:
+        raise FileNotFoundError(
+            f"{cfg_path}: missing (not a treerank checkpoint directory)"
+        ) from exc
+    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise ValueError(f"{cfg_path}: not a treerank checkpoint config ({exc})") from exc
+    check_binding(path, enc, expected_fingerprint, expected_precision)
 
 
 class CheckpointMixin:
@@ -165,9 +255,14 @@ class CheckpointMixin:
         return dict(getattr(self, "extra", None) or {})
 
     def to_checkpoint(
-        self, encoder_name: str, encoder_fingerprint: str, extra: dict[str, Any] | None = None
+        self,
+        encoder_name: str,
+        encoder_fingerprint: str,
+        extra: dict[str, Any] | None = None,
+        encoder_precision: str | None = None,
     ) -> Checkpoint:
-        """A :class:`Checkpoint` of this model bound to the encoder whose vectors it scores."""
+        """A :class:`Checkpoint` of this model bound to the encoder whose vectors it scores
+        (and, when given, the vector precision of the store it was trained on)."""
         config = self.checkpoint_config()
         return Checkpoint(
             model_type=self.model_type,
@@ -177,6 +272,7 @@ class CheckpointMixin:
             encoder_fingerprint=encoder_fingerprint,
             dim=int(config.get("dim") or 0),
             extra={**self.checkpoint_extra(), **(extra or {})},
+            encoder_precision=encoder_precision,
         )
 
     @classmethod

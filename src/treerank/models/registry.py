@@ -22,12 +22,20 @@ def model_class(model_type: str) -> Any:
     return family(model_type).model_class()
 
 
-def load_model(path: str | Path, expected_fingerprint: str | None = None) -> Any:
+def load_model(
+    path: str | Path,
+    expected_fingerprint: str | None = None,
+    expected_precision: str | None = None,
+) -> Any:
     """Load any checkpoint directory into its model object (family read from ``config.json``).
 
+    ``expected_fingerprint`` / ``expected_precision``: the scored store's encoder fingerprint
+    and vector precision (see :func:`load_checkpoint`; ``None`` skips a check).
+
     Raises:
-        FileNotFoundError, ValueError, EncoderMismatchError: see :func:`load_checkpoint`.
+        FileNotFoundError, ValueError, EncoderMismatchError, PrecisionMixError: see
+            :func:`load_checkpoint`.
         KeyError: the checkpoint's family is not registered.
     """
-    ckpt = load_checkpoint(path, expected_fingerprint)
+    ckpt = load_checkpoint(path, expected_fingerprint, expected_precision)
     return model_class(ckpt.model_type).from_checkpoint(ckpt)

@@ -31,7 +31,8 @@ __all__ = [
 
 # ``encoder.backend``: how the encoder runs (the ONNX backends come with ``treerank.encoders``'
 # ONNX Runtime support; the pipeline passes the value on where the encoder accepts it).
-BACKENDS = ("torch", "onnx", "onnx-int8")
+BACKENDS = ("torch", "onnx", "onnx-int8", "auto")
+PRECISIONS = ("fp32", "bf16", "auto")  # ``encoder.precision`` (treerank.encoders.precision)
 # ``device``: where training, evaluation, diagnostics and embedding run.
 DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
 
@@ -58,6 +59,7 @@ class EncoderConfig:
     query_prompt: str | None = None
     token_budget: int = 16384
     backend: str = "torch"  # one of BACKENDS
+    precision: str = "fp32"  # one of PRECISIONS
 
 
 @dataclass
@@ -228,13 +230,17 @@ def load_experiment(
 
     enc = _take(
         top.get("encoder") or {},
-        {"model": str, "query_prompt": str, "token_budget": int, "backend": str},
+        {"model": str, "query_prompt": str, "token_budget": int, "backend": str, "precision": str},
         "encoder",
         src,
     )
     if enc.get("backend", "torch") not in BACKENDS:
         raise ConfigError(
             f"{src}: encoder.backend {enc['backend']!r} unknown; known: {', '.join(BACKENDS)}"
+        )
+    if enc.get("precision", "fp32") not in PRECISIONS:
+        raise ConfigError(
+            f"{src}: encoder.precision {enc['precision']!r} unknown; known: {', '.join(PRECISIONS)}"
         )
     device = top.get("device", "auto")
     if not DEVICE_PATTERN.fullmatch(str(device)):

@@ -121,7 +121,11 @@ class ExperimentResult:
 # SentenceEncoder, as other branches add them), so today's calls are unchanged; a value other
 # than today's behaviour that the library cannot take yet is refused before any stage runs
 # (:func:`check_library_support`, from ``validate_experiment``).
-_TODAYS_BEHAVIOUR: dict[str, tuple[Any, ...]] = {"device": ("auto", "cpu"), "backend": ("torch",)}
+_TODAYS_BEHAVIOUR: dict[str, tuple[Any, ...]] = {
+    "device": ("auto", "cpu"),
+    "backend": ("torch",),
+    "precision": ("fp32",),
+}
 
 
 def _library_kwargs(fn: Callable[..., Any], **wanted: Any) -> dict[str, Any]:
@@ -168,7 +172,11 @@ def check_library_support(cfg: ExperimentConfig) -> list[str]:
     fns = _library_functions()
     problems = []
     wanted = {
-        "encoder": {"device": cfg.device, "backend": cfg.encoder.backend},
+        "encoder": {
+            "device": cfg.device,
+            "backend": cfg.encoder.backend,
+            "precision": cfg.encoder.precision,
+        },
         "train": {"device": cfg.device},
         "evaluate": {"device": cfg.device},
         "diagnose": {"device": cfg.device},
@@ -180,7 +188,7 @@ def check_library_support(cfg: ExperimentConfig) -> list[str]:
             try:
                 _library_kwargs(fns[what], **{name: value})
             except ValueError as exc:
-                key = "encoder.backend" if name == "backend" else "device"
+                key = f"encoder.{name}" if name in ("backend", "precision") else "device"
                 problems.append(f"{key}: {exc}")
     return list(dict.fromkeys(problems))
 
@@ -206,6 +214,12 @@ class _Encoder:
             "query_prompt": self.cfg.encoder.query_prompt,
             "token_budget": self.cfg.encoder.token_budget,
             "backend": self.cfg.encoder.backend,
+            # fp32 keeps the key of configs written before precisions existed
+            **(
+                {"precision": self.cfg.encoder.precision}
+                if self.cfg.encoder.precision != "fp32"
+                else {}
+            ),
         }
 
     def get(self) -> Any:
@@ -218,7 +232,11 @@ class _Encoder:
                 token_budget=self.cfg.encoder.token_budget,
                 device=resolve_device(self.cfg.device),
                 progress=self.progress,
-                **_library_kwargs(SentenceEncoder, backend=self.cfg.encoder.backend),
+                **_library_kwargs(
+                    SentenceEncoder,
+                    backend=self.cfg.encoder.backend,
+                    precision=self.cfg.encoder.precision,
+                ),
             )
         return self._enc
 

@@ -22,6 +22,7 @@ import numpy as np
 
 from treerank.config import ConfigError
 from treerank.distributed.context import is_main_process, main_first
+from treerank.encoders.precision import vector_precision
 from treerank.evaluation.provenance import training_provenance
 from treerank.faults import crash_point
 from treerank.kernels.device import takes_device
@@ -412,6 +413,7 @@ def _train_model(
         out.model,
         encoder_name=store.encoder_name or "",
         encoder_fingerprint=store.encoder_fingerprint or "",
+        encoder_precision=vector_precision(store),
         summary=summary,
         records=out.records or log.records,
         extra={

@@ -98,7 +98,13 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from treerank.atomic import atomic_write_json
-from treerank.kernels.topk import check_finite, check_rows_finite, release_pages, sort_rows
+from treerank.encoders.precision import vector_precision
+from treerank.kernels.topk import (
+    check_finite,
+    check_rows_finite,
+    release_pages,
+    sort_rows,
+)
 from treerank.kernels.vectors import ROW_CHUNK
 from treerank.models.base import DenseScorer
 from treerank.names import unknown_name
@@ -786,7 +792,9 @@ def build_index(
         if cached.meta.get("key") == key:
             return cached
     if scorer is None:
-        scorer = dense_scorer(spec.over, getattr(store, "encoder_fingerprint", None))
+        scorer = dense_scorer(
+            spec.over, getattr(store, "encoder_fingerprint", None), vector_precision(store)
+        )
     nlist = int(spec.build.get("nlist", 0))
     if nlist and n < nlist:
         raise ValueError(
@@ -924,7 +932,7 @@ class FaissSystem:
     def scorer_for(self, store: StoreLike) -> DenseScorer:
         fp = getattr(store, "encoder_fingerprint", None)
         if self._scorer is None or self._scorer[0] != fp:
-            self._scorer = (fp, dense_scorer(self.spec.over, fp))
+            self._scorer = (fp, dense_scorer(self.spec.over, fp, vector_precision(store)))
         return self._scorer[1]
 
     def index_for(self, store: StoreLike) -> FaissIndex:

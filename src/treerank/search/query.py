@@ -30,24 +30,36 @@ class EncoderMismatchError(ValueError):
 
 
 def check_query_backend(store: StoreLike, encoder: Any) -> None:
-    """Refuse a query encoder whose backend precision differs from the store's.
+    """Refuse a query encoder whose vector precision the mixing rule keeps apart from the
+    store's (`treerank.encoders.precision.check_mix`: fp32 and bf16 mix, int8 only with int8).
 
-    The store's backend is the one its ``meta.json`` records (``torch`` for stores written
-    before backends existed); ``torch`` and ``onnx`` are both fp32 and interchangeable,
-    ``onnx-int8`` goes only with ``onnx-int8``.
+    The store's precision is the one its ``meta.json`` records (``encoder.precision``; else
+    from ``encoder.backend``, ``torch`` for stores written before backends existed).
 
     Raises:
-        EncoderMismatchError: naming the store, both backends and the flag to pass.
+        EncoderMismatchError: naming the store, both precisions and the flag to pass.
     """
-    from treerank.encoders.backend import BackendMismatchError, check_compatible, store_backend
+    from treerank.encoders.precision import PrecisionMixError, check_mix, store_precision
 
     enc_meta = store.meta.get("encoder", {}) or {}
     try:
-        check_compatible(store.path, store_backend(enc_meta), encoder.backend)
-    except BackendMismatchError as exc:
+        base = store_precision(enc_meta)
+    except ValueError as exc:  # an unknown backend or precision recorded in meta.json
+        raise EncoderMismatchError(f"{store.path}/meta.json: encoder: {exc}") from None
+    other = getattr(encoder, "precision", None) or encoder.backend.precision
+    try:
+        check_mix(
+            store.path,
+            base,
+            other,
+            base_what="the store's passages were encoded with backend "
+            f"{enc_meta.get('backend') or 'torch'!r}",
+            other_what=f"the queries would be encoded with {encoder.backend.name!r}",
+            fix=f"Use --backend {enc_meta.get('backend') or 'torch'} (or re-embed the store "
+            f"with {encoder.backend.name!r})",
+        )
+    except PrecisionMixError as exc:
         raise EncoderMismatchError(str(exc)) from None
-    except ValueError as exc:  # an unknown backend name recorded in meta.json
-        raise EncoderMismatchError(f"{store.path}/meta.json: encoder.backend: {exc}") from None
 
 
 def load_store_encoder(
@@ -57,6 +69,7 @@ def load_store_encoder(
     *,
     progress: bool = False,
     device: str = "cpu",
+    precision: str | None = None,
 ) -> Any:
     """The :class:`~treerank.encoders.SentenceEncoder` a store was embedded with.
 
@@ -64,28 +77,43 @@ def load_store_encoder(
         store: an :class:`~treerank.store.EmbeddingStore` split with ``meta.json``.
         model: model name or directory to load instead of the one named in the store (its
             fingerprint must still match).
-        backend: encoder backend for the queries (``torch``, ``onnx``, ``onnx-int8``);
-            ``None``: the one the store records (``torch`` when it records none). Its precision
-            must equal the store's (:func:`check_query_backend`).
+        backend: encoder backend for the queries (``torch``, ``onnx``, ``onnx-int8``,
+            ``auto``); ``None``: the one the store records (``torch`` when it records none).
+        precision: the torch backend's precision for the queries (``fp32``, ``bf16``,
+            ``auto``); ``None``: the store's when its backend is torch, else ``fp32``. With
+            ``auto`` the probe chooses among the paths the mixing rule allows with the store
+            (:func:`check_query_backend`, checked before the model is loaded).
         device: torch device of the query encoder (``cpu``, ``cuda``, ``cuda:n``; the onnx
             backends run on the CPU only).
 
     Raises:
-        EncoderMismatchError: the store records no fingerprint (a Go-tool store), the backend's
-            precision differs from the store's (checked before the model is loaded), or the
-            loaded weights' fingerprint differs from the store's (both are named).
+        EncoderMismatchError: the store records no fingerprint (a Go-tool store), the query
+            precision cannot mix with the store's, or the loaded weights' fingerprint differs
+            from the store's (both are named).
     """
     from types import SimpleNamespace
 
     from treerank.encoders import DEFAULT_MODEL_NAME, SentenceEncoder
-    from treerank.encoders.backend import get_backend, store_backend
+    from treerank.encoders.backend import Backend, get_backend, store_backend
+    from treerank.encoders.precision import MIX_SPACE, PRECISIONS, store_precision
 
     enc_meta = store.meta.get("encoder", {}) or {}
     try:
-        chosen = store_backend(enc_meta) if backend is None else get_backend(backend)
+        base = store_precision(enc_meta)
+        chosen: Backend | str = store_backend(enc_meta) if backend is None else backend
+        if precision is None:
+            precision = base if base == "bf16" and str(chosen) in ("torch", "auto") else "fp32"
+            if chosen == "auto":
+                precision = "auto"
+        if precision not in PRECISIONS:
+            raise ValueError(f"unknown precision {precision!r}; use one of {', '.join(PRECISIONS)}")
+        if chosen != "auto":
+            chosen = get_backend(chosen)
     except ValueError as exc:
         raise EncoderMismatchError(f"{store.path}: {exc}") from None
-    check_query_backend(store, SimpleNamespace(backend=chosen))
+    if isinstance(chosen, Backend) and precision != "auto":
+        vec = "bf16" if precision == "bf16" else chosen.precision
+        check_query_backend(store, SimpleNamespace(backend=chosen, precision=vec))
     want = enc_meta.get("fingerprint")
     name = enc_meta.get("name")
     if not want:
@@ -95,22 +123,28 @@ def load_store_encoder(
         )
     if model is None and name not in (None, DEFAULT_MODEL_NAME):
         model = name
-    encoder = SentenceEncoder(
-        model,
-        query_prompt=enc_meta.get("query_prompt"),
-        passage_prompt=enc_meta.get("passage_prompt"),
-        max_seq_length=enc_meta.get("max_seq_length"),
-        name=name,
-        progress=progress,
-        backend=chosen,
-        device=device,
-    )
+    try:
+        encoder = SentenceEncoder(
+            model,
+            query_prompt=enc_meta.get("query_prompt"),
+            passage_prompt=enc_meta.get("passage_prompt"),
+            max_seq_length=enc_meta.get("max_seq_length"),
+            name=name,
+            progress=progress,
+            backend=chosen,
+            precision=precision,
+            device=device,
+            allowed_precisions=[p for p, sp in MIX_SPACE.items() if sp == MIX_SPACE[base]],
+        )
+    except ValueError as exc:
+        raise EncoderMismatchError(f"{store.path}: {exc}") from None
     if encoder.fingerprint != want:
         raise EncoderMismatchError(
             f"encoder {model or DEFAULT_MODEL_NAME!r} has weights fingerprint "
             f"{encoder.fingerprint}, but the store {store.path} was embedded with {name!r} "
             f"fingerprint {want}"
         )
+    check_query_backend(store, encoder)
     return encoder
 
 

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from treerank.encoders.precision import vector_precision
 from treerank.kernels.topk import (
     check_finite,
     check_rows_finite,
@@ -39,17 +40,22 @@ DEFAULT_DEPTH = 100
 DEFAULT_QUERY_BATCH = 64
 
 
-def dense_scorer(spec: str, expected_fingerprint: str | None = None) -> DenseScorer:
+def dense_scorer(
+    spec: str, expected_fingerprint: str | None = None, expected_precision: str | None = None
+) -> DenseScorer:
     """The dense scorer named by ``spec``: ``"cosine"`` or ``"ckpt:<dir>"``.
 
     Args:
         spec: ``cosine`` or ``ckpt:<checkpoint dir>`` holding a dense model (linear, mlp, drt).
         expected_fingerprint: the store's encoder fingerprint; a checkpoint trained on another
             encoder's vectors is refused.
+        expected_precision: the store's vector precision; a checkpoint trained on vectors the
+            mixing rule keeps apart is refused (`treerank.models.checkpoint.load_checkpoint`).
 
     Raises:
         ValueError: any other spec, or a checkpoint whose model has no dense towers.
         EncoderMismatchError: the checkpoint's encoder differs from ``expected_fingerprint``.
+        PrecisionMixError: the checkpoint's training precision cannot mix with the store's.
     """
     from treerank.models.cosine import CosineScorer
 
@@ -61,7 +67,9 @@ def dense_scorer(spec: str, expected_fingerprint: str | None = None) -> DenseSco
         raise ValueError(f"dense scorer {spec!r}: expected 'cosine' or 'ckpt:<checkpoint dir>'")
     from treerank.models.registry import load_model
 
-    model = load_model(path, expected_fingerprint=expected_fingerprint)
+    model = load_model(
+        path, expected_fingerprint=expected_fingerprint, expected_precision=expected_precision
+    )
     if not isinstance(model, DenseScorer):
         raise ValueError(
             f"{path}: a {type(model).__name__} has no dense query/passage towers to rescore with"
@@ -180,7 +188,9 @@ class RescoreSystem:
 
     def scorer_for(self, store: StoreLike) -> DenseScorer:
         if isinstance(self.scorer, str):
-            self.scorer = dense_scorer(self.scorer, getattr(store, "encoder_fingerprint", None))
+            self.scorer = dense_scorer(
+                self.scorer, getattr(store, "encoder_fingerprint", None), vector_precision(store)
+            )
         return self.scorer
 
     def retrieve(self, store: StoreLike, k: int = 1000) -> Run:

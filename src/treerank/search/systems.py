@@ -38,6 +38,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from treerank.encoders.precision import vector_precision
 from treerank.kernels.device import takes_device
 from treerank.kernels.topk import DEFAULT_CHUNK_SIZE, exact_search
 from treerank.models.base import DenseScorer
@@ -234,7 +235,9 @@ class CheckpointSystem:
 
         fp = getattr(store, "encoder_fingerprint", None)
         if self._loaded is None or self._loaded[0] != fp:
-            model = load_model(self.path, expected_fingerprint=fp)
+            model = load_model(
+                self.path, expected_fingerprint=fp, expected_precision=vector_precision(store)
+            )
             fam = family(model.model_type)
             system: System
             if fam.system is not None:
@@ -252,6 +255,20 @@ class CheckpointSystem:
             self._loaded = (fp, system)
             self._family = fam
         return self._loaded[1]
+
+    def check_store(self, store: StoreLike) -> None:
+        """Refuse ``store`` before any work when the checkpoint is bound to another encoder or
+        to vectors of a precision the mixing rule keeps apart (reads ``config.json`` only).
+
+        Raises:
+            EncoderMismatchError / PrecisionMixError: see
+                `treerank.models.checkpoint.check_binding`.
+        """
+        from treerank.models.checkpoint import check_checkpoint_store
+
+        check_checkpoint_store(
+            self.path, getattr(store, "encoder_fingerprint", None), vector_precision(store)
+        )
 
     def _extra(self) -> dict[str, Any] | None:
         """The ``extra`` record of the checkpoint's ``config.json`` (of ``<dir>`` or of a run's

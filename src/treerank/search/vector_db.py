@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from treerank.encoders.precision import vector_precision
 from treerank.kernels.vectors import l2_normalize
 from treerank.search.run import Run
 
@@ -230,7 +231,11 @@ def export_to_db(
         from treerank.models.families import family
         from treerank.models.registry import load_model
 
-        model = load_model(head_dir, expected_fingerprint=store.encoder_fingerprint)
+        model = load_model(
+            head_dir,
+            expected_fingerprint=store.encoder_fingerprint,
+            expected_precision=vector_precision(store),
+        )
         model_type = str(getattr(model, "model_type", ""))
         if not isinstance(model, DenseScorer) or not family(model_type).dense:
             raise ValueError(
@@ -361,7 +366,11 @@ class DBSystem:
         from treerank.models.registry import load_model
 
         self.head = f"ckpt:{head['checkpoint']}"
-        model = load_model(head["checkpoint"], expected_fingerprint=store.encoder_fingerprint)
+        model = load_model(
+            head["checkpoint"],
+            expected_fingerprint=store.encoder_fingerprint,
+            expected_precision=vector_precision(store),
+        )
         return np.asarray(model.encode_queries(q), np.float32)
 
     def retrieve(self, store: Any, k: int = 1000) -> Run:

@@ -4,7 +4,7 @@ The service refuses to start (raises :class:`~treerank.search.query.EncoderMisma
 message names both sides) when
 
 - the encoder's weights fingerprint differs from the one recorded in the store's ``meta.json``;
-- the query encoder's backend precision (int8 / fp32) differs from the store's;
+- the query encoder's vector precision cannot mix with the store's (int8 meets only int8);
 - a prebuilt index (``index=DIR``) was built on other passage vectors (its store signature
   differs from the store's) or with another encoder (its fingerprint differs from the store's);
 - a checkpoint system was trained on another encoder's vectors.
@@ -72,7 +72,9 @@ class ServiceConfig:
         device: where exact search runs (``auto | cpu | cuda[:n]``,
             ``treerank.kernels.device.resolve_device``; checked when the service starts).
         backend: encoder backend for the queries (``None``: the store's; its precision must
-            equal the store's, see `check_query_backend`).
+            mix with the store's, see `check_query_backend`).
+        precision: the query encoder's torch precision (``fp32`` | ``bf16`` | ``auto``;
+            ``None``: the store's, see `load_store_encoder`).
     """
 
     store: Path
@@ -89,6 +91,7 @@ class ServiceConfig:
     batch_invariant: bool = True
     device: str = "cpu"
     backend: str | None = None
+    precision: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_k", "max_batch", "max_body_bytes", "max_query_chars", "batch_queries"):
@@ -159,14 +162,16 @@ class SearchService:
         self.store = EmbeddingStore.open(config.store)
         want = self.store.encoder_fingerprint
         if encoder is None:
-            encoder = load_store_encoder(self.store, config.encoder, config.backend)
+            encoder = load_store_encoder(
+                self.store, config.encoder, config.backend, precision=config.precision
+            )
         elif encoder.fingerprint != want:
             raise EncoderMismatchError(
                 f"encoder {encoder.name!r} has weights fingerprint {encoder.fingerprint}, but the "
                 f"store {self.store.path} was embedded with {self.store.encoder_name!r} "
                 f"fingerprint {want}"
             )
-        check_query_backend(self.store, encoder)  # int8 queries never meet an fp32 store
+        check_query_backend(self.store, encoder)  # the mixing rule: int8 meets only int8
         self.encoder = encoder
         self.systems: dict[str, Any] = {}
         self.index_meta: dict[str, Any] | None = None
@@ -225,6 +230,7 @@ class SearchService:
                 "name": self.encoder.name,
                 "fingerprint": self.encoder.fingerprint,
                 "backend": str(getattr(self.encoder, "backend", "torch")),
+                "precision": str(getattr(self.encoder, "precision", "fp32")),
             },
             "store": {
                 "path": str(self.store.path),

@@ -111,7 +111,9 @@ class EmbedStats:
     ``*_real_tokens`` the non-pad ones. Seconds are wall-clock encoding time.
     ``n_truncated_*``: texts longer than the encoder's ``max_seq_length`` (prompt and special
     tokens included), which the encoder cuts; ``truncated_*_tokens``: the tokens cut from them
-    (all passages of the split, reused ones included).
+    (all passages of the split, reused ones included). ``fidelity_*``: the fidelity guard of a
+    reduced precision (items re-encoded in fp32, their least cosine, items below the bound and
+    replaced by fp32; ``meta.json`` ``encoder.fidelity`` has the details).
     """
 
     n_queries: int = 0
@@ -131,6 +133,9 @@ class EmbedStats:
     truncated_query_tokens: int = 0
     n_truncated_passages: int = 0
     truncated_passage_tokens: int = 0
+    fidelity_checked: int = 0
+    fidelity_min_cosine: float | None = None
+    fidelity_breaches: int = 0
 
     @property
     def padding_ratio(self) -> float:
@@ -228,7 +233,7 @@ def qrels_beyond_candidates(split: RetrievalSplit) -> bool:
 def embed_signature(data_sha: str, encoder: SentenceEncoder) -> str:
     """Hex SHA-256 of what fixes an embed run's bytes: data digest, encoder weights
     fingerprint, prompts, truncation, batching settings, dimension and (int8 backends only)
-    quantisation settings (recorded in
+    quantisation settings, (bf16 only) the precision and bf16-weights flag (recorded in
     ``progress.json`` and ``meta.json``; ``--resume`` requires it unchanged)."""
     return hashlib.sha256(
         json.dumps(
@@ -247,6 +252,12 @@ def embed_signature(data_sha: str, encoder: SentenceEncoder) -> str:
                 **(
                     {"quantization": encoder.backend.quantization.to_dict()}
                     if encoder.backend.quantization is not None
+                    else {}
+                ),
+                # bf16 likewise; fp32 stores keep their old signature
+                **(
+                    {"precision": encoder.precision, "bf16_weights": encoder.bf16_weights}
+                    if encoder.precision == "bf16"
                     else {}
                 ),
             },
@@ -365,7 +376,7 @@ def plan_embed(
             encoder.fingerprint,
             encoder.passage_prompt,
             encoder.max_seq_length,
-            precision=encoder.backend.precision,
+            precision=encoder.precision,
         )
     elif reuse is False:
         sources = []
@@ -405,6 +416,34 @@ def plan_embed(
     )
 
 
+def _fidelity_guard(
+    encoder: SentenceEncoder,
+    parts: Sequence[tuple[Any, Sequence[str], np.ndarray]],
+    size: int,
+    seed: int,
+) -> Any:
+    """Re-encode a seeded sample of each part's rows in fp32, compare, and overwrite the rows
+    below the bound with their fp32 vectors; returns the `FidelityReport`.
+
+    ``parts`` holds ``(memmap or None, texts, rows)``: ``rows`` the candidate rows (an index
+    array, or a boolean mask: passages reused from a sibling store are not candidates)."""
+    from treerank.encoders.precision import FIDELITY_BOUNDS, FidelityReport, guard_sample
+
+    report = FidelityReport(encoder.precision, FIDELITY_BOUNDS[encoder.precision], seed=seed)
+    for (mm, texts, rows), kind in zip(parts, ("query", "passage"), strict=True):
+        cand = np.flatnonzero(rows) if rows.dtype == bool else np.asarray(rows, dtype=np.int64)
+        if mm is None or not len(cand):
+            continue
+        pick = cand[guard_sample(len(cand), size, seed)]
+        ref = encoder.encode_reference([texts[i] for i in pick], kind)
+        from treerank.encoders.precision import cosines
+
+        bad = report.add(kind, pick, cosines(np.asarray(mm[pick]), ref))
+        if len(bad):
+            mm[pick[bad]] = ref[bad]  # the per-item fp32 fallback
+    return report
+
+
 BatchSource = Callable[[str, int, np.ndarray], BatchResult]
 """``source(kind, batch_index, ids) -> BatchResult``: batch ``batch_index`` of the plan's
 ``"query"`` or ``"passage"`` batches, already encoded elsewhere (the merge step of a sharded
@@ -423,6 +462,8 @@ def embed_split(
     progress: bool = True,
     stop_after_batches: int | None = None,
     batch_source: BatchSource | None = None,
+    guard_sample: int = 64,
+    guard_seed: int = 0,
 ) -> EmbedStats:
     """Encode ``split`` with ``encoder`` into the store directory ``out_dir``.
 
@@ -440,6 +481,14 @@ def embed_split(
             this many batches were written in this call.
         batch_source: take each batch's vectors from here instead of the encoder (the merge
             step of ``treerank.distributed.embed``; same plan, same bytes).
+        guard_sample: the fidelity guard of a reduced precision (``bf16``, ``int8``): this many
+            queries and this many encoded passages (drawn with ``guard_seed``) are encoded
+            again in fp32 (`SentenceEncoder.encode_reference`) and compared by cosine with the
+            written rows; a row below the precision's bound
+            (`treerank.encoders.precision.FIDELITY_BOUNDS`) is replaced by its fp32 vector
+            and reported (a warning and ``meta.json`` ``encoder.fidelity``). 0 turns the guard
+            off (recorded as ``checked: 0``). fp32 stores have no guard.
+        guard_seed: the guard sample's seed.
 
     Returns:
         `EmbedStats` (cumulative when resumed).
@@ -624,6 +673,24 @@ def embed_split(
             bar.close()
 
     # -------------------------------------------------------------- finish
+    fidelity = None
+    if encoder.precision != "fp32":
+        fidelity = _fidelity_guard(
+            encoder,
+            ((qmm, split.query_texts, np.arange(nq)), (pmm, split.passage_texts, ~matched)),
+            guard_sample,
+            guard_seed,
+        )
+        for mm in (qmm, pmm):
+            if mm is not None:
+                mm.flush()
+        stats.fidelity_checked = fidelity.checked
+        stats.fidelity_min_cosine = fidelity.min_cosine
+        stats.fidelity_breaches = len(fidelity.breaches)
+        if fidelity.breaches:
+            import warnings
+
+            warnings.warn(fidelity.message(out), stacklevel=3)
     crash_point("embed", "before-meta")
     planned_padded = padding_stats(p_len, encoder.plan(p_len))
     meta = {
@@ -655,6 +722,10 @@ def embed_split(
             "quantization": (
                 encoder.backend.quantization.to_dict() if encoder.backend.quantization else None
             ),
+            "precision": encoder.precision,
+            "bf16_weights": encoder.bf16_weights,
+            "auto": encoder.auto_choice.to_dict() if encoder.auto_choice is not None else None,
+            "fidelity": fidelity.to_dict() if fidelity is not None else None,
         },
         "data_sha256": data_sha,
         "signature": signature,

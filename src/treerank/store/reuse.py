@@ -23,10 +23,11 @@ def reusable_stores(
     """Complete sibling split stores of ``out_dir`` written by the same encoder settings.
 
     A sibling qualifies when its ``meta.json`` says complete and records the same weights
-    fingerprint, passage prompt, ``max_seq_length`` and backend precision (``fp32``: torch or
-    onnx, interchangeable; ``int8``) -- the things a passage vector depends on.
+    fingerprint, passage prompt, ``max_seq_length`` and vector precision (``fp32``: torch or
+    onnx, interchangeable; ``bf16``; ``int8``: exactly equal, so one store holds one precision)
+    -- the things a passage vector depends on.
     """
-    from treerank.encoders.backend import store_backend
+    from treerank.encoders.precision import store_precision
 
     out = Path(out_dir).resolve()
     found: list[Path] = []
@@ -45,15 +46,15 @@ def reusable_stores(
             and enc.get("fingerprint") == fingerprint
             and (enc.get("passage_prompt") or None) == (passage_prompt or None)
             and enc.get("max_seq_length") == max_seq_length
-            and _precision(enc, store_backend) == precision
+            and _precision(enc, store_precision) == precision
         ):
             found.append(meta_path.parent)
     return found
 
 
-def _precision(enc: dict, store_backend: Any) -> str | None:
+def _precision(enc: dict, store_precision: Any) -> str | None:
     try:
-        return str(store_backend(enc).precision)
+        return str(store_precision(enc))
     except ValueError:  # an unknown backend name: never reuse
         return None
 

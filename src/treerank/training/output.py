@@ -39,6 +39,7 @@ def save_trained_model(
     *,
     encoder_name: str,
     encoder_fingerprint: str,
+    encoder_precision: str | None = None,
     summary: dict[str, Any] | None = None,
     records: list[dict[str, Any]] | None = None,
     extra: dict[str, Any] | None = None,
@@ -50,6 +51,8 @@ def save_trained_model(
         out_dir: the directory (replaced atomically if it exists).
         model: a trained ``CheckpointMixin`` model; its ``model_type`` names its family.
         encoder_name / encoder_fingerprint: the store's encoder (the checkpoint is bound to it).
+        encoder_precision: the store's vector precision (``fp32`` | ``bf16`` | ``int8``),
+            checked against every store the model later scores.
         summary: the trainer's summary (``extra["training"]``).
         records: the trainer's log records (None or empty: no log, no curves).
         extra: more provenance for ``config.json`` (train store, held-out rows, ...).
@@ -59,7 +62,9 @@ def save_trained_model(
         ``(checkpoint_dir, log_path or None, curves_path or None)``.
     """
     out = Path(out_dir)
-    ckpt = model.to_checkpoint(encoder_name, encoder_fingerprint)
+    ckpt = model.to_checkpoint(
+        encoder_name, encoder_fingerprint, encoder_precision=encoder_precision
+    )
     if summary is not None:
         ckpt.extra["training"] = summary
     ckpt.extra.update(extra or {})

@@ -257,12 +257,16 @@ def build_pseudo_store(
     if encoder is None:
         from treerank.encoders import DEFAULT_MODEL_NAME, SentenceEncoder
         from treerank.encoders.backend import store_backend
+        from treerank.encoders.precision import store_precision
 
         name = store.encoder_name
+        enc_meta = store.meta.get("encoder") or {}
         encoder = SentenceEncoder(
             None if name in (None, DEFAULT_MODEL_NAME) else name,
             query_prompt=store.query_prompt,
-            backend=store_backend(store.meta.get("encoder") or {}),
+            backend=store_backend(enc_meta),
+            precision="bf16" if store_precision(enc_meta) == "bf16" else "fp32",
+            bf16_weights=bool(enc_meta.get("bf16_weights")),
             progress=progress,
         )
     if store.encoder_fingerprint and encoder.fingerprint != store.encoder_fingerprint:
