@@ -60,7 +60,7 @@ class StoredPassageLoss(nn.Module):
             hard is not None and np.asarray(hard).shape[0] != n_rows
         ):
             raise ValueError(f"positive, masked and hard tables must have {n_rows} rows")
-        p = torch.as_tensor(np.asarray(passages, dtype=np.float32))
+        p = torch.from_numpy(np.array(passages, dtype=np.float32))  # a private copy
         n_pas = int(p.shape[0])
         for what, tab in (("positive", positive), ("masked", masked), ("hard", hard)):
             if tab is not None and np.asarray(tab).size and int(np.asarray(tab).max()) >= n_pas:
