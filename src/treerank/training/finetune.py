@@ -235,7 +235,7 @@ def _trainer_class() -> Any:
             return str(super()._get_output_dir(trial))
 
         def _save_checkpoint(self, model: Any, trial: Any) -> None:
-            final = Path(self.args.output_dir)
+            final = Path(str(self.args.output_dir))
             self._staging = make_temp_dir(final, ".checkpoint-tmp-")
             try:
                 super()._save_checkpoint(model, trial)
@@ -405,7 +405,9 @@ def finetune(
     wall0 = time.perf_counter()
     model, base_fp = load_base(cfg.model.base, store, device=device)
     m = cfg.model
-    model.max_seq_length = m.max_query_length if cfg.family == "query-tower" else m.max_passage_length
+    model.max_seq_length = (
+        m.max_query_length if cfg.family == "query-tower" else m.max_passage_length
+    )
     n_trainable = freeze(model, embeddings=m.freeze_embeddings, layers=m.freeze_layers)
     plan = plan_batches(store, cfg, train_rows=train_rows, mined=mined)
     dataset = _dataset(store, plan, cfg.family)

@@ -110,7 +110,9 @@ class FinetuneData:
         if self.epochs < 1:
             raise ValueError(f"epochs must be >= 1, got {self.epochs}")
         if self.hard_negatives not in HARD_SOURCES:
-            raise ValueError(f"hard_negatives {self.hard_negatives!r} unknown; known: {HARD_SOURCES}")
+            raise ValueError(
+                f"hard_negatives {self.hard_negatives!r} unknown; known: {HARD_SOURCES}"
+            )
         if self.negatives not in NEGATIVES:
             raise ValueError(f"negatives {self.negatives!r} unknown; known: {NEGATIVES}")
         if self.n_hard < 0 or self.mine_depth < 1 or self.guard_skip_top < 0:
@@ -166,8 +168,7 @@ class FinetuneTrainer:
             raise ValueError(f"loss {self.loss!r} unknown; known: {LOSSES}")
         if self.precision not in PRECISIONS:
             raise ValueError(
-                f"precision {self.precision!r} unknown; known: {PRECISIONS} "
-                "(auto is not wired yet)"
+                f"precision {self.precision!r} unknown; known: {PRECISIONS} (auto is not wired yet)"
             )
         if not self.lr > 0 or not self.temperature > 0:
             raise ValueError("lr and temperature must be > 0")
@@ -203,9 +204,7 @@ class FinetuneConfig:
         return {"family": self.family, **self.train.to_dict()}
 
 
-def parse_finetune_config(
-    cfg: Mapping[str, Any] | None, where: str = "config"
-) -> FinetuneConfig:
+def parse_finetune_config(cfg: Mapping[str, Any] | None, where: str = "config") -> FinetuneConfig:
     """Parse a fine-tune config strictly (unknown keys and bad values name the key path).
 
     Raises:

@@ -66,14 +66,16 @@ class StoredPassageLoss(nn.Module):
             if tab is not None and np.asarray(tab).size and int(np.asarray(tab).max()) >= n_pas:
                 raise ValueError(f"{what}: passage id beyond the store's {n_pas} passages")
         self.model = model
-        self.register_buffer("passages", nn.functional.normalize(p, dim=1), persistent=False)
+        self.passages: torch.Tensor = nn.functional.normalize(p, dim=1)
         self.positive = torch.as_tensor(np.asarray(positive, dtype=np.int64))
         self.masked = torch.as_tensor(np.asarray(masked, dtype=np.int64))
         self.hard = None if hard is None else torch.as_tensor(np.asarray(hard, dtype=np.int64))
         self.negatives = negatives
         self.scale = float(scale)
 
-    def forward(self, features: list[dict[str, torch.Tensor]], labels: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, features: list[dict[str, torch.Tensor]], labels: torch.Tensor
+    ) -> torch.Tensor:
         """Mean InfoNCE loss of one batch.
 
         Args:
