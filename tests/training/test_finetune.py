@@ -178,3 +178,48 @@ def test_cached_mnrl_gradients_equal_plain_mnrl() -> None:
     for name, g in plain.items():
         diff = float((g - cached[name]).abs().max())
         assert diff <= 1e-6 + 1e-4 * top, (name, diff, top)
+
+
+def test_biencoder_gradcache_checkpointing_with_frozen_embeddings(
+    slice_store, tmp_path: Path
+) -> None:
+    """BM25 negatives never labelled for their query; GradCache + gradient checkpointing with
+    frozen embeddings and two frozen layers trains the layers above and nothing below
+    (sentence-transformers #2531 / #2717: checkpointing with frozen inputs must still train)."""
+    from treerank.search.negatives import mine_bm25_negatives
+    from treerank.training.sampler import relevant_lists
+
+    mined = mine_bm25_negatives(slice_store, 20)
+    cfg = parse_finetune_config(
+        {
+            "family": "biencoder",
+            "model": {"freeze_embeddings": True, "freeze_layers": 2, "max_passage_length": 64},
+            "data": {"batch_size": 4, "hard_negatives": "mined", "n_hard": 1},
+            "trainer": {
+                "loss": "cached-mnrl",
+                "mini_batch_size": 2,
+                "gradient_checkpointing": True,
+                "max_steps": 2,
+                "lr": 1e-4,
+            },
+            "validation": {"fraction": 0},
+        }
+    )
+    plan = plan_batches(slice_store, cfg, mined=mined)
+    rel, _ = relevant_lists(slice_store.candidates, slice_store.labels, 1)
+    assert (plan.hard >= 0).any()
+    for q, h in zip(plan.query_rows, plan.hard[:, 0], strict=True):
+        assert h < 0 or h not in set(rel[q].tolist())
+    out = finetune(slice_store, cfg, tmp_path / "bi", mined=mined)
+    from treerank.encoders.sentence import default_model_path
+
+    base = _weights(Path(default_model_path()))
+    tuned = _weights(out.model_dir)
+    emb = [n for n in tuned if "embeddings" in n]
+    low = [n for n in tuned if ".layer.0." in n or ".layer.1." in n]
+    high = [n for n in tuned if ".layer.5." in n]
+    assert emb and low and high
+    for n in emb + low:
+        assert torch.equal(tuned[n], base[n]), n
+    assert any(not torch.equal(tuned[n], base[n]) for n in high)
+    assert out.summary["trainable_parameters"] < 22_713_216

@@ -311,10 +311,13 @@ def _dataset(store: StoreLike, plan: BatchPlan, family: str) -> Any:
         return Dataset.from_dict(cols)
     p_texts = store.passage_texts()
     cols["positive"] = [p_texts[int(p)] for p in plan.positive]
+    bsz = plan.batch_size
     for j in range(plan.hard.shape[1]):
-        # a row without a mined negative of its own gets a random other row's positive
+        # a row without a mined negative of its own gets the positive of the next row of its
+        # batch (never one of its own relevant passages: the batch is collision-free)
+        fill = [(i // bsz) * bsz + (i % bsz + 1) % bsz for i in range(len(plan.positive))]
         cols[f"negative_{j}"] = [
-            p_texts[int(h if h >= 0 else plan.positive[(i + 1) % len(plan.positive)])]
+            p_texts[int(h if h >= 0 else plan.positive[fill[i]])]
             for i, h in enumerate(plan.hard[:, j])
         ]
     return Dataset.from_dict(cols)
