@@ -145,7 +145,9 @@ def reembed_split(
         encoder,
         out_dir,
         overwrite=overwrite,
-        reuse=False,
+        # biencoder: passages already re-encoded into a sibling split (same tuned weights)
+        # are copied (SciFact's train and test share one corpus); the query tower has its own
+        reuse=family != "query-tower",
         progress=progress,
         batch_source=frozen_passages if family == "query-tower" else None,
     )
