@@ -87,6 +87,10 @@ def test_reembedded_store_names_parent_checkpoint_and_keeps_frozen_passages(
     assert np.array_equal(np.asarray(tuned.passages), np.asarray(parent.passages))
     assert not np.array_equal(np.asarray(tuned.queries), np.asarray(parent.queries))
     assert tuned.encoder_fingerprint != parent.encoder_fingerprint
+    # search / serve load the store's encoder by name and pin it by fingerprint: the tuned one
+    from treerank.search.query import load_store_encoder
+
+    assert load_store_encoder(tuned).fingerprint == res["fingerprint"]
 
 
 def test_store_key_changes_with_the_checkpoint(
