@@ -156,3 +156,20 @@ def test_cli_bad_config_exits_2_before_any_work(slice_root: Path, tmp_path: Path
     assert "lrr" in res.output and not (tmp_path / "o").exists()
     res = CliRunner().invoke(app, ["drift", str(slice_root / "test"), str(slice_root / "train")])
     assert res.exit_code == 2 and "same items" in res.output
+
+
+def test_heldout_queries_are_never_trained_and_are_scored(slice_root: Path, tmp_path: Path) -> None:
+    cfg = parse_finetune_config(
+        {
+            "family": "query-tower",
+            "data": {"batch_size": 4},
+            "trainer": {"max_steps": 1},
+            "validation": {"fraction": 0.25},
+        }
+    )
+    res = run_finetune(cfg, slice_root, tmp_path / "run", n_permutations=50)
+    held = res["heldout"]
+    assert res["n_heldout_queries"] == held["n_queries"] > 0
+    assert res["n_train_queries"] + res["n_heldout_queries"] <= 24
+    assert set(held) == {"n_queries", "cosine", "finetune-query-tower"}
+    assert 0.0 <= held["finetune-query-tower"]["ndcg@10"] <= 1.0
