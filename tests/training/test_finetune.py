@@ -223,3 +223,21 @@ def test_biencoder_gradcache_checkpointing_with_frozen_embeddings(
         assert torch.equal(tuned[n], base[n]), n
     assert any(not torch.equal(tuned[n], base[n]) for n in high)
     assert out.summary["trainable_parameters"] < 22_713_216
+
+
+def test_bf16_precision_trains_under_autocast_and_keeps_fp32_weights(
+    slice_store, tmp_path: Path
+) -> None:
+    cfg = parse_finetune_config(
+        {
+            "family": "query-tower",
+            "data": {"batch_size": 4},
+            "trainer": {"max_steps": 2, "precision": "bf16", "lr": 1e-4},
+            "validation": {"fraction": 0},
+        }
+    )
+    out = finetune(slice_store, cfg, tmp_path / "bf16")
+    w = _weights(out.model_dir)
+    assert {t.dtype for t in w.values()} == {torch.float32}
+    assert out.fingerprint != out.base_fingerprint
+    assert np.isfinite(out.summary["train_loss"])
