@@ -42,6 +42,8 @@ _SUBCOMMANDS = (
     "search",
     "serve",
     "export",
+    "finetune",
+    "drift",
 )
 for _name in _SUBCOMMANDS:
     try:

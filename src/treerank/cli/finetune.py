@@ -1,0 +1,105 @@
+"""``treerank finetune``: fine-tune the store's encoder, re-embed its splits, evaluate."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from treerank.cli.errors import ExitCode, fail
+from treerank.lock import LockHeldError
+
+
+def finetune(
+    config: Path = typer.Argument(
+        ...,
+        help="YAML config: family + seed + model/data/trainer/validation "
+        "(configs/finetune/*.yaml).",
+        metavar="CONFIG",
+    ),
+    store: Path = typer.Option(
+        ..., "--store", "-s", help="Store root holding the train and evaluation splits."
+    ),
+    out: Path = typer.Option(..., "--out", "-o", help="Output folder of the run."),
+    train_split: str = typer.Option("train", "--train-split", help="Split to train on."),
+    eval_split: str = typer.Option("test", "--eval-split", help="Split to evaluate on."),
+    resume: bool = typer.Option(
+        False, "--resume", help="Continue from the newest checkpoint in OUT/checkpoints."
+    ),
+    seed: int | None = typer.Option(None, "--seed", help="Override the config's seed."),
+    permutations: int | None = typer.Option(
+        None, "--permutations", help="Randomization-test permutations (default 10,000)."
+    ),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bars."),
+) -> None:
+    """Fine-tune the encoder of STORE (biencoder or query-tower) on its train split's labels,
+    write re-embedded stores (OUT/stores/<split>/), evaluate against frozen cosine with paired
+    tests and seen / unseen parts, and write OUT/results.json (metrics, drift, cost).
+
+    Exits 2 on a bad config or store (before any training), 130 when interrupted (rerun with
+    --resume: training continues from the newest checkpoint, bit-identically).
+    """
+    import os
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from rich.console import Console
+    from rich.table import Table
+
+    from treerank.config import ConfigError, load_yaml
+    from treerank.pipeline.finetune import run_finetune
+    from treerank.store import StoreFormatError
+    from treerank.training.finetune_config import parse_finetune_config
+
+    err = Console(stderr=True)
+    try:
+        doc = load_yaml(config)
+        if seed is not None:
+            doc["seed"] = seed
+        cfg = parse_finetune_config(doc, str(config))
+    except (OSError, ConfigError) as exc:
+        raise fail(str(exc)) from exc
+    for split in (train_split, eval_split):
+        if not (store / split / "meta.json").is_file():
+            raise fail(f"{store / split}: no finished store split here (run treerank embed)")
+    try:
+        res = run_finetune(
+            cfg,
+            store,
+            out,
+            train_split=train_split,
+            eval_split=eval_split,
+            resume=resume,
+            progress=progress,
+            n_permutations=permutations,
+            log=lambda m: err.print(m, highlight=False),
+        )
+    except (ValueError, FileNotFoundError, FileExistsError, StoreFormatError, LockHeldError) as exc:
+        raise fail(str(exc)) from exc
+    except KeyboardInterrupt:
+        err.print(
+            "[yellow]interrupted[/yellow]: rerun the same command with --resume to continue "
+            "from the newest checkpoint"
+        )
+        raise typer.Exit(ExitCode.INTERRUPTED) from None
+    table = Table(title=f"finetune {cfg.family} -> {out}", title_justify="left")
+    table.add_column("system")
+    for m in ("ndcg@10", "mrr@10", "recall@100"):
+        table.add_column(m, justify="right")
+    for name, metrics in res["systems"].items():
+        table.add_row(
+            name,
+            *(f"{metrics.get(m, float('nan')):.4f}" for m in ("ndcg@10", "mrr@10", "recall@100")),
+        )
+    Console().print(table)
+    t = res["paired_vs_cosine"].get("ndcg@10")
+    if t is not None:
+        Console().print(
+            f"nDCG@10 vs cosine: {t['delta']:+.4f} (95% CI {t['ci_low']:+.4f} .. "
+            f"{t['ci_high']:+.4f}, p {t['p']:.4f}); cost {res['cost']['total']}",
+            highlight=False,
+        )
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``finetune`` command to ``app``."""
+    app.command("finetune")(finetune)

@@ -1,0 +1,526 @@
+"""Fine-tuning the encoder itself on sentence-transformers' trainer (``treerank finetune``).
+
+There is no training loop here: :func:`finetune` builds a Hugging Face ``Dataset`` from
+treerank's own batch plan and runs ``SentenceTransformerTrainer`` with
+
+* ``biencoder``: ``MultipleNegativesRankingLoss`` or ``CachedMultipleNegativesRankingLoss``
+  (GradCache, Gao et al., 2021) on ``(anchor, positive[, negative])`` texts, shared towers;
+* ``query-tower``: :class:`~treerank.training.finetune_losses.StoredPassageLoss`, queries only,
+  against the store's passage vectors.
+
+**The batch plan.** Batches come from :class:`~treerank.training.sources.PairSampler` over the
+split's labels (:func:`~treerank.training.sources.label_pairs`), so the batch-collision rule of
+every treerank sampler holds: no two queries of a batch share a relevant passage or a text.
+Every epoch's batches are laid out up front, row after row, and fed in order (a sequential
+batch sampler), so the plan is a pure function of the store, the config and the seed; the
+trainer's own resume (which skips the batches already trained) then lands exactly where the
+interrupted run stood. Hard negatives are the BM25 ranks mined into the store's sidecar by the
+pipeline (``data.hard_negatives: mined``), after the false-negative guard's ``skip_top``.
+
+**Checkpoints** are the trainer's (weights, optimiser, scheduler, RNG states, trainer state
+with the step, hence the sampler position), every ``trainer.save_steps`` steps, each written
+into a temporary folder and renamed into place (:class:`_Trainer`), so a killed run never leaves
+a half-written ``checkpoint-N``. ``resume=True`` continues from the newest one, bit-identically
+on the same machine (``tests/training/test_finetune.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from treerank.atomic import atomic_write_json, make_temp_dir
+from treerank.storelike import StoreLike
+from treerank.training.finetune_config import FinetuneConfig
+from treerank.training.finetune_losses import StoredPassageLoss
+from treerank.training.sampler import guard_mined_negatives
+from treerank.training.sources import PairSampler, label_pairs
+
+__all__ = [
+    "CHECKPOINTS_DIR",
+    "MODEL_DIR",
+    "BatchPlan",
+    "EncoderStoreMismatchError",
+    "FinetuneOutput",
+    "finetune",
+    "freeze",
+    "latest_checkpoint",
+    "load_base",
+    "plan_batches",
+]
+
+CHECKPOINTS_DIR = "checkpoints"
+MODEL_DIR = "model"
+FINETUNE_JSON = "finetune.json"
+
+
+class EncoderStoreMismatchError(ValueError):
+    """An encoder and a store that do not belong together (different weights fingerprint or
+    data); the message names both."""
+
+
+@dataclass
+class BatchPlan:
+    """Every training row of the run, in the order the trainer sees them.
+
+    Attributes:
+        query_rows: ``int64 (n,)`` store query id of each row.
+        positive: ``int64 (n,)`` its designated positive passage id.
+        masked: ``int64 (n, m)`` passages kept out of its softmax (``-1`` padding).
+        hard: ``int64 (n, h)`` hard negatives (``-1`` padding; ``h = 0`` without).
+        batch_size: rows per batch (the last batch of an epoch may be shorter: never).
+        epochs: epochs laid out.
+    """
+
+    query_rows: np.ndarray
+    positive: np.ndarray
+    masked: np.ndarray
+    hard: np.ndarray
+    batch_size: int
+    epochs: int
+
+    @property
+    def n_batches(self) -> int:
+        return int(self.query_rows.shape[0] // self.batch_size)
+
+
+def plan_batches(
+    store: StoreLike,
+    cfg: FinetuneConfig,
+    *,
+    train_rows: np.ndarray | None = None,
+    mined: np.ndarray | None = None,
+) -> BatchPlan:
+    """Lay out every batch of every epoch (see the module doc).
+
+    Args:
+        store: the training split.
+        cfg: the parsed config (``data`` and ``seed`` are read).
+        train_rows: query ids to train on (None: all with a relevant passage).
+        mined: ``int (n_queries, N)`` BM25-mined negatives of the split (``-1`` empty), or None.
+
+    Returns:
+        The :class:`BatchPlan`; rows are batch-major (batch ``b`` is rows
+        ``[b * batch_size, (b + 1) * batch_size)``).
+
+    Raises:
+        ValueError: no training query has a relevant passage; ``hard_negatives: mined``
+            without ``mined``.
+    """
+    data = cfg.data
+    pairs = label_pairs(
+        store.candidates,
+        store.labels,
+        store.query_texts(),
+        relevance_threshold=int(store.relevance_threshold),
+        query_rows=train_rows,
+    )
+    sampler = PairSampler(
+        [pairs], batch_size=data.batch_size, seed=cfg.train.seed, collisions=data.collisions
+    )
+    want_hard = data.hard_negatives == "mined" and data.n_hard > 0
+    if want_hard and mined is None:
+        raise ValueError("data.hard_negatives is 'mined' but no mined negatives were given")
+    pool = (
+        guard_mined_negatives(np.asarray(mined), skip_top=data.guard_skip_top)
+        if want_hard and mined is not None
+        else None
+    )
+    rng = np.random.default_rng([cfg.train.seed, 7919])
+    q_rows: list[np.ndarray] = []
+    pos: list[np.ndarray] = []
+    masked: list[np.ndarray] = []
+    hard: list[np.ndarray] = []
+    for epoch in range(data.epochs):
+        for batch in sampler.epoch(epoch):
+            assert batch.target_ids is not None and batch.exclude_ids is not None
+            q_rows.append(batch.query_rows)
+            pos.append(batch.passage_rows[batch.positive.argmax(axis=1)])
+            masked.append(np.concatenate([batch.target_ids, batch.exclude_ids], axis=1))
+            h = np.full((len(batch.query_rows), data.n_hard if want_hard else 0), -1, np.int64)
+            if pool is not None:
+                for i, q in enumerate(batch.query_rows):
+                    cand = pool[q][pool[q] >= 0]
+                    if cand.size:
+                        h[i] = rng.choice(cand, size=h.shape[1], replace=cand.size < h.shape[1])
+            hard.append(h)
+    width = max(m.shape[1] for m in masked)
+    masked = [np.pad(m, ((0, 0), (0, width - m.shape[1])), constant_values=-1) for m in masked]
+    return BatchPlan(
+        np.concatenate(q_rows).astype(np.int64),
+        np.concatenate(pos).astype(np.int64),
+        np.concatenate(masked).astype(np.int64),
+        np.concatenate(hard).astype(np.int64),
+        data.batch_size,
+        data.epochs,
+    )
+
+
+def load_base(base: str | None, store: StoreLike, *, device: str = "cpu") -> Any:
+    """The encoder to fine-tune, refused unless it is the one ``store`` was embedded with.
+
+    Returns:
+        ``(SentenceTransformer, fingerprint)``.
+
+    Raises:
+        EncoderStoreMismatchError: the weights fingerprint differs from the store's (both named).
+    """
+    from treerank.encoders import SentenceEncoder
+
+    enc = SentenceEncoder(base, device=device, progress=False)
+    want = store.encoder_fingerprint
+    if want is not None and enc.fingerprint != want:
+        raise EncoderStoreMismatchError(
+            f"model {base or enc.name!r} has weights {enc.fingerprint[:19]}..., but store "
+            f"{store.path} was embedded with {want[:19]}...: fine-tune the store's own encoder"
+        )
+    return enc.model, enc.fingerprint
+
+
+def freeze(model: Any, *, embeddings: bool, layers: int) -> int:
+    """Freeze the token embeddings and / or the bottom ``layers`` transformer layers.
+
+    Returns:
+        The number of parameters left trainable.
+
+    Raises:
+        ValueError: more layers than the model has, or a model without a BERT-style encoder.
+    """
+    hf = model[0].auto_model
+    if embeddings:
+        for p in hf.embeddings.parameters():
+            p.requires_grad_(False)
+    if layers:
+        blocks = getattr(getattr(hf, "encoder", None), "layer", None)
+        if blocks is None or layers > len(blocks):
+            n = "no" if blocks is None else len(blocks)
+            raise ValueError(f"freeze_layers={layers}, but the encoder has {n} layers")
+        for block in blocks[:layers]:
+            for p in block.parameters():
+                p.requires_grad_(False)
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def latest_checkpoint(ckpt_dir: str | Path) -> Path | None:
+    """The newest complete ``checkpoint-N`` in ``ckpt_dir`` (None: none)."""
+    from transformers.trainer_utils import get_last_checkpoint
+
+    d = Path(ckpt_dir)
+    if not d.is_dir():
+        return None
+    last = get_last_checkpoint(str(d))
+    return None if last is None else Path(last)
+
+
+def _trainer_class() -> Any:
+    from sentence_transformers import SentenceTransformerTrainer
+    from transformers.trainer_utils import rotate_checkpoints
+
+    class _Trainer(SentenceTransformerTrainer):  # type: ignore[misc]
+        """The trainer with each checkpoint written into a temporary folder, then renamed."""
+
+        _staging: Path | None = None
+
+        def _get_output_dir(self, trial: Any) -> str:
+            if self._staging is not None:
+                return str(self._staging)
+            return str(super()._get_output_dir(trial))
+
+        def _save_checkpoint(self, model: Any, trial: Any) -> None:
+            final = Path(str(self.args.output_dir))
+            self._staging = make_temp_dir(final, ".checkpoint-tmp-")
+            try:
+                super()._save_checkpoint(model, trial)
+                for done in self._staging.iterdir():
+                    dest = final / done.name
+                    if dest.exists():
+                        shutil.rmtree(dest)
+                    os.replace(done, dest)
+            finally:
+                shutil.rmtree(self._staging, ignore_errors=True)
+                self._staging = None
+            rotate_checkpoints(
+                output_dir=str(final), save_total_limit=self.args.save_total_limit, use_mtime=False
+            )
+
+    return _Trainer
+
+
+def _sequential(dataset: Any, batch_size: int, drop_last: bool, **_: Any) -> Any:
+    from sentence_transformers.base.sampler import DefaultBatchSampler
+    from torch.utils.data import SequentialSampler
+
+    return DefaultBatchSampler(SequentialSampler(dataset), batch_size=batch_size, drop_last=False)
+
+
+@dataclass
+class FinetuneOutput:
+    """What :func:`finetune` produced.
+
+    Attributes:
+        model_dir: the tuned encoder as a sentence-transformers folder.
+        fingerprint: its weights fingerprint.
+        base_fingerprint: the starting encoder's.
+        checkpoint: the checkpoint the final weights were saved at (``checkpoint-N``).
+        summary: steps, losses, cost (CPU seconds, wall seconds, peak RSS in MiB, tokens).
+    """
+
+    model_dir: Path
+    fingerprint: str
+    base_fingerprint: str
+    checkpoint: str
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+def _token_counts(model: Any, store: StoreLike, plan: BatchPlan, family: str) -> np.ndarray:
+    """Real tokens of each plan row (query, plus positive and negatives for ``biencoder``)."""
+    tok = model.tokenizer
+    lim = int(model.max_seq_length)
+
+    def lengths(texts: list[str]) -> np.ndarray:
+        if not texts:
+            return np.zeros(0, np.int64)
+        enc = tok(texts, truncation=True, max_length=lim, add_special_tokens=True)
+        return np.array([len(x) for x in enc["input_ids"]], dtype=np.int64)
+
+    q_len = lengths(store.query_texts())
+    out = q_len[plan.query_rows]
+    if family == "biencoder":
+        p_len = lengths(store.passage_texts())
+        out = out + p_len[plan.positive]
+        hard = plan.hard
+        out = out + np.where(hard >= 0, p_len[np.clip(hard, 0, None)], 0).sum(axis=1)
+    return out
+
+
+def _dataset(store: StoreLike, plan: BatchPlan, family: str) -> Any:
+    from datasets import Dataset
+
+    q_texts = store.query_texts()
+    cols: dict[str, list[Any]] = {"anchor": [q_texts[int(r)] for r in plan.query_rows]}
+    if family == "query-tower":
+        cols["label"] = list(range(len(plan.query_rows)))
+        return Dataset.from_dict(cols)
+    p_texts = store.passage_texts()
+    cols["positive"] = [p_texts[int(p)] for p in plan.positive]
+    bsz = plan.batch_size
+    for j in range(plan.hard.shape[1]):
+        # a row without a mined negative of its own gets the positive of the next row of its
+        # batch (never one of its own relevant passages: the batch is collision-free)
+        fill = [(i // bsz) * bsz + (i % bsz + 1) % bsz for i in range(len(plan.positive))]
+        cols[f"negative_{j}"] = [
+            p_texts[int(h if h >= 0 else plan.positive[fill[i]])]
+            for i, h in enumerate(plan.hard[:, j])
+        ]
+    return Dataset.from_dict(cols)
+
+
+def _loss(model: Any, store: StoreLike, plan: BatchPlan, cfg: FinetuneConfig) -> Any:
+    t = cfg.trainer
+    scale = 1.0 / t.temperature
+    if cfg.family == "query-tower":
+        return StoredPassageLoss(
+            model,
+            np.asarray(store.passages),
+            plan.positive,
+            plan.masked,
+            plan.hard if plan.hard.shape[1] else None,
+            negatives=cfg.data.negatives,
+            scale=scale,
+        )
+    from sentence_transformers.sentence_transformer import losses
+
+    if t.loss == "cached-mnrl":
+        return losses.CachedMultipleNegativesRankingLoss(
+            model, scale=scale, mini_batch_size=t.mini_batch_size
+        )
+    return losses.MultipleNegativesRankingLoss(model, scale=scale)
+
+
+def _cost_now() -> tuple[float, float]:
+    import resource
+
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime, ru.ru_maxrss / 1024.0  # CPU s, peak RSS MiB (Linux KiB)
+
+
+def finetune(
+    store: StoreLike,
+    cfg: FinetuneConfig,
+    out_dir: str | Path,
+    *,
+    train_rows: np.ndarray | None = None,
+    mined: np.ndarray | None = None,
+    resume: bool = False,
+    device: str = "cpu",
+    progress: bool = False,
+    stop_after_steps: int | None = None,
+    log: Callable[[str], None] | None = None,
+) -> FinetuneOutput:
+    """Fine-tune the store's encoder on the store's training labels.
+
+    Writes ``out_dir/checkpoints/checkpoint-N/`` (the trainer's resumable checkpoints),
+    ``out_dir/model/`` (the tuned encoder, a sentence-transformers folder, renamed into place
+    when complete) and ``out_dir/finetune.json`` (config, fingerprints, summary).
+
+    Args:
+        store: the training split (texts, labels, passage vectors for ``query-tower``).
+        cfg: :func:`~treerank.training.finetune_config.parse_finetune_config` output.
+        out_dir: the run's folder.
+        train_rows: query ids to train on (None: all; the pipeline passes the non-held-out).
+        mined: BM25-mined negatives of the split (with ``data.hard_negatives: mined``).
+        resume: continue from the newest checkpoint in ``out_dir/checkpoints`` (none: start).
+        device: torch device.
+        progress: the trainer's progress bar.
+        stop_after_steps: test hook simulating Ctrl-C: raise ``KeyboardInterrupt`` once the
+            checkpoint of this step is written.
+        log: called with one line per logged step.
+
+    Returns:
+        :class:`FinetuneOutput`.
+
+    Raises:
+        EncoderStoreMismatchError: the configured base encoder is not the store's.
+        FileExistsError: ``out_dir`` holds checkpoints or a model and ``resume`` is False.
+        ValueError: no trainable query.
+    """
+    from sentence_transformers import SentenceTransformerTrainingArguments
+    from transformers import TrainerCallback
+
+    out = Path(out_dir)
+    ckpt_dir = out / CHECKPOINTS_DIR
+    if not resume and (latest_checkpoint(ckpt_dir) is not None or (out / MODEL_DIR).exists()):
+        raise FileExistsError(
+            f"{out}: holds an earlier fine-tune (checkpoints or model); pass resume (--resume) "
+            "to continue it, or choose another output folder"
+        )
+    t = cfg.trainer
+    torch.set_num_threads(t.threads)
+    cpu0, _ = _cost_now()
+    wall0 = time.perf_counter()
+    model, base_fp = load_base(cfg.model.base, store, device=device)
+    m = cfg.model
+    model.max_seq_length = (
+        m.max_query_length if cfg.family == "query-tower" else m.max_passage_length
+    )
+    n_trainable = freeze(model, embeddings=m.freeze_embeddings, layers=m.freeze_layers)
+    plan = plan_batches(store, cfg, train_rows=train_rows, mined=mined)
+    dataset = _dataset(store, plan, cfg.family)
+    tokens = _token_counts(model, store, plan, cfg.family)
+    loss = _loss(model, store, plan, cfg)
+    steps = plan.n_batches if t.max_steps < 0 else min(t.max_steps, plan.n_batches)
+    args = SentenceTransformerTrainingArguments(
+        output_dir=str(ckpt_dir),
+        per_device_train_batch_size=plan.batch_size,
+        num_train_epochs=1,
+        max_steps=steps,
+        learning_rate=t.lr,
+        warmup_steps=t.warmup_ratio,
+        lr_scheduler_type=t.scheduler,
+        weight_decay=t.weight_decay,
+        max_grad_norm=t.max_grad_norm,
+        bf16=t.precision == "bf16",
+        activation_checkpointing=t.gradient_checkpointing,
+        activation_checkpointing_kwargs={"use_reentrant": False},
+        save_strategy="steps",
+        save_steps=t.save_steps if t.save_steps > 0 else steps,
+        save_total_limit=t.save_total_limit,
+        logging_steps=t.logging_steps,
+        seed=t.seed,
+        data_seed=t.seed,
+        report_to="none",
+        dataloader_num_workers=0,
+        use_cpu=device == "cpu",
+        disable_tqdm=not progress,
+        batch_sampler=_sequential,
+    )
+    records: list[dict[str, Any]] = []
+
+    class _Log(TrainerCallback):  # type: ignore[misc]
+        def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kw: Any) -> None:
+            if logs and "loss" in logs:
+                rec = {"step": int(state.global_step), "loss": float(logs["loss"])}
+                records.append(rec)
+                if log is not None:
+                    log(f"step {rec['step']}: loss {rec['loss']:.4f}")
+
+        def on_save(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            if stop_after_steps is not None and state.global_step >= stop_after_steps:
+                raise KeyboardInterrupt(f"test hook: stopped after step {state.global_step}")
+
+    trainer = _trainer_class()(
+        model=model, args=args, train_dataset=dataset, loss=loss, callbacks=[_Log()]
+    )
+    from transformers.trainer_callback import PrinterCallback
+    from transformers.utils import logging as hf_logging
+
+    trainer.remove_callback(PrinterCallback)  # our own log line instead of dict prints
+    bars = hf_logging.is_progress_bar_enabled()
+    if not progress:
+        hf_logging.disable_progress_bar()
+    start = latest_checkpoint(ckpt_dir) if resume else None
+    try:
+        result = trainer.train(resume_from_checkpoint=None if start is None else str(start))
+        step = int(trainer.state.global_step)
+        last = latest_checkpoint(ckpt_dir)
+        if last is None or last.name != f"checkpoint-{step}":
+            trainer._save_checkpoint(trainer.model, None)
+        tmp = make_temp_dir(out, ".model-tmp-")
+        try:
+            model.save(str(tmp))
+            if (out / MODEL_DIR).exists():
+                shutil.rmtree(out / MODEL_DIR)
+            os.replace(tmp, out / MODEL_DIR)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    finally:
+        if bars and not progress:
+            hf_logging.enable_progress_bar()
+    checkpoint = f"checkpoint-{step}"
+    from treerank.encoders.fingerprint import weights_fingerprint
+
+    fp = weights_fingerprint(model)
+    cpu1, rss = _cost_now()
+    summary = {
+        "family": cfg.family,
+        "steps": step,
+        "planned_steps": steps,
+        "rows_trained": step * plan.batch_size,
+        "resumed_from": None if start is None else start.name,
+        "train_loss": float(result.training_loss),
+        "log": records,
+        "trainable_parameters": int(n_trainable),
+        "cost": {
+            "cpu_seconds": round(cpu1 - cpu0, 3),
+            "wall_seconds": round(time.perf_counter() - wall0, 3),
+            "peak_rss_mib": round(rss, 1),
+            "tokens": int(tokens[: step * plan.batch_size].sum()),
+            "threads": int(t.threads),
+            "note": "this process only; a resumed run counts its own part",
+        },
+    }
+    atomic_write_json(
+        out / FINETUNE_JSON,
+        {
+            "config": cfg.to_dict(),
+            "trained_on": {
+                "store": str(store.path),
+                "fingerprint": store.encoder_fingerprint,
+                "data_sha256": store.meta.get("data_sha256"),
+            },
+            "base_fingerprint": base_fp,
+            "fingerprint": fp,
+            "checkpoint": checkpoint,
+            "summary": summary,
+        },
+    )
+    return FinetuneOutput(out / MODEL_DIR, fp, base_fp, checkpoint, summary)

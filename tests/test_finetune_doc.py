@@ -1,0 +1,37 @@
+"""docs/finetune.md reports the numbers of every docs/results/finetune_*.json (a rerun that
+changes a JSON must change the page)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = sorted((REPO / "docs" / "results").glob("finetune_*.json"))
+
+
+def test_there_is_a_finetune_result() -> None:
+    assert any(p.name == "finetune_scifact_query_tower.json" for p in RESULTS)
+
+
+@pytest.mark.parametrize("path", RESULTS, ids=[p.stem for p in RESULTS])
+def test_finetune_page_quotes_the_result_json(path: Path) -> None:
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    text = (REPO / "docs" / "finetune.md").read_text(encoding="utf-8")
+    name = f"finetune-{doc['family']}"
+    quoted = [
+        f"{doc['systems']['cosine']['ndcg@10']:.4f}",
+        f"{doc['systems'][name]['ndcg@10']:.4f}",
+        f"{doc['paired_vs_cosine']['ndcg@10']['delta']:+.4f}",
+        f"{doc['paired_vs_cosine']['ndcg@10']['p']:.4f}",
+        f"{doc['drift']['test']['cka_queries']:.4f}",
+        f"{doc['drift']['test']['overlap_at_k']:.4f}",
+        f"{doc['cost']['train']['cpu_seconds']:.0f}",
+    ]
+    for part in ("seen", "unseen"):
+        row = doc["seen_unseen"]["parts"][part]
+        quoted += [f"{row['cosine']['ndcg@10']['mean']:.4f}", f"{row[name]['ndcg@10']['mean']:.4f}"]
+    missing = [q for q in quoted if q not in text]
+    assert not missing, f"docs/finetune.md lacks {missing} from {path.name}"
