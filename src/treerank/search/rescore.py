@@ -12,9 +12,11 @@ This is the "retrieve then rerank" scheme of the DPR lesson's practical chapter 
 any dense scorer. Candidate rows are read from the memory-mapped store by passage id in
 ascending order, one query batch at a time: memory is ``O(batch * depth * d)``, not the corpus.
 
-Spec: ``rescore:<first stage spec>[:depth=100,scorer=cosine|ckpt:<dir>]``, e.g.
+Spec: ``rescore:<first stage spec>[:depth=100,scorer=cosine|ckpt:<dir>|ce:<dir>]``, e.g.
 ``rescore:bm25:depth=200`` (BM25 candidates ranked by cosine) or
-``rescore:faiss:binary:depth=1000,scorer=ckpt:ckpt/linear``.
+``rescore:faiss:binary:depth=1000,scorer=ckpt:ckpt/linear``. A cross-encoder scorer
+(``scorer=ce:<dir>``) reads query and passage texts together and is built by
+:mod:`treerank.search.ce_rescore` instead.
 """
 
 from __future__ import annotations
@@ -266,4 +268,8 @@ def build_rescore_system(body: str, spec: str, cache: Any = None, **opts: Any) -
     from treerank.search.systems import build_system
 
     first, depth, scorer = parse_rescore(body, spec)
+    if scorer.strip().startswith("ce:"):  # a cross-encoder reads texts: it reranks, no towers
+        from treerank.search.ce_rescore import CrossEncoderRescoreSystem
+
+        return CrossEncoderRescoreSystem(build_system(first, cache, **opts), scorer, depth, spec)
     return RescoreSystem(build_system(first, cache, **opts), scorer, depth, name=spec)
