@@ -8,10 +8,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.training.test_cross_encoder import bm25_mined
 from treerank.search.ce_rescore import CrossEncoderRescoreSystem, ce_rerank, recall_at_depth
 from treerank.search.systems import build_system, uses_trained_model
 from treerank.training.cross_encoder import CrossEncoderConfig, train_cross_encoder
-from tests.training.test_cross_encoder import bm25_mined
 
 # rerank scores vs CrossEncoder.predict on the same pairs: batches pad differently, so the
 # float32 sums differ in the last bits only
@@ -39,7 +39,9 @@ class LengthScorer:
 
 def test_ce_rerank_hand_computed() -> None:
     passages = ["aaa", "a", "aa", "bbb"]
-    ids, scores = ce_rerank(LengthScorer(), ["q0", "q1"], passages, np.array([[1, 0, 2], [3, 0, -1]]))
+    ids, scores = ce_rerank(
+        LengthScorer(), ["q0", "q1"], passages, np.array([[1, 0, 2], [3, 0, -1]])
+    )
     # q0: lengths 1, 3, 2 -> 0, 2, 1; q1: 3 and 0 tie at 3 -> ascending id; padding last
     np.testing.assert_array_equal(ids, [[0, 2, 1], [0, 3, -1]])
     np.testing.assert_array_equal(scores, [[3, 2, 1], [3, 3, -np.inf]])

@@ -85,10 +85,16 @@ def test_denoise_hand_computed_never_drops_a_labelled_positive() -> None:
     np.testing.assert_array_equal(r.flagged, [[0, 1, 0, 0], [0, 1, 0, 0]])
     np.testing.assert_array_equal(r.negatives, [[7, -1, 4, -1], [1, -1, 6, 9]])
     assert r.counts == {
-        "negatives": 6, "flagged": 2, "share": round(2 / 6, 6), "queries_with_flag": 2,
+        "negatives": 6,
+        "flagged": 2,
+        "share": round(2 / 6, 6),
+        "queries_with_flag": 2,
         "action": "drop",
     }
-    assert [(e["query"], e["passage"], e["score"]) for e in r.examples] == [(0, 3, 4.5), (1, 0, 3.9)]
+    assert [(e["query"], e["passage"], e["score"]) for e in r.examples] == [
+        (0, 3, 4.5),
+        (1, 0, 3.9),
+    ]
     t = denoise_negatives(negatives, scores, positive, candidates, labels, threshold=1.5)
     np.testing.assert_array_equal(t.flagged, [[0, 1, 0, 0], [1, 1, 0, 0]])
     assert t.negatives[0, 0] == 7  # the labelled passage stays whatever its score
@@ -167,8 +173,9 @@ def test_bce_bf16_trains_and_scores(ms: Any, tmp_path: Path) -> None:
     from treerank.models.cross_encoder import CrossEncoderScorer
 
     mined = bm25_mined(ms)
-    out = train_cross_encoder(ms, small(loss="bce", precision="bf16", max_steps=2), tmp_path / "c",
-                              mined=mined)
+    out = train_cross_encoder(
+        ms, small(loss="bce", precision="bf16", max_steps=2), tmp_path / "c", mined=mined
+    )
     assert np.isfinite(out.summary["train_loss"]) and out.summary["steps"] == 2
     cost = out.summary["cost"]
     assert cost["cpu_seconds"] > 0 and cost["peak_rss_mib"] > 0

@@ -23,7 +23,9 @@ __all__ = ["CrossEncoderScorer", "DEFAULT_SCORE_BATCH", "load_cross_encoder"]
 DEFAULT_SCORE_BATCH = 32
 
 
-def load_cross_encoder(path: str | Path, *, device: str = "cpu", max_length: int | None = None) -> Any:
+def load_cross_encoder(
+    path: str | Path, *, device: str = "cpu", max_length: int | None = None
+) -> Any:
     """A sentence-transformers ``CrossEncoder`` loaded offline from a local folder.
 
     Args:

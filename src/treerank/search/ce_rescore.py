@@ -62,9 +62,7 @@ def ce_rerank(
     return sort_rows(np.where(cand >= 0, cand, -1), scores)
 
 
-def recall_at_depth(
-    store: StoreLike, candidates: np.ndarray
-) -> float:
+def recall_at_depth(store: StoreLike, candidates: np.ndarray) -> float:
     """Mean over queries with a relevant passage of the share of them among ``candidates``.
 
     Returns:
@@ -145,5 +143,7 @@ class CrossEncoderRescoreSystem:
             RuntimeError: :meth:`retrieve` has not run yet.
         """
         if self.first_run is None:
-            raise RuntimeError(f"{self.name}: retrieve first, then ask for the first stage's recall")
+            raise RuntimeError(
+                f"{self.name}: retrieve first, then ask for the first stage's recall"
+            )
         return {f"recall@{self.first_run.ids.shape[1]}": recall_at_depth(store, self.first_run.ids)}

@@ -262,9 +262,14 @@ def parse_rescore(body: str, spec: str) -> tuple[str, int, str]:
     return inner, depth, scorer
 
 
-def build_rescore_system(body: str, spec: str, cache: Any = None, **opts: Any) -> RescoreSystem:
+def build_rescore_system(body: str, spec: str, cache: Any = None, **opts: Any) -> Any:
     """The ``rescore:`` system kind's builder (registered in :mod:`treerank.search.systems`);
-    the first stage is built with ``build_system`` (same ``cache`` and options)."""
+    the first stage is built with ``build_system`` (same ``cache`` and options).
+
+    Returns:
+        a :class:`RescoreSystem`, or a
+        :class:`~treerank.search.ce_rescore.CrossEncoderRescoreSystem` for ``scorer=ce:<dir>``.
+    """
     from treerank.search.systems import build_system
 
     first, depth, scorer = parse_rescore(body, spec)

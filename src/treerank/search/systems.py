@@ -482,7 +482,8 @@ _BUILT_IN: tuple[tuple[str, SystemBuilder, str], ...] = (
     (
         "rescore",
         _lazy("treerank.search.rescore:build_rescore_system"),
-        "exact dense rescoring of a first stage; rescore:<A>[:depth=100,scorer=cosine|ckpt:<dir>|ce:<dir>]",
+        "exact dense rescoring (or cross-encoder reranking) of a first stage; "
+        "rescore:<A>[:depth=100,scorer=cosine|ckpt:<dir>|ce:<dir>]",
     ),
     (
         "tuned-fusion",

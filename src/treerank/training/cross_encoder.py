@@ -349,7 +349,9 @@ def train_cross_encoder(
     from treerank.models.cross_encoder import load_cross_encoder
 
     torch.manual_seed(c.seed)  # the fresh head's initialisation
-    model = load_cross_encoder(c.base or default_model_path(), device=device, max_length=c.max_length)
+    model = load_cross_encoder(
+        c.base or default_model_path(), device=device, max_length=c.max_length
+    )
     dataset = _dataset(store, groups, c.loss, teacher)
     per_step = c.batch_size * (1 + c.negatives) if c.loss == "bce" else c.batch_size
     epoch = -(-len(dataset) // per_step)
