@@ -20,6 +20,7 @@ import numpy as np
 
 from treerank.kernels.topk import sort_rows
 from treerank.models.cross_encoder import CrossEncoderScorer
+from treerank.search.rescore import TwoStage
 from treerank.search.run import Run
 from treerank.storelike import StoreLike
 
@@ -81,7 +82,7 @@ def recall_at_depth(store: StoreLike, candidates: np.ndarray) -> float:
     return float((hit[keep] / n_rel[keep]).mean()) if keep.any() else float("nan")
 
 
-class CrossEncoderRescoreSystem:
+class CrossEncoderRescoreSystem(TwoStage):
     """A first stage's top ``depth`` reranked by a cross-encoder.
 
     Args:
@@ -108,13 +109,8 @@ class CrossEncoderRescoreSystem:
         precision: str = "fp32",
         device: str = "cpu",
     ) -> None:
-        if depth < 1:
-            raise ValueError(f"rescore depth must be >= 1, got {depth}")
-        self.first = first
-        self.scorer = scorer
-        self.depth = int(depth)
+        super().__init__(first, scorer, depth, name)
         self.batch_size, self.precision, self.device = batch_size, precision, device
-        self.name: str = name or f"rescore:{first.name}:depth={depth}"
         self.first_run: Run | None = None
 
     def scorer_for(self) -> Any:

@@ -163,7 +163,24 @@ def _check_rows(rows: np.ndarray, ids: np.ndarray, what: str, source: str) -> No
         )
 
 
-class RescoreSystem:
+class TwoStage:
+    """What every second stage over a first stage's top ``depth`` holds: ``first``, ``scorer``,
+    ``depth`` and ``name`` (default ``rescore:<first>:depth=<depth>``).
+
+    Raises:
+        ValueError: ``depth < 1``.
+    """
+
+    def __init__(self, first: Any, scorer: Any, depth: int, name: str | None) -> None:
+        if depth < 1:
+            raise ValueError(f"rescore depth must be >= 1, got {depth}")
+        self.first = first
+        self.scorer = scorer
+        self.depth = int(depth)
+        self.name: str = name or f"rescore:{first.name}:depth={depth}"
+
+
+class RescoreSystem(TwoStage):
     """A first-stage system's top ``depth`` rescored exactly by a dense scorer.
 
     Args:
@@ -183,13 +200,8 @@ class RescoreSystem:
         name: str | None = None,
         release: bool = True,
     ) -> None:
-        if depth < 1:
-            raise ValueError(f"rescore depth must be >= 1, got {depth}")
-        self.first = first
-        self.scorer = scorer
-        self.depth = int(depth)
+        super().__init__(first, scorer, depth, name)
         self.release = release
-        self.name: str = name or f"rescore:{first.name}:depth={depth}"
 
     def scorer_for(self, store: StoreLike) -> DenseScorer:
         if isinstance(self.scorer, str):
