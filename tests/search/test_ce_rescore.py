@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.training.test_cross_encoder import bm25_mined
+from tests.training.test_cross_encoder import LengthScorer, bm25_mined
 from treerank.search.ce_rescore import CrossEncoderRescoreSystem, ce_rerank, recall_at_depth
 from treerank.search.systems import build_system, uses_trained_model
 from treerank.training.cross_encoder import CrossEncoderConfig, train_cross_encoder
@@ -28,13 +28,6 @@ def ce_dir(ms: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
     cfg = CrossEncoderConfig(negatives=2, batch_size=2, max_length=64, max_steps=3, lr=5e-5)
     out = train_cross_encoder(ms, cfg, tmp_path_factory.mktemp("ce") / "run", mined=bm25_mined(ms))
     return out.model_dir
-
-
-class LengthScorer:
-    """Scores a pair by the passage's length (hand-checkable)."""
-
-    def score_pairs(self, queries: list[str], passages: list[str]) -> np.ndarray:
-        return np.array([float(len(p)) for p in passages], np.float32)
 
 
 def test_ce_rerank_hand_computed() -> None:

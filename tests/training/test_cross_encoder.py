@@ -18,6 +18,7 @@ from treerank.training.cross_encoder import (
     CrossEncoderConfig,
     build_groups,
     denoise_negatives,
+    score_groups,
     train_cross_encoder,
 )
 from treerank.training.sampler import relevant_lists
@@ -183,3 +184,20 @@ def test_bce_bf16_trains_and_scores(ms: Any, tmp_path: Path) -> None:
     assert s.fingerprint == out.fingerprint  # the saved folder loads the trained weights
     v = s.score_pairs(ms.query_texts()[:2], ms.passage_texts()[:2])
     assert v.dtype == np.float32 and v.shape == (2,) and np.isfinite(v).all()
+
+
+class LengthScorer:
+    """A stand-in teacher: a pair's score is its passage's length in characters."""
+
+    def score_pairs(self, queries: list[str], passages: list[str]) -> np.ndarray:
+        assert len(queries) == len(passages)
+        return np.array([float(len(p)) for p in passages], np.float32)
+
+
+def test_score_groups_puts_the_positive_first(ms: Any) -> None:
+    g = build_groups(ms, bm25_mined(ms), 2, seed=0)
+    t = score_groups(LengthScorer(), ms, g)
+    texts = ms.passage_texts()
+    assert t.shape == (g.n, 3) and t.dtype == np.float32
+    for row, p, negs in zip(t, g.positive, g.negatives, strict=True):
+        assert row.tolist() == [float(len(texts[int(x)])) for x in [p, *negs]]

@@ -49,6 +49,7 @@ __all__ = [
     "DenoiseResult",
     "build_groups",
     "denoise_negatives",
+    "score_groups",
     "train_cross_encoder",
 ]
 
@@ -206,6 +207,25 @@ def build_groups(
         np.asarray(n_out, np.int64).reshape(len(q_out), k)[order],
         np.asarray(m_out, bool).reshape(len(q_out), k)[order],
     )
+
+
+def score_groups(scorer: Any, store: StoreLike, groups: CrossEncoderGroups) -> np.ndarray:
+    """A teacher's scores of every group's positive and negatives (``margin-mse`` labels).
+
+    Args:
+        scorer: anything with ``score_pairs(queries, passages) -> float32 (n,)``, e.g. a
+            trained :class:`~treerank.models.cross_encoder.CrossEncoderScorer`.
+        store: the split the groups were built from.
+        groups: :func:`build_groups` output.
+
+    Returns:
+        ``float32 (n_groups, 1 + k)``, column 0 the positive's score.
+    """
+    qt, pt = store.query_texts(), store.passage_texts()
+    ids = np.concatenate([groups.positive[:, None], groups.negatives], axis=1)
+    q = [qt[int(r)] for r in groups.query_rows for _ in range(ids.shape[1])]
+    p = [pt[int(x)] for x in ids.ravel()]
+    return np.asarray(scorer.score_pairs(q, p), dtype=np.float32).reshape(ids.shape)
 
 
 def _dataset(
