@@ -40,6 +40,8 @@ def test_ce_rerank_hand_computed() -> None:
     np.testing.assert_array_equal(scores, [[3, 2, 1], [3, 3, -np.inf]])
     with pytest.raises(ValueError, match="candidate ids"):
         ce_rerank(LengthScorer(), ["q0"], passages, np.array([[4]]))
+    with pytest.raises(ValueError, match="expected ce:<dir>"):
+        build_system("rescore:bm25:depth=5,scorer=ce:")
 
 
 def test_reranked_run_keeps_the_first_stage_candidates(ms: Any, ce_dir: Path) -> None:

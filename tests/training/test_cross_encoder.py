@@ -69,6 +69,12 @@ def test_config_refuses_bad_values() -> None:
     with pytest.raises(ConfigError, match="negativs"):
         CrossEncoderConfig.from_mapping({"negativs": 3})
     assert CrossEncoderConfig.from_mapping({"loss": "listwise"}).loss == "listwise"
+    from treerank.models.cross_encoder import CrossEncoderScorer
+
+    with pytest.raises(ValueError, match="precision 'fp16'"):
+        CrossEncoderScorer("anywhere", precision="fp16")
+    with pytest.raises(FileNotFoundError, match="no cross-encoder folder"):
+        CrossEncoderScorer("/nonexistent/ce")
 
 
 def test_denoise_hand_computed_never_drops_a_labelled_positive() -> None:

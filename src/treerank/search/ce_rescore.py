@@ -93,6 +93,9 @@ class CrossEncoderRescoreSystem(TwoStage):
         name: run name.
         batch_size, precision, device: the scorer's options when loading from a spec.
 
+    Raises:
+        ValueError: ``depth < 1`` or a ``ce:`` spec without a folder (at build time).
+
     Attributes:
         first_run: the last first-stage run (its top ``depth``), for
             :meth:`first_stage_recall`.
@@ -109,6 +112,8 @@ class CrossEncoderRescoreSystem(TwoStage):
         precision: str = "fp32",
         device: str = "cpu",
     ) -> None:
+        if isinstance(scorer, str) and not scorer.strip()[len(CE_PREFIX) :]:
+            raise ValueError(f"cross-encoder scorer {scorer!r}: expected ce:<dir>")
         super().__init__(first, scorer, depth, name)
         self.batch_size, self.precision, self.device = batch_size, precision, device
         self.first_run: Run | None = None
@@ -116,8 +121,6 @@ class CrossEncoderRescoreSystem(TwoStage):
     def scorer_for(self) -> Any:
         if isinstance(self.scorer, str):
             path = self.scorer.strip()[len(CE_PREFIX) :]
-            if not path:
-                raise ValueError(f"cross-encoder scorer {self.scorer!r}: expected ce:<dir>")
             self.scorer = CrossEncoderScorer(
                 path, device=self.device, batch_size=self.batch_size, precision=self.precision
             )
