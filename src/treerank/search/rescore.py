@@ -12,9 +12,11 @@ This is the "retrieve then rerank" scheme of the DPR lesson's practical chapter 
 any dense scorer. Candidate rows are read from the memory-mapped store by passage id in
 ascending order, one query batch at a time: memory is ``O(batch * depth * d)``, not the corpus.
 
-Spec: ``rescore:<first stage spec>[:depth=100,scorer=cosine|ckpt:<dir>]``, e.g.
+Spec: ``rescore:<first stage spec>[:depth=100,scorer=cosine|ckpt:<dir>|ce:<dir>]``, e.g.
 ``rescore:bm25:depth=200`` (BM25 candidates ranked by cosine) or
-``rescore:faiss:binary:depth=1000,scorer=ckpt:ckpt/linear``.
+``rescore:faiss:binary:depth=1000,scorer=ckpt:ckpt/linear``. A cross-encoder scorer
+(``scorer=ce:<dir>``) reads query and passage texts together and is built by
+:mod:`treerank.search.ce_rescore` instead.
 """
 
 from __future__ import annotations
@@ -158,7 +160,24 @@ def rescore(
     return ids[:, :k], scores[:, :k]
 
 
-class RescoreSystem:
+class TwoStage:
+    """What every second stage over a first stage's top ``depth`` holds: ``first``, ``scorer``,
+    ``depth`` and ``name`` (default ``rescore:<first>:depth=<depth>``).
+
+    Raises:
+        ValueError: ``depth < 1``.
+    """
+
+    def __init__(self, first: Any, scorer: Any, depth: int, name: str | None) -> None:
+        if depth < 1:
+            raise ValueError(f"rescore depth must be >= 1, got {depth}")
+        self.first = first
+        self.scorer = scorer
+        self.depth = int(depth)
+        self.name: str = name or f"rescore:{first.name}:depth={depth}"
+
+
+class RescoreSystem(TwoStage):
     """A first-stage system's top ``depth`` rescored exactly by a dense scorer.
 
     Args:
@@ -178,13 +197,8 @@ class RescoreSystem:
         name: str | None = None,
         release: bool = True,
     ) -> None:
-        if depth < 1:
-            raise ValueError(f"rescore depth must be >= 1, got {depth}")
-        self.first = first
-        self.scorer = scorer
-        self.depth = int(depth)
+        super().__init__(first, scorer, depth, name)
         self.release = release
-        self.name: str = name or f"rescore:{first.name}:depth={depth}"
 
     def scorer_for(self, store: StoreLike) -> DenseScorer:
         if isinstance(self.scorer, str):
@@ -259,10 +273,19 @@ def parse_rescore(body: str, spec: str) -> tuple[str, int, str]:
     return inner, depth, scorer
 
 
-def build_rescore_system(body: str, spec: str, cache: Any = None, **opts: Any) -> RescoreSystem:
+def build_rescore_system(body: str, spec: str, cache: Any = None, **opts: Any) -> Any:
     """The ``rescore:`` system kind's builder (registered in :mod:`treerank.search.systems`);
-    the first stage is built with ``build_system`` (same ``cache`` and options)."""
+    the first stage is built with ``build_system`` (same ``cache`` and options).
+
+    Returns:
+        a :class:`RescoreSystem`, or a
+        :class:`~treerank.search.ce_rescore.CrossEncoderRescoreSystem` for ``scorer=ce:<dir>``.
+    """
     from treerank.search.systems import build_system
 
     first, depth, scorer = parse_rescore(body, spec)
+    if scorer.strip().startswith("ce:"):  # a cross-encoder reads texts: it reranks, no towers
+        from treerank.search.ce_rescore import CrossEncoderRescoreSystem
+
+        return CrossEncoderRescoreSystem(build_system(first, cache, **opts), scorer, depth, spec)
     return RescoreSystem(build_system(first, cache, **opts), scorer, depth, name=spec)

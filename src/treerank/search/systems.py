@@ -77,7 +77,7 @@ def uses_trained_model(system: Any, _depth: int = 0) -> bool:
         fam = FAMILIES.get(system.model_type)
         return fam is None or fam.trainable
     if isinstance(system, str):
-        return system.strip().startswith("ckpt:")
+        return system.strip().startswith(("ckpt:", "ce:"))
     if isinstance(system, (tuple, list)):
         return any(uses_trained_model(v, _depth + 1) for v in system)
     if _depth > 6 or not type(system).__module__.startswith("treerank."):
@@ -526,7 +526,8 @@ _BUILT_IN: tuple[tuple[str, SystemBuilder, str], ...] = (
     (
         "rescore",
         _lazy("treerank.search.rescore:build_rescore_system"),
-        "exact dense rescoring of a first stage; rescore:<A>[:depth=100,scorer=cosine|ckpt:<dir>]",
+        "exact dense rescoring (or cross-encoder reranking) of a first stage; "
+        "rescore:<A>[:depth=100,scorer=cosine|ckpt:<dir>|ce:<dir>]",
     ),
     (
         "tuned-fusion",

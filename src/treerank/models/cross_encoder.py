@@ -1,0 +1,130 @@
+"""`CrossEncoderScorer`: a trained cross-encoder (query and passage read together) as a pair scorer.
+
+A cross-encoder is a sentence-transformers ``CrossEncoder`` folder with a 1-label head (written
+by :func:`treerank.training.cross_encoder.train_cross_encoder`). Unlike a
+:class:`~treerank.models.base.DenseScorer` it has no towers: it scores ``(query text, passage
+text)`` pairs, so it can only rerank a first stage's candidates (``rescore:...,scorer=ce:<dir>``,
+:mod:`treerank.search.ce_rescore`), never rank a whole split.
+
+Scores are the head's raw logits (``float32``, unbounded; higher = more relevant; no sigmoid),
+the same numbers ``CrossEncoder.predict(..., activation_fn=Identity)`` returns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["CrossEncoderScorer", "DEFAULT_SCORE_BATCH", "load_cross_encoder"]
+
+DEFAULT_SCORE_BATCH = 32
+
+
+def load_cross_encoder(
+    path: str | Path, *, device: str = "cpu", max_length: int | None = None
+) -> Any:
+    """A sentence-transformers ``CrossEncoder`` loaded offline from a local folder.
+
+    Args:
+        path: a ``CrossEncoder`` folder (``config.json`` + weights) or a plain transformer folder
+            (a fresh 1-label head is then initialised, as when training starts from an encoder).
+        device: torch device (``cpu``, ``cuda[:n]``).
+        max_length: tokens per (query, passage) pair; None: the folder's own setting.
+
+    Raises:
+        FileNotFoundError: ``path`` is not a directory.
+    """
+    p = Path(path)
+    if not p.is_dir():
+        raise FileNotFoundError(f"{p}: no cross-encoder folder there")
+    from sentence_transformers import CrossEncoder
+    from transformers.utils import logging as hf_logging
+
+    was_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        model = CrossEncoder(str(p), num_labels=1, max_length=max_length, device=device)
+    finally:
+        if was_on:
+            hf_logging.enable_progress_bar()
+    return model
+
+
+class CrossEncoderScorer:
+    """Scores ``(query, passage)`` text pairs with a cross-encoder folder.
+
+    Args:
+        path: the cross-encoder folder (see :func:`load_cross_encoder`).
+        device: torch device.
+        batch_size: pairs per forward pass.
+        precision: ``fp32`` or ``bf16`` (CPU/GPU autocast around the forward pass; scores are
+            returned as ``float32`` either way).
+        max_length: tokens per pair (None: the folder's setting).
+
+    Raises:
+        ValueError: an unknown precision or a batch size < 1.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        device: str = "cpu",
+        batch_size: int = DEFAULT_SCORE_BATCH,
+        precision: str = "fp32",
+        max_length: int | None = None,
+    ) -> None:
+        if precision not in ("fp32", "bf16"):
+            raise ValueError(f"cross-encoder precision {precision!r}: expected 'fp32' or 'bf16'")
+        if batch_size < 1:
+            raise ValueError(f"cross-encoder batch size must be >= 1, got {batch_size}")
+        self.path = Path(path)
+        self.device = device
+        self.batch_size = int(batch_size)
+        self.precision = precision
+        self.model = load_cross_encoder(self.path, device=device, max_length=max_length)
+        self._fingerprint: str | None = None
+
+    @property
+    def fingerprint(self) -> str:
+        """``sha256:<hex>`` of the loaded weights (pins the checkpoint a run was scored with)."""
+        if self._fingerprint is None:
+            from treerank.encoders.fingerprint import weights_fingerprint
+
+            self._fingerprint = weights_fingerprint(self.model.model)
+        return self._fingerprint
+
+    def score_pairs(self, queries: Sequence[str], passages: Sequence[str]) -> np.ndarray:
+        """Raw head scores of ``(queries[i], passages[i])``.
+
+        Args:
+            queries, passages: texts of equal length ``n``.
+
+        Returns:
+            ``float32 (n,)`` logits (no activation).
+
+        Raises:
+            ValueError: the two lists differ in length.
+        """
+        if len(queries) != len(passages):
+            raise ValueError(
+                f"{len(queries)} queries and {len(passages)} passages: pairs need equal counts"
+            )
+        if not len(queries):
+            return np.zeros(0, np.float32)
+        import torch
+
+        pairs = list(zip(queries, passages, strict=True))
+        kind = "cuda" if str(self.device).startswith("cuda") else "cpu"
+        with torch.autocast(kind, dtype=torch.bfloat16, enabled=self.precision == "bf16"):
+            out = self.model.predict(
+                pairs,
+                batch_size=self.batch_size,
+                activation_fn=torch.nn.Identity(),
+                convert_to_numpy=True,
+                show_progress_bar=False,
+            )
+        return np.asarray(out, dtype=np.float32).reshape(-1)

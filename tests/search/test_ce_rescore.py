@@ -1,0 +1,86 @@
+"""Cross-encoder reranking (``rescore:<A>:scorer=ce:<dir>``) on the 10-query MS MARCO sample."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.training.test_cross_encoder import LengthScorer, bm25_mined
+from treerank.search.ce_rescore import CrossEncoderRescoreSystem, ce_rerank, recall_at_depth
+from treerank.search.systems import build_system, uses_trained_model
+from treerank.training.cross_encoder import CrossEncoderConfig, train_cross_encoder
+
+# rerank scores vs CrossEncoder.predict on the same pairs: batches pad differently, so the
+# float32 sums differ in the last bits only
+SCORE_ATOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def ms(msmarco_store: dict[str, Any]) -> Any:
+    return msmarco_store["validation"]
+
+
+@pytest.fixture(scope="module")
+def ce_dir(ms: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    cfg = CrossEncoderConfig(negatives=2, batch_size=2, max_length=64, max_steps=3, lr=5e-5)
+    out = train_cross_encoder(ms, cfg, tmp_path_factory.mktemp("ce") / "run", mined=bm25_mined(ms))
+    return out.model_dir
+
+
+def test_ce_rerank_hand_computed() -> None:
+    passages = ["aaa", "a", "aa", "bbb"]
+    ids, scores = ce_rerank(
+        LengthScorer(), ["q0", "q1"], passages, np.array([[1, 0, 2], [3, 0, -1]])
+    )
+    # q0: lengths 1, 3, 2 -> 0, 2, 1; q1: 3 and 0 tie at 3 -> ascending id; padding last
+    np.testing.assert_array_equal(ids, [[0, 2, 1], [0, 3, -1]])
+    np.testing.assert_array_equal(scores, [[3, 2, 1], [3, 3, -np.inf]])
+    with pytest.raises(ValueError, match="candidate ids"):
+        ce_rerank(LengthScorer(), ["q0"], passages, np.array([[4]]))
+    with pytest.raises(ValueError, match="expected ce:<dir>"):
+        build_system("rescore:bm25:depth=5,scorer=ce:")
+
+
+def test_reranked_run_keeps_the_first_stage_candidates(ms: Any, ce_dir: Path) -> None:
+    system = build_system(f"rescore:bm25:depth=8,scorer=ce:{ce_dir}")
+    assert isinstance(system, CrossEncoderRescoreSystem) and uses_trained_model(system)
+    run = system.retrieve(ms, k=8)
+    first = build_system("bm25").retrieve(ms, 8)
+    assert run.ids.shape == first.ids.shape == (ms.n_queries, 8)
+    for row, ref in zip(run.ids, first.ids, strict=True):
+        assert sorted(row.tolist()) == sorted(ref.tolist())  # same set, only reordered
+    for row, ids in zip(run.scores, run.ids, strict=True):
+        real = row[ids >= 0]
+        assert np.all(np.diff(real) <= 0) and np.all(np.isneginf(row[ids < 0]))
+        assert (ids >= 0).sum() == len(real) and np.all(ids[len(real) :] == -1)  # padding last
+    assert not np.array_equal(run.ids, first.ids)  # it does reorder
+    # k below the depth keeps the top of the reranked depth, not of the first stage's top k
+    top3 = system.retrieve(ms, k=3)
+    np.testing.assert_array_equal(top3.ids, run.ids[:, :3])
+    rec = system.first_stage_recall(ms)
+    assert rec == {"recall@8": pytest.approx(recall_at_depth(ms, first.ids), abs=0)}
+
+
+def test_rerank_scores_equal_direct_predict(ms: Any, ce_dir: Path) -> None:
+    import torch
+    from sentence_transformers import CrossEncoder
+
+    run = build_system(f"rescore:bm25:depth=5,scorer=ce:{ce_dir}").retrieve(ms, k=5)
+    model = CrossEncoder(str(ce_dir), device="cpu")
+    q, p = ms.query_texts(), ms.passage_texts()
+    pairs = [(q[i], p[int(pid)]) for i in range(ms.n_queries) for pid in run.ids[i] if pid >= 0]
+    direct = model.predict(pairs, batch_size=1, activation_fn=torch.nn.Identity())
+    np.testing.assert_allclose(run.scores[run.ids >= 0], direct, rtol=0, atol=SCORE_ATOL)
+
+
+def test_recall_at_depth_hand_computed(ms: Any) -> None:
+    rel = [
+        set(c[(c >= 0) & (lab >= ms.relevance_threshold)].tolist())
+        for c, lab in zip(np.asarray(ms.candidates), np.asarray(ms.labels), strict=True)
+    ]
+    cand = np.array([sorted(r)[:1] + [-1] if r else [-1, -1] for r in rel])
+    want = np.mean([1 / len(r) for r in rel if r])
+    assert recall_at_depth(ms, cand) == pytest.approx(want, abs=1e-12)
