@@ -1542,7 +1542,7 @@ def test_issue36_full_disk_during_evaluate_exits_3_keeping_the_earlier_result(
     before = (tmp_path / "ev" / "results.json").read_bytes()
     with monkeypatch.context() as mp:
         seen = _full_disk(mp, "results.json")
-        code, log = invoke([*args, "--system", "bm25"])
+        code, log = invoke([*args, "--system", "bm25", "--overwrite"])
     assert seen and code == ExitCode.DISK_FULL, log
     _one_error_line(
         log,
