@@ -59,7 +59,7 @@ def test_a_bad_device_is_refused_before_any_work_in_train_and_evaluate(tmp_path)
         ):
             res = CliRunner().invoke(app, args)
             assert res.exit_code == 2, res.output
-            assert "error: device (auto | cpu | cuda[:n]):" in res.output
+            assert f"error: --device {dev}: device (auto | cpu | cuda[:n]):" in res.output
             assert "Traceback" not in res.output
     assert not (tmp_path / "e").exists()
     res = CliRunner().invoke(

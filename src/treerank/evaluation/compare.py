@@ -327,7 +327,17 @@ def compare_systems(
     for system in built.values():  # a checkpoint bound to other vectors: refused before work
         check = getattr(system, "check_store", None)
         if callable(check):
-            check(store)
+            try:
+                check(store)
+            except (FileNotFoundError, ValueError) as exc:
+                from treerank.encoders.precision import PrecisionMixError
+                from treerank.models.checkpoint import EncoderMismatchError
+
+                if isinstance(exc, (EncoderMismatchError, PrecisionMixError)):
+                    raise
+                # an unreadable checkpoint is not a mismatch: it fails alone when it is loaded,
+                # and the other systems are still scored (exit 1, `failed` in results.json)
+                continue
     # a writer lock on the output folder; nothing to lock when nothing is written
     lock = writer_lock(out_dir, "evaluate") if out_dir is not None else nullcontext()
     trained = {n for n, s in built.items() if uses_trained_model(s)}
