@@ -644,10 +644,10 @@ MISTAKES = [
     ),
     Mistake(
         "new-09",
-        "a checkpoint of another encoder",
+        "a checkpoint of another encoder: refused before any work (issue 34's one mixing check)",
         EVAL + " --system ckpt:{tmp}/other",
-        FAILED,
-        [r"ckpt:\S+other failed: EncoderMismatchError: .*fingerprint"],
+        BAD,
+        [r"other: trained on vectors from encoder 'another/model' \(fingerprint .*re-train"],
         _other_encoder_ckpt,
     ),
     Mistake(

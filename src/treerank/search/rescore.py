@@ -36,6 +36,7 @@ from treerank.kernels.topk import (
 )
 from treerank.models.base import DenseScorer
 from treerank.search.run import Run
+from treerank.search.two_stage import TwoStage
 from treerank.storelike import StoreLike
 
 DEFAULT_DEPTH = 100
@@ -158,23 +159,6 @@ def rescore(
     ids = np.where(np.isfinite(scores), cand, -1)
     ids, scores = sort_rows(ids, scores)
     return ids[:, :k], scores[:, :k]
-
-
-class TwoStage:
-    """What every second stage over a first stage's top ``depth`` holds: ``first``, ``scorer``,
-    ``depth`` and ``name`` (default ``rescore:<first>:depth=<depth>``).
-
-    Raises:
-        ValueError: ``depth < 1``.
-    """
-
-    def __init__(self, first: Any, scorer: Any, depth: int, name: str | None) -> None:
-        if depth < 1:
-            raise ValueError(f"rescore depth must be >= 1, got {depth}")
-        self.first = first
-        self.scorer = scorer
-        self.depth = int(depth)
-        self.name: str = name or f"rescore:{first.name}:depth={depth}"
 
 
 class RescoreSystem(TwoStage):
