@@ -124,7 +124,9 @@ def test_backends_and_refusals(option_store, tmp_path):
     onnx = ckpt_for(_store_copy(store, tmp_path / "o", backend="onnx"), "onnx")
     assert export_sentence_transformers(onnx, tmp_path / "st-onnx").path.is_dir()
 
-    int8 = ckpt_for(_store_copy(store, tmp_path / "i", backend="onnx-int8"), "int8")
+    int8 = ckpt_for(
+        _store_copy(store, tmp_path / "i", backend="onnx-int8", precision="int8"), "int8"
+    )
     with pytest.raises(ContractError, match=r"encoded at int8 \(backend 'onnx-int8'\)"):
         export_sentence_transformers(int8, tmp_path / "st-int8")
     assert not (tmp_path / "st-int8").exists()
