@@ -83,6 +83,11 @@ def test_reembedded_store_names_parent_checkpoint_and_keeps_frozen_passages(
     assert ft["parent"]["store"] == str(parent.path.resolve())
     assert ft["parent"]["fingerprint"] == parent.encoder_fingerprint
     assert tuned.meta["data_sha256"] == parent.meta["data_sha256"]
+    # re-embedded at the parent's truncation (256), not the training query length (64): the
+    # saved model keeps the base model's limits (a fresh user's run failed here)
+    assert tuned.meta["encoder"]["max_seq_length"] == parent.meta["encoder"]["max_seq_length"]
+    tok = json.loads((out / "model" / "tokenizer_config.json").read_text(encoding="utf-8"))
+    assert tok["model_max_length"] >= parent.meta["encoder"]["max_seq_length"] == 256
     # the query tower's passage side is the parent's, byte for byte; its queries moved
     assert np.array_equal(np.asarray(tuned.passages), np.asarray(parent.passages))
     assert not np.array_equal(np.asarray(tuned.queries), np.asarray(parent.queries))

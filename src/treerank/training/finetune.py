@@ -407,6 +407,10 @@ def finetune(
     cpu0, _ = _cost_now()
     wall0 = time.perf_counter()
     model, base_fp = load_base(cfg.model.base, store, device=device)
+    # the training truncation below is not the tuned model's: its saved folder keeps the base
+    # model's limits, so re-embedding at the store's max_seq_length stays in range
+    base_max_seq_length = model.max_seq_length
+    base_model_max_length = getattr(model.tokenizer, "model_max_length", None)
     m = cfg.model
     model.max_seq_length = (
         m.max_query_length if cfg.family == "query-tower" else m.max_passage_length
@@ -475,6 +479,9 @@ def finetune(
             trainer._save_checkpoint(trainer.model, None)
         tmp = make_temp_dir(out, ".model-tmp-")
         try:
+            model.max_seq_length = base_max_seq_length
+            if base_model_max_length is not None:
+                model.tokenizer.model_max_length = base_model_max_length
             model.save(str(tmp))
             if (out / MODEL_DIR).exists():
                 shutil.rmtree(out / MODEL_DIR)
