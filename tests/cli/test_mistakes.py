@@ -1282,6 +1282,23 @@ MISTAKES += [
         [r"--query 1 is empty; give a query text"],
     ),
     Mistake(
+        "trial-52",
+        "search with two --system options (only the last one was searched, without a word)",
+        [
+            "search",
+            "--store",
+            "{stores}/test",
+            "-q",
+            "coffee",
+            "--system",
+            "bm25",
+            "--system",
+            "cosine",
+        ],
+        BAD,
+        [r"--system given 2 times \(bm25, cosine\); search ranks with one system"],
+    ),
+    Mistake(
         "t33-36",
         "a seen / unseen breakdown on another split than the model trained on",
         EVAL + " --system ckpt:{ckpt} --overlap --train-store {stores}/test",

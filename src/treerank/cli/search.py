@@ -67,8 +67,11 @@ def search(
     queries_file: Path | None = typer.Option(
         None, "--queries", help="File of queries: one per line, or qid<TAB>text."
     ),
-    system: str = typer.Option(
-        "cosine", "--system", metavar="SPEC", help=f"System spec; {SEE_KINDS}."
+    systems: list[str] = typer.Option(
+        ["cosine"],
+        "--system",
+        metavar="SPEC",
+        help=f"System spec (one; `evaluate` compares several); {SEE_KINDS}.",
     ),
     k: int = typer.Option(10, "--k", "-k", help="Hits per query."),
     fmt: str = typer.Option("table", "--format", "-f", help="table, json or trec."),
@@ -110,6 +113,12 @@ def search(
                 raise ValueError(f"--query {i} is empty; give a query text")
         qids = [str(i) for i in range(len(queries))]
         texts = list(queries)
+        if len(systems) != 1:  # typer would keep the last one without a word
+            raise ValueError(
+                f"--system given {len(systems)} times ({', '.join(systems)}); search ranks with "
+                "one system: run it once per system, or compare them with treerank evaluate"
+            )
+        system = systems[0]
         if queries_file is not None:
             fids, ftexts = _read_queries(queries_file)
             qids += fids
