@@ -12,9 +12,11 @@ from treerank.store.dataset import embed_dataset, plan_dataset
 def test_plan_detects_the_format_and_its_default_split(msmarco_parquet, tmp_path) -> None:
     plan = plan_dataset(msmarco_parquet)
     assert (plan.format, plan.splits) == ("msmarco", ("validation",))
-    assert plan_dataset(msmarco_parquet, "msmarco", ["train", "dev"]).splits == ("train", "dev")
-    twice = plan_dataset(msmarco_parquet, "msmarco", ["dev", "train", "dev"])
-    assert twice.splits == ("dev", "train")  # a split named twice is embedded once
+    # one file holds one split: reading it as train and dev would be a leak (issue 33)
+    with pytest.raises(DataFormatError, match="would read the same rows"):
+        plan_dataset(msmarco_parquet, "msmarco", ["train", "dev"])
+    twice = plan_dataset(msmarco_parquet, "msmarco", ["dev", "dev"])
+    assert twice.splits == ("dev",)  # a split named twice is embedded once
     with pytest.raises(DataFormatError, match="unknown format 'nosuch'"):
         plan_dataset(msmarco_parquet, "nosuch")
     (tmp_path / "x.csv").write_text("a,b\n")
