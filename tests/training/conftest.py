@@ -33,6 +33,10 @@ class ToyStore:
     def n_passages(self) -> int:
         return int(self.passages.shape[0])
 
+    def query_ids(self) -> list[str]:
+        """Row numbers as source ids (what a checkpoint's training provenance records)."""
+        return [str(i) for i in range(self.n_queries)]
+
     def has_array(self, name: str) -> bool:
         return name in self.arrays
 
