@@ -115,7 +115,7 @@ def cli_md() -> str:
 # ------------------------------------------------------------------------------ systems.md
 def systems_md() -> str:
     from treerank.search.faiss_index import _COMMON, _KIND_RANGES, INDEX_KINDS, PARAM_RANGES
-    from treerank.search.systems import SYSTEM_KINDS
+    from treerank.search.specs import SYSTEM_KINDS, spec_parameters
 
     def rng(kind: str, name: str) -> str:
         r = _KIND_RANGES.get((kind, name), PARAM_RANGES.get(name))
@@ -127,17 +127,26 @@ def systems_md() -> str:
     lines = [
         "# System specs",
         "",
-        GENERATED.format(src="treerank.search.systems.SYSTEM_KINDS and faiss_index.INDEX_KINDS"),
+        GENERATED.format(
+            src="the node classes of treerank.search.specs.SYSTEM_KINDS and faiss_index.INDEX_KINDS"
+        ),
         "",
         "A system is named by a spec, `kind` or `kind:parameters`, wherever systems are read:",
         "`--system` of `evaluate`, `search`, `serve`, `audit --miner`, `systems:` in an",
         "experiment, and inside fusion and rescoring specs (`rrf:bm25+cosine`).",
-        "`treerank.search.systems.register_system_kind(kind, build, help)` adds a kind everywhere.",
+        "A spec is parsed once into a tree of typed nodes (`treerank.search.specs`, one class per",
+        "kind); ranges are checked when a node is made. "
+        "`treerank.search.specs.register_system_kind(NodeClass)` adds a kind everywhere.",
         "",
-        "| kind | what it is; parameters |",
-        "|---|---|",
+        "| kind | node | what it is | spec | parameters (default, range) |",
+        "|---|---|---|---|---|",
     ]
-    lines += [f"| `{k}` | {_md(h)} |" for k, (_, h) in SYSTEM_KINDS.items()]
+    for k, node in SYSTEM_KINDS.items():
+        params = ", ".join(f"`{n}={d}`{r and ' (' + r + ')'}" for n, d, r in spec_parameters(node))
+        lines.append(
+            f"| `{k}` | `{node.__name__}` | {_md(node.summary)} | `{_md(node.syntax)}` "
+            f"| {params or '-'} |"
+        )
     lines += [
         "",
         "## FAISS index kinds",

@@ -227,7 +227,7 @@ def main() -> None:
             seen = seen_positive_mask(test, train)
             per_query = {"forest": res.per_query, "cosine": cres.per_query}
             result["seen_split"] = overlap_breakdown(per_query, seen, "cosine", list(METRICS))
-        from treerank.search.systems import build_system
+        from treerank.search.specs import build_system
 
         for spec in args.systems:
             run = build_system(spec).retrieve(test, k)

@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from treerank.cli.main import app
-from treerank.search.systems import build_system
+from treerank.search.specs import build_system
 
 runner = CliRunner()
 

@@ -12,10 +12,19 @@ SPEC_COMMANDS = ["evaluate", "search", "serve", "audit"]
 
 @pytest.mark.parametrize("command", SPEC_COMMANDS)
 def test_help_lists_every_registered_kind(command: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    from treerank.search.systems import SYSTEM_KINDS
+    from dataclasses import dataclass
+    from typing import ClassVar
+
+    from treerank.search.specs import SYSTEM_KINDS, SystemSpec
+
+    @dataclass(frozen=True)
+    class ToySpec(SystemSpec):
+        kind: ClassVar[str] = "toy-kind"
+        summary: ClassVar[str] = "a toy"
+        syntax: ClassVar[str] = "toy-kind:<x>"
 
     # a kind registered after the CLI was built shows up too: the list is not written by hand
-    monkeypatch.setitem(SYSTEM_KINDS, "toy-kind", (lambda *a, **k: None, "a toy; toy-kind:<x>"))
+    monkeypatch.setitem(SYSTEM_KINDS, "toy-kind", ToySpec)
     res = CliRunner().invoke(app, [command, "--help"], env={"COLUMNS": "200"})
     assert res.exit_code == 0, res.output
     kinds = res.output.split("System kinds (SPEC = kind or kind:parameters):", 1)[1]

@@ -11,7 +11,7 @@ from treerank.cli.main import app
 from treerank.diagnostics.false_negatives import audit_miners, write_audit
 from treerank.evaluation.metrics import evaluate_run
 from treerank.evaluation.qrels import Qrels
-from treerank.search.systems import build_system
+from treerank.search.specs import build_system
 
 
 class _Relabelled:

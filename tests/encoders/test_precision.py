@@ -240,7 +240,7 @@ def test_checkpoint_precision_is_checked_for_every_store(tmp_path):
     from tests.search.tiny_store import write_tiny_store
     from treerank.models.checkpoint import load_checkpoint, save_checkpoint
     from treerank.models.linear import LinearHead
-    from treerank.search.systems import build_system
+    from treerank.search.specs import build_system
 
     head = LinearHead(16)
     save_checkpoint(tmp_path / "fp32", head.to_checkpoint("fake", "sha256:fake"))

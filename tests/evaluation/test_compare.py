@@ -12,7 +12,7 @@ from treerank.evaluation.compare import compare_systems
 from treerank.evaluation.metrics import evaluate_run
 from treerank.evaluation.qrels import Qrels
 from treerank.names import file_name
-from treerank.search.systems import build_system
+from treerank.search.specs import build_system
 
 
 def test_compare_writes_everything(tmp_path) -> None:

@@ -18,7 +18,7 @@ from treerank.evaluation.fusion_tuning import (
     tuning_rows,
 )
 from treerank.evaluation.qrels import Qrels
-from treerank.search.systems import build_system
+from treerank.search.specs import build_system
 from treerank.store import EmbeddingStore
 from treerank.store.view import QuerySubset
 

@@ -151,7 +151,7 @@ def test_non_finite_vectors_raise_the_same_error_on_every_backend(tmp_path, back
     # issue 10, item 7: faiss silently dropped or ranked a NaN passage, torch raised
     from tests.search.tiny_store import write_tiny_store
     from treerank.kernels.topk import NonFiniteVectorError
-    from treerank.search.systems import build_system
+    from treerank.search.specs import build_system
 
     root = tmp_path / "test"
     write_tiny_store(root)

@@ -10,7 +10,7 @@ import pytest
 
 from tests.training.test_cross_encoder import LengthScorer, bm25_mined
 from treerank.search.ce_rescore import CrossEncoderRescoreSystem, ce_rerank, recall_at_depth
-from treerank.search.systems import build_system, uses_trained_model
+from treerank.search.specs import build_system, system_uses_trained_model
 from treerank.training.cross_encoder import CrossEncoderConfig, train_cross_encoder
 
 # rerank scores vs CrossEncoder.predict on the same pairs: batches pad differently, so the
@@ -46,7 +46,7 @@ def test_ce_rerank_hand_computed() -> None:
 
 def test_reranked_run_keeps_the_first_stage_candidates(ms: Any, ce_dir: Path) -> None:
     system = build_system(f"rescore:bm25:depth=8,scorer=ce:{ce_dir}")
-    assert isinstance(system, CrossEncoderRescoreSystem) and uses_trained_model(system)
+    assert isinstance(system, CrossEncoderRescoreSystem) and system_uses_trained_model(system)
     run = system.retrieve(ms, k=8)
     first = build_system("bm25").retrieve(ms, 8)
     assert run.ids.shape == first.ids.shape == (ms.n_queries, 8)

@@ -22,7 +22,8 @@ from treerank.search.faiss_index import (
     resolve_build,
 )
 from treerank.search.rescore import RescoreSystem
-from treerank.search.systems import DenseSystem, build_system
+from treerank.search.specs import build_system
+from treerank.search.systems import DenseSystem
 
 
 def _recall(ids: np.ndarray, ref: np.ndarray, k: int) -> float:
@@ -40,7 +41,7 @@ def exact(store):
 
 
 def _system(spec: str, index_dir) -> FaissSystem | RescoreSystem:
-    system = faiss_system(spec.removeprefix("faiss:"), spec, index_dir=index_dir)
+    system = faiss_system(parse_index_spec(spec.removeprefix("faiss:"), spec), spec, index_dir)
     return system
 
 
@@ -307,7 +308,7 @@ def test_nan_passage_is_refused_by_every_kind(kind, tmp_path) -> None:
     from treerank.kernels.topk import NonFiniteVectorError
 
     store = _nan_store(tmp_path)
-    system = faiss_system(kind, index_dir=tmp_path / "idx")
+    system = faiss_system(parse_index_spec(kind), index_dir=tmp_path / "idx")
     with pytest.raises(NonFiniteVectorError, match=r"nan/passages\.bin: passage row 3 holds a non"):
         system.retrieve(store, 5)
     assert not list((tmp_path / "idx").glob(f"{kind}-*"))  # nothing cached

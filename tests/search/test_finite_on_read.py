@@ -12,7 +12,7 @@ import pytest
 
 from tests.search.tiny_store import write_tiny_store
 from treerank.kernels.topk import NonFiniteVectorError, finite_record
-from treerank.search.systems import build_system
+from treerank.search.specs import build_system
 from treerank.store import EmbeddingStore
 
 BAD_ROW = 0  # "the dog barked loudly at night": BM25 retrieves it for "dogs bark loudly"

@@ -134,7 +134,7 @@ def test_cuda_refused_before_work_without_cuda() -> None:
 def test_ckpt_system_passes_the_device_to_the_forest(tmp_path) -> None:
     """``build_system("ckpt:...", device=...)`` (the evaluate stage's call) builds the forest's
     system on that device."""
-    from treerank.search.systems import build_system
+    from treerank.search.specs import build_system
 
     forest, store = saved_random_forest(tmp_path / "f", 4, 5, 6, 50)
     system = build_system(f"ckpt:{tmp_path / 'f'}", device="cpu")

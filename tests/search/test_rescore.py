@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -9,12 +11,19 @@ from treerank.models.cosine import CosineScorer
 from treerank.search.rescore import (
     RescoreSystem,
     dense_scorer,
-    parse_rescore,
     rescore,
     split_params,
 )
 from treerank.search.run import Run
-from treerank.search.systems import DenseSystem, build_system
+from treerank.search.specs import (
+    BM25Spec,
+    CheckpointSpec,
+    CosineSpec,
+    RescoreSpec,
+    build_system,
+    parse_spec,
+)
+from treerank.search.systems import DenseSystem
 
 
 def test_rescore_hand_computed() -> None:
@@ -36,14 +45,15 @@ def test_spec_parsing_nests_specs_with_colons() -> None:
         "faiss:ivfpq:nlist=64,nprobe=8",
         "depth=50",
     )
-    assert parse_rescore("faiss:binary:depth=300,scorer=ckpt:runs/a:b", "s") == (
-        "faiss:binary",
-        300,
-        "ckpt:runs/a:b",
-    )
-    assert parse_rescore("bm25", "s") == ("bm25", 100, "cosine")
+    node = parse_spec("rescore:faiss:binary:depth=300,scorer=ckpt:runs/a:b")
+    assert isinstance(node, RescoreSpec) and node.depth == 300
+    assert node.first.render() == "faiss:binary"
+    assert node.scorer == CheckpointSpec(Path("runs/a:b"))
+    assert parse_spec("rescore:bm25") == RescoreSpec(BM25Spec(), 100, CosineSpec())
     with pytest.raises(ValueError, match="depth"):
-        parse_rescore("bm25:depth=x", "rescore:bm25:depth=x")
+        parse_spec("rescore:bm25:depth=x")
+    with pytest.raises(ValueError, match="scorer must be cosine, ckpt:<dir> or ce:<dir>"):
+        parse_spec("rescore:bm25:scorer=bm25")
     with pytest.raises(ValueError, match="cosine"):
         dense_scorer("bm25")
 

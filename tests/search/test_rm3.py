@@ -8,7 +8,8 @@ import scipy.sparse as sp
 
 from treerank.search.bm25 import BM25Index
 from treerank.search.rm3 import RM3Index, RM3Params, RM3System, interpolate, relevance_model
-from treerank.search.systems import FusionSystem, build_system
+from treerank.search.specs import build_system
+from treerank.search.systems import FusionSystem
 
 # vocabulary ids: x=0, y=1, z=2, w=3, q=4 ; alphabetical ranks: q=0, w=1, x=2, y=3, z=4
 RANK = np.array([2, 3, 4, 1, 0])

@@ -7,7 +7,7 @@ import pytest
 
 from treerank.search.fusion import rrf
 from treerank.search.run import Run
-from treerank.search.systems import build_system
+from treerank.search.specs import build_system
 
 
 @pytest.mark.parametrize(

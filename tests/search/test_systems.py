@@ -10,14 +10,8 @@ from treerank.models.checkpoint import EncoderMismatchError, save_checkpoint
 from treerank.models.cosine import CosineScorer
 from treerank.search.fusion import rrf
 from treerank.search.run import Run
-from treerank.search.systems import (
-    SYSTEM_KINDS,
-    BM25System,
-    CheckpointSystem,
-    DenseSystem,
-    FusionSystem,
-    build_system,
-)
+from treerank.search.specs import SYSTEM_KINDS, BuildContext, build_system
+from treerank.search.systems import BM25System, CheckpointSystem, DenseSystem, FusionSystem
 
 
 @pytest.fixture
@@ -109,7 +103,7 @@ def test_ckpt_dense_and_retrieving_models(store, tmp_path, monkeypatch) -> None:
 
     from treerank.models.families import FAMILIES, ModelFamily
 
-    entry = ModelFamily("toy-retriever", Retriever, system=lambda model, name: model)
+    entry = ModelFamily("toy-retriever", Retriever, system=lambda model, name, *, device: model)
     monkeypatch.setitem(FAMILIES, "toy-retriever", entry)
     monkeypatch.setattr(
         "treerank.models.registry.load_model",
@@ -120,13 +114,13 @@ def test_ckpt_dense_and_retrieving_models(store, tmp_path, monkeypatch) -> None:
 
 
 def test_shared_cache_runs_each_system_once(store, monkeypatch) -> None:
-    cache: dict = {}
-    fused = build_system("rrf:bm25+cosine", cache)
-    bm25 = build_system("bm25", cache)
+    ctx = BuildContext(cache={})
+    fused = build_system("rrf:bm25+cosine", ctx)
+    bm25 = build_system("bm25", ctx)
     assert (
         isinstance(fused, FusionSystem)
         and fused.a is bm25
-        and fused.b is build_system("cosine", cache)
+        and fused.b is build_system("cosine", ctx)
     )
     calls = []
     real = type(bm25.index_for(store)).search
@@ -144,8 +138,11 @@ def test_shared_cache_runs_each_system_once(store, monkeypatch) -> None:
     assert deep.k == 8
 
 
-def test_a_system_kind_is_one_registered_entry(store, monkeypatch) -> None:
-    from treerank.search.systems import register_system_kind
+def test_a_system_kind_is_one_registered_node_class(store, monkeypatch) -> None:
+    from dataclasses import dataclass
+    from typing import ClassVar
+
+    from treerank.search.specs import SystemSpec, param, register_system_kind
 
     class Constant:  # ranks passages in id order: the contract's tie rule for a constant scorer
         def __init__(self, name: str) -> None:
@@ -156,34 +153,54 @@ def test_a_system_kind_is_one_registered_entry(store, monkeypatch) -> None:
             ids = np.tile(np.arange(k, dtype=np.int64), (store.n_queries, 1))
             return Run(self.name, ids, np.zeros(ids.shape, np.float32))
 
-    def build(body, spec, cache=None, **options):
-        if body:
-            raise ValueError(f"bad system spec {spec!r}: const takes no parameters")
-        return Constant(spec)
+    @dataclass(frozen=True)
+    class ConstSpec(SystemSpec):
+        kind: ClassVar[str] = "const"
+        summary: ClassVar[str] = "constant scorer"
+        syntax: ClassVar[str] = "const[:offset=0]"
 
-    monkeypatch.setitem(SYSTEM_KINDS, "const", (build, "placeholder"))
-    register_system_kind("const", build, "constant scorer; const", replace=True)
+        offset: int = param(0, low=0)
+
+        def make(self, ctx):
+            return Constant(self.name)
+
+    monkeypatch.setitem(SYSTEM_KINDS, "const", ConstSpec)
+    register_system_kind(ConstSpec, replace=True)
     assert build_system("const").retrieve(store, 3).ids[0].tolist() == [0, 1, 2]
     fused = build_system("rrf:const+cosine")  # usable inside other kinds at once
     assert fused.retrieve(store, 3).ids.shape == (store.n_queries, 3)
+    with pytest.raises(ValueError, match="offset must be >= 0, got -1"):
+        build_system("const:offset=-1")  # the generic parameter parsing and range check
     with pytest.raises(ValueError, match="already registered"):
-        register_system_kind("const", build, "again")
+        register_system_kind(ConstSpec)
     with pytest.raises(ValueError, match=r"unknown system kind 'nope'; known: .*, const\b"):
         build_system("nope")
     with pytest.raises(ValueError, match=r"'cnst'; did you mean 'const'\?"):
         build_system("cnst")
 
 
-def test_uses_trained_model_walks_nested_systems(tmp_path) -> None:
-    from treerank.search.rescore import RescoreSystem
-    from treerank.search.systems import CheckpointSystem, uses_trained_model
+def test_uses_trained_model_is_a_tree_query(tmp_path) -> None:
+    from treerank.search.specs import (
+        CheckpointSpec,
+        CosineSpec,
+        RescoreSpec,
+        RRFSpec,
+        parse_spec,
+        system_uses_trained_model,
+        uses_trained_model,
+    )
 
-    ckpt = CheckpointSystem(tmp_path / "model")  # nothing is loaded until retrieve()
+    ckpt = CheckpointSpec(tmp_path / "model")  # a node made in code: nothing is read
     assert uses_trained_model(ckpt)
-    assert not uses_trained_model(build_system("cosine"))
-    assert not uses_trained_model(build_system("rrf:bm25+cosine"))
-    fused = build_system("rrf:bm25+cosine")
-    fused.b = ckpt  # a fusion with a trained side
-    assert uses_trained_model(fused)
-    assert uses_trained_model(RescoreSystem(build_system("bm25"), scorer="ckpt:/some/dir"))
-    assert not uses_trained_model(RescoreSystem(build_system("bm25"), scorer="cosine"))
+    assert not uses_trained_model(parse_spec("cosine"))
+    assert not uses_trained_model(parse_spec("rrf:bm25+cosine"))
+    assert uses_trained_model(RRFSpec(parse_spec("bm25"), ckpt))  # a fusion with a trained side
+    assert uses_trained_model(parse_spec("rescore:bm25:scorer=ckpt:/some/dir"))
+    assert uses_trained_model(parse_spec("rescore:bm25:scorer=ce:/some/dir"))
+    assert uses_trained_model(parse_spec("faiss:flat:over=ckpt:/some/dir"))
+    assert not uses_trained_model(parse_spec("rescore:faiss:hnsw:scorer=cosine"))
+    assert not uses_trained_model(RescoreSpec(CosineSpec()))
+    # a built system answers through the node it was built from
+    assert system_uses_trained_model(CheckpointSystem(tmp_path / "model"))
+    assert not system_uses_trained_model(build_system("rrf:bm25+cosine"))
+    assert system_uses_trained_model(build_system(RescoreSpec(CosineSpec(), scorer=ckpt)))

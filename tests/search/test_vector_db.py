@@ -21,7 +21,7 @@ from treerank.kernels.topk import exact_search
 from treerank.kernels.vectors import l2_normalize
 from treerank.models.checkpoint import save_checkpoint
 from treerank.models.linear import LinearHead
-from treerank.search.systems import build_system
+from treerank.search.specs import build_system
 from treerank.search.vector_db import DBLocation, export_to_db, parse_db_spec
 
 pytest.importorskip("qdrant_client")  # in the db and dev extras: CI installs it
@@ -93,10 +93,11 @@ def test_head_towers_topk_equals_checkpoint_search(encoder, store, tmp_path):
         passage_transform=head.encode_passages,
     )
     system = build_system(f"db:{tmp_path / 'qd'}:head")
-    from treerank.search.systems import uses_trained_model
+    from treerank.search.specs import parse_spec, system_uses_trained_model, uses_trained_model
 
-    assert system.head == f"ckpt:{ckpt.resolve()}" and uses_trained_model(system)
-    assert not uses_trained_model(build_system(f"db:{tmp_path / 'qd'}:nothing-here"))
+    assert system.head == f"ckpt:{ckpt.resolve()}" and system_uses_trained_model(system)
+    assert uses_trained_model(parse_spec(f"db:{tmp_path / 'qd'}:head"))  # a tree query
+    assert not system_uses_trained_model(build_system(f"db:{tmp_path / 'qd'}:nothing-here"))
     run = system.retrieve(store, 30)
     assert_same_topk(run, ids, scores)
     # and it differs from raw cosine (the head really is applied on both sides)

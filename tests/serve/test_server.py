@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 from treerank.cli.main import app
 from treerank.search.faiss_index import build_index
 from treerank.search.query import EncoderMismatchError
-from treerank.search.systems import build_system
+from treerank.search.specs import build_system
 from treerank.serve.service import SearchService, ServiceConfig
 
 START_TIMEOUT_S = 300

@@ -42,7 +42,7 @@ def test_subset_of_a_store_with_source_qrels(dl19_store, dl19_dir, tmp_path) -> 
 
 
 def test_views_never_share_a_memoised_run(scifact_store) -> None:
-    from treerank.search.systems import build_system
+    from treerank.search.specs import build_system
 
     store = scifact_store["test"]
     bm25 = build_system("bm25")

@@ -16,8 +16,34 @@ from pathlib import Path
 import typer
 
 from treerank.cli.errors import fail
+from treerank.search.specs import CheckpointSpec, DBSpec, SystemSpec, parse_spec
 
 ST_TARGET = "sentence-transformers"
+
+
+def _node(text: str) -> SystemSpec | None:
+    """The spec node ``text`` parses to, ``None`` when it is no spec (a store path)."""
+    try:
+        return parse_spec(text)
+    except ValueError:
+        return None
+
+
+def _checkpoint(text: str, what: str, hint: str) -> CheckpointSpec:
+    """``text`` parsed as ``ckpt:<dir>``; exit 2 naming ``what`` otherwise (``hint``: the fix).
+
+    Raises:
+        typer.Exit: code 2 (not a ``ckpt:`` spec, or no checkpoint in the directory).
+    """
+    try:
+        node = parse_spec(text)
+    except ValueError as exc:
+        if text.partition(":")[0] == CheckpointSpec.kind:  # ckpt:<dir> with no checkpoint
+            raise fail(f"{what} {text!r}: {exc}") from None
+        node = None
+    if not isinstance(node, CheckpointSpec):
+        raise fail(hint)
+    return node
 
 
 def export(
@@ -58,13 +84,17 @@ def export(
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bar."),
 ) -> None:
     """Export a trained head (sentence-transformers) or a store split (vector database)."""
-    if to == ST_TARGET:
-        if not source.startswith("ckpt:"):
-            raise fail(
-                f"--to {ST_TARGET} exports a trained head, named ckpt:<dir>; SOURCE {source!r} "
-                f"lacks the ckpt: prefix: treerank export ckpt:{source} --to {ST_TARGET} "
-                f"{out or 'OUT'}"
-            )
+    target = None if to == ST_TARGET else _node(to)
+    if to != ST_TARGET and not isinstance(target, DBSpec):
+        raise fail(f"--to {to!r}: expected {ST_TARGET} or db:<folder or url>[:collection]")
+    if target is None:
+        ckpt = _checkpoint(
+            source,
+            "SOURCE",
+            f"--to {ST_TARGET} exports a trained head, named ckpt:<dir>; SOURCE {source!r} "
+            f"lacks the ckpt: prefix: treerank export ckpt:{source} --to {ST_TARGET} "
+            f"{out or 'OUT'}",
+        )
         if out is None:
             raise fail(
                 f"--to {ST_TARGET} exports a head and needs OUT: "
@@ -78,7 +108,7 @@ def export(
 
         try:
             res = export_sentence_transformers(
-                source.removeprefix("ckpt:"),
+                ckpt.path,
                 out,
                 base_model=base_model,
                 query_prompt=query_prompt,
@@ -94,25 +124,28 @@ def export(
             f"max_seq_length {res.max_seq_length}, prompts {res.prompts or 'none'}"
         )
         return
-    if to.startswith("db:"):
+    if isinstance(target, DBSpec):
         if out is not None:
             raise fail(f"--to {to}: takes no OUT argument (the location is in the target)")
-        if source.startswith("ckpt:"):
+        if _node(source) is not None:
             raise fail("--to db: exports a store split; pass the head as --head ckpt:<dir>")
-        if head is not None and not head.startswith("ckpt:"):
-            raise fail(f"--head {head!r}: expected ckpt:<dir>")
-        from treerank.search.vector_db import export_to_db, parse_db_spec
+        head_ckpt = (
+            None
+            if head is None
+            else _checkpoint(head, "--head", f"--head {head!r}: expected ckpt:<dir>")
+        )
+        from treerank.search.vector_db import export_to_db
         from treerank.store import EmbeddingStore
 
+        loc, collection = target.location, target.collection
         try:
-            loc, collection = parse_db_spec(to.removeprefix("db:"), to)
             st = EmbeddingStore.open(source, dim=dim)
             name = collection or f"{st.source or 'store'}-{st.split}"
             res_db = export_to_db(
                 st,
                 loc,
                 name,
-                head=head.removeprefix("ckpt:") if head else None,
+                head=None if head_ckpt is None else head_ckpt.path,
                 texts=texts,
                 batch_size=batch_size,
                 progress=progress,
@@ -136,7 +169,6 @@ def export(
             f"search it with --system db:{res_db.location}:{res_db.collection}"
         )
         return
-    raise fail(f"--to {to!r}: expected {ST_TARGET} or db:<folder or url>[:collection]")
 
 
 def register(app: typer.Typer) -> None:

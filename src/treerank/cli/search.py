@@ -95,7 +95,7 @@ def search(
     """
     from treerank.kernels.topk import check_run_depth
     from treerank.search.query import load_store_encoder, search_texts
-    from treerank.search.systems import build_system
+    from treerank.search.specs import BuildContext, build_system
     from treerank.store import EmbeddingStore
 
     dev = cli_device(device)  # before anything is read or loaded
@@ -126,7 +126,7 @@ def search(
         if not texts:
             raise ValueError("give --query TEXT (repeatable) or --queries FILE")
         # a bad spec fails here, before the encoder loads (~5 s)
-        built = build_system(system, device=str(dev))
+        built = build_system(system, BuildContext(device=dev))
         st = EmbeddingStore.open(store)
         enc = load_store_encoder(
             st, encoder, backend, device=str(dev.concrete()), precision=precision

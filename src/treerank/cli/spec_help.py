@@ -19,9 +19,9 @@ SEE_KINDS = "the kinds are listed under 'System kinds' below"
 
 def system_kinds() -> list[tuple[str, str]]:
     """``[(kind, help line)]`` of every registered system kind, in registration order."""
-    from treerank.search.systems import SYSTEM_KINDS
+    from treerank.search.specs import kind_help
 
-    return [(kind, text) for kind, (_, text) in SYSTEM_KINDS.items()]
+    return kind_help()
 
 
 def index_kinds() -> list[tuple[str, str]]:

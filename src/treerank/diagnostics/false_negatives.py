@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from treerank.atomic import atomic_savefig, atomic_write_json, atomic_write_text
-from treerank.search.systems import build_system
+from treerank.search.specs import BuildContext, build_system
 from treerank.store.view import QuerySubset
 from treerank.storelike import StoreLike
 from treerank.training.audit import DEFAULT_MAX_RATE, AuditCurve, false_negative_curve
@@ -114,7 +114,7 @@ def audit_miners(
     cache: dict[str, Any] = {}
     curves = []
     for spec in miners:
-        run = build_system(spec, cache).retrieve(view, k=depth)
+        run = build_system(spec, BuildContext(cache=cache)).retrieve(view, k=depth)
         curve = false_negative_curve(
             run.ids,
             cand,

@@ -36,7 +36,9 @@ from treerank.diagnostics.variants import evaluate_variants, l2_normalize
 from treerank.encoders.precision import vector_precision
 from treerank.evaluation.metrics import DEFAULT_METRICS, HEADLINE_METRIC
 from treerank.evaluation.significance import N_PERMUTATIONS
+from treerank.kernels.device import DEFAULT_DEVICE, Device
 from treerank.lock import writes_dir
+from treerank.search.specs import BuildContext, CheckpointSpec, SystemSpec, build_system, parse_spec
 from treerank.storelike import StoreLike
 
 MAX_REPRESENTATION_FLOATS = 50_000_000
@@ -113,12 +115,10 @@ def _dump(path: Path, doc: Any) -> None:
     atomic_write_text(path, json.dumps(to_json(doc), indent=2, allow_nan=False))
 
 
-def _run_ids(system_spec: str, store: StoreLike, k: int, device: Any = None) -> np.ndarray:
+def _run_ids(spec: SystemSpec, store: StoreLike, k: int, device: Device) -> np.ndarray:
     """Top-``k`` ids of a system spec, built by the systems table (``cosine`` L2-normalises
     the stored vectors exactly as the ``cosine`` system of ``treerank evaluate`` does)."""
-    from treerank.search.systems import build_system
-
-    return np.asarray(build_system(system_spec, device=device).retrieve(store, k).ids)
+    return np.asarray(build_system(spec, BuildContext(device=device)).retrieve(store, k).ids)
 
 
 def decision_rules(
@@ -284,7 +284,7 @@ def run_diagnostics(
     settings: DiagnosticsSettings | None = None,
     probe_stores: Sequence[Any] = (),
     progress: bool = False,
-    device: Any = None,
+    device: Device = DEFAULT_DEVICE,
     **overrides: Any,
 ) -> dict[str, Any]:
     """Run the four diagnostics of one checkpoint on one store and write the report.
@@ -337,6 +337,7 @@ def run_diagnostics(
     )
     if metric not in metrics:
         raise ValueError(f"metric {metric!r} must be one of metrics {list(metrics)}")
+    baseline_spec = parse_spec(baseline)  # a bad spec fails before any work
     t0 = time.perf_counter()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -367,7 +368,7 @@ def run_diagnostics(
 
     # --- the two systems' per-query metrics -------------------------------------------------
     t = time.perf_counter()
-    base_res = evaluate_run(_run_ids(baseline, store, k, device), qrels, metrics=metrics)
+    base_res = evaluate_run(_run_ids(baseline_spec, store, k, device), qrels, metrics=metrics)
     timings["baseline_run"] = time.perf_counter() - t
 
     results: dict[str, Any] = {
@@ -428,7 +429,7 @@ def run_diagnostics(
         timings["variants"] = time.perf_counter() - t
     else:  # the systems registry picks the search (dense exact, forest inverted lists)
         model_pq = evaluate_run(
-            _run_ids(f"ckpt:{checkpoint_dir}", store, k, device), qrels, metrics=metrics
+            _run_ids(CheckpointSpec(Path(checkpoint_dir)), store, k, device), qrels, metrics=metrics
         ).per_query
     results["model"] = {
         "mean": {m: float(np.nanmean(model_pq[m])) for m in metrics},
@@ -501,10 +502,8 @@ def run_diagnostics(
         if name != "frozen":
             cka["vs_frozen"][name] = linear_cka(x, qx)
     cka["model_vs_frozen"] = cka["vs_frozen"].get(model_name)
-    if baseline.startswith("ckpt:"):
-        other = load_model(
-            baseline[len("ckpt:") :], store.encoder_fingerprint, vector_precision(store)
-        )
+    if isinstance(baseline_spec, CheckpointSpec):
+        other = load_model(baseline_spec.path, store.encoder_fingerprint, vector_precision(store))
         if isinstance(other, DenseScorer):
             bq = other.encode_queries(qx)
             cka["vs_baseline"] = {n: linear_cka(x, bq) for n, x in reps.items()}

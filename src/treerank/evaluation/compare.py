@@ -71,7 +71,8 @@ from treerank.evaluation.trec_io import write_trec_run
 from treerank.lock import writer_lock
 from treerank.names import file_name
 from treerank.search.run import Run
-from treerank.search.systems import CheckpointSystem, System, build_system, uses_trained_model
+from treerank.search.specs import BuildContext, SystemSpec, build_system, system_uses_trained_model
+from treerank.search.systems import CheckpointSystem, System
 from treerank.storelike import StoreLike
 
 RECALL_CURVE_KS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
@@ -102,7 +103,7 @@ class Comparison:
         seed_spread: model -> per-seed means, mean and std over seeds
             (:func:`~treerank.evaluation.seeds.seed_spread`) for models given as seed groups.
         trained: the systems that are, or are built on, a trained model
-            (:func:`~treerank.search.systems.uses_trained_model`; seed groups of such models
+            (:func:`~treerank.search.specs.uses_trained_model`; seed groups of such models
             included): the memorisation caveat concerns only these.
         untrained: the ``ckpt:`` systems whose saved model is its initialisation (training
             early-stopped at step 0, :meth:`CheckpointSystem.kept_initialisation`): they score
@@ -242,7 +243,7 @@ def untrained_note(name: str) -> str:
 
 
 def _as_systems(
-    systems: Mapping[str, System | str] | Sequence[str], opts: dict[str, Any]
+    systems: Mapping[str, System | SystemSpec | str] | Sequence[str], ctx: BuildContext
 ) -> dict[str, System]:
     if isinstance(systems, Mapping):
         items = list(systems.items())
@@ -254,11 +255,10 @@ def _as_systems(
     else:
         items = [(s, s) for s in systems]
     out: dict[str, System] = {}
-    cache: dict[str, System] = {}
     for name, sys_ in items:
         if name in out:
             raise ValueError(f"system {name!r} given twice")
-        out[name] = build_system(sys_, cache, **opts) if isinstance(sys_, str) else sys_
+        out[name] = build_system(sys_, ctx) if isinstance(sys_, str | SystemSpec) else sys_
     return out
 
 
@@ -320,7 +320,7 @@ def compare_systems(
     cfg = cfg.with_(metrics=tuple(f"{m}@{c}" for m, c in map(parse_metric, cfg.metrics)))
     check_evaluable(store, cfg.relevance_threshold)
     check_depth(cfg.k, cfg.metrics, int(store.n_passages))
-    built = _as_systems(systems, {"progress": progress, "device": device})
+    built = _as_systems(systems, BuildContext(progress=progress, device=device, cache={}))
     for b in cfg.baselines:
         if b not in built:
             raise ValueError(f"baseline {b!r} is not one of the systems: {', '.join(built)}")
@@ -340,7 +340,7 @@ def compare_systems(
                 continue
     # a writer lock on the output folder; nothing to lock when nothing is written
     lock = writer_lock(out_dir, "evaluate") if out_dir is not None else nullcontext()
-    trained = {n for n, s in built.items() if uses_trained_model(s)}
+    trained = {n for n, s in built.items() if system_uses_trained_model(s)}
     trained |= {m for m, members in (seed_groups or {}).items() if trained & set(members)}
     provenances = {
         n: s.training_provenance() for n, s in built.items() if isinstance(s, CheckpointSystem)

@@ -52,7 +52,7 @@ from treerank.evaluation.metrics import evaluate_run, parse_metric
 from treerank.evaluation.qrels import Qrels
 from treerank.search.fusion import DEFAULT_RRF_K, NORMALISATIONS, linear_fusion, rrf
 from treerank.search.run import Run
-from treerank.search.systems import System, _split_fusion, build_system
+from treerank.search.systems import System
 from treerank.store.view import QuerySubset
 from treerank.storelike import StoreLike
 
@@ -421,45 +421,6 @@ class TunedFusionSystem:
             }
         run = fuse(ra, rb, weight, self.method, self.norm, self.rrf_k, k)
         return Run(self.name, run.ids, run.scores)
-
-
-_TUNE_KEYS: dict[str, type] = {
-    "method": str,
-    "norm": str,
-    "k": int,
-    "on": str,
-    "queries": str,
-    "metric": str,
-    "grid": int,
-    "max_queries": int,
-    "seed": int,
-    "depth": int,
-}
-
-
-def _builder(adaptive: bool) -> Callable[..., System]:
-    def build(body: str, spec: str, cache: Any = None, **opts: Any) -> System:
-        a, b, p = _split_fusion(body, spec, _TUNE_KEYS)
-        if "k" in p:
-            p["rrf_k"] = p.pop("k")
-        try:
-            return TunedFusionSystem(
-                build_system(a, cache, **opts),
-                build_system(b, cache, **opts),
-                adaptive=adaptive,
-                name=spec,
-                **p,
-            )
-        except ValueError as exc:
-            raise ValueError(f"bad system spec {spec!r}: {exc}") from None
-
-    return build
-
-
-build_tuned_fusion = _builder(False)
-"""The ``tuned-fusion`` kind's builder (named in ``search.systems.SYSTEM_KINDS``)."""
-build_adaptive_fusion = _builder(True)
-"""The ``adaptive-fusion`` kind's builder (named in ``search.systems.SYSTEM_KINDS``)."""
 
 
 def tuning_markdown(tuning: dict[str, dict[str, Any]]) -> str:

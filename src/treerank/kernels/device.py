@@ -36,6 +36,8 @@ import torch
 from treerank.atomic import atomic_write_json
 
 __all__ = [
+    "DEFAULT_DEVICE",
+    "DEFAULT_DEVICE_TEXT",
     "DEVICE_CHOICES",
     "Device",
     "DeviceError",
@@ -50,6 +52,9 @@ __all__ = [
 ]
 
 DEVICE_CHOICES = ("auto", "cpu", "cuda", "cuda:<n>")
+DEFAULT_DEVICE_TEXT = "cpu"
+"""The one default ``device`` of the CLI, the experiment YAML and the library: the CPU, so
+that a run's numbers never depend on which machine it lands on (``auto`` is opt-in)."""
 DEVICE_SETTING = "device (auto | cpu | cuda[:n])"
 PROBE_FILE = "search-backend.json"
 
@@ -82,6 +87,10 @@ class Device:
         if self.kind != "auto":
             return self
         return Device("cuda") if torch.cuda.is_available() else Device("cpu")
+
+
+DEFAULT_DEVICE = Device(DEFAULT_DEVICE_TEXT)
+""":data:`DEFAULT_DEVICE_TEXT` as the typed value every library signature defaults to."""
 
 
 def _spelling(spec: str | torch.device | Device) -> Device:

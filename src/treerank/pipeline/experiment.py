@@ -809,21 +809,16 @@ def _evaluate_stage(
 
     def work(d: Path) -> dict[str, Any]:
         from treerank.evaluation.compare import compare_systems
-        from treerank.search.systems import build_system
+        from treerank.search.specs import BuildContext, build_system
         from treerank.store import EmbeddingStore
 
         store = EmbeddingStore.open(o.store, dim=o.dim)
         # Built here (not from the spec strings inside compare_systems) so that the trained
-        # models' systems can be asked for their family's report afterwards.
-        cache: dict[str, Any] = {}
-        # ``device`` reaches the dense systems' exact search and the forest's classification
-        # and counting (``ckpt:`` systems pass it to a family system that takes it)
-        built = {
-            s.name: build_system(
-                s.build_spec(out), cache, progress=run.progress, device=run.cfg.device
-            )
-            for s in systems
-        }
+        # models' systems can be asked for their family's report afterwards. ``device``
+        # reaches the dense systems' exact search and a family's own search (the forest's
+        # classification and counting).
+        ctx = BuildContext(progress=run.progress, device=run.cfg.device, cache={})
+        built = {s.name: build_system(s.build_node(out), ctx) for s in systems}
         comp = compare_systems(
             store,
             built,

@@ -184,7 +184,7 @@ class TunedStoreSystem:
     """
 
     def __init__(self, tuned: StoreLike, name: str = "finetune") -> None:
-        from treerank.search.systems import build_system
+        from treerank.search.specs import build_system
 
         self.tuned = tuned
         self.name = name

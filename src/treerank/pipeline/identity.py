@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Literal
 
 from treerank.names import file_name, slug
+from treerank.search.specs import CheckpointSpec, SystemSpec, parse_spec
 
 __all__ = [
     "STAGE_KINDS",
@@ -160,17 +161,20 @@ class SystemId:
             base, src = self.seed_group, self.trained_on
         return f"{base}@{src}" if src != self.evaluated_on else base
 
-    def build_spec(self, out_dir: Path) -> str:
-        """The spec that builds the system: the configured one, or ``ckpt:<checkpoint>``.
+    def build_node(self, out_dir: Path) -> SystemSpec:
+        """The spec node that builds the system: the configured spec, parsed, or the trained
+        run's checkpoint as a :class:`~treerank.search.specs.CheckpointSpec` (never a
+        ``ckpt:`` string parsed back).
 
         Raises:
-            ValueError: a seed average (it is computed from its seeds, never built).
+            ValueError: a seed average (it is computed from its seeds, never built), or a
+                configured spec that does not parse.
         """
         if self.spec is not None:
-            return self.spec
+            return parse_spec(self.spec)
         if self.run is None:
             raise ValueError(f"{self.name}: a seed average has no spec of its own")
-        return f"ckpt:{self.run.checkpoint(out_dir)}"
+        return CheckpointSpec(self.run.checkpoint(out_dir))
 
 
 @dataclass(frozen=True, order=True)

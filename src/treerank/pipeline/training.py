@@ -240,7 +240,7 @@ def ensure_training_sources(
     raw = data.get("sources") if isinstance(data, Mapping) else getattr(data, "sources", None)
     if raw is None:
         return None
-    from treerank.search.systems import build_system
+    from treerank.search.specs import BuildContext, build_system
     from treerank.store import EmbeddingStore
     from treerank.training.data import parse_sources, pseudo_dir, teacher_array
     from treerank.training.pseudo import build_pseudo_store
@@ -264,7 +264,8 @@ def ensure_training_sources(
         target: Any = pseudo if spec.queries == "pseudo" else store
         stem = teacher_array(spec)
         if not (target.has_array(f"{stem}-ids") and target.has_array(f"{stem}-scores")):
-            run = build_system(str(spec.system), progress=progress).retrieve(target, spec.k)
+            run = build_system(str(spec.system), BuildContext(progress=progress))
+            run = run.retrieve(target, spec.k)
             meta = {"system": spec.system, "k": spec.k, "queries": spec.queries}
             target.save_array(f"{stem}-scores", run.scores, meta=meta)
             target.save_array(f"{stem}-ids", run.ids, meta=meta)

@@ -41,7 +41,7 @@ def validate_experiment(cfg: ExperimentConfig) -> None:
     """
     from treerank.evaluation.checks import check_depth
     from treerank.evaluation.metrics import parse_metric
-    from treerank.search.systems import build_system
+    from treerank.search.specs import parse_spec
 
     problems: list[str] = []
     for d, ds in enumerate(cfg.datasets):
@@ -54,15 +54,15 @@ def validate_experiment(cfg: ExperimentConfig) -> None:
     if not problems:
         _collect(problems, "evaluate.k", check_depth, ev.k, ev.metrics)
     for i, spec in enumerate(cfg.systems):
-        _collect(problems, f"systems[{i}]", build_system, spec)
+        _collect(problems, f"systems[{i}]", parse_spec, spec)
     for d, ds in enumerate(cfg.datasets):
         for i, spec in enumerate(ds.systems or []):
-            _collect(problems, f"datasets[{d}].systems[{i}]", build_system, spec)
+            _collect(problems, f"datasets[{d}].systems[{i}]", parse_spec, spec)
     if not ev.baselines:
         problems.append("evaluate.baselines: give at least one baseline system")
     for i, base in enumerate(ev.baselines):
         if base not in cfg.models:
-            _collect(problems, f"evaluate.baselines[{i}]", build_system, base)
+            _collect(problems, f"evaluate.baselines[{i}]", parse_spec, base)
     if cfg.models and not any(ds.train_split for ds in cfg.datasets):
         problems.append(
             f"models: {', '.join(cfg.models)} would train on nothing: no dataset has a "

@@ -955,26 +955,40 @@ class FaissSystem:
         return Run(self.name, ids, scores)
 
 
-def build_faiss_system(body: str, spec: str, cache: Any = None, **opts: Any) -> Any:
-    """The ``faiss:`` system kind's builder (registered in :mod:`treerank.search.systems`)."""
-    return faiss_system(body, spec, progress=bool(opts.get("progress", False)))
+def render_index_spec(index: IndexSpec) -> str:
+    """``"<kind>[:k=v,...]"`` of a parsed index spec, parameters at their defaults left out:
+    ``parse_index_spec(render_index_spec(x)) == x``."""
+    kind = INDEX_KINDS[index.kind]
+    items = [
+        f"{k}={v}"
+        for table, values in ((kind.build, index.build), (kind.search, index.search))
+        for k, v in values.items()
+        if v != table[k][1]
+    ]
+    if index.rescore != kind.default_rescore:
+        items.append(f"rescore={index.rescore}")
+    if index.over != _COMMON["over"][1]:
+        items.append(f"over={index.over}")
+    if index.resident:
+        items.append("resident=1")
+    return index.kind + (":" + ",".join(items) if items else "")
 
 
 def faiss_system(
-    body: str,
-    spec: str | None = None,
+    index: IndexSpec,
+    name: str | None = None,
     index_dir: str | Path | None = None,
     progress: bool = False,
 ) -> FaissSystem | RescoreSystem:
-    """The system for ``faiss:<body>``: a :class:`FaissSystem`, wrapped in a
-    :class:`~treerank.search.rescore.RescoreSystem` (same scorer) when ``rescore > 0``."""
-    name = spec or f"faiss:{body}"
-    parsed = parse_index_spec(body, name)
-    if parsed.rescore <= 0:
-        return FaissSystem(parsed, name, index_dir=index_dir, progress=progress)
-    first = FaissSystem(parsed.first_stage(), f"{name}#first", index_dir, progress)
+    """The system of a parsed ``faiss:`` spec (:func:`parse_index_spec`): a
+    :class:`FaissSystem`, wrapped in a :class:`~treerank.search.rescore.RescoreSystem` (same
+    scorer) when ``rescore > 0``."""
+    name = name or f"faiss:{render_index_spec(index)}"
+    if index.rescore <= 0:
+        return FaissSystem(index, name, index_dir=index_dir, progress=progress)
+    first = FaissSystem(index.first_stage(), f"{name}#first", index_dir, progress)
     return RescoreSystem(
-        first, scorer=parsed.over, depth=parsed.rescore, name=name, release=not parsed.resident
+        first, scorer=index.over, depth=index.rescore, name=name, release=not index.resident
     )
 
 

@@ -208,9 +208,6 @@ class RescoreSystem(TwoStage):
         return Run(self.name, ids, scores)
 
 
-_KEYS = ("depth", "scorer")
-
-
 def split_params(body: str, keys: tuple[str, ...]) -> tuple[str, str]:
     """Split ``"<inner spec>:<k=v,...>"`` at the leftmost ``:`` after which every
     comma-separated item is ``key=value`` with a key from ``keys`` (values may hold ``:``).
@@ -226,50 +223,3 @@ def split_params(body: str, keys: tuple[str, ...]) -> tuple[str, str]:
             return body[:pos], tail
         pos = body.find(":", pos + 1)
     return body, ""
-
-
-def parse_rescore(body: str, spec: str) -> tuple[str, int, str]:
-    """``"<first>[:depth=N,scorer=S]"`` -> ``(first spec, depth, scorer spec)``.
-
-    Raises:
-        ValueError: no first stage, or a depth that is not a positive int.
-    """
-    inner, params = split_params(body, _KEYS)
-    if not inner:
-        raise ValueError(
-            f"bad system spec {spec!r}: expected rescore:<first stage>[:depth=N,scorer=SPEC]"
-        )
-    depth, scorer = DEFAULT_DEPTH, "cosine"
-    for item in params.split(",") if params else []:
-        key, _, value = item.partition("=")
-        key, value = key.strip(), value.strip()
-        if key == "depth":
-            try:
-                depth = int(value)
-            except ValueError:
-                raise ValueError(
-                    f"bad system spec {spec!r}: depth={value!r} is not an int"
-                ) from None
-            if depth < 1:
-                raise ValueError(f"bad system spec {spec!r}: depth must be >= 1, got {depth}")
-        else:
-            scorer = value
-    return inner, depth, scorer
-
-
-def build_rescore_system(body: str, spec: str, cache: Any = None, **opts: Any) -> Any:
-    """The ``rescore:`` system kind's builder (registered in :mod:`treerank.search.systems`);
-    the first stage is built with ``build_system`` (same ``cache`` and options).
-
-    Returns:
-        a :class:`RescoreSystem`, or a
-        :class:`~treerank.search.ce_rescore.CrossEncoderRescoreSystem` for ``scorer=ce:<dir>``.
-    """
-    from treerank.search.systems import build_system
-
-    first, depth, scorer = parse_rescore(body, spec)
-    if scorer.strip().startswith("ce:"):  # a cross-encoder reads texts: it reranks, no towers
-        from treerank.search.ce_rescore import CrossEncoderRescoreSystem
-
-        return CrossEncoderRescoreSystem(build_system(first, cache, **opts), scorer, depth, spec)
-    return RescoreSystem(build_system(first, cache, **opts), scorer, depth, name=spec)

@@ -300,20 +300,3 @@ class RM3System:
         run = Run(self.name, ids, scores)
         self._run = (key, run)
         return run
-
-
-RM3_KEYS: dict[str, type] = {
-    "fb_docs": int,
-    "fb_terms": int,
-    "orig_weight": float,
-    "max_df": float,
-    "k1": float,
-    "b": float,
-}
-
-
-def build_rm3(params: dict[str, Any], name: str) -> RM3System:
-    """An :class:`RM3System` from parsed spec parameters (``RM3_KEYS``; BM25's ``k1``/``b`` too)."""
-    bm = {k: params[k] for k in ("k1", "b") if k in params}
-    rm = {k: v for k, v in params.items() if k not in bm}
-    return RM3System(RM3Params(**rm), BM25Params(**bm), name=name)

@@ -412,19 +412,25 @@ class DBSystem:
         return Run(self.name, ids, scores)
 
 
-def build_db_system(body: str, spec: str, cache: Any = None, **opts: Any) -> DBSystem:
-    """The ``db:`` system kind's builder (registered in :mod:`treerank.search.systems`).
+def exported_head(location: DBLocation, collection: str | None, spec: str) -> str | None:
+    """The checkpoint directory of the head whose towers an embedded collection holds (its
+    ``treerank.head`` metadata), ``None`` when it holds plain vectors, is a server's (not read
+    here), or cannot be read yet (not exported: searching it will say so)."""
+    if location.path is None or not location.path.is_dir():
+        return None
+    with contextlib.suppress(Exception):
+        with location.client() as client:
+            _, physical = _resolve(client, location, collection, spec)
+            meta = client.get_collection(physical).config.metadata or {}
+            head = (meta.get("treerank") or {}).get("head")
+            return str(head["checkpoint"]) if head else None
+    return None
 
-    Raises:
-        ValueError: an empty body (see :func:`parse_db_spec`).
-    """
-    loc, collection = parse_db_spec(body, spec)
-    system = DBSystem(loc, collection, name=spec)
-    if loc.path is not None and loc.path.is_dir():  # an embedded collection: name its head now
-        with contextlib.suppress(Exception):  # not exported yet: retrieve() will say so
-            with loc.client() as client:
-                _, physical = _resolve(client, loc, collection, spec)
-                meta = client.get_collection(physical).config.metadata or {}
-                head = (meta.get("treerank") or {}).get("head")
-                system.head = f"ckpt:{head['checkpoint']}" if head else None
+
+def build_db_system(location: DBLocation, collection: str | None, name: str) -> DBSystem:
+    """The system of a parsed ``db:`` spec (:func:`parse_db_spec`); an embedded collection's
+    head is named now (:func:`exported_head`)."""
+    system = DBSystem(location, collection, name=name)
+    head = exported_head(location, collection, name)
+    system.head = f"ckpt:{head}" if head else None
     return system

@@ -154,7 +154,7 @@ class SearchService:
 
     def __init__(self, config: ServiceConfig, encoder: Any = None) -> None:
         from treerank.kernels.device import resolve_device
-        from treerank.search.systems import build_system
+        from treerank.search.specs import BuildContext, build_system
         from treerank.store import EmbeddingStore
 
         self.config = config
@@ -180,7 +180,7 @@ class SearchService:
             self.systems[spec] = system
         for spec in config.systems:
             if spec not in self.systems:
-                self.systems[spec] = build_system(spec, device=config.device)
+                self.systems[spec] = build_system(spec, BuildContext(device=config.device))
         if not self.systems:
             raise ValueError("no system to serve")
         self.default_system = next(iter(self.systems))
