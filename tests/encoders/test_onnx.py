@@ -15,6 +15,7 @@ from treerank.encoders import SentenceEncoder
 from treerank.encoders import onnx_runtime as ort_mod
 from treerank.encoders.backend import get_backend
 from treerank.encoders.onnx_runtime import UnsupportedModelError, cached_export, supported_stack
+from treerank.kernels.device import Device
 from treerank.readers.msmarco import read_msmarco
 from treerank.readers.scifact import read_scifact
 from treerank.search.query import EncoderMismatchError, load_store_encoder
@@ -151,7 +152,7 @@ def test_unknown_backend_and_device():
     with pytest.raises(ValueError, match="unknown encoder backend 'onnx-fp16'"):
         SentenceEncoder(backend="onnx-fp16")
     with pytest.raises(ValueError, match="CPU only"):
-        SentenceEncoder(backend="onnx", device="cuda")
+        SentenceEncoder(backend="onnx", device=Device("cuda"))
 
 
 @pytest.fixture(scope="module")

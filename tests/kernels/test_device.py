@@ -9,7 +9,14 @@ import pytest
 import torch
 
 from treerank.kernels import device as device_mod
-from treerank.kernels.device import DeviceError, cpu_search_backend, resolve_device
+from treerank.kernels.device import (
+    DEFAULT_DEVICE,
+    Device,
+    DeviceError,
+    cpu_search_backend,
+    parse_device,
+    resolve_device,
+)
 from treerank.kernels.topk import chunk_topk_tensor, exact_search
 
 CUDA = torch.cuda.is_available()
@@ -21,19 +28,28 @@ def _cache(tmp_path, monkeypatch):
     monkeypatch.setenv("TREERANK_CACHE", str(tmp_path / "cache"))
 
 
-def test_resolve_device_spellings():
-    assert resolve_device("cpu") == torch.device("cpu")
-    assert resolve_device(" CPU ") == torch.device("cpu")
-    assert resolve_device(None) == torch.device("cpu")
-    assert resolve_device(torch.device("cpu")) == torch.device("cpu")
+def test_device_spellings_parse_once_and_resolve():
+    assert parse_device("cpu") == parse_device(" CPU ") == Device("cpu") == DEFAULT_DEVICE
+    assert parse_device("cuda:3", check=False) == Device("cuda", 3)
+    assert str(Device("cuda", 3)) == "cuda:3" and str(Device("auto")) == "auto"
+    assert resolve_device(Device("cpu")) == torch.device("cpu")
     expected = torch.device("cuda", 0) if CUDA else torch.device("cpu")
-    assert resolve_device("auto") == expected
+    assert resolve_device(Device("auto")) == expected
+    assert Device("auto").resolved_text() == str(expected)
+    assert Device("cuda", 1).resolved_text() == "cuda:1"  # not resolved: itself
+
+
+def test_the_one_resolution_takes_only_a_parsed_device():
+    # text is parsed once at the edge (parse_device); the library never parses it again
+    for raw in ("cpu", None, torch.device("cpu")):
+        with pytest.raises(DeviceError, match="expected a parsed Device"):
+            resolve_device(raw)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("bad", ["gpu", "cuda:x", "mps", "", "cuda:-1"])
 def test_unknown_device_is_refused(bad):
     with pytest.raises(DeviceError, match="device"):
-        resolve_device(bad)
+        parse_device(bad, check=False)
 
 
 @pytest.mark.skipif(CUDA, reason="checks the message on a machine without CUDA")
@@ -42,13 +58,14 @@ def test_cuda_without_cuda_says_so(spec):
     with pytest.raises(
         DeviceError, match=r"cuda requested but torch.cuda.is_available\(\) is False"
     ):
-        resolve_device(spec)
+        parse_device(spec)
+    parse_device(spec, check=False)  # the spelling alone is fine (a config for another machine)
 
 
 @needs_cuda
 def test_cuda_index_out_of_range():
     with pytest.raises(DeviceError, match="torch sees"):
-        resolve_device(f"cuda:{torch.cuda.device_count()}")
+        parse_device(f"cuda:{torch.cuda.device_count()}")
 
 
 def test_cpu_backend_is_measured_once_and_cached(tmp_path, monkeypatch):
@@ -96,7 +113,7 @@ def _vectors(nq=40, n=900, d=12, seed=0):
 def test_device_cpu_equals_default_path(backend):
     q, p = _vectors()
     ref = exact_search(q, p, k=150, chunk_size=250, backend=backend)
-    for dev in ("cpu", "auto") if not CUDA else ("cpu",):
+    for dev in (Device("cpu"), Device("auto")) if not CUDA else (Device("cpu"),):
         got = exact_search(q, p, k=150, chunk_size=250, backend=backend, device=dev)
         assert np.array_equal(got[0], ref[0]) and np.array_equal(got[1], ref[1])
     assert np.array_equal(ref[0][5], np.arange(150))  # ties by ascending id
@@ -118,7 +135,7 @@ def test_tensor_kernel_matches_reference(k):
 def test_cuda_search_agrees_with_cpu(k):
     q, p = _vectors(nq=64, n=5000, d=32)
     cpu_ids, cpu_vals = exact_search(q, p, k=k, chunk_size=1200)
-    gpu_ids, gpu_vals = exact_search(q, p, k=k, chunk_size=1200, device="cuda")
+    gpu_ids, gpu_vals = exact_search(q, p, k=k, chunk_size=1200, device=Device("cuda"))
     np.testing.assert_allclose(gpu_vals, cpu_vals, atol=1e-5)
     differ = gpu_ids != cpu_ids
     # ids may differ only where the two scores are within float32 rounding of each other
@@ -130,7 +147,7 @@ def test_cuda_search_agrees_with_cpu(k):
 def test_exact_search_cuda_refused_before_work():
     q, p = _vectors()
     with pytest.raises(DeviceError):
-        exact_search(q, p, k=3, device="cuda")
+        exact_search(q, p, k=3, device=Device("cuda"))
 
 
 def test_dense_system_and_fusion_pass_the_device():
@@ -138,29 +155,46 @@ def test_dense_system_and_fusion_pass_the_device():
     from treerank.search.specs import build_system
     from treerank.search.systems import DenseSystem
 
+    from treerank.search.specs import BuildContext
+
     store = make_toy_store()
     ref = build_system("cosine").retrieve(store, k=20)
-    sys_cpu = build_system("cosine", device="cpu")
-    assert isinstance(sys_cpu, DenseSystem) and sys_cpu.device == "cpu"
-    got = sys_cpu.retrieve(store, k=20)
-    assert np.array_equal(got.ids, ref.ids) and np.array_equal(got.scores, ref.scores)
-    fused = build_system("rrf:cosine+cosine", device="cpu")
-    assert all(s.device == "cpu" for s in (fused.a, fused.b))
+    on = BuildContext(device=Device("auto"))
+    sys_auto = build_system("cosine", on)
+    assert isinstance(sys_auto, DenseSystem) and sys_auto.device == Device("auto")
+    got = sys_auto.retrieve(store, k=20)
+    if not CUDA:  # auto on a CPU machine is the CPU path exactly
+        assert np.array_equal(got.ids, ref.ids) and np.array_equal(got.scores, ref.scores)
+    fused = build_system("rrf:cosine+cosine", on)
+    assert all(s.device == Device("auto") for s in (fused.a, fused.b))  # type: ignore[attr-defined]
 
 
 def test_serve_refuses_a_bad_device_before_opening_the_store(tmp_path):
     from treerank.serve.service import SearchService, ServiceConfig
 
-    with pytest.raises(DeviceError, match="unknown device 'gpu'"):
-        SearchService(ServiceConfig(store=tmp_path / "missing", device="gpu"))
+    with pytest.raises(DeviceError, match="expected a parsed Device"):
+        SearchService(ServiceConfig(store=tmp_path / "missing", device="gpu"))  # type: ignore[arg-type]
+    if not CUDA:
+        with pytest.raises(DeviceError, match="cuda requested"):
+            SearchService(ServiceConfig(store=tmp_path / "missing", device=Device("cuda")))
 
 
-def test_takes_device_reads_the_signature():
-    from treerank.models.forest import Forest
+def test_one_default_everywhere():
+    """The CLI option, the experiment YAML and every library signature default to one
+    value (the CPU); nothing inspects signatures to decide whether to pass a device."""
+    import inspect
+
+    from treerank.cli.options import device_option
     from treerank.search.forest_index import ForestSystem
+    from treerank.search.specs import BuildContext
+    from treerank.search.systems import DenseSystem
+    from treerank.training.heads import train_linear
 
-    assert device_mod.takes_device(ForestSystem) and device_mod.takes_device(exact_search)
-    assert not device_mod.takes_device(Forest.subset) and not device_mod.takes_device(len)
+    assert device_option().default == str(DEFAULT_DEVICE) == "cpu"
+    assert BuildContext().device == DEFAULT_DEVICE
+    for fn in (exact_search, DenseSystem, ForestSystem, train_linear):
+        assert inspect.signature(fn).parameters["device"].default is DEFAULT_DEVICE
+    assert not hasattr(device_mod, "takes_device")
 
 
 # -------------------------------------------------- issue 36: one typed Device, one probe key
@@ -168,11 +202,9 @@ def test_parse_device_gives_one_typed_value():
     from treerank.kernels.device import Device, parse_device
 
     assert parse_device("cpu") == Device("cpu") and str(parse_device(" CPU ")) == "cpu"
-    assert parse_device(None) == Device("cpu")
     auto = parse_device("auto")
     assert auto == Device("auto") and auto.concrete() == Device("cuda" if CUDA else "cpu")
-    assert auto.torch() == resolve_device("auto")
-    assert parse_device(Device("cpu")) == Device("cpu")
+    assert auto.torch() == resolve_device(Device("auto"))
     for bad in ("gpu", "cuda:x", "mps", ""):
         with pytest.raises(DeviceError, match="device"):
             parse_device(bad)

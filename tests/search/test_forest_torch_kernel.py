@@ -42,7 +42,7 @@ def test_seed_search_torch_equals_numba(seed, m, c, k) -> None:
     qc, qp, pc, pp, c = random_tables(seed, m=m, c=c)
     index = ForestIndex.build(pc, pp, c)
     a = index.search(qc, qp, k)
-    b = index.search(qc, qp, k, backend="torch", device="cpu")
+    b = index.search(qc, qp, k, backend="torch", device=Device("cpu"))
     for f in SEED_FIELDS:
         np.testing.assert_array_equal(getattr(a, f), getattr(b, f), err_msg=f)
     np.testing.assert_array_equal(a.scores(m), b.scores(m))
@@ -108,7 +108,9 @@ def test_forest_system_torch_backend_equals_default(search) -> None:
         rng.standard_normal((150, 8)).astype(np.float32),
     )
     ref = ForestSystem(forest, chunk_size=40).retrieve(store, 60)
-    got = ForestSystem(forest, chunk_size=40, device="cpu", backend="torch").retrieve(store, 60)
+    got = ForestSystem(forest, chunk_size=40, device=Device("cpu"), backend="torch").retrieve(
+        store, 60
+    )
     np.testing.assert_array_equal(ref.ids, got.ids)
     np.testing.assert_array_equal(ref.scores, got.scores)
 
@@ -126,9 +128,9 @@ def test_count_kernel_choices() -> None:
 def test_cuda_refused_before_work_without_cuda() -> None:
     forest = Forest.random(ForestConfig(2, 3, 4))
     with pytest.raises(DeviceError, match="cuda requested"):
-        ForestSystem(forest, device="cuda")
+        ForestSystem(forest, device=Device("cuda"))
     with pytest.raises(DeviceError, match="cuda requested"):
-        forest.query_classes(np.zeros((2, 4), np.float32), device="cuda")
+        forest.query_classes(np.zeros((2, 4), np.float32), device=Device("cuda"))
 
 
 def test_ckpt_system_passes_the_device_to_the_forest(tmp_path) -> None:
@@ -137,15 +139,15 @@ def test_ckpt_system_passes_the_device_to_the_forest(tmp_path) -> None:
     from treerank.search.specs import build_system
 
     forest, store = saved_random_forest(tmp_path / "f", 4, 5, 6, 50)
-    system = build_system(f"ckpt:{tmp_path / 'f'}", device="cpu")
+    system = build_system(f"ckpt:{tmp_path / 'f'}", device=Device("cpu"))
     inner = system.system_for(store)  # type: ignore[attr-defined]
-    assert isinstance(inner, ForestSystem) and inner.device == torch.device("cpu")
+    assert isinstance(inner, ForestSystem) and inner.device == Device("cpu")
     np.testing.assert_array_equal(
         system.retrieve(store, 50).ids, ForestSystem(forest).retrieve(store, 50).ids
     )
     if not CUDA:
         with pytest.raises(DeviceError, match="cuda requested"):
-            build_system(f"ckpt:{tmp_path / 'f'}", device="cuda").system_for(store)  # type: ignore[attr-defined]
+            build_system(f"ckpt:{tmp_path / 'f'}", device=Device("cuda")).system_for(store)  # type: ignore[attr-defined]
 
 
 class _Store:
@@ -165,17 +167,17 @@ def test_cuda_counting_equals_cpu(scoring) -> None:
     qc, qp, floor, pc, pp = tables(6, nq=40, n=3000, m=6, c=5, t=2, kk=2)
     index = ForestIndex.build(pc, pp, 5)
     a = index.search_probes(qc, qp, floor, 100, scoring)
-    b = index.search_probes(qc, qp, floor, 100, scoring, device="cuda")
+    b = index.search_probes(qc, qp, floor, 100, scoring, device=Device("cuda"))
     np.testing.assert_array_equal(a.ids, b.ids)
     np.testing.assert_array_equal(a.keys, b.keys)
     q1, p1 = qc[:, :, 0], qp[:, :, 0]
     one = ForestIndex.build(pc[:, :, 0], pp[:, :, 0], 5)
-    a1, b1 = one.search(q1, p1, 100), one.search(q1, p1, 100, device="cuda")
+    a1, b1 = one.search(q1, p1, 100), one.search(q1, p1, 100, device=Device("cuda"))
     for f in SEED_FIELDS:
         np.testing.assert_array_equal(getattr(a1, f), getattr(b1, f), err_msg=f)
     assert count_kernel("cuda") == (torch.device("cuda", 0), "torch")
     with pytest.raises(ValueError, match="the numba kernel runs on the CPU only"):
-        one.search(q1, p1, 100, device="cuda", backend="numba")
+        one.search(q1, p1, 100, device=Device("cuda"), backend="numba")
 
 
 @needs_cuda
@@ -189,15 +191,15 @@ def test_cuda_forest_system_agrees_with_cpu() -> None:
     q = rng.standard_normal((50, 32)).astype(np.float32)
     p = rng.standard_normal((2000, 32)).astype(np.float32)
     for cpu_side, gpu_side in (
-        (forest.query_classes(q), forest.query_classes(q, device="cuda")),
-        (forest.passage_classes(p), forest.passage_classes(p, device="cuda")),
+        (forest.query_classes(q), forest.query_classes(q, device=Device("cuda"))),
+        (forest.passage_classes(p), forest.passage_classes(p, device=Device("cuda"))),
     ):
         same = cpu_side[0] == gpu_side[0]
         assert same.mean() >= 0.999
         np.testing.assert_allclose(cpu_side[1][same], gpu_side[1][same], rtol=0, atol=1e-6)
     store = _Store(q, p)
     cpu = ForestSystem(forest).retrieve(store, 100)
-    gpu = ForestSystem(forest, device="cuda").retrieve(store, 100)
+    gpu = ForestSystem(forest, device=Device("cuda")).retrieve(store, 100)
     differ = cpu.ids != gpu.ids
     assert differ.mean() < 0.05
     gap = np.abs(cpu.scores[differ] - gpu.scores[differ])

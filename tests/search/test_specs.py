@@ -148,6 +148,8 @@ def test_scorers_are_typed_nodes() -> None:
 def test_the_build_context_reaches_dense_systems() -> None:
     from treerank.kernels.device import Device
 
-    system = build_system("cosine", BuildContext(chunk_size=3, backend="torch", device=Device("cpu")))
+    system = build_system(
+        "cosine", BuildContext(chunk_size=3, backend="torch", device=Device("cpu"))
+    )
     assert system.chunk_size == 3 and system.backend == "torch"  # type: ignore[attr-defined]
     assert system.device == Device("cpu")  # type: ignore[attr-defined]

@@ -60,7 +60,7 @@ def _assert_equal_states(a, b):
 def test_device_cpu_equals_default(head_class):
     store = make_toy_store()
     a = train_head(head_class, store, CFG, progress=False)
-    b = train_head(head_class, store, CFG, progress=False, device="cpu")
+    b = train_head(head_class, store, CFG, progress=False, device=Device("cpu"))
     _assert_equal_states(_state(a.model), _state(b.model))
 
 
@@ -69,14 +69,14 @@ def test_device_auto_on_cpu_machine_equals_default():
         pytest.skip("auto is the GPU here")
     store = make_toy_store()
     a = train_drt(store, DRT_CFG, progress=False)
-    b = train_drt(store, DRT_CFG, progress=False, device="auto")
+    b = train_drt(store, DRT_CFG, progress=False, device=Device("auto"))
     _assert_equal_states(_state(a.model), _state(b.model))
 
 
 @pytest.mark.skipif(CUDA, reason="machine without CUDA")
 def test_cuda_refused_without_cuda():
     with pytest.raises(DeviceError, match="cuda"):
-        train_head(LinearHead, make_toy_store(), CFG, progress=False, device="cuda")
+        train_head(LinearHead, make_toy_store(), CFG, progress=False, device=Device("cuda"))
 
 
 @pytest.mark.parametrize("trainer", ["linear", "mlp", "drt"])

@@ -1,4 +1,4 @@
-"""Forest training on a torch device: ``device="cpu"`` is the CPU path exactly; a GPU run agrees
+"""Forest training on a torch device: ``device=Device("cpu")`` is the CPU path exactly; a GPU run agrees
 with the CPU within a stated tolerance (skipped without CUDA)."""
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def test_device_cpu_is_the_default_path_exactly(mode) -> None:
     store = make_toy_store()
     cfg = sectioned({**BUSY, "joint_mode": mode})
     ref = train_forest(store, cfg, progress=False)
-    got = train_forest(store, cfg, progress=False, device="cpu")
+    got = train_forest(store, cfg, progress=False, device=Device("cpu"))
     a, b = _state(ref.model), _state(got.model)
     assert a.keys() == b.keys()
     for key in a:
@@ -62,7 +62,7 @@ def test_device_auto_without_cuda_is_the_cpu() -> None:
     store = make_toy_store()
     cfg = sectioned({**SMALL, "n_models": 1, "group_size": 1})
     a = _state(train_forest(store, cfg, progress=False).model)
-    b = _state(train_forest(store, cfg, progress=False, device="auto").model)
+    b = _state(train_forest(store, cfg, progress=False, device=Device("auto")).model)
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
@@ -73,9 +73,9 @@ def test_cuda_refused_before_any_work_without_cuda() -> None:
             raise AssertionError(f"the store was read ({name}) before the device was checked")
 
     with pytest.raises(DeviceError, match="cuda requested but torch.cuda.is_available"):
-        train_forest(Untouchable(), sectioned(SMALL), progress=False, device="cuda")
-    with pytest.raises(DeviceError, match="unknown device 'gpu'"):
-        train_forest(Untouchable(), sectioned(SMALL), progress=False, device="gpu")
+        train_forest(Untouchable(), sectioned(SMALL), progress=False, device=Device("cuda"))
+    with pytest.raises(DeviceError, match="expected a parsed Device, got str 'gpu'"):
+        train_forest(Untouchable(), sectioned(SMALL), progress=False, device="gpu")  # type: ignore[arg-type]
 
 
 @needs_cuda
@@ -84,8 +84,8 @@ def test_cuda_pair_agrees_with_cpu() -> None:
     init, bags, negatives and dropout masks, weights within ``GPU_WEIGHT_ATOL``."""
     store = make_toy_store()
     cfg = sectioned({**BUSY, "n_models": 1, "group_size": 1})
-    cpu = train_forest(store, cfg, progress=False, device="cpu")
-    gpu = train_forest(store, cfg, progress=False, device="cuda")
+    cpu = train_forest(store, cfg, progress=False, device=Device("cpu"))
+    gpu = train_forest(store, cfg, progress=False, device=Device("cuda"))
     a, b = _state(cpu.model), _state(gpu.model)
     for key in a:
         assert b[key].device.type == "cpu"  # the trained forest comes back on the CPU
@@ -101,8 +101,8 @@ def test_cuda_group_with_boosting_trains() -> None:
     training match rate is the CPU's within 0.1."""
     store = make_toy_store()
     cfg = sectioned(BUSY)
-    cpu = train_forest(store, cfg, progress=False, device="cpu").summary
-    gpu = train_forest(store, cfg, progress=False, device="cuda").summary
+    cpu = train_forest(store, cfg, progress=False, device=Device("cpu")).summary
+    gpu = train_forest(store, cfg, progress=False, device=Device("cuda")).summary
     assert np.isfinite(gpu["final_train_match_rate_mean"])
     assert abs(gpu["final_train_match_rate_mean"] - cpu["final_train_match_rate_mean"]) <= 0.1
 
@@ -129,7 +129,9 @@ def test_pipeline_passes_the_device_to_the_trainer_and_the_validator(tmp_path, m
     monkeypatch.setattr(tf, "train_forest", spy_train)
     monkeypatch.setattr(fi.ForestSystem, "__init__", spy_init)
     cfg = sectioned({**SMALL, "n_models": 2, "validation": {"fraction": 0.25, "k": 20}})
-    res = train_model("forest", make_toy_store(), cfg, tmp_path / "m", progress=False, device="cpu")
+    res = train_model(
+        "forest", make_toy_store(), cfg, tmp_path / "m", progress=False, device=Device("cpu")
+    )
     assert seen["train"] == ["cpu"]
     assert seen["system"] and set(seen["system"]) == {"cpu"}
     assert [p["n_models"] for p in res.summary["curve"]] == [1, 2]

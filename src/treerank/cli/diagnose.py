@@ -62,7 +62,7 @@ def diagnose(
     from treerank.diagnostics.procedure import DEFAULT_METRICS, run_diagnostics
     from treerank.store import EmbeddingStore
 
-    device = str(cli_device(device))  # refused before any work
+    dev = cli_device(device)  # refused before any work
     console = Console()
     metrics = tuple(dict.fromkeys([*DEFAULT_METRICS, metric]))
     from treerank.atomic import refuse_existing_output
@@ -83,7 +83,7 @@ def diagnose(
             n_examples=examples,
             plots=plots,
             probe_stores=extra,
-            device=device,
+            device=dev,
         )
     except (FileNotFoundError, ValueError, KeyError, LockHeldError) as exc:
         raise fail(exc) from exc

@@ -8,6 +8,7 @@ import typer
 
 from treerank.cli.errors import ExitCode, exit_on_disk_full, fail
 from treerank.cli.options import cli_device, device_option
+from treerank.kernels.device import Device
 from treerank.lock import LockHeldError
 from treerank.readers.detect import FORMATS
 
@@ -121,7 +122,7 @@ def embed(
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from treerank.encoders.limits import check_max_seq_length
 
-    dev = str(cli_device(device).concrete())  # before any work: nothing read, nothing written
+    dev = cli_device(device).concrete()  # before any work: nothing read, nothing written
     try:
         check_max_seq_length(max_seq_length, model, "--max-seq-length")
     except ValueError as exc:
@@ -141,7 +142,7 @@ def embed(
     if precision not in PRECISIONS:  # before anything is read or loaded
         raise fail(f"--precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
 
-    def make_encoder(dev: str) -> SentenceEncoder:
+    def make_encoder(dev: Device) -> SentenceEncoder:
         return SentenceEncoder(
             model,
             query_prompt=query_prompt,

@@ -111,7 +111,7 @@ def evaluate(
     from treerank.kernels.topk import check_run_depth
     from treerank.store import EmbeddingStore
 
-    device = str(cli_device(device))  # a bad or unavailable device is refused before any work
+    dev = cli_device(device)  # a bad or unavailable device is refused before any work
     console = Console(soft_wrap=True)
     advice = "files written before keep their earlier version; free space, then rerun"
     with exit_on_disk_full(advice):
@@ -153,7 +153,7 @@ def evaluate(
                     out_dir=out if main else None,
                     progress=progress and main,
                     train_store=train,
-                    device=device,
+                    device=dev,
                 )
         except StoreRootError as exc:
             raise fail(exc.advice("--split")) from None

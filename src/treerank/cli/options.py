@@ -12,18 +12,18 @@ from __future__ import annotations
 import typer
 
 from treerank.cli.errors import fail
-from treerank.kernels.device import Device, DeviceError, parse_device
+from treerank.kernels.device import DEFAULT_DEVICE_TEXT, Device, DeviceError, parse_device
 
 DEVICE_HELP = "Where to compute: auto (a CUDA GPU when there is one), cpu, cuda or cuda:N."
 
 
-def device_option(default: str = "cpu", help: str = DEVICE_HELP) -> str:
+def device_option(default: str = DEFAULT_DEVICE_TEXT, help: str = DEVICE_HELP) -> str:
     """The ``--device`` option (typer default object; the value is a string to pass to
     :func:`cli_device`)."""
     return typer.Option(default, "--device", help=help)  # type: ignore[no-any-return]
 
 
-def cli_device(spec: str | None) -> Device:
+def cli_device(spec: str) -> Device:
     """Parse ``--device`` (see :func:`~treerank.kernels.device.parse_device`).
 
     Raises:

@@ -128,9 +128,7 @@ def search(
         # a bad spec fails here, before the encoder loads (~5 s)
         built = build_system(system, BuildContext(device=dev))
         st = EmbeddingStore.open(store)
-        enc = load_store_encoder(
-            st, encoder, backend, device=str(dev.concrete()), precision=precision
-        )
+        enc = load_store_encoder(st, encoder, backend, device=dev.concrete(), precision=precision)
         run, hits = search_texts(st, built, enc, texts, k)
     except (ValueError, FileNotFoundError, OSError) as exc:
         raise fail(exc) from None

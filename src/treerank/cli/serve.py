@@ -90,7 +90,7 @@ def serve(
             batch_queries=batch_queries,
             batch_invariant=batch_invariant,
             backend=backend,
-            device=str(dev),
+            device=dev,
             precision=precision,
         )
         sock = bind_socket(host, port)  # a taken port fails here, before loading the store

@@ -67,7 +67,7 @@ def train(
             raise fail(str(exc)) from exc
     if seed is not None:
         cfg["seed"] = seed
-    device = str(cli_device(device))  # a bad or unavailable device is refused before the store
+    dev = cli_device(device)  # a bad or unavailable device is refused before the store
     from treerank.atomic import OutputPathError, refuse_existing_output
 
     try:
@@ -84,7 +84,7 @@ def train(
                 out,
                 progress=progress,
                 where=str(config or "config"),
-                device=device,
+                device=dev,
             )
             if ctx is not None and not ctx.is_main:
                 return

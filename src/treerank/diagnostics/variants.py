@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from treerank.evaluation.metrics import DEFAULT_METRICS
+from treerank.kernels.device import DEFAULT_DEVICE, Device
 from treerank.kernels.vectors import ROW_CHUNK
 from treerank.storelike import StoreLike
 
@@ -205,7 +206,7 @@ def evaluate_variants(
     qrels: Any = None,
     chunk_size: int = ROW_CHUNK,
     progress: bool = False,
-    device: Any = None,
+    device: Device = DEFAULT_DEVICE,
 ) -> dict[str, Any]:
     """Evaluate scoring variants of a DRT head on every query of ``store`` against all its passages.
 

@@ -33,6 +33,7 @@ import numpy as np
 from treerank.atomic import atomic_write_json
 from treerank.distributed.context import DistContext, current
 from treerank.encoders.sentence import BatchResult, SentenceEncoder
+from treerank.kernels.device import Device
 from treerank.readers.split import RetrievalSplit
 from treerank.store.embed import EmbedStats, embed_signature, embed_split, plan_embed, split_digest
 from treerank.store.format import META_JSON, StoreFormatError
@@ -313,9 +314,10 @@ def embed_sharded(
     return stats
 
 
-def rank_device(device: str) -> str:
-    """``"cuda"`` -> ``"cuda:LOCAL_RANK"`` under torchrun (one GPU per process); else as given."""
+def rank_device(device: Device) -> Device:
+    """``cuda`` -> ``cuda:LOCAL_RANK`` under torchrun (one GPU per process); else as given."""
     import os
 
     local = os.environ.get("LOCAL_RANK")
-    return f"cuda:{local}" if device == "cuda" and local is not None else device
+    on_rank = device == Device("cuda") and local is not None
+    return Device("cuda", int(local)) if on_rank and local is not None else device

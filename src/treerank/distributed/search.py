@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
 
 import numpy as np
 import torch
@@ -28,6 +27,7 @@ import torch.distributed as dist
 from tqdm.auto import tqdm
 
 from treerank.distributed.context import DistContext, current, shard_bounds, use_search_hook
+from treerank.kernels.device import DEFAULT_DEVICE, Device
 from treerank.kernels.topk import DEFAULT_QUERY_BATCH, decode_keys, exact_search, rank_keys
 
 __all__ = ["GATHER_BYTES", "sharded_exact_search", "sharded_search"]
@@ -47,7 +47,7 @@ def sharded_exact_search(
     progress: bool = False,
     query_batch: int | None = None,
     backend: str = "faiss",
-    device: Any = None,
+    device: Device = DEFAULT_DEVICE,
 ) -> tuple[np.ndarray, np.ndarray]:
     """:func:`treerank.kernels.topk.exact_search` over ``W`` ranks (same arguments and result).
 

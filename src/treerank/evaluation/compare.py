@@ -68,6 +68,7 @@ from treerank.evaluation.seeds import seed_average, seed_spread
 from treerank.evaluation.settings import EvaluationSettings
 from treerank.evaluation.significance import McNemarResult, PairedTest, compare_paired, mcnemar
 from treerank.evaluation.trec_io import write_trec_run
+from treerank.kernels.device import DEFAULT_DEVICE, Device
 from treerank.lock import writer_lock
 from treerank.names import file_name
 from treerank.search.run import Run
@@ -273,7 +274,7 @@ def compare_systems(
     runs: Mapping[str, Run] | None = None,
     train_store: StoreLike | None = None,
     seed_groups: Mapping[str, Mapping[str, int]] | None = None,
-    device: Any = None,
+    device: Device = DEFAULT_DEVICE,
     **overrides: Any,
 ) -> Comparison:
     """Run, evaluate and compare systems on all passages of one store split.

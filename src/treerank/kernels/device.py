@@ -1,14 +1,16 @@
 """The one ``device`` setting of every stage (``auto`` | ``cpu`` | ``cuda[:n]``) and its resolution.
 
-Every library entry point that computes on tensors (the trainers, exact search, fusion tuning,
-the diagnostics, ``serve``, ``embed``) takes a ``device=`` keyword and resolves it here, so that
-the spelling, the defaults and the error are the same everywhere:
+The text is parsed once, at the edge (a CLI ``--device`` option, the experiment YAML's
+``device:`` field), by :func:`parse_device` into a typed :class:`Device`; every library entry point
+that computes on tensors (the trainers, exact search, fusion tuning, the diagnostics, ``serve``,
+``embed``) takes ``device: Device = DEFAULT_DEVICE`` and turns it into a ``torch.device`` with
+:func:`resolve_device`, so that the spelling, the one default and the error are the same
+everywhere:
 
-* ``"cpu"``: the CPU.
-* ``"cuda"`` / ``"cuda:n"``: CUDA device ``n`` (``"cuda"`` is ``cuda:LOCAL_RANK`` under
+* ``cpu``: the CPU, the one default (:data:`DEFAULT_DEVICE`).
+* ``cuda`` / ``cuda:n``: CUDA device ``n`` (``cuda`` is ``cuda:LOCAL_RANK`` under
   ``torchrun``, else ``cuda:0``); an error when CUDA is absent or ``n`` is out of range.
-* ``"auto"``: ``cuda`` when torch sees a CUDA device, else the CPU.
-* ``None``: the CPU (the library's behaviour before the setting existed).
+* ``auto``: ``cuda`` when torch sees a CUDA device, else the CPU.
 
 On a CPU, ``auto`` also picks the faster exact-search kernel (:func:`cpu_search_backend`): torch
 matmul + ``torch.topk`` vs FAISS ``faiss.knn`` (``IndexFlatIP``'s BLAS + heap); issue 26 measured
@@ -21,7 +23,6 @@ kernels are exact and break ties by passage id, so the choice never changes a re
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import platform
@@ -47,12 +48,11 @@ __all__ = [
     "read_probe_cache",
     "resolve_device",
     "search_backend",
-    "takes_device",
     "write_probe_cache",
 ]
 
 DEVICE_CHOICES = ("auto", "cpu", "cuda", "cuda:<n>")
-DEFAULT_DEVICE_TEXT = "cpu"
+DEFAULT_DEVICE_TEXT: Literal["cpu"] = "cpu"
 """The one default ``device`` of the CLI, the experiment YAML and the library: the CPU, so
 that a run's numbers never depend on which machine it lands on (``auto`` is opt-in)."""
 DEVICE_SETTING = "device (auto | cpu | cuda[:n])"
@@ -80,7 +80,7 @@ class Device:
 
     def torch(self) -> torch.device:
         """The ``torch.device`` (see :func:`resolve_device`; raises :class:`DeviceError`)."""
-        return _resolve(self)
+        return resolve_device(self)
 
     def concrete(self) -> Device:
         """``auto`` made definite: ``cuda`` when torch sees a CUDA device, else ``cpu``."""
@@ -88,21 +88,22 @@ class Device:
             return self
         return Device("cuda") if torch.cuda.is_available() else Device("cpu")
 
+    def resolved_text(self) -> str:
+        """What the device means on this machine, as text: ``auto`` resolved
+        (``cpu`` or ``cuda:n``), any other value itself; part of the pipeline's stage keys, so
+        that ``auto`` on a CPU machine keys like ``cpu``."""
+        return str(resolve_device(self)) if self.kind == "auto" else str(self)
+
 
 DEFAULT_DEVICE = Device(DEFAULT_DEVICE_TEXT)
 """:data:`DEFAULT_DEVICE_TEXT` as the typed value every library signature defaults to."""
 
 
-def _spelling(spec: str | torch.device | Device) -> Device:
+def _spelling(spec: str) -> Device:
     """The :class:`Device` a spelling names, without asking whether it is available."""
-    if isinstance(spec, Device):
-        return spec
-    if isinstance(spec, torch.device):
-        text = str(spec)
-    elif isinstance(spec, str):
-        text = spec.strip().lower()
-    else:
+    if not isinstance(spec, str):
         raise DeviceError(f"{DEVICE_SETTING}: expected a string, got {type(spec).__name__}")
+    text = spec.strip().lower()
     if text in ("cpu", "auto", "cuda"):
         return Device(text)  # type: ignore[arg-type]
     if text.startswith("cuda:"):
@@ -115,50 +116,53 @@ def _spelling(spec: str | torch.device | Device) -> Device:
     )
 
 
-def _resolve(dev: Device) -> torch.device:
-    if dev.kind == "cpu":
-        return torch.device("cpu")
-    if dev.kind == "auto":
-        return _cuda(None) if torch.cuda.is_available() else torch.device("cpu")
-    return _cuda(dev.index)
-
-
-def parse_device(spec: str | torch.device | Device | None) -> Device:
-    """Parse and check a ``device`` setting once, before any work: the one place every command
-    refuses a device (``treerank.cli.options.cli_device`` turns the error into exit code 2).
+def parse_device(text: str, *, check: bool = True) -> Device:
+    """Parse a ``device`` setting once, at the edge, before any work: the one place every
+    command refuses a device (``treerank.cli.options.cli_device`` turns the error into exit
+    code 2; the experiment YAML's ``device:`` field is read here too).
 
     Args:
-        spec: as for :func:`resolve_device`.
+        text: ``"auto"`` | ``"cpu"`` | ``"cuda"`` | ``"cuda:n"`` (case-insensitive, surrounding
+            blanks ignored).
+        check: also refuse a device this machine cannot use (``cuda`` without CUDA, an index
+            torch does not see); ``False`` checks the spelling only (a config read on one
+            machine and run on another).
 
     Returns:
-        the :class:`Device` (``None``: ``cpu``); it is available (``cuda`` resolves).
+        the :class:`Device`.
 
     Raises:
-        DeviceError: as :func:`resolve_device`.
+        DeviceError: an unknown spelling (``"gpu"``, ``"cuda:x"``, ``"mps"``); with ``check``,
+            as :func:`resolve_device`.
     """
-    dev = Device("cpu") if spec is None else _spelling(spec)
-    _resolve(dev)  # availability: cuda without CUDA, an index torch does not see
+    dev = _spelling(text)
+    if check:
+        resolve_device(dev)
     return dev
 
 
-def resolve_device(spec: str | torch.device | Device | None = "auto") -> torch.device:
-    """Resolve a ``device`` setting to a ``torch.device``.
-
-    Args:
-        spec: ``"auto"`` | ``"cpu"`` | ``"cuda"`` | ``"cuda:n"`` (case-insensitive, surrounding
-            blanks ignored), a ``torch.device``, a :class:`Device`, or None (the CPU).
+def resolve_device(device: Device) -> torch.device:
+    """The ``torch.device`` a :class:`Device` means on this machine (the one resolution).
 
     Returns:
-        ``torch.device("cpu")`` or ``torch.device("cuda", n)``.
+        ``torch.device("cpu")`` or ``torch.device("cuda", n)`` (``auto``: CUDA when torch
+        sees a device, else the CPU).
 
     Raises:
-        DeviceError: an unknown spelling (``"gpu"``, ``"cuda:x"``, ``"mps"``); ``cuda`` when
-            ``torch.cuda.is_available()`` is false (a CPU-only torch build or no driver); a
-            device index ``>= torch.cuda.device_count()``.
+        DeviceError: ``cuda`` when ``torch.cuda.is_available()`` is false (a CPU-only torch
+            build or no driver); a device index ``>= torch.cuda.device_count()``; a value that
+            is not a :class:`Device` (text must go through :func:`parse_device` first).
     """
-    if spec is None:
+    if not isinstance(device, Device):
+        raise DeviceError(
+            f"{DEVICE_SETTING}: expected a parsed Device, got {type(device).__name__} "
+            f"{device!r} (parse it once with treerank.kernels.device.parse_device)"
+        )
+    if device.kind == "cpu":
         return torch.device("cpu")
-    return _resolve(_spelling(spec))
+    if device.kind == "auto":
+        return _cuda(None) if torch.cuda.is_available() else torch.device("cpu")
+    return _cuda(device.index)
 
 
 def _cuda(index: int | None) -> torch.device:
@@ -305,12 +309,3 @@ def search_backend(backend: str, device: torch.device) -> str:
     if device.type != "cpu":
         return "torch"
     return cpu_search_backend() if backend == "auto" else backend
-
-
-def takes_device(fn: Any) -> bool:
-    """Whether the callable ``fn`` (a function, a class) declares a ``device`` parameter: how a
-    caller passes the setting only to what can take it (a family's own system, a trainer)."""
-    try:
-        return "device" in inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False

@@ -61,7 +61,7 @@ import torch
 from tqdm.auto import tqdm
 
 from treerank.distributed.context import search_hook
-from treerank.kernels.device import resolve_device, search_backend
+from treerank.kernels.device import DEFAULT_DEVICE, Device, resolve_device, search_backend
 from treerank.kernels.vectors import ROW_CHUNK
 from treerank.storelike import StoreLike
 
@@ -517,7 +517,7 @@ def exact_search(
     backend: str = "faiss",
     source: str = "vectors",
     *,
-    device: str | torch.device | None = None,
+    device: Device = DEFAULT_DEVICE,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Exact top-``k`` passages by inner product for every query.
 

@@ -18,20 +18,22 @@ from typing import Any
 
 import numpy as np
 
+from treerank.kernels.device import DEFAULT_DEVICE, Device, resolve_device
+
 __all__ = ["CrossEncoderScorer", "DEFAULT_SCORE_BATCH", "load_cross_encoder"]
 
 DEFAULT_SCORE_BATCH = 32
 
 
 def load_cross_encoder(
-    path: str | Path, *, device: str = "cpu", max_length: int | None = None
+    path: str | Path, *, device: Device = DEFAULT_DEVICE, max_length: int | None = None
 ) -> Any:
     """A sentence-transformers ``CrossEncoder`` loaded offline from a local folder.
 
     Args:
         path: a ``CrossEncoder`` folder (``config.json`` + weights) or a plain transformer folder
             (a fresh 1-label head is then initialised, as when training starts from an encoder).
-        device: torch device (``cpu``, ``cuda[:n]``).
+        device: where it runs (resolved by :func:`~treerank.kernels.device.resolve_device`).
         max_length: tokens per (query, passage) pair; None: the folder's own setting.
 
     Raises:
@@ -46,7 +48,9 @@ def load_cross_encoder(
     was_on = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
     try:
-        model = CrossEncoder(str(p), num_labels=1, max_length=max_length, device=device)
+        model = CrossEncoder(
+            str(p), num_labels=1, max_length=max_length, device=str(resolve_device(device))
+        )
     finally:
         if was_on:
             hf_logging.enable_progress_bar()
@@ -72,7 +76,7 @@ class CrossEncoderScorer:
         self,
         path: str | Path,
         *,
-        device: str = "cpu",
+        device: Device = DEFAULT_DEVICE,
         batch_size: int = DEFAULT_SCORE_BATCH,
         precision: str = "fp32",
         max_length: int | None = None,

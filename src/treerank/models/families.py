@@ -8,13 +8,14 @@ A family entry (:class:`ModelFamily`) names, as ``"module:attribute"`` strings i
 * ``config``: ``parse(mapping, where) -> TrainConfig`` (``treerank.training.config``), the
   strict parser of the family's ``model / data / trainer / validation`` config (None: the
   family is not trainable, e.g. ``cosine``);
-* ``trainer``: ``train(store, config: TrainConfig, *, train_rows, validate, log, progress)
-  -> TrainOutput`` (``treerank.training.trainer.TrainFunction``): trainers return the model and
-  its log, they never write files;
+* ``trainer``: ``train(store, config: TrainConfig, *, train_rows, validate, log, progress,
+  device) -> TrainOutput`` (``treerank.training.trainer.TrainFunction``; ``device`` is always
+  passed): trainers return the model and its log, they never write files;
 * ``mines_negatives``: the trainer draws hard negatives from the ``data`` section
   (``SamplerConfig``), so the pipeline mines BM25 negatives into the store first when needed;
-* ``system``: ``make(model, name) -> System`` for families that do their own retrieval (the
-  forest's inverted lists); None means a dense family, searched by exact inner product of its
+* ``system``: ``make(model, name, *, device) -> System``
+  (``treerank.search.systems.SystemHook``; ``device`` is always passed) for families that do
+  their own retrieval (the forest's inverted lists); None means a dense family, searched by exact inner product of its
   ``encode_queries`` / ``encode_passages`` (``treerank.search.systems.DenseSystem``);
 * ``report``: ``report(systems: {name: System}) -> {"stats": {name: dict}, "markdown": str}``,
   called with the family's systems after the evaluation, added to the report (optional);

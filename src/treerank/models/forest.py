@@ -36,6 +36,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from treerank.kernels.device import DEFAULT_DEVICE, Device, resolve_device
 from treerank.models.checkpoint import CheckpointMixin
 
 MODEL_TYPE = "forest"
@@ -152,12 +153,9 @@ def draw_dropout_masks(
     return [_keep_mask(generators, (len(generators), n, int(w)), cut) for w in widths]
 
 
-def _device(spec: Any) -> torch.device:
-    """``device`` setting -> ``torch.device`` (:func:`treerank.kernels.device.resolve_device`;
-    None = the CPU)."""
-    from treerank.kernels.device import resolve_device
-
-    return resolve_device(spec)
+def _device(device: Device) -> torch.device:
+    """The ``torch.device`` of a parsed device (:func:`treerank.kernels.device.resolve_device`)."""
+    return resolve_device(device)
 
 
 def _argmax(p: Tensor) -> tuple[Tensor, Tensor]:
@@ -595,7 +593,9 @@ class Forest(CheckpointMixin):
         return rb, mb
 
     @torch.no_grad()
-    def query_classes(self, x: np.ndarray, device: Any = None) -> tuple[np.ndarray, np.ndarray]:
+    def query_classes(
+        self, x: np.ndarray, device: Device = DEFAULT_DEVICE
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Class of every query under every model.
 
         Args:
@@ -618,7 +618,9 @@ class Forest(CheckpointMixin):
         )
 
     @torch.no_grad()
-    def passage_classes(self, x: np.ndarray, device: Any = None) -> tuple[np.ndarray, np.ndarray]:
+    def passage_classes(
+        self, x: np.ndarray, device: Device = DEFAULT_DEVICE
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Class of every passage under every model, ``-1`` where not retrievable.
 
         Args:
@@ -648,7 +650,7 @@ class Forest(CheckpointMixin):
 
     @torch.no_grad()
     def query_top(
-        self, x: np.ndarray, t: int, device: Any = None
+        self, x: np.ndarray, t: int, device: Device = DEFAULT_DEVICE
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The top-``t`` classes of every query under every model (multi-probe).
 
@@ -692,7 +694,7 @@ class Forest(CheckpointMixin):
 
     @torch.no_grad()
     def passage_probabilities(
-        self, x: np.ndarray, m0: int, m1: int, device: Any = None
+        self, x: np.ndarray, m0: int, m1: int, device: Device = DEFAULT_DEVICE
     ) -> np.ndarray:
         """Passage-model softmax of models ``m0 .. m1-1``: ``float32 (m1 - m0, n, C + 1)`` (last
         column = not retrievable); for capacity-bounded multi-assignment. ``device``: where the
@@ -715,7 +717,7 @@ class Forest(CheckpointMixin):
         biases: list[Tensor],
         width: int,
         pick: Callable[[Tensor], tuple[Tensor, Tensor]],
-        device: Any = None,
+        device: Device = DEFAULT_DEVICE,
     ) -> tuple[np.ndarray, np.ndarray]:
         """Softmax every model's logits over ``x`` in memory-bounded blocks on ``device`` and
         ``pick`` ``(prob, class)`` per (row, model) -> ``(int32 (n, M), float32 (n, M))``."""

@@ -8,13 +8,19 @@ the rest when ``--quick`` is given, makes a cheaper profile that still runs ever
 from __future__ import annotations
 
 import copy
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from treerank.config import ConfigError, check_keys, expected_text, load_yaml
 from treerank.evaluation.metrics import DEFAULT_METRICS
+from treerank.kernels.device import (
+    DEFAULT_DEVICE,
+    DEFAULT_DEVICE_TEXT,
+    Device,
+    DeviceError,
+    parse_device,
+)
 from treerank.models.families import FAMILIES, trainable_families
 from treerank.names import file_name, name_problem, unknown_name
 from treerank.readers import FORMATS
@@ -26,29 +32,12 @@ __all__ = [
     "ModelSpec",
     "deep_merge",
     "load_experiment",
-    "resolve_device",
 ]
 
 # ``encoder.backend``: how the encoder runs (the ONNX backends come with ``treerank.encoders``'
 # ONNX Runtime support; the pipeline passes the value on where the encoder accepts it).
 BACKENDS = ("torch", "onnx", "onnx-int8", "auto")
 PRECISIONS = ("fp32", "bf16", "auto")  # ``encoder.precision`` (treerank.encoders.precision)
-# ``device``: where training, evaluation, diagnostics and embedding run.
-DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
-
-
-def resolve_device(device: str) -> str:
-    """The device ``device`` means on this machine: ``auto`` is ``cuda`` when torch sees a GPU,
-    else ``cpu``; every other value is itself (``cpu``, ``cuda``, ``cuda:1``).
-
-    Part of the stage keys, so that a run moved from a CPU to a GPU machine re-runs the stages
-    whose numbers can change with the device, and ``auto`` on a CPU machine equals ``cpu``.
-    """
-    if device != "auto":
-        return device
-    from treerank.kernels.device import resolve_device as resolve_torch_device
-
-    return str(resolve_torch_device("auto"))  # the one rule for `auto`
 
 
 @dataclass
@@ -151,7 +140,7 @@ class ExperimentConfig:
     diagnose: DiagnoseConfig
     raw: dict[str, Any]
     transfer: bool = False
-    device: str = "auto"  # auto | cpu | cuda[:n]
+    device: Device = DEFAULT_DEVICE  # where training, evaluation, diagnostics, embedding run
 
 
 def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -242,11 +231,13 @@ def load_experiment(
         raise ConfigError(
             f"{src}: encoder.precision {enc['precision']!r} unknown; known: {', '.join(PRECISIONS)}"
         )
-    device = top.get("device", "auto")
-    if not DEVICE_PATTERN.fullmatch(str(device)):
+    device_text = top.get("device", DEFAULT_DEVICE_TEXT)
+    try:  # parsed once here; whether this machine can use it is checked when a stage runs
+        device = parse_device(str(device_text), check=False)
+    except DeviceError:
         raise ConfigError(
-            f"{src}: device {device!r} is not auto, cpu, cuda or cuda:<n> (e.g. cuda:0)"
-        )
+            f"{src}: device {device_text!r} is not auto, cpu, cuda or cuda:<n> (e.g. cuda:0)"
+        ) from None
     encoder = EncoderConfig(**enc)
 
     datasets: list[DatasetConfig] = []
@@ -343,7 +334,7 @@ def load_experiment(
         diagnose=diagnose,
         raw=top,
         transfer=bool(top.get("transfer", False)),
-        device=str(device),
+        device=device,
     )
 
 

@@ -39,12 +39,12 @@ import yaml
 
 from treerank.evaluation.metrics import headline_metric
 from treerank.faults import crash_point
+from treerank.kernels.device import Device
 from treerank.lock import writes_dir
 from treerank.pipeline.config import (
     DatasetConfig,
     ExperimentConfig,
     ModelSpec,
-    resolve_device,
 )
 from treerank.pipeline.identity import (
     RunId,
@@ -171,7 +171,7 @@ def check_library_support(cfg: ExperimentConfig) -> list[str]:
     version's library calls cannot take yet; empty when every stage can run as configured."""
     fns = _library_functions()
     problems = []
-    wanted = {
+    wanted: dict[str, dict[str, Device | str]] = {
         "encoder": {
             "device": cfg.device,
             "backend": cfg.encoder.backend,
@@ -230,7 +230,7 @@ class _Encoder:
                 self.cfg.encoder.model,
                 query_prompt=self.cfg.encoder.query_prompt,
                 token_budget=self.cfg.encoder.token_budget,
-                device=resolve_device(self.cfg.device),
+                device=self.cfg.device,
                 progress=self.progress,
                 **_library_kwargs(
                     SentenceEncoder,
@@ -516,7 +516,7 @@ def _plan(cfg: ExperimentConfig, run: _Run) -> tuple[StageGraph, dict[str, Datas
     outcomes: dict[str, DatasetOutcome] = {}
     encoder = _Encoder(cfg, progress=run.progress)
     enc_key: dict[str, Any] | None = None
-    device = resolve_device(cfg.device)
+    device = cfg.device.resolved_text()  # the stage keys' text: `auto` keys as what it is
     runs = experiment_runs(cfg)
 
     for ds in cfg.datasets:

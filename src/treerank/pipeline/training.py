@@ -12,7 +12,6 @@ mines hard negatives; ``treerank.training.output.save_trained_model`` writes the
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -25,10 +24,11 @@ from treerank.distributed.context import is_main_process, main_first
 from treerank.encoders.precision import vector_precision
 from treerank.evaluation.provenance import training_provenance
 from treerank.faults import crash_point
-from treerank.kernels.device import takes_device
+from treerank.kernels.device import DEFAULT_DEVICE, Device
 from treerank.kernels.vectors import ROW_CHUNK
 from treerank.lock import writer_lock
 from treerank.models.families import family, family_names, resolve
+from treerank.search.systems import SystemHook
 from treerank.storelike import StoreLike
 from treerank.training.history import TrainingLog
 from treerank.training.holdout import (
@@ -141,7 +141,7 @@ def make_validator(
     rows: np.ndarray,
     cfg: ValidationConfig,
     seed: int = 0,
-    device: Any = None,
+    device: Device = DEFAULT_DEVICE,
 ) -> Callable[[Any], dict[str, float]]:
     """The held-out callback: rank the split's passages for queries ``rows`` with the model.
 
@@ -154,9 +154,9 @@ def make_validator(
     Args:
         store: the training store. rows: held-out query ids. cfg: the validation section.
         seed: seed of the passage subsample.
-        device: where a family's own system retrieves (``auto | cpu | cuda[:n]``; passed to a
-            system that declares ``device``, the forest's: classification and counting); None:
-            the CPU. The dense path's exact search stays on the CPU.
+        device: where a family's own system retrieves (its :class:`SystemHook` always gets
+            it; the forest's classification and counting). The dense path's exact search stays
+            on the CPU.
     """
     from treerank.evaluation.metrics import evaluate_run
     from treerank.evaluation.qrels import Qrels
@@ -178,10 +178,10 @@ def make_validator(
         if fam is not None and fam.system is not None:
             # A family with its own retrieval (the forest's inverted lists): searched as it is
             # searched at evaluation time, never through a dense view (one-hot features).
-            make = resolve(fam.system)
-            on = {"device": device} if device is not None and takes_device(make) else {}
-            system = make(model, None, **on)
-            ids = system.retrieve(_Split(queries, passages), cfg.k).ids
+            make: SystemHook = resolve(fam.system)
+            system = make(model, None, device=device)
+            split = _Split(queries, passages)  # not a StoreLike: issue 31 item 6
+            ids = system.retrieve(split, cfg.k).ids  # type: ignore[arg-type]
         else:
             ids, _ = exact_search(
                 model.encode_queries(queries),
@@ -264,8 +264,8 @@ def ensure_training_sources(
         target: Any = pseudo if spec.queries == "pseudo" else store
         stem = teacher_array(spec)
         if not (target.has_array(f"{stem}-ids") and target.has_array(f"{stem}-scores")):
-            run = build_system(str(spec.system), BuildContext(progress=progress))
-            run = run.retrieve(target, spec.k)
+            teacher = build_system(str(spec.system), BuildContext(progress=progress))
+            run = teacher.retrieve(target, spec.k)
             meta = {"system": spec.system, "k": spec.k, "queries": spec.queries}
             target.save_array(f"{stem}-scores", run.scores, meta=meta)
             target.save_array(f"{stem}-ids", run.ids, meta=meta)
@@ -309,7 +309,7 @@ def train_model(
     *,
     progress: bool = True,
     where: str = "config",
-    device: str | None = None,
+    device: Device = DEFAULT_DEVICE,
 ) -> TrainResult:
     """Train a model of family ``family_name`` on ``train_store`` and write its directory.
 
@@ -328,9 +328,8 @@ def train_model(
         out_dir: the model directory (replaced atomically).
         progress: progress bars.
         where: names the config in error messages (``"<file>"`` or ``"<file>: models.<name>"``).
-        device: where the family's trainer runs (``auto | cpu | cuda[:n]``,
-            :func:`treerank.kernels.device.resolve_device`; ``None``: the CPU); passed to
-            trainers that take a ``device`` parameter (every built-in one does).
+        device: where the family's trainer runs; every trainer takes it
+            (:class:`~treerank.training.trainer.TrainFunction`).
 
     Under ``torchrun`` every rank trains (data-parallel, ``treerank.distributed.training``) and
     only rank 0 takes the writer lock and writes the directory.
@@ -354,7 +353,7 @@ def _train_model(
     *,
     progress: bool = True,
     where: str = "config",
-    device: str | None = None,
+    device: Device = DEFAULT_DEVICE,
 ) -> TrainResult:
     """:func:`train_model` without the writer lock."""
     fam = family(family_name)
@@ -386,9 +385,6 @@ def _train_model(
     main = is_main_process()
 
     log = TrainingLog()
-    extra: dict[str, Any] = {}
-    if device is not None and "device" in inspect.signature(fn).parameters:
-        extra["device"] = device
     out = fn(
         store,
         cfg,
@@ -396,7 +392,7 @@ def _train_model(
         validate=validate,
         log=log,
         progress=progress and main,
-        **extra,
+        device=device,
     )
     summary = dict(out.summary)
     if mined is not None:

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from treerank.kernels.device import DEFAULT_DEVICE, Device
 from treerank.kernels.topk import sort_rows
 from treerank.models.cross_encoder import CrossEncoderScorer
 from treerank.search.run import Run
@@ -110,7 +111,7 @@ class CrossEncoderRescoreSystem(TwoStage):
         *,
         batch_size: int = 32,
         precision: str = "fp32",
-        device: str = "cpu",
+        device: Device = DEFAULT_DEVICE,
     ) -> None:
         if isinstance(scorer, str) and not scorer.strip()[len(CE_PREFIX) :]:
             raise ValueError(f"cross-encoder scorer {scorer!r}: expected ce:<dir>")

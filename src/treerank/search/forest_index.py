@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from treerank.kernels.device import DEFAULT_DEVICE, Device
 from treerank.models.forest import Forest
 from treerank.search.run import Run
 from treerank.storelike import StoreLike
@@ -284,7 +285,7 @@ class ForestIndex:
         query_probs: np.ndarray,
         k: int,
         *,
-        device: Any = None,
+        device: Device = DEFAULT_DEVICE,
         backend: str = "auto",
     ) -> ForestHits:
         """Top ``k`` passages of each query by (match count, secondary score, passage id).
@@ -359,7 +360,7 @@ class ForestIndex:
         k: int,
         scoring: str = "shipped",
         *,
-        device: Any = None,
+        device: Device = DEFAULT_DEVICE,
         backend: str = "auto",
     ) -> ForestHits:
         """Top ``k`` passages over each query's top-``t`` classes per model, by ``scoring``.
@@ -483,7 +484,9 @@ class ForestIndex:
         }
 
 
-def count_kernel(device: Any = None, backend: str = "auto") -> tuple[torch.device, str]:
+def count_kernel(
+    device: Device = DEFAULT_DEVICE, backend: str = "auto"
+) -> tuple[torch.device, str]:
     """The device and counting kernel a search runs: ``(torch.device, "numba" | "torch")``.
 
     Raises:
@@ -506,7 +509,7 @@ def count_kernel(device: Any = None, backend: str = "auto") -> tuple[torch.devic
 
 
 def assign_passages(
-    forest: Forest, passages: Any, chunk_size: int = 16384, device: Any = None
+    forest: Forest, passages: Any, chunk_size: int = 16384, device: Device = DEFAULT_DEVICE
 ) -> ForestIndex:
     """Index ``passages`` in each passage's top-K classes per model under the per-class
     capacity of ``forest.search`` (:func:`treerank.kernels.capacity.assign_capacity`).
@@ -591,10 +594,11 @@ class ForestSystem:
         forest: Forest,
         name: str | None = None,
         chunk_size: int = 16384,
-        device: Any = None,
+        device: Device = DEFAULT_DEVICE,
         backend: str = "auto",
     ) -> None:
-        self.device, _ = count_kernel(device, backend)
+        count_kernel(device, backend)  # a device or backend that cannot be used fails here
+        self.device = device
         self.backend = backend
         self.forest = forest
         self.name = name or forest.name

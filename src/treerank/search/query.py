@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from treerank.kernels.device import DEFAULT_DEVICE, Device
 from treerank.kernels.topk import check_run_depth
 from treerank.search.run import Run
 from treerank.storelike import StoreLike
@@ -68,7 +69,7 @@ def load_store_encoder(
     backend: str | None = None,
     *,
     progress: bool = False,
-    device: str = "cpu",
+    device: Device = DEFAULT_DEVICE,
     precision: str | None = None,
 ) -> Any:
     """The :class:`~treerank.encoders.SentenceEncoder` a store was embedded with.

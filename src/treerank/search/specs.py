@@ -38,9 +38,9 @@ from treerank.models.cosine import CosineScorer
 from treerank.models.families import FAMILIES
 from treerank.names import unknown_name
 from treerank.search.bm25 import BM25_METHODS, DEFAULT_B, DEFAULT_K1, BM25Params
-from treerank.search.fusion import DEFAULT_RRF_K, NORMALISATIONS
 from treerank.search.ce_rescore import CrossEncoderRescoreSystem
 from treerank.search.faiss_index import IndexSpec, faiss_system, parse_index_spec, render_index_spec
+from treerank.search.fusion import DEFAULT_RRF_K, NORMALISATIONS
 from treerank.search.rescore import DEFAULT_DEPTH, RescoreSystem, split_params
 from treerank.search.rm3 import (
     DEFAULT_FB_DOCS,
@@ -434,7 +434,7 @@ class LinearFusionSpec(FusionSpec):
     syntax: ClassVar[str] = "linear-fusion:<A>+<B>[:w=0.5,norm=minmax|zscore]"
 
     w: float = param(0.5, low=0.0, high=1.0)
-    norm: str = param("minmax", choices=NORMALISATIONS)
+    norm: str = param("minmax", choices=tuple(NORMALISATIONS))
     depth: int = param(DEFAULT_FUSION_DEPTH, low=1)
 
     def make(self, ctx: BuildContext) -> System:
@@ -463,7 +463,7 @@ class TunedFusionSpec(FusionSpec):
     adaptive: ClassVar[bool] = False
 
     method: str = param("linear", choices=FUSION_METHODS)
-    norm: str = param("zscore", choices=NORMALISATIONS)
+    norm: str = param("zscore", choices=tuple(NORMALISATIONS))
     k: int = param(DEFAULT_RRF_K, low=0, open_low=True)
     on: str = param("train")
     queries: str = param("heldout", choices=QUERY_SETS)
@@ -506,8 +506,7 @@ class AdaptiveFusionSpec(TunedFusionSpec):
 
     kind: ClassVar[str] = "adaptive-fusion"
     summary: ClassVar[str] = (
-        "query-adaptive fusion (ridge on query vector + score statistics, trained on another "
-        "split)"
+        "query-adaptive fusion (ridge on query vector + score statistics, trained on another split)"
     )
     syntax: ClassVar[str] = "adaptive-fusion:<A>+<B>[:same keys as tuned-fusion]"
     adaptive: ClassVar[bool] = True
@@ -637,9 +636,7 @@ class FaissSpec(SystemSpec):
 
     kind: ClassVar[str] = "faiss"
     summary: ClassVar[str] = "a cached FAISS index"
-    syntax: ClassVar[str] = (
-        "faiss:<flat|hnsw|ivfflat|ivfpq|ivfpqfs|int8|fp16|binary>[:k=v,...]"
-    )
+    syntax: ClassVar[str] = "faiss:<flat|hnsw|ivfflat|ivfpq|ivfpqfs|int8|fp16|binary>[:k=v,...]"
 
     index: IndexSpec = field(default_factory=lambda: IndexSpec("flat"))
     over: CosineSpec | CheckpointSpec = field(default_factory=CosineSpec)

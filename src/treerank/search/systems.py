@@ -15,9 +15,6 @@ fingerprint (a checkpoint trained on another encoder's vectors is refused); the 
 
 from __future__ import annotations
 
-import importlib
-import math
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -28,9 +25,7 @@ from treerank.kernels.device import DEFAULT_DEVICE, Device
 from treerank.kernels.topk import DEFAULT_CHUNK_SIZE, exact_search
 from treerank.models.base import DenseScorer
 from treerank.models.checkpoint import CheckpointMixin
-from treerank.models.cosine import CosineScorer
-from treerank.models.families import FAMILIES
-from treerank.search.bm25 import BM25_METHODS, BM25Index, BM25Params
+from treerank.search.bm25 import BM25Index, BM25Params
 from treerank.search.fusion import DEFAULT_RRF_K, NORMALISATIONS, linear_fusion, rrf
 from treerank.search.run import Run, store_key
 from treerank.storelike import StoreLike

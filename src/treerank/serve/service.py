@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from treerank.kernels.device import DEFAULT_DEVICE, Device
 from treerank.search.query import (
     EncoderMismatchError,
     Hit,
@@ -69,8 +70,8 @@ class ServiceConfig:
             never depends on the batch (default); ``False``: one ``encode_queries`` and one
             ``retrieve`` per batch (more throughput; a query's vector then moves by ~1e-7 with
             its batch and near-ties may swap).
-        device: where exact search runs (``auto | cpu | cuda[:n]``,
-            ``treerank.kernels.device.resolve_device``; checked when the service starts).
+        device: where exact search runs (a parsed :class:`~treerank.kernels.device.Device`;
+            checked when the service starts).
         backend: encoder backend for the queries (``None``: the store's; its precision must
             mix with the store's, see `check_query_backend`).
         precision: the query encoder's torch precision (``fp32`` | ``bf16`` | ``auto``;
@@ -89,7 +90,7 @@ class ServiceConfig:
     batch_window_s: float = 0.002
     batch_queries: int = 64
     batch_invariant: bool = True
-    device: str = "cpu"
+    device: Device = DEFAULT_DEVICE
     backend: str | None = None
     precision: str | None = None
 

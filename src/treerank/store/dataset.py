@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from treerank.encoders import SentenceEncoder
+from treerank.kernels.device import DEFAULT_DEVICE, Device
 from treerank.readers import FORMATS, DataFormatError, RetrievalSplit, detect_format, read_split
 from treerank.store.embed import EmbedStats, StoreExistsError
 
@@ -122,13 +123,13 @@ def _check_split_files(path: Path, splits: Sequence[str]) -> None:
 def embed_dataset(
     input_path: str | Path,
     out: str | Path,
-    make_encoder: Callable[[str], SentenceEncoder],
+    make_encoder: Callable[[Device], SentenceEncoder],
     *,
     fmt: str = "auto",
     splits: Sequence[str] = (),
     limit: int | None = None,
     max_passages: int | None = None,
-    device: str = "cpu",
+    device: Device = DEFAULT_DEVICE,
     resume: bool = False,
     overwrite: bool = False,
     reuse: bool = True,

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from treerank.atomic import atomic_write_json, make_temp_dir
+from treerank.kernels.device import DEFAULT_DEVICE, Device
 from treerank.storelike import StoreLike
 from treerank.training.sampler import relevant_lists
 
@@ -306,7 +307,7 @@ def train_cross_encoder(
     teacher_scores: np.ndarray | None = None,
     train_rows: np.ndarray | None = None,
     resume: bool = False,
-    device: str = "cpu",
+    device: Device = DEFAULT_DEVICE,
     stop_after_steps: int | None = None,
     log: Callable[[str], None] | None = None,
 ) -> CrossEncoderOutput:

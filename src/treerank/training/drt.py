@@ -25,6 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from treerank.config import ConfigError
+from treerank.kernels.device import DEFAULT_DEVICE, Device
 from treerank.models.drt import DRTConfig, DRTHead
 from treerank.storelike import StoreLike
 from treerank.training.config import TrainConfig, parse_train_config
@@ -208,7 +209,7 @@ def train_drt(
     validate: Validate | None = None,
     log: TrainingLog | None = None,
     progress: bool = True,
-    device: str | torch.device | None = None,
+    device: Device = DEFAULT_DEVICE,
 ) -> TrainOutput:
     """Train a DRT head on a store (the ``drt`` family's trainer).
 

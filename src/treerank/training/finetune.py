@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 from treerank.atomic import atomic_write_json, make_temp_dir
+from treerank.kernels.device import DEFAULT_DEVICE, Device
 from treerank.storelike import StoreLike
 from treerank.training.finetune_config import FinetuneConfig
 from treerank.training.finetune_losses import StoredPassageLoss
@@ -164,7 +165,7 @@ def plan_batches(
     )
 
 
-def load_base(base: str | None, store: StoreLike, *, device: str = "cpu") -> Any:
+def load_base(base: str | None, store: StoreLike, *, device: Device = DEFAULT_DEVICE) -> Any:
     """The encoder to fine-tune, refused unless it is the one ``store`` was embedded with.
 
     Returns:
@@ -360,7 +361,7 @@ def finetune(
     train_rows: np.ndarray | None = None,
     mined: np.ndarray | None = None,
     resume: bool = False,
-    device: str = "cpu",
+    device: Device = DEFAULT_DEVICE,
     progress: bool = False,
     stop_after_steps: int | None = None,
     log: Callable[[str], None] | None = None,

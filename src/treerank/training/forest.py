@@ -90,6 +90,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from treerank.atomic import atomic_savefig
+from treerank.kernels.device import DEFAULT_DEVICE, Device
 from treerank.models.forest import (
     Forest,
     ForestConfig,
@@ -358,7 +359,7 @@ def train_forest(
     validate: Callable[[Forest], Mapping[str, float]] | None = None,
     log: TrainingLog | None = None,
     progress: bool = True,
-    device: Any = None,
+    device: Device = DEFAULT_DEVICE,
 ) -> TrainOutput:
     """Train a TreeRank forest on a store's training queries (see the module docstring).
 
@@ -402,7 +403,6 @@ def train_forest(
     from treerank.kernels.device import resolve_device
 
     dev = resolve_device(device)
-    mine_on = None if dev.type == "cpu" else dev  # the CPU: exact_search's default call
     parsed = parse_forest_config(config)
     cfg = forest_train_config(parsed)
     t_start = time.perf_counter()
@@ -413,10 +413,10 @@ def train_forest(
 
         specs = parse_sources(cfg.sources)
         table = build_training_table(store, specs, train_rows)
-        store, data = source_pair_data(store, table, specs, cfg.hard_negatives, mine_on)  # type: ignore[assignment]
+        store, data = source_pair_data(store, table, specs, cfg.hard_negatives, device)  # type: ignore[assignment]
         sources_info: dict[str, Any] | None = table.info
     else:
-        data = pair_data(store, cfg.hard_negatives, train_rows, mine_on)
+        data = pair_data(store, cfg.hard_negatives, train_rows, device)
         sources_info = None
     shared = shared_rows(store, data)
     n_pass = int(store.n_passages)
@@ -475,13 +475,13 @@ def train_forest(
             )
             qc = np.concatenate(
                 [
-                    part.query_classes(xq_all.rows(lo, lo + cfg.chunk_size), device=dev)[0]
+                    part.query_classes(xq_all.rows(lo, lo + cfg.chunk_size), device=device)[0]
                     for lo in range(0, nq, cfg.chunk_size)
                 ]
             )
             pc = np.concatenate(
                 [
-                    part.passage_classes(shared.rows(lo, lo + cfg.chunk_size), device=dev)[0]
+                    part.passage_classes(shared.rows(lo, lo + cfg.chunk_size), device=device)[0]
                     for lo in range(0, len(shared.ids), cfg.chunk_size)
                 ]
             )

@@ -23,10 +23,14 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from treerank.kernels.device import DEFAULT_DEVICE, Device
 from treerank.kernels.topk import exact_search, release_pages
 from treerank.kernels.vectors import l2_normalize
 from treerank.storelike import StoreLike
 from treerank.training.forest_config import ForestTrainConfig
+
+CPU = torch.device("cpu")
+"""The resolved device a tensor helper defaults to."""
 
 __all__ = [
     "PairData",
@@ -65,7 +69,7 @@ def mine_hard_negatives(
     pos_q: np.ndarray,
     pos_p: np.ndarray,
     k: int,
-    device: Any = None,
+    device: Device = DEFAULT_DEVICE,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Top-``k`` cosine passages per query that are not selected for it.
 
@@ -91,7 +95,10 @@ def mine_hard_negatives(
 
 
 def pair_data(
-    store: StoreLike, hard_negatives: int, train_rows: np.ndarray | None, device: Any = None
+    store: StoreLike,
+    hard_negatives: int,
+    train_rows: np.ndarray | None,
+    device: Device = DEFAULT_DEVICE,
 ) -> PairData:
     """The training examples of a store split.
 
@@ -148,7 +155,7 @@ def _with_hard_negatives(
     hard_negatives: int,
     pos_weight: np.ndarray | None = None,
     excluded: tuple[np.ndarray, np.ndarray] | None = None,
-    device: Any = None,
+    device: Device = DEFAULT_DEVICE,
 ) -> PairData:
     """:class:`PairData` of the given examples plus ``hard_negatives`` mined per query; the
     ``excluded`` ``(query index, passage id)`` pairs are never negatives (nor are positives)."""
@@ -207,7 +214,7 @@ def source_pair_data(
     table: Any,
     specs: Sequence[Any],
     hard_negatives: int,
-    device: Any = None,
+    device: Device = DEFAULT_DEVICE,
 ) -> tuple[TableStore, PairData]:
     """The forest's training examples from a ``data.sources`` table.
 
@@ -495,11 +502,11 @@ def build_group(
     xq: QueryRows,
     draws: list[PairDraw],
     boost: np.ndarray,
-    device: torch.device | None = None,
+    device: torch.device = CPU,
 ) -> PairGroup:
     """Tensors of the pairs of ``draws``: shared rows, then each pair's random-negative rows,
-    built on the CPU (numpy draws) and moved to ``device`` (None = the CPU)."""
-    dev = torch.device("cpu") if device is None else device
+    built on the CPU (numpy draws) and moved to ``device`` (resolved)."""
+    dev = device
     n_g, nq, n_s = len(draws), xq.n, len(shared.ids)
     n_pass = int(store.n_passages)
     # Random negative r of query i is slot (i * R + r) mod P of the pair's own pool of P random

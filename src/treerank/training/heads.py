@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from treerank.config import ConfigError
+from treerank.kernels.device import DEFAULT_DEVICE, Device
 from treerank.models.linear import LinearHead
 from treerank.models.mlp import MLPHead
 from treerank.store.format import MINED_NEGATIVES_ARRAY
@@ -236,7 +237,7 @@ def train_contrastive(
     validate: Validate | None = None,
     log: TrainingLog | None = None,
     progress: bool = True,
-    device: str | torch.device | None = None,
+    device: Device = DEFAULT_DEVICE,
 ) -> tuple[FitResult, dict[str, Any]]:
     """Train any :class:`~treerank.training.trainer.ContrastiveModule` on a store.
 
@@ -308,7 +309,7 @@ def _refresher(
     sampler: ContrastiveSampler,
     data: SamplerConfig,
     train_rows: np.ndarray | None,
-    device: str | torch.device | None = None,
+    device: Device = DEFAULT_DEVICE,
 ) -> NegativeRefresher:
     """ANCE-style refresh: the current model's exact top-``refresh_depth`` for every query,
     audited on the labelled queries held out of training (all labelled ones if none)."""
@@ -354,7 +355,7 @@ def train_head(
     validate: Validate | None = None,
     log: TrainingLog | None = None,
     progress: bool = True,
-    device: str | torch.device | None = None,
+    device: Device = DEFAULT_DEVICE,
 ) -> TrainOutput:
     """Build a head of ``head_class`` for ``store``'s dimension and train it.
 
@@ -394,14 +395,48 @@ def train_head(
 
 
 def train_linear(
-    store: StoreLike, config: Mapping[str, Any] | TrainConfig | None = None, **kwargs: Any
+    store: StoreLike,
+    config: Mapping[str, Any] | TrainConfig | None = None,
+    *,
+    train_rows: np.ndarray | None = None,
+    validate: Validate | None = None,
+    log: TrainingLog | None = None,
+    progress: bool = True,
+    device: Device = DEFAULT_DEVICE,
 ) -> TrainOutput:
-    """:func:`train_head` for ``linear`` (the ``linear`` family's trainer)."""
-    return train_head(LinearHead, store, parse_linear_config(config), **kwargs)
+    """:func:`train_head` for ``linear`` (the ``linear`` family's
+    :class:`~treerank.training.trainer.TrainFunction`)."""
+    return train_head(
+        LinearHead,
+        store,
+        parse_linear_config(config),
+        train_rows=train_rows,
+        validate=validate,
+        log=log,
+        progress=progress,
+        device=device,
+    )
 
 
 def train_mlp(
-    store: StoreLike, config: Mapping[str, Any] | TrainConfig | None = None, **kwargs: Any
+    store: StoreLike,
+    config: Mapping[str, Any] | TrainConfig | None = None,
+    *,
+    train_rows: np.ndarray | None = None,
+    validate: Validate | None = None,
+    log: TrainingLog | None = None,
+    progress: bool = True,
+    device: Device = DEFAULT_DEVICE,
 ) -> TrainOutput:
-    """:func:`train_head` for ``mlp`` (the ``mlp`` family's trainer)."""
-    return train_head(MLPHead, store, parse_mlp_config(config), **kwargs)
+    """:func:`train_head` for ``mlp`` (the ``mlp`` family's
+    :class:`~treerank.training.trainer.TrainFunction`)."""
+    return train_head(
+        MLPHead,
+        store,
+        parse_mlp_config(config),
+        train_rows=train_rows,
+        validate=validate,
+        log=log,
+        progress=progress,
+        device=device,
+    )

@@ -54,7 +54,7 @@ from treerank.config import build
 from treerank.distributed.context import broadcast_from_main
 from treerank.distributed.training import sharded_training
 from treerank.kernels import rows as _rows
-from treerank.kernels.device import resolve_device
+from treerank.kernels.device import DEFAULT_DEVICE, Device, resolve_device
 from treerank.kernels.rows import RowSource
 from treerank.storelike import StoreLike
 from treerank.training.history import TrainingLog
@@ -211,7 +211,8 @@ class TrainOutput:
 
 
 class TrainFunction(Protocol):
-    """``train_xxx(store, config, *, train_rows, validate, log, progress) -> TrainOutput``."""
+    """``train_xxx(store, config, *, train_rows, validate, log, progress, device) ->
+    TrainOutput``: every family's trainer takes the parsed ``device`` (always passed)."""
 
     def __call__(
         self,
@@ -222,11 +223,8 @@ class TrainFunction(Protocol):
         validate: Validate | None = None,
         log: TrainingLog | None = None,
         progress: bool = True,
+        device: Device = DEFAULT_DEVICE,
     ) -> TrainOutput: ...
-
-
-# Every contrastive family's trainer (train_linear, train_mlp, train_drt) and train_forest also
-# take ``device: str | torch.device | None = None`` (treerank.kernels.device.resolve_device).
 
 
 def _vector_source(x: Any, in_memory_bytes: int | None = None) -> RowSource:
@@ -237,10 +235,10 @@ def _vector_source(x: Any, in_memory_bytes: int | None = None) -> RowSource:
     return RowSource(x, in_memory_bytes=limit)
 
 
-def _gather(x: Any, rows: np.ndarray, device: torch.device | None = None) -> Tensor:
+def _gather(x: Any, rows: np.ndarray, device: torch.device) -> Tensor:
     vals = x.gather(rows) if isinstance(x, RowSource) else x[rows]
     t = torch.from_numpy(np.ascontiguousarray(vals, dtype=np.float32))
-    return t if device is None or device.type == "cpu" else t.to(device)
+    return t if device.type == "cpu" else t.to(device)
 
 
 def compute_loss(
@@ -372,7 +370,7 @@ def fit(
     log: TrainingLog | None = None,
     progress: bool = True,
     refresh: Callable[[Any, int], Mapping[str, Any]] | None = None,
-    device: str | torch.device | None = None,
+    device: Device = DEFAULT_DEVICE,
     in_memory_bytes: int | None = None,
 ) -> FitResult:
     """Train ``model`` with InfoNCE on the sampler's batches; restore the best held-out state.
