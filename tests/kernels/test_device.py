@@ -152,10 +152,8 @@ def test_exact_search_cuda_refused_before_work():
 
 def test_dense_system_and_fusion_pass_the_device():
     from tests.training.conftest import make_toy_store
-    from treerank.search.specs import build_system
+    from treerank.search.specs import BuildContext, build_system
     from treerank.search.systems import DenseSystem
-
-    from treerank.search.specs import BuildContext
 
     store = make_toy_store()
     ref = build_system("cosine").retrieve(store, k=20)

@@ -136,10 +136,17 @@ def test_device_and_encoder_backend_are_parsed_and_checked(tmp_path: Path) -> No
     from treerank.pipeline.experiment import check_library_support
 
     cfg = load_experiment(_base(tmp_path))
-    assert cfg.device == "auto" and cfg.encoder.backend == "torch"
+    from treerank.kernels.device import DEFAULT_DEVICE, Device
+
+    # the one default (the CLI's and the library's): the CPU; `auto` is opt-in
+    assert cfg.device == DEFAULT_DEVICE == Device("cpu") and cfg.encoder.backend == "torch"
     assert check_library_support(cfg) == []  # today's behaviour needs nothing new
-    for good in ("cpu", "cuda", "cuda:1"):
-        assert load_experiment(_base(tmp_path, f"device: {good}")).device == good
+    for good, dev in (
+        ("cpu", Device("cpu")),
+        ("cuda", Device("cuda")),
+        ("cuda:1", Device("cuda", 1)),
+    ):
+        assert load_experiment(_base(tmp_path, f"device: {good}")).device == dev
     ok = load_experiment(_base(tmp_path, "encoder: {backend: onnx-int8}"))
     assert ok.encoder.backend == "onnx-int8"
     for bad in ("gpu", "cuda:x", "CPU"):

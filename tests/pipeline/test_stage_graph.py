@@ -20,7 +20,8 @@ import pytest
 import yaml
 
 from tests.pipeline.tiny_beir import write_tiny_beir
-from treerank.pipeline.config import load_experiment, resolve_device
+from treerank.kernels.device import Device
+from treerank.pipeline.config import load_experiment
 from treerank.pipeline.experiment import Stage, StageGraph, plan_experiment
 from treerank.pipeline.identity import RunId, StageId, SystemId, UnknownDependencyError
 
@@ -159,7 +160,7 @@ def test_nothing_changed_means_no_key_changed(
     auto = copy.deepcopy(raw)
     auto["device"] = "auto"
     raw_resolved = copy.deepcopy(raw)
-    raw_resolved["device"] = resolve_device("auto")
+    raw_resolved["device"] = Device("auto").resolved_text()
     assert _keys(tmp, auto, "auto") == _keys(tmp, raw_resolved, "resolved")
 
 
@@ -199,7 +200,7 @@ def test_forest_train_stage_is_keyed_by_the_device(
     auto = copy.deepcopy(with_forest)
     auto["device"] = "auto"
     resolved = copy.deepcopy(with_forest)
-    resolved["device"] = resolve_device("auto")
+    resolved["device"] = Device("auto").resolved_text()
     assert (
         _keys(tmp, auto, "forest_auto")["train:a:forest"]
         == (_keys(tmp, resolved, "forest_resolved")["train:a:forest"])

@@ -15,7 +15,7 @@ import torch
 import treerank.search.forest_torch_kernel as ftk
 from tests.search.test_forest_index import random_tables, saved_random_forest
 from tests.search.test_forest_probes import tables
-from treerank.kernels.device import DeviceError
+from treerank.kernels.device import Device, DeviceError
 from treerank.models.forest import SCORINGS, Forest, ForestConfig, ForestSearch
 from treerank.search import forest_index
 from treerank.search.forest_index import (
@@ -175,7 +175,7 @@ def test_cuda_counting_equals_cpu(scoring) -> None:
     a1, b1 = one.search(q1, p1, 100), one.search(q1, p1, 100, device=Device("cuda"))
     for f in SEED_FIELDS:
         np.testing.assert_array_equal(getattr(a1, f), getattr(b1, f), err_msg=f)
-    assert count_kernel("cuda") == (torch.device("cuda", 0), "torch")
+    assert count_kernel(Device("cuda")) == (torch.device("cuda", 0), "torch")
     with pytest.raises(ValueError, match="the numba kernel runs on the CPU only"):
         one.search(q1, p1, 100, device=Device("cuda"), backend="numba")
 

@@ -8,7 +8,7 @@ import torch
 
 from tests.training.conftest import ToyStore, make_toy_store
 from treerank.kernels import rows as rows_mod
-from treerank.kernels.device import DeviceError
+from treerank.kernels.device import Device, DeviceError
 from treerank.kernels.rows import RowSource, StackedRows
 from treerank.models.linear import LinearHead
 from treerank.models.mlp import MLPHead

@@ -1,4 +1,4 @@
-"""Forest training on a torch device: ``device=Device("cpu")`` is the CPU path exactly; a GPU run agrees
+"""Forest training on a torch device: ``Device("cpu")`` is the CPU path exactly; a GPU run agrees
 with the CPU within a stated tolerance (skipped without CUDA)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import torch
 
 from tests.training.conftest import make_toy_store
 from tests.training.test_forest import SMALL, sectioned
-from treerank.kernels.device import DeviceError
+from treerank.kernels.device import Device, DeviceError
 from treerank.training.forest import train_forest
 
 CUDA = torch.cuda.is_available()
@@ -132,6 +132,6 @@ def test_pipeline_passes_the_device_to_the_trainer_and_the_validator(tmp_path, m
     res = train_model(
         "forest", make_toy_store(), cfg, tmp_path / "m", progress=False, device=Device("cpu")
     )
-    assert seen["train"] == ["cpu"]
-    assert seen["system"] and set(seen["system"]) == {"cpu"}
+    assert seen["train"] == [Device("cpu")]
+    assert seen["system"] and set(seen["system"]) == {Device("cpu")}
     assert [p["n_models"] for p in res.summary["curve"]] == [1, 2]

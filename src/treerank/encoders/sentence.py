@@ -149,7 +149,8 @@ class SentenceEncoder:
         torch_device = resolve_device(device)
         if self.backend.runtime != "torch" and torch_device.type != "cpu":
             raise ValueError(
-                f"encoder backend {self.backend.name!r} runs on the CPU only; got device {str(device)!r}"
+                f"encoder backend {self.backend.name!r} runs on the CPU only; "
+                f"got device {str(device)!r}"
             )
         if threads is not None:
             if threads < 1:

@@ -15,8 +15,9 @@ A family entry (:class:`ModelFamily`) names, as ``"module:attribute"`` strings i
   (``SamplerConfig``), so the pipeline mines BM25 negatives into the store first when needed;
 * ``system``: ``make(model, name, *, device) -> System``
   (``treerank.search.systems.SystemHook``; ``device`` is always passed) for families that do
-  their own retrieval (the forest's inverted lists); None means a dense family, searched by exact inner product of its
-  ``encode_queries`` / ``encode_passages`` (``treerank.search.systems.DenseSystem``);
+  their own retrieval (the forest's inverted lists); None means a dense family, searched by
+  exact inner product of its ``encode_queries`` / ``encode_passages``
+  (``treerank.search.systems.DenseSystem``);
 * ``report``: ``report(systems: {name: System}) -> {"stats": {name: dict}, "markdown": str}``,
   called with the family's systems after the evaluation, added to the report (optional);
 * ``curves``: ``plot(records, summary, path, title) -> Path | None`` for the trained model's

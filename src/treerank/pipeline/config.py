@@ -234,6 +234,8 @@ def load_experiment(
     device_text = top.get("device", DEFAULT_DEVICE_TEXT)
     try:  # parsed once here; whether this machine can use it is checked when a stage runs
         device = parse_device(str(device_text), check=False)
+        if str(device) != device_text:  # the canonical spelling only (`CPU`, ` cpu` refused)
+            raise DeviceError(str(device_text))
     except DeviceError:
         raise ConfigError(
             f"{src}: device {device_text!r} is not auto, cpu, cuda or cuda:<n> (e.g. cuda:0)"
