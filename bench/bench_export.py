@@ -28,6 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
+from treerank.evaluation.settings import EvaluationSettings
+
 METRICS = ("mrr@10", "ndcg@10", "recall@100")
 
 
@@ -85,10 +87,9 @@ def main() -> None:
         comp = compare_systems(
             test,
             {"ckpt": f"ckpt:{model_dir}", "exported": _Fixed(Run("exported", ids, scores))},
-            baseline="ckpt",
-            k=100,
-            metrics=METRICS,
-            n_permutations=1000,
+            settings=EvaluationSettings(
+                baseline="ckpt", k=100, metrics=METRICS, n_permutations=1000
+            ),
         )
         if comp.failed:
             raise RuntimeError(f"systems failed: {comp.failed}")

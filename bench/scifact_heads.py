@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from treerank.config import load_yaml
+from treerank.evaluation.settings import EvaluationSettings
 from treerank.models.families import family
 from treerank.pipeline.training import ensure_mined_negatives, make_validator, train_model
 from treerank.search.bm25 import BM25Index
@@ -227,11 +228,13 @@ def final(train: EmbeddingStore, test: EmbeddingStore, out: Path, models: list[s
     comp = compare_systems(
         test,
         systems,
-        baseline="cosine",
-        second_baseline="bm25",
-        k=1000,
+        settings=EvaluationSettings(
+            baseline="cosine",
+            second_baseline="bm25",
+            k=1000,
+            metrics=("mrr@10", "ndcg@10", "recall@100"),
+        ),
         out_dir=out / "compare-test",
-        metrics=("mrr@10", "ndcg@10", "recall@100"),
     )
     return {
         "trained": trained,

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from treerank.evaluation.settings import EvaluationSettings
 from treerank.lock import LockHeldError, lock_path, writer_lock
 
 HOLD = """
@@ -115,9 +116,16 @@ def test_every_writing_stage_takes_the_lock(tmp_path) -> None:
     proc = _holder(out, 30)
     try:
         with pytest.raises(LockHeldError, match=f"pid {proc.pid}"):
-            compare_systems(store, ["cosine"], baseline="cosine", out_dir=out, n_permutations=10)
+            compare_systems(
+                store,
+                ["cosine"],
+                settings=EvaluationSettings(baseline="cosine", n_permutations=10),
+                out_dir=out,
+            )
         assert not out.exists()  # nothing written
-        compare_systems(store, ["cosine"], baseline="cosine", n_permutations=10)  # no out dir
+        compare_systems(
+            store, ["cosine"], settings=EvaluationSettings(baseline="cosine", n_permutations=10)
+        )  # no out dir
     finally:
         proc.kill()
         proc.wait()
@@ -180,5 +188,7 @@ def test_evaluate_into_an_existing_file_fails_before_scoring(tmp_path, monkeypat
     f.write_text("mine")
     monkeypatch.setattr(compare, "_compare", lambda *a, **k: pytest.fail("scored anyway"))
     with pytest.raises(OutputPathError, match=r"afile: exists and is not a directory"):
-        compare.compare_systems(store, ["cosine"], baseline="cosine", out_dir=f)
+        compare.compare_systems(
+            store, ["cosine"], settings=EvaluationSettings(baseline="cosine"), out_dir=f
+        )
     assert f.read_text() == "mine" and not lock_path(f).exists()

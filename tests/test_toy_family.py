@@ -17,6 +17,7 @@ import torch
 from typer.testing import CliRunner
 
 from treerank.config import ConfigError
+from treerank.evaluation.settings import EvaluationSettings
 from treerank.models.checkpoint import CheckpointMixin
 from treerank.models.families import FAMILIES, ModelFamily, register_family
 from treerank.models.registry import load_model
@@ -96,9 +97,7 @@ def test_toy_family_trains_evaluates_and_runs(toy_family, tmp_path: Path) -> Non
     comp = compare_systems(
         store,
         {"cosine": "cosine", "rp": f"ckpt:{tmp_path / 'rp'}"},
-        "cosine",
-        k=10,
-        metrics=("mrr@10", "ndcg@10"),  # a top-10 run cannot serve recall@100
+        settings=EvaluationSettings(baseline="cosine", k=10, metrics=("mrr@10", "ndcg@10")),
     )
     q, p = model.encode_queries(store.queries), model.encode_passages(store.passages)
     top1 = np.argmax(q @ p.T, axis=1)

@@ -7,9 +7,10 @@ imports only from its own layer and the layers before it.
 The main API is importable from here; each name is loaded on first use, so ``import treerank``
 stays cheap (torch, bm25s and matplotlib load only when a function needs them)::
 
-    from treerank import EmbeddingStore, compare_systems
+    from treerank import EmbeddingStore, EvaluationSettings, compare_systems
     store = EmbeddingStore.open("runs/sample/stores/scifact/test")
-    comp = compare_systems(store, ["cosine", "bm25", "rrf:bm25+cosine"], baseline="cosine")
+    settings = EvaluationSettings(baseline="cosine")
+    comp = compare_systems(store, ["cosine", "bm25", "rrf:bm25+cosine"], settings=settings)
     print(comp.markdown())
 """
 
@@ -28,6 +29,7 @@ _API = {
     "read_split": "treerank.readers",
     "SentenceEncoder": "treerank.encoders",
     "compare_systems": "treerank.evaluation.compare",
+    "EvaluationSettings": "treerank.evaluation.settings",
     "evaluate_run": "treerank.evaluation.metrics",
     "train_model": "treerank.pipeline.training",
     "load_experiment": "treerank.pipeline.config",
@@ -36,6 +38,7 @@ _API = {
 }
 __all__ = [
     "EmbeddingStore",
+    "EvaluationSettings",
     "SentenceEncoder",
     "__version__",
     "compare_systems",

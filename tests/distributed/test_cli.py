@@ -9,6 +9,7 @@ import yaml
 
 from tests.distributed.helpers import torchrun
 from treerank.evaluation.compare import compare_systems
+from treerank.evaluation.settings import EvaluationSettings
 from treerank.models.checkpoint import load_checkpoint
 from treerank.pipeline.training import train_model
 
@@ -35,12 +36,14 @@ def test_evaluate_shards_the_search_and_writes_once(scifact_store, tmp_path):
     ref = compare_systems(
         store,
         SYSTEMS,
-        baseline="cosine",
-        k=100,
+        settings=EvaluationSettings(
+            baseline="cosine",
+            k=100,
+            n_permutations=200,
+            metrics=["mrr@10", "ndcg@10", "recall@100"],
+        ),
         out_dir=tmp_path / "ref",
-        n_permutations=200,
-        metrics=["mrr@10", "ndcg@10", "recall@100"],  # what the CLI keeps at --k 100
-        train_store=scifact_store["train"],  # the CLI finds the sibling train/ split
+        train_store=scifact_store["train"],
     )
     runs = sorted((out / "runs").iterdir())
     assert len(runs) == len(SYSTEMS)

@@ -11,6 +11,7 @@ from tests.search.tiny_store import write_tiny_store
 from treerank.evaluation.compare import compare_systems
 from treerank.evaluation.metrics import evaluate_run
 from treerank.evaluation.qrels import Qrels
+from treerank.evaluation.settings import EvaluationSettings
 from treerank.names import file_name
 from treerank.search.specs import build_system
 
@@ -20,12 +21,14 @@ def test_compare_writes_everything(tmp_path) -> None:
     comp = compare_systems(
         store,
         ["cosine", "bm25", "rrf:bm25+cosine"],
-        baseline="cosine",
-        k=8,
+        settings=EvaluationSettings(
+            baseline="cosine",
+            k=8,
+            metrics=("mrr@10", "ndcg@10", "recall@5"),
+            n_permutations=200,
+            second_baseline="bm25",
+        ),
         out_dir=tmp_path / "out",
-        metrics=("mrr@10", "ndcg@10", "recall@5"),
-        n_permutations=200,
-        second_baseline="bm25",
     )
     cos = evaluate_run(build_system("cosine").retrieve(store, 8), Qrels.from_store(store))
     assert comp.mean("cosine", "mrr@10") == pytest.approx(cos.mean["mrr@10"])
@@ -51,12 +54,14 @@ def test_compare_writes_everything(tmp_path) -> None:
 def test_baseline_must_be_a_system(tmp_path) -> None:
     store = write_tiny_store(tmp_path / "test")
     with pytest.raises(ValueError, match="baseline"):
-        compare_systems(store, ["bm25"], baseline="cosine")
+        compare_systems(store, ["bm25"], settings=EvaluationSettings(baseline="cosine"))
 
 
 def test_threshold_two_leaves_out_queries(tmp_path) -> None:
     store = write_tiny_store(tmp_path / "test", threshold=2)
-    comp = compare_systems(store, ["cosine"], baseline="cosine", k=8, n_permutations=10)
+    comp = compare_systems(
+        store, ["cosine"], settings=EvaluationSettings(baseline="cosine", k=8, n_permutations=10)
+    )
     r = comp.results["cosine"]
     assert (r.n_evaluated, r.n_left_out) == (1, 3)  # only query 0 has a grade-2 passage
     assert np.isnan(r.per_query["mrr@10"][1])
@@ -95,10 +100,8 @@ def test_stopword_only_corpus_evaluates_every_system(tmp_path, encoder) -> None:
     comp = compare_systems(
         store,
         ["cosine", "bm25", "rrf:bm25+cosine"],
-        baseline="cosine",
-        k=3,
+        settings=EvaluationSettings(baseline="cosine", k=3, n_permutations=10),
         out_dir=tmp_path / "out",
-        n_permutations=10,
     )
     assert comp.failed == {}
     assert comp.runs["bm25"].ids.tolist() == [[-1, -1, -1]]  # BM25 scores 0 everywhere
@@ -123,10 +126,8 @@ def test_one_failing_system_never_takes_the_others_down(tmp_path) -> None:
     comp = compare_systems(
         store,
         {"cosine": "cosine", "broken": _Broken(), "bm25": "bm25"},
-        baseline="cosine",
-        k=8,
+        settings=EvaluationSettings(baseline="cosine", k=8, n_permutations=10),
         out_dir=tmp_path / "out",
-        n_permutations=10,
     )
     assert comp.failed == {"broken": "RuntimeError: index exploded"}
     assert set(comp.results) == {"cosine", "bm25"} and set(comp.tests["cosine"]) == {"bm25"}
@@ -142,7 +143,9 @@ def test_one_failing_system_never_takes_the_others_down(tmp_path) -> None:
     ]
     # a failing baseline: the others are still evaluated, no test against it
     comp = compare_systems(
-        store, {"broken": _Broken(), "cosine": "cosine"}, baseline="broken", k=8, n_permutations=10
+        store,
+        {"broken": _Broken(), "cosine": "cosine"},
+        settings=EvaluationSettings(baseline="broken", k=8, n_permutations=10),
     )
     assert set(comp.results) == {"cosine"} and comp.tests == {}
 
@@ -157,16 +160,17 @@ def test_ignore_identical_ids_drops_self_hits(tmp_path, encoder) -> None:
     ]
     queries = [("a1", corpus[0][1]), ("a3", corpus[2][1])]
     store = _beir_store(tmp_path, encoder, corpus, queries, [("a1", "a2", 1), ("a3", "a4", 1)])
-    plain = compare_systems(store, ["cosine"], baseline="cosine", k=4, n_permutations=10)
+    plain = compare_systems(
+        store, ["cosine"], settings=EvaluationSettings(baseline="cosine", k=4, n_permutations=10)
+    )
     ids = plain.runs["cosine"].ids
     assert ids[:, 0].tolist() == [0, 2]  # each query's own document ranks first (same text)
     kept = compare_systems(
         store,
         ["cosine"],
-        baseline="cosine",
-        k=4,
-        n_permutations=10,
-        ignore_identical_ids=True,
+        settings=EvaluationSettings(
+            baseline="cosine", k=4, n_permutations=10, ignore_identical_ids=True
+        ),
         out_dir=tmp_path / "out",
     )
     for i, (own, rel) in enumerate([(0, 1), (2, 3)]):

@@ -18,6 +18,7 @@ from treerank.evaluation.fusion_tuning import (
     tuning_rows,
 )
 from treerank.evaluation.qrels import Qrels
+from treerank.evaluation.settings import EvaluationSettings
 from treerank.search.specs import build_system
 from treerank.store import EmbeddingStore
 from treerank.store.view import QuerySubset
@@ -181,7 +182,12 @@ def test_compare_systems_reports_the_frozen_weight_and_curve(tmp_path: Path) -> 
 
     _, test = _two_splits(tmp_path)
     spec = "tuned-fusion:bm25+cosine:queries=all,grid=3"
-    comp = compare_systems(test, ["cosine", "bm25", spec], "cosine", k=8, out_dir=tmp_path / "ev")
+    comp = compare_systems(
+        test,
+        ["cosine", "bm25", spec],
+        settings=EvaluationSettings(baseline="cosine", k=8),
+        out_dir=tmp_path / "ev",
+    )
     assert set(comp.tuning) == {spec}
     doc = json.loads((tmp_path / "ev" / "tuning.json").read_text())
     assert doc[spec]["weight"] in (0.0, 0.5, 1.0) and len(doc[spec]["curve"]) == 3

@@ -7,13 +7,17 @@ import numpy as np
 
 from treerank.evaluation.compare import compare_systems
 from treerank.evaluation.qrels import Qrels
+from treerank.evaluation.settings import EvaluationSettings
 
 
 def test_scifact_test_published_baselines(scifact_store, tmp_path) -> None:
     store = scifact_store["test"]
     assert (store.n_queries, store.n_passages) == (300, 5183)
     comp = compare_systems(
-        store, ["cosine", "bm25"], baseline="cosine", k=1000, out_dir=tmp_path, n_permutations=500
+        store,
+        ["cosine", "bm25"],
+        settings=EvaluationSettings(baseline="cosine", k=1000, n_permutations=500),
+        out_dir=tmp_path,
     )
     # published nDCG@10 on the full corpus: all-MiniLM-L6-v2 0.645; BM25 0.665 (BEIR) - 0.676
     assert abs(comp.mean("cosine", "ndcg@10") - 0.645) < 0.02

@@ -11,6 +11,7 @@ from tests.search.tiny_store import write_tiny_store
 from treerank.evaluation.compare import compare_systems
 from treerank.evaluation.metrics import EvalResult
 from treerank.evaluation.seeds import seed_average, seed_spread, seed_system_name
+from treerank.evaluation.settings import EvaluationSettings
 from treerank.names import file_name
 
 NAN = float("nan")
@@ -47,10 +48,9 @@ def test_compare_systems_adds_the_seed_averaged_model(tmp_path: Path) -> None:
     comp = compare_systems(
         store,
         ["cosine", "bm25", "rrf:bm25+cosine"],
-        baseline="cosine",
-        k=8,
-        metrics=["ndcg@10", "mrr@10"],
-        n_permutations=200,
+        settings=EvaluationSettings(
+            baseline="cosine", k=8, metrics=["ndcg@10", "mrr@10"], n_permutations=200
+        ),
         seed_groups={"fused": group},
         out_dir=tmp_path / "out",
     )

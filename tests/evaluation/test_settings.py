@@ -65,7 +65,11 @@ def test_compare_takes_the_settings_record_and_derives_the_rest(tmp_path) -> Non
     s = EvaluationSettings(k=8, metrics=("mrr@10", "recall@5"), n_permutations=20)
     comp = compare_systems(store, ["cosine", "bm25"], settings=s)
     same = compare_systems(
-        store, ["cosine", "bm25"], "cosine", k=8, metrics=("mrr@10", "recall@5"), n_permutations=20
+        store,
+        ["cosine", "bm25"],
+        settings=EvaluationSettings(
+            baseline="cosine", k=8, metrics=("mrr@10", "recall@5"), n_permutations=20
+        ),
     )
     assert comp.to_dict()["systems"].keys() == same.to_dict()["systems"].keys()
     for name in ("cosine", "bm25"):
@@ -77,7 +81,11 @@ def test_compare_takes_the_settings_record_and_derives_the_rest(tmp_path) -> Non
         c: comp.results["bm25"].mean[f"recall@{c}"] for c in (1, 2, 5)
     }
     with pytest.raises(TypeError, match="unknown evaluation setting"):
-        compare_systems(store, ["cosine"], n_permutation=3)
+        s.with_(n_permutation=3)
+    with pytest.raises(TypeError, match="baseline"):  # the baseline is given one way only
+        compare_systems(store, ["cosine"], baseline="cosine")  # type: ignore[call-arg]
+    with pytest.raises(TypeError):  # no single settings by name: no **overrides
+        compare_systems(store, ["cosine"], "cosine")  # type: ignore[misc]
 
 
 def test_headline_metric_is_ndcg_at_10_when_evaluated() -> None:

@@ -17,6 +17,7 @@ from ir_measures import RR, R, nDCG
 
 from tests.conftest import SHARED_DATA
 from treerank.evaluation.compare import Comparison, compare_systems
+from treerank.evaluation.settings import EvaluationSettings
 from treerank.names import file_name
 
 SYSTEMS = ["cosine", "bm25", "rrf:bm25+cosine"]
@@ -54,7 +55,12 @@ def assert_trec_eval_parity(comp: Comparison, out: Path, qrels_file: Path, query
 
 def test_scifact_runs_equal_trec_eval(scifact_store, shared_data, tmp_path) -> None:
     store = scifact_store["test"]
-    comp = compare_systems(store, SYSTEMS, baseline="cosine", out_dir=tmp_path, n_permutations=10)
+    comp = compare_systems(
+        store,
+        SYSTEMS,
+        settings=EvaluationSettings(baseline="cosine", n_permutations=10),
+        out_dir=tmp_path,
+    )
     qrels_file = shared_data / "beir-scifact" / "qrels.beir-v1.0.0-scifact.test.txt"
     assert assert_trec_eval_parity(comp, tmp_path, qrels_file, store.query_ids()) == 300
     # before: RRF's MRR@10 was 0.6772 by treerank vs 0.6800 on its own %.6g run file
@@ -68,7 +74,12 @@ def test_scifact_runs_equal_trec_eval(scifact_store, shared_data, tmp_path) -> N
 
 def test_dl19_runs_equal_trec_eval_with_unpooled_judgments(dl19_store, dl19_dir, tmp_path) -> None:
     store = dl19_store["test"]
-    comp = compare_systems(store, SYSTEMS, baseline="bm25", out_dir=tmp_path, n_permutations=10)
+    comp = compare_systems(
+        store,
+        SYSTEMS,
+        settings=EvaluationSettings(baseline="bm25", n_permutations=10),
+        out_dir=tmp_path,
+    )
     qrels_file = dl19_dir / "qrels.dl19-passage.txt"
     assert assert_trec_eval_parity(comp, tmp_path, qrels_file, store.query_ids()) == 10
     # judged passages outside the pool are kept (relevant, never retrieved) and counted
@@ -141,7 +152,12 @@ def test_duplicate_texts_runs_equal_trec_eval(medquad_duplicates, tmp_path) -> N
     store, qrels_file, split = medquad_duplicates
     n_dup = len(split.passage_aliases) - split.n_passages
     assert n_dup >= 50  # real repeated answers (MedQuAD holds 57)
-    comp = compare_systems(store, SYSTEMS, baseline="cosine", out_dir=tmp_path, n_permutations=10)
+    comp = compare_systems(
+        store,
+        SYSTEMS,
+        settings=EvaluationSettings(baseline="cosine", n_permutations=10),
+        out_dir=tmp_path,
+    )
     assert assert_trec_eval_parity(comp, tmp_path, qrels_file, store.query_ids()) == store.n_queries
     assert comp.departures["duplicate_documents_merged"] == n_dup
     # the run lists every source id of a merged passage at consecutive ranks

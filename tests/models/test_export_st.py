@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from treerank.evaluation.settings import EvaluationSettings
 from treerank.kernels.topk import exact_search
 from treerank.models.checkpoint import save_checkpoint
 from treerank.models.export_st import (
@@ -112,10 +113,9 @@ def test_exported_metrics_equal_checkpoint_metrics(encoder, scifact_400, tmp_pat
     comp = compare_systems(
         store,
         {"ckpt": f"ckpt:{ckpt}", "exported": _SentenceTransformerSystem(tmp_path / "st")},
-        baseline="ckpt",
-        k=100,
-        metrics=("mrr@10", "ndcg@10", "recall@100"),
-        n_permutations=200,
+        settings=EvaluationSettings(
+            baseline="ckpt", k=100, metrics=("mrr@10", "ndcg@10", "recall@100"), n_permutations=200
+        ),
     )
     a, b = comp.results["ckpt"].mean, comp.results["exported"].mean
     for m in ("mrr@10", "ndcg@10", "recall@100"):

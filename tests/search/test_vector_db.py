@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 
+from treerank.evaluation.settings import EvaluationSettings
 from treerank.kernels.topk import exact_search
 from treerank.kernels.vectors import l2_normalize
 from treerank.models.checkpoint import save_checkpoint
@@ -115,10 +116,12 @@ def test_evaluate_fusion_and_rescore_run_on_db(store, tmp_path):
     comp = compare_systems(
         store,
         ["cosine", db, f"rrf:{db}+bm25", f"rescore:{db}:depth=50,scorer=cosine"],
-        baseline="cosine",
-        k=100,
-        metrics=("mrr@10", "ndcg@10", "recall@100"),
-        n_permutations=100,
+        settings=EvaluationSettings(
+            baseline="cosine",
+            k=100,
+            metrics=("mrr@10", "ndcg@10", "recall@100"),
+            n_permutations=100,
+        ),
     )
     assert not comp.failed, comp.failed
     cos, got = comp.results["cosine"].mean, comp.results[db].mean

@@ -14,6 +14,7 @@ import pytest
 from tests.evaluation.test_trec_eval_parity import assert_trec_eval_parity
 from treerank.evaluation.compare import compare_systems
 from treerank.evaluation.qrels import Qrels
+from treerank.evaluation.settings import EvaluationSettings
 from treerank.store.view import QuerySubset
 
 
@@ -21,11 +22,18 @@ def test_subset_metrics_equal_trec_eval_on_its_queries(scifact_store, shared_dat
     store = scifact_store["test"]
     rows = np.arange(3, store.n_queries, 7)[::-1].copy()  # 43 queries, in reverse order
     view = QuerySubset(store, rows)
-    comp = compare_systems(view, ["cosine", "bm25"], "cosine", out_dir=tmp_path, n_permutations=10)
+    comp = compare_systems(
+        view,
+        ["cosine", "bm25"],
+        settings=EvaluationSettings(baseline="cosine", n_permutations=10),
+        out_dir=tmp_path,
+    )
     qrels_file = shared_data / "beir-scifact" / "qrels.beir-v1.0.0-scifact.test.txt"
     assert assert_trec_eval_parity(comp, tmp_path, qrels_file, view.query_ids()) == rows.size
     # the view's rows are exactly the full split's rows for those queries
-    full = compare_systems(store, ["cosine"], "cosine", n_permutations=10)
+    full = compare_systems(
+        store, ["cosine"], settings=EvaluationSettings(baseline="cosine", n_permutations=10)
+    )
     ours = comp.results["cosine"].per_query["ndcg@10"]
     np.testing.assert_array_equal(ours, full.results["cosine"].per_query["ndcg@10"][rows])
 
@@ -36,7 +44,12 @@ def test_subset_of_a_store_with_source_qrels(dl19_store, dl19_dir, tmp_path) -> 
     view = QuerySubset(store, rows)
     qrels = Qrels.from_store(view)
     assert qrels.n_queries == 3  # only the view's queries, from the split's qrels.tsv
-    comp = compare_systems(view, ["bm25", "cosine"], "bm25", out_dir=tmp_path, n_permutations=10)
+    comp = compare_systems(
+        view,
+        ["bm25", "cosine"],
+        settings=EvaluationSettings(baseline="bm25", n_permutations=10),
+        out_dir=tmp_path,
+    )
     qrels_file = dl19_dir / "qrels.dl19-passage.txt"
     assert assert_trec_eval_parity(comp, tmp_path, qrels_file, view.query_ids()) == 3
 

@@ -265,8 +265,7 @@ def _as_systems(
 
 def compare_systems(
     store: StoreLike,
-    systems: Mapping[str, System | str] | Sequence[str],
-    baseline: str | None = None,
+    systems: Mapping[str, System | SystemSpec | str] | Sequence[str],
     *,
     settings: EvaluationSettings | None = None,
     out_dir: str | Path | None = None,
@@ -275,19 +274,18 @@ def compare_systems(
     train_store: StoreLike | None = None,
     seed_groups: Mapping[str, Mapping[str, int]] | None = None,
     device: Device = DEFAULT_DEVICE,
-    **overrides: Any,
 ) -> Comparison:
     """Run, evaluate and compare systems on all passages of one store split.
 
     Args:
         store: an opened store split (:class:`~treerank.storelike.StoreLike`).
-        systems: name -> :class:`System` or spec string, or a list of spec strings (name = spec).
-        baseline: the system every other one is tested against (must be among ``systems``);
-            overrides ``settings.baseline``.
-        settings: the :class:`~treerank.evaluation.settings.EvaluationSettings` (run depth ``k``,
-            ``metrics``, ``second_baseline``, ``n_permutations``, ``seed``, ``gain``,
-            ``relevance_threshold``, ``ignore_identical_ids``: see its fields); default: the
-            defaults.
+        systems: name -> :class:`System`, spec node or spec string, or a list of spec strings
+            (name = spec).
+        settings: the :class:`~treerank.evaluation.settings.EvaluationSettings`, the one way to
+            give every setting: ``baseline`` (the system every other one is tested against,
+            among ``systems``), run depth ``k``, ``metrics``, ``second_baseline``,
+            ``n_permutations``, ``seed``, ``gain``, ``relevance_threshold``,
+            ``ignore_identical_ids`` (see its fields); default: the defaults.
         out_dir: where to write results (see module docstring); ``None`` writes nothing.
         progress: tqdm bars in dense search.
         runs: precomputed runs by system name (skips retrieval for those).
@@ -297,14 +295,13 @@ def compare_systems(
             seeds: the model is added as a system whose per-query metrics are averaged over
             its seeds (tested like any system; no run file, no McNemar) and its spread over
             seeds is kept in ``seed_spread`` (:mod:`treerank.evaluation.seeds`).
-        overrides: single settings by name (``k=100, n_permutations=10``), applied on top of
-            ``settings``.
+        device: where dense search and a family's own search run.
 
     Returns:
         The :class:`Comparison`; systems that raised are in ``failed``, not ``results``.
 
     Raises:
-        TypeError: an override that is not a setting; ``systems`` given as one string.
+        TypeError: ``systems`` given as one string.
         ValueError: the baseline is not among the systems, a bad spec / metric, ``k`` below 1
             or below a metric's cutoff, or a store that cannot be evaluated (no passages, no
             queries, no relevant judgment; see :mod:`treerank.evaluation.checks`).
@@ -315,9 +312,7 @@ def compare_systems(
     A ``ckpt:`` system evaluated on the split it trained on, or on queries it trained on (by
     id or by text), is flagged in :attr:`Comparison.leaks` (checked before any retrieval).
     """
-    cfg = (settings or EvaluationSettings()).with_(
-        **overrides, **({"baseline": baseline} if baseline is not None else {})
-    )
+    cfg = settings or EvaluationSettings()
     cfg = cfg.with_(metrics=tuple(f"{m}@{c}" for m, c in map(parse_metric, cfg.metrics)))
     check_evaluable(store, cfg.relevance_threshold)
     check_depth(cfg.k, cfg.metrics, int(store.n_passages))

@@ -809,6 +809,7 @@ def _evaluate_stage(
 
     def work(d: Path) -> dict[str, Any]:
         from treerank.evaluation.compare import compare_systems
+        from treerank.evaluation.settings import EvaluationSettings
         from treerank.search.specs import BuildContext, build_system
         from treerank.store import EmbeddingStore
 
@@ -819,15 +820,18 @@ def _evaluate_stage(
         # classification and counting).
         ctx = BuildContext(progress=run.progress, device=run.cfg.device, cache={})
         built = {s.name: build_system(s.build_node(out), ctx) for s in systems}
-        comp = compare_systems(
-            store,
-            built,
+        settings = EvaluationSettings(
             baseline=ev.baselines[0],
             second_baseline=ev.baselines[1] if len(ev.baselines) > 1 else None,
             k=ev.k,
-            out_dir=d,
             metrics=tuple(ev.metrics),
             seed=ev.seed,
+        )
+        comp = compare_systems(
+            store,
+            built,
+            settings=settings,
+            out_dir=d,
             progress=run.progress,
             train_store=(EmbeddingStore.open(o.train_store, dim=o.dim) if o.train_store else None),
             seed_groups=groups,

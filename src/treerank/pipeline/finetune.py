@@ -304,8 +304,7 @@ def run_finetune(
     comp = compare_systems(
         test,
         {"cosine": "cosine", system: TunedStoreSystem(stores[eval_split], system)},
-        baseline="cosine",
-        settings=settings,
+        settings=settings.with_(baseline="cosine"),
         out_dir=out / "eval",
         train_store=train,
     )
@@ -319,8 +318,7 @@ def run_finetune(
                 "cosine": "cosine",
                 system: TunedStoreSystem(QuerySubset(stores[train_split], held), system),
             },
-            baseline="cosine",
-            settings=settings,
+            settings=settings.with_(baseline="cosine"),
         )
         heldout = {
             "n_queries": int(len(held)),

@@ -53,6 +53,7 @@ from treerank.search.rm3 import (
 from treerank.search.systems import (
     BM25System,
     CheckpointSystem,
+    DenseOptions,
     DenseSystem,
     FusionSystem,
     System,
@@ -106,6 +107,10 @@ class BuildContext:
     backend: str = "faiss"
     device: Device = DEFAULT_DEVICE
     cache: dict[str, System] | None = field(default=None, compare=False)
+
+    def dense_options(self) -> DenseOptions:
+        """The dense systems' part of the context."""
+        return DenseOptions(self.chunk_size, self.progress, self.backend, self.device)
 
 
 # --------------------------------------------------------------------------- parameter fields
@@ -280,14 +285,7 @@ class CosineSpec(SystemSpec):
         return cls(text=spec)
 
     def make(self, ctx: BuildContext) -> System:
-        return DenseSystem(
-            CosineScorer(),
-            name="cosine",
-            chunk_size=ctx.chunk_size,
-            progress=ctx.progress,
-            backend=ctx.backend,
-            device=ctx.device,
-        )
+        return DenseSystem.with_options(CosineScorer(), "cosine", ctx.dense_options())
 
 
 @dataclass(frozen=True)
@@ -541,14 +539,7 @@ class CheckpointSpec(SystemSpec):
         return True
 
     def make(self, ctx: BuildContext) -> System:
-        return CheckpointSystem(
-            self.path,
-            name=self.name,
-            chunk_size=ctx.chunk_size,
-            progress=ctx.progress,
-            backend=ctx.backend,
-            device=ctx.device,
-        )
+        return CheckpointSystem(self.path, self.name, ctx.dense_options())
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ fingerprint (a checkpoint trained on another encoder's vectors is refused); the 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -49,6 +50,18 @@ class SystemHook(Protocol):
     def __call__(self, model: CheckpointMixin, name: str | None, *, device: Device) -> System:
         """The system that ranks with the loaded ``model`` on ``device``."""
         ...
+
+
+@dataclass(frozen=True)
+class DenseOptions:
+    """How a dense system searches: ``chunk_size`` passages per exact-search block (``None``:
+    one block), tqdm ``progress`` bars, the CPU ``backend`` (``"faiss"`` | ``"torch"`` |
+    ``"auto"``) and the ``device``."""
+
+    chunk_size: int | None = DEFAULT_CHUNK_SIZE
+    progress: bool = False
+    backend: str = "faiss"
+    device: Device = DEFAULT_DEVICE
 
 
 class _RunMemo:
@@ -92,6 +105,15 @@ class DenseSystem:
         self.backend = backend
         self.device = device  # where exact search runs
         self._memo = _RunMemo()
+
+    @classmethod
+    def with_options(
+        cls, scorer: DenseScorer, name: str | None, options: DenseOptions
+    ) -> DenseSystem:
+        """A dense system searching as ``options`` say."""
+        return cls(
+            scorer, name, options.chunk_size, options.progress, options.backend, options.device
+        )
 
     def retrieve(self, store: StoreLike, k: int = 1000) -> Run:
         k = min(k, int(store.n_passages))
@@ -183,19 +205,11 @@ class CheckpointSystem:
     """A checkpoint directory, loaded for the store it is asked to rank (fingerprint-checked)."""
 
     def __init__(
-        self,
-        path: str | Path,
-        name: str | None = None,
-        *,
-        chunk_size: int | None = DEFAULT_CHUNK_SIZE,
-        progress: bool = False,
-        backend: str = "faiss",
-        device: Device = DEFAULT_DEVICE,
+        self, path: str | Path, name: str | None = None, options: DenseOptions | None = None
     ) -> None:
         self.path = Path(path)
         self.name = name or self.path.name
-        self.chunk_size, self.progress, self.backend = chunk_size, progress, backend
-        self.device = device
+        self.options = options or DenseOptions()  # a dense family's search; its device for all
         self._loaded: tuple[str | None, System] | None = None
         self._family: Any = None
 
@@ -218,16 +232,9 @@ class CheckpointSystem:
             system: System
             if fam.system is not None:
                 make: SystemHook = resolve(fam.system)
-                system = make(model, self.name, device=self.device)
+                system = make(model, self.name, device=self.options.device)
             elif isinstance(model, DenseScorer):
-                system = DenseSystem(
-                    model,
-                    name=self.name,
-                    chunk_size=self.chunk_size,
-                    progress=self.progress,
-                    backend=self.backend,
-                    device=self.device,
-                )
+                system = DenseSystem.with_options(model, self.name, self.options)
             else:
                 raise TypeError(
                     f"{self.path}: {type(model).__name__} (family {fam.name!r}) has no system hook "

@@ -15,7 +15,7 @@ Unknown sections or keys are errors naming the key path. :func:`train_contrastiv
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,7 +40,14 @@ from treerank.training.sampler import (
     text_keys,
 )
 from treerank.training.sources import PairSampler
-from treerank.training.trainer import FitResult, TrainerConfig, TrainOutput, Validate, fit
+from treerank.training.trainer import (
+    FitResult,
+    TrainerConfig,
+    TrainFunction,
+    TrainOutput,
+    Validate,
+    fit,
+)
 
 __all__ = [
     "HeadTrainerConfig",
@@ -394,49 +401,35 @@ def train_head(
     return TrainOutput(head, summary, result.records)
 
 
-def train_linear(
-    store: StoreLike,
-    config: Mapping[str, Any] | TrainConfig | None = None,
-    *,
-    train_rows: np.ndarray | None = None,
-    validate: Validate | None = None,
-    log: TrainingLog | None = None,
-    progress: bool = True,
-    device: Device = DEFAULT_DEVICE,
-) -> TrainOutput:
-    """:func:`train_head` for ``linear`` (the ``linear`` family's
-    :class:`~treerank.training.trainer.TrainFunction`)."""
-    return train_head(
-        LinearHead,
-        store,
-        parse_linear_config(config),
-        train_rows=train_rows,
-        validate=validate,
-        log=log,
-        progress=progress,
-        device=device,
-    )
+def _head_trainer(head_class: type, parse: Callable[..., TrainConfig], name: str) -> TrainFunction:
+    """The :class:`~treerank.training.trainer.TrainFunction` of one head family: its config
+    parser, then :func:`train_head`."""
+
+    def train(
+        store: StoreLike,
+        config: Mapping[str, Any] | TrainConfig | None = None,
+        *,
+        train_rows: np.ndarray | None = None,
+        validate: Validate | None = None,
+        log: TrainingLog | None = None,
+        progress: bool = True,
+        device: Device = DEFAULT_DEVICE,
+    ) -> TrainOutput:
+        return train_head(
+            head_class,
+            store,
+            parse(config),
+            train_rows=train_rows,
+            validate=validate,
+            log=log,
+            progress=progress,
+            device=device,
+        )
+
+    train.__name__ = train.__qualname__ = f"train_{name}"
+    train.__doc__ = f":func:`train_head` for ``{name}`` (the ``{name}`` family's trainer)."
+    return train
 
 
-def train_mlp(
-    store: StoreLike,
-    config: Mapping[str, Any] | TrainConfig | None = None,
-    *,
-    train_rows: np.ndarray | None = None,
-    validate: Validate | None = None,
-    log: TrainingLog | None = None,
-    progress: bool = True,
-    device: Device = DEFAULT_DEVICE,
-) -> TrainOutput:
-    """:func:`train_head` for ``mlp`` (the ``mlp`` family's
-    :class:`~treerank.training.trainer.TrainFunction`)."""
-    return train_head(
-        MLPHead,
-        store,
-        parse_mlp_config(config),
-        train_rows=train_rows,
-        validate=validate,
-        log=log,
-        progress=progress,
-        device=device,
-    )
+train_linear = _head_trainer(LinearHead, parse_linear_config, "linear")
+train_mlp = _head_trainer(MLPHead, parse_mlp_config, "mlp")
