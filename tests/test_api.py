@@ -52,7 +52,7 @@ def test_readme_notebook_example_runs(tmp_path: Path, capsys: pytest.CaptureFixt
     block = re.search(r"```python\n(from treerank import .*?)```", readme, re.S)
     assert block is not None
     code = block.group(1)
-    assert len([ln for ln in code.strip().splitlines() if ln.strip()]) == 5  # short, as promised
+    assert len([ln for ln in code.strip().splitlines() if ln.strip()]) == 6  # short, as promised
     write_tiny_store(tmp_path / "test")
     assert "stores/mybeir/test" in code  # the tour's store (tests/test_readme.py runs the tour)
     code = code.replace("stores/mybeir/test", str(tmp_path / "test"))

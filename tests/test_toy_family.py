@@ -62,7 +62,10 @@ def parse_config(cfg: Any, where: str = "config") -> TrainConfig:
     return parse_train_config(cfg, model=("out_dim",), data=(), trainer=(), where=where)
 
 
-def train(store: Any, config: Any, *, train_rows=None, validate=None, log=None, progress=True):
+def train(
+    store: Any, config: Any, *, train_rows=None, validate=None, log=None, progress=True, device=None
+):
+    # a trainer always gets the device (TrainFunction); this one computes nothing on tensors
     cfg = parse_config(config)
     model = RandomProjection(int(store.dim), seed=cfg.seed, **cfg.model)
     metrics = dict(validate(model)) if validate is not None else {}

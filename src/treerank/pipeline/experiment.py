@@ -726,7 +726,7 @@ def _train_stage(
             d / "checkpoint",
             progress=run.progress,
             where=f"{run.cfg.source}: models.{spec.name}",
-            **_library_kwargs(train_model, device=run.cfg.device),
+            device=run.cfg.device,
         )
         crash_point("train", "after-weights")
         return {"family": spec.family, "summary": _jsonable(res.summary)}
@@ -835,7 +835,7 @@ def _evaluate_stage(
             progress=run.progress,
             train_store=(EmbeddingStore.open(o.train_store, dim=o.dim) if o.train_store else None),
             seed_groups=groups,
-            **_library_kwargs(compare_systems, device=run.cfg.device),
+            device=run.cfg.device,
         )
         crash_point("evaluate", "after-runs")
         summary: dict[str, Any] = {
@@ -910,7 +910,7 @@ def _diagnose_stage(
             k=run.cfg.evaluate.k,
             probe_seed=dg.probe_seed,
             progress=run.progress,
-            **_library_kwargs(run_diagnostics, device=run.cfg.device),
+            device=run.cfg.device,
         )
         crash_point("diagnose", "after-diagnostics")
         return _jsonable(doc)
