@@ -153,3 +153,16 @@ def test_the_build_context_reaches_dense_systems() -> None:
     )
     assert system.chunk_size == 3 and system.backend == "torch"  # type: ignore[attr-defined]
     assert system.device == Device("cpu")  # type: ignore[attr-defined]
+
+
+def test_a_spec_error_names_the_kind_whose_body_is_bad() -> None:
+    from treerank.search.specs import SpecError
+
+    for text, kind in (
+        ("ckpt:/no/such", "ckpt"),
+        ("rrf:ckpt:/no/such+cosine", "rrf"),
+        ("a/b", None),
+    ):
+        with pytest.raises(SpecError) as err:
+            parse_spec(text)
+        assert err.value.kind == kind

@@ -16,7 +16,7 @@ from pathlib import Path
 import typer
 
 from treerank.cli.errors import fail
-from treerank.search.specs import CheckpointSpec, DBSpec, SystemSpec, parse_spec
+from treerank.search.specs import CheckpointSpec, DBSpec, SpecError, SystemSpec, parse_spec
 
 ST_TARGET = "sentence-transformers"
 
@@ -25,7 +25,7 @@ def _node(text: str) -> SystemSpec | None:
     """The spec node ``text`` parses to, ``None`` when it is no spec (a store path)."""
     try:
         return parse_spec(text)
-    except ValueError:
+    except SpecError:
         return None
 
 
@@ -37,8 +37,8 @@ def _checkpoint(text: str, what: str, hint: str) -> CheckpointSpec:
     """
     try:
         node = parse_spec(text)
-    except ValueError as exc:
-        if text.partition(":")[0] == CheckpointSpec.kind:  # ckpt:<dir> with no checkpoint
+    except SpecError as exc:
+        if exc.kind == CheckpointSpec.kind:  # ckpt:<dir> with no checkpoint in it
             raise fail(f"{what} {text!r}: {exc}") from None
         node = None
     if not isinstance(node, CheckpointSpec):

@@ -62,7 +62,7 @@ class CrossEncoderScorer:
 
     Args:
         path: the cross-encoder folder (see :func:`load_cross_encoder`).
-        device: torch device.
+        device: where it trains (a parsed :class:`~treerank.kernels.device.Device`).
         batch_size: pairs per forward pass.
         precision: ``fp32`` or ``bf16`` (CPU/GPU autocast around the forward pass; scores are
             returned as ``float32`` either way).
@@ -122,7 +122,7 @@ class CrossEncoderScorer:
         import torch
 
         pairs = list(zip(queries, passages, strict=True))
-        kind = "cuda" if str(self.device).startswith("cuda") else "cpu"
+        kind = resolve_device(self.device).type
         with torch.autocast(kind, dtype=torch.bfloat16, enabled=self.precision == "bf16"):
             out = self.model.predict(
                 pairs,

@@ -74,6 +74,7 @@ __all__ = [
     "RM3Spec",
     "RRFSpec",
     "RescoreSpec",
+    "SpecError",
     "SystemSpec",
     "TunedFusionSpec",
     "AdaptiveFusionSpec",
@@ -129,18 +130,18 @@ def param(
     return field(default=default, metadata={"param": meta})
 
 
-def _params_of(cls: type[SystemSpec]) -> list[dataclasses.Field[Any]]:
+def _params_of(cls: type[SystemSpec]) -> list[dataclasses.Field[object]]:
     return [f for f in dataclasses.fields(cls) if "param" in f.metadata]
 
 
-def _key(f: dataclasses.Field[Any]) -> str:
+def _key(f: dataclasses.Field[object]) -> str:
     return str(f.metadata["param"]["key"] or f.name)
 
 
 _CASTS: dict[str, type] = {"int": int, "float": float, "str": str}
 
 
-def _cast(f: dataclasses.Field[Any]) -> type:
+def _cast(f: dataclasses.Field[object]) -> type:
     return _CASTS[str(f.type).replace("builtins.", "")]
 
 
@@ -158,7 +159,7 @@ def _bad(spec: str, problem: str) -> ValueError:
     return ValueError(f"bad system spec {spec!r}: {problem}")
 
 
-def _params(text: str, spec: str, fields: list[dataclasses.Field[Any]]) -> dict[str, object]:
+def _params(text: str, spec: str, fields: list[dataclasses.Field[object]]) -> dict[str, object]:
     """``k=v,...`` -> field name -> typed value (keys, types and finiteness checked)."""
     by_key = {_key(f): f for f in fields}
     out: dict[str, object] = {}
@@ -739,11 +740,20 @@ def kind_help() -> list[tuple[str, str]]:
     ]
 
 
+class SpecError(ValueError):
+    """A spec that does not parse; ``kind`` is the (outermost) kind whose body is bad, ``None``
+    when the kind itself is unknown (the text may be no spec at all, e.g. a path)."""
+
+    def __init__(self, message: str, kind: str | None) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
 def parse_spec(spec: str) -> SystemSpec:
     """Parse a system spec (``kind`` or ``kind:body``) into its node tree, once.
 
     Raises:
-        ValueError: an unknown kind (the message suggests the closest one and lists them) or
+        SpecError: an unknown kind (the message suggests the closest one and lists them) or
             malformed / out-of-range parameters (the message quotes the spec and names the
             problem).
     """
@@ -753,8 +763,11 @@ def parse_spec(spec: str) -> SystemSpec:
         msg = unknown_name(
             "system kind", kind, SYSTEM_KINDS, "`treerank evaluate --help` describes each kind"
         )
-        raise ValueError(msg if spec == kind else f"system spec {spec!r}: {msg}")
-    return SYSTEM_KINDS[kind].parse_body(body, spec)
+        raise SpecError(msg if spec == kind else f"system spec {spec!r}: {msg}", None)
+    try:
+        return SYSTEM_KINDS[kind].parse_body(body, spec)
+    except ValueError as exc:
+        raise SpecError(str(exc), kind) from None
 
 
 _SPEC_OF: weakref.WeakKeyDictionary[object, SystemSpec] = weakref.WeakKeyDictionary()

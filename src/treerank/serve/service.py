@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from treerank.kernels.device import DEFAULT_DEVICE, Device
+from treerank.kernels.device import DEFAULT_DEVICE, Device, resolve_device
 from treerank.search.query import (
     EncoderMismatchError,
     Hit,
@@ -154,7 +154,6 @@ class SearchService:
     """
 
     def __init__(self, config: ServiceConfig, encoder: Any = None) -> None:
-        from treerank.kernels.device import resolve_device
         from treerank.search.specs import BuildContext, build_system
         from treerank.store import EmbeddingStore
 

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from treerank.atomic import atomic_write_json, make_temp_dir
-from treerank.kernels.device import DEFAULT_DEVICE, Device
+from treerank.kernels.device import DEFAULT_DEVICE, Device, resolve_device
 from treerank.storelike import StoreLike
 from treerank.training.sampler import relevant_lists
 
@@ -326,7 +326,7 @@ def train_cross_encoder(
             train_rows (required for ``margin-mse``, refused otherwise).
         train_rows: query ids to train on (None: all).
         resume: continue from the newest checkpoint in ``out_dir/checkpoints``.
-        device: torch device.
+        device: where it trains (a parsed :class:`~treerank.kernels.device.Device`).
         stop_after_steps: test hook simulating Ctrl-C after the checkpoint of this step.
         log: called with one line per logged step.
 
@@ -393,7 +393,7 @@ def train_cross_encoder(
         data_seed=c.seed,
         report_to="none",
         dataloader_num_workers=0,
-        use_cpu=device == "cpu",
+        use_cpu=resolve_device(device).type == "cpu",
         disable_tqdm=True,
         batch_sampler=_sequential,
     )

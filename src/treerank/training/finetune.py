@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from treerank.atomic import atomic_write_json, make_temp_dir
-from treerank.kernels.device import DEFAULT_DEVICE, Device
+from treerank.kernels.device import DEFAULT_DEVICE, Device, resolve_device
 from treerank.storelike import StoreLike
 from treerank.training.finetune_config import FinetuneConfig
 from treerank.training.finetune_losses import StoredPassageLoss
@@ -379,7 +379,7 @@ def finetune(
         train_rows: query ids to train on (None: all; the pipeline passes the non-held-out).
         mined: BM25-mined negatives of the split (with ``data.hard_negatives: mined``).
         resume: continue from the newest checkpoint in ``out_dir/checkpoints`` (none: start).
-        device: torch device.
+        device: where it trains (a parsed :class:`~treerank.kernels.device.Device`).
         progress: the trainer's progress bar.
         stop_after_steps: test hook simulating Ctrl-C: raise ``KeyboardInterrupt`` once the
             checkpoint of this step is written.
@@ -443,7 +443,7 @@ def finetune(
         data_seed=t.seed,
         report_to="none",
         dataloader_num_workers=0,
-        use_cpu=device == "cpu",
+        use_cpu=resolve_device(device).type == "cpu",
         disable_tqdm=not progress,
         batch_sampler=_sequential,
     )
