@@ -114,6 +114,7 @@ def test_a_node_made_in_code_is_range_checked(make, message: str) -> None:  # ty
         ("ckpt:/no/such/dir", r"config.json: missing \(no such directory\)"),
         ("rescore:", "expected rescore:<first stage>"),
         ("rescore:bm25:scorer=bm25", "scorer must be cosine, ckpt:<dir> or ce:<dir>"),
+        ("rescore:bm25:depth=5,scorer=ce:", "scorer='ce:': expected ce:<dir>"),
         ("faiss:flat:over=ce:/x", "over must be cosine or ckpt:<dir>"),
         ("faiss:hnws", "did you mean 'hnsw'"),
         ("db:", "expected db:<folder or url>"),

@@ -568,8 +568,10 @@ def _scorer(text: str, spec: str, key: str = "scorer") -> Scorer:
     kind, _, path = text.partition(":")
     if text == "cosine":
         return CosineSpec(text=text)
-    if kind in ("ckpt", "ce") and path.strip():
-        cls = CheckpointSpec if kind == "ckpt" else CrossEncoderSpec
+    if kind in (CheckpointSpec.kind, CrossEncoderSpec.kind):
+        if not path.strip():
+            raise _bad(spec, f"{key}={text!r}: expected {kind}:<dir>")
+        cls = CheckpointSpec if kind == CheckpointSpec.kind else CrossEncoderSpec
         return cls(Path(path.strip()), text=text)
     raise _bad(spec, f"{key} must be cosine, ckpt:<dir> or ce:<dir>, got {text!r}")
 
