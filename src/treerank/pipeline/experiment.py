@@ -516,7 +516,7 @@ def _plan(cfg: ExperimentConfig, run: _Run) -> tuple[StageGraph, dict[str, Datas
     outcomes: dict[str, DatasetOutcome] = {}
     encoder = _Encoder(cfg, progress=run.progress)
     enc_key: dict[str, Any] | None = None
-    device = cfg.device.resolved_text()  # the stage keys' text: `auto` keys as what it is
+    device_key = cfg.device.resolved_text()  # the stage keys' text: `auto` keys as what it is
     runs = experiment_runs(cfg)
 
     for ds in cfg.datasets:
@@ -535,7 +535,7 @@ def _plan(cfg: ExperimentConfig, run: _Run) -> tuple[StageGraph, dict[str, Datas
             if enc_key is None:
                 enc_key = encoder.key()
             for split in splits:
-                graph.add(_embed_stage(run, ds, split, data_sha, enc_key, encoder, device))
+                graph.add(_embed_stage(run, ds, split, data_sha, enc_key, encoder, device_key))
         o = DatasetOutcome(
             name=ds.name,
             eval_split=ds.eval_split,
@@ -558,15 +558,15 @@ def _plan(cfg: ExperimentConfig, run: _Run) -> tuple[StageGraph, dict[str, Datas
                 resolved = _resolved_config(spec, config, cfg.source)
                 o.runs.append(r)
                 o.seeds[r.name] = resolved.get("seed", config.get("seed"))
-                graph.add(_train_stage(run, ds, spec, r, config, resolved, device))
+                graph.add(_train_stage(run, ds, spec, r, config, resolved, device_key))
 
     for ds in cfg.datasets:
         o = outcomes[ds.name]
         systems = _systems_for(cfg, ds, runs)
-        graph.add(_evaluate_stage(run, ds, o, systems, device))
+        graph.add(_evaluate_stage(run, ds, o, systems, device_key))
         drun = _diagnosed_run(cfg, ds, runs)
         if drun is not None:
-            graph.add(_diagnose_stage(run, ds, o, drun, device))
+            graph.add(_diagnose_stage(run, ds, o, drun, device_key))
         else:
             wanted = cfg.diagnose.model
             why = (
@@ -598,7 +598,7 @@ def _embed_stage(
     data_sha: str,
     enc_key: dict[str, Any],
     encoder: _Encoder,
-    device: str,
+    device_key: str,
 ) -> Stage:
     sid = StageId.embed(ds.name, split)
     inputs = {
@@ -608,7 +608,7 @@ def _embed_stage(
         "limit": ds.limit,
         "max_passages": ds.max_passages,
         "encoder": enc_key,
-        "device": device,
+        "device": device_key,  # the resolved text (Device.resolved_text)
     }
 
     def work(d: Path) -> dict[str, Any]:
@@ -698,7 +698,7 @@ def _train_stage(
     rid: RunId,
     config: dict[str, Any],
     resolved: dict[str, Any],
-    device: str,
+    device_key: str,
 ) -> Stage:
     """Train ``spec`` with ``config`` (one seed's, for a seeded model) as run ``rid``."""
     assert ds.train_split is not None
@@ -709,7 +709,7 @@ def _train_stage(
         "family": spec.family,
         "config": config,
         "resolved_config": resolved,
-        "device": device,
+        "device": device_key,  # the resolved text (Device.resolved_text)
     }
 
     def work(d: Path) -> dict[str, Any]:
@@ -783,7 +783,7 @@ def _evaluate_stage(
     ds: DatasetConfig,
     o: DatasetOutcome,
     systems: list[SystemId],
-    device: str,
+    device_key: str,
 ) -> Stage:
     sid = StageId.evaluate(ds.name)
     out = run.cfg.output_dir
@@ -804,7 +804,7 @@ def _evaluate_stage(
         "metrics": ev.metrics,
         "seed": ev.seed,
         "outputs": EVALUATE_OUTPUTS,
-        "device": device,
+        "device": device_key,  # the resolved text (Device.resolved_text)
     }
 
     def work(d: Path) -> dict[str, Any]:
@@ -884,7 +884,7 @@ def _diagnose_stage(
     ds: DatasetConfig,
     o: DatasetOutcome,
     rid: RunId,
-    device: str,
+    device_key: str,
 ) -> Stage:
     sid = StageId.diagnose(ds.name)
     out = run.cfg.output_dir
@@ -895,7 +895,7 @@ def _diagnose_stage(
         "baseline": dg.baseline,
         "probe_seed": dg.probe_seed,
         "k": run.cfg.evaluate.k,
-        "device": device,
+        "device": device_key,  # the resolved text (Device.resolved_text)
     }
 
     def work(d: Path) -> dict[str, Any]:
