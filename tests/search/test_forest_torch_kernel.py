@@ -117,9 +117,9 @@ def test_forest_system_torch_backend_equals_default(search) -> None:
 
 def test_count_kernel_choices() -> None:
     assert count_kernel() == (torch.device("cpu"), "numba")
-    assert count_kernel("cpu", "torch") == (torch.device("cpu"), "torch")
+    assert count_kernel(Device("cpu"), "torch") == (torch.device("cpu"), "torch")
     with pytest.raises(ValueError, match="unknown counting backend 'faiss'; known: auto"):
-        count_kernel("cpu", "faiss")
+        count_kernel(Device("cpu"), "faiss")
     with pytest.raises(ValueError, match="unknown counting backend"):
         ForestSystem(Forest.random(ForestConfig(2, 3, 4)), backend="gpu")
 
@@ -134,12 +134,12 @@ def test_cuda_refused_before_work_without_cuda() -> None:
 
 
 def test_ckpt_system_passes_the_device_to_the_forest(tmp_path) -> None:
-    """``build_system("ckpt:...", device=...)`` (the evaluate stage's call) builds the forest's
+    """``build_system("ckpt:...", BuildContext(device=...))`` (the evaluate stage's call) builds the forest's
     system on that device."""
-    from treerank.search.specs import build_system
+    from treerank.search.specs import BuildContext, build_system
 
     forest, store = saved_random_forest(tmp_path / "f", 4, 5, 6, 50)
-    system = build_system(f"ckpt:{tmp_path / 'f'}", device=Device("cpu"))
+    system = build_system(f"ckpt:{tmp_path / 'f'}", BuildContext(device=Device("cpu")))
     inner = system.system_for(store)  # type: ignore[attr-defined]
     assert isinstance(inner, ForestSystem) and inner.device == Device("cpu")
     np.testing.assert_array_equal(
@@ -147,7 +147,9 @@ def test_ckpt_system_passes_the_device_to_the_forest(tmp_path) -> None:
     )
     if not CUDA:
         with pytest.raises(DeviceError, match="cuda requested"):
-            build_system(f"ckpt:{tmp_path / 'f'}", device=Device("cuda")).system_for(store)  # type: ignore[attr-defined]
+            build_system(f"ckpt:{tmp_path / 'f'}", BuildContext(device=Device("cuda"))).system_for(
+                store
+            )  # type: ignore[attr-defined]
 
 
 class _Store:
