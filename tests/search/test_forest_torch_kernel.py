@@ -134,8 +134,8 @@ def test_cuda_refused_before_work_without_cuda() -> None:
 
 
 def test_ckpt_system_passes_the_device_to_the_forest(tmp_path) -> None:
-    """``build_system("ckpt:...", BuildContext(device=...))`` (the evaluate stage's call) builds the forest's
-    system on that device."""
+    """``build_system("ckpt:...", BuildContext(device=...))`` (the evaluate stage's call)
+    builds the forest's system on that device."""
     from treerank.search.specs import BuildContext, build_system
 
     forest, store = saved_random_forest(tmp_path / "f", 4, 5, 6, 50)
