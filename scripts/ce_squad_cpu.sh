@@ -9,6 +9,8 @@
 #
 # SQUAD: a store root with train/ and dev/ (treerank embed of squad-v1.1.zip); it is copied to
 # stores/squad-ce first (mining writes a sidecar into the train split). One thread, niced.
+# N: questions in the dev sample (default 1000); ONLY_TRAIN=1 stops after the training; a
+# finished training run in RUN/ce is reused.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 MPLBACKEND=Agg OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
@@ -25,9 +27,12 @@ if [ ! -f "$STORE/train/meta.json" ]; then
   mv "$STORE.tmp" "$STORE"
 fi
 mkdir -p "$RUN"
-/usr/bin/time -v -o "$RUN/time_train.txt" nice -n 5 "$TR" finetune \
-  "$CONFIG" --store "$STORE" -o "$RUN/ce" --no-progress \
-  2>&1 | tee "$RUN/train.log"
+if [ ! -f "$RUN/ce/results.json" ]; then  # a finished training run is kept (rerun: rerank only)
+  /usr/bin/time -v -o "$RUN/time_train.txt" nice -n 5 "$TR" finetune \
+    "$CONFIG" --store "$STORE" -o "$RUN/ce" --no-progress \
+    2>&1 | tee "$RUN/train.log"
+fi
+[ -n "${ONLY_TRAIN:-}" ] && exit 0
 /usr/bin/time -v -o "$RUN/time_rerank.txt" nice -n 5 "$TR" evaluate --store "$STORE/$DEV" \
   --system bm25 --system "rescore:bm25:depth=20,scorer=ce:$RUN/ce/model" --baseline bm25 \
   --k 20 --metric ndcg@10 --metric mrr@10 --metric recall@20 --sample-queries "$N" \
