@@ -116,3 +116,19 @@ def test_finetune_cross_encoder_bad_input_exits_2_before_training(
     res = CliRunner().invoke(app, ["finetune", str(good), "--store", str(tmp_path), "-o", str(out)])
     assert res.exit_code == 2 and "no finished store split" in res.output
     assert not out.exists()
+
+
+def test_finetune_cross_encoder_resume_is_bit_identical(root: Path, tmp_path: Path) -> None:
+    cfg = _write(tmp_path / "ce.yaml", _doc())
+    out = tmp_path / "run"
+    args = ["finetune", str(cfg), "--store", str(root), "-o", str(out)]
+    assert CliRunner().invoke(app, args).exit_code == 0
+    full = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    # as if stopped after the first checkpoint: the second one never written
+    shutil.rmtree(out / "checkpoints" / "checkpoint-2")
+    res = CliRunner().invoke(app, [*args, "--resume"])
+    assert res.exit_code == 0, res.output
+    again = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    assert again["training"]["resumed_from"] == "checkpoint-1"
+    assert again["fingerprint"] == full["fingerprint"]  # the same weights, bit for bit
+    assert again["training"]["steps"] == 2
