@@ -449,7 +449,7 @@ def _compare(
         comp.settings["sample"] = {
             "queries": int(store.n_queries),
             "seed": int(cfg.sample_seed),
-            "of_queries": int(store.base.n_queries),
+            "of_queries": int(getattr(store, "base", store).n_queries),
             "rule": "numpy default_rng(seed).choice of the queries with a relevant passage, "
             "without replacement, kept in split order; the same queries for every system",
         }
