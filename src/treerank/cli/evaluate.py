@@ -66,6 +66,14 @@ def evaluate(
         help="Randomization-test permutations / bootstrap resamples.",
     ),
     seed: int = typer.Option(0, "--seed", help="Seed of the significance tests."),
+    sample_queries: int | None = typer.Option(
+        None,
+        "--sample-queries",
+        help="Evaluate a seeded sample of N queries (among those with a relevant passage), "
+        "the same for every system, against every passage; recorded in results.json.",
+        metavar="N",
+    ),
+    sample_seed: int = typer.Option(0, "--sample-seed", help="Seed of --sample-queries."),
     train_store: Path | None = typer.Option(
         None,
         "--train-store",
@@ -126,6 +134,8 @@ def evaluate(
                 gain=gain,
                 relevance_threshold=threshold,
                 ignore_identical_ids=ignore_identical_ids,
+                sample_queries=sample_queries,
+                sample_seed=sample_seed,
             )
             if out is not None:
                 refuse_existing_output(out, overwrite, "earlier evaluation results")
@@ -182,6 +192,12 @@ def evaluate(
         f"{st.n_passages:,} passages; relevance threshold {first.relevance_threshold}; "
         f"p: paired randomization test ({permutations} permutations, seed {seed})"
     )
+    sample = comp.settings.get("sample")
+    if sample:
+        console.print(
+            f"a seeded query sample: {sample['queries']:,} of {sample['of_queries']:,} queries "
+            f"(--sample-seed {sample['seed']}), the same for every system"
+        )
     for b, by_sys in comp.mcnemar.items():
         for s, r in by_sys.items():
             console.print(r.describe(s, b), markup=False, highlight=False, soft_wrap=True)

@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from treerank.cli.errors import ExitCode, fail
+from treerank.cli.options import cli_device, device_option
 from treerank.lock import LockHeldError
 
 
@@ -31,10 +32,17 @@ def finetune(
         None, "--permutations", help="Randomization-test permutations (default 10,000)."
     ),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bars."),
+    device: str = device_option(),
 ) -> None:
     """Fine-tune the encoder of STORE (biencoder or query-tower) on its train split's labels,
     write re-embedded stores (OUT/stores/<split>/), evaluate against frozen cosine with paired
     tests and seen / unseen parts, and write OUT/results.json (metrics, drift, cost).
+
+    With `family: cross-encoder` (configs/finetune/squad_cross_encoder.yaml) it trains a
+    reranker on the train split instead (BM25-mined negatives; bce, listwise or margin-mse)
+    and writes OUT/model, OUT/cross_encoder.json and OUT/results.json (steps, pairs, CPU
+    seconds, pairs per CPU second, peak RSS); --eval-split is not read. Rerank with
+    `treerank evaluate --system rescore:bm25:depth=20,scorer=ce:OUT/model`.
 
     Exits 2 on a bad config or store (before any training), 130 when interrupted (rerun with
     --resume: training continues from the newest checkpoint, bit-identically).
@@ -51,6 +59,7 @@ def finetune(
     from treerank.training.finetune_config import parse_finetune_config
 
     err = Console(stderr=True)
+    device = str(cli_device(device))  # a bad or unavailable device is refused before any work
     try:
         doc = load_yaml(config)
         if seed is not None:
@@ -58,7 +67,8 @@ def finetune(
         cfg = parse_finetune_config(doc, str(config))
     except (OSError, ConfigError) as exc:
         raise fail(str(exc)) from exc
-    for split in (train_split, eval_split):
+    ce = cfg.family == "cross-encoder"
+    for split in (train_split,) if ce else (train_split, eval_split):
         if not (store / split / "meta.json").is_file():
             raise fail(f"{store / split}: no finished store split here (run treerank embed)")
     try:
@@ -71,6 +81,7 @@ def finetune(
             resume=resume,
             progress=progress,
             n_permutations=permutations,
+            device=device,
             log=lambda m: err.print(m, highlight=False),
         )
     except (ValueError, FileNotFoundError, FileExistsError, StoreFormatError, LockHeldError) as exc:
@@ -81,6 +92,18 @@ def finetune(
             "from the newest checkpoint"
         )
         raise typer.Exit(ExitCode.INTERRUPTED) from None
+    if ce:
+        c = res["cost"]["train"]
+        Console().print(
+            f"cross-encoder {res['training']['loss']}: {res['training']['steps']} steps, "
+            f"{res['training']['pairs']} pairs, {c['cpu_seconds']:.1f} CPU-s "
+            f"({c['pairs_per_cpu_second']} pairs per CPU-s, peak RSS {c['peak_rss_mib']} MiB) "
+            f"-> {res['model_dir']}\nrerank: treerank evaluate --system "
+            f"'{res['rerank_spec']}' --baseline bm25 --k 20",
+            highlight=False,
+            markup=False,
+        )
+        return
     table = Table(title=f"finetune {cfg.family} -> {out}", title_justify="left")
     table.add_column("system")
     for m in ("ndcg@10", "mrr@10", "recall@100"):

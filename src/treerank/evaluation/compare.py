@@ -315,6 +315,8 @@ def compare_systems(
     cfg = settings or EvaluationSettings()
     cfg = cfg.with_(metrics=tuple(f"{m}@{c}" for m, c in map(parse_metric, cfg.metrics)))
     check_evaluable(store, cfg.relevance_threshold)
+    if cfg.sample_queries is not None:
+        store = query_sample(store, cfg.sample_queries, cfg.sample_seed, cfg.relevance_threshold)
     check_depth(cfg.k, cfg.metrics, int(store.n_passages))
     built = _as_systems(systems, BuildContext(progress=progress, device=device, cache={}))
     for b in cfg.baselines:
@@ -357,6 +359,35 @@ def compare_systems(
             leaks=leaks,
             provenances=provenances,
         )
+
+
+def query_sample(store: StoreLike, n: int, seed: int, threshold: int | None = None) -> Any:
+    """A seeded sample of ``n`` of ``store``'s queries that have a relevant passage.
+
+    Rows are ``numpy.random.default_rng(seed).choice(eligible, n, replace=False)``, sorted
+    into split order; the view keeps every passage of the split
+    (:class:`~treerank.store.view.QuerySubset`), so each system is scored on the same queries
+    against the same passages.
+
+    Args:
+        store: the split. n: queries wanted (>= 1). seed: the sample's seed.
+        threshold: grade counted as relevant (None: the store's).
+
+    Raises:
+        ValueError: fewer than ``n`` queries have a relevant passage (both counts named).
+    """
+    from treerank.store.view import QuerySubset
+
+    thr = int(store.relevance_threshold if threshold is None else threshold)
+    cand, lab = np.asarray(store.candidates), np.asarray(store.labels)
+    eligible = np.flatnonzero(((cand >= 0) & (lab >= thr)).any(axis=1))
+    if n > eligible.size:
+        raise ValueError(
+            f"{getattr(store, 'path', 'store')}: --sample-queries {n} asks for more queries "
+            f"than the {eligible.size} with a relevant passage (grade >= {thr})"
+        )
+    rows = np.sort(np.random.default_rng(int(seed)).choice(eligible, size=int(n), replace=False))
+    return QuerySubset(store, rows)
 
 
 def _drop_identical(
@@ -410,6 +441,14 @@ def _compare(
         "candidates": "all passages of the split",
         "ties": "by ascending passage id",
     }
+    if cfg.sample_queries is not None:
+        comp.settings["sample"] = {
+            "queries": int(store.n_queries),
+            "seed": int(cfg.sample_seed),
+            "of_queries": int(getattr(store, "base", store).n_queries),
+            "rule": "numpy default_rng(seed).choice of the queries with a relevant passage, "
+            "without replacement, kept in split order; the same queries for every system",
+        }
     comp.departures = dict(qrels.departures)
     comp.doc_ids = qrels.doc_ids
     self_doc = np.full(qrels.n_queries, -1, np.int64)

@@ -55,8 +55,25 @@ class EvaluationSettings:
         default=False,
         metadata={"help": "Drop a retrieved document whose id is the query's id (BEIR)."},
     )
+    sample_queries: int | None = field(
+        default=None,
+        metadata={
+            "help": "Evaluate a seeded sample of this many queries (those with a relevant "
+            "passage), the same for every system, against every passage (None: all queries)."
+        },
+    )
+    sample_seed: int = field(default=0, metadata={"help": "Seed of the query sample."})
 
     def __post_init__(self) -> None:
+        if self.sample_queries is not None and (
+            isinstance(self.sample_queries, bool)
+            or not isinstance(self.sample_queries, int)
+            or self.sample_queries < 1
+        ):
+            raise ValueError(
+                f"the query sample (--sample-queries) must be a whole number >= 1, got "
+                f"{self.sample_queries!r}"
+            )
         if isinstance(self.n_permutations, bool) or not isinstance(self.n_permutations, int):
             raise ValueError(
                 f"the number of permutations (--permutations) must be an integer, got "

@@ -19,6 +19,11 @@
 * ``results.json``: the headline numbers, the drift diagnostics (linear CKA and
   neighbour overlap between frozen and tuned vectors of the same items) and the cost (CPU
   seconds, wall seconds, peak RSS, tokens) of every part.
+
+The ``cross-encoder`` family (:func:`run_cross_encoder_finetune`) trains a reranker instead:
+``checkpoints/``, ``model/``, ``cross_encoder.json`` and a ``results.json`` with its training
+cost (CPU seconds, pairs per CPU second, peak RSS); nothing is re-embedded, and its reranking
+is evaluated with the system spec ``rescore:<first stage>:depth=N,scorer=ce:OUT/model``.
 """
 
 from __future__ import annotations
@@ -41,12 +46,13 @@ from treerank.training.finetune import (
     EncoderStoreMismatchError,
     finetune,
 )
-from treerank.training.finetune_config import FinetuneConfig
+from treerank.training.finetune_config import CE_FAMILY, FinetuneConfig
 
 __all__ = [
     "RESULTS_JSON",
     "TunedStoreSystem",
     "reembed_split",
+    "run_cross_encoder_finetune",
     "run_finetune",
     "split_of_store",
 ]
@@ -233,9 +239,13 @@ def run_finetune(
     progress: bool = False,
     n_permutations: int | None = None,
     drift_k: int = 10,
+    device: str = "cpu",
     log: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Fine-tune, re-embed both splits, evaluate against frozen cosine, measure drift.
+
+    A ``cross-encoder`` config goes to :func:`run_cross_encoder_finetune` (``eval_split`` is
+    not read).
 
     Args:
         cfg: the parsed config.
@@ -245,6 +255,7 @@ def run_finetune(
             evaluation are redone).
         n_permutations: randomization-test permutations (default: the evaluation default).
         drift_k: neighbours compared by the drift diagnostics.
+        device: torch device of the training.
 
     Returns:
         The ``results.json`` document.
@@ -257,24 +268,17 @@ def run_finetune(
     from treerank.evaluation.compare import compare_systems
     from treerank.evaluation.settings import EvaluationSettings
     from treerank.search.negatives import mine_bm25_negatives
-    from treerank.training.holdout import holdout_split, passage_groups
-    from treerank.training.sampler import relevant_lists
 
+    if cfg.family == CE_FAMILY:
+        return run_cross_encoder_finetune(
+            cfg, store_root, out_dir, train_split=train_split, resume=resume, device=device, log=log
+        )
     say = log or (lambda _m: None)
     root, out = Path(store_root), Path(out_dir)
     train = EmbeddingStore.open(root / train_split)
     test = EmbeddingStore.open(root / eval_split)
     t0 = _clock()
-    rel, _ = relevant_lists(train.candidates, train.labels, int(train.relevance_threshold))
-    val = cfg.train.validation
-    groups = (
-        passage_groups(train.candidates, train.labels, int(train.relevance_threshold))
-        if val.group_by_passage
-        else None
-    )
-    train_rows, held = holdout_split(
-        np.asarray((rel >= 0).any(axis=1)), val.fraction, cfg.train.seed, val.max_queries, groups
-    )
+    train_rows, held = _train_rows(cfg, train)
     mined = None
     if cfg.data.hard_negatives == "mined":
         say(f"mining BM25 negatives (depth {cfg.data.mine_depth}) into {train.path}")
@@ -288,6 +292,7 @@ def run_finetune(
         mined=mined,
         resume=resume,
         progress=progress,
+        device=device,
         log=say,
     )
     t1 = _clock()
@@ -370,6 +375,106 @@ def run_finetune(
             },
             "total": _since(t0),
         },
+    }
+    atomic_write_json(out / RESULTS_JSON, results)
+    return results
+
+
+def _train_rows(cfg: FinetuneConfig, train: StoreLike) -> tuple[np.ndarray, np.ndarray]:
+    """The training and held-out query ids of ``train`` under ``cfg.train.validation``."""
+    from treerank.training.holdout import holdout_split, passage_groups
+    from treerank.training.sampler import relevant_lists
+
+    rel, _ = relevant_lists(train.candidates, train.labels, int(train.relevance_threshold))
+    val = cfg.train.validation
+    groups = (
+        passage_groups(train.candidates, train.labels, int(train.relevance_threshold))
+        if val.group_by_passage
+        else None
+    )
+    return holdout_split(
+        np.asarray((rel >= 0).any(axis=1)), val.fraction, cfg.train.seed, val.max_queries, groups
+    )
+
+
+def run_cross_encoder_finetune(
+    cfg: FinetuneConfig,
+    store_root: str | Path,
+    out_dir: str | Path,
+    *,
+    train_split: str = "train",
+    resume: bool = False,
+    device: str = "cpu",
+    log: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Train a cross-encoder on ``store_root/train_split`` (the ``cross-encoder`` family).
+
+    Mines the split's BM25 negatives once into its sidecar (``data.hard_negatives: mined``),
+    scores every training group with ``data.teacher`` for ``margin-mse``, trains with
+    :func:`~treerank.training.cross_encoder.train_cross_encoder` on the queries that
+    ``validation`` does not hold out, and writes ``out_dir/results.json``: the config, the
+    training summary (steps, pairs, loss) and its cost (``cost.train``: CPU seconds, wall
+    seconds, peak RSS MiB, pairs per CPU second; ``cost.total``: mining and teacher included).
+
+    Returns:
+        The ``results.json`` document (``model_dir``: the trained ``CrossEncoder`` folder;
+        ``rerank_spec``: the system spec that reranks BM25's top 20 with it).
+
+    Raises:
+        FileNotFoundError / StoreFormatError: the split is missing or incomplete.
+        FileExistsError: ``out_dir`` holds an earlier run and not ``resume``.
+        ValueError: see :func:`~treerank.training.cross_encoder.train_cross_encoder`.
+    """
+    import torch
+
+    from treerank.models.cross_encoder import CrossEncoderScorer
+    from treerank.search.negatives import mine_bm25_negatives
+    from treerank.training.cross_encoder import build_groups, score_groups, train_cross_encoder
+
+    say = log or (lambda _m: None)
+    root, out = Path(store_root), Path(out_dir)
+    train = EmbeddingStore.open(root / train_split)
+    ce, data = cfg.cross_encoder, cfg.train.data
+    torch.set_num_threads(int(cfg.train.trainer.threads))
+    t0 = _clock()
+    train_rows, held = _train_rows(cfg, train)
+    if data.hard_negatives == "mined":
+        say(f"mining BM25 negatives (depth {data.mine_depth}) into {train.path}")
+        mined = mine_bm25_negatives(train, data.mine_depth)
+    else:
+        mined = np.full((int(train.n_queries), 1), -1, dtype=np.int32)
+    teacher = None
+    if data.teacher is not None:
+        say(f"scoring every training group with the teacher {data.teacher}")
+        groups = build_groups(train, mined, ce.negatives, seed=ce.seed, train_rows=train_rows)
+        scorer = CrossEncoderScorer(data.teacher[len("ce:") :], device=device)
+        teacher = score_groups(scorer, train, groups)
+    say(f"training a cross-encoder ({ce.loss}) on {len(train_rows)} queries of {train.path}")
+    res = train_cross_encoder(
+        train,
+        ce,
+        out,
+        mined=mined,
+        teacher_scores=teacher,
+        train_rows=train_rows,
+        resume=resume,
+        device=device,
+        log=say,
+    )
+    summary = {k: v for k, v in res.summary.items() if k != "log"}
+    steps = int(summary["steps"])
+    results: dict[str, Any] = {
+        "family": cfg.family,
+        "config": cfg.to_dict(),
+        "store": str(root.resolve()),
+        "train_split": train_split,
+        "n_train_queries": int(len(train_rows)),
+        "n_heldout_queries": int(len(held)),
+        "model_dir": str(res.model_dir.resolve()),
+        "fingerprint": res.fingerprint,
+        "rerank_spec": f"rescore:bm25:depth=20,scorer=ce:{res.model_dir}",
+        "training": {**summary, "pairs": steps * ce.batch_size * (1 + ce.negatives)},
+        "cost": {"train": summary["cost"], "total": _since(t0)},
     }
     atomic_write_json(out / RESULTS_JSON, results)
     return results

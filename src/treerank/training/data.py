@@ -7,6 +7,8 @@ One list, the same for every contrastive family (heads, DRT)::
         - {kind: labels, weight: 1.0}
         - {kind: pseudo, methods: [ict, crops], cap: 20000, positive: cut, weight: 1.0}
         - {kind: teacher, system: bm25, queries: train, mode: soft, k: 50, temperature: 2.0}
+        - {kind: teacher, system: "rescore:bm25:depth=20,scorer=ce:runs/ce/model",
+           mode: margin-mse, k: 20}    # a cross-encoder's graded scores (MarginMSE)
       collisions: true               # no same-passage / same-text pairs in a batch
 
 Each entry is a :class:`SourceSpec`. The pieces that need other layers are made **before** the
@@ -50,6 +52,7 @@ __all__ = [
 ]
 
 SOURCE_KINDS = ("labels", "teacher", "pseudo")
+TEACHER_MODES = ("soft", "sample", "margin-mse")
 
 
 @dataclass
@@ -63,7 +66,10 @@ class SourceSpec:
         queries: (teacher) whose queries it ranks: ``train`` (the training split's query texts;
             labels unused) or ``pseudo`` (the pseudo-queries of the ``pseudo`` entry).
         mode: (teacher) ``soft`` (listwise KL on ``softmax(scores / temperature)`` over the top
-            ``k``) or ``sample`` (the top ``n_positives`` as positives).
+            ``k``), ``sample`` (the top ``n_positives`` as positives) or ``margin-mse`` (the
+            student's score margins between the teacher's best and each other of its top ``k``
+            regress onto the teacher's ``scores / temperature`` margins; a graded teacher such
+            as a cross-encoder, ``rescore:<first stage>:depth=N,scorer=ce:<dir>``).
         k, n_positives, temperature: (teacher) see ``treerank.training.sources.teacher_pairs``.
         methods, cap, passes, positive, seed: (pseudo) see
             ``treerank.training.pseudo.PseudoConfig``.
@@ -91,8 +97,10 @@ class SourceSpec:
         if self.kind == "teacher":
             if not self.system:
                 raise ValueError("a teacher source needs system: (e.g. bm25, rrf:bm25+cosine)")
-            if self.queries not in ("train", "pseudo") or self.mode not in ("soft", "sample"):
-                raise ValueError("teacher: queries must be train|pseudo and mode soft|sample")
+            if self.queries not in ("train", "pseudo") or self.mode not in TEACHER_MODES:
+                raise ValueError(
+                    "teacher: queries must be train|pseudo and mode " + "|".join(TEACHER_MODES)
+                )
             if self.k < 1 or self.n_positives < 1 or self.temperature <= 0:
                 raise ValueError("teacher: k >= 1, n_positives >= 1 and temperature > 0")
         if self.kind == "pseudo":

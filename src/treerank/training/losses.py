@@ -21,6 +21,7 @@ __all__ = [
     "info_nce",
     "info_nce_symmetric",
     "listwise_kl",
+    "margin_mse",
     "teacher_distribution",
 ]
 
@@ -295,6 +296,56 @@ def full_corpus_softmax(
     z_target = torch.gather(z_t, 1, inv.reshape(target_ids.shape))  # (B, L)
     loss = lse - (w * z_target).sum(dim=1)
     return _reduce(loss, reduction, "full_corpus_softmax")
+
+
+def margin_mse(
+    scores: Tensor, teacher: Tensor, positive: Tensor, reduction: str = "mean"
+) -> Tensor:
+    """MarginMSE distillation (Hofstätter et al., 2020, "Improving Efficient Neural Ranking
+    Models with Cross-Architecture Knowledge Distillation").
+
+    For row ``i`` with anchor column ``a`` (its ``positive``, the teacher's best passage) and
+    every other column ``j`` the teacher scored (``teacher_ij`` finite)::
+
+        loss_i = mean_j ((s_ia - s_ij) - (t_ia - t_ij)) ** 2
+
+    in squared score units (the student's and the teacher's scores share one scale: pass the
+    teacher's scores divided by its temperature).
+
+    Args:
+        scores: ``float (B, M)`` student scores.
+        teacher: ``float (B, M)`` teacher scores, NaN where the teacher did not score the cell.
+        positive: ``bool (B, M)`` one True per row, the anchor (its teacher score finite).
+        reduction: ``"mean"`` (over rows with at least one pair), ``"sum"`` or ``"none"``
+            (``(B,)``, 0 for a row without a pair).
+
+    Raises:
+        ValueError: shapes differ, not one anchor per row, an anchor without a teacher score
+            on a row with pairs, unknown reduction.
+    """
+    if scores.ndim != 2 or teacher.shape != scores.shape or positive.shape != scores.shape:
+        raise ValueError(
+            f"margin_mse: scores {tuple(scores.shape)}, teacher {tuple(teacher.shape)} and "
+            f"positive {tuple(positive.shape)} must be equal (B, M)"
+        )
+    if positive.dtype != torch.bool or bool((positive.sum(dim=1) != 1).any()):
+        raise ValueError("margin_mse: positive must be a bool tensor with one True per row")
+    t = teacher.to(scores.dtype)
+    scored = torch.isfinite(t)
+    pairs = scored & ~positive
+    n_pairs = pairs.sum(dim=1)
+    anchor = positive.float().argmax(dim=1, keepdim=True)
+    t_a = t.gather(1, anchor)
+    if bool((~torch.isfinite(t_a[:, 0]) & (n_pairs > 0)).any()):
+        raise ValueError("margin_mse: a row's anchor has no teacher score")
+    s_a = scores.gather(1, anchor)
+    diff = (s_a - scores) - (torch.nan_to_num(t_a) - torch.nan_to_num(t))
+    sq = torch.where(pairs, diff * diff, torch.zeros_like(diff))
+    per_row = sq.sum(dim=1) / n_pairs.clamp(min=1).to(sq.dtype)
+    if reduction == "mean":
+        has = n_pairs > 0
+        return per_row[has].mean() if bool(has.any()) else per_row.sum() * 0.0
+    return _reduce(per_row, reduction, "margin_mse")
 
 
 def _reduce(loss: Tensor, reduction: str, who: str) -> Tensor:

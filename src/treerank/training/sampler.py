@@ -67,6 +67,8 @@ class Batch:
             designated positives.
         exclude_ids: ``int64 (B, K)`` passages kept out of each row's softmax over the whole
             corpus, ``-1`` padding; None: the row's labelled non-positive candidates.
+        teacher_scores: ``float32 (B, M)`` a ``margin-mse`` teacher's scores of the columns it
+            ranked for the row (NaN elsewhere, and on rows of other sources), or None.
     """
 
     query_rows: np.ndarray
@@ -77,6 +79,7 @@ class Batch:
     target_ids: np.ndarray | None = None
     target_weights: np.ndarray | None = None
     exclude_ids: np.ndarray | None = None
+    teacher_scores: np.ndarray | None = None
 
     @property
     def size(self) -> tuple[int, int]:

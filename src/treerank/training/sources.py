@@ -9,7 +9,10 @@ passages to keep out of its softmax (``exclude_ids``). The sources fill it:
 * ``teacher``: any system's ranking of the training (or pseudo-) queries, given as its
   ``(ids, scores)`` (``treerank.search`` runs the system; this layer only sees arrays): its
   top-``n_positives`` as positives (mode ``sample``), or ``softmax(scores / temperature)`` over
-  its top-``k`` as soft labels (mode ``soft``, listwise KL distillation, Hinton et al., 2015);
+  its top-``k`` as soft labels (mode ``soft``, listwise KL distillation, Hinton et al., 2015),
+  or its graded scores themselves (mode ``margin-mse``: the student's score margins between
+  the teacher's best passage and each other one of its top-``k`` regress onto the teacher's,
+  Hofstätter et al., 2020; a cross-encoder teacher is ``rescore:bm25:depth=N,scorer=ce:<dir>``);
 * ``pseudo``: the labels of a pseudo split (``treerank.training.pseudo``).
 
 :class:`PairSampler` mixes several pair sets with weights and builds batches in which **no
@@ -43,7 +46,7 @@ __all__ = [
     "train_on_pairs",
 ]
 
-MODES = ("sample", "soft")
+MODES = ("sample", "soft", "margin-mse")
 
 
 @dataclass
@@ -58,8 +61,11 @@ class PairSet:
         exclude_ids: ``int64 (n, K)`` passages kept out of the row's softmax (labelled but not
             targets; targets of a same-text query), ``-1`` padding.
         query_keys: ``int64 (n,)`` text hash of each query (:func:`text_keys`).
-        mode: ``"sample"`` (one target drawn per epoch by weight, InfoNCE) or ``"soft"`` (the
-            whole distribution, listwise KL).
+        mode: ``"sample"`` (one target drawn per epoch by weight, InfoNCE), ``"soft"`` (the
+            whole distribution, listwise KL) or ``"margin-mse"`` (one-hot on the teacher's best
+            passage; ``teacher_scores`` carry the margins).
+        teacher_scores: ``float32 (n, L)`` (``margin-mse``) the teacher's scores of
+            ``target_ids`` divided by its temperature, NaN on padding; None otherwise.
     """
 
     name: str
@@ -69,11 +75,16 @@ class PairSet:
     exclude_ids: np.ndarray
     query_keys: np.ndarray
     mode: str = "sample"
+    teacher_scores: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         n = self.query_rows.shape[0]
         if self.mode not in MODES:
             raise ValueError(f"{self.name}: mode {self.mode!r} unknown; known: {MODES}")
+        if (self.mode == "margin-mse") != (self.teacher_scores is not None):
+            raise ValueError(f"{self.name}: teacher_scores go with mode margin-mse, and only it")
+        if self.teacher_scores is not None and self.teacher_scores.shape != self.target_ids.shape:
+            raise ValueError(f"{self.name}: teacher_scores must be shaped like target_ids")
         if self.target_ids.shape != self.target_weights.shape or self.target_ids.shape[0] != n:
             raise ValueError(f"{self.name}: target ids/weights must be (n={n}, L)")
         if self.exclude_ids.shape[0] != n or self.query_keys.shape != (n,):
@@ -141,10 +152,13 @@ def teacher_pairs(
         query_texts: every query text of the split.
         query_rows: store query ids of the rows (None: ``0..n-1``).
         mode: ``"sample"``: the top ``n_positives`` are positives (uniform, one drawn per
-            epoch); ``"soft"``: ``softmax(scores / temperature)`` over the top ``k``.
-        k: teacher depth used by ``soft``.
+            epoch); ``"soft"``: ``softmax(scores / temperature)`` over the top ``k``;
+            ``"margin-mse"``: the top ``k`` with their ``scores / temperature`` kept as they are
+            (``PairSet.teacher_scores``), the first (the teacher's best) as the positive.
+        k: teacher depth used by ``soft`` and ``margin-mse``.
         n_positives: positives per query in ``sample`` mode.
-        temperature: teacher temperature (``soft``); in units of the teacher's scores.
+        temperature: teacher temperature (``soft``, ``margin-mse``); in units of the
+            teacher's scores.
         labelled: ``int64 (n, K)`` passages known relevant for each row (labels, where there are
             any): excluded from the row's softmax when not among its targets.
         name: recorded name.
@@ -161,13 +175,18 @@ def teacher_pairs(
     if mode == "sample":
         tid = ids[:, :n_positives].copy()
         w = (tid >= 0).astype(np.float64)
-    elif mode == "soft":
+    elif mode in ("soft", "margin-mse"):
         if temperature <= 0:
             raise ValueError(f"{name}: temperature must be > 0, got {temperature}")
         tid = ids[:, :k].copy()
         z = np.where(tid >= 0, scores[:, :k] / temperature, -np.inf)
-        z -= z.max(axis=1, keepdims=True)
-        w = np.where(tid >= 0, np.exp(z), 0.0)
+        if mode == "margin-mse":
+            graded = np.where(tid >= 0, z, np.nan).astype(np.float32)
+            w = np.zeros(tid.shape)
+            w[:, 0] = (tid[:, 0] >= 0).astype(np.float64)  # the teacher's best (runs are sorted)
+        else:
+            z -= z.max(axis=1, keepdims=True)
+            w = np.where(tid >= 0, np.exp(z), 0.0)
     else:
         raise ValueError(f"{name}: mode {mode!r} unknown; known: {MODES}")
     total = w.sum(axis=1, keepdims=True)
@@ -181,7 +200,7 @@ def teacher_pairs(
     else:
         excl = np.full((n, 0), -1, dtype=np.int64)
     keys = text_keys(query_texts)[rows]
-    return PairSet(name, rows, tid, w, excl, keys, mode)
+    return PairSet(name, rows, tid, w, excl, keys, mode, graded if mode == "margin-mse" else None)
 
 
 def exclude_same_text_targets(pairs: PairSet) -> PairSet:
@@ -215,6 +234,7 @@ def exclude_same_text_targets(pairs: PairSet) -> PairSet:
         excl,
         pairs.query_keys,
         pairs.mode,
+        pairs.teacher_scores,
     )
 
 
@@ -259,6 +279,7 @@ class PairSampler:
         self.seed = int(seed)
         self.collisions = collisions
         self.soft = any(s.mode == "soft" for s in self.sources)
+        self.margin = any(s.mode == "margin-mse" for s in self.sources)
 
     def __len__(self) -> int:
         return max(1, self.epoch_size // self.batch_size)
@@ -305,7 +326,7 @@ class PairSampler:
         """Batch of ``(source, row)`` items: columns = the targets (one drawn per ``sample``
         row, all of a ``soft`` row), the target matrix, and masks (excluded passages, other
         rows' same-text targets)."""
-        q_rows, tlists, wlists, excl = [], [], [], []
+        q_rows, tlists, wlists, excl, graded = [], [], [], [], []
         for si, r in items:
             s = self.sources[si]
             ids, w = s.target_ids[r], s.target_weights[r]
@@ -318,10 +339,17 @@ class PairSampler:
             tlists.append(ids)
             wlists.append(w / w.sum())
             excl.append(s.exclude_ids[r][s.exclude_ids[r] >= 0])
+            graded.append(None if s.teacher_scores is None else s.teacher_scores[r][ok])
         cols = np.unique(np.concatenate(tlists))
         bsz, m = len(items), cols.size
         target = np.zeros((bsz, m), dtype=np.float32)
         mask_out = np.zeros((bsz, m), dtype=bool)
+        teacher = None
+        if self.margin:
+            teacher = np.full((bsz, m), np.nan, dtype=np.float32)
+            for i, (ids, g) in enumerate(zip(tlists, graded, strict=True)):
+                if g is not None:
+                    teacher[i, np.searchsorted(cols, ids)] = g  # the teacher's values, as they are
         for i, (ids, w, ex) in enumerate(zip(tlists, wlists, excl, strict=True)):
             np.add.at(target[i], np.searchsorted(cols, ids), w)
             at = np.searchsorted(cols, ex)
@@ -351,6 +379,7 @@ class PairSampler:
             target_ids=t_ids,
             target_weights=t_w,
             exclude_ids=e_ids,
+            teacher_scores=teacher,
         )
 
 

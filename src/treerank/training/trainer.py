@@ -63,6 +63,7 @@ from treerank.training.losses import (
     info_nce,
     info_nce_symmetric,
     listwise_kl,
+    margin_mse,
 )
 from treerank.training.monitor import batch_stats
 from treerank.training.sampler import Batch, ContrastiveSampler
@@ -294,7 +295,23 @@ def loss_from_representations(
     positive = torch.from_numpy(batch.positive).to(dev)
     mask_out = torch.from_numpy(batch.mask_out).to(dev)
     logits = model.score_matrix(q_repr, p_repr)  # (B, M)
-    if all_passages is not None:
+    if batch.teacher_scores is not None and all_passages is not None:
+        raise ValueError(
+            "a margin-mse teacher source trains on in-batch columns: use negatives: batch"
+        )
+    if batch.teacher_scores is not None:
+        # margin-mse rows regress onto the teacher's margins; the other rows of the batch
+        # keep their own loss (listwise KL on soft targets, else InfoNCE)
+        teacher = torch.from_numpy(batch.teacher_scores).to(dev)
+        graded = torch.isfinite(teacher).any(dim=1)
+        own = (
+            listwise_kl(logits, torch.from_numpy(batch.target).to(dev), mask_out, reduction="none")
+            if batch.target is not None
+            else info_nce(logits, positive, mask_out, reduction="none")
+        )
+        per_row = torch.where(graded, margin_mse(logits, teacher, positive, "none"), own)
+        loss = per_row.mean()
+    elif all_passages is not None:
         if batch.target_ids is None or batch.target_weights is None:
             raise ValueError("negatives: all needs batches with target_ids / target_weights")
         excl = batch.exclude_ids
