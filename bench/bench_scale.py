@@ -166,13 +166,16 @@ def stage_data(a: argparse.Namespace) -> dict[str, Any]:
     bad_p = write_rows(val / "passages.bin", mix.passages, a.passages, 0, a.snr, 16_384)
     t_pass = time.perf_counter() - t0
     write_split(val, mix, a.eval_queries, a.passages, 0, a.snr, 16_384, bad_p)
-    train.mkdir(parents=True, exist_ok=True)
-    if not (train / "passages.bin").exists():
-        os.link(val / "passages.bin", train / "passages.bin")  # one passage file, shared
     t1 = time.perf_counter()
-    write_split(train, mix, a.train_queries, a.passages, 100, a.snr, 16_384, bad_p)
+    splits = [val]
+    if a.train_queries > 0:  # --train-queries 0: the search stages' store only (no train split)
+        train.mkdir(parents=True, exist_ok=True)
+        if not (train / "passages.bin").exists():
+            os.link(val / "passages.bin", train / "passages.bin")  # one passage file, shared
+        write_split(train, mix, a.train_queries, a.passages, 100, a.snr, 16_384, bad_p)
+        splits.append(train)
     t_train = time.perf_counter() - t1
-    for d in (val, train):  # the store's own format constants
+    for d in splits:  # the store's own format constants
         m = json.loads((d / "meta.json").read_text())
         m.update(format=FORMAT_NAME, format_version=FORMAT_VERSION)
         (d / "meta.json").write_text(json.dumps(m))
@@ -184,7 +187,7 @@ def stage_data(a: argparse.Namespace) -> dict[str, Any]:
         "train_queries_seconds": t_train,
         "bytes": {
             "passages": (val / "passages.bin").stat().st_size,
-            "train_queries": (train / "queries.bin").stat().st_size,
+            "train_queries": (train / "queries.bin").stat().st_size if a.train_queries else 0,
             "eval_queries": (val / "queries.bin").stat().st_size,
         },
     }
@@ -435,14 +438,37 @@ STAGES = {
 }
 
 
+RSS_FIELDS = ("VmRSS", "RssAnon", "RssFile", "RssShmem")
+
+
+def rss_split(pid: int | str = "self") -> dict[str, int]:
+    """Resident memory of a process by kind, in KiB, from ``/proc/<pid>/status``: ``VmRSS``
+    (all), ``RssAnon`` (heap, numpy / torch buffers), ``RssFile`` (file pages mapped into the
+    process: a memory map's pages read and not yet released), ``RssShmem``; ``{}`` when the
+    file is unreadable (not Linux, or the process ended)."""
+    out: dict[str, int] = {}
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key in RSS_FIELDS:
+                out[key] = int(value.split()[0])
+    except (OSError, ValueError, IndexError):
+        return {}
+    return out
+
+
 def run_child(argv: list[str], timeout: float) -> dict[str, Any]:
-    """One stage in a child process: its JSON result plus wall time, peak RSS, CPU seconds."""
+    """One stage in a child process: its JSON result plus wall time, peak RSS, CPU seconds, and
+    the peaks of its anonymous and file-backed resident memory (``/proc/<pid>/status`` sampled
+    every 0.2 s: which kind dominates the peak)."""
     out_file = Path(argv[argv.index("--result") + 1])
     t0 = time.perf_counter()
     load_start = os.getloadavg()
     proc = subprocess.Popen([sys.executable, __file__, *argv])
     deadline = t0 + timeout
     status, ru, killed = 0, None, False
+    peaks: dict[str, int] = {}
+    at_peak: dict[str, int] = {}  # the kinds when VmRSS was at its sampled peak
     while True:
         pid, status, ru = os.wait4(proc.pid, os.WNOHANG)
         if pid:
@@ -452,11 +478,19 @@ def run_child(argv: list[str], timeout: float) -> dict[str, Any]:
             _, status, ru = os.wait4(proc.pid, 0)
             killed = True
             break
-        time.sleep(0.5)
+        sample = rss_split(proc.pid)
+        for key, kib in sample.items():
+            peaks[key] = max(peaks.get(key, 0), kib)
+        if sample.get("VmRSS", 0) >= at_peak.get("VmRSS", 0):
+            at_peak = sample
+        time.sleep(0.2)
     wall = time.perf_counter() - t0
     res: dict[str, Any] = {
         "wall_seconds": wall,
         "peak_rss_gib": ru.ru_maxrss / 2**20,
+        # sampled (0.2 s): each kind's own peak, and the split at the sampled VmRSS peak
+        "sampled_peak_gib": {k: v / 2**20 for k, v in peaks.items()},
+        "at_sampled_peak_gib": {k: v / 2**20 for k, v in at_peak.items()},
         "cpu_seconds": ru.ru_utime + ru.ru_stime,
         "exit": os.waitstatus_to_exitcode(status),
         # the machine's 1/5/15-minute load averages when the stage started and ended (shared
