@@ -295,6 +295,9 @@ class _QueryPrefix:
     def __init__(self, store: Any, n: int) -> None:
         self.base, self.n = store, n
         self.queries = store.queries[:n]
+        for name in ("candidates", "labels"):  # a training split's judgements, per query
+            if hasattr(store, name):
+                setattr(self, name, getattr(store, name)[:n])
         self.passages = store.passages
         self.n_passages = store.n_passages
         self.n_queries = n
@@ -357,7 +360,9 @@ def stage_forest(a: argparse.Namespace) -> dict[str, Any]:
     from treerank.training.forest import train_forest
     from treerank.training.forest_data import pair_data, shared_rows
 
-    store = EmbeddingStore.open(a.root / "train")
+    store: Any = EmbeddingStore.open(a.root / "train")
+    if 0 < a.forest_queries < store.n_queries:  # the memory model's smaller splits
+        store = _QueryPrefix(store, a.forest_queries)
     cfg = yaml.safe_load(FOREST_CONFIG.read_text())
     cfg["model"].update(n_models=1, n_classes=a.forest_classes)
     cfg["data"].update(hard_negatives=0, random_negatives=a.forest_random_negatives)
@@ -538,6 +543,12 @@ def main() -> None:
     ap.add_argument("--forest-classes", type=int, default=1000)
     ap.add_argument("--forest-steps", type=int, default=1, help="Adam steps per forest stage")
     ap.add_argument("--forest-chunk", type=int, default=65536, help="forest rows per block")
+    ap.add_argument(
+        "--forest-queries",
+        type=int,
+        default=0,
+        help="forest: train on the first N training queries only (0: all)",
+    )
     ap.add_argument(
         "--forest-random-negatives",
         type=int,
