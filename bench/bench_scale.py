@@ -50,6 +50,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -386,9 +387,22 @@ def stage_forest(a: argparse.Namespace) -> dict[str, Any]:
     blocked_step = forest_module._blocked_step
     steps_done: list[dict[str, Any]] = []
     t0 = time.perf_counter()
+    # each step's own peaks of anonymous and file-backed resident memory, sampled every 50 ms
+    # (ru_maxrss is the process's peak so far, not the step's)
+    current: dict[str, Any] = {"peaks": {}}
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            for key, kib in rss_split().items():
+                current["peaks"][key] = max(current["peaks"].get(key, 0), kib)
+            stop.wait(0.05)
+
+    threading.Thread(target=sample, daemon=True).start()
 
     def timed_step(sides: Any, stage: str, *args: Any, **kwargs: Any) -> float:
         t = time.perf_counter()
+        current["peaks"] = {}
         value = blocked_step(sides, stage, *args, **kwargs)
         steps_done.append(
             {
@@ -396,13 +410,17 @@ def stage_forest(a: argparse.Namespace) -> dict[str, Any]:
                 "seconds": time.perf_counter() - t,
                 "ended_at_seconds": time.perf_counter() - t0,
                 **rss(None),
+                "step_peak_gib": {k: v / 2**20 for k, v in current["peaks"].items()},
             }
         )
         a.result.with_suffix(".progress.json").write_text(json.dumps(steps_done))
         return value
 
     forest_module._blocked_step = timed_step  # type: ignore[assignment]
-    out = train_forest(store, cfg, validate=rss, progress=False)
+    try:
+        out = train_forest(store, cfg, validate=rss, progress=False)
+    finally:
+        stop.set()
     sec = time.perf_counter() - t0
     pairs = [r for r in out.records if r.get("kind") == "pair"]
     nq = int(out.summary["n_train_queries"])
@@ -422,6 +440,7 @@ def stage_forest(a: argparse.Namespace) -> dict[str, Any]:
         "pair_seconds": float(pairs[0]["seconds"]),
         "peak_rss_gib_after_pair": float(out.summary["curve"][0]["peak_rss_gib"]),
         "steps": steps_done,
+        "dim": int(store.dim),
         # what a trainer holding the (G, n, C) logits of both sides and their gradients whole
         # would need, float32 (from the shapes, not measured)
         "whole_logits_and_gradients_gib": 2
