@@ -17,6 +17,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 SEED_QUERIES = 100_000
 SEED_COLLECTION = 8_800_000
 SEED_TRAIN_QUERIES = 808_000
@@ -178,6 +180,149 @@ def exact_rss_lines(path: Path) -> list[str]:
     ]
 
 
+FOREST_MODEL_FILE = "forest-memory-100k.json"
+STEPS = ("query", "passage", "joint")
+
+
+def _step_peaks(run: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """``{step: {"total", "anon", "file"}}`` GiB of one forest stage run (each step's own
+    sampled peak; ``total`` the largest VmRSS sample)."""
+    out = {}
+    for st in run.get("steps", []):
+        k = st.get("step_peak_gib") or {}
+        out[st["stage"]] = {
+            "total": float(k.get("VmRSS", st["peak_rss_gib"])),
+            "anon": float(k.get("RssAnon", 0.0)),
+            "file": float(k.get("RssFile", 0.0)),
+        }
+    return out
+
+
+def _model_runs(doc: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The two ``after`` runs of the memory model: the larger and a smaller ``chunk_size``."""
+    after = sorted((r for r in doc["runs"] if r["code"] == "after"), key=lambda r: r["chunk_size"])
+    return after[-1], after[0]
+
+
+def forest_alphas(doc: dict[str, Any]) -> dict[str, float]:
+    """Bytes of peak RSS per block row, per step, from the two ``after`` runs."""
+    big, small = _model_runs(doc)
+    pb, ps = _step_peaks(big), _step_peaks(small)
+    return {
+        step: (pb[step]["total"] - ps[step]["total"])
+        * 2**30
+        / (big["chunk_size"] - small["chunk_size"])
+        for step in STEPS
+        if step in pb and step in ps
+    }
+
+
+def forest_model(doc: dict[str, Any], n_queries: int, chunk: int) -> dict[str, float]:
+    """Predicted peak RSS (GiB) of each step of one forest pair from the model's measured runs.
+
+    ``peak(step) = I(step) + alpha(step) * B + beta(step, n)`` where ``B`` is the block
+    (``chunk_size``) rows, ``n`` the training queries: ``alpha`` (bytes per block row) from two
+    runs that differ only in ``B`` (:func:`forest_alphas`); ``I`` the intercept of the run with
+    ``n0`` queries; ``beta`` the bytes the queries beyond ``n0`` add, from the shapes (module
+    docstring of :mod:`treerank.training.forest`): each query's packed dropout bits (``d / 8``
+    bytes, query and joint steps), its selected passage's packed bits when that passage is new to
+    the shared rows (``N (e^{-n0/N} - e^{-n/N})`` new rows over ``N`` passages; passage and
+    joint steps), and ~64 bytes of per-row and per-example bookkeeping (masks, classes, targets,
+    example indices and weights).
+    """
+    big, _ = _model_runs(doc)
+    pb = _step_peaks(big)
+    n0, n_pass, d = int(big["train_queries"]), int(doc["passages"]), int(big["dim"])
+    new_shared = n_pass * (np.exp(-n0 / n_pass) - np.exp(-n_queries / n_pass))
+    out = {}
+    for step, alpha_b in forest_alphas(doc).items():
+        alpha = alpha_b / 2**30
+        intercept = pb[step]["total"] - alpha * big["chunk_size"]
+        extra = 64.0 * (n_queries - n0)
+        if step in ("query", "joint"):
+            extra += d / 8 * (n_queries - n0)
+        if step in ("passage", "joint"):
+            extra += d / 8 * float(new_shared)
+        out[step] = intercept + alpha * min(chunk, n_queries) + extra / 2**30
+    return out
+
+
+def forest_memory_lines(path: Path, measured_808k: dict[str, Any]) -> list[str]:
+    """The forest pair's memory model (``forest-memory-100k.json``): measured step peaks by
+    kind at 100K training queries, the fitted per-block-row cost, and its prediction at 808K."""
+    if not path.exists():
+        return []
+    doc = json.loads(path.read_text())
+    lines = [
+        "",
+        "## Memory model: one forest pair at C = 1,000 on 3,840-d",
+        "",
+        f"Measured (`bench/results/scale/{path.name}`, `bench/bench_scale.py --stages forest"
+        " --forest-chunk B`, one step per stage, 1 random negative per query, each step's own"
+        " peak of `/proc/self/status` sampled every 50 ms) on the 100K-passage store of the same"
+        " generator, then fitted and extrapolated. `before` is the code at commit 8136846 (rows"
+        " gathered through the memory map), `after` this change (rows read with `pread`,"
+        " `kernels.rows.FileRows`).",
+        "",
+        "| code | training queries | chunk_size B | step | peak GiB | anon GiB | file GiB |"
+        " step s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in doc["runs"]:
+        secs = {st["stage"]: st["seconds"] for st in r.get("steps", [])}
+        for step, pk in _step_peaks(r).items():
+            lines.append(
+                f"| {r['code']} | {int(r['train_queries']):,} | {int(r['chunk_size']):,} | {step}"
+                f" | {pk['total']:.2f} | {pk['anon']:.2f} | {pk['file']:.2f} |"
+                f" {secs.get(step, 0):,.1f} |"
+            )
+    pred = {b: forest_model(doc, SEED_TRAIN_QUERIES, b) for b in (65_536, 16_384)}
+    alphas = forest_alphas(doc)
+    model = (
+        "**The model.** A step's peak is `I + alpha * B + beta(n)`: `alpha` bytes per block row"
+        " (fitted from the two `after` runs that differ only in B: "
+        + ", ".join(f"{k} {v / 1024:,.0f} KiB" for k, v in alphas.items())
+        + "; at d = 3,840 a block row is 15 KiB of float32 input, and the forward pass of a"
+        " dropout layer holds the rows read, their unpacked keep mask (1 byte per element) and"
+        " the two dropout products, ~13 d bytes, beside ~6 logits-sized (C = 1,000 floats)"
+        " tensors of the softmax terms and their gradients; the joint step holds one side's"
+        " graph while it runs the other's), `I` the intercept at the measured n0 = 100,000"
+        " queries, `beta` from the shapes: each further query adds its packed dropout bits"
+        " (d / 8 = 480 bytes) and, in the passage and joint steps, those of its selected"
+        " passage when that passage is new to the shared rows, plus ~64 bytes of bookkeeping."
+        " The block terms do not grow with the queries: all the extrapolation to 808K adds is"
+        " the banks of packed bits. The `before` code adds the file-backed term (the `file`"
+        " column): the pages each block's gathers mapped (each fault also maps the row's cached"
+        " neighbours), up to the span of the rows read, which over the 15 GB passage file of"
+        " the 808K run is what the measured steps (below) hold beyond the prediction; `pread`"
+        " reads remove it. **What bounds it under 8 GiB:** the `pread` reads (this change)"
+        " and, for a margin, a smaller block: `trainer.chunk_size: 16384` (the gradient is the"
+        " same sum, block by block; the same rows pass through the same GEMMs)."
+    )
+    meas = {st["stage"]: st["peak_rss_gib"] for st in measured_808k.get("steps", [])}
+    lines += [
+        "",
+        model,
+        "",
+        "| step | predicted at 808K, B = 65,536 (GiB) | measured at 808K, B = 65,536, before"
+        " (GiB, ru_maxrss so far) | predicted at 808K, B = 16,384 (GiB) |",
+        "|---|---|---|---|",
+    ]
+    stopped = measured_808k.get("peak_rss_gib")
+    for step in STEPS:
+        m = meas.get(step)
+        m_text = (
+            f"{m:.2f}"
+            if m is not None
+            else (f">= {stopped:.2f} (stopped in this step)" if stopped else "-")
+        )
+        lines.append(
+            f"| {step} | {pred[65_536].get(step, float('nan')):.2f} | {m_text} |"
+            f" {pred[16_384].get(step, float('nan')):.2f} |"
+        )
+    return lines
+
+
 def extra_lines(results_dir: Path) -> list[str]:
     """Target notes from the side files: the margin probe and the exact stage before its fix."""
     out = exact_rss_lines(results_dir / "exact-rss-100k.json")
@@ -206,7 +351,10 @@ def extra_lines(results_dir: Path) -> list[str]:
 
 
 def render(
-    doc: dict[str, Any], probe: dict[str, Any] | None = None, extra: list[str] | None = None
+    doc: dict[str, Any],
+    probe: dict[str, Any] | None = None,
+    extra: list[str] | None = None,
+    sections: list[str] | None = None,
 ) -> str:
     st, s = doc["stages"], doc["settings"]
     n = int(s["passages"])
@@ -481,6 +629,7 @@ def render(
     ]
     if probe:
         lines += _probe_lines(probe, fo)
+    lines += sections or []
     lines += [
         "",
         "## Commands",
@@ -587,7 +736,28 @@ def main() -> None:
         help="per-stage results files that replace those stages in --results (the others kept,"
         " marked with the commit that measured them)",
     )
+    ap.add_argument(
+        "--forest-runs",
+        nargs="+",
+        metavar="CODE=FILE",
+        help="forest stage runs of the memory model (CODE: before / after): written to"
+        f" {FOREST_MODEL_FILE} beside --results",
+    )
     a = ap.parse_args()
+    if a.forest_runs:
+        from treerank.atomic import atomic_write_json
+
+        runs = []
+        passages = None
+        for item in a.forest_runs:
+            code, _, name = item.partition("=")
+            run = json.loads(Path(name).read_text())
+            passages = run["settings"]["passages"]
+            runs.append({"code": code, **run["stages"]["forest"]})
+        atomic_write_json(
+            a.results.parent / FOREST_MODEL_FILE, {"passages": passages, "runs": runs}, indent=1
+        )
+        print(f"wrote {a.results.parent / FOREST_MODEL_FILE}")
     if a.update:
         import subprocess
 
@@ -620,7 +790,11 @@ def main() -> None:
         print(f"wrote {a.results}")
     probe_file = a.results.parent / "probe-100k.json"
     probe = json.loads(probe_file.read_text()) if probe_file.exists() else None
-    page = render(json.loads(a.results.read_text()), probe, extra_lines(a.results.parent))
+    results = json.loads(a.results.read_text())
+    model = forest_memory_lines(
+        a.results.parent / FOREST_MODEL_FILE, results["stages"].get("forest", {})
+    )
+    page = render(results, probe, extra_lines(a.results.parent), model)
     a.out.write_text(page, encoding="utf-8")
     print(f"wrote {a.out}")
 
