@@ -45,7 +45,21 @@ done
 rm -rf /tmp/scale-run
 .venv/bin/python bench/scale_table.py --merge /tmp/scale-results-data.json \\
     /tmp/scale-results-{exact,flat-reference,ivfpq,train-linear,eval-linear,forest}.json \\
-    --not-run "int8=$WHY"\
+    --not-run "int8=$WHY"
+# issue 34: a search-only 1M store (no training queries), stages rerun into the results
+nice -n 10 .venv/bin/python bench/bench_scale.py --root /tmp/scale-1m --passages 1000000 \\
+    --eval-queries 2000 --train-queries 0 --stages data --keep --out /tmp/s-data.json
+nice -n 10 .venv/bin/python bench/bench_scale.py --root /tmp/scale-1m --passages 1000000 \\
+    --eval-queries 2000 --train-queries 0 --n-eval $N --stages exact --keep \\
+    --out /tmp/s-exact.json --timeout $SECONDS_LEFT
+.venv/bin/python bench/scale_table.py --update /tmp/s-exact.json --not-run "int8=$WHY"
+# the exact stage's memory by kind and phase, before and after (100K passages, same generator)
+ARGS100K="--passages 100000 --eval-queries 2000 --train-queries 100000"
+nice -n 10 .venv/bin/python bench/bench_scale.py --root /tmp/s100k $ARGS100K --stages data --keep
+.venv/bin/python bench/scale_rss_probe.py --root /tmp/s100k --queries 2000 \\
+    --out bench/results/scale/exact-rss-100k.json --label after
+# the forest memory model: forest stage runs (--forest-queries N --forest-chunk B), then
+.venv/bin/python bench/scale_table.py --forest-runs before=F1.json after=F2.json after=F3.json\
 """
 
 
@@ -675,14 +689,31 @@ def merge(files: list[Path]) -> dict[str, Any]:
     last = runs[-1][1]["settings"]
     doc: dict[str, Any] = {"stages": {}, "settings": last, "machine": runs[-1][1].get("machine")}
     for f, run in runs:
-        mine = run["settings"]
-        bad = [k for k in STORE_KEYS if mine.get(k) != last.get(k)]
-        if bad:
-            raise ValueError(f"{f}: another store than {files[-1]}'s ({', '.join(bad)} differ)")
-        differ = {k: v for k, v in mine.items() if last.get(k) != v and k != "out"}
-        for name, res in run["stages"].items():
-            doc["stages"][name] = {**res, "run_settings": differ} if differ else res
+        _put_run(doc, f, run, last, STORE_KEYS, f"store than {files[-1]}'s")
     return doc
+
+
+def _put_run(
+    doc: dict[str, Any],
+    f: Path,
+    run: dict[str, Any],
+    base: dict[str, Any],
+    keys: tuple[str, ...],
+    other: str,
+) -> None:
+    """Put the stages of ``run`` (read from ``f``) into ``doc``, each with the run's settings
+    that differ from ``base`` in its ``run_settings``.
+
+    Raises:
+        ValueError: a ``keys`` setting differs from ``base`` (``f: another {other} (...)``).
+    """
+    mine = run["settings"]
+    bad = [k for k in keys if mine.get(k) != base.get(k)]
+    if bad:
+        raise ValueError(f"{f}: another {other} ({', '.join(bad)} differ)")
+    differ = {k: v for k, v in mine.items() if base.get(k) != v and k != "out"}
+    for name, res in run["stages"].items():
+        doc["stages"][name] = {**res, "run_settings": differ} if differ else res
 
 
 def update(
@@ -704,14 +735,7 @@ def update(
         if isinstance(res, dict) and "not_run" not in res:
             res.setdefault("measured_at_commit", old_commit)
     for f in files:
-        run = json.loads(f.read_text())
-        mine = run["settings"]
-        bad = [k for k in keys if mine.get(k) != base.get(k)]
-        if bad:
-            raise ValueError(f"{f}: another collection than the results' ({', '.join(bad)} differ)")
-        differ = {k: v for k, v in mine.items() if base.get(k) != v and k != "out"}
-        for name, res in run["stages"].items():
-            doc["stages"][name] = {**res, "run_settings": differ} if differ else res
+        _put_run(doc, f, json.loads(f.read_text()), base, keys, "collection than the results'")
     return doc
 
 

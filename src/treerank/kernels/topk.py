@@ -622,9 +622,12 @@ def exact_search(
         reader.done(start, min(start + chunk_size, n))
     bar.close()
     pre_ids, pre_vals = decode_keys(np.sort(keys, axis=1))
-    return _exact_top_k(
-        q, reader, pre_ids, pre_vals, k, passage_transform, p_norm, chunk_size, query_batch
-    )
+    try:
+        return _exact_top_k(
+            q, reader, pre_ids, pre_vals, k, passage_transform, p_norm, chunk_size, query_batch
+        )
+    finally:
+        reader.close()
 
 
 class _ChunkReader:
@@ -711,25 +714,6 @@ def _exact_top_k(
     pair alone); with a passage transform, ``query_batch`` queries' rows at a time (the batch
     the transform has always been given).
     """
-    try:
-        return _exact_top_k_rows(
-            q, reader, pre_ids, pre_vals, k, transform, p_norm, chunk_size, query_batch
-        )
-    finally:
-        reader.close()
-
-
-def _exact_top_k_rows(
-    q: np.ndarray,
-    reader: _ChunkReader,
-    pre_ids: np.ndarray,
-    pre_vals: np.ndarray,
-    k: int,
-    transform: Callable[[np.ndarray], np.ndarray] | None,
-    p_norm: float,
-    chunk_size: int,
-    query_batch: int,
-) -> tuple[np.ndarray, np.ndarray]:
     reader.free_buffer()  # the gathers below do not need the block buffer
     n = reader.n
     nq, kk = pre_ids.shape
