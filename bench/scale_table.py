@@ -177,35 +177,48 @@ def exact_rss_lines(path: Path) -> list[str]:
     return [
         f"- What dominated the exact stage's peak RSS (`{path.name}`,"
         f" `bench/scale_rss_probe.py`: {b['passages']:,} passages x {b['dim']:,} of the same"
-        f" generator, {b['queries']:,} queries, `/proc/self/status` sampled every 50 ms by"
-        f" phase): before ({b['note']}) the peak was {b['ru_maxrss_gib']:.2f} GiB, in the"
-        f" `{bn}` phase (the exact rescoring's row gathers): {bp['peak_file_gib']:.2f} GiB"
+        " generator, `/proc/self/status` sampled every 50 ms by phase): before"
+        f" ({b['note']}; {b['queries']:,} queries) the peak was {b['ru_maxrss_gib']:.2f} GiB,"
+        f" in the `{bn}` phase (the exact rescoring's row gathers): {bp['peak_file_gib']:.2f} GiB"
         " file-backed (pages of the passage file mapped by the gathers' page faults; each fault"
         " also maps the row's cached neighbours, so scattered gathers made most of the file"
         f" resident, {b['passages'] * b['dim'] * 4 / 2**30:.2f} GiB here, most of the 14.3 GiB"
         f" file at 1M) + {bp['peak_anon_gib']:.2f} GiB anonymous (a 256-query batch's 116"
         " rows each, 0.46 GB at 3,840 dims, the previous batch's still alive). After"
-        f" ({a['note']}): {a['ru_maxrss_gib']:.2f} GiB, in the `{an}` phase"
+        f" ({a['note']}; {a['queries']:,} queries): {a['ru_maxrss_gib']:.2f} GiB, in the"
+        f" `{an}` phase"
         f" ({ap['peak_anon_gib']:.2f} GiB anonymous: the 384 MiB chunk buffer and the scores;"
         f" {ap['peak_file_gib']:.2f} GiB file-backed: the libraries' code), which does not grow"
-        " with the passages (`tests/kernels/test_topk_memory.py`); results byte for byte"
-        f" {same} (SHA-256 of ids and scores); {a['full_rescore_queries']} of the queries were"
-        " rescored over every passage.",
+        " with the passages (`tests/kernels/test_topk_memory.py`; peaks are per query batch:"
+        " more queries add only the (queries, 116) preselection keys). Results:"
+        + (
+            f" byte for byte {same} (SHA-256 of ids and scores)"
+            if a["queries"] == b["queries"]
+            else " bit-identical (the kernel tests and the FAISS reference tests)"
+        )
+        + f"; {a['full_rescore_queries']} of the {a['queries']:,} queries were rescored over"
+        " every passage.",
     ]
 
 
-FOREST_MODEL_FILE = "forest-memory-100k.json"
+FOREST_MODEL_FILE = "forest-memory-model.json"
 STEPS = ("query", "passage", "joint")
 
 
 def _step_peaks(run: dict[str, Any]) -> dict[str, dict[str, float]]:
-    """``{step: {"total", "anon", "file"}}`` GiB of one forest stage run (each step's own
-    sampled peak; ``total`` the largest VmRSS sample)."""
+    """``{step: {"total", "anon", "file"}}`` GiB of one forest stage run: ``total`` the
+    process's ``ru_maxrss`` after a step that raised it (exact), else the step's largest VmRSS
+    sample (every 50 ms: a lower bound); ``anon`` / ``file`` the step's sampled peaks."""
     out = {}
+    before = 0.0
     for st in run.get("steps", []):
         k = st.get("step_peak_gib") or {}
+        # ru_maxrss (exact) when this step raised the process's peak; else the sampled peak
+        raised = float(st["peak_rss_gib"]) > before + 1e-9
+        total = float(st["peak_rss_gib"]) if raised else float(k.get("VmRSS", 0.0))
+        before = max(before, float(st["peak_rss_gib"]))
         out[st["stage"]] = {
-            "total": float(k.get("VmRSS", st["peak_rss_gib"])),
+            "total": total,
             "anon": float(k.get("RssAnon", 0.0)),
             "file": float(k.get("RssFile", 0.0)),
         }
@@ -262,8 +275,8 @@ def forest_model(doc: dict[str, Any], n_queries: int, chunk: int) -> dict[str, f
 
 
 def forest_memory_lines(path: Path, measured_808k: dict[str, Any]) -> list[str]:
-    """The forest pair's memory model (``forest-memory-100k.json``): measured step peaks by
-    kind at 100K training queries, the fitted per-block-row cost, and its prediction at 808K."""
+    """The forest pair's memory model (``forest-memory-model.json``): measured step peaks by
+    kind on small training sets, the fitted per-block-row cost, and its prediction at 808K."""
     if not path.exists():
         return []
     doc = json.loads(path.read_text())
@@ -272,8 +285,8 @@ def forest_memory_lines(path: Path, measured_808k: dict[str, Any]) -> list[str]:
         "## Memory model: one forest pair at C = 1,000 on 3,840-d",
         "",
         f"Measured (`bench/results/scale/{path.name}`, `bench/bench_scale.py --stages forest"
-        " --forest-chunk B`, one step per stage, 1 random negative per query, each step's own"
-        " peak of `/proc/self/status` sampled every 50 ms) on the 100K-passage store of the same"
+        " --forest-queries n --forest-chunk B`, one step per stage, 1 random negative per"
+        " query, each step's own peak of `/proc/self/status` sampled every 50 ms) on the 100K-passage store of the same"
         " generator, then fitted and extrapolated. `before` is the code at commit 8136846 (rows"
         " gathered through the memory map), `after` this change (rows read with `pread`,"
         " `kernels.rows.FileRows`).",
@@ -300,8 +313,9 @@ def forest_memory_lines(path: Path, measured_808k: dict[str, Any]) -> list[str]:
         " dropout layer holds the rows read, their unpacked keep mask (1 byte per element) and"
         " the two dropout products, ~13 d bytes, beside ~6 logits-sized (C = 1,000 floats)"
         " tensors of the softmax terms and their gradients; the joint step holds one side's"
-        " graph while it runs the other's), `I` the intercept at the measured n0 = 100,000"
-        " queries, `beta` from the shapes: each further query adds its packed dropout bits"
+        " graph while it runs the other's), `I` the intercept at the measured n0 ="
+        f" {int(_model_runs(doc)[0]['train_queries']):,} queries, `beta` from the shapes:"
+        " each further query adds its packed dropout bits"
         " (d / 8 = 480 bytes) and, in the passage and joint steps, those of its selected"
         " passage when that passage is new to the shared rows, plus ~64 bytes of bookkeeping."
         " The block terms do not grow with the queries: all the extrapolation to 808K adds is"
