@@ -284,12 +284,12 @@ def forest_memory_lines(path: Path, measured_808k: dict[str, Any]) -> list[str]:
         "",
         "## Memory model: one forest pair at C = 1,000 on 3,840-d",
         "",
-        f"Measured (`bench/results/scale/{path.name}`, `bench/bench_scale.py --stages forest"
+        f"Measured (`bench/results/scale/{path.name}`: `bench/bench_scale.py --stages forest"
         " --forest-queries n --forest-chunk B`, one step per stage, 1 random negative per"
-        " query, each step's own peak of `/proc/self/status` sampled every 50 ms) on the 100K-passage store of the same"
-        " generator, then fitted and extrapolated. `before` is the code at commit 8136846 (rows"
-        " gathered through the memory map), `after` this change (rows read with `pread`,"
-        " `kernels.rows.FileRows`).",
+        " query, each step's own peak of `/proc/self/status` sampled every 50 ms) on the"
+        " 100K-passage store of the same generator, then fitted and extrapolated. `before` is"
+        " the code at commit 8136846 (rows gathered through the memory map), `after` this"
+        " change (rows read with `pread`, `kernels.rows.FileRows`).",
         "",
         "| code | training queries | chunk_size B | step | peak GiB | anon GiB | file GiB |"
         " step s |",
