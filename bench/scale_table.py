@@ -514,6 +514,28 @@ def render(
 
     ex, fl = st.get("exact", {}), st.get("flat-reference", {})
     lines += ["", "## Targets", ""]
+    same_run = ex.get("queries") == fl.get("queries") and ex.get("measured_at_commit") == fl.get(
+        "measured_at_commit"
+    )
+    before = doc.get("replaced", {}).get("exact")
+    if ex.get("qps") and not same_run and "error" not in ex:
+        lines.append(
+            f"- 1M x 3,840 exact search, this change ({ex['queries']:,} queries, one query"
+            f" batch: the peaks are per batch): peak RSS {_f(ex['peak_rss_gib'], 2)} GiB (target"
+            f" <= 2: {_met(ex['peak_rss_gib'] <= 2)}); {_f(ex['qps'], 2)} q/s,"
+            f" {_f(ex['cpu_seconds'])} CPU s."
+            + (
+                f" Before (commit {before.get('measured_at_commit')}, {before['queries']:,}"
+                f" queries): peak RSS {_f(before['peak_rss_gib'], 2)} GiB, {_f(before['qps'], 2)}"
+                " q/s."
+                if before and before.get("qps")
+                else ""
+            )
+            + " The FAISS `IndexFlatIP` reference was not rerun with it; its 2,000-query"
+            " comparison is the commit's below."
+        )
+        if before and before.get("qps") and fl.get("qps"):
+            ex = before  # the comparison on the same 2,000-query batch is the old run's
     if ex.get("qps") and fl.get("qps"):
         ratio = ex["qps"] / fl["qps"]
         lines.append(
@@ -562,6 +584,12 @@ def render(
         )
     for line in extra or []:
         lines.append(line)
+    lines.append(
+        "- bf16 search: `exact_search` has no bf16 path (a float32 BLAS preselection, then the"
+        " float64 pair kernel's exact scores); bf16 is an encoding precision"
+        " (`precision: bf16`, `docs/encoding.md`), so a bf16-encoded store searches at the"
+        " exact stage's cost: nothing separate to time."
+    )
     lines.append(
         "- With a GPU (exact search of 100K x 1M x 3,840 in under a minute): not measured, no GPU"
         " in this session (above)."
@@ -749,7 +777,11 @@ def update(
         if isinstance(res, dict) and "not_run" not in res:
             res.setdefault("measured_at_commit", old_commit)
     for f in files:
-        _put_run(doc, f, json.loads(f.read_text()), base, keys, "collection than the results'")
+        run = json.loads(f.read_text())
+        for name in run["stages"]:
+            if isinstance(doc["stages"].get(name), dict) and "not_run" not in doc["stages"][name]:
+                doc.setdefault("replaced", {})[name] = doc["stages"][name]
+        _put_run(doc, f, run, base, keys, "collection than the results'")
     return doc
 
 
