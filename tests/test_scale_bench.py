@@ -196,21 +196,30 @@ def _run(code: str, chunk: int, query: float, passage: float) -> dict[str, Any]:
         {"stage": s, "seconds": 1.0, "peak_rss_gib": v, "step_peak_gib": {"VmRSS": v}}
         for s, v in (("query", query), ("passage", passage))
     ]
-    return {"code": code, "chunk_size": chunk, "train_queries": 20, "dim": 8, "steps": steps}
+    return {
+        "code": code,
+        "chunk_size": chunk,
+        "train_queries": 20,
+        "dim": 8,
+        "passage_rows": 30,
+        "steps": steps,
+    }
 
 
 def test_forest_memory_model_by_hand() -> None:
     """Two runs differing only in B: query 1.0 vs 0.5 GiB at B = 10 vs 5 -> alpha 0.1 GiB per
     block row, intercept 0; passage 2.0 vs 1.5 -> alpha 0.1, intercept 1.0. At n = 40 (n0 =
-    20, d = 8, N = 100 passages): query adds (64 + 8 / 8) * 20 = 1,300 bytes; passage adds
-    64 * 20 + 1 * 100 * (e^-0.2 - e^-0.4) = 1,294.84 bytes."""
+    20, d = 8, N = 100 passages, 30 passage rows measured): query adds (64 + 8 / 8) * 20 =
+    1,300 bytes; passage adds 64 * 20 + 1 * (100 * (1 - e^-0.4) + 1,024 - 30) = 2,306.97."""
     doc = {"passages": 100, "runs": [_run("after", 10, 1.0, 2.0), _run("after", 5, 0.5, 1.5)]}
     alphas = table.forest_alphas(doc)
     assert alphas["query"] == pytest.approx(0.1 * 2**30) and alphas["passage"] == pytest.approx(
         0.1 * 2**30
     )
-    pred = table.forest_model(doc, 40, 10)
+    pred = table.forest_model(doc, 40, 10, n_passages=100)
     assert pred["query"] == pytest.approx(1.0 + 1300 / 2**30, abs=1e-12)
-    new_rows = 100 * (np.exp(-0.2) - np.exp(-0.4))
+    new_rows = 100 * (1 - np.exp(-0.4)) + 1024 - 30
     assert pred["passage"] == pytest.approx(2.0 + (1280 + new_rows) / 2**30, abs=1e-12)
-    assert table.forest_model(doc, 40, 5)["query"] == pytest.approx(0.5 + 1300 / 2**30)
+    assert table.forest_model(doc, 40, 5, n_passages=100)["query"] == pytest.approx(
+        0.5 + 1300 / 2**30
+    )
