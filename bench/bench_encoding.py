@@ -76,25 +76,29 @@ def fidelity_texts(n: int) -> dict[str, list[str]]:
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--n-passages", type=int, default=320)
-    ap.add_argument("--batch-size", type=int, default=32)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--fidelity-n", type=int, default=128)
-    ap.add_argument("--out", type=Path, default=OUT)
-    args = ap.parse_args()
+def measure(
+    n_passages: int = 320,
+    batch_size: int = 32,
+    threads: int = 1,
+    repeats: int = 3,
+    fidelity_n: int = 128,
+) -> dict[str, Any]:
+    """Every encoding path against plain ``encode``, runs interleaved (the module docstring).
 
+    Returns:
+        the results document (``rows`` by path: seconds, passages/s, ratio to plain fp32 in wall
+        and CPU time, min / mean cosine to plain fp32; ``auto``'s choice; ``cpu``: ``lscpu``'s
+        model and flags); ``fidelity_n = 0`` skips the two extra collections.
+    """
     import torch
 
     from treerank.encoders import SentenceEncoder
     from treerank.encoders.precision import FIDELITY_BOUNDS, cosines, library_versions
     from treerank.readers.scifact import read_scifact
 
-    torch.set_num_threads(args.threads)
-    texts = read_scifact(SCIFACT, "test").passage_texts[: args.n_passages]
-    kw = {"threads": args.threads, "max_batch_size": args.batch_size, "progress": False}
+    torch.set_num_threads(threads)
+    texts = read_scifact(SCIFACT, "test").passage_texts[:n_passages]
+    kw = {"threads": threads, "max_batch_size": batch_size, "progress": False}
     encoders: dict[str, Any] = {
         "torch/fp32": SentenceEncoder(**kw),
         "torch/bf16": SentenceEncoder(precision="bf16", **kw),
@@ -112,7 +116,7 @@ def main() -> None:
     def plain(bf16: bool) -> Callable[[], np.ndarray]:
         def run() -> np.ndarray:
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-                v = st.encode(texts, batch_size=args.batch_size, convert_to_tensor=True)
+                v = st.encode(texts, batch_size=batch_size, convert_to_tensor=True)
             v = v.float()
             return torch.nn.functional.normalize(v, dim=1).numpy()
 
@@ -129,7 +133,7 @@ def main() -> None:
     best: dict[str, tuple[float, float]] = {}
     vectors: dict[str, np.ndarray] = {}
     names = list(runs)
-    for r in range(args.repeats):
+    for r in range(repeats):
         order = names[r % len(names) :] + names[: r % len(names)]
         for name in order:
             c0, t0 = time.process_time(), time.perf_counter()
@@ -142,7 +146,7 @@ def main() -> None:
 
     ref_wall, ref_cpu = best["plain fp32"]
     ref_vec = vectors["plain fp32"]
-    extra = fidelity_texts(args.fidelity_n)
+    extra = fidelity_texts(fidelity_n) if fidelity_n > 0 else {}
     rows: dict[str, dict[str, Any]] = {}
     for name in names:
         wall, cpu = best[name]
@@ -176,9 +180,9 @@ def main() -> None:
     doc = {
         "dataset": "BEIR SciFact test abstracts (the first N of the corpus)",
         "n_passages": len(texts),
-        "batch_size": args.batch_size,
-        "threads": args.threads,
-        "repeats": args.repeats,
+        "batch_size": batch_size,
+        "threads": threads,
+        "repeats": repeats,
         "fidelity_collections": {k: len(v) for k, v in extra.items()},
         "reference": "plain fp32",
         "rows": rows,
@@ -188,6 +192,19 @@ def main() -> None:
         "versions": library_versions(),
         "measured_unix": time.time(),
     }
+    return doc
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--n-passages", type=int, default=320)
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--fidelity-n", type=int, default=128)
+    ap.add_argument("--out", type=Path, default=OUT)
+    args = ap.parse_args()
+    doc = measure(args.n_passages, args.batch_size, args.threads, args.repeats, args.fidelity_n)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     from treerank.atomic import atomic_write_json
 

@@ -50,6 +50,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -166,13 +167,16 @@ def stage_data(a: argparse.Namespace) -> dict[str, Any]:
     bad_p = write_rows(val / "passages.bin", mix.passages, a.passages, 0, a.snr, 16_384)
     t_pass = time.perf_counter() - t0
     write_split(val, mix, a.eval_queries, a.passages, 0, a.snr, 16_384, bad_p)
-    train.mkdir(parents=True, exist_ok=True)
-    if not (train / "passages.bin").exists():
-        os.link(val / "passages.bin", train / "passages.bin")  # one passage file, shared
     t1 = time.perf_counter()
-    write_split(train, mix, a.train_queries, a.passages, 100, a.snr, 16_384, bad_p)
+    splits = [val]
+    if a.train_queries > 0:  # --train-queries 0: the search stages' store only (no train split)
+        train.mkdir(parents=True, exist_ok=True)
+        if not (train / "passages.bin").exists():
+            os.link(val / "passages.bin", train / "passages.bin")  # one passage file, shared
+        write_split(train, mix, a.train_queries, a.passages, 100, a.snr, 16_384, bad_p)
+        splits.append(train)
     t_train = time.perf_counter() - t1
-    for d in (val, train):  # the store's own format constants
+    for d in splits:  # the store's own format constants
         m = json.loads((d / "meta.json").read_text())
         m.update(format=FORMAT_NAME, format_version=FORMAT_VERSION)
         (d / "meta.json").write_text(json.dumps(m))
@@ -184,7 +188,7 @@ def stage_data(a: argparse.Namespace) -> dict[str, Any]:
         "train_queries_seconds": t_train,
         "bytes": {
             "passages": (val / "passages.bin").stat().st_size,
-            "train_queries": (train / "queries.bin").stat().st_size,
+            "train_queries": (train / "queries.bin").stat().st_size if a.train_queries else 0,
             "eval_queries": (val / "queries.bin").stat().st_size,
         },
     }
@@ -292,6 +296,9 @@ class _QueryPrefix:
     def __init__(self, store: Any, n: int) -> None:
         self.base, self.n = store, n
         self.queries = store.queries[:n]
+        for name in ("candidates", "labels"):  # a training split's judgements, per query
+            if hasattr(store, name):
+                setattr(self, name, getattr(store, name)[:n])
         self.passages = store.passages
         self.n_passages = store.n_passages
         self.n_queries = n
@@ -354,7 +361,9 @@ def stage_forest(a: argparse.Namespace) -> dict[str, Any]:
     from treerank.training.forest import train_forest
     from treerank.training.forest_data import pair_data, shared_rows
 
-    store = EmbeddingStore.open(a.root / "train")
+    store: Any = EmbeddingStore.open(a.root / "train")
+    if 0 < a.forest_queries < store.n_queries:  # the memory model's smaller splits
+        store = _QueryPrefix(store, a.forest_queries)
     cfg = yaml.safe_load(FOREST_CONFIG.read_text())
     cfg["model"].update(n_models=1, n_classes=a.forest_classes)
     cfg["data"].update(hard_negatives=0, random_negatives=a.forest_random_negatives)
@@ -378,9 +387,22 @@ def stage_forest(a: argparse.Namespace) -> dict[str, Any]:
     blocked_step = forest_module._blocked_step
     steps_done: list[dict[str, Any]] = []
     t0 = time.perf_counter()
+    # each step's own peaks of anonymous and file-backed resident memory, sampled every 50 ms
+    # (ru_maxrss is the process's peak so far, not the step's)
+    current: dict[str, Any] = {"peaks": {}}
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            for key, kib in rss_split().items():
+                current["peaks"][key] = max(current["peaks"].get(key, 0), kib)
+            stop.wait(0.05)
+
+    threading.Thread(target=sample, daemon=True).start()
 
     def timed_step(sides: Any, stage: str, *args: Any, **kwargs: Any) -> float:
         t = time.perf_counter()
+        current["peaks"] = {}
         value = blocked_step(sides, stage, *args, **kwargs)
         steps_done.append(
             {
@@ -388,13 +410,17 @@ def stage_forest(a: argparse.Namespace) -> dict[str, Any]:
                 "seconds": time.perf_counter() - t,
                 "ended_at_seconds": time.perf_counter() - t0,
                 **rss(None),
+                "step_peak_gib": {k: v / 2**20 for k, v in current["peaks"].items()},
             }
         )
         a.result.with_suffix(".progress.json").write_text(json.dumps(steps_done))
         return value
 
     forest_module._blocked_step = timed_step  # type: ignore[assignment]
-    out = train_forest(store, cfg, validate=rss, progress=False)
+    try:
+        out = train_forest(store, cfg, validate=rss, progress=False)
+    finally:
+        stop.set()
     sec = time.perf_counter() - t0
     pairs = [r for r in out.records if r.get("kind") == "pair"]
     nq = int(out.summary["n_train_queries"])
@@ -414,6 +440,7 @@ def stage_forest(a: argparse.Namespace) -> dict[str, Any]:
         "pair_seconds": float(pairs[0]["seconds"]),
         "peak_rss_gib_after_pair": float(out.summary["curve"][0]["peak_rss_gib"]),
         "steps": steps_done,
+        "dim": int(store.dim),
         # what a trainer holding the (G, n, C) logits of both sides and their gradients whole
         # would need, float32 (from the shapes, not measured)
         "whole_logits_and_gradients_gib": 2
@@ -435,14 +462,37 @@ STAGES = {
 }
 
 
+RSS_FIELDS = ("VmRSS", "RssAnon", "RssFile", "RssShmem")
+
+
+def rss_split(pid: int | str = "self") -> dict[str, int]:
+    """Resident memory of a process by kind, in KiB, from ``/proc/<pid>/status``: ``VmRSS``
+    (all), ``RssAnon`` (heap, numpy / torch buffers), ``RssFile`` (file pages mapped into the
+    process: a memory map's pages read and not yet released), ``RssShmem``; ``{}`` when the
+    file is unreadable (not Linux, or the process ended)."""
+    out: dict[str, int] = {}
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key in RSS_FIELDS:
+                out[key] = int(value.split()[0])
+    except (OSError, ValueError, IndexError):
+        return {}
+    return out
+
+
 def run_child(argv: list[str], timeout: float) -> dict[str, Any]:
-    """One stage in a child process: its JSON result plus wall time, peak RSS, CPU seconds."""
+    """One stage in a child process: its JSON result plus wall time, peak RSS, CPU seconds, and
+    the peaks of its anonymous and file-backed resident memory (``/proc/<pid>/status`` sampled
+    every 0.2 s: which kind dominates the peak)."""
     out_file = Path(argv[argv.index("--result") + 1])
     t0 = time.perf_counter()
     load_start = os.getloadavg()
     proc = subprocess.Popen([sys.executable, __file__, *argv])
     deadline = t0 + timeout
     status, ru, killed = 0, None, False
+    peaks: dict[str, int] = {}
+    at_peak: dict[str, int] = {}  # the kinds when VmRSS was at its sampled peak
     while True:
         pid, status, ru = os.wait4(proc.pid, os.WNOHANG)
         if pid:
@@ -452,11 +502,19 @@ def run_child(argv: list[str], timeout: float) -> dict[str, Any]:
             _, status, ru = os.wait4(proc.pid, 0)
             killed = True
             break
-        time.sleep(0.5)
+        sample = rss_split(proc.pid)
+        for key, kib in sample.items():
+            peaks[key] = max(peaks.get(key, 0), kib)
+        if sample.get("VmRSS", 0) >= at_peak.get("VmRSS", 0):
+            at_peak = sample
+        time.sleep(0.2)
     wall = time.perf_counter() - t0
     res: dict[str, Any] = {
         "wall_seconds": wall,
         "peak_rss_gib": ru.ru_maxrss / 2**20,
+        # sampled (0.2 s): each kind's own peak, and the split at the sampled VmRSS peak
+        "sampled_peak_gib": {k: v / 2**20 for k, v in peaks.items()},
+        "at_sampled_peak_gib": {k: v / 2**20 for k, v in at_peak.items()},
         "cpu_seconds": ru.ru_utime + ru.ru_stime,
         "exit": os.waitstatus_to_exitcode(status),
         # the machine's 1/5/15-minute load averages when the stage started and ended (shared
@@ -504,6 +562,12 @@ def main() -> None:
     ap.add_argument("--forest-classes", type=int, default=1000)
     ap.add_argument("--forest-steps", type=int, default=1, help="Adam steps per forest stage")
     ap.add_argument("--forest-chunk", type=int, default=65536, help="forest rows per block")
+    ap.add_argument(
+        "--forest-queries",
+        type=int,
+        default=0,
+        help="forest: train on the first N training queries only (0: all)",
+    )
     ap.add_argument(
         "--forest-random-negatives",
         type=int,

@@ -28,6 +28,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -35,6 +36,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -116,6 +118,50 @@ def level(
     }
 
 
+@contextlib.contextmanager
+def server(
+    store: Path,
+    system: str,
+    batch_window_ms: float,
+    log_path: Path,
+    start_timeout: float = 600,
+    extra: Sequence[str] = (),
+) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """A ``treerank serve`` process on a free port of 127.0.0.1, once ``/health`` answers 200;
+    yields ``(process, base URL)`` and stops the process on exit (its output in ``log_path``).
+
+    Raises:
+        SystemExit: the server exited, or did not answer within ``start_timeout`` seconds.
+    """
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    cmd = [sys.executable, "-m", "treerank.cli.main", "serve", "--store", str(store)]
+    cmd += ["--system", system, "--port", str(port), "--batch-window-ms", str(batch_window_ms)]
+    cmd += list(extra)
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
+        try:
+            deadline = time.monotonic() + start_timeout
+            while True:
+                if proc.poll() is not None:
+                    sys.exit(f"server exited: {log_path.read_text()[-2000:]}")
+                try:
+                    if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                if time.monotonic() > deadline:
+                    sys.exit("server did not start in time")
+                time.sleep(0.5)
+            yield proc, base
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
 def render(doc: dict[str, Any]) -> str:
     """The markdown tables of a results document (what ``docs/serving.md`` shows)."""
     s = doc["setup"]
@@ -177,31 +223,13 @@ def main() -> None:
 
     store = EmbeddingStore.open(args.store)
     texts = store.query_texts()
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
     args.out.parent.mkdir(parents=True, exist_ok=True)
     log_path = args.out.with_suffix(".server.log")
-    log = open(log_path, "w")
-    cmd = [sys.executable, "-m", "treerank.cli.main", "serve", "--store", str(args.store)]
-    cmd += ["--system", args.system, "--port", str(port)]
-    cmd += ["--batch-window-ms", str(args.batch_window_ms)]
     load_before = os.getloadavg()[0]
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
     rows: list[dict[str, Any]] = []
     memory: dict[str, Any] | None = None
-    try:
-        deadline = time.monotonic() + args.start_timeout
-        while True:
-            if proc.poll() is not None:
-                sys.exit(f"server exited: {log_path.read_text()[-2000:]}")
-            try:
-                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                sys.exit("server did not start in time")
-            time.sleep(0.5)
+    window, limit = args.batch_window_ms, args.start_timeout
+    with server(args.store, args.system, window, log_path, limit) as (proc, base):
         level(base, texts, 1, 20, args.k, args.system, args.time_limit)  # warm-up, not reported
         for c in (int(x) for x in args.clients.split(",")):
             before = rss_mib(proc.pid)
@@ -233,13 +261,6 @@ def main() -> None:
                 "growth_second_half_mib": half[-1] - half[0],
             }
             print(json.dumps({k: v for k, v in memory.items() if k != "samples"}), flush=True)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
     by = {r["clients"]: r for r in rows}
     ratio = (
         by[8]["requests_per_s"] / by[1]["requests_per_s"]

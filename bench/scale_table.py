@@ -17,6 +17,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 SEED_QUERIES = 100_000
 SEED_COLLECTION = 8_800_000
 SEED_TRAIN_QUERIES = 808_000
@@ -43,7 +45,21 @@ done
 rm -rf /tmp/scale-run
 .venv/bin/python bench/scale_table.py --merge /tmp/scale-results-data.json \\
     /tmp/scale-results-{exact,flat-reference,ivfpq,train-linear,eval-linear,forest}.json \\
-    --not-run "int8=$WHY"\
+    --not-run "int8=$WHY"
+# issue 34: a search-only 1M store (no training queries), stages rerun into the results
+nice -n 10 .venv/bin/python bench/bench_scale.py --root /tmp/scale-1m --passages 1000000 \\
+    --eval-queries 2000 --train-queries 0 --stages data --keep --out /tmp/s-data.json
+nice -n 10 .venv/bin/python bench/bench_scale.py --root /tmp/scale-1m --passages 1000000 \\
+    --eval-queries 2000 --train-queries 0 --n-eval $N --stages exact --keep \\
+    --out /tmp/s-exact.json --timeout $SECONDS_LEFT
+.venv/bin/python bench/scale_table.py --update /tmp/s-exact.json --not-run "int8=$WHY"
+# the exact stage's memory by kind and phase, before and after (100K passages, same generator)
+ARGS100K="--passages 100000 --eval-queries 2000 --train-queries 100000"
+nice -n 10 .venv/bin/python bench/bench_scale.py --root /tmp/s100k $ARGS100K --stages data --keep
+.venv/bin/python bench/scale_rss_probe.py --root /tmp/s100k --queries 2000 \\
+    --out bench/results/scale/exact-rss-100k.json --label after
+# the forest memory model: forest stage runs (--forest-queries N --forest-chunk B), then
+.venv/bin/python bench/scale_table.py --forest-runs before=F1.json after=F2.json after=F3.json\
 """
 
 
@@ -134,9 +150,218 @@ def _probe_lines(probe: dict[str, Any], forest: dict[str, Any]) -> list[str]:
     return out
 
 
+def results_dir_has(extra: list[str] | None, name: str) -> bool:
+    """Whether the side-file lines include the one from ``name`` (its explanation replaces a
+    placeholder line)."""
+    return any(f"`{name}" in line for line in extra or [])
+
+
+def exact_rss_lines(path: Path) -> list[str]:
+    """What dominated exact search's peak RSS, from ``exact-rss-100k.json``
+    (``bench/scale_rss_probe.py``: anonymous and file-backed memory by phase, before and after
+    the pread chunk reader)."""
+    if not path.exists():
+        return []
+    doc = json.loads(path.read_text())
+    b, a = doc.get("before"), doc.get("after")
+    if not (b and a):
+        return []
+
+    def peak(r: dict[str, Any]) -> tuple[str, dict[str, float]]:
+        name = max(r["phases"], key=lambda k: r["phases"][k]["peak_total_gib"])
+        return name, r["phases"][name]
+
+    bn, bp = peak(b)
+    an, ap = peak(a)
+    same = "the same" if a["result_sha256"] == b["result_sha256"] else "DIFFERENT"
+    return [
+        f"- What dominated the exact stage's peak RSS (`{path.name}`,"
+        f" `bench/scale_rss_probe.py`: {b['passages']:,} passages x {b['dim']:,} of the same"
+        " generator, `/proc/self/status` sampled every 50 ms by phase): before"
+        f" ({b['note']}; {b['queries']:,} queries) the peak was {b['ru_maxrss_gib']:.2f} GiB,"
+        f" in the `{bn}` phase (the exact rescoring's row gathers): {bp['peak_file_gib']:.2f} GiB"
+        " file-backed (pages of the passage file mapped by the gathers' page faults; each fault"
+        " also maps the row's cached neighbours, so scattered gathers made most of the file"
+        f" resident, {b['passages'] * b['dim'] * 4 / 2**30:.2f} GiB here, most of the 14.3 GiB"
+        f" file at 1M) + {bp['peak_anon_gib']:.2f} GiB anonymous (a 256-query batch's 116"
+        " rows each, 0.46 GB at 3,840 dims, the previous batch's still alive). After"
+        f" ({a['note']}; {a['queries']:,} queries): {a['ru_maxrss_gib']:.2f} GiB, in the"
+        f" `{an}` phase"
+        f" ({ap['peak_anon_gib']:.2f} GiB anonymous: the 384 MiB chunk buffer and the scores;"
+        f" {ap['peak_file_gib']:.2f} GiB file-backed: the libraries' code), which does not grow"
+        " with the passages (`tests/kernels/test_topk_memory.py`; peaks are per query batch:"
+        " more queries add only the (queries, 116) preselection keys). Results:"
+        + (
+            f" byte for byte {same} (SHA-256 of ids and scores)"
+            if a["queries"] == b["queries"]
+            else " bit-identical (the kernel tests and the FAISS reference tests)"
+        )
+        + f"; {a['full_rescore_queries']} of the {a['queries']:,} queries were rescored over"
+        " every passage.",
+    ]
+
+
+FOREST_MODEL_FILE = "forest-memory-model.json"
+STEPS = ("query", "passage", "joint")
+
+
+def _step_peaks(run: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """``{step: {"total", "anon", "file"}}`` GiB of one forest stage run: ``total`` the
+    process's ``ru_maxrss`` after a step that raised it (exact), else the step's largest VmRSS
+    sample (every 50 ms: a lower bound); ``anon`` / ``file`` the step's sampled peaks."""
+    out = {}
+    before = 0.0
+    for st in run.get("steps", []):
+        k = st.get("step_peak_gib") or {}
+        # ru_maxrss (exact) when this step raised the process's peak; else the sampled peak
+        raised = float(st["peak_rss_gib"]) > before + 1e-9
+        total = float(st["peak_rss_gib"]) if raised else float(k.get("VmRSS", 0.0))
+        before = max(before, float(st["peak_rss_gib"]))
+        out[st["stage"]] = {
+            "total": total,
+            "anon": float(k.get("RssAnon", 0.0)),
+            "file": float(k.get("RssFile", 0.0)),
+        }
+    return out
+
+
+def _model_runs(doc: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The two ``after`` runs of the memory model: the larger and a smaller ``chunk_size``."""
+    after = sorted((r for r in doc["runs"] if r["code"] == "after"), key=lambda r: r["chunk_size"])
+    return after[-1], after[0]
+
+
+def forest_alphas(doc: dict[str, Any]) -> dict[str, float]:
+    """Bytes of peak RSS per block row, per step, from the two ``after`` runs."""
+    big, small = _model_runs(doc)
+    pb, ps = _step_peaks(big), _step_peaks(small)
+    fit = {
+        step: (pb[step]["total"] - ps[step]["total"])
+        * 2**30
+        / (big["chunk_size"] - small["chunk_size"])
+        for step in STEPS
+        if step in pb and step in ps
+    }
+    # every step runs at least one side's block forward (the query step's cost per row); a
+    # step whose peaks are sampled lower bounds (ru_maxrss set by an earlier step) can fit less
+    floor = fit.get("query", 0.0)
+    return {step: max(v, floor) for step, v in fit.items()}
+
+
+def forest_model(
+    doc: dict[str, Any], n_queries: int, chunk: int, n_passages: int = 1_000_000
+) -> dict[str, float]:
+    """Predicted peak RSS (GiB) of each step of one forest pair from the model's measured runs.
+
+    ``peak(step) = I(step) + alpha(step) * B + beta(step, n)`` where ``B`` is the block
+    (``chunk_size``) rows, ``n`` the training queries: ``alpha`` (bytes per block row) from two
+    runs that differ only in ``B`` (:func:`forest_alphas`); ``I`` the intercept of the run with
+    ``n0`` queries; ``beta`` the bytes the queries beyond ``n0`` add, from the shapes (module
+    docstring of :mod:`treerank.training.forest`): each query's packed dropout bits (``d / 8``
+    bytes, query and joint steps), the packed bits of the passage rows beyond the measured run's
+    (``N (1 - e^{-n/N})`` distinct selected passages of ``n`` queries over ``N = n_passages``,
+    plus the 1,024-row pool; passage and joint steps), and ~64 bytes of per-row and per-example
+    bookkeeping (masks, classes, targets, example indices and weights).
+    """
+    big, _ = _model_runs(doc)
+    pb = _step_peaks(big)
+    n0, d = int(big["train_queries"]), int(big["dim"])
+    rows0 = int(big.get("passage_rows") or 0)  # the measured run's shared + pool rows
+    pool = 1024
+    new_shared = n_passages * (1 - np.exp(-n_queries / n_passages)) + pool - rows0
+    out = {}
+    for step, alpha_b in forest_alphas(doc).items():
+        alpha = alpha_b / 2**30
+        intercept = pb[step]["total"] - alpha * big["chunk_size"]
+        extra = 64.0 * (n_queries - n0)
+        if step in ("query", "joint"):
+            extra += d / 8 * (n_queries - n0)
+        if step in ("passage", "joint"):
+            extra += d / 8 * float(new_shared)
+        out[step] = intercept + alpha * min(chunk, n_queries) + extra / 2**30
+    return out
+
+
+def forest_memory_lines(path: Path, measured_808k: dict[str, Any]) -> list[str]:
+    """The forest pair's memory model (``forest-memory-model.json``): measured step peaks by
+    kind on small training sets, the fitted per-block-row cost, and its prediction at 808K."""
+    if not path.exists():
+        return []
+    doc = json.loads(path.read_text())
+    lines = [
+        "",
+        "## Memory model: one forest pair at C = 1,000 on 3,840-d",
+        "",
+        f"Measured (`bench/results/scale/{path.name}`: `bench/bench_scale.py --stages forest"
+        " --forest-queries n --forest-chunk B`, one step per stage, 1 random negative per"
+        " query, each step's own peak of `/proc/self/status` sampled every 50 ms) on the"
+        " 100K-passage store of the same generator, then fitted and extrapolated. `before` is"
+        " the code at commit 8136846 (rows gathered through the memory map), `after` this"
+        " change (rows read with `pread`, `kernels.rows.FileRows`).",
+        "",
+        "| code | training queries | chunk_size B | step | peak GiB | anon GiB | file GiB |"
+        " step s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in doc["runs"]:
+        secs = {st["stage"]: st["seconds"] for st in r.get("steps", [])}
+        for step, pk in _step_peaks(r).items():
+            lines.append(
+                f"| {r['code']} | {int(r['train_queries']):,} | {int(r['chunk_size']):,} | {step}"
+                f" | {pk['total']:.2f} | {pk['anon']:.2f} | {pk['file']:.2f} |"
+                f" {secs.get(step, 0):,.1f} |"
+            )
+    pred = {b: forest_model(doc, SEED_TRAIN_QUERIES, b) for b in (65_536, 16_384)}
+    alphas = forest_alphas(doc)
+    model = (
+        "**The model.** A step's peak is `I + alpha * B + beta(n)`: `alpha` bytes per block row"
+        " (fitted from the two `after` runs that differ only in B: "
+        + ", ".join(f"{k} {v / 1024:,.0f} KiB" for k, v in alphas.items())
+        + "; at d = 3,840 a block row is 15 KiB of float32 input, and the forward pass of a"
+        " dropout layer holds the rows read, their unpacked keep mask (1 byte per element) and"
+        " the two dropout products, ~13 d bytes, beside ~6 logits-sized (C = 1,000 floats)"
+        " tensors of the softmax terms and their gradients; the joint step holds one side's"
+        " graph while it runs the other's), `I` the intercept at the measured n0 ="
+        f" {int(_model_runs(doc)[0]['train_queries']):,} queries, `beta` from the shapes:"
+        " each further query adds its packed dropout bits"
+        " (d / 8 = 480 bytes) and, in the passage and joint steps, those of its selected"
+        " passage when that passage is new to the shared rows, plus ~64 bytes of bookkeeping."
+        " The block terms do not grow with the queries: all the extrapolation to 808K adds is"
+        " the banks of packed bits. The `before` code adds the file-backed term (the `file`"
+        " column): the pages each block's gathers mapped (each fault also maps the row's cached"
+        " neighbours), up to the span of the rows read, which over the 15 GB passage file of"
+        " the 808K run is what the measured steps (below) hold beyond the prediction; `pread`"
+        " reads remove it. **What bounds it under 8 GiB:** the `pread` reads (this change)"
+        " and, for a margin, a smaller block: `trainer.chunk_size: 16384` (the gradient is the"
+        " same sum, block by block; the same rows pass through the same GEMMs)."
+    )
+    meas = {st["stage"]: st["peak_rss_gib"] for st in measured_808k.get("steps", [])}
+    lines += [
+        "",
+        model,
+        "",
+        "| step | predicted at 808K, B = 65,536 (GiB) | measured at 808K, B = 65,536, before"
+        " (GiB, ru_maxrss so far) | predicted at 808K, B = 16,384 (GiB) |",
+        "|---|---|---|---|",
+    ]
+    stopped = measured_808k.get("peak_rss_gib")
+    for step in STEPS:
+        m = meas.get(step)
+        m_text = (
+            f"{m:.2f}"
+            if m is not None
+            else (f">= {stopped:.2f} (stopped in this step)" if stopped else "-")
+        )
+        lines.append(
+            f"| {step} | {pred[65_536].get(step, float('nan')):.2f} | {m_text} |"
+            f" {pred[16_384].get(step, float('nan')):.2f} |"
+        )
+    return lines
+
+
 def extra_lines(results_dir: Path) -> list[str]:
     """Target notes from the side files: the margin probe and the exact stage before its fix."""
-    out = []
+    out = exact_rss_lines(results_dir / "exact-rss-100k.json")
     m = results_dir / "margin-probe.json"
     if m.exists():
         r = json.loads(m.read_text())["result"]
@@ -162,7 +387,10 @@ def extra_lines(results_dir: Path) -> list[str]:
 
 
 def render(
-    doc: dict[str, Any], probe: dict[str, Any] | None = None, extra: list[str] | None = None
+    doc: dict[str, Any],
+    probe: dict[str, Any] | None = None,
+    extra: list[str] | None = None,
+    sections: list[str] | None = None,
 ) -> str:
     st, s = doc["stages"], doc["settings"]
     n = int(s["passages"])
@@ -183,7 +411,7 @@ def render(
         "# The seed's scale, simulated (1M passages x 3,840 dims)",
         "",
         "Generated by `bench/scale_table.py` from `bench/results/scale/results.json`",
-        "(`bench/bench_scale.py`, issue 26 items 4 and 5); do not edit by hand.",
+        "(`bench/bench_scale.py`, issue 26 items 4 and 5, issue 34 item 4); do not edit by hand.",
         "",
         "**Data.** The shared generator (`store/synthetic.py`, a PPCA mixture) fitted to a real",
         f"384-d store ({Path(str(s['fit_store'])).parent.name}/test, all-MiniLM-L6-v2), sampled",
@@ -224,12 +452,21 @@ def render(
             if "wall_seconds" not in r:
                 lines.append(f"| {name} | {what} | not finished | | | | {_load(r)} | {why} |")
                 return
+            if r.get("measured_at_commit"):
+                why += f" (not rerun: measured at commit {r['measured_at_commit']})"
             lines.append(
                 f"| {name} | {what} | not finished after {_f(r['wall_seconds'])} |"
                 f" {_f(r.get('peak_rss_gib'), 2)} (when stopped) | {_f(r.get('cpu_seconds'))} | |"
                 f" {_load(r)} | {why} |"
             )
             return
+        if r.get("sampled_peak_gib"):
+            k = r["sampled_peak_gib"]
+            measured += (
+                f"; peak anon {k.get('RssAnon', 0):.2f} / file {k.get('RssFile', 0):.2f} GiB"
+            )
+        if r.get("measured_at_commit"):
+            measured += f" (not rerun: measured at commit {r['measured_at_commit']})"
         lines.append(
             f"| {name} | {what} | {_f(r['wall_seconds'])} | {_f(r['peak_rss_gib'], 2)} | "
             f"{_f(r['cpu_seconds'])} | {_f(r.get('seconds'))} | {_load(r)} | {measured} |"
@@ -285,18 +522,41 @@ def render(
 
     ex, fl = st.get("exact", {}), st.get("flat-reference", {})
     lines += ["", "## Targets", ""]
+    same_run = ex.get("queries") == fl.get("queries") and ex.get("measured_at_commit") == fl.get(
+        "measured_at_commit"
+    )
+    before = doc.get("replaced", {}).get("exact")
+    if ex.get("qps") and not same_run and "error" not in ex:
+        lines.append(
+            f"- 1M x 3,840 exact search, this change ({ex['queries']:,} queries, one query"
+            f" batch: the peaks are per batch): peak RSS {_f(ex['peak_rss_gib'], 2)} GiB (target"
+            f" <= 2: {_met(ex['peak_rss_gib'] <= 2)}); {_f(ex['qps'], 2)} q/s,"
+            f" {_f(ex['cpu_seconds'])} CPU s."
+            + (
+                f" Before (commit {before.get('measured_at_commit')}, {before['queries']:,}"
+                f" queries): peak RSS {_f(before['peak_rss_gib'], 2)} GiB, {_f(before['qps'], 2)}"
+                " q/s."
+                if before and before.get("qps")
+                else ""
+            )
+            + " The FAISS `IndexFlatIP` reference was not rerun with it; its 2,000-query"
+            " comparison is the commit's below."
+        )
+        if before and before.get("qps") and fl.get("qps"):
+            ex = before  # the comparison on the same 2,000-query batch is the old run's
     if ex.get("qps") and fl.get("qps"):
         ratio = ex["qps"] / fl["qps"]
+        when = f" (commit {ex['measured_at_commit']})" if ex.get("measured_at_commit") else ""
         lines.append(
-            f"- 1M x 3,840 exact evaluation: peak RSS {_f(ex['peak_rss_gib'], 2)} GiB (target < 8:"
-            f" {_met(ex['peak_rss_gib'] < 8)}); {_f(ex['qps'], 2)} q/s vs FAISS `IndexFlatIP`"
-            f" {_f(fl['qps'], 2)} q/s on the same {ex['queries']:,}-query batch = {ratio:.2f}x"
-            f" (target >= 0.9x: {_met(ratio >= 0.9)}); same top-100 id sets:"
+            f"- 1M x 3,840 exact evaluation{when}: peak RSS {_f(ex['peak_rss_gib'], 2)} GiB"
+            f" (target < 8: {_met(ex['peak_rss_gib'] < 8)}); {_f(ex['qps'], 2)} q/s vs FAISS"
+            f" `IndexFlatIP` {_f(fl['qps'], 2)} q/s on the same {ex['queries']:,}-query batch"
+            f" = {ratio:.2f}x (target >= 0.9x: {_met(ratio >= 0.9)}); same top-100 id sets:"
             f" {_f(100 * fl.get('same_ids_fraction', float('nan')), 2)} %. On CPU time alone"
             f" (the disk wait left out): {_f(ex['cpu_seconds'])} s vs {_f(fl['cpu_seconds'])} s"
             f" = {fl['cpu_seconds'] / ex['cpu_seconds']:.2f}x."
         )
-    if ex.get("peak_rss_gib", 0) > 2:
+    if ex.get("peak_rss_gib", 0) > 2 and not (results_dir_has(extra, "exact-rss")):
         lines.append(
             f"- The exact stage's peak RSS ({_f(ex['peak_rss_gib'], 2)} GiB) is well above what"
             " its blocks need (a 384 MiB passage chunk, and 0.46 GB of rows gathered for the"
@@ -334,6 +594,12 @@ def render(
     for line in extra or []:
         lines.append(line)
     lines.append(
+        "- bf16 search: `exact_search` has no bf16 path (a float32 BLAS preselection, then the"
+        " float64 pair kernel's exact scores); bf16 is an encoding precision"
+        " (`precision: bf16`, `docs/encoding.md`), so a bf16-encoded store searches at the"
+        " exact stage's cost: nothing separate to time."
+    )
+    lines.append(
         "- With a GPU (exact search of 100K x 1M x 3,840 in under a minute): not measured, no GPU"
         " in this session (above)."
     )
@@ -358,8 +624,15 @@ def render(
         " RSS at 8.8M GiB | one 2-core / 24 GiB machine? |",
         "|---|---|---|---|---|",
     ]
+    rates = dict(st)
+    old_exact = doc.get("replaced", {}).get("exact")
+    if old_exact and int(old_exact.get("queries") or 0) > int(
+        st.get("exact", {}).get("queries") or 0
+    ):
+        # the per-query rate of the larger batch: the full rescoring's fixed pass is amortised
+        rates["exact"] = {**old_exact, "peak_rss_gib": st["exact"]["peak_rss_gib"]}
     for name in ("exact", "flat-reference", "eval-linear", "int8", "ivfpq"):
-        r = st.get(name)
+        r = rates.get(name)
         if not r or not r.get("queries") or "error" in r:
             continue
         faiss_index = name in ("int8", "ivfpq")
@@ -384,6 +657,7 @@ def render(
                 f" {r['cpu_seconds'] / 3600:,.2f} h | {build_full:,.1f} h |"
                 f" {rss_full:,.1f} | {_verdict(rss_full, build_full)} |"
             )
+    ex = rates.get("exact", ex)
     if ex.get("cpu_seconds") and ex.get("queries"):
         mine = ex["cpu_seconds"] / ex["queries"] * SEED_TRAIN_QUERIES / 3600
         lines.append(
@@ -428,6 +702,7 @@ def render(
     ]
     if probe:
         lines += _probe_lines(probe, fo)
+    lines += sections or []
     lines += [
         "",
         "## Commands",
@@ -473,13 +748,57 @@ def merge(files: list[Path]) -> dict[str, Any]:
     last = runs[-1][1]["settings"]
     doc: dict[str, Any] = {"stages": {}, "settings": last, "machine": runs[-1][1].get("machine")}
     for f, run in runs:
-        mine = run["settings"]
-        bad = [k for k in STORE_KEYS if mine.get(k) != last.get(k)]
-        if bad:
-            raise ValueError(f"{f}: another store than {files[-1]}'s ({', '.join(bad)} differ)")
-        differ = {k: v for k, v in mine.items() if last.get(k) != v and k != "out"}
-        for name, res in run["stages"].items():
-            doc["stages"][name] = {**res, "run_settings": differ} if differ else res
+        _put_run(doc, f, run, last, STORE_KEYS, f"store than {files[-1]}'s")
+    return doc
+
+
+def _put_run(
+    doc: dict[str, Any],
+    f: Path,
+    run: dict[str, Any],
+    base: dict[str, Any],
+    keys: tuple[str, ...],
+    other: str,
+) -> None:
+    """Put the stages of ``run`` (read from ``f``) into ``doc``, each with the run's settings
+    that differ from ``base`` in its ``run_settings``.
+
+    Raises:
+        ValueError: a ``keys`` setting differs from ``base`` (``f: another {other} (...)``).
+    """
+    mine = run["settings"]
+    bad = [k for k in keys if mine.get(k) != base.get(k)]
+    if bad:
+        raise ValueError(f"{f}: another {other} ({', '.join(bad)} differ)")
+    differ = {k: v for k, v in mine.items() if base.get(k) != v and k != "out"}
+    for name, res in run["stages"].items():
+        doc["stages"][name] = {**res, "run_settings": differ} if differ else res
+
+
+def update(
+    old: dict[str, Any], files: list[Path], old_commit: str, keys: tuple[str, ...] = ("passages",)
+) -> dict[str, Any]:
+    """``old`` (a results document) with the stages of ``files`` (per-stage runs) put in.
+
+    A stage of ``old`` that no file reran is kept, marked ``measured_at_commit: old_commit`` (the
+    commit that last wrote it, unless it already carries one); a rerun stage replaces it, its
+    run's settings that differ from ``old``'s kept in its ``run_settings`` (e.g. a search-only
+    store written with ``--train-queries 0``).
+
+    Raises:
+        ValueError: a run over another collection (a ``keys`` setting differs; names the file).
+    """
+    doc = json.loads(json.dumps(old))
+    base = doc["settings"]
+    for res in doc["stages"].values():
+        if isinstance(res, dict) and "not_run" not in res:
+            res.setdefault("measured_at_commit", old_commit)
+    for f in files:
+        run = json.loads(f.read_text())
+        for name in run["stages"]:
+            if isinstance(doc["stages"].get(name), dict) and "not_run" not in doc["stages"][name]:
+                doc.setdefault("replaced", {})[name] = doc["stages"][name]
+        _put_run(doc, f, run, base, keys, "collection than the results'")
     return doc
 
 
@@ -497,8 +816,55 @@ def main() -> None:
         metavar="STAGE=WHY",
         help="with --merge: record a stage that was not run, and why",
     )
+    ap.add_argument(
+        "--update",
+        type=Path,
+        nargs="+",
+        help="per-stage results files that replace those stages in --results (the others kept,"
+        " marked with the commit that measured them)",
+    )
+    ap.add_argument(
+        "--forest-runs",
+        nargs="+",
+        metavar="CODE=FILE",
+        help="forest stage runs of the memory model (CODE: before / after): written to"
+        f" {FOREST_MODEL_FILE} beside --results",
+    )
     a = ap.parse_args()
-    if a.merge:
+    if a.forest_runs:
+        from treerank.atomic import atomic_write_json
+
+        runs = []
+        passages = None
+        for item in a.forest_runs:
+            code, _, name = item.partition("=")
+            run = json.loads(Path(name).read_text())
+            passages = run["settings"]["passages"]
+            runs.append({"code": code, **run["stages"]["forest"]})
+        atomic_write_json(
+            a.results.parent / FOREST_MODEL_FILE, {"passages": passages, "runs": runs}, indent=1
+        )
+        print(f"wrote {a.results.parent / FOREST_MODEL_FILE}")
+    if a.update:
+        import subprocess
+
+        from treerank.atomic import atomic_write_json
+
+        commit = subprocess.run(
+            ["git", "log", "-1", "--format=%h", "--", str(a.results)],
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout.strip()
+        doc = update(json.loads(a.results.read_text()), a.update, commit or "unknown")
+        for item in a.not_run:
+            name, _, why = item.partition("=")
+            if not why:
+                ap.error(f"--not-run {item!r}: needs STAGE=WHY")
+            doc["stages"][name] = {"not_run": why}
+        atomic_write_json(a.results, doc)
+        print(f"wrote {a.results}")
+    elif a.merge:
         from treerank.atomic import atomic_write_json
 
         doc = merge(a.merge)
@@ -511,7 +877,11 @@ def main() -> None:
         print(f"wrote {a.results}")
     probe_file = a.results.parent / "probe-100k.json"
     probe = json.loads(probe_file.read_text()) if probe_file.exists() else None
-    page = render(json.loads(a.results.read_text()), probe, extra_lines(a.results.parent))
+    results = json.loads(a.results.read_text())
+    model = forest_memory_lines(
+        a.results.parent / FOREST_MODEL_FILE, results["stages"].get("forest", {})
+    )
+    page = render(results, probe, extra_lines(a.results.parent), model)
     a.out.write_text(page, encoding="utf-8")
     print(f"wrote {a.out}")
 

@@ -3,12 +3,14 @@ the lift, the written rows and their finiteness record, the disk count, the rend
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import numpy as np
+import pytest
 
 from tests.bench_module import load_bench
 
@@ -166,3 +168,58 @@ def test_a_stopped_forest_lists_the_steps_that_ended() -> None:
     page = table.render(doc)
     assert "steps that ended: query 120.0 s (peak RSS 3.00 GiB)" in page
     assert "peak RSS 3.25 GiB when it was stopped" in page
+
+
+def test_update_keeps_the_rows_not_rerun_marked_with_their_commit(tmp_path: Path) -> None:
+    old = _doc(exact_qps=8.0)
+    rerun = {
+        "settings": {**old["settings"], "train_queries": 0},  # a search-only store
+        "stages": {"exact": {**old["stages"]["exact"], "qps": 20.0}},
+    }
+    (tmp_path / "exact.json").write_text(json.dumps(rerun))
+    doc = table.update(old, [tmp_path / "exact.json"], "abc1234")
+    assert doc["stages"]["exact"]["qps"] == 20.0
+    assert doc["stages"]["exact"]["run_settings"] == {"train_queries": 0}
+    assert "measured_at_commit" not in doc["stages"]["exact"]
+    assert doc["stages"]["flat-reference"]["measured_at_commit"] == "abc1234"
+    assert "measured_at_commit" not in old["stages"]["flat-reference"]  # the input is kept
+    page = table.render(doc)
+    assert "(not rerun: measured at commit abc1234)" in page
+    other = {"settings": {**old["settings"], "passages": 100_000}, "stages": {}}
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    with pytest.raises(ValueError, match="passages differ"):
+        table.update(old, [tmp_path / "other.json"], "abc1234")
+
+
+def _run(code: str, chunk: int, query: float, passage: float) -> dict[str, Any]:
+    steps = [
+        {"stage": s, "seconds": 1.0, "peak_rss_gib": v, "step_peak_gib": {"VmRSS": v}}
+        for s, v in (("query", query), ("passage", passage))
+    ]
+    return {
+        "code": code,
+        "chunk_size": chunk,
+        "train_queries": 20,
+        "dim": 8,
+        "passage_rows": 30,
+        "steps": steps,
+    }
+
+
+def test_forest_memory_model_by_hand() -> None:
+    """Two runs differing only in B: query 1.0 vs 0.5 GiB at B = 10 vs 5 -> alpha 0.1 GiB per
+    block row, intercept 0; passage 2.0 vs 1.5 -> alpha 0.1, intercept 1.0. At n = 40 (n0 =
+    20, d = 8, N = 100 passages, 30 passage rows measured): query adds (64 + 8 / 8) * 20 =
+    1,300 bytes; passage adds 64 * 20 + 1 * (100 * (1 - e^-0.4) + 1,024 - 30) = 2,306.97."""
+    doc = {"passages": 100, "runs": [_run("after", 10, 1.0, 2.0), _run("after", 5, 0.5, 1.5)]}
+    alphas = table.forest_alphas(doc)
+    assert alphas["query"] == pytest.approx(0.1 * 2**30) and alphas["passage"] == pytest.approx(
+        0.1 * 2**30
+    )
+    pred = table.forest_model(doc, 40, 10, n_passages=100)
+    assert pred["query"] == pytest.approx(1.0 + 1300 / 2**30, abs=1e-12)
+    new_rows = 100 * (1 - np.exp(-0.4)) + 1024 - 30
+    assert pred["passage"] == pytest.approx(2.0 + (1280 + new_rows) / 2**30, abs=1e-12)
+    assert table.forest_model(doc, 40, 5, n_passages=100)["query"] == pytest.approx(
+        0.5 + 1300 / 2**30
+    )

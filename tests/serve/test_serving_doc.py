@@ -16,3 +16,16 @@ def test_serving_doc_table_is_generated_from_the_results_file() -> None:
     text = (REPO / "docs" / "serving.md").read_text()
     assert f"{bench.BEGIN}\n{bench.render(doc)}\n{bench.END}" in text
     assert all(r["failed"] == 0 for r in doc["levels"])
+
+
+def test_serving_throughput_table_is_generated_from_the_one_benchmark_command() -> None:
+    bench = load_bench("bench_all")
+    doc = json.loads((REPO / "bench/results/bench_all.json").read_text())
+    text = (REPO / "docs" / "serving.md").read_text()
+    assert f"{bench.BEGIN}\n{bench.render_serving(doc)}\n{bench.END}" in text
+    rows = doc["serve"]["rows"]
+    assert {(r["mode"], r["clients"]) for r in rows} == {
+        (m, c) for m in bench.SERVE_MODES for c in (1, 8)
+    }
+    assert all(r["failed"] == 0 for r in rows)
+    assert doc["cpu"]["Model name"] and doc["cpu"]["Flags"]  # the CPU's model and flags

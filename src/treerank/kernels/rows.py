@@ -15,15 +15,20 @@ gathers:
 
 Either way a gather returns exactly the stored float32 values, so training on a memory-mapped
 split gives byte-identical weights to training on the same split in memory.
+
+:class:`FileRows` reads a store file's rows with ``pread`` instead of through its map (exact
+search's chunk reader: no page of the file enters the resident set).
 """
 
 from __future__ import annotations
 
+import mmap
+import os
 from typing import Any
 
 import numpy as np
 
-__all__ = ["IN_MEMORY_BYTES", "RELEASE_BYTES", "RowSource", "StackedRows"]
+__all__ = ["IN_MEMORY_BYTES", "RELEASE_BYTES", "FileRows", "RowSource", "StackedRows"]
 
 IN_MEMORY_BYTES = 2 << 30
 """Splits below this many bytes are copied into memory (faster gathers)."""
@@ -146,3 +151,111 @@ class StackedRows:
         if (~a).any():
             out[~a] = np.asarray(self.second[rows[~a] - self.n1], dtype=np.float32)
         return out
+
+
+class FileRows:
+    """Rows of the file behind a read-only ``np.memmap``, read with ``pread`` into memory this
+    process owns, never through the mapping.
+
+    Reading a memory map leaves its pages in the process's resident set (``RssFile``) until they
+    are released, and every page fault also maps up to 64 KiB of neighbouring pages that the page
+    cache holds (the kernel's fault-around), so a scattered gather of ``m`` rows can map
+    ``m * 64 KiB`` of the file whatever the rows' size. ``pread`` goes through the page cache
+    (so re-reads stay fast) without mapping anything: a streaming pass holds exactly the buffer
+    it reads into (:meth:`read`, one reused block) and a gather exactly its result
+    (:meth:`gather`). The bytes are the file's, so results are bit-identical to reading the map.
+
+    Use :meth:`of` to get one; it answers ``None`` for anything that is not a whole read-only
+    ``np.memmap`` of a C-ordered 2-D file (an ndarray, a slice of a map, a writable map), for
+    which callers read the array itself.
+    """
+
+    def __init__(self, path: str, offset: int, shape: tuple[int, int], dtype: np.dtype) -> None:
+        self.path, self.offset, self.shape, self.dtype = path, int(offset), shape, np.dtype(dtype)
+        self.row_bytes = shape[1] * self.dtype.itemsize
+        self._fd: int | None = None
+
+    @classmethod
+    def of(cls, array: Any) -> FileRows | None:
+        """A reader for ``array`` when it is a whole read-only ``np.memmap`` (module rules)."""
+        if not (
+            isinstance(array, np.memmap)
+            and array.mode == "r"
+            and isinstance(array.base, mmap.mmap)  # the map itself, not a view of it
+            and array.ndim == 2
+            and array.flags.c_contiguous
+            and array.filename is not None
+        ):
+            return None
+        shape = (int(array.shape[0]), int(array.shape[1]))
+        return cls(str(array.filename), int(array.offset), shape, array.dtype)
+
+    def _file(self) -> int:
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_RDONLY)
+        return self._fd
+
+    def close(self) -> None:
+        """Close the file (a later read opens it again)."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __del__(self) -> None:
+        self.close()
+
+    def _pread(self, out: np.ndarray, row: int) -> None:
+        """Fill ``out`` (C-contiguous rows) from file row ``row`` on."""
+        view = memoryview(out.reshape(-1).view(np.uint8).data)
+        pos, done = self.offset + row * self.row_bytes, 0
+        fd = self._file()
+        while done < len(view):
+            n = os.preadv(fd, [view[done:]], pos + done)
+            if n <= 0:
+                raise OSError(f"{self.path}: short read at byte {pos + done} (file truncated?)")
+            done += n
+
+    def read(self, start: int, stop: int, out: np.ndarray | None = None) -> np.ndarray:
+        """Rows ``start .. stop - 1`` as ``(stop - start, d)`` of the file's dtype, read into
+        ``out[: stop - start]`` (a reused ``(>= stop - start, d)`` C-contiguous buffer) or a new
+        array.
+
+        Raises:
+            ValueError: a range outside the file, or an ``out`` of the wrong shape or dtype.
+        """
+        n, d = self.shape
+        if not 0 <= start <= stop <= n:
+            raise ValueError(f"{self.path}: rows {start}..{stop} outside 0..{n}")
+        if out is None:
+            out = np.empty((stop - start, d), self.dtype)
+        if out.dtype != self.dtype or out.ndim != 2 or out.shape[1] != d:
+            raise ValueError(f"read buffer {out.dtype} {out.shape} does not hold rows of ({d},)")
+        if out.shape[0] < stop - start or not out.flags.c_contiguous:
+            raise ValueError(f"read buffer {out.shape} holds fewer than {stop - start} rows")
+        block = out[: stop - start]
+        if block.size:
+            self._pread(block, start)
+        return block
+
+    def gather(self, ids: np.ndarray) -> np.ndarray:
+        """``(len(ids), d)`` rows ``ids`` (any order, repeats allowed), each distinct row read
+        once; consecutive ids are read by one ``pread``.
+
+        Raises:
+            IndexError: an id outside ``[0, n)``.
+        """
+        ids = np.asarray(ids, dtype=np.int64).ravel()
+        n, d = self.shape
+        if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= n):
+            raise IndexError(f"{self.path}: row ids must lie in [0, {n})")
+        uniq, inverse = np.unique(ids, return_inverse=True)
+        rows = np.empty((uniq.size, d), self.dtype)
+        if uniq.size == 0:
+            return rows
+        # runs of consecutive ids: [first, last] positions in uniq
+        breaks = np.flatnonzero(np.diff(uniq) != 1) + 1
+        starts = np.concatenate([[0], breaks]).astype(np.int64)
+        stops = np.concatenate([breaks, [uniq.size]]).astype(np.int64)
+        for a, b in zip(starts.tolist(), stops.tolist(), strict=True):
+            self._pread(rows[a:b], int(uniq[a]))
+        return rows if uniq.size == ids.size and (np.diff(ids) > 0).all() else rows[inverse]

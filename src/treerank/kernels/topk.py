@@ -5,9 +5,14 @@ top-k is merged into a running top-k per query, the scheme of FAISS's
 ``contrib/exhaustive_search.py``. The running top-k is held as int64 rank keys (score and id in
 one sortable integer, :func:`rank_keys`), so merging is one ``np.partition`` with exact ties.
 Peak memory is ``O(chunk_size * d + n_queries * k)`` whatever the corpus size (plus
-``query_batch * chunk_size`` scores for the ``"torch"`` backend and for tie repairs); pages of a
-memory-mapped corpus are dropped from the resident set once their chunk is done
-(:func:`release_pages`), so RSS stays bounded by the chunk, not the corpus.
+``query_batch * chunk_size`` scores for the ``"torch"`` backend and for tie repairs, and
+:data:`GATHER_BYTES` of rows gathered for the exact rescoring). A memory-mapped store larger
+than one chunk is read with ``pread`` into one reused chunk buffer
+(:class:`treerank.kernels.rows.FileRows`), never through the map: a map's pages stay in the
+resident set once read, and each page fault also maps the cached neighbours of the row, so the
+rescoring's scattered gathers made most of a 15 GB file resident (6.39 GiB at 1M x 3,840,
+``docs/scale.md``). Other arrays are sliced, a read-only map's pages released after each chunk
+(:func:`release_pages`). RSS stays bounded by the chunk, not the corpus.
 
 **Scores come from one kernel.** A BLAS product's last bits depend on how the library blocks
 the matrix (its shape, the thread count, the CPU), so two callers that score the same pair
@@ -62,12 +67,16 @@ from tqdm.auto import tqdm
 
 from treerank.distributed.context import search_hook
 from treerank.kernels.device import DEFAULT_DEVICE, Device, resolve_device, search_backend
+from treerank.kernels.rows import FileRows
 from treerank.kernels.vectors import ROW_CHUNK
 from treerank.storelike import StoreLike
 
 DEFAULT_CHUNK_BYTES = 384 * 2**20  # passage block per chunk: 262,144 rows at 384 dims
 DEFAULT_CHUNK_SIZE: int | None = None  # None: as many rows as fit DEFAULT_CHUNK_BYTES
 DEFAULT_QUERY_BATCH = 256
+GATHER_BYTES = 64 * 2**20
+"""Passage rows gathered at once by the exact rescoring of :func:`exact_search` (stored
+vectors, no passage transform): 64 MiB, i.e. 37 queries' 116 rows at 3,840 dims."""
 BACKENDS = ("faiss", "torch", "auto")
 
 
@@ -525,7 +534,8 @@ def exact_search(
         queries: ``float32 (nq, d')`` query search vectors (already through the model's query
             tower; e.g. L2-normalised for cosine).
         passages: ``(n_passages, d)`` stored passage vectors, an ndarray or a read-only
-            ``np.memmap``; read ``chunk_size`` rows at a time, never written.
+            ``np.memmap``; read ``chunk_size`` rows at a time (a whole map larger than one
+            chunk: with ``pread``, into one reused buffer), never written.
         k: results per query (default 1000), clipped to ``n_passages``.
         chunk_size: passages per chunk; the block costs ``chunk_size * d * 4`` bytes. ``None``
             (default): ``DEFAULT_CHUNK_BYTES // (d * 4)`` rows (384 MiB: 262,144 rows at 384
@@ -590,9 +600,10 @@ def exact_search(
         chunk_topk = lambda _q, blk, kk, st, qb: chunk_topk_tensor(q_dev, blk, kk, st, qb)  # noqa: E731
 
     keys = np.empty((nq, 0), np.int64)
+    reader = _ChunkReader(passages, chunk_size)
     bar = tqdm(total=n, unit="passage", disable=not progress, desc="exact search")
     for start in range(0, n, chunk_size):
-        block = np.asarray(passages[start : start + chunk_size], dtype=np.float32)
+        block = reader.read(start, min(start + chunk_size, n))
         check_finite(block, "passage", source, start)
         if passage_transform is not None:
             block = np.asarray(passage_transform(block), dtype=np.float32)
@@ -608,18 +619,73 @@ def exact_search(
         keys = merge_topk(keys, rank_keys(new_ids, new_vals), kk)
         bar.update(block.shape[0])
         del block
-        release_pages(passages, start, min(start + chunk_size, n))
+        reader.done(start, min(start + chunk_size, n))
     bar.close()
     pre_ids, pre_vals = decode_keys(np.sort(keys, axis=1))
-    return _exact_top_k(
-        q, passages, pre_ids, pre_vals, k, passage_transform, p_norm, chunk_size, query_batch
-    )
+    try:
+        return _exact_top_k(
+            q, reader, pre_ids, pre_vals, k, passage_transform, p_norm, chunk_size, query_batch
+        )
+    finally:
+        reader.close()
+
+
+class _ChunkReader:
+    """How :func:`exact_search` reads the passages: blocks of rows and gathers of rows, with
+    resident memory bounded by what the caller holds, not by the corpus.
+
+    A whole read-only ``np.memmap`` larger than one chunk is read with ``pread``
+    (:class:`treerank.kernels.rows.FileRows`): blocks into one reused ``chunk_size``-row buffer,
+    gathers into their own array, so no page of the map enters the resident set (a map's pages
+    stay resident once read, and each fault also maps up to 64 KiB of cached neighbours). Any
+    other array (an ndarray, a small map, a view of a map) is sliced as it is, and the pages of a
+    read-only map are released after each block (:func:`release_pages`). Either way the bytes
+    are the stored ones, so the results are bit-identical.
+    """
+
+    def __init__(self, passages: np.ndarray, chunk_size: int) -> None:
+        self.passages = passages
+        self.n = int(passages.shape[0])
+        self.file = FileRows.of(passages) if self.n > chunk_size else None
+        self._buf: np.ndarray | None = None
+        self.chunk_size = chunk_size
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        """``float32 (stop - start, d)`` rows; with a file reader, a view of the reused buffer
+        (valid until the next :meth:`read`)."""
+        if self.file is None:
+            return np.asarray(self.passages[start:stop], dtype=np.float32)
+        if self._buf is None:
+            self._buf = np.empty((self.chunk_size, self.file.shape[1]), self.file.dtype)
+        return np.asarray(self.file.read(start, stop, self._buf), dtype=np.float32)
+
+    def done(self, start: int, stop: int) -> None:
+        """The caller is done with rows ``start .. stop - 1`` (a map's pages are released)."""
+        if self.file is None:
+            release_pages(self.passages, start, stop)
+
+    def gather(self, ids: np.ndarray) -> np.ndarray:
+        """``float32 (ids.size, d)`` rows ``ids.ravel()`` (any order, repeats allowed)."""
+        if self.file is not None:
+            return np.asarray(self.file.gather(ids.ravel()), dtype=np.float32)
+        rows = np.take(np.asarray(self.passages), ids.ravel(), axis=0)
+        release_pages(self.passages, 0, self.n)  # the gathered rows' pages
+        return np.asarray(rows, dtype=np.float32)
+
+    def free_buffer(self) -> None:
+        """Drop the reused block buffer (a later :meth:`read` allocates it again)."""
+        self._buf = None
+
+    def close(self) -> None:
+        self.free_buffer()
+        if self.file is not None:
+            self.file.close()
 
 
 def _transformed_rows(
-    passages: np.ndarray, ids: np.ndarray, transform: Callable[[np.ndarray], np.ndarray] | None
+    reader: _ChunkReader, ids: np.ndarray, transform: Callable[[np.ndarray], np.ndarray] | None
 ) -> np.ndarray:
-    rows = np.asarray(np.take(np.asarray(passages), ids.ravel(), axis=0), dtype=np.float32)
+    rows = reader.gather(ids)
     if transform is not None:
         rows = np.asarray(transform(rows), dtype=np.float32)
     return rows.reshape(*ids.shape, -1)
@@ -627,7 +693,7 @@ def _transformed_rows(
 
 def _exact_top_k(
     q: np.ndarray,
-    passages: np.ndarray,
+    reader: _ChunkReader,
     pre_ids: np.ndarray,
     pre_vals: np.ndarray,
     k: int,
@@ -643,17 +709,25 @@ def _exact_top_k(
     more than twice the error bound (every passage left out is then beaten by ``k`` kept ones
     under either score). Queries without that margin (near-ties across the cut, constant
     scorers) are rescored over every passage.
+
+    The stored rows are gathered :data:`GATHER_BYTES` at a time (their scores depend on each
+    pair alone); with a passage transform, ``query_batch`` queries' rows at a time (the batch
+    the transform has always been given).
     """
-    n = int(passages.shape[0])
+    reader.free_buffer()  # the gathers below do not need the block buffer
+    n = reader.n
     nq, kk = pre_ids.shape
     ids = np.empty((nq, k), np.int64)
     vals = np.empty((nq, k), np.float32)
-    for s in range(0, nq, query_batch):
-        rows = _transformed_rows(passages, pre_ids[s : s + query_batch], transform)
-        release_pages(passages, 0, n)  # the gathered rows' pages: RSS stays the batch's copy
-        exact = pair_scores(q[s : s + query_batch], rows)
-        b_ids, b_vals = sort_rows(pre_ids[s : s + query_batch], exact)
-        ids[s : s + query_batch], vals[s : s + query_batch] = b_ids[:, :k], b_vals[:, :k]
+    step = query_batch
+    if transform is None:
+        step = max(1, min(query_batch, GATHER_BYTES // max(1, kk * q.shape[1] * 4)))
+    for s in range(0, nq, step):
+        rows = _transformed_rows(reader, pre_ids[s : s + step], transform)
+        exact = pair_scores(q[s : s + step], rows)
+        del rows  # before the next gather: one batch of rows held at a time
+        b_ids, b_vals = sort_rows(pre_ids[s : s + step], exact)
+        ids[s : s + step], vals[s : s + step] = b_ids[:, :k], b_vals[:, :k]
     if kk >= n:
         return ids, vals
     # 2x: the bound for both scores, a second 2x for a learned tower's batch effects
@@ -663,12 +737,12 @@ def _exact_top_k(
         rows_q = bad[s : s + query_batch]
         best = np.empty((rows_q.size, 0), np.int64)
         for start in range(0, n, chunk_size):
-            block = np.asarray(passages[start : start + chunk_size], dtype=np.float32)
+            block = reader.read(start, min(start + chunk_size, n))
             if transform is not None:
                 block = np.asarray(transform(block), dtype=np.float32)
             b_ids, b_vals = topk_desc(pair_scores(q[rows_q], block), k, start)
             best = merge_topk(best, rank_keys(b_ids, b_vals), k)
             del block
-            release_pages(passages, start, min(start + chunk_size, n))
+            reader.done(start, min(start + chunk_size, n))
         ids[rows_q], vals[rows_q] = decode_keys(np.sort(best, axis=1))
     return ids, vals

@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from treerank.kernels.device import DEFAULT_DEVICE, Device
+from treerank.kernels.rows import FileRows
 from treerank.kernels.topk import exact_search, release_pages
 from treerank.kernels.vectors import l2_normalize
 from treerank.storelike import StoreLike
@@ -360,9 +361,20 @@ def draw_pair(cfg: ForestTrainConfig, pair: int, nq: int, n_shared: int, n_pass:
 
 
 def _read_rows(array: np.ndarray, ids: np.ndarray) -> np.ndarray:
-    """``float32 (len(ids), d)`` copies of ``array[ids]``; a read-only memory map's pages are
-    then dropped from the resident set (:func:`treerank.kernels.topk.release_pages`), so that a
-    pass over a 12 GB split keeps RSS at the block, not the file (the page cache keeps them)."""
+    """``float32 (len(ids), d)`` copies of ``array[ids]``.
+
+    A whole read-only memory map is read with ``pread`` (:class:`treerank.kernels.rows.FileRows`),
+    never through the map: a scattered gather through the map leaves each row's page, and the
+    cached neighbours every fault also maps, in the resident set until released, so one block
+    of 65,536 passage rows gathered from a 15 GB file could hold several GiB of it. Any other
+    array is indexed, a read-only map's pages then dropped
+    (:func:`treerank.kernels.topk.release_pages`). The rows are the stored bytes either way."""
+    rows = FileRows.of(array)
+    if rows is not None:
+        try:
+            return np.asarray(rows.gather(np.asarray(ids)), dtype=np.float32)
+        finally:
+            rows.close()
     out = np.asarray(array[ids], dtype=np.float32)
     release_pages(array, 0, int(array.shape[0]))
     return out
