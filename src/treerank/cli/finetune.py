@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from treerank.cli.errors import ExitCode, fail
+from treerank.cli.options import cli_device, device_option
 from treerank.lock import LockHeldError
 
 
@@ -31,8 +32,10 @@ def finetune(
         None, "--permutations", help="Randomization-test permutations (default 10,000)."
     ),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bars."),
+    device: str = device_option(),
 ) -> None:
-    """Fine-tune the encoder of STORE (biencoder or query-tower) on its train split's labels,
+    """Fine-tune the encoder of STORE (biencoder, drt-e2e or query-tower) on its train split's
+    labels,
     write re-embedded stores (OUT/stores/<split>/), evaluate against frozen cosine with paired
     tests and seen / unseen parts, and write OUT/results.json (metrics, drift, cost).
 
@@ -51,6 +54,7 @@ def finetune(
     from treerank.training.finetune_config import parse_finetune_config
 
     err = Console(stderr=True)
+    dev = str(cli_device(device).concrete())  # before any work
     try:
         doc = load_yaml(config)
         if seed is not None:
@@ -71,6 +75,7 @@ def finetune(
             resume=resume,
             progress=progress,
             n_permutations=permutations,
+            device=dev,
             log=lambda m: err.print(m, highlight=False),
         )
     except (ValueError, FileNotFoundError, FileExistsError, StoreFormatError, LockHeldError) as exc:
