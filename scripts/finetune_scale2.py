@@ -99,9 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         train_store=train,
     )
     head = load_model(head_dir, expected_fingerprint=drt.encoder_fingerprint)
-    same_budget = {
-        k: (bi_res["config"][k], drt_res["config"][k]) for k in ("seed", "data")
-    }
+    same_budget = {k: (bi_res["config"][k], drt_res["config"][k]) for k in ("seed", "data")}
     scale2 = {
         "baseline": "biencoder",
         "bi_run": str(args.bi),
@@ -109,9 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         "same_seed_and_data": all(a == b for a, b in same_budget.values()),
         "encoder_lr": [bi_res["config"]["trainer"]["lr"], drt_res["config"]["trainer"]["lr"]],
         "steps": [bi_res["training"]["steps"], drt_res["training"]["steps"]],
-        "systems": {
-            s: {m: float(v) for m, v in r.mean.items()} for s, r in comp.results.items()
-        },
+        "systems": {s: {m: float(v) for m, v in r.mean.items()} for s, r in comp.results.items()},
         "paired_vs_biencoder": {
             s: {
                 m: {

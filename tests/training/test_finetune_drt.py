@@ -142,9 +142,7 @@ def _head_weights(path: Path) -> dict[str, torch.Tensor]:
     return load_file(str(path))
 
 
-def test_drt_e2e_trains_encoder_and_heads_at_their_own_rates(
-    slice_store, tmp_path: Path
-) -> None:
+def test_drt_e2e_trains_encoder_and_heads_at_their_own_rates(slice_store, tmp_path: Path) -> None:
     from sentence_transformers import SentenceTransformer
 
     from treerank.encoders.fingerprint import weights_fingerprint
@@ -173,18 +171,19 @@ def test_drt_e2e_trains_encoder_and_heads_at_their_own_rates(
     assert decays == [0.0, 0.01]
     # the saved heads are the checkpoint's, and they moved from their seeded initialisation
     saved = _head_weights(ckpt / HEAD_WEIGHTS)
-    state = head.state_dict()
+    state = head.checkpoint_state()
     for name, t in saved.items():
         assert torch.equal(state[name], t), name
     from treerank.models.drt import DRTHead as _H
 
     torch.manual_seed(cfg.train.seed)
     init = _H(drt_head_config(cfg, 384))
-    assert max(float((state[n] - t).abs().max()) for n, t in init.state_dict().items()) > 1e-4
+    assert saved.keys() == init.checkpoint_state().keys()
+    assert max(float((state[n] - t).abs().max()) for n, t in init.checkpoint_state().items()) > 1e-4
     # model/ is the encoder alone (raw vectors), and the heads are bound to it
     enc = SentenceTransformer(str(out.model_dir), device="cpu")
     assert weights_fingerprint(enc) == out.fingerprint
-    assert enc.get_sentence_embedding_dimension() == 384
+    assert enc.get_embedding_dimension() == 384
     with pytest.raises(EncoderMismatchError):
         load_model(tmp_path / "run" / DRT_HEAD_DIR, expected_fingerprint=out.base_fingerprint)
 

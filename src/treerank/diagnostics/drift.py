@@ -145,7 +145,8 @@ def slot_cka(a_slots: np.ndarray, b_slots: np.ndarray) -> dict[str, Any]:
     a, b = np.asarray(a_slots, dtype=np.float64), np.asarray(b_slots, dtype=np.float64)
     if a.ndim != 3 or b.ndim != 3 or a.shape[0] != b.shape[0] or a.shape[1] != b.shape[1]:
         raise ValueError(
-            f"slot_cka needs two (n, k, d_s) arrays of the same n and k, got {a.shape} and {b.shape}"
+            "slot_cka needs two (n, k, d_s) arrays of the same n and k, "
+            f"got {a.shape} and {b.shape}"
         )
     n, k = a.shape[:2]
     return {

@@ -337,9 +337,7 @@ def run_finetune(
             QuerySubset(train, held),
             {
                 "cosine": "cosine",
-                system: TunedStoreSystem(
-                    QuerySubset(stores[train_split], held), system, inner
-                ),
+                system: TunedStoreSystem(QuerySubset(stores[train_split], held), system, inner),
             },
             baseline="cosine",
             settings=settings,

@@ -240,12 +240,14 @@ def _trainer_class() -> Any:
             if head is not None:
                 from safetensors.torch import save_file
 
-                where = Path(output_dir if output_dir is not None else self.args.output_dir)
-                state = {k: v.detach().contiguous() for k, v in head.state_dict().items()}
+                where = Path(str(output_dir if output_dir is not None else self.args.output_dir))
+                # the head's own checkpoint state (a shared tower's tensors once)
+                state = {k: v.detach().contiguous() for k, v in head.checkpoint_state().items()}
                 save_file(state, str(where / HEAD_WEIGHTS))
 
-        def _load_from_checkpoint(self, checkpoint_path: str, *a: Any, **kw: Any) -> None:
-            super()._load_from_checkpoint(checkpoint_path, *a, **kw)
+        def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:
+            checkpoint_path = resume_from_checkpoint
+            super()._load_from_checkpoint(checkpoint_path)
             head = getattr(self.loss, "head", None)
             if head is not None:
                 from safetensors.torch import load_file
@@ -255,7 +257,10 @@ def _trainer_class() -> Any:
                     raise FileNotFoundError(
                         f"{path}: missing; {checkpoint_path} is not a drt-e2e checkpoint"
                     )
-                head.load_state_dict(load_file(str(path)), strict=True)
+                saved = type(head).from_checkpoint_parts(
+                    head.checkpoint_config(), load_file(str(path))
+                )
+                head.load_state_dict(saved.state_dict(), strict=True)
 
         def _get_output_dir(self, trial: Any) -> str:
             if self._staging is not None:
@@ -369,7 +374,7 @@ def _loss(model: Any, store: StoreLike, plan: BatchPlan, cfg: FinetuneConfig) ->
         from treerank.models.drt import DRTHead
 
         torch.manual_seed(cfg.train.seed)  # the heads' initial weights follow the seed
-        dim = int(model.get_sentence_embedding_dimension() or store.dim)
+        dim = int(model.get_embedding_dimension() or store.dim)
         head = DRTHead(drt_head_config(cfg, dim), name="drt-e2e")
         return DRTEndToEndLoss(model, head, scale=scale, lambda_dec=t.lambda_dec)
     from sentence_transformers.sentence_transformer import losses
