@@ -264,3 +264,28 @@ def test_latest_checkpoint_is_the_newest_complete_one(tmp_path: Path) -> None:
     (tmp_path / "checkpoint-12").mkdir()  # no trainer state: incomplete
     got = latest_checkpoint(tmp_path)
     assert got is not None and got.name == "checkpoint-10"
+
+
+# ------------------------------------------------------------------ precision: auto
+
+
+@pytest.mark.parametrize(("bf16_seconds", "want"), [(0.5, "bf16"), (2.0, "fp32"), (1.0, "fp32")])
+def test_auto_precision_picks_bf16_only_where_the_probe_measured_it_faster(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bf16_seconds: float, want: str
+) -> None:
+    """The real probe (the encoder's forward pass, fp32 and bf16 autocast on PROBE_TEXTS, so
+    the fidelity bound is checked on real vectors) with an injected clock: bf16 twice as fast
+    is chosen; slower, or merely equal, keeps fp32."""
+    from treerank.encoders import SentenceEncoder
+    from treerank.training.finetune import resolve_precision
+
+    monkeypatch.setenv("TREERANK_CACHE", str(tmp_path / "cache"))
+    enc = SentenceEncoder(progress=False)
+    clock = {"torch/fp32": 1.0, "torch/bf16": bf16_seconds}
+    got, record = resolve_precision("auto", enc, "cpu", timer=lambda p, fn: clock[p.name])
+    assert got == want
+    assert record["setting"] == "auto" and record["probe"]["path"] == f"torch/{want}"
+    assert record["probe"]["seconds"] == pytest.approx(clock)
+    # fixed settings are kept without measuring
+    assert resolve_precision("bf16", enc, "cpu", timer=None) == ("bf16", {"setting": "bf16"})
+    assert resolve_precision("fp32", enc, "cpu")[0] == "fp32"

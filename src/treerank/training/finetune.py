@@ -67,6 +67,7 @@ __all__ = [
     "latest_checkpoint",
     "load_base",
     "plan_batches",
+    "resolve_precision",
 ]
 
 CHECKPOINTS_DIR = "checkpoints"
@@ -187,6 +188,12 @@ def load_base(base: str | None, store: StoreLike, *, device: str = "cpu") -> Any
     Raises:
         EncoderStoreMismatchError: the weights fingerprint differs from the store's (both named).
     """
+    enc = _base_encoder(base, store, device)
+    return enc.model, enc.fingerprint
+
+
+def _base_encoder(base: str | None, store: StoreLike, device: str) -> Any:
+    """:func:`load_base`'s ``SentenceEncoder`` (the ``precision: auto`` probe encodes with it)."""
     from treerank.encoders import SentenceEncoder
 
     enc = SentenceEncoder(base, device=device, progress=False)
@@ -196,7 +203,52 @@ def load_base(base: str | None, store: StoreLike, *, device: str = "cpu") -> Any
             f"model {base or enc.name!r} has weights {enc.fingerprint[:19]}..., but store "
             f"{store.path} was embedded with {want[:19]}...: fine-tune the store's own encoder"
         )
-    return enc.model, enc.fingerprint
+    return enc
+
+
+def resolve_precision(
+    precision: str,
+    encoder: Any,
+    device: str = "cpu",
+    *,
+    timer: Any = None,
+    refresh: bool = False,
+) -> tuple[str, dict[str, Any]]:
+    """The training precision of a ``trainer.precision`` setting.
+
+    ``fp32`` / ``bf16`` are kept. ``auto``: on CUDA, ``bf16`` where the GPU supports it, else
+    ``fp32``; on a CPU, ``bf16`` only where the encoding probe
+    (:func:`treerank.encoders.precision.resolve_path` over the torch paths: the encoder's
+    forward pass on a fixed batch, fp32 against bf16 autocast, cached per CPU, thread count and
+    weights) measured bf16 faster than fp32 and within its fidelity bound; ``fp32`` otherwise.
+
+    Args:
+        precision: ``fp32`` | ``bf16`` | ``auto``.
+        encoder: the base :class:`~treerank.encoders.SentenceEncoder` (probed for ``auto``).
+        device: the training device.
+        timer, refresh: passed to ``resolve_path`` (an injected clock for tests; measure
+            again instead of reading the cache).
+
+    Returns:
+        ``(precision, record)``: ``fp32`` or ``bf16``, and what decided it (for
+        ``finetune.json``: the setting, the device, the probe's seconds and ratio).
+    """
+    if precision != "auto":
+        return precision, {"setting": precision}
+    if str(device).startswith("cuda"):
+        import torch
+
+        ok = bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+        return ("bf16" if ok else "fp32"), {
+            "setting": "auto",
+            "device": str(device),
+            "reason": "CUDA with bf16 support" if ok else "CUDA without bf16 support",
+        }
+    from treerank.encoders.precision import resolve_path
+
+    choice = resolve_path(encoder, "torch", "auto", timer=timer, refresh=refresh)
+    chosen = choice.path.precision if choice.path.precision in ("fp32", "bf16") else "fp32"
+    return chosen, {"setting": "auto", "device": str(device), "probe": choice.to_dict()}
 
 
 def freeze(model: Any, *, embeddings: bool, layers: int) -> int:
@@ -449,7 +501,11 @@ def finetune(
     torch.set_num_threads(t.threads)
     cpu0, _ = _cost_now()
     wall0 = time.perf_counter()
-    model, base_fp = load_base(cfg.model.base, store, device=device)
+    base_enc = _base_encoder(cfg.model.base, store, device)
+    model, base_fp = base_enc.model, base_enc.fingerprint
+    precision, precision_record = resolve_precision(t.precision, base_enc, device)
+    if log is not None and t.precision == "auto":
+        log(f"precision auto: {precision} ({precision_record})")
     # the training truncation below is not the tuned model's: its saved folder keeps the base
     # model's limits, so re-embedding at the store's max_seq_length stays in range
     base_max_seq_length = model.max_seq_length
@@ -474,7 +530,7 @@ def finetune(
         lr_scheduler_type=t.scheduler,
         weight_decay=t.weight_decay,
         max_grad_norm=t.max_grad_norm,
-        bf16=t.precision == "bf16",
+        bf16=precision == "bf16",
         activation_checkpointing=t.gradient_checkpointing,
         activation_checkpointing_kwargs={"use_reentrant": False},
         save_strategy="steps",
@@ -547,6 +603,7 @@ def finetune(
         "train_loss": float(result.training_loss),
         "log": records,
         "trainable_parameters": int(n_trainable),
+        "precision": {"chosen": precision, **precision_record},
         "cost": {
             "cpu_seconds": round(cpu1 - cpu0, 3),
             "wall_seconds": round(time.perf_counter() - wall0, 3),

@@ -54,7 +54,7 @@ __all__ = [
 
 FAMILIES = ("biencoder", "drt-e2e", "query-tower")
 LOSSES = ("mnrl", "cached-mnrl")
-PRECISIONS = ("fp32", "bf16")
+PRECISIONS = ("fp32", "bf16", "auto")
 NEGATIVES = ("all", "in-batch")
 HARD_SOURCES = ("none", "mined")
 
@@ -157,7 +157,9 @@ class FinetuneTrainer:
         weight_decay: AdamW decoupled weight decay (not on biases and norms).
         max_grad_norm: gradient clipping (global L2 norm; 0: off).
         temperature: softmax temperature (scale = 1 / temperature; MNRL's default 20 = 0.05).
-        precision: ``fp32`` or ``bf16`` (torch autocast, also on a CPU).
+        precision: ``fp32``, ``bf16`` (torch autocast, also on a CPU) or ``auto`` (bf16 on a
+            CUDA GPU that supports it; on a CPU only where the encoding probe measured bf16
+            faster: :func:`treerank.training.finetune.resolve_precision`).
         gradient_checkpointing: recompute activations in the backward pass (non-reentrant, so
             it works with frozen embeddings).
         save_steps: write a resumable checkpoint every this many steps (0: only at the end).
@@ -191,9 +193,7 @@ class FinetuneTrainer:
         if self.loss not in LOSSES:
             raise ValueError(f"loss {self.loss!r} unknown; known: {LOSSES}")
         if self.precision not in PRECISIONS:
-            raise ValueError(
-                f"precision {self.precision!r} unknown; known: {PRECISIONS} (auto is not wired yet)"
-            )
+            raise ValueError(f"precision {self.precision!r} unknown; known: {PRECISIONS}")
         if not self.lr > 0 or not self.temperature > 0:
             raise ValueError("lr and temperature must be > 0")
         if self.head_lr is not None and not self.head_lr > 0:
