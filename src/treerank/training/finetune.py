@@ -62,6 +62,7 @@ __all__ = [
     "BatchPlan",
     "EncoderStoreMismatchError",
     "FinetuneOutput",
+    "export_onnx",
     "finetune",
     "freeze",
     "latest_checkpoint",
@@ -647,3 +648,28 @@ def _save_head(
         encoder_precision=vector_precision(store),
     )
     save_checkpoint(dest, ckpt)
+
+
+def export_onnx(model_dir: str | Path, dest: str | Path) -> Path:
+    """Export a tuned encoder folder (``RUN/model``) through treerank's ONNX backend
+    (:mod:`treerank.encoders.onnx_runtime`: transformer + pooling + L2 normalisation, the same
+    unit vectors as the torch modules) into ``dest/`` (``model.onnx`` and its ``key.json``:
+    weights fingerprint, tokenizer, pooling, versions), written atomically.
+
+    Returns:
+        ``dest/model.onnx``.
+
+    Raises:
+        UnsupportedModelError: a module stack the ONNX backend cannot reproduce (named).
+        MissingDependencyError: onnx / onnxruntime not installed.
+    """
+    from treerank.encoders import SentenceEncoder
+
+    enc = SentenceEncoder(model_dir, backend="onnx", progress=False)
+    src = Path(enc.onnx_path)
+
+    def write(tmp: Path) -> None:
+        shutil.copy2(src, tmp / "model.onnx")
+        shutil.copy2(src.parent / "key.json", tmp / "key.json")
+
+    return save_model_folder(dest, write) / "model.onnx"
