@@ -666,6 +666,7 @@ def export_onnx(model_dir: str | Path, dest: str | Path) -> Path:
     from treerank.encoders import SentenceEncoder
 
     enc = SentenceEncoder(model_dir, backend="onnx", progress=False)
+    assert enc.onnx_path is not None  # the onnx backend always has its export
     src = Path(enc.onnx_path)
 
     def write(tmp: Path) -> None:
