@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     from treerank.evaluation.compare import compare_systems
     from treerank.evaluation.settings import EvaluationSettings
     from treerank.models.registry import load_model
-    from treerank.pipeline.finetune import RESULTS_JSON, TunedStoreSystem
+    from treerank.pipeline.finetune import RESULTS_JSON, TunedStoreSystem, paired_summary
     from treerank.store.embedding_store import EmbeddingStore
     from treerank.training.finetune import DRT_HEAD_DIR
 
@@ -109,16 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         "steps": [bi_res["training"]["steps"], drt_res["training"]["steps"]],
         "systems": {s: {m: float(v) for m, v in r.mean.items()} for s, r in comp.results.items()},
         "paired_vs_biencoder": {
-            s: {
-                m: {
-                    "delta": float(t.delta),
-                    "p": float(t.p_randomization),
-                    "ci_low": float(t.ci_low),
-                    "ci_high": float(t.ci_high),
-                }
-                for m, t in tests.items()
-            }
-            for s, tests in comp.tests.get("biencoder", {}).items()
+            s: paired_summary(tests) for s, tests in comp.tests.get("biencoder", {}).items()
         },
         "seen_unseen": comp.overlap,
         "cka": _cka_table(head, frozen, bi, drt),

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,7 @@ from treerank.training.finetune_config import FinetuneConfig
 __all__ = [
     "RESULTS_JSON",
     "TunedStoreSystem",
+    "paired_summary",
     "reembed_split",
     "run_finetune",
     "split_of_store",
@@ -208,6 +209,21 @@ class TunedStoreSystem:
         run = self._cosine.retrieve(self.tuned, k)
         run.name = self.name
         return run
+
+
+def paired_summary(tests: Mapping[str, Any]) -> dict[str, dict[str, float]]:
+    """``metric -> {"delta", "p", "ci_low", "ci_high"}`` of a comparison's paired tests
+    (:class:`~treerank.evaluation.significance.PairedTest` by metric): what ``results.json``
+    keeps of them."""
+    return {
+        m: {
+            "delta": float(t.delta),
+            "p": float(t.p_randomization),
+            "ci_low": float(t.ci_low),
+            "ci_high": float(t.ci_high),
+        }
+        for m, t in tests.items()
+    }
 
 
 def _clock() -> tuple[float, float]:
@@ -374,15 +390,7 @@ def run_finetune(
         "n_train_queries": int(len(train_rows)),
         "n_heldout_queries": int(len(held)),
         "systems": {s: {m: float(v) for m, v in r.mean.items()} for s, r in comp.results.items()},
-        "paired_vs_cosine": {
-            m: {
-                "delta": float(t.delta),
-                "p": float(t.p_randomization),
-                "ci_low": float(t.ci_low),
-                "ci_high": float(t.ci_high),
-            }
-            for m, t in tests.items()
-        },
+        "paired_vs_cosine": paired_summary(tests),
         "seen_unseen": comp.overlap,
         "heldout": heldout,
         "headline_metric": metric,
