@@ -76,17 +76,41 @@ def _run_record(run: Path, cut: bool) -> dict[str, Any]:
     }
 
 
+def _tuned_cut(run: Path, frozen_cut: Any, out: Path) -> Any:
+    """``run``'s tuned encoder over the cut corpus (kept when ``out`` already holds exactly
+    that: the same tuned weights over the same data)."""
+    from treerank.pipeline.finetune import reembed_split
+    from treerank.store.embedding_store import EmbeddingStore
+    from treerank.training.finetune import FINETUNE_JSON
+
+    want = json.loads((run / FINETUNE_JSON).read_text(encoding="utf-8"))["fingerprint"]
+    if (out / "meta.json").is_file():
+        have = EmbeddingStore.open(out)
+        if have.encoder_fingerprint == want and have.meta.get("data_sha256") == frozen_cut.meta.get(
+            "data_sha256"
+        ):
+            return have
+    return reembed_split(run, frozen_cut, out, overwrite=True)
+
+
 def _cut_store(frozen: Any, max_passages: int, out: Path) -> Any:
     """The frozen store's split cut to ``max_passages`` passages (subset_split), its vectors
-    copied from ``frozen`` row for row (nothing encoded)."""
+    copied from ``frozen`` row for row (nothing encoded; kept when ``out`` already holds the
+    same cut)."""
     from treerank.encoders import SentenceEncoder
     from treerank.encoders.sentence import BatchResult
     from treerank.pipeline.finetune import split_of_store
     from treerank.readers.subset import subset_split
-    from treerank.store.embed import embed_split
+    from treerank.store.embed import embed_split, split_digest
     from treerank.store.embedding_store import EmbeddingStore
 
     split = subset_split(split_of_store(frozen), None, max_passages)
+    if (out / "meta.json").is_file():
+        have = EmbeddingStore.open(out)
+        if have.meta.get("data_sha256") == split_digest(split) and (
+            have.encoder_fingerprint == frozen.encoder_fingerprint
+        ):
+            return have
     p_row = {pid: i for i, pid in enumerate(frozen.passage_ids())}
     q_row = {qid: i for i, qid in enumerate(frozen.query_ids())}
     passages, queries = np.asarray(frozen.passages), np.asarray(frozen.queries)
@@ -127,12 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     from treerank.evaluation.compare import compare_systems
     from treerank.evaluation.settings import EvaluationSettings
     from treerank.models.registry import load_model
-    from treerank.pipeline.finetune import (
-        RESULTS_JSON,
-        TunedStoreSystem,
-        paired_summary,
-        reembed_split,
-    )
+    from treerank.pipeline.finetune import RESULTS_JSON, TunedStoreSystem, paired_summary
     from treerank.store.embedding_store import EmbeddingStore
     from treerank.training.finetune import DRT_HEAD_DIR, FINETUNE_JSON
 
@@ -156,9 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     train = EmbeddingStore.open(args.store / args.train_split)
     if cut:
         frozen = _cut_store(frozen, args.max_passages, args.work / "frozen")
-        bi, drt = (
-            reembed_split(run, frozen, args.work / arm, overwrite=True) for arm, run in runs.items()
-        )
+        bi, drt = (_tuned_cut(run, frozen, args.work / arm) for arm, run in runs.items())
     else:
         bi = EmbeddingStore.open(args.bi / "stores" / args.eval_split)
         drt = EmbeddingStore.open(args.drt / "stores" / args.eval_split)
