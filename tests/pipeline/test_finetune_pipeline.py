@@ -178,3 +178,43 @@ def test_heldout_queries_are_never_trained_and_are_scored(slice_root: Path, tmp_
     assert res["n_train_queries"] + res["n_heldout_queries"] <= 24
     assert set(held) == {"n_queries", "cosine", "finetune-query-tower"}
     assert 0.0 <= held["finetune-query-tower"]["ndcg@10"] <= 1.0
+
+
+def test_drt_e2e_run_scores_its_heads_on_the_reembedded_store(
+    slice_root: Path, tmp_path: Path
+) -> None:
+    """drt-e2e end to end: the re-embedded store holds raw vectors of the tuned encoder, the
+    heads (RUN/drt_head) score it as a ckpt: system, the DRT slot CKA is in the drift record,
+    and the heads refuse the frozen store (another encoder's vectors)."""
+    from treerank.models.checkpoint import EncoderMismatchError
+    from treerank.search.systems import build_system
+    from treerank.training.finetune import DRT_HEAD_DIR
+
+    cfg = parse_finetune_config(
+        {
+            "family": "drt-e2e",
+            "model": {"max_passage_length": 48, "drt": {"k": 3, "slot_dim": 16, "hidden": 32}},
+            "data": {"batch_size": 4},
+            "trainer": {"max_steps": 2, "save_steps": 2, "lr": 1e-4, "head_lr": 2e-3},
+            "validation": {"fraction": 0},
+        }
+    )
+    out = tmp_path / "run"
+    res = run_finetune(cfg, slice_root, out, n_permutations=100)
+    assert set(res["systems"]) == {"cosine", "finetune-drt-e2e", "finetune-drt-e2e-cosine"}
+    tuned = EmbeddingStore.open(out / "stores" / "test")
+    frozen = EmbeddingStore.open(slice_root / "test")
+    assert tuned.dim == frozen.dim == 384  # raw encoder vectors, not DRT vectors
+    assert tuned.encoder_fingerprint == res["fingerprint"] != frozen.encoder_fingerprint
+    assert tuned.meta["finetune"]["passage_vectors"] == "encoded by the tuned encoder"
+    head = build_system(f"ckpt:{out / DRT_HEAD_DIR}")
+    run = head.retrieve(tuned, 10)
+    assert run.ids.shape == (tuned.n_queries, 10)
+    with pytest.raises(EncoderMismatchError):
+        head.retrieve(frozen, 10)
+    slots = res["drift"]["test"]["drt_slots"]
+    for side in ("passages", "queries"):
+        s = slots[side]
+        assert len(s["slots"]) == 3
+        assert all(0.0 < v <= 1.0 + 1e-9 for v in [s["raw"], s["concatenated"], *s["slots"]])
+    assert slots["passages"]["n"] == frozen.n_passages

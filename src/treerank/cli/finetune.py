@@ -34,7 +34,8 @@ def finetune(
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bars."),
     device: str = device_option(),
 ) -> None:
-    """Fine-tune the encoder of STORE (biencoder or query-tower) on its train split's labels,
+    """Fine-tune the encoder of STORE (biencoder, drt-e2e or query-tower) on its train split's
+    labels,
     write re-embedded stores (OUT/stores/<split>/), evaluate against frozen cosine with paired
     tests and seen / unseen parts, and write OUT/results.json (metrics, drift, cost).
 
@@ -59,7 +60,7 @@ def finetune(
     from treerank.training.finetune_config import parse_finetune_config
 
     err = Console(stderr=True)
-    device = str(cli_device(device))  # a bad or unavailable device is refused before any work
+    dev = str(cli_device(device).concrete())  # before any work
     try:
         doc = load_yaml(config)
         if seed is not None:
@@ -81,7 +82,7 @@ def finetune(
             resume=resume,
             progress=progress,
             n_permutations=permutations,
-            device=device,
+            device=dev,
             log=lambda m: err.print(m, highlight=False),
         )
     except (ValueError, FileNotFoundError, FileExistsError, StoreFormatError, LockHeldError) as exc:

@@ -10,7 +10,10 @@ split (``treerank drift A B``):
   in store A that are also in its top-``k`` in store B (``|A_k ∩ B_k| / k``), averaged over
   queries; 1 when the two stores rank alike, ``k / n_passages`` expected by chance.
 
-Both are 1 for a store against itself.
+Both are 1 for a store against itself. For DRT, :func:`slot_cka` gives the seed's other two
+comparisons: the CKA of the concatenated slots and of each slot, between two sets of
+``(n, k, d_s)`` slot vectors of the same items (e.g. the ``drt-e2e`` heads applied to the
+frozen and to the tuned vectors, :func:`drt_slot_drift`).
 """
 
 from __future__ import annotations
@@ -24,7 +27,13 @@ from treerank.kernels.topk import exact_search
 from treerank.kernels.vectors import l2_normalize
 from treerank.storelike import StoreLike
 
-__all__ = ["StoreDataMismatchError", "neighbour_overlap", "store_drift"]
+__all__ = [
+    "StoreDataMismatchError",
+    "drt_slot_drift",
+    "neighbour_overlap",
+    "slot_cka",
+    "store_drift",
+]
 
 
 class StoreDataMismatchError(ValueError):
@@ -115,4 +124,64 @@ def store_drift(
         "overlap_chance": kk / npas if npas else float("nan"),
         "a": str(a.path),
         "b": str(b.path),
+    }
+
+
+def slot_cka(a_slots: np.ndarray, b_slots: np.ndarray) -> dict[str, Any]:
+    """Linear CKA between two slot decompositions of the same items.
+
+    Args:
+        a_slots, b_slots: ``float (n, k, d_s)`` slot vectors, row ``r`` the same item in both
+            (``k`` and ``d_s`` may differ between the two only for ``concatenated``; the
+            per-slot table needs the same ``k``).
+
+    Returns:
+        ``{"concatenated": CKA of the (n, k*d_s) flattened slots, "slots": [CKA of slot i,
+        i < k]}``; every value is 1 for a decomposition against itself.
+
+    Raises:
+        ValueError: not 3-D, different row counts or different ``k``.
+    """
+    a, b = np.asarray(a_slots, dtype=np.float64), np.asarray(b_slots, dtype=np.float64)
+    if a.ndim != 3 or b.ndim != 3 or a.shape[0] != b.shape[0] or a.shape[1] != b.shape[1]:
+        raise ValueError(
+            "slot_cka needs two (n, k, d_s) arrays of the same n and k, "
+            f"got {a.shape} and {b.shape}"
+        )
+    n, k = a.shape[:2]
+    return {
+        "concatenated": float(linear_cka(a.reshape(n, -1), b.reshape(n, -1))),
+        "slots": [float(linear_cka(a[:, i], b[:, i])) for i in range(k)],
+    }
+
+
+def drt_slot_drift(
+    head: Any, a: np.ndarray, b: np.ndarray, *, side: str = "passage"
+) -> dict[str, Any]:
+    """:func:`slot_cka` of one DRT head applied to two sets of vectors of the same items.
+
+    Args:
+        head: a :class:`~treerank.models.drt.DRTHead` (``query_slots`` / ``passage_slots``).
+        a, b: ``float32 (n, d)`` vectors of the same ``n`` items from two encoders (e.g. the
+            frozen store's and the tuned store's).
+        side: ``query`` or ``passage`` (which decomposition of the head).
+
+    Returns:
+        :func:`slot_cka`'s dict plus ``"raw"`` (the CKA of ``a`` and ``b`` themselves),
+        ``"side"`` and ``"n"``.
+
+    Raises:
+        ValueError: an unknown ``side`` or mismatched rows.
+    """
+    if side not in ("query", "passage"):
+        raise ValueError(f"side must be 'query' or 'passage', got {side!r}")
+    fn = head.query_slots if side == "query" else head.passage_slots
+    xa, xb = np.asarray(a, dtype=np.float32), np.asarray(b, dtype=np.float32)
+    if xa.shape[0] != xb.shape[0]:
+        raise ValueError(f"drt_slot_drift: {xa.shape[0]} rows against {xb.shape[0]}")
+    return {
+        "side": side,
+        "n": int(xa.shape[0]),
+        "raw": float(linear_cka(xa, xb)),
+        **slot_cka(fn(xa), fn(xb)),
     }

@@ -15,7 +15,9 @@
   model was trained against them), and re-embedding over a store with other passage vectors
   is refused naming both;
 * ``eval/``: ``compare_systems`` on the evaluation split, the tuned encoder against frozen
-  cosine, paired tests, the seen / unseen breakdown against the train split;
+  cosine, paired tests, the seen / unseen breakdown against the train split (``drt-e2e``: the
+  trained heads ``ckpt:RUN/drt_head`` over the re-embedded store, and cosine over the same
+  tuned vectors as ``finetune-drt-e2e-cosine``);
 * ``results.json``: the headline numbers, the drift diagnostics (linear CKA and
   neighbour overlap between frozen and tuned vectors of the same items) and the cost (CPU
   seconds, wall seconds, peak RSS, tokens) of every part.
@@ -30,7 +32,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +44,7 @@ from treerank.store.embed import embed_split
 from treerank.store.embedding_store import EmbeddingStore
 from treerank.storelike import StoreLike
 from treerank.training.finetune import (
+    DRT_HEAD_DIR,
     FINETUNE_JSON,
     EncoderStoreMismatchError,
     finetune,
@@ -51,6 +54,7 @@ from treerank.training.finetune_config import CE_FAMILY, FinetuneConfig
 __all__ = [
     "RESULTS_JSON",
     "TunedStoreSystem",
+    "paired_summary",
     "reembed_split",
     "run_cross_encoder_finetune",
     "run_finetune",
@@ -90,6 +94,7 @@ def reembed_split(
     *,
     overwrite: bool = False,
     progress: bool = False,
+    device: str = "cpu",
 ) -> EmbeddingStore:
     """Embed ``parent``'s split again with the tuned encoder of ``run_dir``.
 
@@ -98,6 +103,7 @@ def reembed_split(
         parent: the store split to re-embed (same data; for ``query-tower``, the passage vectors
             the model was trained against, or the same encoder's vectors of another split).
         out_dir: the new split folder.
+        device: torch device of the tuned encoder.
 
     Returns:
         The new store split, opened.
@@ -132,6 +138,7 @@ def reembed_split(
         max_batch_size=int(enc_meta.get("max_batch_size", 256)),
         max_padding=float(enc_meta.get("max_padding", 0.1)),
         progress=False,
+        device=device,
     )
     if encoder.fingerprint != info["fingerprint"]:
         raise EncoderStoreMismatchError(
@@ -181,20 +188,21 @@ def reembed_split(
 
 
 class TunedStoreSystem:
-    """Frozen-store evaluation of a re-embedded store: cosine over ``tuned``'s vectors, for the
-    queries of the store it is asked about, which must hold the same data.
+    """Frozen-store evaluation of a re-embedded store: ``inner`` (a system spec, default
+    cosine; ``ckpt:RUN/drt_head`` for ``drt-e2e``) over ``tuned``'s vectors, for the queries
+    of the store it is asked about, which must hold the same data.
 
     Raises (from :meth:`retrieve`):
         EncoderStoreMismatchError: the evaluated store holds other data than ``tuned`` (both
             named): a model trained on one store is not evaluated on another's rows.
     """
 
-    def __init__(self, tuned: StoreLike, name: str = "finetune") -> None:
+    def __init__(self, tuned: StoreLike, name: str = "finetune", inner: str = "cosine") -> None:
         from treerank.search.specs import build_system
 
         self.tuned = tuned
         self.name = name
-        self._cosine = build_system("cosine")
+        self._cosine = build_system(inner)
 
     def retrieve(self, store: StoreLike, k: int = 1000) -> Any:
         want = store.meta.get("data_sha256")
@@ -207,6 +215,21 @@ class TunedStoreSystem:
         run = self._cosine.retrieve(self.tuned, k)
         run.name = self.name
         return run
+
+
+def paired_summary(tests: Mapping[str, Any]) -> dict[str, dict[str, float]]:
+    """``metric -> {"delta", "p", "ci_low", "ci_high"}`` of a comparison's paired tests
+    (:class:`~treerank.evaluation.significance.PairedTest` by metric): what ``results.json``
+    keeps of them."""
+    return {
+        m: {
+            "delta": float(t.delta),
+            "p": float(t.p_randomization),
+            "ci_low": float(t.ci_low),
+            "ci_high": float(t.ci_high),
+        }
+        for m, t in tests.items()
+    }
 
 
 def _clock() -> tuple[float, float]:
@@ -255,7 +278,7 @@ def run_finetune(
             evaluation are redone).
         n_permutations: randomization-test permutations (default: the evaluation default).
         drift_k: neighbours compared by the drift diagnostics.
-        device: torch device of the training.
+        device: torch device of training and re-embedding (``cpu``, ``cuda[:n]``).
 
     Returns:
         The ``results.json`` document.
@@ -264,7 +287,7 @@ def run_finetune(
         FileNotFoundError / StoreFormatError: a split is missing or incomplete.
         EncoderStoreMismatchError, FileExistsError: see :func:`finetune`.
     """
-    from treerank.diagnostics.drift import store_drift
+    from treerank.diagnostics.drift import drt_slot_drift, store_drift
     from treerank.evaluation.compare import compare_systems
     from treerank.evaluation.settings import EvaluationSettings
     from treerank.search.negatives import mine_bm25_negatives
@@ -300,15 +323,25 @@ def run_finetune(
     stores: dict[str, EmbeddingStore] = {}
     for name, parent in ((train_split, train), (eval_split, test)):
         say(f"re-embedding {parent.path} with the tuned encoder")
-        stores[name] = reembed_split(out, parent, out / STORES_DIR / name, overwrite=True)
+        stores[name] = reembed_split(
+            out, parent, out / STORES_DIR / name, overwrite=True, device=device
+        )
     t2 = _clock()
     settings = EvaluationSettings()
     if n_permutations is not None:
         settings = settings.with_(n_permutations=n_permutations)
     system = f"finetune-{cfg.family}"
+    head_dir = out / DRT_HEAD_DIR
+    inner = f"ckpt:{head_dir}" if cfg.family == "drt-e2e" else "cosine"
+    systems: dict[str, Any] = {
+        "cosine": "cosine",
+        system: TunedStoreSystem(stores[eval_split], system, inner),
+    }
+    if cfg.family == "drt-e2e":
+        systems[f"{system}-cosine"] = TunedStoreSystem(stores[eval_split], f"{system}-cosine")
     comp = compare_systems(
         test,
-        {"cosine": "cosine", system: TunedStoreSystem(stores[eval_split], system)},
+        systems,
         settings=settings.with_(baseline="cosine"),
         out_dir=out / "eval",
         train_store=train,
@@ -321,7 +354,7 @@ def run_finetune(
             QuerySubset(train, held),
             {
                 "cosine": "cosine",
-                system: TunedStoreSystem(QuerySubset(stores[train_split], held), system),
+                system: TunedStoreSystem(QuerySubset(stores[train_split], held), system, inner),
             },
             settings=settings.with_(baseline="cosine"),
         )
@@ -334,6 +367,18 @@ def run_finetune(
         split: store_drift(parent, stores[split], k=drift_k, passages=cfg.family != "query-tower")
         for split, parent in ((eval_split, test),)
     }
+    if cfg.family == "drt-e2e":
+        from treerank.models.drt import DRTHead
+        from treerank.models.registry import load_model
+
+        head = load_model(head_dir, expected_fingerprint=ft.fingerprint)
+        assert isinstance(head, DRTHead)
+        tuned = stores[eval_split]
+        # the seed's slot comparisons: the trained heads over the frozen and the tuned vectors
+        drift[eval_split]["drt_slots"] = {
+            "passages": drt_slot_drift(head, test.passages, tuned.passages, side="passage"),
+            "queries": drt_slot_drift(head, test.queries, tuned.queries, side="query"),
+        }
     metric = "ndcg@10"
     tests = comp.tests.get("cosine", {}).get(system, {})
     results: dict[str, Any] = {
@@ -345,15 +390,7 @@ def run_finetune(
         "n_train_queries": int(len(train_rows)),
         "n_heldout_queries": int(len(held)),
         "systems": {s: {m: float(v) for m, v in r.mean.items()} for s, r in comp.results.items()},
-        "paired_vs_cosine": {
-            m: {
-                "delta": float(t.delta),
-                "p": float(t.p_randomization),
-                "ci_low": float(t.ci_low),
-                "ci_high": float(t.ci_high),
-            }
-            for m, t in tests.items()
-        },
+        "paired_vs_cosine": paired_summary(tests),
         "seen_unseen": comp.overlap,
         "heldout": heldout,
         "headline_metric": metric,

@@ -24,8 +24,6 @@ continues bit-identically (``tests/training/test_cross_encoder.py``).
 
 from __future__ import annotations
 
-import os
-import shutil
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -34,9 +32,10 @@ from typing import Any
 
 import numpy as np
 
-from treerank.atomic import atomic_write_json, make_temp_dir
+from treerank.atomic import atomic_write_json
 from treerank.kernels.device import DEFAULT_DEVICE, Device, resolve_device
 from treerank.storelike import StoreLike
+from treerank.training.model_folder import latest_checkpoint, save_model_folder
 from treerank.training.sampler import relevant_lists
 
 __all__ = [
@@ -277,16 +276,6 @@ def _sequential(dataset: Any, batch_size: int, drop_last: bool, **_: Any) -> Any
     return DefaultBatchSampler(SequentialSampler(dataset), batch_size=batch_size, drop_last=False)
 
 
-def latest_checkpoint(ckpt_dir: Path) -> Path | None:
-    """The newest ``checkpoint-N`` in ``ckpt_dir`` that holds its ``trainer_state.json``."""
-    from transformers.trainer_utils import get_last_checkpoint
-
-    if not ckpt_dir.is_dir():
-        return None
-    last = get_last_checkpoint(str(ckpt_dir))
-    return None if last is None else Path(last)
-
-
 @dataclass
 class CrossEncoderOutput:
     """What :func:`train_cross_encoder` wrote: ``model_dir`` (a ``CrossEncoder`` folder),
@@ -416,15 +405,7 @@ def train_cross_encoder(
     trainer.remove_callback(PrinterCallback)
     start = latest_checkpoint(ckpt_dir) if resume else None
     result = trainer.train(resume_from_checkpoint=None if start is None else str(start))
-    tmp = make_temp_dir(out, ".model-tmp-")
-    try:
-        model.save_pretrained(str(tmp))
-        if (out / MODEL_DIR).exists():
-            shutil.rmtree(out / MODEL_DIR)
-        os.replace(tmp, out / MODEL_DIR)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    save_model_folder(out / MODEL_DIR, lambda p: model.save_pretrained(str(p)))
     from treerank.encoders.fingerprint import weights_fingerprint
 
     fp = weights_fingerprint(model.model)

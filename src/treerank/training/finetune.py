@@ -6,7 +6,16 @@ treerank's own batch plan and runs ``SentenceTransformerTrainer`` with
 * ``biencoder``: ``MultipleNegativesRankingLoss`` or ``CachedMultipleNegativesRankingLoss``
   (GradCache, Gao et al., 2021) on ``(anchor, positive[, negative])`` texts, shared towers;
 * ``query-tower``: :class:`~treerank.training.finetune_losses.StoredPassageLoss`, queries only,
-  against the store's passage vectors.
+  against the store's passage vectors;
+* ``drt-e2e``: :class:`~treerank.training.finetune_losses.DRTEndToEndLoss`, the DRT heads on the
+  unfrozen encoder, on the ``biencoder`` family's very dataset and batches. The heads are built
+  right after ``torch.manual_seed(seed)``; they are a module of the loss (``loss.head``), which
+  sentence-transformers' trainer optimises with the encoder (parameters named ``head.*`` at
+  ``trainer.head_lr`` through its ``learning_rate_mapping``; no weight decay on norms and
+  biases). The run writes the encoder alone as ``model/`` (a plain sentence-transformers folder
+  whose vectors are the raw vectors the heads read) and the heads as a treerank DRT checkpoint
+  ``drt_head/`` bound to the tuned encoder's fingerprint: a re-embedded store of ``model/``
+  plus ``drt_head/`` is everything the DRT scorer needs (``ckpt:RUN/drt_head`` on that store).
 
 **The batch plan.** Batches come from :class:`~treerank.training.sources.PairSampler` over the
 split's labels (:func:`~treerank.training.sources.label_pairs`), so the batch-collision rule of
@@ -18,7 +27,8 @@ interrupted run stood. Hard negatives are the BM25 ranks mined into the store's 
 pipeline (``data.hard_negatives: mined``), after the false-negative guard's ``skip_top``.
 
 **Checkpoints** are the trainer's (weights, optimiser, scheduler, RNG states, trainer state
-with the step, hence the sampler position), every ``trainer.save_steps`` steps, each written
+with the step, hence the sampler position; for ``drt-e2e`` also the heads' weights,
+``drt_head.safetensors``), every ``trainer.save_steps`` steps, each written
 into a temporary folder and renamed into place (:class:`_Trainer`), so a killed run never leaves
 a half-written ``checkpoint-N``. ``resume=True`` continues from the newest one, bit-identically
 on the same machine (``tests/training/test_finetune.py``).
@@ -40,26 +50,32 @@ import torch
 from treerank.atomic import atomic_write_json, make_temp_dir
 from treerank.kernels.device import DEFAULT_DEVICE, Device, resolve_device
 from treerank.storelike import StoreLike
-from treerank.training.finetune_config import FinetuneConfig
-from treerank.training.finetune_losses import StoredPassageLoss
+from treerank.training.finetune_config import FinetuneConfig, drt_head_config
+from treerank.training.finetune_losses import DRTEndToEndLoss, StoredPassageLoss
+from treerank.training.model_folder import latest_checkpoint, save_model_folder
 from treerank.training.sampler import guard_mined_negatives
 from treerank.training.sources import PairSampler, label_pairs
 
 __all__ = [
     "CHECKPOINTS_DIR",
+    "DRT_HEAD_DIR",
     "MODEL_DIR",
     "BatchPlan",
     "EncoderStoreMismatchError",
     "FinetuneOutput",
+    "export_onnx",
     "finetune",
     "freeze",
     "latest_checkpoint",
     "load_base",
     "plan_batches",
+    "resolve_precision",
 ]
 
 CHECKPOINTS_DIR = "checkpoints"
 MODEL_DIR = "model"
+DRT_HEAD_DIR = "drt_head"
+HEAD_WEIGHTS = "drt_head.safetensors"
 FINETUNE_JSON = "finetune.json"
 
 
@@ -174,6 +190,12 @@ def load_base(base: str | None, store: StoreLike, *, device: Device = DEFAULT_DE
     Raises:
         EncoderStoreMismatchError: the weights fingerprint differs from the store's (both named).
     """
+    enc = _base_encoder(base, store, device)
+    return enc.model, enc.fingerprint
+
+
+def _base_encoder(base: str | None, store: StoreLike, device: str) -> Any:
+    """:func:`load_base`'s ``SentenceEncoder`` (the ``precision: auto`` probe encodes with it)."""
     from treerank.encoders import SentenceEncoder
 
     enc = SentenceEncoder(base, device=device, progress=False)
@@ -183,7 +205,52 @@ def load_base(base: str | None, store: StoreLike, *, device: Device = DEFAULT_DE
             f"model {base or enc.name!r} has weights {enc.fingerprint[:19]}..., but store "
             f"{store.path} was embedded with {want[:19]}...: fine-tune the store's own encoder"
         )
-    return enc.model, enc.fingerprint
+    return enc
+
+
+def resolve_precision(
+    precision: str,
+    encoder: Any,
+    device: str = "cpu",
+    *,
+    timer: Any = None,
+    refresh: bool = False,
+) -> tuple[str, dict[str, Any]]:
+    """The training precision of a ``trainer.precision`` setting.
+
+    ``fp32`` / ``bf16`` are kept. ``auto``: on CUDA, ``bf16`` where the GPU supports it, else
+    ``fp32``; on a CPU, ``bf16`` only where the encoding probe
+    (:func:`treerank.encoders.precision.resolve_path` over the torch paths: the encoder's
+    forward pass on a fixed batch, fp32 against bf16 autocast, cached per CPU, thread count and
+    weights) measured bf16 faster than fp32 and within its fidelity bound; ``fp32`` otherwise.
+
+    Args:
+        precision: ``fp32`` | ``bf16`` | ``auto``.
+        encoder: the base :class:`~treerank.encoders.SentenceEncoder` (probed for ``auto``).
+        device: the training device.
+        timer, refresh: passed to ``resolve_path`` (an injected clock for tests; measure
+            again instead of reading the cache).
+
+    Returns:
+        ``(precision, record)``: ``fp32`` or ``bf16``, and what decided it (for
+        ``finetune.json``: the setting, the device, the probe's seconds and ratio).
+    """
+    if precision != "auto":
+        return precision, {"setting": precision}
+    if str(device).startswith("cuda"):
+        import torch
+
+        ok = bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+        return ("bf16" if ok else "fp32"), {
+            "setting": "auto",
+            "device": str(device),
+            "reason": "CUDA with bf16 support" if ok else "CUDA without bf16 support",
+        }
+    from treerank.encoders.precision import resolve_path
+
+    choice = resolve_path(encoder, "torch", "auto", timer=timer, refresh=refresh)
+    chosen = choice.path.precision if choice.path.precision in ("fp32", "bf16") else "fp32"
+    return chosen, {"setting": "auto", "device": str(device), "probe": choice.to_dict()}
 
 
 def freeze(model: Any, *, embeddings: bool, layers: int) -> int:
@@ -210,25 +277,44 @@ def freeze(model: Any, *, embeddings: bool, layers: int) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
-def latest_checkpoint(ckpt_dir: str | Path) -> Path | None:
-    """The newest complete ``checkpoint-N`` in ``ckpt_dir`` (None: none)."""
-    from transformers.trainer_utils import get_last_checkpoint
-
-    d = Path(ckpt_dir)
-    if not d.is_dir():
-        return None
-    last = get_last_checkpoint(str(d))
-    return None if last is None else Path(last)
-
-
 def _trainer_class() -> Any:
     from sentence_transformers import SentenceTransformerTrainer
     from transformers.trainer_utils import rotate_checkpoints
 
     class _Trainer(SentenceTransformerTrainer):  # type: ignore[misc]
-        """The trainer with each checkpoint written into a temporary folder, then renamed."""
+        """The trainer with each checkpoint written into a temporary folder, then renamed; a
+        loss with ``head`` (``drt-e2e``) has the heads' weights saved into every checkpoint and
+        loaded back on resume."""
 
         _staging: Path | None = None
+
+        def _save(self, output_dir: str | None = None, state_dict: Any = None) -> None:
+            super()._save(output_dir, state_dict)
+            head = getattr(self.loss, "head", None)
+            if head is not None:
+                from safetensors.torch import save_file
+
+                where = Path(str(output_dir if output_dir is not None else self.args.output_dir))
+                # the head's own checkpoint state (a shared tower's tensors once)
+                state = {k: v.detach().contiguous() for k, v in head.checkpoint_state().items()}
+                save_file(state, str(where / HEAD_WEIGHTS))
+
+        def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:
+            checkpoint_path = resume_from_checkpoint
+            super()._load_from_checkpoint(checkpoint_path)
+            head = getattr(self.loss, "head", None)
+            if head is not None:
+                from safetensors.torch import load_file
+
+                path = Path(checkpoint_path) / HEAD_WEIGHTS
+                if not path.is_file():
+                    raise FileNotFoundError(
+                        f"{path}: missing; {checkpoint_path} is not a drt-e2e checkpoint"
+                    )
+                saved = type(head).from_checkpoint_parts(
+                    head.checkpoint_config(), load_file(str(path))
+                )
+                head.load_state_dict(saved.state_dict(), strict=True)
 
         def _get_output_dir(self, trial: Any) -> str:
             if self._staging is not None:
@@ -282,7 +368,8 @@ class FinetuneOutput:
 
 
 def _token_counts(model: Any, store: StoreLike, plan: BatchPlan, family: str) -> np.ndarray:
-    """Real tokens of each plan row (query, plus positive and negatives for ``biencoder``)."""
+    """Real tokens of each plan row (query, plus positive and negatives unless
+    ``query-tower``)."""
     tok = model.tokenizer
     lim = int(model.max_seq_length)
 
@@ -294,7 +381,7 @@ def _token_counts(model: Any, store: StoreLike, plan: BatchPlan, family: str) ->
 
     q_len = lengths(store.query_texts())
     out = q_len[plan.query_rows]
-    if family == "biencoder":
+    if family != "query-tower":
         p_len = lengths(store.passage_texts())
         out = out + p_len[plan.positive]
         hard = plan.hard
@@ -337,6 +424,13 @@ def _loss(model: Any, store: StoreLike, plan: BatchPlan, cfg: FinetuneConfig) ->
             negatives=cfg.data.negatives,
             scale=scale,
         )
+    if cfg.family == "drt-e2e":
+        from treerank.models.drt import DRTHead
+
+        torch.manual_seed(cfg.train.seed)  # the heads' initial weights follow the seed
+        dim = int(model.get_embedding_dimension() or store.dim)
+        head = DRTHead(drt_head_config(cfg, dim), name="drt-e2e")
+        return DRTEndToEndLoss(model, head, scale=scale, lambda_dec=t.lambda_dec)
     from sentence_transformers.sentence_transformer import losses
 
     if t.loss == "cached-mnrl":
@@ -370,7 +464,9 @@ def finetune(
 
     Writes ``out_dir/checkpoints/checkpoint-N/`` (the trainer's resumable checkpoints),
     ``out_dir/model/`` (the tuned encoder, a sentence-transformers folder, renamed into place
-    when complete) and ``out_dir/finetune.json`` (config, fingerprints, summary).
+    when complete), for ``drt-e2e`` ``out_dir/drt_head/`` (the heads, a treerank DRT
+    checkpoint bound to the tuned encoder) and ``out_dir/finetune.json`` (config,
+    fingerprints, summary).
 
     Args:
         store: the training split (texts, labels, passage vectors for ``query-tower``).
@@ -407,7 +503,11 @@ def finetune(
     torch.set_num_threads(t.threads)
     cpu0, _ = _cost_now()
     wall0 = time.perf_counter()
-    model, base_fp = load_base(cfg.model.base, store, device=device)
+    base_enc = _base_encoder(cfg.model.base, store, device)
+    model, base_fp = base_enc.model, base_enc.fingerprint
+    precision, precision_record = resolve_precision(t.precision, base_enc, device)
+    if log is not None and t.precision == "auto":
+        log(f"precision auto: {precision} ({precision_record})")
     # the training truncation below is not the tuned model's: its saved folder keeps the base
     # model's limits, so re-embedding at the store's max_seq_length stays in range
     base_max_seq_length = model.max_seq_length
@@ -432,7 +532,7 @@ def finetune(
         lr_scheduler_type=t.scheduler,
         weight_decay=t.weight_decay,
         max_grad_norm=t.max_grad_norm,
-        bf16=t.precision == "bf16",
+        bf16=precision == "bf16",
         activation_checkpointing=t.gradient_checkpointing,
         activation_checkpointing_kwargs={"use_reentrant": False},
         save_strategy="steps",
@@ -446,6 +546,9 @@ def finetune(
         use_cpu=resolve_device(device).type == "cpu",
         disable_tqdm=not progress,
         batch_sampler=_sequential,
+        learning_rate_mapping=(
+            {r"^head\.": t.head_lr} if cfg.family == "drt-e2e" and t.head_lr is not None else {}
+        ),
     )
     records: list[dict[str, Any]] = []
 
@@ -478,18 +581,10 @@ def finetune(
         last = latest_checkpoint(ckpt_dir)
         if last is None or last.name != f"checkpoint-{step}":
             trainer._save_checkpoint(trainer.model, None)
-        tmp = make_temp_dir(out, ".model-tmp-")
-        try:
-            model.max_seq_length = base_max_seq_length
-            if base_model_max_length is not None:
-                model.tokenizer.model_max_length = base_model_max_length
-            model.save(str(tmp))
-            if (out / MODEL_DIR).exists():
-                shutil.rmtree(out / MODEL_DIR)
-            os.replace(tmp, out / MODEL_DIR)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+        model.max_seq_length = base_max_seq_length
+        if base_model_max_length is not None:
+            model.tokenizer.model_max_length = base_model_max_length
+        save_model_folder(out / MODEL_DIR, lambda p: model.save(str(p)))
     finally:
         if bars and not progress:
             hf_logging.enable_progress_bar()
@@ -497,6 +592,9 @@ def finetune(
     from treerank.encoders.fingerprint import weights_fingerprint
 
     fp = weights_fingerprint(model)
+    head = getattr(loss, "head", None)
+    if head is not None:
+        _save_head(head, out / DRT_HEAD_DIR, out / MODEL_DIR, fp, store, checkpoint)
     cpu1, rss = _cost_now()
     summary = {
         "family": cfg.family,
@@ -507,6 +605,7 @@ def finetune(
         "train_loss": float(result.training_loss),
         "log": records,
         "trainable_parameters": int(n_trainable),
+        "precision": {"chosen": precision, **precision_record},
         "cost": {
             "cpu_seconds": round(cpu1 - cpu0, 3),
             "wall_seconds": round(time.perf_counter() - wall0, 3),
@@ -532,3 +631,47 @@ def finetune(
         },
     )
     return FinetuneOutput(out / MODEL_DIR, fp, base_fp, checkpoint, summary)
+
+
+def _save_head(
+    head: Any, dest: Path, model_dir: Path, fingerprint: str, store: StoreLike, checkpoint: str
+) -> None:
+    """Write the trained DRT heads as a treerank checkpoint bound to the tuned encoder (the
+    vectors of a store re-embedded with ``model_dir`` are the ones it scores)."""
+    from treerank.encoders.precision import vector_precision
+    from treerank.models.checkpoint import save_checkpoint
+
+    head.eval()
+    ckpt = head.to_checkpoint(
+        str(model_dir.resolve()),
+        fingerprint,
+        extra={"finetune": {"checkpoint": checkpoint, "trained_on": str(store.path)}},
+        encoder_precision=vector_precision(store),
+    )
+    save_checkpoint(dest, ckpt)
+
+
+def export_onnx(model_dir: str | Path, dest: str | Path) -> Path:
+    """Export a tuned encoder folder (``RUN/model``) through treerank's ONNX backend
+    (:mod:`treerank.encoders.onnx_runtime`: transformer + pooling + L2 normalisation, the same
+    unit vectors as the torch modules) into ``dest/`` (``model.onnx`` and its ``key.json``:
+    weights fingerprint, tokenizer, pooling, versions), written atomically.
+
+    Returns:
+        ``dest/model.onnx``.
+
+    Raises:
+        UnsupportedModelError: a module stack the ONNX backend cannot reproduce (named).
+        MissingDependencyError: onnx / onnxruntime not installed.
+    """
+    from treerank.encoders import SentenceEncoder
+
+    enc = SentenceEncoder(model_dir, backend="onnx", progress=False)
+    assert enc.onnx_path is not None  # the onnx backend always has its export
+    src = Path(enc.onnx_path)
+
+    def write(tmp: Path) -> None:
+        shutil.copy2(src, tmp / "model.onnx")
+        shutil.copy2(src.parent / "key.json", tmp / "key.json")
+
+    return save_model_folder(dest, write) / "model.onnx"

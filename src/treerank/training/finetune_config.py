@@ -3,12 +3,14 @@ validation``) with a ``family`` beside ``seed``.
 
 ::
 
-    family: query-tower        # biencoder | query-tower
+    family: query-tower        # biencoder | drt-e2e | query-tower
     seed: 0
-    model:   {base, max_query_length, max_passage_length, freeze_embeddings, freeze_layers}
+    model:   {base, max_query_length, max_passage_length, freeze_embeddings, freeze_layers,
+              untied, drt}
     data:    {batch_size, epochs, hard_negatives, n_hard, mine_depth, guard_skip_top, negatives}
-    trainer: {loss, mini_batch_size, lr, warmup_ratio, scheduler, weight_decay, max_grad_norm,
-              temperature, precision, gradient_checkpointing, save_steps, max_steps, ...}
+    trainer: {loss, mini_batch_size, lr, head_lr, lambda_dec, warmup_ratio, scheduler,
+              weight_decay, max_grad_norm, temperature, precision, gradient_checkpointing,
+              save_steps, max_steps, ...}
     validation: the shared ValidationConfig (held-out training queries, never trained on)
 
 ``configs/finetune/scifact_query_tower.yaml`` lists every key with its default. Families:
@@ -23,6 +25,15 @@ validation``) with a ``family`` beside ``seed``.
 * ``biencoder``: the encoder trains on both sides (shared towers), sentence-transformers'
   ``MultipleNegativesRankingLoss`` or its GradCache variant ``CachedMultipleNegativesRankingLoss``
   (``trainer.loss: mnrl | cached-mnrl``); in-batch negatives plus ``data.n_hard`` BM25 negatives.
+  ``model.untied: true`` (DPR-style separate towers) is not built: it is refused with a
+  ConfigError.
+* ``drt-e2e``: the DRT heads (:class:`treerank.models.drt.DRTHead`, options in ``model.drt``)
+  on the unfrozen encoder, the DRT seed's "Scale 2" arm: the same data, batches, schedule and
+  seed as ``biencoder``, the loss
+  :class:`~treerank.training.finetune_losses.DRTEndToEndLoss` (InfoNCE over DRT scores of
+  the in-batch and hard-negative passages + ``trainer.lambda_dec`` x slot decorrelation), the
+  encoder at ``trainer.lr`` and the heads at ``trainer.head_lr`` (differential learning rates;
+  no weight decay on norms and biases for either).
 * ``query-tower``: only the query side trains, against the store's frozen passage vectors
   (:class:`treerank.training.finetune_losses.StoredPassageLoss`): a softmax over every passage
   of the split (``data.negatives: all``) or over the batch's positives and hard negatives
@@ -47,13 +58,14 @@ __all__ = [
     "FinetuneData",
     "FinetuneModel",
     "FinetuneTrainer",
+    "drt_head_config",
     "parse_finetune_config",
 ]
 
-FAMILIES = ("biencoder", "query-tower", "cross-encoder")
+FAMILIES = ("biencoder", "drt-e2e", "query-tower", "cross-encoder")
 CE_FAMILY = "cross-encoder"
 LOSSES = ("mnrl", "cached-mnrl")
-PRECISIONS = ("fp32", "bf16")
+PRECISIONS = ("fp32", "bf16", "auto")
 NEGATIVES = ("all", "in-batch")
 HARD_SOURCES = ("none", "mined")
 
@@ -70,6 +82,10 @@ class FinetuneModel:
         max_passage_length: passage truncation in tokens while training (``biencoder``).
         freeze_embeddings: keep the token / position embeddings fixed.
         freeze_layers: keep the bottom this-many transformer layers fixed (0: none).
+        untied: separate query and passage towers (DPR); not built (refused at parse time).
+        drt: ``drt-e2e`` only: options of the DRT heads (:class:`treerank.models.drt.DRTConfig`
+            keys except ``dim``, taken from the encoder, and ``temperature``, which is
+            ``trainer.temperature``); None: the seed's defaults (6 slots of 64 dims).
     """
 
     base: str | None = None
@@ -77,6 +93,8 @@ class FinetuneModel:
     max_passage_length: int = 256
     freeze_embeddings: bool = False
     freeze_layers: int = 0
+    untied: bool = False
+    drt: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.max_query_length < 1 or self.max_passage_length < 1:
@@ -138,15 +156,21 @@ class FinetuneTrainer:
 
     Attributes:
         loss: ``mnrl`` (MultipleNegativesRankingLoss) or ``cached-mnrl`` (GradCache: the same
-            gradients at ``mini_batch_size`` activations' memory); ``query-tower`` ignores it.
+            gradients at ``mini_batch_size`` activations' memory); ``query-tower`` ignores it;
+            ``drt-e2e`` takes ``mnrl`` only (its own loss has no GradCache variant).
         mini_batch_size: GradCache chunk size.
         lr: peak learning rate of the encoder.
+        head_lr: ``drt-e2e``: peak learning rate of the DRT heads (None: ``lr``; the seed's
+            Scale 2: encoder 5e-5, heads 2e-3); the same warm-up and decay as the encoder.
+        lambda_dec: ``drt-e2e``: weight of the slot decorrelation term (the seed: 0.1).
         warmup_ratio: share of the steps with linear warm-up.
         scheduler: ``lr_scheduler_type`` of Hugging Face (``linear``, ``cosine``, ``constant``...).
         weight_decay: AdamW decoupled weight decay (not on biases and norms).
         max_grad_norm: gradient clipping (global L2 norm; 0: off).
         temperature: softmax temperature (scale = 1 / temperature; MNRL's default 20 = 0.05).
-        precision: ``fp32`` or ``bf16`` (torch autocast, also on a CPU).
+        precision: ``fp32``, ``bf16`` (torch autocast, also on a CPU) or ``auto`` (bf16 on a
+            CUDA GPU that supports it; on a CPU only where the encoding probe measured bf16
+            faster: :func:`treerank.training.finetune.resolve_precision`).
         gradient_checkpointing: recompute activations in the backward pass (non-reentrant, so
             it works with frozen embeddings).
         save_steps: write a resumable checkpoint every this many steps (0: only at the end).
@@ -160,6 +184,8 @@ class FinetuneTrainer:
     loss: str = "mnrl"
     mini_batch_size: int = 8
     lr: float = 2e-5
+    head_lr: float | None = None
+    lambda_dec: float = 0.1
     warmup_ratio: float = 0.1
     scheduler: str = "linear"
     weight_decay: float = 0.01
@@ -178,11 +204,13 @@ class FinetuneTrainer:
         if self.loss not in LOSSES:
             raise ValueError(f"loss {self.loss!r} unknown; known: {LOSSES}")
         if self.precision not in PRECISIONS:
-            raise ValueError(
-                f"precision {self.precision!r} unknown; known: {PRECISIONS} (auto is not wired yet)"
-            )
+            raise ValueError(f"precision {self.precision!r} unknown; known: {PRECISIONS}")
         if not self.lr > 0 or not self.temperature > 0:
             raise ValueError("lr and temperature must be > 0")
+        if self.head_lr is not None and not self.head_lr > 0:
+            raise ValueError(f"head_lr must be > 0 (or null: lr), got {self.head_lr}")
+        if self.lambda_dec < 0:
+            raise ValueError(f"lambda_dec must be >= 0, got {self.lambda_dec}")
         if not 0 <= self.warmup_ratio < 1:
             raise ValueError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
         if self.mini_batch_size < 1 or self.threads < 1 or self.save_steps < 0:
@@ -354,7 +382,7 @@ def parse_finetune_config(cfg: Mapping[str, Any] | None, where: str = "config") 
         where=where,
     )
     try:
-        model(**train.model)
+        built = model(**train.model)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{where}.model: {exc}") from None
     if ce:
@@ -368,4 +396,57 @@ def parse_finetune_config(cfg: Mapping[str, Any] | None, where: str = "config") 
                 f"margin-mse and read by no other loss (loss {loss!r}, teacher "
                 f"{train.data.teacher!r})"
             )
+    else:
+        assert isinstance(built, FinetuneModel)
+        _check_family(str(family), built, train, where)
     return FinetuneConfig(str(family), train)
+
+
+def drt_head_config(cfg: FinetuneConfig, dim: int) -> Any:
+    """The :class:`~treerank.models.drt.DRTConfig` of a ``drt-e2e`` run's heads on ``dim``-dim
+    encoder vectors (``model.drt`` over the seed's defaults, ``temperature`` from the trainer).
+
+    Raises:
+        ValueError: an unknown or bad ``model.drt`` option.
+    """
+    from treerank.models.drt import DRTConfig
+
+    opts = dict(cfg.model.drt or {})
+    return DRTConfig.from_dict({**opts, "dim": int(dim), "temperature": cfg.trainer.temperature})
+
+
+def _check_family(family: str, model: FinetuneModel, train: TrainConfig, where: str) -> None:
+    """Options that only one family takes, and options not built."""
+    if model.untied:
+        raise ConfigError(
+            f"{where}.model.untied: separate query and passage towers are not built (they need a "
+            "sentence-transformers Router stack and query/passage-aware encoding in "
+            "treerank.encoders.SentenceEncoder); use shared towers (untied: false)"
+        )
+    t = train.trainer
+    assert isinstance(t, FinetuneTrainer)
+    if family != "drt-e2e":
+        if model.drt is not None:
+            raise ConfigError(f"{where}.model.drt: DRT head options apply to drt-e2e only")
+        if t.head_lr is not None:
+            raise ConfigError(f"{where}.trainer.head_lr: applies to drt-e2e only (no heads)")
+        return
+    if t.loss != "mnrl":
+        raise ConfigError(
+            f"{where}.trainer.loss: drt-e2e trains its own DRT loss; GradCache "
+            f"({t.loss!r}) is not built for it, use mnrl"
+        )
+    if model.drt is not None and not isinstance(model.drt, Mapping):
+        raise ConfigError(f"{where}.model.drt: expected a mapping of DRT options")
+    bad = sorted({"dim", "temperature"} & set(model.drt or {}))
+    if bad:
+        raise ConfigError(
+            f"{where}.model.drt: {bad} are not options here (dim is the encoder's, "
+            "temperature is trainer.temperature)"
+        )
+    try:
+        from treerank.models.drt import DRTConfig
+
+        DRTConfig.from_dict({**dict(model.drt or {}), "dim": 1})
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{where}.model.drt: {exc}") from None

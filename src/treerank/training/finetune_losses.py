@@ -1,4 +1,5 @@
-"""The query tower's loss: a trained query encoder against a store's fixed passage vectors.
+"""The fine-tune's own losses: the query tower's (a trained query encoder against a store's
+fixed passage vectors) and the ``drt-e2e`` family's (DRT heads on the unfrozen encoder).
 
 sentence-transformers' losses encode every text column; the ``query-tower`` family trains only
 the query side, so its loss looks the passage side up in the store (no passage is encoded and
@@ -9,6 +10,13 @@ softmax (the query's other relevant passages, labelled non-targets, same-text tw
 
 * ``all``: every passage of the split (exact full softmax; the DPR gold-standard denominator);
 * ``in-batch``: the batch's positives and hard negatives (DPR's in-batch negatives).
+
+:class:`DRTEndToEndLoss` is the DRT seed's "Scale 2" objective: the encoder's vectors of the
+batch's queries and passages go through a :class:`~treerank.models.drt.DRTHead` (a module of
+the loss, so sentence-transformers' trainer optimises it with the encoder, at its own learning
+rate), scored by DRT, InfoNCE over the in-batch columns exactly as
+``MultipleNegativesRankingLoss`` lays them out, plus the slot decorrelation term of
+:mod:`treerank.training.drt`.
 """
 
 from __future__ import annotations
@@ -19,7 +27,7 @@ import numpy as np
 import torch
 from torch import nn
 
-__all__ = ["StoredPassageLoss"]
+__all__ = ["DRTEndToEndLoss", "StoredPassageLoss"]
 
 
 class StoredPassageLoss(nn.Module):
@@ -106,3 +114,66 @@ class StoredPassageLoss(nn.Module):
         mask[r_idx[hit], at[hit]] = True
         scores = scores.masked_fill(mask.to(scores.device), float("-inf"))
         return nn.functional.cross_entropy(scores, target.to(scores.device))
+
+
+class DRTEndToEndLoss(nn.Module):
+    """InfoNCE over DRT scores of encoder vectors, plus slot decorrelation (``drt-e2e``).
+
+    For one batch of ``B`` rows ``(anchor, positive, negative_0, ...)``: the encoder embeds
+    every column (``float (B, d)`` each), the head maps the anchors to ``(B, k*d_s)`` query
+    representations (slot dropout in training mode) and the ``B * (1 + h)`` passages to
+    passage representations, and::
+
+        S    = scale * head.score(Q, P)                   (B, B * (1 + h))
+        loss = cross_entropy(S, arange(B)) + lambda_dec * (dec(Q_slots) + dec(P_slots)) / 2
+
+    the positives of the batch being the first ``B`` columns (row ``i``'s target is column
+    ``i``), as in sentence-transformers' ``MultipleNegativesRankingLoss``; ``dec`` is
+    :func:`treerank.training.drt.decorrelation_loss` on the un-dropped unit slots.
+
+    Args:
+        model: the ``SentenceTransformer`` being trained (``float (B, d)`` sentence embeddings).
+        head: the DRT heads (trained with the encoder; the attribute name ``head`` is what the
+            trainer's learning-rate mapping and checkpoints look for).
+        scale: logit scale ``1 / temperature``.
+        lambda_dec: weight of the decorrelation term (``>= 0``).
+
+    Raises:
+        ValueError: ``lambda_dec < 0`` or ``scale <= 0``.
+    """
+
+    def __init__(self, model: Any, head: Any, *, scale: float = 20.0, lambda_dec: float = 0.1):
+        super().__init__()
+        if lambda_dec < 0 or not scale > 0:
+            raise ValueError(f"need lambda_dec >= 0 and scale > 0, got {lambda_dec}, {scale}")
+        self.model = model
+        self.head = head
+        self.scale = float(scale)
+        self.lambda_dec = float(lambda_dec)
+
+    def forward(
+        self, features: list[dict[str, torch.Tensor]], labels: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Mean loss of one batch (``labels`` unused: the targets are the batch's diagonal).
+
+        Args:
+            features: the tokenised columns, anchors first, as sentence-transformers passes them.
+
+        Returns:
+            scalar loss tensor.
+        """
+        from treerank.training.drt import decorrelation_loss
+
+        if len(features) < 2:
+            raise ValueError("drt-e2e needs (anchor, positive[, negatives]) columns")
+        reps = [self.model(f)["sentence_embedding"].float() for f in features]
+        q = self.head.query_tower(reps[0])
+        p = self.head.passage_tower(torch.cat(reps[1:], dim=0))
+        scores = self.scale * self.head.score(q, p)
+        target = torch.arange(q.shape[0], device=scores.device)
+        loss = nn.functional.cross_entropy(scores, target)
+        if self.lambda_dec > 0:
+            qs, ps = self.head.last_query_slots, self.head.last_passage_slots
+            dec = (decorrelation_loss(qs) + decorrelation_loss(ps)) / 2
+            loss = loss + self.lambda_dec * dec
+        return loss

@@ -1,0 +1,69 @@
+"""Model folders written whole or not at all, and the newest resumable checkpoint.
+
+Both trainers built on sentence-transformers (the encoder fine-tune, ``training/finetune.py``,
+and the cross-encoder, ``training/cross_encoder.py``) end by saving a model folder and resume
+from the newest ``checkpoint-N``. :func:`save_model_folder` writes the folder into a temporary
+sibling and renames it into place, so a crash or Ctrl-C mid-save leaves either the old folder
+or the new one, never a half-written one; :func:`latest_checkpoint` is the one rule for which
+checkpoint a ``--resume`` continues from.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+from treerank.atomic import make_temp_dir
+
+__all__ = ["latest_checkpoint", "save_model_folder"]
+
+_CHECKPOINT = re.compile(r"checkpoint-(\d+)")
+TRAINER_STATE = "trainer_state.json"
+
+
+def save_model_folder(dest: str | Path, write: Callable[[Path], object]) -> Path:
+    """Write a model folder atomically: ``write(tmp)`` fills a temporary sibling folder of
+    ``dest``, which then replaces ``dest`` (an existing ``dest`` is removed first).
+
+    Args:
+        dest: the final folder (its parent is created if missing).
+        write: called with the temporary folder (a ``Path``), e.g.
+            ``lambda p: model.save(str(p))``; its return value is ignored.
+
+    Returns:
+        ``dest``.
+
+    Raises:
+        Whatever ``write`` raises; the temporary folder is removed and ``dest`` is left as it
+        was.
+    """
+    final = Path(dest)
+    tmp = make_temp_dir(final.parent, f".{final.name}-tmp-")
+    try:
+        write(tmp)
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+def latest_checkpoint(ckpt_dir: str | Path) -> Path | None:
+    """The newest complete ``checkpoint-N`` in ``ckpt_dir``: the largest ``N`` whose folder
+    holds its ``trainer_state.json`` (the trainer writes that file last, so a checkpoint cut
+    short mid-save is passed over; Hugging Face's ``get_last_checkpoint`` takes any folder of
+    that name). None when the folder is missing or holds no complete checkpoint."""
+    d = Path(ckpt_dir)
+    if not d.is_dir():
+        return None
+    found: list[tuple[int, Path]] = []
+    for sub in d.iterdir():
+        m = _CHECKPOINT.fullmatch(sub.name)
+        if m and sub.is_dir() and (sub / TRAINER_STATE).is_file():
+            found.append((int(m.group(1)), sub))
+    return max(found)[1] if found else None
