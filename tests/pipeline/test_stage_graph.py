@@ -30,7 +30,9 @@ TRAIN_LINEAR = {"train:a:linear@seed0", "train:a:linear@seed1"}
 TRAIN_MLP = {"train:a:mlp"}
 EVALUATE = {"evaluate:a", "evaluate:b"}
 DIAGNOSE = {"diagnose:a"}
-ALL = EMBED_A | EMBED_B | TRAIN_LINEAR | TRAIN_MLP | EVALUATE | DIAGNOSE
+# BM25 negatives of a's train split: one stage shared by linear and mlp (equal settings)
+MINE_A = {"mine:a:bm25_negatives-100"}
+ALL = EMBED_A | EMBED_B | MINE_A | TRAIN_LINEAR | TRAIN_MLP | EVALUATE | DIAGNOSE
 FROM_A = ALL - EMBED_B  # everything that reads dataset a's stores (b evaluates a's models)
 
 
@@ -97,6 +99,9 @@ CASES: list[tuple[str, Callable[[Path], Callable[[dict[str, Any]], None]], set[s
     ("linear seeds + 2", lambda t: _set("models", "linear", "seeds", value=[0, 1, 2]),
      {"train:a:linear@seed2"} | EVALUATE),
     ("linear seeds - 1", lambda t: _set("models", "linear", "seeds", value=[0]), EVALUATE),
+    # mining: a new depth for linear only is a new mine stage; mlp keeps the shared one
+    ("linear mine depth", lambda t: _set("models", "linear", "data", "mine_depth", value=50),
+     {"mine:a:bm25_negatives-50"} | TRAIN_LINEAR | EVALUATE),
     # datasets: file contents, format, limit, max_passages, split, systems
     ("a contents", lambda t: _edit_file(t, "a", "a new passage about whales"), FROM_A),
     ("b contents", lambda t: _edit_file(t, "b", "a new passage about whales"),
@@ -140,7 +145,9 @@ def test_graph_has_every_stage_and_edge(base: tuple[Path, dict[str, Any], dict[s
     assert set(keys) == ALL
     graph = plan_experiment(load_experiment(tmp / "base.yaml", output_dir=tmp / "out"))
     edges = graph.edges()
-    assert edges["train:a:linear@seed0"] == ["embed:a:train"]
+    assert edges["train:a:linear@seed0"] == ["embed:a:train", "mine:a:bm25_negatives-100"]
+    assert edges["train:a:mlp"] == ["embed:a:train", "mine:a:bm25_negatives-100"]
+    assert edges["mine:a:bm25_negatives-100"] == ["embed:a:train"]
     assert set(edges["evaluate:b"]) == {"embed:b:test"} | TRAIN_LINEAR | TRAIN_MLP
     assert set(edges["evaluate:a"]) == EMBED_A | TRAIN_LINEAR | TRAIN_MLP
     assert set(edges["diagnose:a"]) == {"embed:a:test", "train:a:mlp"}
@@ -221,6 +228,35 @@ def test_undeclared_or_unknown_dependency_raises(tmp_path: Path) -> None:
     with pytest.raises(UnknownDependencyError, match="did not declare"):
         graph.key_of(train, reader=ev)
     assert graph.key_of(embed, reader=ev) == graph.keys[embed]
+
+
+def test_runner_hands_a_stage_only_its_declared_outputs(tmp_path: Path) -> None:
+    """The runner gives each stage a ``Deps`` of its declared edges: reading another stage's
+    output (even one that ran before it) fails, so a stage's key covers everything it read."""
+    from treerank.pipeline.stages import StageError
+    from treerank.pipeline.stages.graph import Deps, RunContext
+    from treerank.pipeline.stages.outputs import EmbedOutput
+
+    a, b = StageId.embed("a", "train"), StageId.embed("a", "test")
+
+    class Store(Stage):
+        def run(self, d: Path, deps: Deps) -> EmbedOutput:
+            return EmbedOutput(d, {"n": 1})
+
+    class Reader(Stage):
+        def run(self, d: Path, deps: Deps) -> EmbedOutput:
+            deps.get(a, EmbedOutput)  # declared
+            return deps.get(b, EmbedOutput)  # ran before, but not declared
+
+    graph = StageGraph()
+    graph.add(Store(a, tmp_path / "a", (), {}, output=EmbedOutput))
+    graph.add(Store(b, tmp_path / "b", (), {}, output=EmbedOutput))
+    graph.add(Reader(StageId.evaluate("a"), tmp_path / "v", (a,), {}, output=EmbedOutput))
+    ctx = RunContext(tmp_path, "x.yaml", "cpu", progress=False, log=lambda s: None)
+    with pytest.raises(StageError, match="did not declare embed:a:test") as err:
+        list(graph.execute(ctx))
+    assert isinstance(err.value.__cause__, UnknownDependencyError)
+    assert (tmp_path / "a" / "stage.json").is_file() and not (tmp_path / "v").exists()
 
 
 def test_identities_render_todays_names(tmp_path: Path) -> None:

@@ -86,10 +86,19 @@ class DatasetConfig:
 
 @dataclass
 class EvaluateConfig:
+    """The YAML ``evaluate:`` section (``treerank.pipeline.experiment.evaluation_settings``
+    makes it the :class:`~treerank.evaluation.settings.EvaluationSettings` of every evaluate
+    stage).
+
+    ``metrics_given``: the section names ``metrics``; when it does not, the defaults deeper than
+    ``k`` are left out, as ``treerank evaluate`` leaves them out without ``--metric``.
+    """
+
     k: int = 1000
     baselines: list[str] = field(default_factory=lambda: ["cosine", "bm25"])
     metrics: list[str] = field(default_factory=lambda: list(DEFAULT_METRICS))
     seed: int = 0
+    metrics_given: bool = True
 
 
 @dataclass
@@ -339,7 +348,7 @@ def load_experiment(
         datasets=datasets,
         models=models,
         systems=[str(s) for s in (top.get("systems") or ["bm25", "cosine"])],
-        evaluate=EvaluateConfig(**ev),
+        evaluate=EvaluateConfig(**ev, metrics_given="metrics" in ev),
         diagnose=diagnose,
         raw=top,
         transfer=bool(top.get("transfer", False)),

@@ -57,8 +57,19 @@ __all__ = [
     "dataset_dir",
 ]
 
-StageKind = Literal["embed", "train", "evaluate", "diagnose", "report"]
-STAGE_KINDS: tuple[StageKind, ...] = ("embed", "train", "evaluate", "diagnose", "report")
+StageKind = Literal["embed", "mine", "pseudo", "teacher", "train", "evaluate", "diagnose", "report"]
+STAGE_KINDS: tuple[StageKind, ...] = (
+    "embed",
+    "mine",
+    "pseudo",
+    "teacher",
+    "train",
+    "evaluate",
+    "diagnose",
+    "report",
+)
+DERIVED_KINDS: tuple[StageKind, ...] = ("mine", "pseudo", "teacher")
+"""Stages that derive training data from a split, each named by a settings ``part``."""
 
 
 def dataset_dir(out_dir: Path, kind: str, dataset: str) -> Path:
@@ -178,16 +189,21 @@ class StageId:
     """One stage of ``treerank run``'s graph (see ``docs/DESIGN.md``, "The stage graph").
 
     Attributes:
-        kind: ``embed`` / ``train`` / ``evaluate`` / ``diagnose`` / ``report``.
+        kind: ``embed`` / ``mine`` / ``pseudo`` / ``teacher`` / ``train`` / ``evaluate`` /
+            ``diagnose`` / ``report``.
         dataset: the dataset it is about (``""`` for the report).
         split: the split of an embed stage.
         run: the trained run of a train stage.
+        part: the settings label of a mine / pseudo / teacher stage (``bm25_negatives-100``,
+            ``pseudo-<digest>``, ``teacher-<digest>``): several models whose settings agree share
+            one such stage.
     """
 
     kind: StageKind
     dataset: str = ""
     split: str | None = None
     run: RunId | None = None
+    part: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in STAGE_KINDS:
@@ -196,6 +212,8 @@ class StageId:
             raise ValueError(f"{self.kind} stage: a split is given exactly for embed stages")
         if (self.kind == "train") != (self.run is not None):
             raise ValueError(f"{self.kind} stage: a run is given exactly for train stages")
+        if (self.kind in DERIVED_KINDS) != (self.part is not None):
+            raise ValueError(f"{self.kind} stage: a part is given exactly for mine/pseudo/teacher")
 
     @classmethod
     def embed(cls, dataset: str, split: str) -> StageId:
@@ -204,6 +222,11 @@ class StageId:
     @classmethod
     def train(cls, run: RunId) -> StageId:
         return cls("train", run.trained_on, run=run)
+
+    @classmethod
+    def derived(cls, kind: StageKind, dataset: str, part: str) -> StageId:
+        """A ``mine`` / ``pseudo`` / ``teacher`` stage of ``dataset`` with settings ``part``."""
+        return cls(kind, dataset, part=part)
 
     @classmethod
     def evaluate(cls, dataset: str) -> StageId:
@@ -227,6 +250,8 @@ class StageId:
             return f"{self.kind}:{self.dataset}:{self.split}"
         if self.run is not None:
             return f"{self.kind}:{self.dataset}:{self.run.name}"
+        if self.part is not None:
+            return f"{self.kind}:{self.dataset}:{self.part}"
         return f"{self.kind}:{self.dataset}"
 
     def path(self, out_dir: Path, store_root: Path | None = None) -> Path:
@@ -245,6 +270,8 @@ class StageId:
             return self.run.path(out_dir)
         if self.kind == "report":
             return out_dir
+        if self.part is not None:  # <out>/<mine|pseudo|teacher>/<dataset>/<part>
+            return dataset_dir(out_dir, self.kind, self.dataset) / file_name(self.part)
         return dataset_dir(out_dir, "eval" if self.kind == "evaluate" else "diagnose", self.dataset)
 
     def cache_dir_name(self, key: str) -> str:
@@ -255,9 +282,12 @@ class StageId:
 
     def key_part(self) -> dict[str, object]:
         """The stage's identity as a cache-key component."""
-        return {
+        doc: dict[str, object] = {
             "kind": self.kind,
             "dataset": self.dataset,
             "split": self.split,
             "run": None if self.run is None else self.run.key_part(),
         }
+        if self.part is not None:  # only the new kinds have it: older keys stay as they were
+            doc["part"] = self.part
+        return doc

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from treerank.kernels.rows import StackedRows
+from treerank.store.embedding_store import EmbeddingStore
 from treerank.storelike import StoreLike
 from treerank.training.pseudo import PSEUDO_METHODS, PseudoConfig
 from treerank.training.sources import PairSet, label_pairs, teacher_pairs
@@ -46,6 +47,7 @@ __all__ = [
     "build_training_table",
     "parse_sources",
     "pseudo_dir",
+    "pseudo_dir_name",
     "teacher_array",
 ]
 
@@ -139,8 +141,16 @@ def _digest(obj: Any) -> str:
 
 
 def pseudo_dir(store: StoreLike, spec: SourceSpec) -> Path:
-    """Where the pseudo split of ``store`` with ``spec``'s settings lives (a store sibling)."""
-    return Path(store.path).parent / f"pseudo-{_digest(asdict(spec.pseudo_config()))}"
+    """Where the pseudo split of ``store`` with ``spec``'s settings lives: a store sibling, or
+    under the store view's :attr:`~treerank.store.EmbeddingStore.pseudo_root` (``treerank run``
+    points it at the pseudo stage's own directory)."""
+    root = store.pseudo_root if isinstance(store, EmbeddingStore) else Path(store.path).parent
+    return root / pseudo_dir_name(spec)
+
+
+def pseudo_dir_name(spec: SourceSpec) -> str:
+    """The pseudo split's directory name for ``spec``'s settings: ``pseudo-<digest>``."""
+    return f"pseudo-{_digest(asdict(spec.pseudo_config()))}"
 
 
 def teacher_array(spec: SourceSpec) -> str:
@@ -180,8 +190,6 @@ class _PassageTail:
 
 
 def _open_pseudo(store: StoreLike, spec: SourceSpec) -> Any:
-    from treerank.store import EmbeddingStore
-
     path = pseudo_dir(store, spec)
     if not (path / "meta.json").is_file():
         raise FileNotFoundError(
@@ -189,6 +197,8 @@ def _open_pseudo(store: StoreLike, spec: SourceSpec) -> Any:
             "ensure_training_sources (treerank train / treerank run do)"
         )
     pseudo = EmbeddingStore.open(path)
+    if isinstance(store, EmbeddingStore):  # its teacher arrays where the store view keeps them
+        pseudo = store.pseudo_view(pseudo)
     if pseudo.passage_texts()[: store.n_passages] != store.passage_texts():
         raise ValueError(f"{path}: its corpus is not {store.path}'s passages")
     return pseudo
