@@ -55,6 +55,7 @@ from treerank.pipeline.stages.base import StageRecord, file_sha256
 from treerank.pipeline.stages.diagnose import DiagnoseStage
 from treerank.pipeline.stages.embed import EmbedStage, Encoder, GivenStoreStage
 from treerank.pipeline.stages.evaluate import EVALUATE_OUTPUTS, EvaluateStage, family_reports
+from treerank.pipeline.stages.finetune import FinetuneStage, ReembedStage
 from treerank.pipeline.stages.graph import RunContext, Stage, StageGraph
 from treerank.pipeline.stages.mine import MineSettings, MineStage
 from treerank.pipeline.stages.outputs import (
@@ -68,6 +69,7 @@ from treerank.pipeline.stages.pseudo import PseudoStage
 from treerank.pipeline.stages.teacher import TeacherStage
 from treerank.pipeline.stages.train import TrainStage
 from treerank.pipeline.training import training_sources
+from treerank.search.negatives import MINED_NEGATIVES_ARRAY
 from treerank.store import EmbeddingStore
 
 __all__ = [
@@ -328,6 +330,32 @@ def _train_stages(
         graph.add(TrainStage.make(ctx, r, spec.family, config, resolved, store, derived, where))
 
 
+def _finetune_stages(
+    cfg: ExperimentConfig, ctx: RunContext, ds: DatasetConfig, graph: StageGraph
+) -> tuple[tuple[str, StageId], ...]:
+    """Add each ``finetune:`` entry's stages on ``ds`` (it needs a train split): the fine-tune
+    (after the mine stage ``data.hard_negatives: mined`` reads), then one re-embed stage per
+    split. Returns ``(system name, reembed stage of the evaluation split)`` per entry."""
+    if not ds.train_split or not cfg.finetunes:
+        return ()
+    store = StageId.embed(ds.name, ds.train_split)
+    out = []
+    for name, spec in cfg.finetunes.items():
+        data = spec.config.data
+        mine = None
+        if data.hard_negatives == "mined" and data.n_hard > 0:
+            ms = MineSettings("mined", int(data.n_hard), MINED_NEGATIVES_ARRAY, data.mine_depth)
+            mine = _add_shared(graph, MineStage.make(ctx, store, ms))
+        ft = FinetuneStage.make(ctx, name, store, spec.config, mine)
+        graph.add(ft)
+        for split in dict.fromkeys((ds.train_split, ds.eval_split)):
+            re = ReembedStage.make(ctx, ft.id, StageId.embed(ds.name, split))
+            graph.add(re)
+            if split == ds.eval_split:
+                out.append((name, re.id))
+    return tuple(out)
+
+
 def evaluation_settings(cfg: ExperimentConfig) -> EvaluationSettings:
     """The YAML ``evaluate:`` section as the :class:`EvaluationSettings` the evaluate stages
     (and ``treerank evaluate``) pass to :func:`resolve_evaluation` and ``compare_systems``."""
@@ -347,9 +375,11 @@ def _plan(cfg: ExperimentConfig, ctx: RunContext) -> tuple[StageGraph, dict[str,
     outcomes: dict[str, DatasetOutcome] = {}
     encoder = Encoder(cfg.encoder, ctx.device, progress=ctx.progress)
     runs = experiment_runs(cfg)
+    tuned: dict[str, tuple[tuple[str, StageId], ...]] = {}
     for ds in cfg.datasets:
         o = outcomes[ds.name] = _embed_stages(cfg, ctx, ds, graph, encoder)
         _train_stages(cfg, ctx, ds, graph, o, runs)
+        tuned[ds.name] = _finetune_stages(cfg, ctx, ds, graph)
     settings = evaluation_settings(cfg)
     for ds in cfg.datasets:
         systems = _systems_for(cfg, ds, runs)
@@ -358,7 +388,7 @@ def _plan(cfg: ExperimentConfig, ctx: RunContext) -> tuple[StageGraph, dict[str,
         graph.add(
             EvaluateStage.make(
                 ctx, ds.name, store, train, systems, settings,
-                cfg.evaluate.metrics_given, _seed_groups(systems),
+                cfg.evaluate.metrics_given, _seed_groups(systems), tuned[ds.name],
             )
         )  # fmt: skip
         drun = _diagnosed_run(cfg, ds, runs)

@@ -57,19 +57,33 @@ __all__ = [
     "dataset_dir",
 ]
 
-StageKind = Literal["embed", "mine", "pseudo", "teacher", "train", "evaluate", "diagnose", "report"]
+StageKind = Literal[
+    "embed",
+    "mine",
+    "pseudo",
+    "teacher",
+    "train",
+    "finetune",
+    "reembed",
+    "evaluate",
+    "diagnose",
+    "report",
+]
 STAGE_KINDS: tuple[StageKind, ...] = (
     "embed",
     "mine",
     "pseudo",
     "teacher",
     "train",
+    "finetune",
+    "reembed",
     "evaluate",
     "diagnose",
     "report",
 )
-DERIVED_KINDS: tuple[StageKind, ...] = ("mine", "pseudo", "teacher")
-"""Stages that derive training data from a split, each named by a settings ``part``."""
+DERIVED_KINDS: tuple[StageKind, ...] = ("mine", "pseudo", "teacher", "finetune", "reembed")
+"""Stages named by a ``part``: derived training data (its settings label), a fine-tune and its
+re-embedded splits (the ``finetune:`` entry's name)."""
 
 
 def dataset_dir(out_dir: Path, kind: str, dataset: str) -> Path:
@@ -208,12 +222,12 @@ class StageId:
     def __post_init__(self) -> None:
         if self.kind not in STAGE_KINDS:
             raise ValueError(f"unknown stage kind {self.kind!r}; known: {', '.join(STAGE_KINDS)}")
-        if (self.kind == "embed") != (self.split is not None):
-            raise ValueError(f"{self.kind} stage: a split is given exactly for embed stages")
+        if (self.kind in ("embed", "reembed")) != (self.split is not None):
+            raise ValueError(f"{self.kind} stage: a split is given exactly for (re)embed stages")
         if (self.kind == "train") != (self.run is not None):
             raise ValueError(f"{self.kind} stage: a run is given exactly for train stages")
         if (self.kind in DERIVED_KINDS) != (self.part is not None):
-            raise ValueError(f"{self.kind} stage: a part is given exactly for mine/pseudo/teacher")
+            raise ValueError(f"{self.kind} stage: a part is given exactly for {DERIVED_KINDS}")
 
     @classmethod
     def embed(cls, dataset: str, split: str) -> StageId:
@@ -229,6 +243,16 @@ class StageId:
         return cls(kind, dataset, part=part)
 
     @classmethod
+    def finetune(cls, dataset: str, name: str) -> StageId:
+        """The encoder fine-tune ``finetune.<name>`` on ``dataset``'s train split."""
+        return cls("finetune", dataset, part=name)
+
+    @classmethod
+    def reembed(cls, dataset: str, name: str, split: str) -> StageId:
+        """``split`` of ``dataset`` re-embedded by the tuned encoder of ``finetune.<name>``."""
+        return cls("reembed", dataset, split=split, part=name)
+
+    @classmethod
     def evaluate(cls, dataset: str) -> StageId:
         return cls("evaluate", dataset)
 
@@ -242,10 +266,13 @@ class StageId:
 
     @property
     def name(self) -> str:
-        """``embed:<dataset>:<split>``, ``train:<dataset>:<run name>``, ``evaluate:<dataset>``,
-        ``diagnose:<dataset>``, ``report``."""
+        """``embed:<dataset>:<split>``, ``mine|pseudo|teacher|finetune:<dataset>:<part>``,
+        ``reembed:<dataset>:<finetune name>:<split>``, ``train:<dataset>:<run name>``,
+        ``evaluate:<dataset>``, ``diagnose:<dataset>``, ``report``."""
         if self.kind == "report":
             return "report"
+        if self.kind == "reembed":
+            return f"{self.kind}:{self.dataset}:{self.part}:{self.split}"
         if self.split is not None:
             return f"{self.kind}:{self.dataset}:{self.split}"
         if self.run is not None:
@@ -257,6 +284,9 @@ class StageId:
     def path(self, out_dir: Path, store_root: Path | None = None) -> Path:
         """The stage's directory under the run's ``out_dir`` (an embed stage's under
         ``store_root`` when given: the dataset's store root)."""
+        if self.kind == "reembed":  # a store root per fine-tune: its splits are siblings
+            assert self.split is not None and self.part is not None
+            return dataset_dir(out_dir, self.kind, self.dataset) / file_name(self.part) / self.split
         if self.kind == "embed":
             assert self.split is not None
             root = (

@@ -30,9 +30,15 @@ from treerank.evaluation.overlap import overlap_markdown
 from treerank.evaluation.settings import EvaluationSettings, resolve_evaluation
 from treerank.faults import crash_point
 from treerank.models.families import family, resolve
+from treerank.pipeline.finetune import TunedStoreSystem
 from treerank.pipeline.identity import StageId, SystemId
 from treerank.pipeline.stages.graph import Deps, RunContext, Stage
-from treerank.pipeline.stages.outputs import EmbedOutput, EvaluateOutput, TrainOutput
+from treerank.pipeline.stages.outputs import (
+    EmbedOutput,
+    EvaluateOutput,
+    ReembedOutput,
+    TrainOutput,
+)
 from treerank.search.systems import CheckpointSystem, System, build_system
 from treerank.store import EmbeddingStore, StoreFormatError
 from treerank.storelike import StoreLike
@@ -54,6 +60,7 @@ class EvaluateStage(Stage):
     settings: EvaluationSettings = field(kw_only=True)
     metrics_given: bool = field(kw_only=True)
     seed_groups: Mapping[str, Mapping[str, int]] = field(kw_only=True)
+    tuned: tuple[tuple[str, StageId], ...] = field(kw_only=True, default=())
 
     @classmethod
     def make(
@@ -66,10 +73,14 @@ class EvaluateStage(Stage):
         settings: EvaluationSettings,
         metrics_given: bool,
         seed_groups: Mapping[str, Mapping[str, int]],
+        tuned: tuple[tuple[str, StageId], ...] = (),
     ) -> EvaluateStage:
-        """``train_store``: the training split of the seen / unseen breakdown (None: none)."""
+        """``train_store``: the training split of the seen / unseen breakdown (None: none).
+        ``tuned``: ``(system name, reembed stage of the evaluation split)`` of each fine-tune
+        (cosine over its re-embedded vectors)."""
         sid = StageId.evaluate(dataset)
         trained = [StageId.train(s.run) for s in systems if s.run is not None]
+        trained += [stage for _, stage in tuned]
         inputs = {
             # a trained run's identity here; its checkpoint's key comes in through the edge
             "systems": [
@@ -85,6 +96,7 @@ class EvaluateStage(Stage):
             # the keys of runs configured before the YAML section became EvaluationSettings stay
             # equal: the defaults-were-used flag enters the key only when it matters
             **({} if metrics_given else {"metrics_given": False}),
+            **({"tuned": [[n, st.name] for n, st in tuned]} if tuned else {}),
         }
         stores = (store,) if train_store in (None, store) else (store, train_store)
         return cls(
@@ -100,6 +112,7 @@ class EvaluateStage(Stage):
             settings=settings,
             metrics_given=metrics_given,
             seed_groups=seed_groups,
+            tuned=tuned,
         )
 
     def _built(self, deps: Deps) -> dict[str, System]:
@@ -114,6 +127,9 @@ class EvaluateStage(Stage):
             out[s.name] = build_system(
                 spec, cache, progress=self.ctx.progress, device=self.ctx.device
             )
+        for name, stage in self.tuned:  # cosine over the split re-embedded by a tuned encoder
+            tuned = EmbeddingStore.open(deps.get(stage, ReembedOutput).store)
+            out[name] = TunedStoreSystem(tuned, name)
         return out
 
     def run(self, d: Path, deps: Deps) -> EvaluateOutput:

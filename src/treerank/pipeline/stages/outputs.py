@@ -22,10 +22,12 @@ __all__ = [
     "DiagnoseOutput",
     "EmbedOutput",
     "EvaluateOutput",
+    "FinetuneOutput",
     "MineOutput",
     "Output",
     "OutputFormatError",
     "PseudoOutput",
+    "ReembedOutput",
     "TeacherOutput",
     "TrainOutput",
 ]
@@ -278,3 +280,76 @@ class DiagnoseOutput(Output):
         if not doc:
             raise OutputFormatError(f"{path / STAGE_FILE}: empty diagnostics summary")
         return cls(path, dict(doc))
+
+
+@dataclass(frozen=True)
+class FinetuneOutput(Output):
+    """A tuned encoder (``finetune:<dataset>:<name>``).
+
+    Attributes:
+        run: the fine-tune's folder (``model/``, ``checkpoints/``, ``finetune.json``).
+        family: ``biencoder`` / ``query-tower``. fingerprint / base_fingerprint: the tuned and
+            the starting weights' fingerprints. checkpoint: the checkpoint the weights are from.
+        summary: steps, losses, cost.
+    """
+
+    kind: ClassVar[str] = "finetune"
+    run: Path
+    family: str
+    fingerprint: str
+    base_fingerprint: str
+    checkpoint: str
+    summary: Mapping[str, object]
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "family": self.family,
+            "fingerprint": self.fingerprint,
+            "base_fingerprint": self.base_fingerprint,
+            "checkpoint": self.checkpoint,
+            "summary": dict(self.summary),
+        }
+
+    @classmethod
+    def from_json(cls, doc: JSONDoc, path: Path) -> FinetuneOutput:
+        return cls(
+            path,
+            _str(doc, "family", path),
+            _str(doc, "fingerprint", path),
+            _str(doc, "base_fingerprint", path),
+            _str(doc, "checkpoint", path),
+            _dict(doc, "summary", path),
+        )
+
+
+@dataclass(frozen=True)
+class ReembedOutput(Output):
+    """A split embedded again by a tuned encoder (``reembed:<dataset>:<name>:<split>``).
+
+    Attributes:
+        store: the new split directory (the stage's own); its ``meta.json`` names the parent
+            store, the checkpoint and the tuned weights' fingerprint.
+        fingerprint: the tuned encoder's. n_queries / n_passages: its sizes.
+    """
+
+    kind: ClassVar[str] = "reembed"
+    store: Path
+    fingerprint: str
+    n_queries: int
+    n_passages: int
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "fingerprint": self.fingerprint,
+            "n_queries": self.n_queries,
+            "n_passages": self.n_passages,
+        }
+
+    @classmethod
+    def from_json(cls, doc: JSONDoc, path: Path) -> ReembedOutput:
+        return cls(
+            path,
+            _str(doc, "fingerprint", path),
+            _int(doc, "n_queries", path),
+            _int(doc, "n_passages", path),
+        )
