@@ -438,6 +438,7 @@ def _systems_for(cfg: ExperimentConfig, ds: DatasetConfig, runs: list[RunId]) ->
     if cfg.transfer:  # every model trained elsewhere, zero-shot on this dataset
         out += [SystemId.of_run(r, ds.name) for r in runs if r.trained_on != ds.name]
     names = [s.name for s in out]
+    names += list(cfg.finetunes) if ds.train_split else []  # a tuned encoder's system name
     dup = sorted({n for n in names if names.count(n) > 1})
     averages = {g for g in _seed_groups(out)}
     clash = sorted(averages & set(names)) + dup
