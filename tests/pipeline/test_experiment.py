@@ -207,8 +207,8 @@ def test_given_store_keyed_by_content_not_mtime(tmp_path: Path, monkeypatch) -> 
 
     import numpy as np
 
-    from treerank.pipeline.stages import base as stages
     from treerank.pipeline.stages import DIGESTS_FILE, digest_sidecar
+    from treerank.pipeline.stages import base as stages
 
     split = _cosine_on_given_store(tmp_path)
     hashed: list[str] = []
