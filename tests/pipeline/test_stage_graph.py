@@ -272,3 +272,53 @@ def test_identities_render_todays_names(tmp_path: Path) -> None:
     assert StageId.train(run).cache_dir_name("f" * 64) == "train_scifact_linear@seed0-" + "f" * 24
     with pytest.raises(ValueError, match="split"):
         StageId("embed", "s")
+
+
+def test_outputs_round_trip_and_an_older_summary_reruns_the_stage(tmp_path: Path) -> None:
+    """Each output renders to its ``stage.json`` summary and is read back strictly: a summary
+    of another layout (a missing field) is never guessed at with a default; the runner runs
+    that stage again instead of reusing it."""
+    from treerank.pipeline.stages import read_stage
+    from treerank.pipeline.stages.graph import Deps, RunContext
+    from treerank.pipeline.stages.outputs import (
+        EvaluateOutput,
+        MineOutput,
+        OutputFormatError,
+        TrainOutput,
+    )
+
+    train = TrainOutput(tmp_path / "checkpoint", "linear", {"steps": 3})
+    assert TrainOutput.from_json(train.to_json(), tmp_path) == train
+    mine = MineOutput(tmp_path / "arrays", "bm25_negatives", None)
+    assert MineOutput.from_json(mine.to_json(), tmp_path) == mine
+    ev = EvaluateOutput(tmp_path, {"systems": {}}, "| a |", overlap={"n_seen": 1},
+                        overlap_markdown="x")  # fmt: skip
+    assert EvaluateOutput.from_json(ev.to_json(), tmp_path) == ev
+    with pytest.raises(OutputFormatError, match="summary has no 'family'"):
+        TrainOutput.from_json({"summary": {}}, tmp_path)
+    with pytest.raises(OutputFormatError, match="summary.k is str, not int"):
+        from treerank.pipeline.stages.outputs import TeacherOutput
+
+        TeacherOutput.from_json({"queries": "train", "system": "bm25", "k": "10"}, tmp_path)
+
+    runs: list[int] = []
+
+    class Train(Stage):
+        def run(self, d: Path, deps: Deps) -> TrainOutput:
+            runs.append(1)
+            return TrainOutput(d / "checkpoint", "linear", {"steps": len(runs)})
+
+    sid = StageId.train(RunId("linear", "a"))
+    graph = StageGraph()
+    graph.add(Train(sid, tmp_path / "t", (), {}, output=TrainOutput))
+    ctx = RunContext(tmp_path, "x.yaml", "cpu", progress=False, log=lambda s: None)
+    list(graph.execute(ctx))
+    list(graph.execute(ctx))
+    assert runs == [1]  # reused
+    doc = read_stage(tmp_path / "t")
+    assert doc is not None
+    doc["summary"] = {"summary": {"steps": 1}}  # an older layout with the same key
+    (tmp_path / "t" / "stage.json").write_text(json.dumps(doc))
+    ((_, rec, out),) = list(graph.execute(ctx))
+    assert runs == [1, 1] and rec.status == "ran"
+    assert out == TrainOutput(tmp_path / "t" / "checkpoint", "linear", {"steps": 2})

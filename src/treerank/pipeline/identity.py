@@ -43,7 +43,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 from treerank.names import file_name, slug
 
@@ -69,18 +69,7 @@ StageKind = Literal[
     "diagnose",
     "report",
 ]
-STAGE_KINDS: tuple[StageKind, ...] = (
-    "embed",
-    "mine",
-    "pseudo",
-    "teacher",
-    "train",
-    "finetune",
-    "reembed",
-    "evaluate",
-    "diagnose",
-    "report",
-)
+STAGE_KINDS: tuple[StageKind, ...] = get_args(StageKind)
 DERIVED_KINDS: tuple[StageKind, ...] = ("mine", "pseudo", "teacher", "finetune", "reembed")
 """Stages named by a ``part``: derived training data (its settings label), a fine-tune and its
 re-embedded splits (the ``finetune:`` entry's name)."""

@@ -1,11 +1,15 @@
-"""``diagnose:<dataset>``: the diagnostics of one trained run on the evaluation split."""
+"""``diagnose:<dataset>``: the diagnostics of one trained run on the evaluation split.
+
+The YAML ``diagnose:`` section (``probe_seed``) and ``evaluate.k`` reach
+:func:`~treerank.diagnostics.procedure.run_diagnostics` as its ``DiagnosticsSettings``.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from treerank.diagnostics.procedure import run_diagnostics
+from treerank.diagnostics.procedure import DiagnosticsSettings, run_diagnostics
 from treerank.faults import crash_point
 from treerank.pipeline.config import DiagnoseConfig
 from treerank.pipeline.identity import RunId, StageId
@@ -66,8 +70,7 @@ class DiagnoseStage(Stage):
             EmbeddingStore.open(split.store, dim=split.dim),
             d,
             baseline=self.settings.baseline,
-            k=self.k,
-            probe_seed=self.settings.probe_seed,
+            settings=DiagnosticsSettings(k=self.k, probe_seed=self.settings.probe_seed),
             progress=self.ctx.progress,
             device=self.ctx.device,
         )
