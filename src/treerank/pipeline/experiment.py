@@ -294,10 +294,9 @@ def _derived_stages(
     sources = training_sources(data) or []
     pseudo = None
     for src in sources:
-        if src.kind == "pseudo":
+        if src.kind == "pseudo":  # the last one is what a `queries: pseudo` teacher ranks
             pseudo = _add_shared(graph, PseudoStage.make(ctx, store, src))
             out.append(pseudo)
-            break  # the first pseudo entry is the one the trainer reads
     for src in sources:
         if src.kind == "teacher":
             out.append(_add_shared(graph, TeacherStage.make(ctx, store, src, pseudo)))

@@ -236,18 +236,20 @@ def training_sources(data: Any) -> list[Any] | None:
 
 
 def ensure_pseudo_split(store: StoreLike, data: Any, *, progress: bool = True) -> Any:
-    """Build (once) the pseudo split a ``pseudo`` entry of ``data.sources`` asks for.
+    """Build (once) the pseudo split of each ``pseudo`` entry of ``data.sources``.
 
-    It lives in ``pseudo_dir(store, spec)`` (beside the split, or under a store view's
-    ``pseudo_root``); a finished one is reused, nothing is encoded again.
+    Each lives in ``pseudo_dir(store, spec)`` (beside the split, or under a store view's
+    pseudo roots); a finished one is reused, nothing is encoded again.
 
     Returns:
-        ``(pseudo store or None, its path or None)``.
+        ``(pseudo store or None, its path or None)`` of the last entry (the one a teacher with
+        ``queries: pseudo`` ranks).
     """
     from treerank.store import EmbeddingStore
     from treerank.training.data import pseudo_dir
     from treerank.training.pseudo import build_pseudo_store
 
+    last: tuple[Any, Path | None] = (None, None)
     for spec in training_sources(data) or []:
         if spec.kind != "pseudo":
             continue
@@ -260,8 +262,8 @@ def ensure_pseudo_split(store: StoreLike, data: Any, *, progress: bool = True) -
             )
         if isinstance(store, EmbeddingStore):
             pseudo = store.pseudo_view(pseudo)
-        return pseudo, path
-    return None, None
+        last = (pseudo, path)
+    return last
 
 
 def ensure_teacher_run(store: StoreLike, pseudo: Any, spec: Any, *, progress: bool = True) -> str:

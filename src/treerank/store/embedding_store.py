@@ -96,13 +96,13 @@ class EmbeddingStore:
         # unless :meth:`with_derived` points it elsewhere (a pipeline stage's directory)
         self._arrays_write: Path | None = None
         self._arrays_read: tuple[Path, ...] = ()
-        self._pseudo_root: Path | None = None
+        self._pseudo_roots: tuple[Path, ...] = ()
 
     def with_derived(
         self,
         arrays_write: Path | None = None,
         arrays_read: tuple[Path, ...] = (),
-        pseudo_root: Path | None = None,
+        pseudo_roots: tuple[Path, ...] = (),
         pseudo_arrays: tuple[Path, ...] = (),
     ) -> EmbeddingStore:
         """A view of this split whose derived data lives outside its directory.
@@ -110,7 +110,8 @@ class EmbeddingStore:
         The vectors, tables and texts are this store's (shared, nothing is copied); sidecar
         arrays are read from ``arrays_write`` then ``arrays_read`` (each a directory holding
         ``<name>.npy``), never from ``path/arrays``, and written only into ``arrays_write``;
-        pseudo splits live under ``pseudo_root`` (:attr:`pseudo_root`), and a pseudo split
+        pseudo splits live under one of ``pseudo_roots`` (:meth:`pseudo_split_dir`; a new one
+        under the first), and a pseudo split
         opened through :meth:`pseudo_view` reads its arrays from ``pseudo_arrays`` only (and
         writes none). This is how
         ``treerank run`` keeps a user's store untouched: each stage writes only into its own
@@ -122,7 +123,7 @@ class EmbeddingStore:
         view = copy.copy(self)
         view._arrays_write = None if arrays_write is None else Path(arrays_write)
         view._arrays_read = tuple(Path(p) for p in arrays_read)
-        view._pseudo_root = None if pseudo_root is None else Path(pseudo_root)
+        view._pseudo_roots = tuple(Path(p) for p in pseudo_roots)
         view._pseudo_arrays = tuple(Path(p) for p in pseudo_arrays)
         view._derived = True
         return view
@@ -136,10 +137,11 @@ class EmbeddingStore:
             return pseudo
         return pseudo.with_derived(arrays_read=self._pseudo_arrays)
 
-    @property
-    def pseudo_root(self) -> Path:
-        """The directory pseudo splits of this store live in (default: beside the split)."""
-        return self._pseudo_root if self._pseudo_root is not None else self.path.parent
+    def pseudo_split_dir(self, name: str) -> Path:
+        """The directory of this store's pseudo split ``name``: beside the split by default;
+        for a view, the first of its ``pseudo_roots`` that holds it (else the first root)."""
+        roots = self._pseudo_roots or (self.path.parent,)
+        return next((r / name for r in roots if (r / name).is_dir()), roots[0] / name)
 
     # ------------------------------------------------------------------ opening
     @classmethod

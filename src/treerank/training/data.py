@@ -142,10 +142,11 @@ def _digest(obj: Any) -> str:
 
 def pseudo_dir(store: StoreLike, spec: SourceSpec) -> Path:
     """Where the pseudo split of ``store`` with ``spec``'s settings lives: a store sibling, or
-    under the store view's :attr:`~treerank.store.EmbeddingStore.pseudo_root` (``treerank run``
-    points it at the pseudo stage's own directory)."""
-    root = store.pseudo_root if isinstance(store, EmbeddingStore) else Path(store.path).parent
-    return root / pseudo_dir_name(spec)
+    under a store view's pseudo roots (:meth:`~treerank.store.EmbeddingStore.pseudo_split_dir`;
+    ``treerank run`` points them at the pseudo stages' own directories)."""
+    if isinstance(store, EmbeddingStore):
+        return store.pseudo_split_dir(pseudo_dir_name(spec))
+    return Path(store.path).parent / pseudo_dir_name(spec)
 
 
 def pseudo_dir_name(spec: SourceSpec) -> str:

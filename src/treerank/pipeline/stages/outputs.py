@@ -143,7 +143,7 @@ class PseudoOutput(Output):
     """A pseudo split of a training split's corpus (``pseudo:<dataset>:<part>``).
 
     Attributes:
-        root: the stage's directory, the ``pseudo_root`` under which the split lives.
+        root: the stage's directory, a pseudo root of the store views that read the split.
         split: the pseudo split's directory (``root / pseudo-<digest>``).
     """
 

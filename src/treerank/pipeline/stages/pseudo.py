@@ -3,7 +3,7 @@
 One stage per distinct ``pseudo`` source setting (``part`` is the split's directory name,
 ``pseudo-<digest of the settings>``). The split is embedded into the stage's directory in place
 (resumable, like an embed stage); training and teacher stages find it through a store view whose
-``pseudo_root`` is this directory.
+pseudo roots hold this directory.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ class PseudoStage(Stage):
 
     def run(self, d: Path, deps: Deps) -> PseudoOutput:
         split = deps.get(self.store, EmbedOutput)
-        view = EmbeddingStore.open(split.store, dim=split.dim).with_derived(pseudo_root=d)
+        view = EmbeddingStore.open(split.store, dim=split.dim).with_derived(pseudo_roots=(d,))
         path = pseudo_dir(view, self.spec)
         if not (path / "meta.json").is_file():
             build_pseudo_store(

@@ -62,7 +62,7 @@ class TeacherStage(Stage):
         if self.pseudo is not None:
             ps = deps.get(self.pseudo, PseudoOutput)
             pseudo = EmbeddingStore.open(ps.split).with_derived(arrays_write=arrays)
-            view = base.with_derived(pseudo_root=ps.root)
+            view = base.with_derived(pseudo_roots=(ps.root,))
         else:
             view = base.with_derived(arrays_write=arrays)
         ensure_teacher_run(view, pseudo, self.spec, progress=self.ctx.progress)

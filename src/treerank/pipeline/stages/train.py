@@ -82,7 +82,7 @@ class TrainStage(Stage):
         return EmbeddingStore.open(split.store, dim=split.dim).with_derived(
             arrays_read=tuple(m.arrays for m in deps.of_kind(MineOutput))
             + tuple(t.arrays for t in teachers if t.queries != "pseudo"),
-            pseudo_root=pseudo[0].root if pseudo else None,
+            pseudo_roots=tuple(p.root for p in pseudo),
             pseudo_arrays=tuple(t.arrays for t in teachers if t.queries == "pseudo"),
         )
 
