@@ -105,3 +105,33 @@ def test_run_on_a_read_only_store_leaves_it_unchanged(scifact_slice: Path, tmp_p
     finally:
         _writable(store)
     assert os.access(store, os.W_OK)
+
+
+def test_store_view_reads_and_writes_derived_data_only_where_told(tmp_path: Path) -> None:
+    """``EmbeddingStore.with_derived``: sidecar arrays are written only into the view's write
+    directory (none: refused, naming the store), read from it then the read directories, never
+    from the split's own ``arrays/``; pseudo splits are looked up under the view's roots."""
+    import numpy as np
+    import pytest
+
+    from tests.pipeline.test_training import write_store
+    from treerank.store import EmbeddingStore
+
+    write_store(tmp_path / "s" / "train", seed=1)
+    store = EmbeddingStore.open(tmp_path / "s" / "train")
+    store.save_array("own", np.arange(3))  # the plain store keeps its own sidecars
+    assert (tmp_path / "s" / "train" / "arrays" / "own.npy").is_file()
+    ro = store.with_derived(arrays_read=(tmp_path / "a",))
+    assert not ro.has_array("own")  # a view never reads the split's arrays/
+    with pytest.raises(PermissionError, match="read-only view"):
+        ro.save_array("x", np.arange(2))
+    rw = store.with_derived(arrays_write=tmp_path / "w", arrays_read=(tmp_path / "a",))
+    rw.save_array("x", np.arange(2), meta={"m": 1})
+    assert (tmp_path / "w" / "x.npy").is_file() and rw.load_array_meta("x") == {"m": 1}
+    assert store.with_derived(arrays_read=(tmp_path / "w",)).load_array("x").tolist() == [0, 1]
+    assert not (tmp_path / "s" / "train" / "arrays" / "x.npy").exists()
+    (tmp_path / "r2" / "pseudo-b").mkdir(parents=True)
+    view = store.with_derived(pseudo_roots=(tmp_path / "r1", tmp_path / "r2"))
+    assert view.pseudo_split_dir("pseudo-b") == tmp_path / "r2" / "pseudo-b"
+    assert view.pseudo_split_dir("pseudo-new") == tmp_path / "r1" / "pseudo-new"
+    assert store.pseudo_split_dir("pseudo-a") == tmp_path / "s" / "pseudo-a"
