@@ -115,7 +115,7 @@ def test_run_end_to_end_then_reuse_then_failure_keeps_results(
         run_experiment(load_experiment(bogus, output_dir=out), log=lambda s: None, progress=False)
 
     # a failing stage names itself and leaves earlier results intact
-    import treerank.pipeline.training as training
+    import treerank.pipeline.stages.train as training  # the train stage's library call
 
     def boom(*args: object, **kwargs: object) -> None:
         raise ValueError("loss is NaN")
