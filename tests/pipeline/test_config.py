@@ -1,4 +1,5 @@
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -133,14 +134,11 @@ models:
 
 
 def test_device_and_encoder_backend_are_parsed_and_checked(tmp_path: Path) -> None:
-    from treerank.pipeline.experiment import check_library_support
-
     cfg = load_experiment(_base(tmp_path))
     from treerank.kernels.device import DEFAULT_DEVICE, Device
 
     # the one default (the CLI's and the library's): the CPU; `auto` is opt-in
     assert cfg.device == DEFAULT_DEVICE == Device("cpu") and cfg.encoder.backend == "torch"
-    assert check_library_support(cfg) == []  # today's behaviour needs nothing new
     for good, dev in (
         ("cpu", Device("cpu")),
         ("cuda", Device("cuda")),
@@ -157,24 +155,46 @@ def test_device_and_encoder_backend_are_parsed_and_checked(tmp_path: Path) -> No
     assert cfg.encoder.precision == "fp32"
     bf16 = load_experiment(_base(tmp_path, "encoder: {precision: bf16, backend: auto}"))
     assert bf16.encoder.precision == "bf16" and bf16.encoder.backend == "auto"
-    assert check_library_support(bf16) == []  # SentenceEncoder takes precision= and auto
     with pytest.raises(ConfigError, match=r"encoder.precision 'fp16' unknown; known: fp32"):
         load_experiment(_base(tmp_path, "encoder: {precision: fp16}"))
     with pytest.raises(ConfigError, match="diagnose.probe_seed: expected an integer, got .x."):
         load_experiment(_base(tmp_path, "diagnose: {model: linear, probe_seed: x}"))
 
 
-def test_library_kwargs_pass_only_declared_parameters() -> None:
-    from treerank.pipeline.experiment import _library_kwargs
+def test_encoder_gets_backend_precision_and_device(tmp_path: Path, monkeypatch) -> None:
+    """The merge scaffolding (``_library_kwargs``) is gone: the embed stages' encoder is built
+    with the configured backend and precision and the resolved device, passed directly."""
+    from treerank.pipeline.stages import embed
 
-    def old(a: int) -> None: ...
+    seen: dict[str, Any] = {}
+    monkeypatch.setattr(embed, "SentenceEncoder", lambda *a, **kw: seen.update(kw) or "enc")
+    cfg = load_experiment(_base(tmp_path, "device: cpu\nencoder: {precision: bf16, backend: onnx}"))
+    assert embed.Encoder(cfg.encoder, "cpu", progress=False).get() == "enc"
+    assert (seen["backend"], seen["precision"], seen["device"]) == ("onnx", "bf16", "cpu")
 
-    def new(a: int, device: str = "auto") -> None: ...
 
-    assert _library_kwargs(old, device="cpu") == {}
-    assert _library_kwargs(old, device="auto") == {}
-    assert _library_kwargs(new, device="cuda:0") == {"device": "cuda:0"}
-    with pytest.raises(ValueError, match="device 'cuda:0' is not supported by .*old"):
-        _library_kwargs(old, device="cuda:0")
-    with pytest.raises(ValueError, match="backend 'onnx' is not supported"):
-        _library_kwargs(old, backend="onnx")
+def test_evaluate_section_is_evaluation_settings_decided_as_the_cli(tmp_path: Path) -> None:
+    """The YAML ``evaluate:`` section becomes the ``EvaluationSettings`` that
+    ``resolve_evaluation`` decides on, as ``treerank evaluate`` does: without ``metrics`` the
+    defaults deeper than ``k`` are left out (the pipeline used to refuse them), while a named
+    metric deeper than ``k`` is still refused before any stage runs."""
+    from treerank.evaluation.metrics import DEFAULT_METRICS
+    from treerank.evaluation.settings import resolve_evaluation
+    from treerank.pipeline.experiment import evaluation_settings
+    from treerank.pipeline.validate import validate_experiment
+
+    cfg = load_experiment(_base(tmp_path, "evaluate: {k: 100, baselines: [cosine, bm25]}"))
+    assert not cfg.evaluate.metrics_given
+    validate_experiment(cfg)  # recall@1000 is a default: left out, not refused
+    st = evaluation_settings(cfg)
+    assert (st.baseline, st.second_baseline, st.k, st.metrics) == (
+        "cosine", "bm25", 100, tuple(DEFAULT_METRICS),
+    )  # fmt: skip
+    plan = resolve_evaluation(tmp_path, ["cosine", "bm25"], st, n_passages=5000,
+                              metrics_given=False, overlap=False)  # fmt: skip
+    assert "recall@1000" in plan.dropped_metrics
+    assert "recall@1000" not in plan.settings.metrics and "ndcg@10" in plan.settings.metrics
+    named = load_experiment(_base(tmp_path, "evaluate: {k: 100, metrics: [recall@1000]}"))
+    assert named.evaluate.metrics_given
+    with pytest.raises(ConfigError, match="evaluate.k: recall@1000 cannot be measured"):
+        validate_experiment(named)

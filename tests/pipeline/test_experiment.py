@@ -115,7 +115,7 @@ def test_run_end_to_end_then_reuse_then_failure_keeps_results(
         run_experiment(load_experiment(bogus, output_dir=out), log=lambda s: None, progress=False)
 
     # a failing stage names itself and leaves earlier results intact
-    import treerank.pipeline.training as training
+    import treerank.pipeline.stages.train as training  # the train stage's library call
 
     def boom(*args: object, **kwargs: object) -> None:
         raise ValueError("loss is NaN")
@@ -207,8 +207,8 @@ def test_given_store_keyed_by_content_not_mtime(tmp_path: Path, monkeypatch) -> 
 
     import numpy as np
 
-    from treerank.pipeline import stages
-    from treerank.pipeline.stages import DIGESTS_FILE
+    from treerank.pipeline.stages import DIGESTS_FILE, digest_sidecar
+    from treerank.pipeline.stages import base as stages
 
     split = _cosine_on_given_store(tmp_path)
     hashed: list[str] = []
@@ -224,7 +224,9 @@ def test_given_store_keyed_by_content_not_mtime(tmp_path: Path, monkeypatch) -> 
 
     status, key = run()
     assert status == "ran" and "passages.bin" in hashed
-    assert (split / DIGESTS_FILE).is_file()
+    # the sidecar lives in the run's cache directory, never in the user's store
+    assert digest_sidecar(tmp_path / "out", split).is_file()
+    assert not (split / DIGESTS_FILE).exists()
     hashed.clear()
     assert run()[0] == "reused" and hashed == []  # digests read from the sidecar, not recomputed
     p = split / "passages.bin"

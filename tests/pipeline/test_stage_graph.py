@@ -31,7 +31,9 @@ TRAIN_LINEAR = {"train:a:linear@seed0", "train:a:linear@seed1"}
 TRAIN_MLP = {"train:a:mlp"}
 EVALUATE = {"evaluate:a", "evaluate:b"}
 DIAGNOSE = {"diagnose:a"}
-ALL = EMBED_A | EMBED_B | TRAIN_LINEAR | TRAIN_MLP | EVALUATE | DIAGNOSE
+# BM25 negatives of a's train split: one stage shared by linear and mlp (equal settings)
+MINE_A = {"mine:a:bm25_negatives-100"}
+ALL = EMBED_A | EMBED_B | MINE_A | TRAIN_LINEAR | TRAIN_MLP | EVALUATE | DIAGNOSE
 FROM_A = ALL - EMBED_B  # everything that reads dataset a's stores (b evaluates a's models)
 
 
@@ -98,6 +100,9 @@ CASES: list[tuple[str, Callable[[Path], Callable[[dict[str, Any]], None]], set[s
     ("linear seeds + 2", lambda t: _set("models", "linear", "seeds", value=[0, 1, 2]),
      {"train:a:linear@seed2"} | EVALUATE),
     ("linear seeds - 1", lambda t: _set("models", "linear", "seeds", value=[0]), EVALUATE),
+    # mining: a new depth for linear only is a new mine stage; mlp keeps the shared one
+    ("linear mine depth", lambda t: _set("models", "linear", "data", "mine_depth", value=50),
+     {"mine:a:bm25_negatives-50"} | TRAIN_LINEAR | EVALUATE),
     # datasets: file contents, format, limit, max_passages, split, systems
     ("a contents", lambda t: _edit_file(t, "a", "a new passage about whales"), FROM_A),
     ("b contents", lambda t: _edit_file(t, "b", "a new passage about whales"),
@@ -141,7 +146,9 @@ def test_graph_has_every_stage_and_edge(base: tuple[Path, dict[str, Any], dict[s
     assert set(keys) == ALL
     graph = plan_experiment(load_experiment(tmp / "base.yaml", output_dir=tmp / "out"))
     edges = graph.edges()
-    assert edges["train:a:linear@seed0"] == ["embed:a:train"]
+    assert edges["train:a:linear@seed0"] == ["embed:a:train", "mine:a:bm25_negatives-100"]
+    assert edges["train:a:mlp"] == ["embed:a:train", "mine:a:bm25_negatives-100"]
+    assert edges["mine:a:bm25_negatives-100"] == ["embed:a:train"]
     assert set(edges["evaluate:b"]) == {"embed:b:test"} | TRAIN_LINEAR | TRAIN_MLP
     assert set(edges["evaluate:a"]) == EMBED_A | TRAIN_LINEAR | TRAIN_MLP
     assert set(edges["diagnose:a"]) == {"embed:a:test", "train:a:mlp"}
@@ -224,6 +231,35 @@ def test_undeclared_or_unknown_dependency_raises(tmp_path: Path) -> None:
     assert graph.key_of(embed, reader=ev) == graph.keys[embed]
 
 
+def test_runner_hands_a_stage_only_its_declared_outputs(tmp_path: Path) -> None:
+    """The runner gives each stage a ``Deps`` of its declared edges: reading another stage's
+    output (even one that ran before it) fails, so a stage's key covers everything it read."""
+    from treerank.pipeline.stages import StageError
+    from treerank.pipeline.stages.graph import Deps, RunContext
+    from treerank.pipeline.stages.outputs import EmbedOutput
+
+    a, b = StageId.embed("a", "train"), StageId.embed("a", "test")
+
+    class Store(Stage):
+        def run(self, d: Path, deps: Deps) -> EmbedOutput:
+            return EmbedOutput(d, {"n": 1})
+
+    class Reader(Stage):
+        def run(self, d: Path, deps: Deps) -> EmbedOutput:
+            deps.get(a, EmbedOutput)  # declared
+            return deps.get(b, EmbedOutput)  # ran before, but not declared
+
+    graph = StageGraph()
+    graph.add(Store(a, tmp_path / "a", (), {}, output=EmbedOutput))
+    graph.add(Store(b, tmp_path / "b", (), {}, output=EmbedOutput))
+    graph.add(Reader(StageId.evaluate("a"), tmp_path / "v", (a,), {}, output=EmbedOutput))
+    ctx = RunContext(tmp_path, "x.yaml", "cpu", progress=False, log=lambda s: None)
+    with pytest.raises(StageError, match="did not declare embed:a:test") as err:
+        list(graph.execute(ctx))
+    assert isinstance(err.value.__cause__, UnknownDependencyError)
+    assert (tmp_path / "a" / "stage.json").is_file() and not (tmp_path / "v").exists()
+
+
 def test_identities_render_todays_names(tmp_path: Path) -> None:
     run = RunId("linear", "scifact", 0)
     assert StageId.train(run).name == "train:scifact:linear@seed0"
@@ -237,3 +273,53 @@ def test_identities_render_todays_names(tmp_path: Path) -> None:
     assert StageId.train(run).cache_dir_name("f" * 64) == "train_scifact_linear@seed0-" + "f" * 24
     with pytest.raises(ValueError, match="split"):
         StageId("embed", "s")
+
+
+def test_outputs_round_trip_and_an_older_summary_reruns_the_stage(tmp_path: Path) -> None:
+    """Each output renders to its ``stage.json`` summary and is read back strictly: a summary
+    of another layout (a missing field) is never guessed at with a default; the runner runs
+    that stage again instead of reusing it."""
+    from treerank.pipeline.stages import read_stage
+    from treerank.pipeline.stages.graph import Deps, RunContext
+    from treerank.pipeline.stages.outputs import (
+        EvaluateOutput,
+        MineOutput,
+        OutputFormatError,
+        TrainOutput,
+    )
+
+    train = TrainOutput(tmp_path / "checkpoint", "linear", {"steps": 3})
+    assert TrainOutput.from_json(train.to_json(), tmp_path) == train
+    mine = MineOutput(tmp_path / "arrays", "bm25_negatives", None)
+    assert MineOutput.from_json(mine.to_json(), tmp_path) == mine
+    ev = EvaluateOutput(tmp_path, {"systems": {}}, "| a |", overlap={"n_seen": 1},
+                        overlap_markdown="x")  # fmt: skip
+    assert EvaluateOutput.from_json(ev.to_json(), tmp_path) == ev
+    with pytest.raises(OutputFormatError, match="summary has no 'family'"):
+        TrainOutput.from_json({"summary": {}}, tmp_path)
+    with pytest.raises(OutputFormatError, match="summary.k is str, not int"):
+        from treerank.pipeline.stages.outputs import TeacherOutput
+
+        TeacherOutput.from_json({"queries": "train", "system": "bm25", "k": "10"}, tmp_path)
+
+    runs: list[int] = []
+
+    class Train(Stage):
+        def run(self, d: Path, deps: Deps) -> TrainOutput:
+            runs.append(1)
+            return TrainOutput(d / "checkpoint", "linear", {"steps": len(runs)})
+
+    sid = StageId.train(RunId("linear", "a"))
+    graph = StageGraph()
+    graph.add(Train(sid, tmp_path / "t", (), {}, output=TrainOutput))
+    ctx = RunContext(tmp_path, "x.yaml", "cpu", progress=False, log=lambda s: None)
+    list(graph.execute(ctx))
+    list(graph.execute(ctx))
+    assert runs == [1]  # reused
+    doc = read_stage(tmp_path / "t")
+    assert doc is not None
+    doc["summary"] = {"summary": {"steps": 1}}  # an older layout with the same key
+    (tmp_path / "t" / "stage.json").write_text(json.dumps(doc))
+    ((_, rec, out),) = list(graph.execute(ctx))
+    assert runs == [1, 1] and rec.status == "ran"
+    assert out == TrainOutput(tmp_path / "t" / "checkpoint", "linear", {"steps": 2})

@@ -24,11 +24,13 @@ from treerank.kernels.device import (
 from treerank.models.families import FAMILIES, trainable_families
 from treerank.names import file_name, name_problem, unknown_name
 from treerank.readers import FORMATS
+from treerank.training.finetune_config import FinetuneConfig, parse_finetune_config
 
 __all__ = [
     "BACKENDS",
     "ConfigError",
     "ExperimentConfig",
+    "FinetuneSpec",
     "ModelSpec",
     "deep_merge",
     "load_experiment",
@@ -75,10 +77,19 @@ class DatasetConfig:
 
 @dataclass
 class EvaluateConfig:
+    """The YAML ``evaluate:`` section (``treerank.pipeline.experiment.evaluation_settings``
+    makes it the :class:`~treerank.evaluation.settings.EvaluationSettings` of every evaluate
+    stage).
+
+    ``metrics_given``: the section names ``metrics``; when it does not, the defaults deeper than
+    ``k`` are left out, as ``treerank evaluate`` leaves them out without ``--metric``.
+    """
+
     k: int = 1000
     baselines: list[str] = field(default_factory=lambda: ["cosine", "bm25"])
     metrics: list[str] = field(default_factory=lambda: list(DEFAULT_METRICS))
     seed: int = 0
+    metrics_given: bool = True
 
 
 @dataclass
@@ -121,6 +132,25 @@ class ModelSpec:
 
 
 @dataclass
+class FinetuneSpec:
+    """One ``finetune: {<name>: ...}`` entry: an encoder fine-tune (``treerank finetune``'s
+    config shape, ``configs/finetune/*.yaml``: ``family`` biencoder / query-tower, ``seed``,
+    ``model``, ``data``, ``trainer``, ``validation``) run on every dataset with a train split.
+
+    Each becomes a ``finetune:<dataset>:<name>`` stage (the tuned encoder), one
+    ``reembed:<dataset>:<name>:<split>`` stage per split (the split embedded again by it) and the
+    system ``<name>`` of that dataset's evaluation (cosine over the re-embedded split).
+
+    Attributes:
+        name: the entry's name (stage names, directories, the system name).
+        config: the parsed config (``treerank.training.finetune_config.FinetuneConfig``).
+    """
+
+    name: str
+    config: FinetuneConfig
+
+
+@dataclass
 class ExperimentConfig:
     """A whole ``treerank run`` experiment (see ``configs/sample.yaml`` for a commented example).
 
@@ -141,6 +171,7 @@ class ExperimentConfig:
     raw: dict[str, Any]
     transfer: bool = False
     device: Device = DEFAULT_DEVICE  # where training, evaluation, diagnostics, embedding run
+    finetunes: dict[str, FinetuneSpec] = field(default_factory=dict)
 
 
 def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -192,6 +223,7 @@ def load_experiment(
             "encoder": dict,
             "datasets": list,
             "models": dict,
+            "finetune": dict,
             "systems": list,
             "evaluate": dict,
             "diagnose": dict,
@@ -332,12 +364,29 @@ def load_experiment(
         datasets=datasets,
         models=models,
         systems=[str(s) for s in (top.get("systems") or ["bm25", "cosine"])],
-        evaluate=EvaluateConfig(**ev),
+        evaluate=EvaluateConfig(**ev, metrics_given="metrics" in ev),
         diagnose=diagnose,
         raw=top,
         transfer=bool(top.get("transfer", False)),
         device=device,
+        finetunes=_finetunes(top.get("finetune"), models, src),
     )
+
+
+def _finetunes(doc: Any, models: dict[str, ModelSpec], src: Path) -> dict[str, FinetuneSpec]:
+    """``finetune:``: each name maps to a fine-tune config, parsed strictly (key paths)."""
+    out: dict[str, FinetuneSpec] = {}
+    for name, body in check_keys(doc, list(doc or {}), f"{src}: finetune").items():
+        where = f"{src}: finetune.{name}"
+        why = name_problem(str(name))
+        if why is not None:
+            raise ConfigError(f"{where}: name {name!r}: {why}")
+        if name in models:
+            raise ConfigError(f"{where}: {name!r} is also a model's name; rename one")
+        if not isinstance(body, dict):
+            raise ConfigError(f"{where}: expected a mapping (configs/finetune/*.yaml's shape)")
+        out[str(name)] = FinetuneSpec(str(name), parse_finetune_config(body, where))
+    return out
 
 
 def _models(doc: Any, src: Path) -> dict[str, ModelSpec]:

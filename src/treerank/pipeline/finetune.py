@@ -55,6 +55,7 @@ __all__ = [
     "RESULTS_JSON",
     "TunedStoreSystem",
     "paired_summary",
+    "finetune_rows",
     "reembed_split",
     "run_cross_encoder_finetune",
     "run_finetune",
@@ -230,6 +231,23 @@ def paired_summary(tests: Mapping[str, Any]) -> dict[str, dict[str, float]]:
         }
         for m, t in tests.items()
     }
+def finetune_rows(train: StoreLike, cfg: FinetuneConfig) -> tuple[np.ndarray, np.ndarray]:
+    """``(train rows, held-out rows)``: ``int64`` query ids of ``train`` a fine-tune trains on
+    and the ones its ``validation`` section holds out (seeded by ``seed``; whole passage
+    groups with ``group_by_passage``)."""
+    from treerank.training.holdout import holdout_split, passage_groups
+    from treerank.training.sampler import relevant_lists
+
+    rel, _ = relevant_lists(train.candidates, train.labels, int(train.relevance_threshold))
+    val = cfg.train.validation
+    groups = (
+        passage_groups(train.candidates, train.labels, int(train.relevance_threshold))
+        if val.group_by_passage
+        else None
+    )
+    return holdout_split(
+        np.asarray((rel >= 0).any(axis=1)), val.fraction, cfg.train.seed, val.max_queries, groups
+    )
 
 
 def _clock() -> tuple[float, float]:
@@ -301,11 +319,12 @@ def run_finetune(
     train = EmbeddingStore.open(root / train_split)
     test = EmbeddingStore.open(root / eval_split)
     t0 = _clock()
-    train_rows, held = _train_rows(cfg, train)
+    train_rows, held = finetune_rows(train, cfg)
     mined = None
     if cfg.data.hard_negatives == "mined":
-        say(f"mining BM25 negatives (depth {cfg.data.mine_depth}) into {train.path}")
-        mined = mine_bm25_negatives(train, cfg.data.mine_depth)
+        # into the run's folder: the user's store is only read
+        say(f"mining BM25 negatives (depth {cfg.data.mine_depth}) into {out / 'arrays'}")
+        mined = mine_bm25_negatives(train.with_derived(out / "arrays"), cfg.data.mine_depth)
     say(f"fine-tuning {cfg.family} on {len(train_rows)} training queries of {train.path}")
     ft = finetune(
         train,

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 from treerank.names import file_name, slug
 from treerank.search.specs import CheckpointSpec, SystemSpec, parse_spec
@@ -58,8 +58,22 @@ __all__ = [
     "dataset_dir",
 ]
 
-StageKind = Literal["embed", "train", "evaluate", "diagnose", "report"]
-STAGE_KINDS: tuple[StageKind, ...] = ("embed", "train", "evaluate", "diagnose", "report")
+StageKind = Literal[
+    "embed",
+    "mine",
+    "pseudo",
+    "teacher",
+    "train",
+    "finetune",
+    "reembed",
+    "evaluate",
+    "diagnose",
+    "report",
+]
+STAGE_KINDS: tuple[StageKind, ...] = get_args(StageKind)
+DERIVED_KINDS: tuple[StageKind, ...] = ("mine", "pseudo", "teacher", "finetune", "reembed")
+"""Stages named by a ``part``: derived training data (its settings label), a fine-tune and its
+re-embedded splits (the ``finetune:`` entry's name)."""
 
 
 def dataset_dir(out_dir: Path, kind: str, dataset: str) -> Path:
@@ -182,24 +196,31 @@ class StageId:
     """One stage of ``treerank run``'s graph (see ``docs/DESIGN.md``, "The stage graph").
 
     Attributes:
-        kind: ``embed`` / ``train`` / ``evaluate`` / ``diagnose`` / ``report``.
+        kind: ``embed`` / ``mine`` / ``pseudo`` / ``teacher`` / ``train`` / ``evaluate`` /
+            ``diagnose`` / ``report``.
         dataset: the dataset it is about (``""`` for the report).
         split: the split of an embed stage.
         run: the trained run of a train stage.
+        part: the settings label of a mine / pseudo / teacher stage (``bm25_negatives-100``,
+            ``pseudo-<digest>``, ``teacher-<digest>``): several models whose settings agree share
+            one such stage.
     """
 
     kind: StageKind
     dataset: str = ""
     split: str | None = None
     run: RunId | None = None
+    part: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in STAGE_KINDS:
             raise ValueError(f"unknown stage kind {self.kind!r}; known: {', '.join(STAGE_KINDS)}")
-        if (self.kind == "embed") != (self.split is not None):
-            raise ValueError(f"{self.kind} stage: a split is given exactly for embed stages")
+        if (self.kind in ("embed", "reembed")) != (self.split is not None):
+            raise ValueError(f"{self.kind} stage: a split is given exactly for (re)embed stages")
         if (self.kind == "train") != (self.run is not None):
             raise ValueError(f"{self.kind} stage: a run is given exactly for train stages")
+        if (self.kind in DERIVED_KINDS) != (self.part is not None):
+            raise ValueError(f"{self.kind} stage: a part is given exactly for {DERIVED_KINDS}")
 
     @classmethod
     def embed(cls, dataset: str, split: str) -> StageId:
@@ -208,6 +229,21 @@ class StageId:
     @classmethod
     def train(cls, run: RunId) -> StageId:
         return cls("train", run.trained_on, run=run)
+
+    @classmethod
+    def derived(cls, kind: StageKind, dataset: str, part: str) -> StageId:
+        """A ``mine`` / ``pseudo`` / ``teacher`` stage of ``dataset`` with settings ``part``."""
+        return cls(kind, dataset, part=part)
+
+    @classmethod
+    def finetune(cls, dataset: str, name: str) -> StageId:
+        """The encoder fine-tune ``finetune.<name>`` on ``dataset``'s train split."""
+        return cls("finetune", dataset, part=name)
+
+    @classmethod
+    def reembed(cls, dataset: str, name: str, split: str) -> StageId:
+        """``split`` of ``dataset`` re-embedded by the tuned encoder of ``finetune.<name>``."""
+        return cls("reembed", dataset, split=split, part=name)
 
     @classmethod
     def evaluate(cls, dataset: str) -> StageId:
@@ -223,19 +259,27 @@ class StageId:
 
     @property
     def name(self) -> str:
-        """``embed:<dataset>:<split>``, ``train:<dataset>:<run name>``, ``evaluate:<dataset>``,
-        ``diagnose:<dataset>``, ``report``."""
+        """``embed:<dataset>:<split>``, ``mine|pseudo|teacher|finetune:<dataset>:<part>``,
+        ``reembed:<dataset>:<finetune name>:<split>``, ``train:<dataset>:<run name>``,
+        ``evaluate:<dataset>``, ``diagnose:<dataset>``, ``report``."""
         if self.kind == "report":
             return "report"
+        if self.kind == "reembed":
+            return f"{self.kind}:{self.dataset}:{self.part}:{self.split}"
         if self.split is not None:
             return f"{self.kind}:{self.dataset}:{self.split}"
         if self.run is not None:
             return f"{self.kind}:{self.dataset}:{self.run.name}"
+        if self.part is not None:
+            return f"{self.kind}:{self.dataset}:{self.part}"
         return f"{self.kind}:{self.dataset}"
 
     def path(self, out_dir: Path, store_root: Path | None = None) -> Path:
         """The stage's directory under the run's ``out_dir`` (an embed stage's under
         ``store_root`` when given: the dataset's store root)."""
+        if self.kind == "reembed":  # a store root per fine-tune: its splits are siblings
+            assert self.split is not None and self.part is not None
+            return dataset_dir(out_dir, self.kind, self.dataset) / file_name(self.part) / self.split
         if self.kind == "embed":
             assert self.split is not None
             root = (
@@ -249,6 +293,8 @@ class StageId:
             return self.run.path(out_dir)
         if self.kind == "report":
             return out_dir
+        if self.part is not None:  # <out>/<mine|pseudo|teacher>/<dataset>/<part>
+            return dataset_dir(out_dir, self.kind, self.dataset) / file_name(self.part)
         return dataset_dir(out_dir, "eval" if self.kind == "evaluate" else "diagnose", self.dataset)
 
     def cache_dir_name(self, key: str) -> str:
@@ -259,9 +305,12 @@ class StageId:
 
     def key_part(self) -> dict[str, object]:
         """The stage's identity as a cache-key component."""
-        return {
+        doc: dict[str, object] = {
             "kind": self.kind,
             "dataset": self.dataset,
             "split": self.split,
             "run": None if self.run is None else self.run.key_part(),
         }
+        if self.part is not None:  # only the new kinds have it: older keys stay as they were
+            doc["part"] = self.part
+        return doc

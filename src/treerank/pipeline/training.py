@@ -43,11 +43,15 @@ __all__ = [
     "TrainResult",
     "ValidationConfig",
     "ensure_mined_negatives",
+    "ensure_pseudo_split",
+    "ensure_teacher_run",
+    "ensure_teacher_runs",
     "ensure_training_sources",
     "make_validator",
     "open_train_store",
     "train_model",
     "training_accounting",
+    "training_sources",
 ]
 
 
@@ -222,54 +226,100 @@ def ensure_mined_negatives(store: StoreLike, data: Any) -> dict[str, Any] | None
     return dict(meta or {"array": name})
 
 
+def training_sources(data: Any) -> list[Any] | None:
+    """The parsed ``data.sources`` of a family's data section (None: it has none)."""
+    from treerank.training.data import parse_sources
+
+    # a dense family's data section is a dataclass, the forest's a mapping
+    raw = data.get("sources") if isinstance(data, Mapping) else getattr(data, "sources", None)
+    return None if raw is None else list(parse_sources(raw))
+
+
+def ensure_pseudo_split(store: StoreLike, data: Any, *, progress: bool = True) -> Any:
+    """Build (once) the pseudo split of each ``pseudo`` entry of ``data.sources``.
+
+    Each lives in ``pseudo_dir(store, spec)`` (beside the split, or under a store view's
+    pseudo roots); a finished one is reused, nothing is encoded again.
+
+    Returns:
+        ``(pseudo store or None, its path or None)`` of the last entry (the one a teacher with
+        ``queries: pseudo`` ranks).
+    """
+    from treerank.store import EmbeddingStore
+    from treerank.training.data import pseudo_dir
+    from treerank.training.pseudo import build_pseudo_store
+
+    last: tuple[Any, Path | None] = (None, None)
+    for spec in training_sources(data) or []:
+        if spec.kind != "pseudo":
+            continue
+        path = pseudo_dir(store, spec)
+        if (path / "meta.json").is_file():
+            pseudo = EmbeddingStore.open(path)
+        else:
+            pseudo, _ = build_pseudo_store(
+                store, spec.pseudo_config(), out_dir=path, progress=progress
+            )
+        if isinstance(store, EmbeddingStore):
+            pseudo = store.pseudo_view(pseudo)
+        last = (pseudo, path)
+    return last
+
+
+def ensure_teacher_run(store: StoreLike, pseudo: Any, spec: Any, *, progress: bool = True) -> str:
+    """Run one ``teacher`` source ``spec`` (any ``--system`` spec) over the queries it names
+    (``store``'s, or ``pseudo``'s), top-``k``, into the sidecar arrays ``teacher_array(spec)-ids``
+    / ``-scores`` of that store (kept for re-runs: an existing pair is not computed again).
+
+    Returns:
+        The path of the ids array.
+    """
+    from treerank.search.systems import build_system
+    from treerank.store import EmbeddingStore
+    from treerank.training.data import teacher_array
+
+    target: Any = pseudo if spec.queries == "pseudo" else store
+    stem = teacher_array(spec)
+    if not (target.has_array(f"{stem}-ids") and target.has_array(f"{stem}-scores")):
+        run = build_system(str(spec.system), progress=progress).retrieve(target, spec.k)
+        meta = {"system": spec.system, "k": spec.k, "queries": spec.queries}
+        target.save_array(f"{stem}-scores", run.scores, meta=meta)
+        target.save_array(f"{stem}-ids", run.ids, meta=meta)
+    found = target.array_file(f"{stem}-ids") if isinstance(target, EmbeddingStore) else None
+    return str(found or f"{target.path}/arrays/{stem}-ids.npy")
+
+
+def ensure_teacher_runs(
+    store: StoreLike, pseudo: Any, data: Any, *, progress: bool = True
+) -> dict[str, str]:
+    """:func:`ensure_teacher_run` for each ``teacher`` entry of ``data.sources``.
+
+    Returns:
+        ``{"teacher:<system>": path of the ids array}``.
+    """
+    return {
+        f"teacher:{spec.system}": ensure_teacher_run(store, pseudo, spec, progress=progress)
+        for spec in training_sources(data) or []
+        if spec.kind == "teacher"
+    }
+
+
 def ensure_training_sources(
     store: StoreLike, data: Any, *, progress: bool = True
 ) -> dict[str, Any] | None:
     """Prepare the ``data.sources`` a trainer will read (``treerank.training.data``).
 
-    * ``pseudo``: build the pseudo split of ``store``'s corpus and embed it once into
-      ``pseudo_dir(store, spec)`` (a finished one is reused: nothing is encoded again);
-    * ``teacher``: run the teacher system (any ``--system`` spec) over the chosen queries,
-      top-``k``, into the sidecar arrays ``teacher_array(spec)-ids`` / ``-scores`` of the store
-      whose queries it ranks (kept for re-runs).
+    * ``pseudo``: :func:`ensure_pseudo_split` (embedded once, reused after);
+    * ``teacher``: :func:`ensure_teacher_runs` (sidecar arrays, kept for re-runs).
 
     Returns:
         What was prepared (paths, array names), or None when ``data`` has no sources.
     """
-    # a dense family's data section is a dataclass, the forest's a mapping
-    raw = data.get("sources") if isinstance(data, Mapping) else getattr(data, "sources", None)
-    if raw is None:
+    if training_sources(data) is None:
         return None
-    from treerank.search.specs import BuildContext, build_system
-    from treerank.store import EmbeddingStore
-    from treerank.training.data import parse_sources, pseudo_dir, teacher_array
-    from treerank.training.pseudo import build_pseudo_store
-
-    specs = parse_sources(raw)
-    done: dict[str, Any] = {}
-    pseudo = None
-    for spec in specs:
-        if spec.kind == "pseudo":
-            path = pseudo_dir(store, spec)
-            if (path / "meta.json").is_file():
-                pseudo = EmbeddingStore.open(path)
-            else:
-                pseudo, _ = build_pseudo_store(
-                    store, spec.pseudo_config(), out_dir=path, progress=progress
-                )
-            done["pseudo"] = str(path)
-    for spec in specs:
-        if spec.kind != "teacher":
-            continue
-        target: Any = pseudo if spec.queries == "pseudo" else store
-        stem = teacher_array(spec)
-        if not (target.has_array(f"{stem}-ids") and target.has_array(f"{stem}-scores")):
-            teacher = build_system(str(spec.system), BuildContext(progress=progress))
-            run = teacher.retrieve(target, spec.k)
-            meta = {"system": spec.system, "k": spec.k, "queries": spec.queries}
-            target.save_array(f"{stem}-scores", run.scores, meta=meta)
-            target.save_array(f"{stem}-ids", run.ids, meta=meta)
-        done[f"teacher:{spec.system}"] = f"{target.path}/arrays/{stem}-ids.npy"
+    pseudo, path = ensure_pseudo_split(store, data, progress=progress)
+    done: dict[str, Any] = {} if path is None else {"pseudo": str(path)}
+    done.update(ensure_teacher_runs(store, pseudo, data, progress=progress))
     return done
 
 

@@ -41,6 +41,7 @@ def validate_experiment(cfg: ExperimentConfig) -> None:
     """
     from treerank.evaluation.checks import check_depth
     from treerank.evaluation.metrics import parse_metric
+    from treerank.kernels.topk import check_run_depth
     from treerank.search.specs import parse_spec
 
     problems: list[str] = []
@@ -51,8 +52,10 @@ def validate_experiment(cfg: ExperimentConfig) -> None:
     ev = cfg.evaluate
     for i, m in enumerate(ev.metrics):
         _collect(problems, f"evaluate.metrics[{i}]", parse_metric, m)
-    if not problems:
+    if not problems and ev.metrics_given:  # default metrics too deep are left out, as the CLI does
         _collect(problems, "evaluate.k", check_depth, ev.k, ev.metrics)
+    elif not problems:
+        _collect(problems, "evaluate.k", check_run_depth, ev.k)
     for i, spec in enumerate(cfg.systems):
         _collect(problems, f"systems[{i}]", parse_spec, spec)
     for d, ds in enumerate(cfg.datasets):
@@ -77,9 +80,8 @@ def validate_experiment(cfg: ExperimentConfig) -> None:
         stop = trainer.get("early_stopping_metric") if isinstance(trainer, dict) else None
         if isinstance(stop, str):
             _collect(problems, f"models.{name}.trainer.early_stopping_metric", parse_metric, stop)
-    from treerank.pipeline.experiment import _systems_for, check_library_support, experiment_runs
+    from treerank.pipeline.experiment import _systems_for, experiment_runs
 
-    problems += check_library_support(cfg)
     runs = experiment_runs(cfg)
     for d, ds in enumerate(cfg.datasets):
         _collect(problems, f"datasets[{d}]", _systems_for, cfg, ds, runs)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 from collections.abc import Iterator
@@ -91,6 +92,56 @@ class EmbeddingStore:
         self.meta = meta
         self._query_table: list[dict[str, Any]] | None = None
         self._passage_table: list[dict[str, Any]] | None = None
+        # where derived data lives (sidecar arrays, pseudo splits): the store's own directory
+        # unless :meth:`with_derived` points it elsewhere (a pipeline stage's directory)
+        self._arrays_write: Path | None = None
+        self._arrays_read: tuple[Path, ...] = ()
+        self._pseudo_roots: tuple[Path, ...] = ()
+
+    def with_derived(
+        self,
+        arrays_write: Path | None = None,
+        arrays_read: tuple[Path, ...] = (),
+        pseudo_roots: tuple[Path, ...] = (),
+        pseudo_arrays: tuple[Path, ...] = (),
+    ) -> EmbeddingStore:
+        """A view of this split whose derived data lives outside its directory.
+
+        The vectors, tables and texts are this store's (shared, nothing is copied); sidecar
+        arrays are read from ``arrays_write`` then ``arrays_read`` (each a directory holding
+        ``<name>.npy``), never from ``path/arrays``, and written only into ``arrays_write``;
+        pseudo splits live under one of ``pseudo_roots`` (:meth:`pseudo_split_dir`; a new one
+        under the first), and a pseudo split
+        opened through :meth:`pseudo_view` reads its arrays from ``pseudo_arrays`` only (and
+        writes none). This is how
+        ``treerank run`` keeps a user's store untouched: each stage writes only into its own
+        directory.
+
+        Raises:
+            PermissionError: :meth:`save_array` on a view without ``arrays_write``.
+        """
+        view = copy.copy(self)
+        view._arrays_write = None if arrays_write is None else Path(arrays_write)
+        view._arrays_read = tuple(Path(p) for p in arrays_read)
+        view._pseudo_roots = tuple(Path(p) for p in pseudo_roots)
+        view._pseudo_arrays = tuple(Path(p) for p in pseudo_arrays)
+        view._derived = True
+        return view
+
+    _pseudo_arrays: tuple[Path, ...] = ()
+
+    def pseudo_view(self, pseudo: EmbeddingStore) -> EmbeddingStore:
+        """``pseudo`` (a pseudo split of this store) with its arrays where this view keeps
+        them: unchanged for a plain store, else in ``pseudo_arrays`` of :meth:`with_derived`."""
+        if not self._derived:
+            return pseudo
+        return pseudo.with_derived(arrays_read=self._pseudo_arrays)
+
+    def pseudo_split_dir(self, name: str) -> Path:
+        """The directory of this store's pseudo split ``name``: beside the split by default;
+        for a view, the first of its ``pseudo_roots`` that holds it (else the first root)."""
+        roots = self._pseudo_roots or (self.path.parent,)
+        return next((r / name for r in roots if (r / name).is_dir()), roots[0] / name)
 
     # ------------------------------------------------------------------ opening
     @classmethod
@@ -365,10 +416,23 @@ class EmbeddingStore:
             yield start, self.passages[start : start + chunk_size]
 
     # ---------------------------------------------------------- sidecar arrays
-    def _array_path(self, name: str) -> Path:
+    _derived = False
+
+    def _array_path(self, name: str, write: bool = False) -> Path | None:
+        """Where sidecar array ``name`` is written (``write``) or found (None: absent)."""
         if not _ARRAY_NAME.match(name):
             raise ValueError(f"array name {name!r}: use letters, digits, '_', '-', '.'")
-        return self.path / ARRAYS_DIR / f"{name}.npy"
+        if not self._derived:
+            own = self.path / ARRAYS_DIR / f"{name}.npy"
+            return own if write or own.is_file() else None
+        if write:
+            if self._arrays_write is None:
+                raise PermissionError(
+                    f"{self.path}: a read-only view of the store; array {name!r} not written"
+                )
+            return self._arrays_write / f"{name}.npy"
+        roots = (() if self._arrays_write is None else (self._arrays_write,)) + self._arrays_read
+        return next((r / f"{name}.npy" for r in roots if (r / f"{name}.npy").is_file()), None)
 
     def save_array(self, name: str, arr: np.ndarray, meta: dict[str, Any] | None = None) -> Path:
         """Save a sidecar array ``arrays/<name>.npy`` (+ ``<name>.json`` for ``meta``) atomically.
@@ -378,8 +442,9 @@ class EmbeddingStore:
         """
         import io
 
-        p = self._array_path(name)
-        p.parent.mkdir(exist_ok=True)
+        p = self._array_path(name, write=True)
+        assert p is not None
+        p.parent.mkdir(parents=True, exist_ok=True)
         buf = io.BytesIO()
         np.save(buf, np.ascontiguousarray(arr), allow_pickle=False)
         if meta is not None:
@@ -387,20 +452,25 @@ class EmbeddingStore:
         atomic_write_bytes(p, buf.getvalue())
         return p
 
+    def array_file(self, name: str) -> Path | None:
+        """The ``.npy`` file of sidecar array ``name`` (None: absent)."""
+        return self._array_path(name)
+
     def has_array(self, name: str) -> bool:
-        return self._array_path(name).is_file()
+        return self._array_path(name) is not None
 
     def load_array(self, name: str) -> np.ndarray | None:
         """The sidecar array ``name`` (memory-mapped read-only), or None if absent."""
         p = self._array_path(name)
-        if not p.is_file():
+        if p is None:
             return None
         return np.load(p, mmap_mode="r", allow_pickle=False)
 
     def load_array_meta(self, name: str) -> dict[str, Any] | None:
         """The JSON saved beside sidecar array ``name``, or None."""
-        p = self._array_path(name).with_suffix(".json")
-        return json.loads(p.read_text(encoding="utf-8")) if p.is_file() else None
+        p = self._array_path(name)
+        meta = None if p is None else p.with_suffix(".json")
+        return json.loads(meta.read_text(encoding="utf-8")) if meta and meta.is_file() else None
 
     def __repr__(self) -> str:
         return (

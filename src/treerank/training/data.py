@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from treerank.kernels.rows import StackedRows
+from treerank.store.embedding_store import EmbeddingStore
 from treerank.storelike import StoreLike
 from treerank.training.pseudo import PSEUDO_METHODS, PseudoConfig
 from treerank.training.sources import PairSet, label_pairs, teacher_pairs
@@ -48,6 +49,7 @@ __all__ = [
     "build_training_table",
     "parse_sources",
     "pseudo_dir",
+    "pseudo_dir_name",
     "teacher_array",
 ]
 
@@ -147,8 +149,17 @@ def _digest(obj: Any) -> str:
 
 
 def pseudo_dir(store: StoreLike, spec: SourceSpec) -> Path:
-    """Where the pseudo split of ``store`` with ``spec``'s settings lives (a store sibling)."""
-    return Path(store.path).parent / f"pseudo-{_digest(asdict(spec.pseudo_config()))}"
+    """Where the pseudo split of ``store`` with ``spec``'s settings lives: a store sibling, or
+    under a store view's pseudo roots (:meth:`~treerank.store.EmbeddingStore.pseudo_split_dir`;
+    ``treerank run`` points them at the pseudo stages' own directories)."""
+    if isinstance(store, EmbeddingStore):
+        return store.pseudo_split_dir(pseudo_dir_name(spec))
+    return Path(store.path).parent / pseudo_dir_name(spec)
+
+
+def pseudo_dir_name(spec: SourceSpec) -> str:
+    """The pseudo split's directory name for ``spec``'s settings: ``pseudo-<digest>``."""
+    return f"pseudo-{_digest(asdict(spec.pseudo_config()))}"
 
 
 def teacher_array(spec: SourceSpec) -> str:
@@ -188,8 +199,6 @@ class _PassageTail:
 
 
 def _open_pseudo(store: StoreLike, spec: SourceSpec) -> Any:
-    from treerank.store import EmbeddingStore
-
     path = pseudo_dir(store, spec)
     if not (path / "meta.json").is_file():
         raise FileNotFoundError(
@@ -197,6 +206,8 @@ def _open_pseudo(store: StoreLike, spec: SourceSpec) -> Any:
             "ensure_training_sources (treerank train / treerank run do)"
         )
     pseudo = EmbeddingStore.open(path)
+    if isinstance(store, EmbeddingStore):  # its teacher arrays where the store view keeps them
+        pseudo = store.pseudo_view(pseudo)
     if pseudo.passage_texts()[: store.n_passages] != store.passage_texts():
         raise ValueError(f"{path}: its corpus is not {store.path}'s passages")
     return pseudo

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from treerank.atomic import make_temp_dir
+from treerank.atomic import atomic_write_json, make_temp_dir
 from treerank.faults import crash_point
 from treerank.lock import lock_path
 
@@ -88,29 +88,31 @@ def file_sha256(path: str | Path, chunk: int = 1 << 20) -> str:
 
 
 DIGESTS_FILE = ".treerank-digests.json"
-"""The content-digest sidecar :func:`content_digests` keeps beside a given store's files."""
+"""The name of the content-digest sidecar :func:`content_digests` keeps (``treerank run``: in
+the run's cache directory, never in the store it describes)."""
 
 
 def _stat_id(st: os.stat_result) -> list[int]:
     return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
 
 
-def content_digests(root: Path, rels: list[str]) -> dict[str, str]:
-    """SHA-256 of each file ``root / rel``, computed once and kept in ``root / DIGESTS_FILE``.
+def content_digests(root: Path, rels: list[str], sidecar: Path) -> dict[str, str]:
+    """SHA-256 of each file ``root / rel``, computed once and kept in the JSON file ``sidecar``.
+
+    ``sidecar`` lies outside ``root`` (``treerank run`` keeps it in the run's cache directory,
+    :func:`digest_sidecar`), so a user's store is only ever read.
 
     The sidecar maps each file to its digest and to the ``stat`` it was computed at: size,
     mtime, **ctime**, inode and device. A digest is reused only when all five still match, so
     a file rewritten in place or replaced (``cp -p``, ``rsync -a`` or ``tar`` restore the
     mtime, but no user tool can restore the ctime, which the kernel sets on every write,
     rename or ``touch``) is hashed again. Callers key on the digests, never on the stat. An
-    unwritable ``root`` (a read-only store) only means hashing again on the next run.
+    unwritable ``sidecar`` only means hashing again on the next run.
 
     Returns:
         ``{rel: hex SHA-256}`` for every ``rel``.
     """
-    from treerank.atomic import atomic_write_json
-
-    side = root / DIGESTS_FILE
+    side = sidecar
     try:
         old = json.loads(side.read_text(encoding="utf-8"))
         old = old if isinstance(old, dict) else {}
@@ -130,10 +132,22 @@ def content_digests(root: Path, rels: list[str]) -> dict[str, str]:
         doc[rel] = {"stat": stat, "sha256": out[rel]}
     if changed or set(old) != set(doc):
         try:
+            side.parent.mkdir(parents=True, exist_ok=True)
             atomic_write_json(side, doc, indent=1, sort_keys=True)
         except OSError:
             pass
     return out
+
+
+CACHE_DIR = ".cache"
+"""The run's cache directory under its output directory (derived bookkeeping, never results)."""
+
+
+def digest_sidecar(out_dir: Path, store: Path) -> Path:
+    """Where ``treerank run`` keeps the content digests of a given store split ``store``:
+    ``<out>/.cache/digests/<16 hex of the split's absolute path>/.treerank-digests.json``."""
+    tag = hashlib.sha256(str(Path(store).resolve()).encode("utf-8")).hexdigest()[:16]
+    return Path(out_dir) / CACHE_DIR / "digests" / tag / DIGESTS_FILE
 
 
 @dataclass

@@ -1,0 +1,218 @@
+"""``evaluate:<dataset>``: every system on every passage of the evaluation split.
+
+The decisions before the comparison are :func:`treerank.evaluation.settings.resolve_evaluation`'s,
+the same call ``treerank evaluate`` makes, on the YAML ``evaluate:`` section parsed into
+:class:`~treerank.evaluation.settings.EvaluationSettings`: default metrics (none named in the
+YAML) deeper than ``evaluate.k`` are left out, as the command leaves them out when no
+``--metric`` is given, while a named metric deeper than ``k`` is refused before any stage runs
+(``validate_experiment``, as ``compare_systems`` refuses it). Under ``torchrun`` every rank
+searches a contiguous passage shard (``sharded_search``) and rank 0 writes, as the command does.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from treerank.diagnostics.lexical_gap import (
+    lexical_gap,
+    lexical_gap_markdown,
+    plot_lexical_gap,
+    store_coverage,
+)
+from treerank.distributed.context import launch
+from treerank.distributed.search import sharded_search
+from treerank.evaluation.compare import Comparison, compare_systems
+from treerank.evaluation.metrics import headline_metric
+from treerank.evaluation.overlap import overlap_markdown
+from treerank.evaluation.settings import EvaluationSettings, resolve_evaluation
+from treerank.faults import crash_point
+from treerank.models.families import family, resolve
+from treerank.pipeline.finetune import TunedStoreSystem
+from treerank.pipeline.identity import StageId, SystemId
+from treerank.pipeline.stages.graph import Deps, RunContext, Stage
+from treerank.pipeline.stages.outputs import (
+    EmbedOutput,
+    EvaluateOutput,
+    ReembedOutput,
+    TrainOutput,
+)
+from treerank.search.systems import CheckpointSystem, System, build_system
+from treerank.store import EmbeddingStore, StoreFormatError
+from treerank.storelike import StoreLike
+
+__all__ = ["EVALUATE_OUTPUTS", "EvaluateStage", "family_reports"]
+
+# What the evaluate stage writes besides the comparison (part of its key: a new output re-runs it).
+EVALUATE_OUTPUTS = ("overlap", "lexical_gap:v1", "fusion_tuning:v1")
+
+
+@dataclass
+class EvaluateStage(Stage):
+    """Compare ``systems`` on the evaluation split (and seen / unseen against the train split)."""
+
+    ctx: RunContext = field(kw_only=True)
+    store: StageId = field(kw_only=True)
+    train_store: StageId | None = field(kw_only=True)
+    systems: tuple[SystemId, ...] = field(kw_only=True)
+    settings: EvaluationSettings = field(kw_only=True)
+    metrics_given: bool = field(kw_only=True)
+    seed_groups: Mapping[str, Mapping[str, int]] = field(kw_only=True)
+    tuned: tuple[tuple[str, StageId], ...] = field(kw_only=True, default=())
+
+    @classmethod
+    def make(
+        cls,
+        ctx: RunContext,
+        dataset: str,
+        store: StageId,
+        train_store: StageId | None,
+        systems: list[SystemId],
+        settings: EvaluationSettings,
+        metrics_given: bool,
+        seed_groups: Mapping[str, Mapping[str, int]],
+        tuned: tuple[tuple[str, StageId], ...] = (),
+    ) -> EvaluateStage:
+        """``train_store``: the training split of the seen / unseen breakdown (None: none).
+        ``tuned``: ``(system name, reembed stage of the evaluation split)`` of each fine-tune
+        (cosine over its re-embedded vectors)."""
+        sid = StageId.evaluate(dataset)
+        trained = [StageId.train(s.run) for s in systems if s.run is not None]
+        trained += [stage for _, stage in tuned]
+        inputs = {
+            # a trained run's identity here; its checkpoint's key comes in through the edge
+            "systems": [
+                [s.name, s.spec if s.run is None else {"run": s.run.key_part()}] for s in systems
+            ],
+            "seed_groups": {k: dict(v) for k, v in seed_groups.items()},
+            "k": settings.k,
+            "baselines": list(settings.baselines),
+            "metrics": list(settings.metrics),
+            "seed": settings.seed,
+            "outputs": EVALUATE_OUTPUTS,
+            "device": ctx.device,
+            # the keys of runs configured before the YAML section became EvaluationSettings stay
+            # equal: the defaults-were-used flag enters the key only when it matters
+            **({} if metrics_given else {"metrics_given": False}),
+            **({"tuned": [[n, st.name] for n, st in tuned]} if tuned else {}),
+        }
+        stores = (store,) if train_store in (None, store) else (store, train_store)
+        return cls(
+            sid,
+            sid.path(ctx.output_dir),
+            (*stores, *trained),
+            inputs,
+            output=EvaluateOutput,
+            ctx=ctx,
+            store=store,
+            train_store=train_store,
+            systems=tuple(systems),
+            settings=settings,
+            metrics_given=metrics_given,
+            seed_groups=seed_groups,
+            tuned=tuned,
+        )
+
+    def _built(self, deps: Deps) -> dict[str, System]:
+        """Each system built from its spec, a trained run's from its train stage's checkpoint."""
+        cache: dict[str, System] = {}
+        out = {}
+        for s in self.systems:
+            if s.run is None:
+                spec = s.build_spec(self.ctx.output_dir)
+            else:  # the checkpoint of the declared edge, never a path rendered on the side
+                spec = f"ckpt:{deps.get(StageId.train(s.run), TrainOutput).checkpoint}"
+            out[s.name] = build_system(
+                spec, cache, progress=self.ctx.progress, device=self.ctx.device
+            )
+        for name, stage in self.tuned:  # cosine over the split re-embedded by a tuned encoder
+            tuned = EmbeddingStore.open(deps.get(stage, ReembedOutput).store)
+            out[name] = TunedStoreSystem(tuned, name)
+        return out
+
+    def run(self, d: Path, deps: Deps) -> EvaluateOutput:
+        split = deps.get(self.store, EmbedOutput)
+        store = EmbeddingStore.open(split.store, dim=split.dim)
+        train = None if self.train_store is None else deps.get(self.train_store, EmbedOutput)
+        # Built here (not from the spec strings inside compare_systems) so that the trained
+        # models' systems can be asked for their family's report afterwards.
+        built = self._built(deps)
+        plan = resolve_evaluation(
+            split.store,
+            list(built),
+            self.settings,
+            n_passages=int(store.n_passages),
+            metrics_given=self.metrics_given,
+            train_store=None if train is None else train.store,
+            overlap=train is not None,
+        )
+        train_st = None if train is None else EmbeddingStore.open(train.store, dim=train.dim)
+        with launch() as dist, sharded_search():
+            main = dist is None or dist.is_main
+            comp = compare_systems(
+                store,
+                built,
+                settings=plan.settings,
+                out_dir=d if main else None,
+                progress=self.ctx.progress and main,
+                train_store=train_st,
+                seed_groups=self.seed_groups,
+                device=self.ctx.device,
+            )
+        crash_point("evaluate", "after-runs")
+        return self._output(d, store, built, comp, plan.settings)
+
+    def _output(
+        self,
+        d: Path,
+        store: EmbeddingStore,
+        built: Mapping[str, System],
+        comp: Comparison,
+        settings: EvaluationSettings,
+    ) -> EvaluateOutput:
+        metric = headline_metric(list(settings.metrics))
+        overlap = None if comp.overlap is None else dict(comp.overlap)
+        gap, gap_md = _lexical_gap(store, comp, metric, d)
+        return EvaluateOutput(
+            d,
+            comp.to_dict(),
+            comp.markdown(),
+            family_reports(built, store),
+            overlap,  # written to overlap.json by compare_systems
+            "" if overlap is None else overlap_markdown(overlap, metric, settings.baseline),
+            gap,
+            gap_md,
+        )
+
+
+def _lexical_gap(
+    store: StoreLike, comp: Comparison, metric: str, d: Path
+) -> tuple[dict[str, object] | None, str]:
+    """The lexical-gap breakdown of every system (:mod:`treerank.diagnostics.lexical_gap`)."""
+    per_query = {s: r.per_query for s, r in comp.results.items()}
+    try:
+        coverage = store_coverage(store)
+    except StoreFormatError:  # a store without text tables (Go-tool layout): no lexical gap
+        return None, ""
+    doc = json.loads(json.dumps(lexical_gap(coverage, per_query, metric), default=str))
+    (d / "lexical_gap.json").write_text(json.dumps(doc, indent=2))
+    plot_lexical_gap(doc, d / "plots" / "lexical_gap.png")
+    return doc, lexical_gap_markdown(doc)
+
+
+def family_reports(systems: Mapping[str, System], store: StoreLike) -> dict[str, dict[str, object]]:
+    """Each model family's part of the report, for the checkpoint systems that ran on ``store``.
+
+    Returns:
+        family name -> the family's ``report`` hook output (``{"stats", "markdown"}``), for the
+        families that have a hook.
+    """
+    groups: dict[str, dict[str, System]] = {}
+    for name, system in systems.items():
+        if isinstance(system, CheckpointSystem):
+            fam = system.family_for(store)
+            if fam.report is not None:
+                groups.setdefault(fam.name, {})[name] = system.system_for(store)
+    return {f: resolve(family(f).report)(group) for f, group in groups.items()}

@@ -1,0 +1,153 @@
+"""``finetune:<dataset>:<name>`` and ``reembed:<dataset>:<name>:<split>``: the encoder itself.
+
+A ``finetune: {<name>: ...}`` entry of the experiment (``treerank finetune``'s config shape,
+``configs/finetune/*.yaml``) is fine-tuned on each dataset's train split
+(:func:`treerank.training.finetune.finetune`, on sentence-transformers' trainer; BM25 negatives
+from a ``mine:`` stage with ``data.hard_negatives: mined``), then every split the dataset
+evaluates on is embedded again by the tuned encoder into the re-embed stage's own directory
+(:func:`treerank.pipeline.finetune.reembed_split`: ``meta.json`` names the parent store, the
+checkpoint and the tuned weights' fingerprint). The evaluate stage scores the system ``<name>``
+(cosine over the re-embedded split, :class:`~treerank.pipeline.finetune.TunedStoreSystem`)
+beside the frozen-vector systems. Keys: the fine-tune's holds its parsed config (every default),
+the starting weights (the train split's key covers the store's encoder; a ``model.base`` path
+its bytes), the device and its edges; a re-embed's holds the fine-tune's and the parent split's
+keys, so changing only an evaluate option re-runs only the evaluate stage.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from treerank.pipeline.finetune import finetune_rows, reembed_split
+from treerank.pipeline.identity import StageId
+from treerank.pipeline.stages.base import file_sha256
+from treerank.pipeline.stages.graph import Deps, RunContext, Stage
+from treerank.pipeline.stages.outputs import (
+    EmbedOutput,
+    FinetuneOutput,
+    MineOutput,
+    ReembedOutput,
+)
+from treerank.store import EmbeddingStore
+from treerank.training.finetune import finetune
+from treerank.training.finetune_config import FinetuneConfig
+
+__all__ = ["FinetuneStage", "ReembedStage"]
+
+
+def _base_weights(cfg: FinetuneConfig) -> str | None:
+    """The starting weights' identity: None for the store's own encoder (its key covers it),
+    else the bytes of a local ``model.base`` folder (its name when not a local path)."""
+    base = cfg.model.base
+    if base is None:
+        return None
+    return file_sha256(base) if Path(base).exists() else str(base)
+
+
+@dataclass
+class FinetuneStage(Stage):
+    """Fine-tune the train split's encoder with ``config`` into the stage's directory."""
+
+    ctx: RunContext = field(kw_only=True)
+    store: StageId = field(kw_only=True)
+    mine: StageId | None = field(kw_only=True)
+    config: FinetuneConfig = field(kw_only=True)
+
+    @classmethod
+    def make(
+        cls,
+        ctx: RunContext,
+        name: str,
+        store: StageId,
+        config: FinetuneConfig,
+        mine: StageId | None = None,
+    ) -> FinetuneStage:
+        """``mine``: the stage whose BM25 negatives ``data.hard_negatives: mined`` trains on."""
+        sid = StageId.finetune(store.dataset, name)
+        inputs = {
+            "config": config.to_dict(),
+            "base_weights": _base_weights(config),
+            "device": ctx.device,
+        }
+        deps = (store,) if mine is None else (store, mine)
+        return cls(
+            sid,
+            sid.path(ctx.output_dir),
+            deps,
+            inputs,
+            output=FinetuneOutput,
+            ctx=ctx,
+            store=store,
+            mine=mine,
+            config=config,
+        )
+
+    def run(self, d: Path, deps: Deps) -> FinetuneOutput:
+        split = deps.get(self.store, EmbedOutput)
+        arrays = () if self.mine is None else (deps.get(self.mine, MineOutput).arrays,)
+        train = EmbeddingStore.open(split.store, dim=split.dim).with_derived(arrays_read=arrays)
+        rows, _held = finetune_rows(train, self.config)
+        mined = None
+        if self.mine is not None:
+            found = train.load_array(deps.get(self.mine, MineOutput).array)
+            mined = None if found is None else np.asarray(found)
+        ft = finetune(
+            train,
+            self.config,
+            d,
+            train_rows=rows,
+            mined=mined,
+            device=self.ctx.device,
+            progress=self.ctx.progress,
+            log=self.ctx.log if self.ctx.progress else None,
+        )
+        summary = {k: v for k, v in ft.summary.items() if k != "log"}
+        return FinetuneOutput(
+            d,
+            self.config.family,
+            ft.fingerprint,
+            ft.base_fingerprint,
+            ft.checkpoint,
+            summary,
+        )
+
+
+@dataclass
+class ReembedStage(Stage):
+    """Embed the parent split ``store`` again with the tuned encoder of ``tuned``."""
+
+    ctx: RunContext = field(kw_only=True)
+    store: StageId = field(kw_only=True)
+    tuned: StageId = field(kw_only=True)
+
+    @classmethod
+    def make(cls, ctx: RunContext, tuned: StageId, store: StageId) -> ReembedStage:
+        assert tuned.part is not None and store.split is not None
+        sid = StageId.reembed(store.dataset, tuned.part, store.split)
+        return cls(
+            sid,
+            sid.path(ctx.output_dir),
+            (tuned, store),
+            {},
+            output=ReembedOutput,
+            ctx=ctx,
+            store=store,
+            tuned=tuned,
+        )
+
+    def run(self, d: Path, deps: Deps) -> ReembedOutput:
+        parent = deps.get(self.store, EmbedOutput)
+        tuned = deps.get(self.tuned, FinetuneOutput)
+        new = reembed_split(
+            tuned.run,
+            EmbeddingStore.open(parent.store, dim=parent.dim),
+            d,
+            overwrite=True,
+            progress=self.ctx.progress,
+        )
+        return ReembedOutput(
+            d, str(new.encoder_fingerprint), int(new.n_queries), int(new.n_passages)
+        )

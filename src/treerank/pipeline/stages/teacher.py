@@ -1,0 +1,69 @@
+"""``teacher:<dataset>:<part>``: a teacher system's run over training or pseudo queries.
+
+One stage per distinct ``teacher`` source (system, depth, whose queries; ``part`` is the
+sidecar stem ``teacher-<digest>``, with the pseudo split's name for pseudo queries). The run's
+``-ids`` / ``-scores`` arrays are written into the stage's own ``arrays/`` through a store view;
+the training split (and the pseudo stage's split) are only read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from treerank.pipeline.identity import StageId
+from treerank.pipeline.stages.graph import Deps, RunContext, Stage
+from treerank.pipeline.stages.outputs import EmbedOutput, PseudoOutput, TeacherOutput
+from treerank.pipeline.training import ensure_teacher_run
+from treerank.store import EmbeddingStore
+from treerank.training.data import SourceSpec, teacher_array
+
+__all__ = ["TeacherStage"]
+
+
+@dataclass
+class TeacherStage(Stage):
+    """Rank the queries ``spec`` names with its teacher system into ``<dir>/arrays/``."""
+
+    ctx: RunContext = field(kw_only=True)
+    store: StageId = field(kw_only=True)
+    pseudo: StageId | None = field(kw_only=True)
+    spec: SourceSpec = field(kw_only=True)
+
+    @classmethod
+    def make(
+        cls, ctx: RunContext, store: StageId, spec: SourceSpec, pseudo: StageId | None
+    ) -> TeacherStage:
+        """``pseudo``: the pseudo stage whose queries a ``queries: pseudo`` teacher ranks."""
+        on_pseudo = spec.queries == "pseudo"
+        if on_pseudo and pseudo is None:
+            raise ValueError(f"teacher {spec.system}: queries: pseudo needs a pseudo source")
+        part = teacher_array(spec) + (f"-{pseudo.part}" if on_pseudo and pseudo else "")
+        sid = StageId.derived("teacher", store.dataset, part)
+        deps = (store, pseudo) if on_pseudo and pseudo is not None else (store,)
+        inputs = {"system": spec.system, "k": spec.k, "queries": spec.queries}
+        return cls(
+            sid,
+            sid.path(ctx.output_dir),
+            deps,
+            inputs,
+            output=TeacherOutput,
+            ctx=ctx,
+            store=store,
+            pseudo=pseudo if on_pseudo else None,
+            spec=spec,
+        )
+
+    def run(self, d: Path, deps: Deps) -> TeacherOutput:
+        split = deps.get(self.store, EmbedOutput)
+        base = EmbeddingStore.open(split.store, dim=split.dim)
+        arrays = d / "arrays"
+        pseudo = None
+        if self.pseudo is not None:
+            ps = deps.get(self.pseudo, PseudoOutput)
+            pseudo = EmbeddingStore.open(ps.split).with_derived(arrays_write=arrays)
+            view = base.with_derived(pseudo_roots=(ps.root,))
+        else:
+            view = base.with_derived(arrays_write=arrays)
+        ensure_teacher_run(view, pseudo, self.spec, progress=self.ctx.progress)
+        return TeacherOutput(arrays, self.spec.queries, str(self.spec.system), int(self.spec.k))

@@ -1,0 +1,74 @@
+"""``treerank run`` with a ``finetune:`` entry on a real SciFact slice (issue 35 item 5, issue 31
+item 7 of the closing checklist): the fine-tune and the re-embedded splits are stages with their
+own directories and keys, the evaluation scores the tuned encoder beside frozen cosine, and a
+re-run after changing only an evaluate option re-runs only the evaluate stage."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+
+from treerank.pipeline.config import load_experiment
+from treerank.pipeline.experiment import plan_experiment, run_experiment
+from treerank.store import EmbeddingStore
+
+
+def _write(tmp: Path, store: Path, seed: int = 0, lr: float = 1e-4) -> Path:
+    raw = {
+        "name": "ft",
+        "datasets": [{"name": "sci", "store": str(store), "train_split": "train",
+                      "eval_split": "test"}],
+        "systems": ["cosine"],
+        "evaluate": {"k": 100, "baselines": ["cosine"], "metrics": ["ndcg@10"], "seed": seed},
+        "models": {},
+        "finetune": {
+            "qt": {"family": "query-tower", "seed": 0, "data": {"batch_size": 8},
+                   "trainer": {"max_steps": 2, "save_steps": 1, "lr": lr, "threads": 1},
+                   "validation": {"fraction": 0}},
+        },
+    }  # fmt: skip
+    p = tmp / "exp.yaml"
+    p.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return p
+
+
+FT, RE_TRAIN, RE_TEST = "finetune:sci:qt", "reembed:sci:qt:train", "reembed:sci:qt:test"
+
+
+def test_finetune_entry_stages_keys_and_rerun_of_only_evaluate(
+    scifact_slice: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    cfg = load_experiment(_write(tmp_path, scifact_slice), output_dir=out)
+    graph = plan_experiment(cfg)
+    edges = graph.edges()
+    assert edges[FT] == ["embed:sci:train"]
+    assert edges[RE_TEST] == [FT, "embed:sci:test"]
+    assert RE_TEST in edges["evaluate:sci"]
+    res = run_experiment(cfg, progress=False, log=lambda s: None)
+    status = {r.name: r.status for r in res.stages}
+    assert status[FT] == status[RE_TRAIN] == status[RE_TEST] == status["evaluate:sci"] == "ran"
+    comp = res.datasets["sci"].comparison
+    assert set(comp["systems"]) == {"cosine", "qt"}
+    # the re-embedded split lives in its stage's directory and names its parent and checkpoint
+    tuned_dir = out / "reembed" / "sci" / "qt" / "test"
+    meta = json.loads((tuned_dir / "meta.json").read_text())["finetune"]
+    assert meta["parent"]["store"] == str((scifact_slice / "test").resolve())
+    assert meta["checkpoint"] == "checkpoint-2"
+    tuned, parent = EmbeddingStore.open(tuned_dir), EmbeddingStore.open(scifact_slice / "test")
+    assert tuned.encoder_fingerprint == meta["fingerprint"] != parent.encoder_fingerprint
+    ft_json = json.loads((out / "finetune" / "sci" / "qt" / "stage.json").read_text())
+    assert ft_json["summary"]["fingerprint"] == meta["fingerprint"]
+    # only an evaluate option changed: only the evaluate stage runs again
+    again = load_experiment(_write(tmp_path, scifact_slice, seed=1), output_dir=out)
+    res2 = run_experiment(again, progress=False, log=lambda s: None)
+    ran = {r.name for r in res2.stages if r.status == "ran"}
+    assert ran == {"evaluate:sci"}
+    # a changed fine-tune setting re-keys the fine-tune, both re-embeds and the evaluation
+    keys = plan_experiment(again).names()
+    lr = plan_experiment(
+        load_experiment(_write(tmp_path, scifact_slice, seed=1, lr=2e-4), output_dir=out)
+    ).names()
+    assert {n for n in keys if keys[n] != lr[n]} == {FT, RE_TRAIN, RE_TEST, "evaluate:sci"}
