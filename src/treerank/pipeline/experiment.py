@@ -47,7 +47,6 @@ from treerank.pipeline.config import (
     DatasetConfig,
     ExperimentConfig,
     ModelSpec,
-    resolve_device,
 )
 from treerank.pipeline.identity import RunId, StageId, SystemId, dataset_dir
 from treerank.pipeline.report import write_report
@@ -190,7 +189,7 @@ def _context(
     cfg: ExperimentConfig, *, progress: bool, force: bool, log: Callable[[str], None]
 ) -> RunContext:
     return RunContext(
-        cfg.output_dir, str(cfg.source), resolve_device(cfg.device), progress, force, log
+        cfg.output_dir, str(cfg.source), cfg.device, progress, force, log
     )
 
 

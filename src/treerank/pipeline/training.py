@@ -274,14 +274,14 @@ def ensure_teacher_run(store: StoreLike, pseudo: Any, spec: Any, *, progress: bo
     Returns:
         The path of the ids array.
     """
-    from treerank.search.systems import build_system
+    from treerank.search.specs import BuildContext, build_system
     from treerank.store import EmbeddingStore
     from treerank.training.data import teacher_array
 
     target: Any = pseudo if spec.queries == "pseudo" else store
     stem = teacher_array(spec)
     if not (target.has_array(f"{stem}-ids") and target.has_array(f"{stem}-scores")):
-        run = build_system(str(spec.system), progress=progress).retrieve(target, spec.k)
+        run = build_system(str(spec.system), BuildContext(progress=progress)).retrieve(target, spec.k)
         meta = {"system": spec.system, "k": spec.k, "queries": spec.queries}
         target.save_array(f"{stem}-scores", run.scores, meta=meta)
         target.save_array(f"{stem}-ids", run.ids, meta=meta)

@@ -48,7 +48,7 @@ class DiagnoseStage(Stage):
             "baseline": settings.baseline,
             "probe_seed": settings.probe_seed,
             "k": k,
-            "device": ctx.device,
+            "device": ctx.device_key,
         }
         return cls(
             sid,

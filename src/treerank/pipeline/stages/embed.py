@@ -22,6 +22,7 @@ from treerank.readers import RetrievalSplit
 from treerank.search.faiss_index import INDEXES_DIR
 from treerank.store import EmbeddingStore
 from treerank.store.dataset import embed_dataset
+from treerank.kernels.device import Device
 from treerank.store.format import ARRAYS_DIR
 from treerank.store.format import FORMAT_VERSION as STORE_FORMAT_VERSION
 
@@ -31,7 +32,7 @@ __all__ = ["EmbedStage", "Encoder", "GivenStoreStage"]
 class Encoder:
     """Loads the sentence-transformers model only when a stage really has to encode."""
 
-    def __init__(self, cfg: EncoderConfig, device: str, progress: bool = True) -> None:
+    def __init__(self, cfg: EncoderConfig, device: Device, progress: bool = True) -> None:
         self.cfg = cfg
         self.device = device
         self.progress = progress  # False also hides transformers' "Loading weights" bar
@@ -93,7 +94,7 @@ class EmbedStage(Stage):
             "limit": ds.limit,
             "max_passages": ds.max_passages,
             "encoder": enc_key,
-            "device": ctx.device,
+            "device": ctx.device_key,
         }
         return cls(
             sid,

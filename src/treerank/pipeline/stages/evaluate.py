@@ -39,7 +39,8 @@ from treerank.pipeline.stages.outputs import (
     ReembedOutput,
     TrainOutput,
 )
-from treerank.search.systems import CheckpointSystem, System, build_system
+from treerank.search.specs import BuildContext, CheckpointSpec, SystemSpec, build_system
+from treerank.search.systems import CheckpointSystem, System
 from treerank.store import EmbeddingStore, StoreFormatError
 from treerank.storelike import StoreLike
 
@@ -92,7 +93,7 @@ class EvaluateStage(Stage):
             "metrics": list(settings.metrics),
             "seed": settings.seed,
             "outputs": EVALUATE_OUTPUTS,
-            "device": ctx.device,
+            "device": ctx.device_key,
             # the keys of runs configured before the YAML section became EvaluationSettings stay
             # equal: the defaults-were-used flag enters the key only when it matters
             **({} if metrics_given else {"metrics_given": False}),
@@ -117,16 +118,15 @@ class EvaluateStage(Stage):
 
     def _built(self, deps: Deps) -> dict[str, System]:
         """Each system built from its spec, a trained run's from its train stage's checkpoint."""
-        cache: dict[str, System] = {}
-        out = {}
+        ctx = BuildContext(progress=self.ctx.progress, device=self.ctx.device, cache={})
+        out: dict[str, System] = {}
         for s in self.systems:
+            node: SystemSpec
             if s.run is None:
-                spec = s.build_spec(self.ctx.output_dir)
+                node = s.build_node(self.ctx.output_dir)
             else:  # the checkpoint of the declared edge, never a path rendered on the side
-                spec = f"ckpt:{deps.get(StageId.train(s.run), TrainOutput).checkpoint}"
-            out[s.name] = build_system(
-                spec, cache, progress=self.ctx.progress, device=self.ctx.device
-            )
+                node = CheckpointSpec(Path(deps.get(StageId.train(s.run), TrainOutput).checkpoint))
+            out[s.name] = build_system(node, ctx)
         for name, stage in self.tuned:  # cosine over the split re-embedded by a tuned encoder
             tuned = EmbeddingStore.open(deps.get(stage, ReembedOutput).store)
             out[name] = TunedStoreSystem(tuned, name)

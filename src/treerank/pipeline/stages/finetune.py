@@ -70,7 +70,7 @@ class FinetuneStage(Stage):
         inputs = {
             "config": config.to_dict(),
             "base_weights": _base_weights(config),
-            "device": ctx.device,
+            "device": ctx.device_key,
         }
         deps = (store,) if mine is None else (store, mine)
         return cls(

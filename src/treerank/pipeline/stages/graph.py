@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
+from treerank.kernels.device import Device
 from treerank.pipeline.identity import StageId, UnknownDependencyError
 from treerank.pipeline.stages.base import (
     StageRecord,
@@ -41,17 +42,23 @@ class RunContext:
 
     Attributes:
         output_dir: the run's output directory. source: the experiment file (error messages).
-        device: the resolved device (``cpu`` / ``cuda[:n]``), as keyed.
+        device: the experiment's device (parsed once, from the YAML ``device:``); its
+            resolved text (``device_key``) is what stage keys hold.
         progress: progress bars inside stages. force: re-run every stage.
         log: where stage lines go.
     """
 
     output_dir: Path
     source: str
-    device: str
+    device: Device
     progress: bool = True
     force: bool = False
     log: Callable[[str], None] = print
+
+    @property
+    def device_key(self) -> str:
+        """The device as stage keys hold it (``auto`` resolved: ``cpu`` or ``cuda:n``)."""
+        return self.device.resolved_text()
 
 
 class Deps:

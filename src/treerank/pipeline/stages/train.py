@@ -59,7 +59,7 @@ class TrainStage(Stage):
             "family": family,
             "config": dict(config),
             "resolved_config": dict(resolved),
-            "device": ctx.device,
+            "device": ctx.device_key,
         }
         return cls(
             sid,
