@@ -155,8 +155,8 @@ def test_serve_refuses_a_bad_device_before_opening_the_store(tmp_path):
 
 
 def test_takes_device_reads_the_signature():
-    from treerank.models.forest import Forest
-    from treerank.search.forest_index import ForestSystem
+    from treerank.forest.index import ForestSystem
+    from treerank.forest.model import Forest
 
     assert device_mod.takes_device(ForestSystem) and device_mod.takes_device(exact_search)
     assert not device_mod.takes_device(Forest.subset) and not device_mod.takes_device(len)

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from treerank.config import ConfigError, _matches, allowed_keys, type_hints
+from treerank.forest.config import FOREST_SECTIONS, ForestTrainConfig
 from treerank.models.families import family, trainable_families
-from treerank.training.forest_config import FOREST_SECTIONS, ForestTrainConfig
 from treerank.training.holdout import ValidationConfig
 
 CANDIDATES: list[Any] = [{"bad": 1}, "bad", 3.5, [1], True]

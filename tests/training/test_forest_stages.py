@@ -5,15 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from treerank.training.forest_config import ForestTrainConfig
-from treerank.training.forest_losses import (
+from treerank.forest.config import ForestTrainConfig
+from treerank.forest.losses import (
     EPS,
     not_retrievable_loss,
     sharpness_loss,
     uniformity_loss,
     weighted_mean,
 )
-from treerank.training.forest_stages import StageInputs, stage_backward, stage_gradient
+from treerank.forest.stages import StageInputs, stage_backward, stage_gradient
 
 G, NQ, NP, C = 2, 13, 17, 5
 
@@ -143,7 +143,7 @@ def test_dropping_examples_no_pair_weighs_changes_no_loss_or_gradient(stage) -> 
 
     import numpy as np
 
-    from treerank.training.forest_data import in_bag_examples
+    from treerank.forest.data import in_bag_examples
 
     g = _inputs(seed=3, e_pos=40, e_neg=90)
     # out-of-bag examples: zero weight in both pairs for a third of the columns
@@ -191,8 +191,8 @@ def test_streamed_sides_equal_the_whole_computation_with_dropout(stage) -> None:
     logits of every block and of gathered rows with the dropout masks drawn at the start of the
     step: the loss and the parameter gradients equal the whole-tensor loss on the whole logits
     (same masks), within float32 summation-order tolerance."""
-    from treerank.models.forest import draw_dropout_masks, stacked_forward
-    from treerank.training.forest import _Side
+    from treerank.forest.model import draw_dropout_masks, stacked_forward
+    from treerank.forest.trainer import _Side
 
     d, hidden, chunk, drop = 6, 4, 5, 0.25
     g = _inputs(seed=3)
@@ -266,7 +266,7 @@ def test_streamed_joint_step_holds_no_whole_side() -> None:
     """With the trainer's streaming sides (400 queries, 3,000 passage rows, 50-row blocks), no
     tensor autograd keeps is larger than a block (``G x chunk x max(d, C + 1)`` elements), and
     no whole ``(G, n, C)`` logits tensor is formed (the sides hold no leaf)."""
-    from treerank.training.forest import _Side
+    from treerank.forest.trainer import _Side
 
     nq, n_p, chunk, d = 400, 3000, 50, 8
     g = _inputs(nq=nq, n_p=n_p, e_pos=400, e_neg=3000)

@@ -8,8 +8,8 @@ import torch
 
 from tests.training.test_forest import SMALL, sectioned
 from treerank.config import ConfigError
-from treerank.models.forest import Forest, ForestConfig, ForestSearch
-from treerank.training.forest import train_forest
+from treerank.forest.model import Forest, ForestConfig, ForestSearch
+from treerank.forest.trainer import train_forest
 
 
 @pytest.mark.parametrize("kind", ["random", "sign"])

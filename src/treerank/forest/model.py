@@ -22,7 +22,7 @@ model at once:
   same ``C + 1``-way softmax. The returned probability is the softmax probability of the chosen
   class; the forest search uses it for its deterministic secondary score.
 
-Search lives in :mod:`treerank.search.forest_index`; training in :mod:`treerank.training.forest`.
+Search lives in :mod:`treerank.forest.index`; training in :mod:`treerank.forest.trainer`.
 """
 
 from __future__ import annotations
@@ -223,7 +223,7 @@ class ForestConfig:
 
 
 SCORINGS = ("shipped", "count", "soft", "query-prob")
-"""Scoring orders of the forest search (:mod:`treerank.search.forest_index`):
+"""Scoring orders of the forest search (:mod:`treerank.forest.index`):
 
 * ``"shipped"``: match count, then ``sum P_m(c|q) * P_m(c|p)`` over matching models, then id;
 * ``"count"``: match count, then id (the seed's plain Hamming count);
@@ -740,7 +740,7 @@ class Forest(CheckpointMixin):
         """Match-count features of queries: ``float32 (n, 2*M*C)``.
 
         ``encode_queries(Q) @ encode_passages(P).T == count + secondary / (M + 1)``, the forest
-        search's score (see :mod:`treerank.search.forest_index`), so a forest is also a
+        search's score (see :mod:`treerank.forest.index`), so a forest is also a
         :class:`~treerank.models.base.DenseScorer` and any dense tool (exact search, the
         pipeline's validator) ranks with it exactly (up to float32 rounding of the secondary
         score). The features are one-hot per model: ``O(n * 2 * M * C)`` memory, fine for

@@ -13,10 +13,10 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from treerank.config import ConfigError, check_types
+from treerank.forest.losses import UNIFORMITY_KINDS
+from treerank.forest.model import TWINS, ForestConfig, ForestSearch
 from treerank.kernels.vectors import ROW_CHUNK
-from treerank.models.forest import TWINS, ForestConfig, ForestSearch
 from treerank.training.config import TrainConfig, parse_train_config
-from treerank.training.forest_losses import UNIFORMITY_KINDS
 
 __all__ = [
     "FOREST_SECTIONS",
@@ -42,13 +42,13 @@ class ForestTrainConfig:
     every step of the seed (step A included), pairs one by one, and the learned not-retrievable
     outcome; ``docs/forest.md`` lists the departures from the seed.
 
-    Twins (issue 27): ``twin`` names the untrained twin kind (:data:`treerank.models.forest.TWINS`);
+    Twins (issue 27): ``twin`` names the untrained twin kind (:data:`treerank.forest.model.TWINS`);
     ``untrained: true`` makes the "trained" model that twin itself (no training: the baseline
     beside the forest, same M, C, index and scoring); ``init: twin`` starts each trained pair's
     query model from its twin's. ``probe`` / ``assign`` / ``capacity_epsilon`` / ``scoring`` are
-    the search settings (:class:`treerank.models.forest.ForestSearch`) saved with the model.
+    the search settings (:class:`treerank.forest.model.ForestSearch`) saved with the model.
 
-    IRLI re-partitioning (issue 27, :mod:`treerank.training.forest_repartition`):
+    IRLI re-partitioning (issue 27, :mod:`treerank.forest.repartition`):
     ``repartition: {rounds: R, steps: S, lr: 0.05}`` in the trainer section re-partitions the
     trained forest (``R`` rounds of re-assignment and ``S`` query-model Adam steps per model,
     boosting weights as the seed's when ``boosting``, ``assign`` / ``capacity_epsilon`` of the
@@ -184,7 +184,7 @@ class ForestTrainConfig:
 
 REPARTITION_DEFAULTS: dict[str, Any] = {"rounds": 2, "steps": 20, "lr": 0.05}
 """Defaults of the ``trainer.repartition`` keys (those of
-:func:`treerank.training.forest_repartition.repartition`)."""
+:func:`treerank.forest.repartition.repartition`)."""
 
 
 def repartition_settings(cfg: Any, where: str = "trainer.repartition") -> dict[str, Any]:

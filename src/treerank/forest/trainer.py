@@ -23,7 +23,7 @@ The TreeRank seed (Training section), implemented step by step. For every pair `
    ``-negative_weight * log(1 - P_p(class(q)))``. The ``C + 1``-way softmax includes the
    not-retrievable class, learned by ``nr_weight * not_retrievable_loss`` (passages met in
    their class only by queries that judge them negative go out of the model's index; known
-   positives stay in; :mod:`treerank.training.forest_losses`), against ``nr_penalty * mean
+   positives stay in; :mod:`treerank.forest.losses`), against ``nr_penalty * mean
    P_p(not retrievable)``.
 3. **Joint round** (``steps_joint`` steps, ``joint_mode`` ``"joint"`` or ``"alternate"``): both
    models together on the *soft collision probability* ``s(q, p) = sum_c P_q(c) P_p(c)``:
@@ -47,20 +47,20 @@ terms of stages 2 and 3.
 
 **IRLI re-partitioning** (``trainer.repartition: {rounds, steps, lr}``, off by default): after
 the last pair, the trained forest is re-partitioned on the training pairs
-(:mod:`treerank.training.forest_repartition`; the curve is then measured on the re-partitioned
+(:mod:`treerank.forest.repartition`; the curve is then measured on the re-partitioned
 forest).
 
 **Training pairs**: the split's labels, or the shared ``data.sources`` list (labels,
 pseudo-queries, teacher pairs; :mod:`treerank.training.data`) that the heads and DRT read, turned
 into (query, selected passage) positives by
-:func:`treerank.training.forest_data.source_pair_data`.
+:func:`treerank.forest.data.source_pair_data`.
 
 **Negatives** per query: its judged non-selected candidates, ``hard_negatives`` most
 cosine-similar passages that are not selected for it (mined through the exact top-k kernel), and
 ``random_negatives`` passages from the pair's own pool of ``random_pool`` random passages.
 
 **Bounded memory**: every step is one full-batch gradient, computed ``chunk_size`` rows or
-examples at a time (:func:`_blocked_step`, :func:`treerank.training.forest_stages.stage_backward`):
+examples at a time (:func:`_blocked_step`, :func:`treerank.forest.stages.stage_backward`):
 the logits of a block are recomputed from its input rows whenever a pass needs them and never
 held whole, so a step holds ``O(G * chunk_size * (d + C))`` floats plus ``(G, n)``
 bookkeeping, not the ``(G, n, C)`` logits and their gradient (measured: ``docs/forest.md``,
@@ -90,23 +90,13 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from treerank.atomic import atomic_savefig
-from treerank.models.forest import (
-    Forest,
-    ForestConfig,
-    draw_dropout_masks,
-    init_layers,
-    passage_init_from_query,
-    stacked_forward,
-)
-from treerank.storelike import StoreLike
-from treerank.training.config import TrainConfig
-from treerank.training.forest_config import (
+from treerank.forest.config import (
     FOREST_SECTIONS,
     ForestTrainConfig,
     forest_train_config,
     parse_forest_config,
 )
-from treerank.training.forest_data import (
+from treerank.forest.data import (
     PairGroup,
     QueryRows,
     build_group,
@@ -115,8 +105,18 @@ from treerank.training.forest_data import (
     shared_rows,
     source_pair_data,
 )
-from treerank.training.forest_losses import boosting_weights
-from treerank.training.forest_stages import StageInputs, stage_backward
+from treerank.forest.losses import boosting_weights
+from treerank.forest.model import (
+    Forest,
+    ForestConfig,
+    draw_dropout_masks,
+    init_layers,
+    passage_init_from_query,
+    stacked_forward,
+)
+from treerank.forest.stages import StageInputs, stage_backward
+from treerank.storelike import StoreLike
+from treerank.training.config import TrainConfig
 from treerank.training.history import TrainingLog
 from treerank.training.trainer import TrainOutput
 
@@ -222,7 +222,7 @@ def _blocked_step(
 ) -> float:
     """One full-batch gradient in bounded memory (the GradCache idea, Gao et al. 2021, taken
     down to the loss): every side's logits are recomputed block by block (:class:`_Side`) and
-    :func:`treerank.training.forest_stages.stage_backward` back-propagates each block's share
+    :func:`treerank.forest.stages.stage_backward` back-propagates each block's share
     of the loss into the parameters' ``.grad``. The gradient equals that of the whole batch at
     once (tested); memory is ``O(G * chunk * (d + C))`` plus ``(G, n)`` bookkeeping, never
     ``O(G * n * C)``.
@@ -555,15 +555,15 @@ def train_forest(
 def _repartitioned(
     forest: Forest, store: StoreLike, data: Any, cfg: ForestTrainConfig
 ) -> tuple[Forest, dict[str, Any]]:
-    """``trainer.repartition``: :func:`treerank.training.forest_repartition.repartition` of the
+    """``trainer.repartition``: :func:`treerank.forest.repartition.repartition` of the
     trained forest on the training pairs (the trainer's queries and positives, every passage of
     the training store), capacity and ``K`` from the model section, the seed's boosting weights
     when ``boosting``, ``group_size`` models at once. The returned forest indexes a passage by
     its own vector through the new models (the training collection's explicit table is not
     kept: an evaluated split's passages are indexed by the models). Holds the training queries
     and passages and ``(G, n, C)`` scores whole (post-hoc function; not block-wise)."""
-    from treerank.training.forest_config import repartition_settings
-    from treerank.training.forest_repartition import repartition
+    from treerank.forest.config import repartition_settings
+    from treerank.forest.repartition import repartition
 
     assert cfg.repartition is not None
     rp = repartition_settings(cfg.repartition)

@@ -23,10 +23,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from treerank.forest.config import ForestTrainConfig
 from treerank.kernels.topk import exact_search, release_pages
 from treerank.kernels.vectors import l2_normalize
 from treerank.storelike import StoreLike
-from treerank.training.forest_config import ForestTrainConfig
 
 __all__ = [
     "PairData",

@@ -1,6 +1,6 @@
 """The loss gradients of a forest's three training stages, computed in bounded memory.
 
-Every stage of :mod:`treerank.training.forest` is one full-batch gradient step. Its loss is a sum
+Every stage of :mod:`treerank.forest.trainer` is one full-batch gradient step. Its loss is a sum
 of three kinds of terms over the group's logits ``zq (G, nq, C)`` (query models) and
 ``zp (G, nP, C + 1)`` (passage models, last column: not retrievable):
 
@@ -26,8 +26,8 @@ blocks); :func:`stage_gradient` is the same on given logits (``dL/dz``).
 Every tensor lives on the device of the stage inputs (:class:`StageInputs`, the sides' logits):
 the CPU or a CUDA device, float32 accumulation on both.
 
-The formulas are those of :mod:`treerank.training.forest_losses` (uniformity, sharpness,
-not-retrievable) and of the module docstring of :mod:`treerank.training.forest`.
+The formulas are those of :mod:`treerank.forest.losses` (uniformity, sharpness,
+not-retrievable) and of the module docstring of :mod:`treerank.forest.trainer`.
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from treerank.training.forest_config import ForestTrainConfig
-from treerank.training.forest_losses import EPS, uniformity_loss
+from treerank.forest.config import ForestTrainConfig
+from treerank.forest.losses import EPS, uniformity_loss
 
 __all__ = ["Side", "StageInputs", "TensorSide", "stage_backward", "stage_gradient"]
 
@@ -50,7 +50,7 @@ STAGES = ("query", "passage", "joint")
 
 @dataclass
 class StageInputs:
-    """The example tables of a group (a :class:`treerank.training.forest_data.PairGroup`'s
+    """The example tables of a group (a :class:`treerank.forest.data.PairGroup`'s
     fields, indices into the group's query rows and passage rows)."""
 
     qmask: Tensor  # float32 (G, nq) bag of queries
@@ -146,7 +146,7 @@ def _passage_rows(
     passage balance over the ``C`` real classes), back-propagated block by block.
 
     ``neg_class``: ``int64 (G, E-)`` the class of each non-selected example's query (the
-    not-retrievable targets: :func:`treerank.training.forest_losses.not_retrievable_targets`).
+    not-retrievable targets: :func:`treerank.forest.losses.not_retrievable_targets`).
     """
     pm = g.pmask
     n_g, n_p = pm.shape

@@ -1,7 +1,7 @@
 """Loss maths of the TreeRank forest: uniformity, sharpness, boosting weights, not-retrievable.
 
 Pure functions on probability tensors (the sentence-transformers habit of keeping a loss apart from
-the model that produces its inputs); the trainer (:mod:`treerank.training.forest`) combines them.
+the model that produces its inputs); the trainer (:mod:`treerank.forest.trainer`) combines them.
 Formulas and their sources are in each docstring; ``docs/forest.md`` says where they depart from
 the TreeRank seed and why.
 """
