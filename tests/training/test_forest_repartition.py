@@ -182,6 +182,7 @@ def test_trainer_option_is_checked() -> None:
 def test_bundled_irli_config_parses_and_runs(toy_store) -> None:
     """``configs/forest/scifact_irli.yaml`` is a valid forest config (IRLI from the random twin)
     and trains on a fixture (scaled down: M = 2, C = 4, one round)."""
+    from dataclasses import asdict
     from pathlib import Path
 
     import yaml
@@ -191,7 +192,9 @@ def test_bundled_irli_config_parses_and_runs(toy_store) -> None:
     path = Path(__file__).resolve().parents[2] / "configs" / "forest" / "scifact_irli.yaml"
     raw = yaml.safe_load(path.read_text())
     cfg = forest_train_config(parse_forest_config(raw))
-    assert cfg.repartition == {"rounds": 3, "steps": 20, "lr": 0.05} and cfg.init == "twin"
+    rp = cfg.trainer.repartition
+    assert rp is not None and asdict(rp) == {"rounds": 3, "steps": 20, "lr": 0.05}
+    assert cfg.trainer.init == "twin"
     raw["model"].update(n_models=2, n_classes=4)
     raw["trainer"]["repartition"] = {"rounds": 1, "steps": 2}
     out = train_forest(toy_store, raw, progress=False)
@@ -201,14 +204,12 @@ def test_bundled_irli_config_parses_and_runs(toy_store) -> None:
 def test_repartition_is_in_the_train_stage_config_only_when_set() -> None:
     """The family's resolved config (part of the train-stage key) holds ``repartition`` when
     the config sets it, and is exactly the field list of before without it."""
-    from dataclasses import fields
-
     from treerank.forest.config import ForestTrainConfig
     from treerank.models.families import FAMILIES
 
     fam = FAMILIES["forest"]
     plain = fam.resolved_config({"model": {"n_models": 2}})
-    assert set(plain["resolved"]) == {f.name for f in fields(ForestTrainConfig)} - {"repartition"}
+    assert set(plain["resolved"]) == set(ForestTrainConfig().flat()) - {"repartition"}
     rp = fam.resolved_config({"model": {"n_models": 2}, "trainer": {"repartition": {"rounds": 1}}})
     assert rp["resolved"]["repartition"] == {"rounds": 1, "steps": 20, "lr": 0.05}
     assert rp["trainer"]["repartition"] == {"rounds": 1}

@@ -268,7 +268,7 @@ class ForestIndex:
         from treerank.forest.kernel import count_topk
 
         nq = len(lists)
-        out = (
+        out: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] = (
             np.full((nq, k), -1, dtype=np.int64),
             np.full((nq, k), -np.inf, dtype=np.float64),
             np.zeros((nq, k), dtype=np.int32),

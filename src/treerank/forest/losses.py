@@ -9,6 +9,7 @@ the TreeRank seed and why.
 from __future__ import annotations
 
 import math
+from typing import Literal, get_args
 
 import numpy as np
 import torch
@@ -24,7 +25,8 @@ __all__ = [
     "weighted_mean",
 ]
 
-UNIFORMITY_KINDS = ("entropy", "gini")
+Uniformity = Literal["entropy", "gini"]
+UNIFORMITY_KINDS: tuple[str, ...] = get_args(Uniformity)
 EPS = 1e-7
 """Clamp of probabilities inside logarithms and of weight sums in weighted means."""
 

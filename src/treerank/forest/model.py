@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
 import numpy as np
 import torch
@@ -39,7 +39,8 @@ from torch import Tensor
 from treerank.models.checkpoint import CheckpointMixin
 
 MODEL_TYPE = "forest"
-TWINS = ("random", "sign", "kmeans")
+Twin = Literal["random", "sign", "kmeans"]
+TWINS: tuple[str, ...] = get_args(Twin)
 """Kinds of untrained twin (:meth:`Forest.twin`)."""
 NOT_RETRIEVABLE = -1
 """Class value returned for a passage that a model does not index."""
@@ -222,7 +223,8 @@ class ForestConfig:
         )
 
 
-SCORINGS = ("shipped", "count", "soft", "query-prob")
+Scoring = Literal["shipped", "count", "soft", "query-prob"]
+SCORINGS: tuple[str, ...] = get_args(Scoring)
 """Scoring orders of the forest search (:mod:`treerank.forest.index`):
 
 * ``"shipped"``: match count, then ``sum P_m(c|q) * P_m(c|p)`` over matching models, then id;
@@ -252,7 +254,7 @@ class ForestSearch:
     probe: int = 1
     assign: int = 1
     capacity_epsilon: float | None = 0.2
-    scoring: str = "shipped"
+    scoring: Scoring = "shipped"
 
     def __post_init__(self) -> None:
         if self.probe < 1 or self.assign < 1:
@@ -289,7 +291,7 @@ class ForestSearch:
             probe=int(doc.get("probe", 1)),
             assign=int(doc.get("assign", 1)),
             capacity_epsilon=None if eps is None else float(eps),
-            scoring=str(doc.get("scoring", "shipped")),
+            scoring=doc.get("scoring", "shipped"),
         )
 
 

@@ -78,6 +78,7 @@ trains exactly as it would alone, tested). Boosting weights are updated after ea
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Mapping
@@ -231,9 +232,9 @@ def _blocked_step(
         the loss value.
     """
     for side in sides:
-        side.begin(cfg.dropout, gens, cfg.chunk_size)
+        side.begin(cfg.trainer.dropout, gens, cfg.trainer.chunk_size)
     try:
-        return stage_backward(stage, cfg, inputs, sides, cfg.chunk_size, target)
+        return stage_backward(stage, cfg, inputs, sides, cfg.trainer.chunk_size, target)
     finally:
         for side in sides:
             side.finish()
@@ -269,7 +270,7 @@ def _train_group(
     dev = g.device
     for t in (*qw, *qb):
         t.requires_grad_(True)
-    chunk = cfg.chunk_size
+    chunk = cfg.trainer.chunk_size
     nq = g.xq.n
 
     def q_rows(lo: int, hi: int) -> Tensor:  # batched matmul: per-pair results as if alone
@@ -287,11 +288,11 @@ def _train_group(
     # Stage 1 (step A): query model, uniformity (+ sharpness) on the bag.
     def q_step(_: int) -> float:
         value = _blocked_step([q_side], "query", cfg, inputs, g.gens)
-        l2 = (cfg.weight_decay * _l2(qw)).sum()
+        l2 = (cfg.trainer.weight_decay * _l2(qw)).sum()
         l2.backward()
         return value + float(l2.detach())
 
-    loss1 = _run_steps([*qw, *qb], cfg.steps_query, cfg.lr, q_step) / n_g
+    loss1 = _run_steps([*qw, *qb], cfg.trainer.steps_query, cfg.trainer.lr, q_step) / n_g
 
     # Stage 2: passage model from the query model's weights; the query classes are the targets.
     with torch.no_grad():
@@ -302,34 +303,36 @@ def _train_group(
             ],
             1,
         )  # (G, nq)
-    pw, pb = passage_init_from_query(qw, qb, cfg.nr_bias_init)
+    pw, pb = passage_init_from_query(qw, qb, cfg.trainer.nr_bias_init)
     for t in (*pw, *pb):
         t.requires_grad_(True)
     p_side = _Side(g.passage_rows, g.passage_take, g.n_passage_rows, pw, pb)
 
     def p_step(_: int) -> float:
         value = _blocked_step([p_side], "passage", cfg, inputs, g.gens, target=target)
-        l2 = (cfg.weight_decay * _l2(pw)).sum()
+        l2 = (cfg.trainer.weight_decay * _l2(pw)).sum()
         l2.backward()
         return value + float(l2.detach())
 
-    loss2 = _run_steps([*pw, *pb], cfg.steps_passage, cfg.lr, p_step) / n_g
+    loss2 = _run_steps([*pw, *pb], cfg.trainer.steps_passage, cfg.trainer.lr, p_step) / n_g
 
     # Stage 3: joint (or alternating) round on the soft collision probability.
     def j_step(_: int) -> float:
         value = _blocked_step([q_side, p_side], "joint", cfg, inputs, g.gens)
-        l2 = (cfg.weight_decay * (_l2(qw) + _l2(pw))).sum()
+        l2 = (cfg.trainer.weight_decay * (_l2(qw) + _l2(pw))).sum()
         l2.backward()
         return value + float(l2.detach())
 
-    if cfg.joint_mode == "joint":
-        loss3 = _run_steps([*qw, *qb, *pw, *pb], cfg.steps_joint, cfg.lr, j_step) / n_g
+    if cfg.trainer.joint_mode == "joint":
+        loss3 = (
+            _run_steps([*qw, *qb, *pw, *pb], cfg.trainer.steps_joint, cfg.trainer.lr, j_step) / n_g
+        )
     else:
         loss3 = float("nan")
-        if cfg.steps_joint > 0:
-            opt_q = torch.optim.Adam([*qw, *qb], lr=cfg.lr)
-            opt_p = torch.optim.Adam([*pw, *pb], lr=cfg.lr)
-            for step in range(cfg.steps_joint):
+        if cfg.trainer.steps_joint > 0:
+            opt_q = torch.optim.Adam([*qw, *qb], lr=cfg.trainer.lr)
+            opt_p = torch.optim.Adam([*pw, *pb], lr=cfg.trainer.lr)
+            for step in range(cfg.trainer.steps_joint):
                 opt = opt_q if step % 2 == 0 else opt_p
                 opt_q.zero_grad(set_to_none=True)
                 opt_p.zero_grad(set_to_none=True)
@@ -406,17 +409,17 @@ def train_forest(
     parsed = parse_forest_config(config)
     cfg = forest_train_config(parsed)
     t_start = time.perf_counter()
-    if cfg.untrained:
+    if cfg.model.untrained:
         return _untrained_output(store, cfg, parsed.to_dict(), validate, log, t_start)
-    if cfg.sources is not None:
+    if cfg.data.sources is not None:
         from treerank.training.data import build_training_table, parse_sources
 
-        specs = parse_sources(cfg.sources)
+        specs = parse_sources(cfg.data.sources)
         table = build_training_table(store, specs, train_rows)
-        store, data = source_pair_data(store, table, specs, cfg.hard_negatives, mine_on)  # type: ignore[assignment]
+        store, data = source_pair_data(store, table, specs, cfg.data.hard_negatives, mine_on)  # type: ignore[assignment]
         sources_info: dict[str, Any] | None = table.info
     else:
-        data = pair_data(store, cfg.hard_negatives, train_rows, mine_on)
+        data = pair_data(store, cfg.data.hard_negatives, train_rows, mine_on)
         sources_info = None
     shared = shared_rows(store, data)
     n_pass = int(store.n_passages)
@@ -428,33 +431,34 @@ def train_forest(
     q_stacks: list[list[Tensor]] = [[] for _ in range(4)]
     records: list[dict[str, Any]] = []
     curve: list[dict[str, Any]] = []
-    validate_at = sorted(set(cfg.validate_at or _default_validate_at(cfg.n_models)))
+    validate_at = sorted(set(cfg.trainer.validate_at or _default_validate_at(cfg.model.n_models)))
     tlog = log if log is not None else TrainingLog()
 
     def write(rec: dict[str, Any]) -> None:
         records.append(rec)
         tlog.write(str(rec["kind"]), **{k: v for k, v in rec.items() if k != "kind"})
 
-    twin = _make_twin(store, cfg, fcfg) if cfg.init == "twin" else None
-    bar = tqdm(total=cfg.n_models, desc="forest pairs", unit="pair", disable=not progress)
+    twin = _make_twin(store, cfg, fcfg) if cfg.trainer.init == "twin" else None
+    bar = tqdm(total=cfg.model.n_models, desc="forest pairs", unit="pair", disable=not progress)
     n_done = 0
     threads = torch.get_num_threads()
-    if cfg.num_threads:
+    if cfg.trainer.num_threads:
         # Each step is tiny: one thread avoids oversubscription (6x faster on a busy 2-core box).
-        torch.set_num_threads(cfg.num_threads)
+        torch.set_num_threads(cfg.trainer.num_threads)
     try:
-        while n_done < cfg.n_models:
-            n_g = min(cfg.group_size, cfg.n_models - n_done)
+        while n_done < cfg.model.n_models:
+            n_g = min(cfg.trainer.group_size, cfg.model.n_models - n_done)
             t0 = time.perf_counter()
             draws = [
                 draw_pair(cfg, m, nq, len(shared.ids), n_pass) for m in range(n_done, n_done + n_g)
             ]
             boost = (
-                boosting_weights(misses, n_done) if cfg.boosting else np.ones(len(misses))
+                boosting_weights(misses, n_done) if cfg.trainer.boosting else np.ones(len(misses))
             ).astype(np.float32)
             group = build_group(cfg, store, data, shared, xq_all, draws, boost, device=dev)
             inits = [
-                init_layers(fcfg.layer_shapes("query"), 1, d.init, cfg.init_scale) for d in draws
+                init_layers(fcfg.layer_shapes("query"), 1, d.init, cfg.trainer.init_scale)
+                for d in draws
             ]
             qw = [torch.cat([w[i] for w, _ in inits]) for i in range(len(inits[0][0]))]
             qb = [torch.cat([b[i] for _, b in inits]) for i in range(len(inits[0][1]))]
@@ -475,14 +479,16 @@ def train_forest(
             )
             qc = np.concatenate(
                 [
-                    part.query_classes(xq_all.rows(lo, lo + cfg.chunk_size), device=dev)[0]
-                    for lo in range(0, nq, cfg.chunk_size)
+                    part.query_classes(xq_all.rows(lo, lo + cfg.trainer.chunk_size), device=dev)[0]
+                    for lo in range(0, nq, cfg.trainer.chunk_size)
                 ]
             )
             pc = np.concatenate(
                 [
-                    part.passage_classes(shared.rows(lo, lo + cfg.chunk_size), device=dev)[0]
-                    for lo in range(0, len(shared.ids), cfg.chunk_size)
+                    part.passage_classes(shared.rows(lo, lo + cfg.trainer.chunk_size), device=dev)[
+                        0
+                    ]
+                    for lo in range(0, len(shared.ids), cfg.trainer.chunk_size)
                 ]
             )
             miss = qc[data.pos_q] != pc[shared.pos]  # (E+, G)
@@ -506,10 +512,12 @@ def train_forest(
                 match=f"{rec['train_match_rate']:.2f}",
                 nr=f"{rec['not_retrievable_fraction']:.2f}",
             )
-            if validate is not None and cfg.repartition is None:
+            if validate is not None and cfg.trainer.repartition is None:
                 for m in [v for v in validate_at if n_done - n_g < v <= n_done]:
                     forest_m = (
-                        _assemble(fcfg, q_stacks, cfg.name).with_search(cfg.search()).subset(m)
+                        _assemble(fcfg, q_stacks, cfg.model.name)
+                        .with_search(cfg.search())
+                        .subset(m)
                     )
                     metrics = {k: float(v) for k, v in validate(forest_m).items()}
                     point = {"n_models": m, **metrics}
@@ -518,9 +526,9 @@ def train_forest(
     finally:
         bar.close()
         torch.set_num_threads(threads)
-    forest = _assemble(fcfg, q_stacks, cfg.name).with_search(cfg.search())
+    forest = _assemble(fcfg, q_stacks, cfg.model.name).with_search(cfg.search())
     irli: dict[str, Any] | None = None
-    if cfg.repartition is not None:
+    if cfg.trainer.repartition is not None:
         forest, irli = _repartitioned(forest, store, data, cfg)
         if validate is not None:  # the curve of the re-partitioned forest's prefixes
             for m in validate_at:
@@ -562,11 +570,10 @@ def _repartitioned(
     its own vector through the new models (the training collection's explicit table is not
     kept: an evaluated split's passages are indexed by the models). Holds the training queries
     and passages and ``(G, n, C)`` scores whole (post-hoc function; not block-wise)."""
-    from treerank.forest.config import repartition_settings
     from treerank.forest.repartition import repartition
 
-    assert cfg.repartition is not None
-    rp = repartition_settings(cfg.repartition)
+    rp = cfg.trainer.repartition
+    assert rp is not None
     t0 = time.perf_counter()
     rep = repartition(
         forest,
@@ -574,18 +581,18 @@ def _repartitioned(
         data.pos_q,
         data.pos_p,
         np.asarray(store.passages, dtype=np.float32),
-        rounds=rp["rounds"],
-        steps=rp["steps"],
-        lr=rp["lr"],
-        assign=cfg.assign,
-        capacity_epsilon=cfg.capacity_epsilon,
-        boosting=cfg.boosting,
-        group_size=cfg.group_size,
+        rounds=rp.rounds,
+        steps=rp.steps,
+        lr=rp.lr,
+        assign=cfg.model.assign,
+        capacity_epsilon=cfg.model.capacity_epsilon,
+        boosting=cfg.trainer.boosting,
+        group_size=cfg.trainer.group_size,
     )
     out = rep.forest.with_search(cfg.search())
-    out.name = cfg.name
+    out.name = cfg.model.name
     info = {
-        **rp,
+        **dataclasses.asdict(rp),
         "objective_initial": rep.objective_initial,
         "objective": rep.objective,
         "seconds": time.perf_counter() - t0,
@@ -598,15 +605,15 @@ KMEANS_TWIN_SAMPLE = 1 << 16
 
 
 def _make_twin(store: StoreLike, cfg: ForestTrainConfig, fcfg: ForestConfig) -> Forest:
-    """The untrained twin of kind ``cfg.twin`` (seed ``cfg.seed``); a k-means twin clusters a
+    """The untrained twin of kind ``cfg.model.twin`` (seed ``cfg.seed``); a k-means twin clusters a
     sample of at most 65,536 of the store's passages (ascending rows, seed ``cfg.seed``)."""
     vectors = None
-    if cfg.twin == "kmeans":
+    if cfg.model.twin == "kmeans":
         n = int(store.n_passages)
         rng = np.random.default_rng(cfg.seed)
         rows = np.sort(rng.choice(n, size=min(n, KMEANS_TWIN_SAMPLE), replace=False))
         vectors = np.asarray(store.passages[rows], dtype=np.float32)
-    return Forest.twin(cfg.twin, fcfg, cfg.seed, vectors=vectors, name=cfg.name)
+    return Forest.twin(cfg.model.twin, fcfg, cfg.seed, vectors=vectors, name=cfg.model.name)
 
 
 def _untrained_output(
@@ -624,14 +631,14 @@ def _untrained_output(
     tlog = log if log is not None else TrainingLog()
     curve: list[dict[str, Any]] = []
     if validate is not None:
-        for m in sorted(set(cfg.validate_at or _default_validate_at(cfg.n_models))):
+        for m in sorted(set(cfg.trainer.validate_at or _default_validate_at(cfg.model.n_models))):
             point = {"n_models": m, **{k: float(v) for k, v in validate(forest.subset(m)).items()}}
             curve.append(point)
             tlog.write("eval", **point)
     summary: dict[str, Any] = {
         "config": config,
         "untrained": True,
-        "twin": cfg.twin,
+        "twin": cfg.model.twin,
         "max_entropy": math.log(fcfg.n_classes),
         "seconds": time.perf_counter() - t_start,
         "curve": curve,
