@@ -243,26 +243,30 @@ class ForestIndex:
         use_pp: bool,
         divisor: float,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """The counting kernel ``kernel`` (``numba`` or ``torch``, equal bit for bit) ->
-        ``(ids, keys, counts, secondary)``, each ``(nq, k)``."""
+        """Top ``k`` of the model-major lists ``int64 (nq, M * t)`` with weights ``float64 (nq,
+        M * t)`` -> numpy ``(ids int64, keys float64, counts int32, secondary float64)``, each
+        ``(nq, k)``: :func:`~treerank.forest.kernel.count_topk` (``kernel="numba"``, on the CPU,
+        :data:`_QUERY_BLOCK` queries a call) or its bit-identical twin
+        :func:`~treerank.forest.torch_kernel.count_topk_torch` on ``dev`` (``"torch"``)."""
         if kernel == "torch":
-            return self._torch_count(lists, w, probe, k, dev, count_on, use_pp, divisor)
-        return self._numba_count(lists, w, probe, k, count_on, use_pp, divisor)
+            from treerank.forest.torch_kernel import count_topk_torch
 
-    def _numba_count(
-        self,
-        lists: np.ndarray,
-        w: np.ndarray,
-        probe: int,
-        k: int,
-        count_on: bool,
-        use_pp: bool,
-        divisor: float,
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """:func:`~treerank.forest.kernel.count_topk` of the model-major lists ``int64 (nq, M *
-        t)`` with weights ``float64 (nq, M * t)`` on the CPU, :data:`_QUERY_BLOCK` queries a
-        call -> ``(ids int64, keys float64, counts int32, secondary float64)``, each ``(nq,
-        k)``."""
+            offsets, t_ids, t_probs = self._device_lists(dev)
+            res = count_topk_torch(
+                offsets,
+                t_ids,
+                t_probs,
+                torch.from_numpy(np.ascontiguousarray(lists, dtype=np.int64)).to(dev),
+                torch.from_numpy(np.ascontiguousarray(w, dtype=np.float64)).to(dev),
+                probe,
+                self.n_passages,
+                k,
+                count_on=count_on,
+                use_passage_prob=use_pp,
+                divisor=divisor,
+            )
+            i, keys, cnt, sec = (t.cpu().numpy() for t in res)
+            return i, keys, cnt, sec
         import numba
 
         from treerank.forest.kernel import count_topk
@@ -279,7 +283,7 @@ class ForestIndex:
         w = np.ascontiguousarray(w, dtype=np.float64)
         for s in range(0, nq, _QUERY_BLOCK):
             sl = slice(s, min(nq, s + _QUERY_BLOCK))
-            res = count_topk(
+            part = count_topk(
                 self.offsets,
                 ids,
                 probs,
@@ -294,42 +298,9 @@ class ForestIndex:
                 numba.get_num_threads(),
                 _ID_BLOCK,
             )
-            for arr, part in zip(out, res[:4], strict=True):
-                arr[sl] = part
+            for arr, got in zip(out, part[:4], strict=True):
+                arr[sl] = got
         return out
-
-    def _torch_count(
-        self,
-        lists: np.ndarray,
-        w: np.ndarray,
-        probe: int,
-        k: int,
-        dev: torch.device,
-        count_on: bool,
-        use_pp: bool,
-        divisor: float,
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """:func:`~treerank.forest.torch_kernel.count_topk_torch` of the model-major lists
-        ``int64 (nq, M * t)`` with weights ``float64 (nq, M * t)`` on ``dev`` -> numpy ``(ids,
-        keys, counts, secondary)``."""
-        from treerank.forest.torch_kernel import count_topk_torch
-
-        offsets, ids, probs = self._device_lists(dev)
-        res = count_topk_torch(
-            offsets,
-            ids,
-            probs,
-            torch.from_numpy(np.ascontiguousarray(lists, dtype=np.int64)).to(dev),
-            torch.from_numpy(np.ascontiguousarray(w, dtype=np.float64)).to(dev),
-            probe,
-            self.n_passages,
-            k,
-            count_on=count_on,
-            use_passage_prob=use_pp,
-            divisor=divisor,
-        )
-        i, keys, cnt, sec = (t.cpu().numpy() for t in res)
-        return i, keys, cnt, sec
 
     @property
     def nbytes(self) -> int:

@@ -120,8 +120,9 @@ def count_topk(
         k: depth (``>= 1``).
         count_on / use_passage_prob / divisor: the key above.
         n_threads: parallel slots (queries are dealt round-robin). Results do not depend on it.
-        block: passage ids per accumulation block (:data:`ID_BLOCK`; each slot owns ``28 *
-            block`` bytes of scratch). Results do not depend on it.
+        block: passage ids per accumulation block (:data:`ID_BLOCK`; each slot owns ``20 *
+            block`` bytes of scratch, ``28 * block`` with ``t > 1``). Results do not depend on
+            it.
 
     Returns:
         ``(ids int64 (B, k), keys float64 (B, k), counts int32 (B, k), secondary float64 (B, k),
@@ -142,7 +143,8 @@ def count_topk(
     for slot in numba.prange(n_slots):
         counts = np.zeros(block, dtype=np.int32)
         sec = np.zeros(block, dtype=np.float64)
-        last = np.full(block, -1, dtype=np.int64)
+        # the once-per-model mark: only with several probed lists per model
+        last = np.full(1 if once_per_list else block, -1, dtype=np.int64)
         touched = np.empty(block, dtype=np.int64)
         cursor = np.empty(n_lists, dtype=np.int64)
         h_key = np.empty(k, dtype=np.float64)
@@ -202,7 +204,8 @@ def count_topk(
                         _sift_down(h_key, h_id, h_cnt, h_sec, size, 0)
                     counts[p] = 0
                     sec[p] = 0.0
-                    last[p] = -1
+                    if not once_per_list:
+                        last[p] = -1
             # Pop the worst first into the last free rank.
             for r in range(size - 1, -1, -1):
                 out_ids[b, r] = h_id[0]
