@@ -105,8 +105,9 @@ def count_topk(
 
     The seed's rule is ``t = 1``, ``w = P_m(c | q)``, ``count_on``, ``use_passage_prob`` and
     ``divisor = M + 1`` (the module docstring's order); with ``t = 1`` a passage is met at most
-    once per model (each id at most once per list), so the fast path skips the once-per-model
-    mark. Both paths add the same float64 terms in the same order.
+    once per model (each id at most once per list), so its fast path (any ``t = 1`` weighted by
+    ``P_m(c | p)``) walks the lists without the once-per-model mark or a branch per posting.
+    Every path adds the same float64 terms in the same order.
 
     Args:
         offsets: ``int64 (L + 1,)`` CSR offsets of the ``L = M * C`` inverted lists.
@@ -139,7 +140,8 @@ def count_topk(
         return out_ids, out_keys, out_counts, out_sec, scanned
     n_slots = max(1, min(n_threads, n_q))
     block = max(1, min(block, n_passages))
-    once_per_list = probe == 1  # the seed's rule: no once-per-model mark needed
+    once_per_list = probe == 1  # a passage is met at most once per model: no mark needed
+    seed_rule = once_per_list and use_passage_prob  # (with count_on, divisor M + 1: the seed)
     for slot in numba.prange(n_slots):
         counts = np.zeros(block, dtype=np.int32)
         sec = np.zeros(block, dtype=np.float64)
@@ -168,20 +170,30 @@ def count_topk(
                     stop = offsets[query_lists[b, j] + 1]
                     w = list_weights[b, j]
                     i = cursor[j]
-                    while i < stop and ids[i] < hi:
-                        p = ids[i] - lo
-                        if once_per_list or last[p] != m:
+                    if seed_rule:  # the fast path: each id once per list, so once per model
+                        while i < stop and ids[i] < hi:
+                            p = ids[i] - lo
                             if counts[p] == 0:
                                 touched[n_touched] = p
                                 n_touched += 1
-                            if not once_per_list:
-                                last[p] = m
                             counts[p] += 1
-                            if use_passage_prob:
-                                sec[p] += w * np.float64(probs[i])
-                            else:
-                                sec[p] += w
-                        i += 1
+                            sec[p] += w * np.float64(probs[i])
+                            i += 1
+                    else:
+                        while i < stop and ids[i] < hi:
+                            p = ids[i] - lo
+                            if once_per_list or last[p] != m:
+                                if counts[p] == 0:
+                                    touched[n_touched] = p
+                                    n_touched += 1
+                                if not once_per_list:
+                                    last[p] = m
+                                counts[p] += 1
+                                if use_passage_prob:
+                                    sec[p] += w * np.float64(probs[i])
+                                else:
+                                    sec[p] += w
+                            i += 1
                     cursor[j] = i
                 for tt in range(n_touched):
                     p = touched[tt]
