@@ -165,12 +165,11 @@ def count_topk(
                 hi = lo + block
                 n_touched = 0
                 # Lists in model-major order: the float64 secondary sums in model order.
-                for j in range(n_lists):
-                    m = j // probe
-                    stop = offsets[query_lists[b, j] + 1]
-                    w = list_weights[b, j]
-                    i = cursor[j]
-                    if seed_rule:  # the fast path: each id once per list, so once per model
+                if seed_rule:  # the fast path: each id once per list, so once per model
+                    for j in range(n_lists):
+                        stop = offsets[query_lists[b, j] + 1]
+                        w = list_weights[b, j]
+                        i = cursor[j]
                         while i < stop and ids[i] < hi:
                             p = ids[i] - lo
                             if counts[p] == 0:
@@ -179,7 +178,13 @@ def count_topk(
                             counts[p] += 1
                             sec[p] += w * np.float64(probs[i])
                             i += 1
-                    else:
+                        cursor[j] = i
+                else:
+                    for j in range(n_lists):
+                        m = j // probe
+                        stop = offsets[query_lists[b, j] + 1]
+                        w = list_weights[b, j]
+                        i = cursor[j]
                         while i < stop and ids[i] < hi:
                             p = ids[i] - lo
                             if once_per_list or last[p] != m:
@@ -194,7 +199,7 @@ def count_topk(
                                 else:
                                     sec[p] += w
                             i += 1
-                    cursor[j] = i
+                        cursor[j] = i
                 for tt in range(n_touched):
                     p = touched[tt]
                     key = sec[p] / divisor
