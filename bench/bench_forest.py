@@ -37,9 +37,9 @@ import numba
 import numpy as np
 import torch
 
+from treerank.forest.index import ForestIndex
+from treerank.forest.model import Forest, ForestConfig
 from treerank.kernels.topk import exact_search
-from treerank.models.forest import Forest, ForestConfig
-from treerank.search.forest_index import ForestIndex
 
 
 def best_of(fn: Callable[[], object], repeat: int) -> float:

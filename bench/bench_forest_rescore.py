@@ -23,7 +23,7 @@ split); queries/s (classification, search and rescoring timed together; index bu
 
 **Cross-validated forest** (``--cv-config CFG --cv-folds K``, for a split without a training
 split: TREC DL19): the queries are cut into K folds by :func:`treerank.evaluation.folds.topic_folds`
-(the config's ``seed``); fold f's forest is trained (:func:`treerank.training.forest.train_forest`,
+(the config's ``seed``); fold f's forest is trained (:func:`treerank.forest.trainer.train_forest`,
 ``train_rows`` = the other folds' queries) or read from its cache file under ``--work`` (one
 checkpoint per fold, keyed by the config, the fold's rows and the store), indexes the full pool
 and ranks fold f's queries; the folds' runs are concatenated (every query ranked by a forest that
@@ -71,10 +71,10 @@ from treerank.config import load_yaml
 from treerank.evaluation.folds import topic_folds
 from treerank.evaluation.metrics import evaluate_run
 from treerank.evaluation.qrels import Qrels
+from treerank.forest.index import ForestIndex, assign_passages
+from treerank.forest.model import Forest, ForestConfig, ForestSearch
 from treerank.kernels.topk import exact_search
 from treerank.kernels.vectors import l2_normalize
-from treerank.models.forest import Forest, ForestConfig, ForestSearch
-from treerank.search.forest_index import ForestIndex, assign_passages
 from treerank.search.rescore import rescore
 
 METRICS = ["ndcg@10", "recall@100"]
@@ -256,7 +256,7 @@ def cv_forests(
     from ``work/fold{f}of{K}-{key}.pt`` when cached there (``key``: a digest of the config, the
     fold's rows and the store path and encoder). Returns the forests and per fold
     ``{"train_queries", "seconds", "cached"}`` (training seconds as measured when trained)."""
-    from treerank.training.forest import train_forest
+    from treerank.forest.trainer import train_forest
 
     work.mkdir(parents=True, exist_ok=True)
     rows = np.concatenate(folds)

@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from treerank.training.forest import train_forest
+from treerank.forest.trainer import train_forest
 
 
 @dataclass
@@ -127,7 +127,7 @@ def main() -> None:
         rss_store = peak_rss_gib()
         mine = None
         if args.mine_sample:
-            from treerank.training.forest_data import mine_hard_negatives
+            from treerank.forest.data import mine_hard_negatives
 
             n = min(args.mine_sample, args.queries)
             t0 = time.perf_counter()
@@ -157,7 +157,7 @@ def main() -> None:
             },
             "trainer": trainer,
         }
-        from treerank.training.forest_data import pair_data, shared_rows
+        from treerank.forest.data import pair_data, shared_rows
 
         passage_rows = len(shared_rows(store, pair_data(store, 0, None)).ids) + min(
             1024, args.queries * args.random_negatives, args.passages

@@ -55,9 +55,9 @@ from treerank.evaluation.metrics import evaluate_run
 from treerank.evaluation.overlap import seen_positive_mask
 from treerank.evaluation.qrels import Qrels
 from treerank.evaluation.significance import compare_paired
+from treerank.forest.index import ForestIndex
+from treerank.forest.model import Forest, ForestConfig
 from treerank.kernels.topk import exact_search
-from treerank.models.forest import Forest, ForestConfig
-from treerank.search.forest_index import ForestIndex
 
 REPO = Path(__file__).resolve().parents[1]
 METRICS = ["ndcg@10", "recall@100"]
@@ -70,7 +70,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     },
 }
 IRLI: dict[str, dict[str, Any]] = {
-    # IRLI re-partitioning from an untrained twin (training/forest_repartition.py)
+    # IRLI re-partitioning from an untrained twin (forest/repartition.py)
     "irli-from-sign": {"twin": "sign", "rounds": 3, "steps": 20},
     "irli-from-random": {"twin": "random", "rounds": 3, "steps": 20},
     "irli-from-random-light": {"twin": "random", "rounds": 2, "steps": 5},
@@ -152,7 +152,7 @@ def trained_forest(
     """The variant's forest (an IRLI variant: ``(forest, classes table)``) from the cache, or
     trained now (seconds of training returned). ``base``: the trained variants' config
     (default: :func:`sample_forest_config`)."""
-    from treerank.training.forest import train_forest
+    from treerank.forest.trainer import train_forest
 
     path = work / f"{name}-M{n_models}.pt"
     if path.is_file():
@@ -162,7 +162,7 @@ def trained_forest(
             return (load_forest(path), tab["classes"], tab["probs"]), float(doc["seconds"])
         return load_forest(path), float(doc["seconds"])
     if name in IRLI:
-        from treerank.training.forest_repartition import repartition_store
+        from treerank.forest.repartition import repartition_store
 
         spec = IRLI[name]
         t0 = time.perf_counter()
@@ -385,7 +385,7 @@ def main() -> None:
                 flush=True,
             )
     # diagnostics at the largest M, t = 1: test queries' relevant pairs vs random pairs
-    from treerank.search.forest_diagnostics import forest_diagnostics
+    from treerank.forest.diagnostics import forest_diagnostics
 
     cand, lab = np.asarray(test.candidates), np.asarray(test.labels)
     rows_, cols_ = np.nonzero((cand >= 0) & (lab >= int(test.relevance_threshold)))

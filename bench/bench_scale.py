@@ -357,9 +357,9 @@ def stage_forest(a: argparse.Namespace) -> dict[str, Any]:
 
     import yaml
 
+    from treerank.forest.data import pair_data, shared_rows
+    from treerank.forest.trainer import train_forest
     from treerank.store import EmbeddingStore
-    from treerank.training.forest import train_forest
-    from treerank.training.forest_data import pair_data, shared_rows
 
     store: Any = EmbeddingStore.open(a.root / "train")
     if 0 < a.forest_queries < store.n_queries:  # the memory model's smaller splits
@@ -382,7 +382,7 @@ def stage_forest(a: argparse.Namespace) -> dict[str, Any]:
 
     # Each stage's step timed as it ends and written at once, so that a run stopped at its time
     # limit still says how far it got and at what peak RSS (run_child reads the file).
-    import treerank.training.forest as forest_module
+    import treerank.forest.trainer as forest_module
 
     blocked_step = forest_module._blocked_step
     steps_done: list[dict[str, Any]] = []

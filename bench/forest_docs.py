@@ -1,4 +1,4 @@
-"""Splice generated result tables into ``docs/forest.md``.
+"""Splice generated result tables into the forest's pages (:data:`PAGES`).
 
 Every block between ``<!-- begin generated: PATH -->`` and ``<!-- end generated -->`` is replaced
 by the contents of ``PATH`` (relative to the repository root; a ``table.md`` written by
@@ -29,6 +29,9 @@ def splice(text: str, root: Path) -> str:
 
     return BLOCK.sub(fill, text)
 
+
+PAGES = (REPO / "docs" / "forest.md", REPO / "docs" / "research" / "forest.md")
+"""The reference (no generated block today) and the measured history, where the tables live."""
 
 MEMORY_JSON = REPO / "bench" / "results" / "forest_memory.json"
 MEMORY_TABLE = REPO / "bench" / "results" / "forest_memory.md"
@@ -213,8 +216,8 @@ def main() -> None:
             section.write_text(
                 targets_section(json.loads(twins.read_text()), json.loads(first.read_text()))
             )
-    doc = REPO / "docs" / "forest.md"
-    doc.write_text(splice(doc.read_text(), REPO))
+    for doc in PAGES:
+        doc.write_text(splice(doc.read_text(), REPO))
 
 
 if __name__ == "__main__":

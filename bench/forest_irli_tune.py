@@ -5,7 +5,7 @@ question cites. This script imitates that inside the training split: the trainin
 every tenth block of ``--block`` consecutive passage rows (the store keeps an article's
 paragraphs together, so a block is mostly whole articles) are held out with all their
 questions; IRLI re-partitions from the random twin on the other questions
-(:func:`treerank.training.forest_repartition.repartition`), and the held-out questions are
+(:func:`treerank.forest.repartition.repartition`), and the held-out questions are
 searched over **all** passages of the store (the held-out paragraphs are indexed by their own
 vectors, as dev's are). Each setting of ``SETTINGS`` against the random twin (same seed, M, C,
 scoring), nDCG@10 and Recall@100, t = 1. The rule fixed before the run: the setting with the
@@ -32,9 +32,9 @@ import torch
 
 from treerank.evaluation.metrics import evaluate_run
 from treerank.evaluation.qrels import Qrels
-from treerank.models.forest import Forest, ForestConfig, ForestSearch
-from treerank.search.forest_index import ForestIndex
-from treerank.training.forest_repartition import repartition
+from treerank.forest.index import ForestIndex
+from treerank.forest.model import Forest, ForestConfig, ForestSearch
+from treerank.forest.repartition import repartition
 
 METRICS = ["ndcg@10", "recall@100"]
 SETTINGS: dict[str, dict[str, Any]] = {

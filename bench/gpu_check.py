@@ -12,7 +12,7 @@ every input is generated here: no FAISS, bm25s or bundled model is needed). Part
    Recall@100 against random qrels within 1e-4.
 3. **head epoch**: one epoch of a linear head (``training.heads.train_head``) on a generated
    labelled store; the weights of the two devices within 1e-4.
-4. **forest pair**: one forest pair (``training.forest.train_forest``, 2 models in one group)
+4. **forest pair**: one forest pair (``forest.trainer.train_forest``, 2 models in one group)
    on both devices, weights within 1e-3; then the forest's counting: the same class tables of a
    random forest counted by the CPU kernel (numba; the torch kernel on the CPU where numba is
    not importable) and by the torch kernel on the GPU, with identical ids, counts and secondary
@@ -230,9 +230,9 @@ def check_forest(cuda: bool, quick: bool) -> dict[str, Any]:
     classifies the passages and queries once on the CPU and the same class tables are counted
     by the CPU kernel and on the GPU (identical ids, counts and secondary scores required);
     the GPU's own classification is reported as its agreement with the CPU's classes."""
-    from treerank.models.forest import Forest, ForestConfig
-    from treerank.search.forest_index import ForestIndex
-    from treerank.training.forest import train_forest
+    from treerank.forest.index import ForestIndex
+    from treerank.forest.model import Forest, ForestConfig
+    from treerank.forest.trainer import train_forest
 
     store = _Store(600, 2_000, 64)
     cfg = {

@@ -257,7 +257,7 @@ def forest_model(
     (``chunk_size``) rows, ``n`` the training queries: ``alpha`` (bytes per block row) from two
     runs that differ only in ``B`` (:func:`forest_alphas`); ``I`` the intercept of the run with
     ``n0`` queries; ``beta`` the bytes the queries beyond ``n0`` add, from the shapes (module
-    docstring of :mod:`treerank.training.forest`): each query's packed dropout bits (``d / 8``
+    docstring of :mod:`treerank.forest.trainer`): each query's packed dropout bits (``d / 8``
     bytes, query and joint steps), the packed bits of the passage rows beyond the measured run's
     (``N (1 - e^{-n/N})`` distinct selected passages of ``n`` queries over ``N = n_passages``,
     plus the 1,024-row pool; passage and joint steps), and ~64 bytes of per-row and per-example

@@ -28,13 +28,13 @@ import yaml
 
 from treerank.config import load_yaml
 from treerank.evaluation.metrics import evaluate_run
-from treerank.evaluation.not_retrievable import not_retrievable_stats
 from treerank.evaluation.qrels import Qrels
+from treerank.forest.index import ForestSystem
+from treerank.forest.model import Forest
+from treerank.forest.not_retrievable import not_retrievable_stats
+from treerank.forest.trainer import plot_metric_vs_models, train_forest
 from treerank.kernels.topk import exact_search
-from treerank.models.forest import Forest
-from treerank.search.forest_index import ForestSystem
 from treerank.store import EmbeddingStore
-from treerank.training.forest import plot_metric_vs_models, train_forest
 from treerank.training.output import save_trained_model
 
 METRICS = ("mrr@10", "ndcg@10", "recall@100", "recall@1000")

@@ -25,9 +25,9 @@ import numpy as np
 from treerank.evaluation.metrics import evaluate_run
 from treerank.evaluation.qrels import Qrels
 from treerank.evaluation.significance import randomization_test
+from treerank.forest.index import ForestSystem
 from treerank.kernels.topk import exact_search
 from treerank.models.registry import load_model
-from treerank.search.forest_index import ForestSystem
 from treerank.store import EmbeddingStore
 
 METRICS = ("ndcg@10", "mrr@10", "recall@100", "recall@1000")

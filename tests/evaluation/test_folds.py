@@ -58,7 +58,7 @@ def _bench() -> Any:
 def test_cv_forest_ranks_each_topic_with_the_fold_that_did_not_train_on_it(
     dl19_store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import treerank.training.forest as training
+    import treerank.forest.trainer as training
 
     st = dl19_store["test"]
     bench = _bench()
@@ -127,7 +127,7 @@ def test_cv_forest_ranks_each_topic_with_the_fold_that_did_not_train_on_it(
     ]
     ids = np.full((len(q), 100), -1, dtype=np.int64)
     scored = np.zeros(len(q))
-    from treerank.search.forest_index import ForestIndex
+    from treerank.forest.index import ForestIndex
 
     for forest, held in zip(forests, folds, strict=True):
         index = ForestIndex.build(*forest.passage_classes(p), n_classes=forest.n_classes)

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from treerank.evaluation.not_retrievable import not_retrievable_stats
-from treerank.models.forest import Forest, ForestConfig
+from treerank.forest.model import Forest, ForestConfig
+from treerank.forest.not_retrievable import not_retrievable_stats
 
 
 class _Store:

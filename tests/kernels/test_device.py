@@ -183,7 +183,7 @@ def test_one_default_everywhere():
     import inspect
 
     from treerank.cli.options import device_option
-    from treerank.search.forest_index import ForestSystem
+    from treerank.forest.index import ForestSystem
     from treerank.search.specs import BuildContext
     from treerank.search.systems import DenseSystem
     from treerank.training.heads import train_linear

@@ -145,7 +145,7 @@ _GATHER_CHILD = textwrap.dedent(
     import json, sys
     from pathlib import Path
     import numpy as np
-    from treerank.training.forest_data import _read_rows
+    from treerank.forest.data import _read_rows
 
     path, n, d = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
     mm = np.memmap(path, dtype=np.float32, mode="r", shape=(n, d))
@@ -171,7 +171,7 @@ _GATHER_CHILD = textwrap.dedent(
     not Path("/proc/self/clear_refs").exists(), reason="needs Linux /proc (VmHWM reset)"
 )
 def test_forest_row_gathers_do_not_map_the_file(tmp_path: Path) -> None:
-    """The forest's row reads (``training.forest_data._read_rows``): 2,000 scattered rows of a
+    """The forest's row reads (``forest.data._read_rows``): 2,000 scattered rows of a
     64 MiB file of 64-d float32 are 0.5 MiB; the peak grows by at most 8 MiB (the rows, the
     sort and index arrays). Through the map (the old read) every fault also mapped the cached
     neighbours: the whole 64 MiB file became resident before its release."""

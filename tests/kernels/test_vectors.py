@@ -9,9 +9,9 @@ import numpy as np
 
 from tests.training.conftest import make_toy_store
 from treerank.diagnostics.procedure import _run_ids
+from treerank.forest.data import mine_hard_negatives
 from treerank.kernels.topk import exact_search
 from treerank.kernels.vectors import l2_normalize
-from treerank.training.forest_data import mine_hard_negatives
 from treerank.training.sampler import guard_mined_negatives
 
 

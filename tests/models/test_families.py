@@ -4,8 +4,8 @@ import dataclasses
 
 import pytest
 
+from treerank.forest.config import ForestTrainConfig
 from treerank.models.families import family
-from treerank.training.forest_config import ForestTrainConfig
 from treerank.training.holdout import ValidationConfig
 
 
@@ -35,7 +35,7 @@ def test_key_list_families_resolve_through_their_defaults_hook() -> None:
     assert out["model"] == {"n_models": 3}  # the sections keep what the YAML says
     resolved = out["resolved"]
     # every field, but ``repartition`` only when set (forest_resolved_defaults: stage keys kept)
-    fields = {f.name for f in dataclasses.fields(ForestTrainConfig)}
+    fields = set(ForestTrainConfig().flat())
     assert set(resolved) == fields - {"repartition"}
     assert resolved["n_models"] == 3
-    assert resolved["n_classes"] == ForestTrainConfig().n_classes
+    assert resolved["n_classes"] == ForestTrainConfig().model.n_classes

@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 import torch
 
-from treerank.models.checkpoint import load_checkpoint, save_checkpoint
-from treerank.models.forest import (
+from treerank.forest.model import (
     NOT_RETRIEVABLE,
     Forest,
     ForestConfig,
     passage_init_from_query,
     stacked_forward,
 )
+from treerank.models.checkpoint import load_checkpoint, save_checkpoint
 from treerank.models.registry import load_model
 
 

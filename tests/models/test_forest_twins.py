@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from treerank.models.forest import Forest, ForestConfig
+from treerank.forest.model import Forest, ForestConfig
 
 
 def test_sign_twin_reproduces_a_hand_computed_hash() -> None:

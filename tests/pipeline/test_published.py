@@ -105,12 +105,12 @@ def test_published_block_states_what_reproduces_across_cpus() -> None:
     may move by up to 0.01 on another CPU, every other system by the printed decimals only."""
     import copy
 
-    from treerank.pipeline.published import (
-        CPU_ORDER_TOLERANCE,
-        EXACT_TOLERANCE,
-        cpu_order_systems,
-        mismatches,
-    )
+    from treerank.models.families import FAMILIES
+    from treerank.pipeline.published import EXACT_TOLERANCE, cpu_order_systems, mismatches
+
+    cross = FAMILIES["forest"].cross_cpu
+    assert cross is not None
+    CPU_ORDER_TOLERANCE = cross.tolerance  # the forest family's hook
 
     doc = json.loads((REPO / "docs" / "results" / "sample.json").read_text())
     seeds = [f"forest-random@seed{i}" for i in range(3)]  # the untrained twin's three seeds
@@ -141,3 +141,46 @@ def test_published_block_states_what_reproduces_across_cpus() -> None:
     assert cpu_order_systems(named) == ["forest"]
     named["families"] = {"forest": "linear"}
     assert cpu_order_systems(named) == []
+
+
+def test_a_family_hook_not_a_family_name_decides_the_cross_cpu_tolerance() -> None:
+    """A plugin family with a ``cross_cpu`` entry gets its own tolerance and reason in the note;
+    the forest's comes from its family entry (no generic module names it)."""
+    import copy
+
+    from treerank.models.families import FAMILIES, CrossCpu, ModelFamily, register_family
+    from treerank.pipeline.published import EXACT_TOLERANCE, cpu_order_systems, tolerance
+
+    doc = json.loads((REPO / "docs" / "results" / "sample.json").read_text())
+    assert tolerance(doc, "forest") == 0.01 and tolerance(doc, "cosine") == EXACT_TOLERANCE
+    register_family(
+        ModelFamily("toy-sums", "m:C", cross_cpu=CrossCpu(0.03, "toy sums in reduction order"))
+    )
+    try:
+        mine = copy.deepcopy(doc)
+        mine["families"] = {"linear-sources": "toy-sums"}
+        assert cpu_order_systems(mine) == ["linear-sources"]
+        assert tolerance(mine, "linear-sources") == 0.03
+        assert tolerance(mine, "forest") == EXACT_TOLERANCE  # not a forest run in this record
+        block = render(mine)
+        assert "except linear-sources: toy sums in reduction order, so on another CPU" in block
+        assert "within 0.03 (on the same machine, exactly)" in block
+    finally:
+        FAMILIES.pop("toy-sums")
+
+
+def test_the_report_training_row_shows_the_family_report_fields() -> None:
+    from treerank.models.families import FAMILIES, ModelFamily, register_family
+    from treerank.pipeline.report import _training_rows
+
+    summary = {"steps": 3, "n_models": 8, "max_entropy": 0.5, "width": 4}
+    forest = _training_rows("f", {"family": "forest", "summary": summary})
+    assert forest == ["| `f` | steps=3, n_models=8, max_entropy=0.5 |"]
+    dense = _training_rows("l", {"family": "linear", "summary": summary})
+    assert dense == ["| `l` | steps=3 |"]  # the forest's fields are the forest's
+    register_family(ModelFamily("toy-wide", "m:C", report_fields=("width",)))
+    try:
+        wide = _training_rows("w", {"family": "toy-wide", "summary": summary})
+        assert wide == ["| `w` | steps=3, width=4 |"]
+    finally:
+        FAMILIES.pop("toy-wide")

@@ -120,8 +120,8 @@ def test_forest_validator_searches_inverted_lists_never_one_hot(store, monkeypat
     """The held-out validator ranks a forest through its own search (sparse inverted lists),
     with the same metrics as the evaluation-time ForestSystem, and never builds the dense
     one-hot view (``encode_queries`` would be ``(n, 2 M C)`` floats)."""
-    from treerank.models.forest import Forest, ForestConfig
-    from treerank.search.forest_index import ForestSystem
+    from treerank.forest.index import ForestSystem
+    from treerank.forest.model import Forest, ForestConfig
 
     forest = Forest.random(ForestConfig(n_models=8, n_classes=4, dim=store.dim), seed=0)
 

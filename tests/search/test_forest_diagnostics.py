@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from treerank.models.forest import Forest, ForestConfig, ForestSearch
-from treerank.search.forest_diagnostics import collisions, forest_diagnostics, vote_correlation
+from treerank.forest.diagnostics import collisions, forest_diagnostics, vote_correlation
+from treerank.forest.model import Forest, ForestConfig, ForestSearch
 
 
 def test_collisions_hand_fixture_sign_twin() -> None:
@@ -42,7 +42,7 @@ def test_identical_models_have_vote_correlation_one_and_probe_raises_collisions(
 
 
 def test_balance_stats_and_report_carry_the_diagnostics() -> None:
-    from treerank.search.forest_index import ForestSystem, forest_report
+    from treerank.forest.index import ForestSystem, forest_report
 
     rng = np.random.default_rng(0)
 

@@ -7,14 +7,14 @@ import pytest
 import scipy.sparse as sp
 import torch
 
-from treerank.models.forest import Forest, ForestConfig
-from treerank.search.forest_index import (
+from treerank.forest.index import (
     ForestHits,
     ForestIndex,
     ForestSystem,
     build_inverted_lists,
     class_entropy,
 )
+from treerank.forest.model import Forest, ForestConfig
 
 
 def brute_force(qc, qp, pc, pp, k):
@@ -176,7 +176,7 @@ def test_search_small_blocks_equal_one_block(monkeypatch) -> None:
     qc, qp, pc, pp, c = random_tables(5)
     index = ForestIndex.build(pc, pp, c)
     one = index.search(qc, qp, 25)
-    import treerank.search.forest_index as fi
+    import treerank.forest.index as fi
 
     monkeypatch.setattr(fi, "_QUERY_BLOCK", 1)  # one query per kernel call
     many = index.search(qc, qp, 25)
@@ -358,7 +358,7 @@ def test_kernel_returns_exactly_the_scipy_ranking(seed, m, c, k) -> None:
     qp = np.round(qp * 2) / 2
     index = ForestIndex.build(pc, pp.astype(np.float32), c)
     ref_ids, ref_counts, ref_sec = scipy_search(index, qc, qp.astype(np.float32), k)
-    import treerank.search.forest_index as fi
+    import treerank.forest.index as fi
 
     for block in (fi.ID_BLOCK, 50):
         fi._ID_BLOCK = block

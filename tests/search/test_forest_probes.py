@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from treerank.kernels.capacity import assign_capacity
-from treerank.models.forest import SCORINGS, Forest, ForestConfig, ForestSearch
-from treerank.search.forest_index import ForestIndex, ForestSystem, assign_passages
+from treerank.forest.capacity import assign_capacity
+from treerank.forest.index import ForestIndex, ForestSystem, assign_passages
+from treerank.forest.model import SCORINGS, Forest, ForestConfig, ForestSearch
 
 
 def dense_reference(qc, qp, floor, pc, pp, k, scoring):

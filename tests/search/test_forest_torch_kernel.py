@@ -12,18 +12,18 @@ import numpy as np
 import pytest
 import torch
 
-import treerank.search.forest_torch_kernel as ftk
+import treerank.forest.torch_kernel as ftk
 from tests.search.test_forest_index import random_tables, saved_random_forest
 from tests.search.test_forest_probes import tables
 from treerank.kernels.device import Device, DeviceError
-from treerank.models.forest import SCORINGS, Forest, ForestConfig, ForestSearch
-from treerank.search import forest_index
-from treerank.search.forest_index import (
+from treerank.forest.model import SCORINGS, Forest, ForestConfig, ForestSearch
+from treerank.forest import index as forest_index
+from treerank.forest.index import (
     ForestIndex,
     ForestSystem,
     count_kernel,
 )
-from treerank.search.forest_kernel import ID_BLOCK
+from treerank.forest.kernel import ID_BLOCK
 
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")

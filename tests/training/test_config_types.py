@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from treerank.config import ConfigError, _matches, allowed_keys, type_hints
+from treerank.forest.config import FOREST_SECTION_TYPES
 from treerank.models.families import family, trainable_families
-from treerank.training.forest_config import FOREST_SECTIONS, ForestTrainConfig
 from treerank.training.holdout import ValidationConfig
 
 CANDIDATES: list[Any] = [{"bad": 1}, "bad", 3.5, [1], True]
@@ -30,9 +30,8 @@ def _typed_keys(name: str) -> list[tuple[str, str, Any]]:
     parsed = fam.parse_config({}, "x")
     out: list[tuple[str, str, Any]] = []
     if name.startswith("forest"):
-        hints = type_hints(ForestTrainConfig)
-        for sec, keys in FOREST_SECTIONS.items():
-            out += [(sec, k, hints[k]) for k in keys if k in hints]
+        for sec, record in FOREST_SECTION_TYPES.items():
+            out += [(sec, k, a) for k, a in type_hints(record).items()]
     else:
         cls = fam.model_class()
         if name == "drt":

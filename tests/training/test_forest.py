@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from treerank.models.forest import Forest
+from treerank.forest.model import Forest
+from treerank.forest.trainer import FOREST_SECTIONS, ForestTrainConfig, train_forest
 from treerank.models.registry import load_model
-from treerank.training.forest import FOREST_SECTIONS, ForestTrainConfig, train_forest
 
 
 def sectioned(flat: dict) -> dict:
@@ -109,7 +109,7 @@ def test_alternate_joint_mode_and_hidden_layer_train(toy_store, mode) -> None:
 
 
 def test_bad_config_names_the_key() -> None:
-    from treerank.training.forest import parse_forest_config
+    from treerank.forest.trainer import parse_forest_config
 
     with pytest.raises(
         ValueError, match=r"f.yaml.model: unknown key\(s\) n_trees; allowed: n_models"

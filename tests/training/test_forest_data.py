@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from treerank.training.forest_data import pair_seed
+from treerank.forest.data import pair_seed
 
 
 def test_pair_seed_draws_do_not_depend_on_the_group() -> None:
@@ -33,8 +33,8 @@ def test_source_pairs_by_hand(toy_store) -> None:
     """Labels (sample) + a soft teacher + pseudo rows: positives, weights, exclusions by hand."""
     from types import SimpleNamespace
 
+    from treerank.forest.data import source_pair_data
     from treerank.training.data import SourceSpec
-    from treerank.training.forest_data import source_pair_data
 
     st = toy_store  # 96 queries, 400 passages; query i's gold passage is candidates[i, 0]
     gold = st.candidates[:, 0].astype(np.int64)

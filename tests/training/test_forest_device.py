@@ -10,7 +10,7 @@ import torch
 from tests.training.conftest import make_toy_store
 from tests.training.test_forest import SMALL, sectioned
 from treerank.kernels.device import Device, DeviceError
-from treerank.training.forest import train_forest
+from treerank.forest.trainer import train_forest
 
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
@@ -111,8 +111,8 @@ def test_pipeline_passes_the_device_to_the_trainer_and_the_validator(tmp_path, m
     """``train_model(device=)`` reaches ``train_forest`` and the held-out validator's
     ForestSystem (the forest's train stage; its stage key holds the device:
     ``tests/pipeline/test_stage_graph.py``)."""
-    import treerank.search.forest_index as fi
-    import treerank.training.forest as tf
+    import treerank.forest.index as fi
+    import treerank.forest.trainer as tf
     from treerank.pipeline.training import train_model
 
     seen: dict[str, list] = {"train": [], "system": []}

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from treerank.training.forest_losses import (
+from treerank.forest.losses import (
     boosting_weights,
     not_retrievable_targets,
     sharpness_loss,

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from treerank.models.forest import Forest, ForestConfig
-from treerank.search.forest_index import ForestIndex
-from treerank.training.forest_repartition import repartition
+from treerank.forest.index import ForestIndex
+from treerank.forest.model import Forest, ForestConfig
+from treerank.forest.repartition import repartition
 
 
 def _fixture(seed=0, n=300, nq=200, d=12):
@@ -53,7 +53,7 @@ def test_objective_equals_a_dense_reference() -> None:
     at log 1e-12)."""
     import torch
 
-    from treerank.training.forest_repartition import _objective
+    from treerank.forest.repartition import _objective
 
     rng = np.random.default_rng(1)
     g, nq, c, k, e = 3, 7, 5, 2, 11
@@ -113,8 +113,8 @@ def test_trainer_option_equals_the_post_hoc_function(toy_store) -> None:
     before."""
     import torch
 
-    from treerank.training.forest import train_forest
-    from treerank.training.forest_data import pair_data
+    from treerank.forest.data import pair_data
+    from treerank.forest.trainer import train_forest
 
     base = {
         "seed": 3,
@@ -162,7 +162,7 @@ def test_trainer_option_equals_the_post_hoc_function(toy_store) -> None:
 
 def test_trainer_option_is_checked() -> None:
     from treerank.config import ConfigError
-    from treerank.training.forest import parse_forest_config
+    from treerank.forest.trainer import parse_forest_config
 
     def cfg(rp, **trainer):
         return {"model": {"n_models": 2}, "trainer": {"repartition": rp, **trainer}}
@@ -182,16 +182,19 @@ def test_trainer_option_is_checked() -> None:
 def test_bundled_irli_config_parses_and_runs(toy_store) -> None:
     """``configs/forest/scifact_irli.yaml`` is a valid forest config (IRLI from the random twin)
     and trains on a fixture (scaled down: M = 2, C = 4, one round)."""
+    from dataclasses import asdict
     from pathlib import Path
 
     import yaml
 
-    from treerank.training.forest import forest_train_config, parse_forest_config, train_forest
+    from treerank.forest.trainer import forest_train_config, parse_forest_config, train_forest
 
     path = Path(__file__).resolve().parents[2] / "configs" / "forest" / "scifact_irli.yaml"
     raw = yaml.safe_load(path.read_text())
     cfg = forest_train_config(parse_forest_config(raw))
-    assert cfg.repartition == {"rounds": 3, "steps": 20, "lr": 0.05} and cfg.init == "twin"
+    rp = cfg.trainer.repartition
+    assert rp is not None and asdict(rp) == {"rounds": 3, "steps": 20, "lr": 0.05}
+    assert cfg.trainer.init == "twin"
     raw["model"].update(n_models=2, n_classes=4)
     raw["trainer"]["repartition"] = {"rounds": 1, "steps": 2}
     out = train_forest(toy_store, raw, progress=False)
@@ -201,14 +204,12 @@ def test_bundled_irli_config_parses_and_runs(toy_store) -> None:
 def test_repartition_is_in_the_train_stage_config_only_when_set() -> None:
     """The family's resolved config (part of the train-stage key) holds ``repartition`` when
     the config sets it, and is exactly the field list of before without it."""
-    from dataclasses import fields
-
+    from treerank.forest.config import ForestTrainConfig
     from treerank.models.families import FAMILIES
-    from treerank.training.forest_config import ForestTrainConfig
 
     fam = FAMILIES["forest"]
     plain = fam.resolved_config({"model": {"n_models": 2}})
-    assert set(plain["resolved"]) == {f.name for f in fields(ForestTrainConfig)} - {"repartition"}
+    assert set(plain["resolved"]) == set(ForestTrainConfig().flat()) - {"repartition"}
     rp = fam.resolved_config({"model": {"n_models": 2}, "trainer": {"repartition": {"rounds": 1}}})
     assert rp["resolved"]["repartition"] == {"rounds": 1, "steps": 20, "lr": 0.05}
     assert rp["trainer"]["repartition"] == {"rounds": 1}

@@ -5,15 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from treerank.training.forest_config import ForestTrainConfig
-from treerank.training.forest_losses import (
+from treerank.forest.config import ForestTrainConfig
+from treerank.forest.losses import (
     EPS,
     not_retrievable_loss,
     sharpness_loss,
     uniformity_loss,
     weighted_mean,
 )
-from treerank.training.forest_stages import StageInputs, stage_backward, stage_gradient
+from treerank.forest.stages import StageInputs, stage_backward, stage_gradient
 
 G, NQ, NP, C = 2, 13, 17, 5
 
@@ -42,17 +42,19 @@ def _reference(stage: str, cfg: ForestTrainConfig, g: StageInputs, z, target=Non
     def query_terms(pq):
         w = g.qmask
         pbar = (pq * w.unsqueeze(-1)).sum(1) / w.sum(1, keepdim=True).clamp_min(EPS)
-        out = cfg.uniformity_weight * uniformity_loss(pbar, cfg.uniformity)
-        return out + cfg.sharpness_weight * sharpness_loss(pq, w)
+        t = cfg.trainer
+        out = t.uniformity_weight * uniformity_loss(pbar, t.uniformity)
+        return out + t.sharpness_weight * sharpness_loss(pq, w)
 
     def passage_terms(pp, neg_class):
-        out = cfg.nr_penalty * weighted_mean(pp[..., -1], g.pmask)
-        out = out + cfg.nr_weight * not_retrievable_loss(
+        t = cfg.trainer
+        out = t.nr_penalty * weighted_mean(pp[..., -1], g.pmask)
+        out = out + t.nr_weight * not_retrievable_loss(
             pp, g.neg_p, neg_class, g.neg_w, g.wanted, g.pmask
         )
         real = pp[..., :-1] * g.pmask.unsqueeze(-1)
         pbar = real.sum(1) / real.sum((1, 2)).clamp_min(EPS).unsqueeze(-1)
-        return out + cfg.passage_uniformity_weight * uniformity_loss(pbar, cfg.uniformity)
+        return out + t.passage_uniformity_weight * uniformity_loss(pbar, t.uniformity)
 
     rows = torch.arange(G).unsqueeze(1)
     if stage == "query":
@@ -73,14 +75,14 @@ def _reference(stage: str, cfg: ForestTrainConfig, g: StageInputs, z, target=Non
     return (out + passage_terms(pp, pq.argmax(-1)[:, g.neg_q])).sum()
 
 
-CFG = ForestTrainConfig(nr_weight=0.5, nr_penalty=0.3, sharpness_weight=0.5)
+CFG = ForestTrainConfig.of(nr_weight=0.5, nr_penalty=0.3, sharpness_weight=0.5)
 
 
 @pytest.mark.parametrize("stage", ["query", "passage", "joint"])
 @pytest.mark.parametrize("chunk", [4, 1000])
 @pytest.mark.parametrize("uniformity", ["entropy", "gini"])
 def test_blocked_stage_gradient_equals_whole_tensor_loss(stage, chunk, uniformity) -> None:
-    cfg = ForestTrainConfig(**{**CFG.__dict__, "uniformity": uniformity})
+    cfg = CFG.replace(uniformity=uniformity)
     g = _inputs()
     gen = torch.Generator().manual_seed(1)
     zq = 2 * torch.randn(G, NQ, C, generator=gen)
@@ -143,7 +145,7 @@ def test_dropping_examples_no_pair_weighs_changes_no_loss_or_gradient(stage) -> 
 
     import numpy as np
 
-    from treerank.training.forest_data import in_bag_examples
+    from treerank.forest.data import in_bag_examples
 
     g = _inputs(seed=3, e_pos=40, e_neg=90)
     # out-of-bag examples: zero weight in both pairs for a third of the columns
@@ -191,8 +193,8 @@ def test_streamed_sides_equal_the_whole_computation_with_dropout(stage) -> None:
     logits of every block and of gathered rows with the dropout masks drawn at the start of the
     step: the loss and the parameter gradients equal the whole-tensor loss on the whole logits
     (same masks), within float32 summation-order tolerance."""
-    from treerank.models.forest import draw_dropout_masks, stacked_forward
-    from treerank.training.forest import _Side
+    from treerank.forest.model import draw_dropout_masks, stacked_forward
+    from treerank.forest.trainer import _Side
 
     d, hidden, chunk, drop = 6, 4, 5, 0.25
     g = _inputs(seed=3)
@@ -209,7 +211,7 @@ def test_streamed_sides_equal_the_whole_computation_with_dropout(stage) -> None:
         k: [torch.zeros(G, hidden), torch.zeros(G, w[-1].shape[2])] for k, w in params.items()
     }
     target = torch.randint(0, C, (G, NQ), generator=gen)
-    cfg = ForestTrainConfig(**{**CFG.__dict__, "passage_uniformity_weight": 0.4, "dropout": drop})
+    cfg = CFG.replace(passage_uniformity_weight=0.4, dropout=drop)
 
     def sides(ws, bs):
         q = _Side(
@@ -266,7 +268,7 @@ def test_streamed_joint_step_holds_no_whole_side() -> None:
     """With the trainer's streaming sides (400 queries, 3,000 passage rows, 50-row blocks), no
     tensor autograd keeps is larger than a block (``G x chunk x max(d, C + 1)`` elements), and
     no whole ``(G, n, C)`` logits tensor is formed (the sides hold no leaf)."""
-    from treerank.training.forest import _Side
+    from treerank.forest.trainer import _Side
 
     nq, n_p, chunk, d = 400, 3000, 50, 8
     g = _inputs(nq=nq, n_p=n_p, e_pos=400, e_neg=3000)

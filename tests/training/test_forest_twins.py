@@ -8,8 +8,8 @@ import torch
 
 from tests.training.test_forest import SMALL, sectioned
 from treerank.config import ConfigError
-from treerank.models.forest import Forest, ForestConfig, ForestSearch
-from treerank.training.forest import train_forest
+from treerank.forest.model import Forest, ForestConfig, ForestSearch
+from treerank.forest.trainer import train_forest
 
 
 @pytest.mark.parametrize("kind", ["random", "sign"])
@@ -41,7 +41,8 @@ def test_init_from_twin_trains_from_the_twins_weights(toy_store) -> None:
 
 
 def test_bad_twin_settings_are_refused(toy_store) -> None:
-    with pytest.raises(ConfigError, match="twin must be one of"):
+    # a choice is a Literal: refused with its key path and the choices (issue 31 item 7)
+    with pytest.raises(ConfigError, match="model.twin: expected one of 'random', 'sign'"):
         train_forest(toy_store, sectioned({**SMALL, "twin": "pca"}), progress=False)
     with pytest.raises(ConfigError, match="power of two"):
         train_forest(
@@ -49,5 +50,5 @@ def test_bad_twin_settings_are_refused(toy_store) -> None:
             sectioned({**SMALL, "n_classes": 6, "twin": "sign", "untrained": True}),
             progress=False,
         )
-    with pytest.raises(ConfigError, match="scoring must be one of"):
+    with pytest.raises(ConfigError, match="model.scoring: expected one of 'shipped', 'count'"):
         train_forest(toy_store, sectioned({**SMALL, "scoring": "bm25"}), progress=False)

@@ -4,7 +4,7 @@ Every dense model (cosine, linear, mlp, drt) maps stored vectors to a query repr
 passage representation whose **inner product is the model's ranking score** (any temperature is a
 monotone rescaling and is left out of search). Search and evaluation therefore need only
 ``encode_queries`` / ``encode_passages``; the forest, whose score is a match count, has its own
-search (``treerank.search.forest_index``).
+search (``treerank.forest.index``).
 """
 
 from __future__ import annotations

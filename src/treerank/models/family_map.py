@@ -1,9 +1,9 @@
 """``docs/families.md``: each model family's modules on one page, generated from the family table.
 
-A family's code spans packages by layer (the forest: its model in ``models/``, its training in
-``training/``, its inverted lists and counting kernel in ``search/``), so that the layer rule
-holds; ``ModelFamily.modules`` lists them with their role, and this module renders the map: per
-family, each module's role, path and what it holds (the first line of its docstring, read from
+A dense family's code spans packages by layer (its model in ``models/``, its training in
+``training/``); the forest is one package (``forest/``). ``ModelFamily.modules`` lists them
+with their role, and this module renders the map: per family, each module's role, path and
+what it holds (the first line of its docstring, read from
 the source without importing it). ``tests/models/test_family_map.py`` fails when the page is out
 of date or a listed module is missing.
 

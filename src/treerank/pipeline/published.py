@@ -16,6 +16,7 @@ from typing import Any
 
 from treerank.evaluation.metrics import headline_metric
 from treerank.evaluation.summary import headline
+from treerank.models.families import FAMILIES, CrossCpu
 
 BEGIN = "<!-- BEGIN generated results (scripts/readme_results.py; do not edit by hand) -->"
 END = "<!-- END generated results -->"
@@ -23,13 +24,9 @@ TABLE_METRICS = ("mrr@10", "ndcg@10", "recall@100")
 METRIC_LABELS = {"mrr@10": "MRR@10", "ndcg@10": "nDCG@10", "recall@100": "Recall@100"}
 
 # What a fresh clone reproduces on another x86 CPU (issue 21). Determinism holds per machine;
-# across CPUs, a family whose training sums floats in the CPU's reduction order (the forest's
-# split search: BLAS / SIMD widths differ) can choose other splits, and every number of its
-# systems moves (observed: the sample's forest at nDCG@10 0.4891 vs 0.4932, unseen part 0.0920
-# vs 0.0952, while every other system matched to the printed decimals).
-# Absolute tolerance on every metric mean of a system whose training depends on reduction order:
-CPU_ORDER_TOLERANCE = 0.01
-CPU_ORDER_FAMILIES = ("forest",)
+# across CPUs, a family whose training sums floats in the CPU's reduction order says so in its
+# family entry (``ModelFamily.cross_cpu``: its tolerance and why), and every number of its
+# systems may move within that tolerance ...
 # ... and on every other system (the printed 4 decimals, with one unit of rounding slack):
 EXACT_TOLERANCE = 2e-4
 
@@ -68,21 +65,36 @@ def extract(report: Mapping[str, Any], dataset: str) -> dict[str, Any]:
     }
 
 
-def cpu_order_systems(doc: Mapping[str, Any]) -> list[str]:
-    """Systems of ``doc`` (an :func:`extract` output) whose numbers depend on the CPU's
-    reduction order: those of a family in :data:`CPU_ORDER_FAMILIES`, by the report's family
-    record (``families``); a document without it (older extracts) matches by system name."""
+def _cross_cpu(family: object) -> CrossCpu | None:
+    fam = FAMILIES.get(str(family))
+    return fam.cross_cpu if fam is not None else None
+
+
+def cpu_order_families(doc: Mapping[str, Any]) -> dict[str, list[str]]:
+    """``{family: systems}`` of ``doc`` (an :func:`extract` output) whose numbers depend on the
+    CPU's reduction order: the systems of a family with a ``cross_cpu`` entry, by the report's
+    family record (``families``: a trained run, or the seed average of such runs); a document
+    without it (older extracts) matches a system named as such a family."""
     systems = doc["comparison"]["systems"]
     fams = doc.get("families")
-    if fams is None:
-        return [s for s in systems if s in CPU_ORDER_FAMILIES]
     spread = doc["comparison"].get("seed_spread") or {}
-    return [
-        s
-        for s in systems
-        if fams.get(s) in CPU_ORDER_FAMILIES  # a trained run
-        or any(fams.get(m) in CPU_ORDER_FAMILIES for m in spread.get(s, {}).get("systems", ()))
-    ]  # ... or the seed average of such runs
+    out: dict[str, list[str]] = {}
+    for s in systems:
+        if fams is None:
+            owners = [s]
+        else:
+            owners = [fams.get(s), *(fams.get(m) for m in spread.get(s, {}).get("systems", ()))]
+        fam = next((f for f in owners if _cross_cpu(f) is not None), None)
+        if fam is not None:
+            out.setdefault(str(fam), []).append(s)
+    return out
+
+
+def cpu_order_systems(doc: Mapping[str, Any]) -> list[str]:
+    """Systems of ``doc`` whose numbers depend on the CPU's reduction order, in the report's
+    order (:func:`cpu_order_families`)."""
+    mine = {s for group in cpu_order_families(doc).values() for s in group}
+    return [s for s in doc["comparison"]["systems"] if s in mine]
 
 
 def _reported_models(doc: Mapping[str, Any], systems: list[str]) -> list[str]:
@@ -95,8 +107,13 @@ def _reported_models(doc: Mapping[str, Any], systems: list[str]) -> list[str]:
 
 def tolerance(doc: Mapping[str, Any], system: str) -> float:
     """The absolute tolerance within which a fresh run on another CPU matches ``system``'s
-    published metric means: :data:`CPU_ORDER_TOLERANCE` or :data:`EXACT_TOLERANCE`."""
-    return CPU_ORDER_TOLERANCE if system in cpu_order_systems(doc) else EXACT_TOLERANCE
+    published metric means: its family's ``cross_cpu.tolerance`` when its numbers depend on
+    the CPU's reduction order (:func:`cpu_order_families`), else :data:`EXACT_TOLERANCE`."""
+    for fam, group in cpu_order_families(doc).items():
+        cross = _cross_cpu(fam)
+        if system in group and cross is not None:
+            return cross.tolerance
+    return EXACT_TOLERANCE
 
 
 def mismatches(published: Mapping[str, Any], fresh: Mapping[str, Any]) -> list[str]:
@@ -117,18 +134,23 @@ def mismatches(published: Mapping[str, Any], fresh: Mapping[str, Any]) -> list[s
 
 
 def _reproduction_note(doc: Mapping[str, Any]) -> str:
-    cpu = cpu_order_systems(doc)
-    if not cpu:
+    groups = cpu_order_families(doc)
+    if not groups:
         return (
             f"A fresh clone reproduces every number within {EXACT_TOLERANCE:g} (the printed "
             "decimals) on any x86 CPU."
         )
+    parts = []
+    for fam, group in groups.items():
+        cross = _cross_cpu(fam)
+        assert cross is not None
+        parts.append(
+            f"{', '.join(_reported_models(doc, group))}: {cross.why}, so on another CPU its "
+            f"numbers match within {cross.tolerance:g} (on the same machine, exactly)"
+        )
     return (
         f"A fresh clone reproduces these numbers within {EXACT_TOLERANCE:g} (the printed "
-        f"decimals) on any x86 CPU, except {', '.join(_reported_models(doc, cpu))}: the "
-        "forest's class assignments and training sum floats in the CPU's reduction order, so "
-        f"on another CPU its numbers match within {CPU_ORDER_TOLERANCE:g} (on the same "
-        "machine, exactly)."
+        f"decimals) on any x86 CPU, except {'; and '.join(parts)}."
     )
 
 

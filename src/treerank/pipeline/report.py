@@ -17,6 +17,7 @@ import yaml
 from treerank.atomic import atomic_write_text
 from treerank.evaluation.metrics import headline_metric
 from treerank.faults import crash_point
+from treerank.models.families import FAMILIES
 
 if TYPE_CHECKING:
     from treerank.pipeline.config import ExperimentConfig
@@ -45,31 +46,27 @@ def _seed_columns(spread: dict[str, Any]) -> list[int]:
     return sorted({int(x) for g in spread.values() for x in g["seeds"]})
 
 
+_TRAINING_FIELDS = (
+    "training_queries",
+    "positive_pairs",
+    "heldout_queries",
+    "split_groups",
+    "steps",
+    "best_step",
+    "kept_initialisation",
+    "best_metric",
+    "best_value",
+    "stopped_early",
+    "seconds",
+)
+"""The training-summary keys every family's row shows (then its family's ``report_fields``)."""
+
+
 def _training_rows(name: str, summary: dict[str, Any]) -> list[str]:
     s = summary.get("summary", {})
-    keep = [
-        (k, s[k])
-        for k in (
-            "training_queries",
-            "positive_pairs",
-            "heldout_queries",
-            "split_groups",
-            "steps",
-            "best_step",
-            "kept_initialisation",
-            "best_metric",
-            "best_value",
-            "stopped_early",
-            "seconds",
-            "n_models",
-            "n_train_queries",
-            "query_class_entropy_mean",
-            "max_entropy",
-            "not_retrievable_fraction_train",
-            "final_train_match_rate_mean",
-        )
-        if k in s and not isinstance(s[k], dict | list)
-    ]
+    fam = FAMILIES.get(str(summary.get("family")))
+    fields = _TRAINING_FIELDS + (fam.report_fields if fam is not None else ())
+    keep = [(k, s[k]) for k in fields if k in s and not isinstance(s[k], dict | list)]
     cells = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in keep)
     return [f"| `{name}` | {cells or '—'} |"]
 

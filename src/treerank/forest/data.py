@@ -23,12 +23,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from treerank.forest.config import ForestTrainConfig
 from treerank.kernels.device import DEFAULT_DEVICE, Device
 from treerank.kernels.rows import FileRows
 from treerank.kernels.topk import exact_search, release_pages
 from treerank.kernels.vectors import l2_normalize
 from treerank.storelike import StoreLike
-from treerank.training.forest_config import ForestTrainConfig
 
 CPU = torch.device("cpu")
 """The resolved device a tensor helper defaults to."""
@@ -341,7 +341,7 @@ def pair_seed(seed: int, pair: int) -> np.random.SeedSequence:
 
 def _pool_size(cfg: ForestTrainConfig, nq: int, n_pass: int) -> int:
     """Rows of a pair's random-negative pool: ``min(random_pool, nq * R, n_passages)``."""
-    return min(cfg.random_pool, nq * cfg.random_negatives, n_pass)
+    return min(cfg.data.random_pool, nq * cfg.data.random_negatives, n_pass)
 
 
 def draw_pair(cfg: ForestTrainConfig, pair: int, nq: int, n_shared: int, n_pass: int) -> PairDraw:
@@ -351,11 +351,13 @@ def draw_pair(cfg: ForestTrainConfig, pair: int, nq: int, n_shared: int, n_pass:
     rng = np.random.default_rng(pair_seed(cfg.seed, pair))
     init = torch.Generator().manual_seed(int(rng.integers(2**62)))
     dropout = torch.Generator().manual_seed(int(rng.integers(2**62)))
-    qmask = _exact_bag(rng, nq, cfg.bag_queries)
-    smask = _exact_bag(rng, n_shared, cfg.bag_passages)
+    qmask = _exact_bag(rng, nq, cfg.data.bag_queries)
+    smask = _exact_bag(rng, n_shared, cfg.data.bag_passages)
     rand_p = rng.integers(0, n_pass, size=_pool_size(cfg, nq, n_pass)).astype(np.int64)
     rmask = (
-        _exact_bag(rng, len(rand_p), cfg.bag_passages) if len(rand_p) else np.zeros(0, np.float32)
+        _exact_bag(rng, len(rand_p), cfg.data.bag_passages)
+        if len(rand_p)
+        else np.zeros(0, np.float32)
     )
     return PairDraw(init, dropout, qmask, smask, rand_p, rmask)
 
@@ -523,7 +525,7 @@ def build_group(
     n_pass = int(store.n_passages)
     # Random negative r of query i is slot (i * R + r) mod P of the pair's own pool of P random
     # passages: every pair draws its own passages, the slot layout is shared.
-    rand_q = np.repeat(np.arange(nq, dtype=np.int64), cfg.random_negatives)
+    rand_q = np.repeat(np.arange(nq, dtype=np.int64), cfg.data.random_negatives)
     n_r = _pool_size(cfg, nq, n_pass)
     slot = np.arange(len(rand_q), dtype=np.int64) % max(1, n_r)
     pool_x = torch.empty(n_g, n_r, xq.dim)
@@ -550,7 +552,7 @@ def build_group(
     neg_q = np.concatenate([data.neg_q, rand_q])
     neg_p = np.concatenate([shared.neg, n_s + slot])
     ok = np.concatenate([np.ones((n_g, len(data.neg_q)), np.float32), rand_ok], axis=1)
-    neg_w = qmask[:, neg_q] * pmask[:, neg_p] * ok * cfg.negative_weight
+    neg_w = qmask[:, neg_q] * pmask[:, neg_p] * ok * cfg.trainer.negative_weight
     pos_w = pos_in * boost[None, :]
     pos_q, pos_p, pos_w = in_bag_examples(data.pos_q, shared.pos.astype(np.int64), pos_w)
     neg_q, neg_p, neg_w = in_bag_examples(neg_q, neg_p, neg_w)

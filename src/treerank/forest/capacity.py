@@ -1,7 +1,7 @@
 """Capacity-bounded multi-assignment of items to classes (power-of-K-choices), compiled.
 
-Used by the forest's multi-assignment index (:func:`treerank.search.forest_index.assign_passages`)
-and by IRLI re-partitioning (:mod:`treerank.training.forest_repartition`).
+Used by the forest's multi-assignment index (:func:`treerank.forest.index.assign_passages`)
+and by IRLI re-partitioning (:mod:`treerank.forest.repartition`).
 """
 
 from __future__ import annotations

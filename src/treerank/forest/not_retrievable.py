@@ -13,8 +13,8 @@ import numpy as np
 
 from treerank.evaluation.metrics import evaluate_run
 from treerank.evaluation.qrels import Qrels
-from treerank.models.forest import Forest
-from treerank.search.forest_index import ForestIndex
+from treerank.forest.index import ForestIndex
+from treerank.forest.model import Forest
 from treerank.storelike import StoreLike
 
 __all__ = ["not_retrievable_stats"]

@@ -78,110 +78,6 @@ def count_topk(
     ids: np.ndarray,
     probs: np.ndarray,
     query_lists: np.ndarray,
-    query_probs: np.ndarray,
-    n_passages: int,
-    k: int,
-    n_threads: int,
-    block: int,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Top ``k`` passages of every query by (match count, secondary score, passage id).
-
-    Args:
-        offsets: ``int64 (L + 1,)`` CSR offsets of the ``L = M * C`` inverted lists.
-        ids: ``int32 (nnz,)`` passage ids of the lists, ascending inside every list (each id at
-            most once per model).
-        probs: ``float32 (nnz,)`` passage probabilities ``P_m(c | p)`` of the postings.
-        query_lists: ``int64 (B, M)`` the list of each query under each model (``m * C + c``).
-        query_probs: ``float64 (B, M)`` query probabilities ``P_m(c | q)``.
-        n_passages: ``n``, ids lie in ``[0, n)``.
-        k: depth (``>= 1``).
-        n_threads: parallel slots (queries are dealt round-robin). Results do not depend on it.
-        block: passage ids per accumulation block (:data:`ID_BLOCK`; each slot owns ``20 *
-            block`` bytes of scratch). Results do not depend on it.
-
-    Returns:
-        ``(ids int64 (B, k), counts int32 (B, k), secondary float64 (B, k), scanned int64 (B,))``:
-        ranked hits padded with ``-1`` / ``0`` / ``0.0`` past the passages with at least one
-        match; ``scanned`` = posting entries read per query.
-    """
-    n_q, n_models = query_lists.shape
-    out_ids = np.full((n_q, k), -1, dtype=np.int64)
-    out_counts = np.zeros((n_q, k), dtype=np.int32)
-    out_sec = np.zeros((n_q, k), dtype=np.float64)
-    scanned = np.zeros(n_q, dtype=np.int64)
-    if n_q == 0:
-        return out_ids, out_counts, out_sec, scanned
-    n_slots = max(1, min(n_threads, n_q))
-    block = max(1, min(block, n_passages))
-    for slot in numba.prange(n_slots):
-        counts = np.zeros(block, dtype=np.int32)
-        sec = np.zeros(block, dtype=np.float64)
-        touched = np.empty(block, dtype=np.int64)
-        cursor = np.empty(n_models, dtype=np.int64)
-        h_key = np.empty(k, dtype=np.float64)
-        h_id = np.empty(k, dtype=np.int64)
-        h_cnt = np.empty(k, dtype=np.int32)
-        h_sec = np.empty(k, dtype=np.float64)
-        for b in range(slot, n_q, n_slots):
-            n_read = 0
-            for m in range(n_models):
-                lst = query_lists[b, m]
-                cursor[m] = offsets[lst]
-                n_read += offsets[lst + 1] - offsets[lst]
-            scanned[b] = n_read
-            size = 0
-            for lo in range(0, n_passages, block):
-                hi = lo + block
-                n_touched = 0
-                # Models in ascending order: the float64 secondary sums in model order.
-                for m in range(n_models):
-                    stop = offsets[query_lists[b, m] + 1]
-                    w = query_probs[b, m]
-                    j = cursor[m]
-                    while j < stop and ids[j] < hi:
-                        p = ids[j] - lo
-                        if counts[p] == 0:
-                            touched[n_touched] = p
-                            n_touched += 1
-                        counts[p] += 1
-                        sec[p] += w * np.float64(probs[j])
-                        j += 1
-                    cursor[m] = j
-                for t in range(n_touched):
-                    p = touched[t]
-                    key = np.float64(counts[p]) + sec[p] / (n_models + 1)
-                    pid = lo + p
-                    if size < k:
-                        h_key[size] = key
-                        h_id[size] = pid
-                        h_cnt[size] = counts[p]
-                        h_sec[size] = sec[p]
-                        _sift_up(h_key, h_id, h_cnt, h_sec, size)
-                        size += 1
-                    elif _better(key, pid, h_key[0], h_id[0]):
-                        h_key[0] = key
-                        h_id[0] = pid
-                        h_cnt[0] = counts[p]
-                        h_sec[0] = sec[p]
-                        _sift_down(h_key, h_id, h_cnt, h_sec, size, 0)
-                    counts[p] = 0
-                    sec[p] = 0.0
-            # Pop the worst first into the last free rank.
-            for r in range(size - 1, -1, -1):
-                out_ids[b, r] = h_id[0]
-                out_counts[b, r] = h_cnt[0]
-                out_sec[b, r] = h_sec[0]
-                _swap(h_key, h_id, h_cnt, h_sec, 0, r)
-                _sift_down(h_key, h_id, h_cnt, h_sec, r, 0)
-    return out_ids, out_counts, out_sec, scanned
-
-
-@numba.njit(parallel=True, cache=True, nogil=True)
-def count_topk_probes(
-    offsets: np.ndarray,
-    ids: np.ndarray,
-    probs: np.ndarray,
-    query_lists: np.ndarray,
     list_weights: np.ndarray,
     probe: int,
     n_passages: int,
@@ -191,9 +87,9 @@ def count_topk_probes(
     divisor: float,
     n_threads: int,
     block: int,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Top ``k`` passages of every query over ``t`` probed lists per model (multi-probe,
-    multi-assignment), a passage counted at most once per model.
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Top ``k`` passages of every query over ``t`` probed lists per model, a passage counted at
+    most once per model: the one counting kernel of the forest search.
 
     The query's lists are model-major: ``query_lists[b, m * t + j]`` is model ``m``'s ``j``-th
     probed list (``j = 0`` its most probable class). A passage met in several of one model's
@@ -204,33 +100,53 @@ def count_topk_probes(
         ``key = (count if count_on else 0) + secondary / divisor``,
 
     ranked by key descending, then id ascending (the scorings of
-    :data:`treerank.models.forest.SCORINGS` are choices of ``w``, ``count_on``,
+    :data:`treerank.forest.model.SCORINGS` are choices of ``w``, ``count_on``,
     ``use_passage_prob`` and ``divisor``; ``divisor = inf`` ranks by count alone).
 
+    The seed's rule is ``t = 1``, ``w = P_m(c | q)``, ``count_on``, ``use_passage_prob`` and
+    ``divisor = M + 1`` (the module docstring's order); with ``t = 1`` a passage is met at most
+    once per model (each id at most once per list), so its fast path (any ``t = 1`` weighted by
+    ``P_m(c | p)``) walks the lists without the once-per-model mark or a branch per posting.
+    Every path adds the same float64 terms in the same order.
+
     Args:
-        offsets / ids / probs: the CSR index (:func:`count_topk`).
-        query_lists: ``int64 (B, M * t)``. list_weights: ``float64 (B, M * t)``.
-        probe: t.
-        n_passages, k, n_threads, block: as :func:`count_topk` (results independent of the last
-            two).
+        offsets: ``int64 (L + 1,)`` CSR offsets of the ``L = M * C`` inverted lists.
+        ids: ``int32 (nnz,)`` passage ids of the lists, ascending inside every list (each id at
+            most once per list).
+        probs: ``float32 (nnz,)`` passage probabilities ``P_m(c | p)`` of the postings.
+        query_lists: ``int64 (B, M * t)`` list ids (``m * C + c``).
+        list_weights: ``float64 (B, M * t)`` the weight ``w`` of each list.
+        probe: ``t >= 1`` (divides the lists per query).
+        n_passages: ``n``, ids lie in ``[0, n)``.
+        k: depth (``>= 1``).
+        count_on / use_passage_prob / divisor: the key above.
+        n_threads: parallel slots (queries are dealt round-robin). Results do not depend on it.
+        block: passage ids per accumulation block (:data:`ID_BLOCK`; each slot owns ``20 *
+            block`` bytes of scratch, ``28 * block`` with ``t > 1``). Results do not depend on
+            it.
 
     Returns:
-        ``(ids int64 (B, k), keys float64 (B, k), counts int32 (B, k), scanned int64 (B,))``,
-        padded with ``-1`` / ``-inf`` / ``0`` past the passages with at least one match.
+        ``(ids int64 (B, k), keys float64 (B, k), counts int32 (B, k), secondary float64 (B, k),
+        scanned int64 (B,))``: ranked hits padded with ``-1`` / ``-inf`` / ``0`` / ``0.0`` past
+        the passages with at least one match; ``scanned`` = posting entries read per query.
     """
     n_q, n_lists = query_lists.shape
     out_ids = np.full((n_q, k), -1, dtype=np.int64)
     out_keys = np.full((n_q, k), -np.inf, dtype=np.float64)
     out_counts = np.zeros((n_q, k), dtype=np.int32)
+    out_sec = np.zeros((n_q, k), dtype=np.float64)
     scanned = np.zeros(n_q, dtype=np.int64)
     if n_q == 0:
-        return out_ids, out_keys, out_counts, scanned
+        return out_ids, out_keys, out_counts, out_sec, scanned
     n_slots = max(1, min(n_threads, n_q))
     block = max(1, min(block, n_passages))
+    once_per_list = probe == 1  # a passage is met at most once per model: no mark needed
+    seed_rule = once_per_list and use_passage_prob  # (with count_on, divisor M + 1: the seed)
     for slot in numba.prange(n_slots):
         counts = np.zeros(block, dtype=np.int32)
         sec = np.zeros(block, dtype=np.float64)
-        last = np.full(block, -1, dtype=np.int64)
+        # the once-per-model mark: only with several probed lists per model
+        last = np.full(1 if once_per_list else block, -1, dtype=np.int64)
         touched = np.empty(block, dtype=np.int64)
         cursor = np.empty(n_lists, dtype=np.int64)
         h_key = np.empty(k, dtype=np.float64)
@@ -248,25 +164,42 @@ def count_topk_probes(
             for lo in range(0, n_passages, block):
                 hi = lo + block
                 n_touched = 0
-                for j in range(n_lists):
-                    m = j // probe
-                    stop = offsets[query_lists[b, j] + 1]
-                    w = list_weights[b, j]
-                    i = cursor[j]
-                    while i < stop and ids[i] < hi:
-                        p = ids[i] - lo
-                        if last[p] != m:
-                            if last[p] == -1:
+                # Lists in model-major order: the float64 secondary sums in model order.
+                if seed_rule:  # the fast path: each id once per list, so once per model
+                    for j in range(n_lists):
+                        stop = offsets[query_lists[b, j] + 1]
+                        w = list_weights[b, j]
+                        i = cursor[j]
+                        while i < stop and ids[i] < hi:
+                            p = ids[i] - lo
+                            if counts[p] == 0:
                                 touched[n_touched] = p
                                 n_touched += 1
-                            last[p] = m
                             counts[p] += 1
-                            if use_passage_prob:
-                                sec[p] += w * np.float64(probs[i])
-                            else:
-                                sec[p] += w
-                        i += 1
-                    cursor[j] = i
+                            sec[p] += w * np.float64(probs[i])
+                            i += 1
+                        cursor[j] = i
+                else:
+                    for j in range(n_lists):
+                        m = j // probe
+                        stop = offsets[query_lists[b, j] + 1]
+                        w = list_weights[b, j]
+                        i = cursor[j]
+                        while i < stop and ids[i] < hi:
+                            p = ids[i] - lo
+                            if once_per_list or last[p] != m:
+                                if counts[p] == 0:
+                                    touched[n_touched] = p
+                                    n_touched += 1
+                                if not once_per_list:
+                                    last[p] = m
+                                counts[p] += 1
+                                if use_passage_prob:
+                                    sec[p] += w * np.float64(probs[i])
+                                else:
+                                    sec[p] += w
+                            i += 1
+                        cursor[j] = i
                 for tt in range(n_touched):
                     p = touched[tt]
                     key = sec[p] / divisor
@@ -288,11 +221,14 @@ def count_topk_probes(
                         _sift_down(h_key, h_id, h_cnt, h_sec, size, 0)
                     counts[p] = 0
                     sec[p] = 0.0
-                    last[p] = -1
+                    if not once_per_list:
+                        last[p] = -1
+            # Pop the worst first into the last free rank.
             for r in range(size - 1, -1, -1):
                 out_ids[b, r] = h_id[0]
                 out_keys[b, r] = h_key[0]
                 out_counts[b, r] = h_cnt[0]
+                out_sec[b, r] = h_sec[0]
                 _swap(h_key, h_id, h_cnt, h_sec, 0, r)
                 _sift_down(h_key, h_id, h_cnt, h_sec, r, 0)
-    return out_ids, out_keys, out_counts, scanned
+    return out_ids, out_keys, out_counts, out_sec, scanned

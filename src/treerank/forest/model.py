@@ -22,7 +22,7 @@ model at once:
   same ``C + 1``-way softmax. The returned probability is the softmax probability of the chosen
   class; the forest search uses it for its deterministic secondary score.
 
-Search lives in :mod:`treerank.search.forest_index`; training in :mod:`treerank.training.forest`.
+Search lives in :mod:`treerank.forest.index`; training in :mod:`treerank.forest.trainer`.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
 import numpy as np
 import torch
@@ -40,7 +40,8 @@ from treerank.kernels.device import DEFAULT_DEVICE, Device, resolve_device
 from treerank.models.checkpoint import CheckpointMixin
 
 MODEL_TYPE = "forest"
-TWINS = ("random", "sign", "kmeans")
+Twin = Literal["random", "sign", "kmeans"]
+TWINS: tuple[str, ...] = get_args(Twin)
 """Kinds of untrained twin (:meth:`Forest.twin`)."""
 NOT_RETRIEVABLE = -1
 """Class value returned for a passage that a model does not index."""
@@ -220,8 +221,9 @@ class ForestConfig:
         )
 
 
-SCORINGS = ("shipped", "count", "soft", "query-prob")
-"""Scoring orders of the forest search (:mod:`treerank.search.forest_index`):
+Scoring = Literal["shipped", "count", "soft", "query-prob"]
+SCORINGS: tuple[str, ...] = get_args(Scoring)
+"""Scoring orders of the forest search (:mod:`treerank.forest.index`):
 
 * ``"shipped"``: match count, then ``sum P_m(c|q) * P_m(c|p)`` over matching models, then id;
 * ``"count"``: match count, then id (the seed's plain Hamming count);
@@ -250,7 +252,7 @@ class ForestSearch:
     probe: int = 1
     assign: int = 1
     capacity_epsilon: float | None = 0.2
-    scoring: str = "shipped"
+    scoring: Scoring = "shipped"
 
     def __post_init__(self) -> None:
         if self.probe < 1 or self.assign < 1:
@@ -287,7 +289,7 @@ class ForestSearch:
             probe=int(doc.get("probe", 1)),
             assign=int(doc.get("assign", 1)),
             capacity_epsilon=None if eps is None else float(eps),
-            scoring=str(doc.get("scoring", "shipped")),
+            scoring=doc.get("scoring", "shipped"),
         )
 
 
@@ -742,7 +744,7 @@ class Forest(CheckpointMixin):
         """Match-count features of queries: ``float32 (n, 2*M*C)``.
 
         ``encode_queries(Q) @ encode_passages(P).T == count + secondary / (M + 1)``, the forest
-        search's score (see :mod:`treerank.search.forest_index`), so a forest is also a
+        search's score (see :mod:`treerank.forest.index`), so a forest is also a
         :class:`~treerank.models.base.DenseScorer` and any dense tool (exact search, the
         pipeline's validator) ranks with it exactly (up to float32 rounding of the secondary
         score). The features are one-hot per model: ``O(n * 2 * M * C)`` memory, fine for

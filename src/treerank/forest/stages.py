@@ -1,6 +1,6 @@
 """The loss gradients of a forest's three training stages, computed in bounded memory.
 
-Every stage of :mod:`treerank.training.forest` is one full-batch gradient step. Its loss is a sum
+Every stage of :mod:`treerank.forest.trainer` is one full-batch gradient step. Its loss is a sum
 of three kinds of terms over the group's logits ``zq (G, nq, C)`` (query models) and
 ``zp (G, nP, C + 1)`` (passage models, last column: not retrievable):
 
@@ -26,8 +26,8 @@ blocks); :func:`stage_gradient` is the same on given logits (``dL/dz``).
 Every tensor lives on the device of the stage inputs (:class:`StageInputs`, the sides' logits):
 the CPU or a CUDA device, float32 accumulation on both.
 
-The formulas are those of :mod:`treerank.training.forest_losses` (uniformity, sharpness,
-not-retrievable) and of the module docstring of :mod:`treerank.training.forest`.
+The formulas are those of :mod:`treerank.forest.losses` (uniformity, sharpness,
+not-retrievable) and of the module docstring of :mod:`treerank.forest.trainer`.
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from treerank.training.forest_config import ForestTrainConfig
-from treerank.training.forest_losses import EPS, uniformity_loss
+from treerank.forest.config import ForestTrainConfig
+from treerank.forest.losses import EPS, uniformity_loss
 
 __all__ = ["Side", "StageInputs", "TensorSide", "stage_backward", "stage_gradient"]
 
@@ -50,7 +50,7 @@ STAGES = ("query", "passage", "joint")
 
 @dataclass
 class StageInputs:
-    """The example tables of a group (a :class:`treerank.training.forest_data.PairGroup`'s
+    """The example tables of a group (a :class:`treerank.forest.data.PairGroup`'s
     fields, indices into the group's query rows and passage rows)."""
 
     qmask: Tensor  # float32 (G, nq) bag of queries
@@ -101,7 +101,7 @@ def _uniformity_grad(
         pbar = s / s.sum(-1, keepdim=True).clamp_min(EPS)
     else:
         pbar = s / total[:, None]
-    loss = (weight * uniformity_loss(pbar, cfg.uniformity)).sum()
+    loss = (weight * uniformity_loss(pbar, cfg.trainer.uniformity)).sum()
     loss.backward()
     assert s.grad is not None
     return float(loss.detach()), s.grad
@@ -123,15 +123,15 @@ def _query_rows(
             part = (p * w[:, b, None]).sum(1)
             stat = part if stat.shape[1] == 0 else stat + part
             classes[:, b] = p.argmax(-1)
-    value, g_stat = _uniformity_grad(cfg, stat, cfg.uniformity_weight, wsum)
+    value, g_stat = _uniformity_grad(cfg, stat, cfg.trainer.uniformity_weight, wsum)
     for b in blocks:  # pass 2: every block's share of the gradient
         z = q.logits(b)
         log_c = math.log(z.shape[-1])
         p = torch.softmax(z, -1)
         out = (p * w[:, b, None] * g_stat[:, None, :]).sum()  # chain rule through the stat
-        if cfg.sharpness_weight > 0:
+        if cfg.trainer.sharpness_weight > 0:
             ent = -(p * torch.log(p.clamp_min(EPS))).sum(-1) / log_c  # (G, b)
-            term = (cfg.sharpness_weight * (ent * w[:, b]).sum(-1) / wsum).sum()
+            term = (cfg.trainer.sharpness_weight * (ent * w[:, b]).sum(-1) / wsum).sum()
             value += float(term.detach())
             out = out + term
         if out.requires_grad:
@@ -146,13 +146,13 @@ def _passage_rows(
     passage balance over the ``C`` real classes), back-propagated block by block.
 
     ``neg_class``: ``int64 (G, E-)`` the class of each non-selected example's query (the
-    not-retrievable targets: :func:`treerank.training.forest_losses.not_retrievable_targets`).
+    not-retrievable targets: :func:`treerank.forest.losses.not_retrievable_targets`).
     """
     pm = g.pmask
     n_g, n_p = pm.shape
     blocks = _blocks(n_p, chunk)
-    use_nr, use_pen = cfg.nr_weight > 0, cfg.nr_penalty > 0
-    use_bal = cfg.passage_uniformity_weight > 0
+    use_nr, use_pen = cfg.trainer.nr_weight > 0, cfg.trainer.nr_penalty > 0
+    use_bal = cfg.trainer.passage_uniformity_weight > 0
     if not (use_nr or use_pen or use_bal):
         return 0.0
     value = 0.0
@@ -175,18 +175,18 @@ def _passage_rows(
     del cls
     g_stat = None
     if use_bal:
-        v, g_stat = _uniformity_grad(cfg, stat, cfg.passage_uniformity_weight)
+        v, g_stat = _uniformity_grad(cfg, stat, cfg.trainer.passage_uniformity_weight)
         value += v
     for b in blocks:  # pass 2
         pp = torch.softmax(ps.logits(b), -1)
         p_nr = pp[..., -1]
         term = torch.zeros((), device=pm.device)
         if use_pen:
-            term = term + (cfg.nr_penalty * (p_nr * pm[:, b]).sum(-1) / pm_sum).sum()
+            term = term + (cfg.trainer.nr_penalty * (p_nr * pm[:, b]).sum(-1) / pm_sum).sum()
         if use_nr:
             pull = (-torch.log(p_nr.clamp_min(EPS)) * target[:, b]).sum(-1) / t_sum
             push = (-torch.log1p(-p_nr.clamp_max(1 - 1e-6)) * keep[:, b]).sum(-1) / k_sum
-            term = term + (cfg.nr_weight * (pull + push)).sum()
+            term = term + (cfg.trainer.nr_weight * (pull + push)).sum()
         value += float(term.detach())
         out = term
         if g_stat is not None:

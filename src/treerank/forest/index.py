@@ -1,6 +1,6 @@
 """Forest search: per-model inverted lists ``class -> passage ids`` and vectorised match counting.
 
-A TreeRank forest (:class:`treerank.models.forest.Forest`) assigns every passage, under each of
+A TreeRank forest (:class:`treerank.forest.model.Forest`) assigns every passage, under each of
 its ``M`` models, one of ``C`` classes or "not retrievable". The index keeps, for each
 ``(model m, class c)``, the ascending list of passage ids with ``class_m(p) == c`` in one
 CSR-style layout (bm25s / scipy style: plain arrays, mmap-able):
@@ -12,12 +12,12 @@ CSR-style layout (bm25s / scipy style: plain arrays, mmap-able):
 Passages not retrievable for model ``m`` appear in none of ``m``'s lists.
 
 Search (:meth:`ForestIndex.search`) runs the compiled counting kernel of
-:mod:`treerank.search.forest_kernel`: the match count stays sparse end to end and the top ``k``
+:mod:`treerank.forest.kernel`: the match count stays sparse end to end and the top ``k``
 is taken over the passages the query's lists touch, never over all ``n`` passages.
 
 **Devices**: ``search`` / ``search_probes`` take ``device`` (``auto | cpu | cuda[:n]``, None =
 the CPU) and ``backend`` (:data:`COUNT_BACKENDS`): ``"auto"`` is the numba kernel on the CPU and
-the torch kernel (:mod:`treerank.search.forest_torch_kernel`, the index's arrays gathered and
+the torch kernel (:mod:`treerank.forest.torch_kernel`, the index's arrays gathered and
 scattered on the device) on a GPU; ``"torch"`` forces the torch kernel (on the CPU too, which is
 how it is tested against the numba kernel). Both give the same ids, counts, secondary scores and
 keys, bit for bit, for every scoring. numba is imported only when the numba kernel runs.
@@ -45,15 +45,15 @@ from typing import Any
 import numpy as np
 import torch
 
+from treerank.forest.model import Forest
 from treerank.kernels.device import DEFAULT_DEVICE, Device
-from treerank.models.forest import Forest
 from treerank.search.run import Run
 from treerank.storelike import StoreLike
 
 COUNT_BACKENDS = ("auto", "numba", "torch")
 """Counting kernels of :meth:`ForestIndex.search`: ``auto`` = numba on the CPU, torch on a GPU."""
 ID_BLOCK = 16384
-""":data:`treerank.search.forest_kernel.ID_BLOCK` (repeated, not imported, so that numba loads
+""":data:`treerank.forest.kernel.ID_BLOCK` (repeated, not imported, so that numba loads
 only when the numba kernel runs; a test checks the two agree)."""
 _ID_BLOCK = ID_BLOCK
 """Passage ids per accumulation block of the numba kernel (a knob for tests)."""
@@ -232,38 +232,76 @@ class ForestIndex:
         """``int64 (B,)`` posting entries of each query's lists ``int64 (B, L)``."""
         return np.diff(self.offsets)[lists].sum(axis=1).astype(np.int64)
 
-    def _torch_count(
+    def _count(
         self,
+        kernel: str,
+        dev: torch.device,
         lists: np.ndarray,
         w: np.ndarray,
         probe: int,
         k: int,
-        dev: torch.device,
         count_on: bool,
         use_pp: bool,
         divisor: float,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """:func:`~treerank.search.forest_torch_kernel.count_topk_torch` of the model-major lists
-        ``int64 (nq, M * t)`` with weights ``float64 (nq, M * t)`` on ``dev`` -> numpy ``(ids,
-        keys, counts, secondary)``."""
-        from treerank.search.forest_torch_kernel import count_topk_torch
+        """Top ``k`` of the model-major lists ``int64 (nq, M * t)`` with weights ``float64 (nq,
+        M * t)`` -> numpy ``(ids int64, keys float64, counts int32, secondary float64)``, each
+        ``(nq, k)``: :func:`~treerank.forest.kernel.count_topk` (``kernel="numba"``, on the CPU,
+        :data:`_QUERY_BLOCK` queries a call) or its bit-identical twin
+        :func:`~treerank.forest.torch_kernel.count_topk_torch` on ``dev`` (``"torch"``)."""
+        if kernel == "torch":
+            from treerank.forest.torch_kernel import count_topk_torch
 
-        offsets, ids, probs = self._device_lists(dev)
-        res = count_topk_torch(
-            offsets,
-            ids,
-            probs,
-            torch.from_numpy(np.ascontiguousarray(lists, dtype=np.int64)).to(dev),
-            torch.from_numpy(np.ascontiguousarray(w, dtype=np.float64)).to(dev),
-            probe,
-            self.n_passages,
-            k,
-            count_on=count_on,
-            use_passage_prob=use_pp,
-            divisor=divisor,
+            offsets, t_ids, t_probs = self._device_lists(dev)
+            res = count_topk_torch(
+                offsets,
+                t_ids,
+                t_probs,
+                torch.from_numpy(np.ascontiguousarray(lists, dtype=np.int64)).to(dev),
+                torch.from_numpy(np.ascontiguousarray(w, dtype=np.float64)).to(dev),
+                probe,
+                self.n_passages,
+                k,
+                count_on=count_on,
+                use_passage_prob=use_pp,
+                divisor=divisor,
+            )
+            i, keys, cnt, sec = (t.cpu().numpy() for t in res)
+            return i, keys, cnt, sec
+        import numba
+
+        from treerank.forest.kernel import count_topk
+
+        nq = len(lists)
+        out: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] = (
+            np.full((nq, k), -1, dtype=np.int64),
+            np.full((nq, k), -np.inf, dtype=np.float64),
+            np.zeros((nq, k), dtype=np.int32),
+            np.zeros((nq, k), dtype=np.float64),
         )
-        i, keys, cnt, sec = (t.cpu().numpy() for t in res)
-        return i, keys, cnt, sec
+        ids = np.ascontiguousarray(self.ids, dtype=np.int32)
+        probs = np.ascontiguousarray(self.probs, dtype=np.float32)
+        w = np.ascontiguousarray(w, dtype=np.float64)
+        for s in range(0, nq, _QUERY_BLOCK):
+            sl = slice(s, min(nq, s + _QUERY_BLOCK))
+            part = count_topk(
+                self.offsets,
+                ids,
+                probs,
+                np.ascontiguousarray(lists[sl]),
+                w[sl],
+                probe,
+                self.n_passages,
+                k,
+                count_on,
+                use_pp,
+                divisor,
+                numba.get_num_threads(),
+                _ID_BLOCK,
+            )
+            for arr, got in zip(out, part[:4], strict=True):
+                arr[sl] = got
+        return out
 
     @property
     def nbytes(self) -> int:
@@ -317,40 +355,12 @@ class ForestIndex:
             raise ValueError(f"forest search: k must be >= 1 (got {k})")
         if qc.size and (qc.min() < 0 or qc.max() >= self.n_classes):
             raise ValueError(f"forest search: query classes must lie in [0, {self.n_classes})")
-        nq = len(qc)
         lists = np.arange(self.n_models, dtype=np.int64)[None, :] * self.n_classes + qc
-        if kernel == "torch":
-            w = np.asarray(qp, dtype=np.float64)
-            t_ids, _, t_cnt, t_sec = self._torch_count(
-                lists, w, 1, int(k), dev, True, True, float(self.n_models + 1)
-            )
-            return ForestHits(t_ids, t_cnt, t_sec, self._scanned(lists))
-        import numba
-
-        from treerank.search.forest_kernel import count_topk
-
-        hits = ForestHits(
-            np.full((nq, k), -1, dtype=np.int64),
-            np.zeros((nq, k), dtype=np.int32),
-            np.zeros((nq, k), dtype=np.float64),
-            np.zeros(nq, dtype=np.int64),
+        w = np.asarray(qp, dtype=np.float64)
+        h_ids, _, h_cnt, h_sec = self._count(
+            kernel, dev, lists, w, 1, int(k), True, True, float(self.n_models + 1)
         )
-        ids = np.ascontiguousarray(self.ids, dtype=np.int32)
-        probs = np.ascontiguousarray(self.probs, dtype=np.float32)
-        for s in range(0, nq, _QUERY_BLOCK):
-            sl = slice(s, min(nq, s + _QUERY_BLOCK))
-            hits.ids[sl], hits.counts[sl], hits.secondary[sl], hits.scanned[sl] = count_topk(
-                self.offsets,
-                ids,
-                probs,
-                np.ascontiguousarray(lists[sl]),
-                np.ascontiguousarray(qp[sl], dtype=np.float64),
-                self.n_passages,
-                int(k),
-                numba.get_num_threads(),
-                _ID_BLOCK,
-            )
-        return hits
+        return ForestHits(h_ids, h_cnt, h_sec, self._scanned(lists))
 
     def search_probes(
         self,
@@ -366,7 +376,7 @@ class ForestIndex:
         """Top ``k`` passages over each query's top-``t`` classes per model, by ``scoring``.
 
         A passage counts at most once per model (the first, most probable, of the query's
-        probed classes it is indexed in). Keys (:data:`treerank.models.forest.SCORINGS`):
+        probed classes it is indexed in). Keys (:data:`treerank.forest.model.SCORINGS`):
         ``shipped`` = count + ``sum P(c|q) P(c|p)`` / (M + 1); ``count`` = count; ``soft`` =
         ``sum (log P(c|q) - log floor)`` (floor = the best unprobed class's probability, at
         least ``1e-30``); ``query-prob`` = ``sum P(c|q)``; ties by id ascending.
@@ -384,7 +394,7 @@ class ForestIndex:
             ValueError: shapes, classes, ``k``, ``scoring`` or ``backend`` out of range.
             DeviceError: a device that cannot be used.
         """
-        from treerank.models.forest import SCORINGS
+        from treerank.forest.model import SCORINGS
 
         dev, kernel = count_kernel(device, backend)
         qc = np.asarray(query_classes)
@@ -413,45 +423,11 @@ class ForestIndex:
         count_on = scoring in ("shipped", "count")
         use_pp = scoring == "shipped"
         divisor = {"shipped": float(m + 1), "count": float("inf")}.get(scoring, 1.0)
-        if kernel == "torch":
-            t_ids, t_keys, t_cnt, _ = self._torch_count(
-                lists, w, t, int(k), dev, count_on, use_pp, divisor
-            )
-            return ForestHits(
-                t_ids, t_cnt, np.zeros((nq, k), dtype=np.float64), self._scanned(lists), t_keys
-            )
-        import numba
-
-        from treerank.search.forest_kernel import count_topk_probes
-
-        hits = ForestHits(
-            np.full((nq, k), -1, dtype=np.int64),
-            np.zeros((nq, k), dtype=np.int32),
-            np.zeros((nq, k), dtype=np.float64),
-            np.zeros(nq, dtype=np.int64),
-            keys=np.full((nq, k), -np.inf, dtype=np.float64),
+        h_ids, h_keys, h_cnt, _ = self._count(
+            kernel, dev, lists, w, t, int(k), count_on, use_pp, divisor
         )
-        assert hits.keys is not None
-        ids = np.ascontiguousarray(self.ids, dtype=np.int32)
-        probs = np.ascontiguousarray(self.probs, dtype=np.float32)
-        for s in range(0, nq, _QUERY_BLOCK):
-            sl = slice(s, min(nq, s + _QUERY_BLOCK))
-            hits.ids[sl], hits.keys[sl], hits.counts[sl], hits.scanned[sl] = count_topk_probes(
-                self.offsets,
-                ids,
-                probs,
-                np.ascontiguousarray(lists[sl]),
-                w[sl],
-                t,
-                self.n_passages,
-                int(k),
-                count_on,
-                use_pp,
-                divisor,
-                numba.get_num_threads(),
-                _ID_BLOCK,
-            )
-        return hits
+        zero = np.zeros((nq, k), dtype=np.float64)
+        return ForestHits(h_ids, h_cnt, zero, self._scanned(lists), h_keys)
 
     def stats(self) -> dict[str, Any]:
         """Class-balance statistics of the indexed passages.
@@ -512,7 +488,7 @@ def assign_passages(
     forest: Forest, passages: Any, chunk_size: int = 16384, device: Device = DEFAULT_DEVICE
 ) -> ForestIndex:
     """Index ``passages`` in each passage's top-K classes per model under the per-class
-    capacity of ``forest.search`` (:func:`treerank.kernels.capacity.assign_capacity`).
+    capacity of ``forest.search`` (:func:`treerank.forest.capacity.assign_capacity`).
 
     The capacity of model ``m`` is ``ceil((1 + epsilon) * K * N_m / C)`` with ``N_m`` the
     passages it indexes (not retrievable ones excluded), unbounded when ``epsilon`` is None.
@@ -528,7 +504,7 @@ def assign_passages(
     Returns:
         the :class:`ForestIndex` (postings ``<= K`` per (passage, model)).
     """
-    from treerank.kernels.capacity import assign_capacity
+    from treerank.forest.capacity import assign_capacity
 
     sc = forest.search
     n, m_all, c = len(passages), forest.n_models, forest.n_classes
@@ -579,7 +555,7 @@ class ForestSystem:
         chunk_size: passages classified per chunk.
         device: where queries and passages are classified and the matches counted (``auto |
             cpu | cuda[:n]``, None = the CPU; resolved before any work). On a GPU the counting
-            is the torch kernel (:mod:`treerank.search.forest_torch_kernel`), on the CPU the
+            is the torch kernel (:mod:`treerank.forest.torch_kernel`), on the CPU the
             numba kernel unless ``backend="torch"``. The counting gives the same ranking on
             every device and kernel for the same classes; the classes themselves are float32
             argmaxes, so a GPU can differ from the CPU where two classes tie within rounding.
@@ -687,12 +663,12 @@ class ForestSystem:
         }
 
     def _diagnostics(self, max_pairs: int = 5000) -> dict[str, Any] | None:
-        """:func:`treerank.search.forest_diagnostics.forest_diagnostics` on the split's
+        """:func:`treerank.forest.diagnostics.forest_diagnostics` on the split's
         (query, relevant passage) pairs (the first ``max_pairs``), or None without labels."""
         st = self._store
         if st is None or not all(hasattr(st, a) for a in ("candidates", "labels")):
             return None
-        from treerank.search.forest_diagnostics import forest_diagnostics
+        from treerank.forest.diagnostics import forest_diagnostics
 
         cand, lab = np.asarray(st.candidates), np.asarray(st.labels)
         rows, cols = np.nonzero((cand >= 0) & (lab >= int(getattr(st, "relevance_threshold", 1))))

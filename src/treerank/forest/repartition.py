@@ -8,7 +8,7 @@ IRLI alternates, for every repetition (here: every model ``m`` of the forest), t
    many earlier models missed the pair); a passage no training query cites scores
    ``P_m(c | x_p)``, its own vector through the query model. Passages take their top-``K``
    classes under the per-class capacity ``ceil((1 + epsilon) K N / C)`` (power-of-K-choices,
-   :func:`treerank.kernels.capacity.assign_capacity`);
+   :func:`treerank.forest.capacity.assign_capacity`);
 2. **query training**: ``steps`` full-batch Adam steps on the IRLI objective
 
        J_m = - sum_(q, p) w_qp log sum_{c in A_m(p)} P_m(c | q)  /  sum w_qp
@@ -28,7 +28,7 @@ The result is the forest with new query models, its passage models replaced by t
 models (plus the never-chosen not-retrievable column), so a new passage is indexed by its own
 vector as step 1 indexes a passage without queries, and the explicit table ``A`` for the
 training collection. Models are processed ``group_size`` at a time (boosting weights refreshed
-after each group, as in :mod:`treerank.training.forest`).
+after each group, as in :mod:`treerank.forest.trainer`).
 """
 
 from __future__ import annotations
@@ -39,10 +39,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from treerank.kernels.capacity import assign_capacity
-from treerank.models.forest import Forest, passage_init_from_query, stacked_forward
+from treerank.forest.capacity import assign_capacity
+from treerank.forest.losses import boosting_weights
+from treerank.forest.model import Forest, passage_init_from_query, stacked_forward
 from treerank.storelike import StoreLike
-from treerank.training.forest_losses import boosting_weights
 
 
 @dataclass

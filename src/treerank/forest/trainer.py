@@ -23,7 +23,7 @@ The TreeRank seed (Training section), implemented step by step. For every pair `
    ``-negative_weight * log(1 - P_p(class(q)))``. The ``C + 1``-way softmax includes the
    not-retrievable class, learned by ``nr_weight * not_retrievable_loss`` (passages met in
    their class only by queries that judge them negative go out of the model's index; known
-   positives stay in; :mod:`treerank.training.forest_losses`), against ``nr_penalty * mean
+   positives stay in; :mod:`treerank.forest.losses`), against ``nr_penalty * mean
    P_p(not retrievable)``.
 3. **Joint round** (``steps_joint`` steps, ``joint_mode`` ``"joint"`` or ``"alternate"``): both
    models together on the *soft collision probability* ``s(q, p) = sum_c P_q(c) P_p(c)``:
@@ -47,20 +47,20 @@ terms of stages 2 and 3.
 
 **IRLI re-partitioning** (``trainer.repartition: {rounds, steps, lr}``, off by default): after
 the last pair, the trained forest is re-partitioned on the training pairs
-(:mod:`treerank.training.forest_repartition`; the curve is then measured on the re-partitioned
+(:mod:`treerank.forest.repartition`; the curve is then measured on the re-partitioned
 forest).
 
 **Training pairs**: the split's labels, or the shared ``data.sources`` list (labels,
 pseudo-queries, teacher pairs; :mod:`treerank.training.data`) that the heads and DRT read, turned
 into (query, selected passage) positives by
-:func:`treerank.training.forest_data.source_pair_data`.
+:func:`treerank.forest.data.source_pair_data`.
 
 **Negatives** per query: its judged non-selected candidates, ``hard_negatives`` most
 cosine-similar passages that are not selected for it (mined through the exact top-k kernel), and
 ``random_negatives`` passages from the pair's own pool of ``random_pool`` random passages.
 
 **Bounded memory**: every step is one full-batch gradient, computed ``chunk_size`` rows or
-examples at a time (:func:`_blocked_step`, :func:`treerank.training.forest_stages.stage_backward`):
+examples at a time (:func:`_blocked_step`, :func:`treerank.forest.stages.stage_backward`):
 the logits of a block are recomputed from its input rows whenever a pass needs them and never
 held whole, so a step holds ``O(G * chunk_size * (d + C))`` floats plus ``(G, n)``
 bookkeeping, not the ``(G, n, C)`` logits and their gradient (measured: ``docs/forest.md``,
@@ -78,6 +78,7 @@ trains exactly as it would alone, tested). Boosting weights are updated after ea
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Mapping
@@ -91,23 +92,13 @@ from tqdm.auto import tqdm
 
 from treerank.atomic import atomic_savefig
 from treerank.kernels.device import DEFAULT_DEVICE, Device
-from treerank.models.forest import (
-    Forest,
-    ForestConfig,
-    draw_dropout_masks,
-    init_layers,
-    passage_init_from_query,
-    stacked_forward,
-)
-from treerank.storelike import StoreLike
-from treerank.training.config import TrainConfig
-from treerank.training.forest_config import (
+from treerank.forest.config import (
     FOREST_SECTIONS,
     ForestTrainConfig,
     forest_train_config,
     parse_forest_config,
 )
-from treerank.training.forest_data import (
+from treerank.forest.data import (
     PairGroup,
     QueryRows,
     build_group,
@@ -116,8 +107,18 @@ from treerank.training.forest_data import (
     shared_rows,
     source_pair_data,
 )
-from treerank.training.forest_losses import boosting_weights
-from treerank.training.forest_stages import StageInputs, stage_backward
+from treerank.forest.losses import boosting_weights
+from treerank.forest.model import (
+    Forest,
+    ForestConfig,
+    draw_dropout_masks,
+    init_layers,
+    passage_init_from_query,
+    stacked_forward,
+)
+from treerank.forest.stages import StageInputs, stage_backward
+from treerank.storelike import StoreLike
+from treerank.training.config import TrainConfig
 from treerank.training.history import TrainingLog
 from treerank.training.trainer import TrainOutput
 
@@ -223,7 +224,7 @@ def _blocked_step(
 ) -> float:
     """One full-batch gradient in bounded memory (the GradCache idea, Gao et al. 2021, taken
     down to the loss): every side's logits are recomputed block by block (:class:`_Side`) and
-    :func:`treerank.training.forest_stages.stage_backward` back-propagates each block's share
+    :func:`treerank.forest.stages.stage_backward` back-propagates each block's share
     of the loss into the parameters' ``.grad``. The gradient equals that of the whole batch at
     once (tested); memory is ``O(G * chunk * (d + C))`` plus ``(G, n)`` bookkeeping, never
     ``O(G * n * C)``.
@@ -232,9 +233,9 @@ def _blocked_step(
         the loss value.
     """
     for side in sides:
-        side.begin(cfg.dropout, gens, cfg.chunk_size)
+        side.begin(cfg.trainer.dropout, gens, cfg.trainer.chunk_size)
     try:
-        return stage_backward(stage, cfg, inputs, sides, cfg.chunk_size, target)
+        return stage_backward(stage, cfg, inputs, sides, cfg.trainer.chunk_size, target)
     finally:
         for side in sides:
             side.finish()
@@ -270,7 +271,7 @@ def _train_group(
     dev = g.device
     for t in (*qw, *qb):
         t.requires_grad_(True)
-    chunk = cfg.chunk_size
+    chunk = cfg.trainer.chunk_size
     nq = g.xq.n
 
     def q_rows(lo: int, hi: int) -> Tensor:  # batched matmul: per-pair results as if alone
@@ -288,11 +289,11 @@ def _train_group(
     # Stage 1 (step A): query model, uniformity (+ sharpness) on the bag.
     def q_step(_: int) -> float:
         value = _blocked_step([q_side], "query", cfg, inputs, g.gens)
-        l2 = (cfg.weight_decay * _l2(qw)).sum()
+        l2 = (cfg.trainer.weight_decay * _l2(qw)).sum()
         l2.backward()
         return value + float(l2.detach())
 
-    loss1 = _run_steps([*qw, *qb], cfg.steps_query, cfg.lr, q_step) / n_g
+    loss1 = _run_steps([*qw, *qb], cfg.trainer.steps_query, cfg.trainer.lr, q_step) / n_g
 
     # Stage 2: passage model from the query model's weights; the query classes are the targets.
     with torch.no_grad():
@@ -303,34 +304,36 @@ def _train_group(
             ],
             1,
         )  # (G, nq)
-    pw, pb = passage_init_from_query(qw, qb, cfg.nr_bias_init)
+    pw, pb = passage_init_from_query(qw, qb, cfg.trainer.nr_bias_init)
     for t in (*pw, *pb):
         t.requires_grad_(True)
     p_side = _Side(g.passage_rows, g.passage_take, g.n_passage_rows, pw, pb)
 
     def p_step(_: int) -> float:
         value = _blocked_step([p_side], "passage", cfg, inputs, g.gens, target=target)
-        l2 = (cfg.weight_decay * _l2(pw)).sum()
+        l2 = (cfg.trainer.weight_decay * _l2(pw)).sum()
         l2.backward()
         return value + float(l2.detach())
 
-    loss2 = _run_steps([*pw, *pb], cfg.steps_passage, cfg.lr, p_step) / n_g
+    loss2 = _run_steps([*pw, *pb], cfg.trainer.steps_passage, cfg.trainer.lr, p_step) / n_g
 
     # Stage 3: joint (or alternating) round on the soft collision probability.
     def j_step(_: int) -> float:
         value = _blocked_step([q_side, p_side], "joint", cfg, inputs, g.gens)
-        l2 = (cfg.weight_decay * (_l2(qw) + _l2(pw))).sum()
+        l2 = (cfg.trainer.weight_decay * (_l2(qw) + _l2(pw))).sum()
         l2.backward()
         return value + float(l2.detach())
 
-    if cfg.joint_mode == "joint":
-        loss3 = _run_steps([*qw, *qb, *pw, *pb], cfg.steps_joint, cfg.lr, j_step) / n_g
+    if cfg.trainer.joint_mode == "joint":
+        loss3 = (
+            _run_steps([*qw, *qb, *pw, *pb], cfg.trainer.steps_joint, cfg.trainer.lr, j_step) / n_g
+        )
     else:
         loss3 = float("nan")
-        if cfg.steps_joint > 0:
-            opt_q = torch.optim.Adam([*qw, *qb], lr=cfg.lr)
-            opt_p = torch.optim.Adam([*pw, *pb], lr=cfg.lr)
-            for step in range(cfg.steps_joint):
+        if cfg.trainer.steps_joint > 0:
+            opt_q = torch.optim.Adam([*qw, *qb], lr=cfg.trainer.lr)
+            opt_p = torch.optim.Adam([*pw, *pb], lr=cfg.trainer.lr)
+            for step in range(cfg.trainer.steps_joint):
                 opt = opt_q if step % 2 == 0 else opt_p
                 opt_q.zero_grad(set_to_none=True)
                 opt_p.zero_grad(set_to_none=True)
@@ -406,17 +409,17 @@ def train_forest(
     parsed = parse_forest_config(config)
     cfg = forest_train_config(parsed)
     t_start = time.perf_counter()
-    if cfg.untrained:
+    if cfg.model.untrained:
         return _untrained_output(store, cfg, parsed.to_dict(), validate, log, t_start)
-    if cfg.sources is not None:
+    if cfg.data.sources is not None:
         from treerank.training.data import build_training_table, parse_sources
 
-        specs = parse_sources(cfg.sources)
+        specs = parse_sources(cfg.data.sources)
         table = build_training_table(store, specs, train_rows)
-        store, data = source_pair_data(store, table, specs, cfg.hard_negatives, device)  # type: ignore[assignment]
+        store, data = source_pair_data(store, table, specs, cfg.data.hard_negatives, device)  # type: ignore[assignment]
         sources_info: dict[str, Any] | None = table.info
     else:
-        data = pair_data(store, cfg.hard_negatives, train_rows, device)
+        data = pair_data(store, cfg.data.hard_negatives, train_rows, device)
         sources_info = None
     shared = shared_rows(store, data)
     n_pass = int(store.n_passages)
@@ -428,33 +431,34 @@ def train_forest(
     q_stacks: list[list[Tensor]] = [[] for _ in range(4)]
     records: list[dict[str, Any]] = []
     curve: list[dict[str, Any]] = []
-    validate_at = sorted(set(cfg.validate_at or _default_validate_at(cfg.n_models)))
+    validate_at = sorted(set(cfg.trainer.validate_at or _default_validate_at(cfg.model.n_models)))
     tlog = log if log is not None else TrainingLog()
 
     def write(rec: dict[str, Any]) -> None:
         records.append(rec)
         tlog.write(str(rec["kind"]), **{k: v for k, v in rec.items() if k != "kind"})
 
-    twin = _make_twin(store, cfg, fcfg) if cfg.init == "twin" else None
-    bar = tqdm(total=cfg.n_models, desc="forest pairs", unit="pair", disable=not progress)
+    twin = _make_twin(store, cfg, fcfg) if cfg.trainer.init == "twin" else None
+    bar = tqdm(total=cfg.model.n_models, desc="forest pairs", unit="pair", disable=not progress)
     n_done = 0
     threads = torch.get_num_threads()
-    if cfg.num_threads:
+    if cfg.trainer.num_threads:
         # Each step is tiny: one thread avoids oversubscription (6x faster on a busy 2-core box).
-        torch.set_num_threads(cfg.num_threads)
+        torch.set_num_threads(cfg.trainer.num_threads)
     try:
-        while n_done < cfg.n_models:
-            n_g = min(cfg.group_size, cfg.n_models - n_done)
+        while n_done < cfg.model.n_models:
+            n_g = min(cfg.trainer.group_size, cfg.model.n_models - n_done)
             t0 = time.perf_counter()
             draws = [
                 draw_pair(cfg, m, nq, len(shared.ids), n_pass) for m in range(n_done, n_done + n_g)
             ]
             boost = (
-                boosting_weights(misses, n_done) if cfg.boosting else np.ones(len(misses))
+                boosting_weights(misses, n_done) if cfg.trainer.boosting else np.ones(len(misses))
             ).astype(np.float32)
             group = build_group(cfg, store, data, shared, xq_all, draws, boost, device=dev)
             inits = [
-                init_layers(fcfg.layer_shapes("query"), 1, d.init, cfg.init_scale) for d in draws
+                init_layers(fcfg.layer_shapes("query"), 1, d.init, cfg.trainer.init_scale)
+                for d in draws
             ]
             qw = [torch.cat([w[i] for w, _ in inits]) for i in range(len(inits[0][0]))]
             qb = [torch.cat([b[i] for _, b in inits]) for i in range(len(inits[0][1]))]
@@ -475,14 +479,14 @@ def train_forest(
             )
             qc = np.concatenate(
                 [
-                    part.query_classes(xq_all.rows(lo, lo + cfg.chunk_size), device=device)[0]
-                    for lo in range(0, nq, cfg.chunk_size)
+                    part.query_classes(xq_all.rows(lo, lo + cfg.trainer.chunk_size), device=device)[0]
+                    for lo in range(0, nq, cfg.trainer.chunk_size)
                 ]
             )
             pc = np.concatenate(
                 [
-                    part.passage_classes(shared.rows(lo, lo + cfg.chunk_size), device=device)[0]
-                    for lo in range(0, len(shared.ids), cfg.chunk_size)
+                    part.passage_classes(shared.rows(lo, lo + cfg.trainer.chunk_size), device=device)[0]
+                    for lo in range(0, len(shared.ids), cfg.trainer.chunk_size)
                 ]
             )
             miss = qc[data.pos_q] != pc[shared.pos]  # (E+, G)
@@ -506,10 +510,12 @@ def train_forest(
                 match=f"{rec['train_match_rate']:.2f}",
                 nr=f"{rec['not_retrievable_fraction']:.2f}",
             )
-            if validate is not None and cfg.repartition is None:
+            if validate is not None and cfg.trainer.repartition is None:
                 for m in [v for v in validate_at if n_done - n_g < v <= n_done]:
                     forest_m = (
-                        _assemble(fcfg, q_stacks, cfg.name).with_search(cfg.search()).subset(m)
+                        _assemble(fcfg, q_stacks, cfg.model.name)
+                        .with_search(cfg.search())
+                        .subset(m)
                     )
                     metrics = {k: float(v) for k, v in validate(forest_m).items()}
                     point = {"n_models": m, **metrics}
@@ -518,9 +524,9 @@ def train_forest(
     finally:
         bar.close()
         torch.set_num_threads(threads)
-    forest = _assemble(fcfg, q_stacks, cfg.name).with_search(cfg.search())
+    forest = _assemble(fcfg, q_stacks, cfg.model.name).with_search(cfg.search())
     irli: dict[str, Any] | None = None
-    if cfg.repartition is not None:
+    if cfg.trainer.repartition is not None:
         forest, irli = _repartitioned(forest, store, data, cfg)
         if validate is not None:  # the curve of the re-partitioned forest's prefixes
             for m in validate_at:
@@ -555,18 +561,17 @@ def train_forest(
 def _repartitioned(
     forest: Forest, store: StoreLike, data: Any, cfg: ForestTrainConfig
 ) -> tuple[Forest, dict[str, Any]]:
-    """``trainer.repartition``: :func:`treerank.training.forest_repartition.repartition` of the
+    """``trainer.repartition``: :func:`treerank.forest.repartition.repartition` of the
     trained forest on the training pairs (the trainer's queries and positives, every passage of
     the training store), capacity and ``K`` from the model section, the seed's boosting weights
     when ``boosting``, ``group_size`` models at once. The returned forest indexes a passage by
     its own vector through the new models (the training collection's explicit table is not
     kept: an evaluated split's passages are indexed by the models). Holds the training queries
     and passages and ``(G, n, C)`` scores whole (post-hoc function; not block-wise)."""
-    from treerank.training.forest_config import repartition_settings
-    from treerank.training.forest_repartition import repartition
+    from treerank.forest.repartition import repartition
 
-    assert cfg.repartition is not None
-    rp = repartition_settings(cfg.repartition)
+    rp = cfg.trainer.repartition
+    assert rp is not None
     t0 = time.perf_counter()
     rep = repartition(
         forest,
@@ -574,18 +579,18 @@ def _repartitioned(
         data.pos_q,
         data.pos_p,
         np.asarray(store.passages, dtype=np.float32),
-        rounds=rp["rounds"],
-        steps=rp["steps"],
-        lr=rp["lr"],
-        assign=cfg.assign,
-        capacity_epsilon=cfg.capacity_epsilon,
-        boosting=cfg.boosting,
-        group_size=cfg.group_size,
+        rounds=rp.rounds,
+        steps=rp.steps,
+        lr=rp.lr,
+        assign=cfg.model.assign,
+        capacity_epsilon=cfg.model.capacity_epsilon,
+        boosting=cfg.trainer.boosting,
+        group_size=cfg.trainer.group_size,
     )
     out = rep.forest.with_search(cfg.search())
-    out.name = cfg.name
+    out.name = cfg.model.name
     info = {
-        **rp,
+        **dataclasses.asdict(rp),
         "objective_initial": rep.objective_initial,
         "objective": rep.objective,
         "seconds": time.perf_counter() - t0,
@@ -598,15 +603,15 @@ KMEANS_TWIN_SAMPLE = 1 << 16
 
 
 def _make_twin(store: StoreLike, cfg: ForestTrainConfig, fcfg: ForestConfig) -> Forest:
-    """The untrained twin of kind ``cfg.twin`` (seed ``cfg.seed``); a k-means twin clusters a
+    """The untrained twin of kind ``cfg.model.twin`` (seed ``cfg.seed``); a k-means twin clusters a
     sample of at most 65,536 of the store's passages (ascending rows, seed ``cfg.seed``)."""
     vectors = None
-    if cfg.twin == "kmeans":
+    if cfg.model.twin == "kmeans":
         n = int(store.n_passages)
         rng = np.random.default_rng(cfg.seed)
         rows = np.sort(rng.choice(n, size=min(n, KMEANS_TWIN_SAMPLE), replace=False))
         vectors = np.asarray(store.passages[rows], dtype=np.float32)
-    return Forest.twin(cfg.twin, fcfg, cfg.seed, vectors=vectors, name=cfg.name)
+    return Forest.twin(cfg.model.twin, fcfg, cfg.seed, vectors=vectors, name=cfg.model.name)
 
 
 def _untrained_output(
@@ -624,14 +629,14 @@ def _untrained_output(
     tlog = log if log is not None else TrainingLog()
     curve: list[dict[str, Any]] = []
     if validate is not None:
-        for m in sorted(set(cfg.validate_at or _default_validate_at(cfg.n_models))):
+        for m in sorted(set(cfg.trainer.validate_at or _default_validate_at(cfg.model.n_models))):
             point = {"n_models": m, **{k: float(v) for k, v in validate(forest.subset(m)).items()}}
             curve.append(point)
             tlog.write("eval", **point)
     summary: dict[str, Any] = {
         "config": config,
         "untrained": True,
-        "twin": cfg.twin,
+        "twin": cfg.model.twin,
         "max_entropy": math.log(fcfg.n_classes),
         "seconds": time.perf_counter() - t_start,
         "curve": curve,

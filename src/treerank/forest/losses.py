@@ -1,7 +1,7 @@
 """Loss maths of the TreeRank forest: uniformity, sharpness, boosting weights, not-retrievable.
 
 Pure functions on probability tensors (the sentence-transformers habit of keeping a loss apart from
-the model that produces its inputs); the trainer (:mod:`treerank.training.forest`) combines them.
+the model that produces its inputs); the trainer (:mod:`treerank.forest.trainer`) combines them.
 Formulas and their sources are in each docstring; ``docs/forest.md`` says where they depart from
 the TreeRank seed and why.
 """
@@ -9,6 +9,7 @@ the TreeRank seed and why.
 from __future__ import annotations
 
 import math
+from typing import Literal, get_args
 
 import numpy as np
 import torch
@@ -24,7 +25,8 @@ __all__ = [
     "weighted_mean",
 ]
 
-UNIFORMITY_KINDS = ("entropy", "gini")
+Uniformity = Literal["entropy", "gini"]
+UNIFORMITY_KINDS: tuple[str, ...] = get_args(Uniformity)
 EPS = 1e-7
 """Clamp of probabilities inside logarithms and of weight sums in weighted means."""
 

@@ -1,6 +1,6 @@
 """Match counting of the forest search in torch: the numba kernel's results on any torch device.
 
-:mod:`treerank.search.forest_kernel` walks a query's inverted lists on the CPU (numba). This
+:mod:`treerank.forest.kernel` walks a query's inverted lists on the CPU (numba). This
 module computes the same ranking with torch gathers and scatters, so that it runs on a GPU (or,
 for testing, on the CPU), with the same work: a block of queries at a time, their lists are
 walked **one list position at a time across the block** (model by model, probe by probe): the
@@ -21,7 +21,7 @@ Exactness (the same ids, counts, secondary scores and keys as the numba kernel, 
   largest key from ``torch.topk``, every key above it and the lowest ids at it, then a stable
   sort of those ``k`` by key; passages with no match are not retrieved (``-1`` padding).
 
-Every scoring of :data:`treerank.models.forest.SCORINGS` is a choice of the list weights ``w``,
+Every scoring of :data:`treerank.forest.model.SCORINGS` is a choice of the list weights ``w``,
 ``count_on``, ``use_passage_prob`` and ``divisor``, as for the numba kernel.
 
 Cost: the postings of the query's lists (``~B * M * t * n / C``, as the numba kernel) plus a
@@ -91,7 +91,7 @@ def count_topk_torch(
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Top ``k`` passages of every query by ``key = (count if count_on else 0) + secondary /
     divisor`` descending, then passage id ascending (the torch twin of
-    :func:`treerank.search.forest_kernel.count_topk_probes`; see the module docstring).
+    :func:`treerank.forest.kernel.count_topk_probes`; see the module docstring).
 
     Args:
         offsets: ``int64 (M * C + 1,)`` CSR offsets of the inverted lists.

@@ -1,6 +1,6 @@
 """Why a forest wins or loses: per-model collision rates and the correlation of models' votes.
 
-Beside the class-balance statistics (:meth:`treerank.search.forest_index.ForestSystem.
+Beside the class-balance statistics (:meth:`treerank.forest.index.ForestSystem.
 balance_stats`), for held-out (query, relevant passage) pairs and as many (query, random
 passage) pairs:
 
@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from treerank.models.forest import Forest
+from treerank.forest.model import Forest
 
 
 def _passage_top(forest: Forest, x: np.ndarray, kk: int) -> np.ndarray:
