@@ -89,12 +89,12 @@ def worker(args: argparse.Namespace) -> None:
     import torch
 
     from treerank.distributed.context import current, launch
-    from treerank.distributed.embed import embed_sharded
-    from treerank.distributed.search import sharded_exact_search
     from treerank.encoders import SentenceEncoder
+    from treerank.kernels.sharded import sharded_exact_search
     from treerank.kernels.topk import exact_search
     from treerank.models.linear import LinearHead
     from treerank.readers import read_split
+    from treerank.store.sharded_embed import embed_sharded
     from treerank.training.sampler import ContrastiveSampler
     from treerank.training.trainer import TrainerConfig, fit
 

@@ -69,12 +69,12 @@ import yaml
 from treerank.atomic import atomic_savefig, atomic_write_json, atomic_write_text
 from treerank.config import load_yaml
 from treerank.evaluation.folds import topic_folds
-from treerank.evaluation.metrics import evaluate_run
-from treerank.evaluation.qrels import Qrels
 from treerank.forest.index import ForestIndex, assign_passages
 from treerank.forest.model import Forest, ForestConfig, ForestSearch
 from treerank.kernels.topk import exact_search
 from treerank.kernels.vectors import l2_normalize
+from treerank.metrics.metrics import evaluate_run
+from treerank.metrics.qrels import Qrels
 from treerank.search.rescore import rescore
 
 METRICS = ["ndcg@10", "recall@100"]

@@ -51,13 +51,13 @@ import numpy as np
 import torch
 import yaml
 
-from treerank.evaluation.metrics import evaluate_run
 from treerank.evaluation.overlap import seen_positive_mask
-from treerank.evaluation.qrels import Qrels
 from treerank.evaluation.significance import compare_paired
 from treerank.forest.index import ForestIndex
 from treerank.forest.model import Forest, ForestConfig
 from treerank.kernels.topk import exact_search
+from treerank.metrics.metrics import evaluate_run
+from treerank.metrics.qrels import Qrels
 
 REPO = Path(__file__).resolve().parents[1]
 METRICS = ["ndcg@10", "recall@100"]

@@ -115,8 +115,8 @@ def main() -> None:
         return
 
     from treerank.encoders import SentenceEncoder
-    from treerank.evaluation.metrics import evaluate_run
-    from treerank.evaluation.qrels import Qrels
+    from treerank.metrics.metrics import evaluate_run
+    from treerank.metrics.qrels import Qrels
     from treerank.readers.scifact import read_scifact
     from treerank.search.systems import build_system
     from treerank.store import EmbeddingStore, embed_split

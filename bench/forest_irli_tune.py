@@ -30,11 +30,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from treerank.evaluation.metrics import evaluate_run
-from treerank.evaluation.qrels import Qrels
 from treerank.forest.index import ForestIndex
 from treerank.forest.model import Forest, ForestConfig, ForestSearch
 from treerank.forest.repartition import repartition
+from treerank.metrics.metrics import evaluate_run
+from treerank.metrics.qrels import Qrels
 
 METRICS = ["ndcg@10", "recall@100"]
 SETTINGS: dict[str, dict[str, Any]] = {

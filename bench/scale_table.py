@@ -618,7 +618,7 @@ def render(
         "an in-memory index grows with its codes (its measured bytes per passage). One 2-core",
         f"machine = both cores (half the 1-thread CPU hours, at best); more than"
         f" {ONE_MACHINE_HOURS:.0f} h -> the torchrun path (passages sharded over ranks,",
-        "`treerank.distributed.search`).",
+        "`treerank.kernels.sharded`).",
         "",
         "| stage | 100K queries, 1M passages (CPU h) | 100K queries, 8.8M passages (CPU h) |"
         " RSS at 8.8M GiB | one 2-core / 24 GiB machine? |",

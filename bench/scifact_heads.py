@@ -33,7 +33,7 @@ import numpy as np
 
 from treerank.config import load_yaml
 from treerank.evaluation.settings import EvaluationSettings
-from treerank.models.families import family
+from treerank.families import family
 from treerank.pipeline.training import ensure_mined_negatives, make_validator, train_model
 from treerank.search.bm25 import BM25Index
 from treerank.store import EmbeddingStore

@@ -37,10 +37,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from treerank.evaluation.metrics import evaluate_run
 from treerank.evaluation.overlap import seen_positive_mask
-from treerank.evaluation.qrels import Qrels
 from treerank.evaluation.significance import compare_paired
+from treerank.metrics.metrics import evaluate_run
+from treerank.metrics.qrels import Qrels
 from treerank.models.linear import LinearHead
 from treerank.pipeline.training import make_validator
 from treerank.search.bm25 import BM25Index

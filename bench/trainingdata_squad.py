@@ -35,12 +35,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from treerank.evaluation.fusion_tuning import TunedFusionSystem, tuning_rows
-from treerank.evaluation.metrics import evaluate_run
-from treerank.evaluation.qrels import Qrels
 from treerank.evaluation.significance import compare_paired
+from treerank.metrics.metrics import evaluate_run
+from treerank.metrics.qrels import Qrels
 from treerank.models.linear import LinearHead
 from treerank.pipeline.training import make_validator
+from treerank.search.fusion_tuning import TunedFusionSystem, tuning_rows
 from treerank.search.systems import DenseSystem, build_system
 from treerank.store import EmbeddingStore
 from treerank.store.view import QuerySubset

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.pipeline.test_training import write_store
-from treerank.models.families import trainable_families
+from treerank.families import trainable_families
 from treerank.pipeline.training import train_model
 
 VALIDATION = {"fraction": 0.25, "k": 20, "metrics": ["mrr@10", "ndcg@10"]}

@@ -60,7 +60,7 @@ def test_doc_links_resolve() -> None:
 
 
 def test_models_page_names_every_family() -> None:
-    from treerank.models.families import family_names
+    from treerank.families import family_names
 
     text = (REPO / "docs" / "models.md").read_text(encoding="utf-8")
     for name in family_names():

@@ -33,16 +33,16 @@ LAYERS = [
         },
     ),
     ("distributed", {"treerank.distributed"}),  # process group, gather, DDP training step
-    ("kernels", {"treerank.kernels", "treerank.distributed.search"}),
+    ("kernels", {"treerank.kernels", "treerank.kernels.sharded"}),
     # pure metric maths (they import nothing above base): below search, so that fusion tuning
     # (a system kind) can score runs
-    ("metrics", {"treerank.evaluation.metrics", "treerank.evaluation.qrels"}),
+    ("metrics", {"treerank.metrics.metrics", "treerank.metrics.qrels"}),
     ("readers", {"treerank.readers"}),
     ("encoders", {"treerank.encoders"}),
-    ("store", {"treerank.store", "treerank.distributed.embed"}),
+    ("store", {"treerank.store", "treerank.store.sharded_embed"}),
     ("models", {"treerank.models"}),
     ("training", {"treerank.training"}),
-    ("search", {"treerank.search", "treerank.evaluation.fusion_tuning"}),
+    ("search", {"treerank.search", "treerank.search.fusion_tuning"}),
     # the forest family, one package: its model, config, training, index and kernels
     ("forest", {"treerank.forest"}),
     ("evaluation", {"treerank.evaluation"}),
@@ -149,7 +149,7 @@ def violations(root: Path = SRC) -> list[str]:
 
 def family_violations() -> list[str]:
     """Every registered family's ``"module:attr"`` references against the field's layer."""
-    from treerank.models.families import FAMILIES, ModelFamily
+    from treerank.families import FAMILIES, ModelFamily
 
     names = [layer for layer, _ in LAYERS]
     found = []
@@ -172,7 +172,7 @@ def test_no_module_imports_a_higher_layer() -> None:
 
 
 def test_family_references_stay_within_their_field_layer() -> None:
-    from treerank.models.families import ModelFamily
+    from treerank.families import ModelFamily
 
     names = [layer for layer, _ in LAYERS]
     assert set(ModelFamily.FIELD_LAYERS.values()) <= set(names)

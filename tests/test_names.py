@@ -28,7 +28,7 @@ def test_unknown_name_message() -> None:
 
 
 def test_unknown_family_suggests() -> None:
-    from treerank.models.families import family
+    from treerank.families import family
 
     with pytest.raises(KeyError, match=r"unknown model family 'dtr'; did you mean 'drt'\?"):
         family("dtr")

@@ -27,13 +27,13 @@ import numpy as np
 import yaml
 
 from treerank.config import load_yaml
-from treerank.evaluation.metrics import evaluate_run
-from treerank.evaluation.qrels import Qrels
 from treerank.forest.index import ForestSystem
 from treerank.forest.model import Forest
 from treerank.forest.not_retrievable import not_retrievable_stats
 from treerank.forest.trainer import plot_metric_vs_models, train_forest
 from treerank.kernels.topk import exact_search
+from treerank.metrics.metrics import evaluate_run
+from treerank.metrics.qrels import Qrels
 from treerank.store import EmbeddingStore
 from treerank.training.output import save_trained_model
 

@@ -22,11 +22,11 @@ from typing import Any
 
 import numpy as np
 
-from treerank.evaluation.metrics import evaluate_run
-from treerank.evaluation.qrels import Qrels
 from treerank.evaluation.significance import randomization_test
 from treerank.forest.index import ForestSystem
 from treerank.kernels.topk import exact_search
+from treerank.metrics.metrics import evaluate_run
+from treerank.metrics.qrels import Qrels
 from treerank.models.registry import load_model
 from treerank.store import EmbeddingStore
 
@@ -148,7 +148,7 @@ The ablation is one factor at a time from the reference at M = 16 (the reference
 reference forest's first 16 pairs, which is exactly the M = 16 forest since pairs are trained one
 by one), not the 48-setting grid of `configs/sweeps/forest_ablation_squad.yaml`, which does not
 fit the CPU budget. Δ: paired randomization test over the 10,570 dev questions (10,000
-permutations). Every metric is computed by `treerank.evaluation.metrics.evaluate_run` (tested equal
+permutations). Every metric is computed by `treerank.metrics.metrics.evaluate_run` (tested equal
 to ir-measures) against the store's judgments.
 """
 

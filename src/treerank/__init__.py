@@ -30,7 +30,7 @@ _API = {
     "SentenceEncoder": "treerank.encoders",
     "compare_systems": "treerank.evaluation.compare",
     "EvaluationSettings": "treerank.evaluation.settings",
-    "evaluate_run": "treerank.evaluation.metrics",
+    "evaluate_run": "treerank.metrics.metrics",
     "train_model": "treerank.pipeline.training",
     "load_experiment": "treerank.pipeline.config",
     "run_experiment": "treerank.pipeline.experiment",

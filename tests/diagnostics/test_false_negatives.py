@@ -9,8 +9,8 @@ from typer.testing import CliRunner
 
 from treerank.cli.main import app
 from treerank.diagnostics.false_negatives import audit_miners, write_audit
-from treerank.evaluation.metrics import evaluate_run
-from treerank.evaluation.qrels import Qrels
+from treerank.metrics.metrics import evaluate_run
+from treerank.metrics.qrels import Qrels
 from treerank.search.specs import build_system
 
 

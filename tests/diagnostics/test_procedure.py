@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from treerank.diagnostics.procedure import decision_rules, paired_bootstrap, run_diagnostics
-from treerank.evaluation.metrics import evaluate_run
-from treerank.evaluation.qrels import Qrels
 from treerank.kernels.topk import exact_search
+from treerank.metrics.metrics import evaluate_run
+from treerank.metrics.qrels import Qrels
 from treerank.models.checkpoint import save_checkpoint
 from treerank.models.drt import DRTConfig, DRTHead
 

@@ -10,9 +10,9 @@ import torch
 
 from tests.distributed import workers
 from tests.distributed.helpers import torchrun
-from treerank.distributed.embed import SHARDS_DIR, embed_shard, merge_shards
 from treerank.store import EmbeddingStore, embed_split
 from treerank.store.format import META_JSON, StoreFormatError
+from treerank.store.sharded_embed import SHARDS_DIR, embed_shard, merge_shards
 
 TIMING = ("query_seconds", "passage_seconds")
 

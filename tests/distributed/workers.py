@@ -145,7 +145,7 @@ def search_case(store, name: str):
 
 def search(store_path: str, out: str) -> None:
     from treerank.distributed.context import launch
-    from treerank.distributed.search import sharded_search
+    from treerank.kernels.sharded import sharded_search
     from treerank.kernels.topk import exact_search
     from treerank.store import EmbeddingStore
 
@@ -174,7 +174,7 @@ def embed_inputs(scifact_zip: str):
 
 def embed(scifact_zip: str, out: str) -> None:
     from treerank.distributed.context import launch
-    from treerank.distributed.embed import embed_sharded
+    from treerank.store.sharded_embed import embed_sharded
 
     torch.set_num_threads(1)
     split, encoder = embed_inputs(scifact_zip)

@@ -9,9 +9,9 @@ import pytest
 
 from tests.search.tiny_store import write_tiny_store
 from treerank.evaluation.compare import compare_systems
-from treerank.evaluation.metrics import evaluate_run
-from treerank.evaluation.qrels import Qrels
 from treerank.evaluation.settings import EvaluationSettings
+from treerank.metrics.metrics import evaluate_run
+from treerank.metrics.qrels import Qrels
 from treerank.names import file_name
 from treerank.search.specs import build_system
 

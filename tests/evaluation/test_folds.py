@@ -13,9 +13,9 @@ import pytest
 
 from tests.bench_module import load_bench
 from treerank.evaluation.folds import relevant_rows, topic_folds
-from treerank.evaluation.metrics import evaluate_run
-from treerank.evaluation.qrels import Qrels
 from treerank.kernels.vectors import l2_normalize
+from treerank.metrics.metrics import evaluate_run
+from treerank.metrics.qrels import Qrels
 
 REPO = Path(__file__).resolve().parents[2]
 

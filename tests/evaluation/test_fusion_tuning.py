@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 
 from tests.search.tiny_store import write_tiny_store
-from treerank.evaluation.fusion_tuning import (
+from treerank.evaluation.settings import EvaluationSettings
+from treerank.metrics.qrels import Qrels
+from treerank.search.fusion_tuning import (
     AdaptiveWeightModel,
     TunedFusionSystem,
     cross_validate,
@@ -17,8 +19,6 @@ from treerank.evaluation.fusion_tuning import (
     select_weight,
     tuning_rows,
 )
-from treerank.evaluation.qrels import Qrels
-from treerank.evaluation.settings import EvaluationSettings
 from treerank.search.specs import build_system
 from treerank.store import EmbeddingStore
 from treerank.store.view import QuerySubset
@@ -130,7 +130,7 @@ def test_cross_validation_global_mean_is_over_scored_queries_hand_computed() -> 
 
 
 def test_adaptive_fusion_with_two_tuning_queries_says_not_enough(tmp_path: Path) -> None:
-    from treerank.evaluation.fusion_tuning import tuning_markdown
+    from treerank.search.fusion_tuning import tuning_markdown
 
     _, test = _two_splits(tmp_path)
     system = build_system("adaptive-fusion:bm25+cosine:queries=all,max_queries=2,grid=3")

@@ -11,9 +11,9 @@ from ir_measures import RR, R, Success, nDCG
 
 from tests.conftest import SHARED_DATA
 from tests.evaluation.dl19 import DL19, load_runs, require_dl19, topic_ids
-from treerank.evaluation.metrics import evaluate_run, ndcg_at, parse_metric
-from treerank.evaluation.qrels import Qrels
 from treerank.evaluation.trec_io import read_qrels, run_from_dict
+from treerank.metrics.metrics import evaluate_run, ndcg_at, parse_metric
+from treerank.metrics.qrels import Qrels
 
 
 def _qrels() -> Qrels:

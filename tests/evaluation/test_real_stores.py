@@ -6,8 +6,8 @@ import faiss
 import numpy as np
 
 from treerank.evaluation.compare import compare_systems
-from treerank.evaluation.qrels import Qrels
 from treerank.evaluation.settings import EvaluationSettings
+from treerank.metrics.qrels import Qrels
 
 
 def test_scifact_test_published_baselines(scifact_store, tmp_path) -> None:

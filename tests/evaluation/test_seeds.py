@@ -9,9 +9,9 @@ import pytest
 
 from tests.search.tiny_store import write_tiny_store
 from treerank.evaluation.compare import compare_systems
-from treerank.evaluation.metrics import EvalResult
 from treerank.evaluation.seeds import seed_average, seed_spread, seed_system_name
 from treerank.evaluation.settings import EvaluationSettings
+from treerank.metrics.metrics import EvalResult
 from treerank.names import file_name
 
 NAN = float("nan")

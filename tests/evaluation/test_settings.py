@@ -8,8 +8,8 @@ import pytest
 
 from tests.search.tiny_store import write_tiny_store
 from treerank.evaluation.compare import compare_systems
-from treerank.evaluation.metrics import DEFAULT_METRICS, headline_metric
 from treerank.evaluation.settings import EvaluationSettings, resolve_evaluation
+from treerank.metrics.metrics import DEFAULT_METRICS, headline_metric
 from treerank.storelike import StoreLike
 
 

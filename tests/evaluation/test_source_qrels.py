@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from ir_measures import RR, R, nDCG
 
-from treerank.evaluation.metrics import evaluate_run
-from treerank.evaluation.qrels import Qrels
 from treerank.evaluation.trec_io import write_trec_run
+from treerank.metrics.metrics import evaluate_run
+from treerank.metrics.qrels import Qrels
 from treerank.search.run import Run
 
 # passages: 0 = "p100", 1 = "p200" (also source id "p400": identical text), 2 = "p300"

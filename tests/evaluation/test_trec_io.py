@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from treerank.evaluation.qrels import Qrels
 from treerank.evaluation.trec_io import (
     read_qrels,
     read_trec_run,
@@ -14,6 +13,7 @@ from treerank.evaluation.trec_io import (
     write_qrels,
     write_trec_run,
 )
+from treerank.metrics.qrels import Qrels
 from treerank.search.run import Run
 
 

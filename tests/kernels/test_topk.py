@@ -6,9 +6,9 @@ import faiss
 import numpy as np
 import pytest
 
-from treerank.evaluation.metrics import evaluate_run
-from treerank.evaluation.qrels import Qrels
 from treerank.kernels.topk import decode_keys, exact_search, rank_keys, topk_desc
+from treerank.metrics.metrics import evaluate_run
+from treerank.metrics.qrels import Qrels
 
 
 def _unit(rng: np.random.Generator, n: int, d: int) -> np.ndarray:

@@ -4,8 +4,8 @@ import dataclasses
 
 import pytest
 
+from treerank.families import family
 from treerank.forest.config import ForestTrainConfig
-from treerank.models.families import family
 from treerank.training.holdout import ValidationConfig
 
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from treerank.models.families import FAMILIES, MODULE_ROLES, ModelFamily, trainable_families
-from treerank.models.family_map import PACKAGE_DIR, render_family_map
+from treerank.families import FAMILIES, MODULE_ROLES, ModelFamily, trainable_families
+from treerank.families.family_map import PACKAGE_DIR, render_family_map
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "families.md"
 
@@ -15,7 +15,7 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "families.md"
 def test_the_page_is_current() -> None:
     built_in = {n: f for n, f in FAMILIES.items() if f.modules}
     assert DOC.read_text(encoding="utf-8") == render_family_map(built_in), (
-        "docs/families.md is out of date: run `python -m treerank.models.family_map`"
+        "docs/families.md is out of date: run `python -m treerank.families.family_map`"
     )
 
 

@@ -80,7 +80,7 @@ def test_run_reports_rm3_tuned_fusion_and_lexical_gap(tmp_path: Path) -> None:
 
 
 def test_baselines_config_loads_and_every_spec_builds() -> None:
-    from treerank.evaluation import fusion_tuning  # noqa: F401  (registers the tuned kinds)
+    from treerank.search import fusion_tuning  # noqa: F401  (registers the tuned kinds)
     from treerank.search.specs import build_system
 
     cfg = load_experiment(REPO / "configs" / "baselines.yaml")

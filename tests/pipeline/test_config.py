@@ -178,8 +178,8 @@ def test_evaluate_section_is_evaluation_settings_decided_as_the_cli(tmp_path: Pa
     ``resolve_evaluation`` decides on, as ``treerank evaluate`` does: without ``metrics`` the
     defaults deeper than ``k`` are left out (the pipeline used to refuse them), while a named
     metric deeper than ``k`` is still refused before any stage runs."""
-    from treerank.evaluation.metrics import DEFAULT_METRICS
     from treerank.evaluation.settings import resolve_evaluation
+    from treerank.metrics.metrics import DEFAULT_METRICS
     from treerank.pipeline.experiment import evaluation_settings
     from treerank.pipeline.validate import validate_experiment
 

@@ -105,7 +105,7 @@ def test_published_block_states_what_reproduces_across_cpus() -> None:
     may move by up to 0.01 on another CPU, every other system by the printed decimals only."""
     import copy
 
-    from treerank.models.families import FAMILIES
+    from treerank.families import FAMILIES
     from treerank.pipeline.published import EXACT_TOLERANCE, cpu_order_systems, mismatches
 
     cross = FAMILIES["forest"].cross_cpu
@@ -148,7 +148,7 @@ def test_a_family_hook_not_a_family_name_decides_the_cross_cpu_tolerance() -> No
     the forest's comes from its family entry (no generic module names it)."""
     import copy
 
-    from treerank.models.families import FAMILIES, CrossCpu, ModelFamily, register_family
+    from treerank.families import FAMILIES, CrossCpu, ModelFamily, register_family
     from treerank.pipeline.published import EXACT_TOLERANCE, cpu_order_systems, tolerance
 
     doc = json.loads((REPO / "docs" / "results" / "sample.json").read_text())
@@ -170,7 +170,7 @@ def test_a_family_hook_not_a_family_name_decides_the_cross_cpu_tolerance() -> No
 
 
 def test_the_report_training_row_shows_the_family_report_fields() -> None:
-    from treerank.models.families import FAMILIES, ModelFamily, register_family
+    from treerank.families import FAMILIES, ModelFamily, register_family
     from treerank.pipeline.report import _training_rows
 
     summary = {"steps": 3, "n_models": 8, "max_entropy": 0.5, "width": 4}

@@ -10,11 +10,11 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from treerank.evaluation.metrics import evaluate_run
-from treerank.evaluation.qrels import Qrels
+from treerank.families import trainable_families
 from treerank.kernels.topk import exact_search
+from treerank.metrics.metrics import evaluate_run
+from treerank.metrics.qrels import Qrels
 from treerank.models.checkpoint import EncoderMismatchError
-from treerank.models.families import trainable_families
 from treerank.models.linear import LinearHead
 from treerank.models.registry import load_model
 from treerank.pipeline.training import (

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from treerank.evaluation.metrics import evaluate_run
-from treerank.evaluation.qrels import Qrels
+from treerank.metrics.metrics import evaluate_run
+from treerank.metrics.qrels import Qrels
 from treerank.search.fusion import linear_fusion, minmax_norm, rrf, zscore_norm
 from treerank.search.run import Run
 

@@ -101,7 +101,7 @@ def test_ckpt_dense_and_retrieving_models(store, tmp_path, monkeypatch) -> None:
                 "forest", np.zeros((store.n_queries, 1), np.int64), np.ones((store.n_queries, 1))
             )
 
-    from treerank.models.families import FAMILIES, ModelFamily
+    from treerank.families import FAMILIES, ModelFamily
 
     entry = ModelFamily("toy-retriever", Retriever, system=lambda model, name, *, device: model)
     monkeypatch.setitem(FAMILIES, "toy-retriever", entry)

@@ -211,7 +211,7 @@ def test_truncation_is_counted(tmp_path, small_split):
 
 def test_source_qrels_added_to_an_older_store(tmp_path, encoder, shared_data):
     # a store embedded before stores kept qrels.tsv gets it without re-embedding
-    from treerank.evaluation.qrels import Qrels
+    from treerank.metrics.qrels import Qrels
     from treerank.readers.subset import subset_split
     from treerank.store import add_source_qrels
 

@@ -13,8 +13,8 @@ import pytest
 
 from tests.evaluation.test_trec_eval_parity import assert_trec_eval_parity
 from treerank.evaluation.compare import compare_systems
-from treerank.evaluation.qrels import Qrels
 from treerank.evaluation.settings import EvaluationSettings
+from treerank.metrics.qrels import Qrels
 from treerank.store.view import QuerySubset
 
 

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from treerank.config import ConfigError, _matches, allowed_keys, type_hints
+from treerank.families import family, trainable_families
 from treerank.forest.config import FOREST_SECTION_TYPES
-from treerank.models.families import family, trainable_families
 from treerank.training.holdout import ValidationConfig
 
 CANDIDATES: list[Any] = [{"bad": 1}, "bad", 3.5, [1], True]

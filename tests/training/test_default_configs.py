@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from treerank.config import load_yaml
-from treerank.models.families import family
+from treerank.families import family
 from treerank.pipeline.config import load_experiment
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"

@@ -109,14 +109,14 @@ def evaluate(
 
     from treerank.atomic import refuse_existing_output
     from treerank.distributed.context import launch
-    from treerank.distributed.search import sharded_search
     from treerank.evaluation.compare import compare_systems, untrained_note
-    from treerank.evaluation.metrics import headline_metric
     from treerank.evaluation.overlap import overlap_markdown
     from treerank.evaluation.plots import dataset_label
     from treerank.evaluation.settings import EvaluationSettings, resolve_evaluation
     from treerank.evaluation.summary import headline as summary_lines
+    from treerank.kernels.sharded import sharded_search
     from treerank.kernels.topk import check_run_depth
+    from treerank.metrics.metrics import headline_metric
     from treerank.store import EmbeddingStore
 
     dev = cli_device(device)  # a bad or unavailable device is refused before any work

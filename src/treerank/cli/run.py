@@ -68,7 +68,7 @@ def run(
         if o.overlap_markdown:
             typer.echo("\nSeen vs unseen positives (train/test overlap):\n")
             typer.echo(o.overlap_markdown.strip())
-    from treerank.evaluation.metrics import headline_metric
+    from treerank.metrics.metrics import headline_metric
     from treerank.pipeline.report import summary_lines
 
     metric = headline_metric(res.config.evaluate.metrics)

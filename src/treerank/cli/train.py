@@ -8,8 +8,8 @@ import typer
 
 from treerank.cli.errors import fail
 from treerank.cli.options import cli_device, device_option
+from treerank.families import trainable_families
 from treerank.lock import LockHeldError
-from treerank.models.families import trainable_families
 from treerank.names import unknown_name
 
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from treerank.evaluation.qrels import Qrels
+from treerank.metrics.qrels import Qrels
 from treerank.search.bm25 import BM25Index, BM25Params
 from treerank.storelike import StoreLike
 

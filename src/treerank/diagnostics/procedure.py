@@ -34,10 +34,10 @@ from treerank.diagnostics.labels import query_labels
 from treerank.diagnostics.probes import run_probes, slot_specialisation
 from treerank.diagnostics.variants import evaluate_variants, l2_normalize
 from treerank.encoders.precision import vector_precision
-from treerank.evaluation.metrics import DEFAULT_METRICS, HEADLINE_METRIC
 from treerank.evaluation.significance import N_PERMUTATIONS
 from treerank.kernels.device import DEFAULT_DEVICE, Device
 from treerank.lock import writes_dir
+from treerank.metrics.metrics import DEFAULT_METRICS, HEADLINE_METRIC
 from treerank.search.specs import BuildContext, CheckpointSpec, SystemSpec, build_system, parse_spec
 from treerank.storelike import StoreLike
 
@@ -312,8 +312,8 @@ def run_diagnostics(
         FileNotFoundError / EncoderMismatchError: see :func:`treerank.models.registry.load_model`.
         ValueError: ``metric`` not in ``metrics``.
     """
-    from treerank.evaluation.metrics import evaluate_run
-    from treerank.evaluation.qrels import Qrels
+    from treerank.metrics.metrics import evaluate_run
+    from treerank.metrics.qrels import Qrels
     from treerank.models.base import DenseScorer, SlotScorer
     from treerank.models.registry import load_model
 

@@ -34,9 +34,9 @@ from typing import Any
 
 import numpy as np
 
-from treerank.evaluation.metrics import DEFAULT_METRICS
 from treerank.kernels.device import DEFAULT_DEVICE, Device
 from treerank.kernels.vectors import ROW_CHUNK
+from treerank.metrics.metrics import DEFAULT_METRICS
 from treerank.storelike import StoreLike
 
 EPS = 1e-12  # as torch.nn.functional.normalize
@@ -215,8 +215,8 @@ def evaluate_variants(
         store: an :class:`~treerank.store.EmbeddingStore` (its queries, passages, qrels).
         names: variants to run (default :func:`default_variant_names`).
         k: depth of each run (1000 for Recall@1000).
-        metrics: metric names understood by :func:`treerank.evaluation.metrics.evaluate_run`.
-        qrels: optional prebuilt :class:`~treerank.evaluation.qrels.Qrels` (default from the store).
+        metrics: metric names understood by :func:`treerank.metrics.metrics.evaluate_run`.
+        qrels: optional prebuilt :class:`~treerank.metrics.qrels.Qrels` (default from the store).
         chunk_size: passages per search block.
         progress: tqdm bars of the searches.
 
@@ -228,9 +228,9 @@ def evaluate_variants(
         "per_query": {name: {metric: float64 (nq,)}}, "k", "metrics"}``; per-query arrays stay
         NumPy (the report serialises them).
     """
-    from treerank.evaluation.metrics import evaluate_run
-    from treerank.evaluation.qrels import Qrels
     from treerank.kernels.topk import exact_search
+    from treerank.metrics.metrics import evaluate_run
+    from treerank.metrics.qrels import Qrels
 
     n_slots, d_s = model.config.k, model.config.slot_dim
     names = list(names) if names is not None else default_variant_names(n_slots)

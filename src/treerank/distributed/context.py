@@ -88,7 +88,7 @@ _SEARCH_HOOK: Callable[..., Any] | None = None
 def use_search_hook(hook: Callable[..., Any] | None) -> Iterator[None]:
     """Within the body, ``treerank.kernels.topk.exact_search`` delegates to ``hook`` (same
     arguments and result); None restores the local search. Set by
-    :func:`treerank.distributed.search.sharded_search`, so that the low-level kernel needs no
+    :func:`treerank.kernels.sharded.sharded_search`, so that the low-level kernel needs no
     import of the distributed search above it.
     """
     global _SEARCH_HOOK

@@ -14,8 +14,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from treerank.evaluation.metrics import parse_metric
 from treerank.kernels.topk import DEPTH_SETTING, check_run_depth
+from treerank.metrics.metrics import parse_metric
 from treerank.storelike import StoreLike
 
 

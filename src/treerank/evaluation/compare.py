@@ -49,13 +49,10 @@ from typing import Any
 import numpy as np
 
 from treerank.atomic import is_disk_full
-from treerank.evaluation import fusion_tuning
 from treerank.evaluation.checks import check_depth, check_evaluable
-from treerank.evaluation.metrics import EvalResult, evaluate_run, parse_metric
 from treerank.evaluation.overlap import overlap_breakdown, seen_positive_mask
 from treerank.evaluation.plots import dataset_label, plot_deltas, plot_recall_curve
 from treerank.evaluation.provenance import Leak, check_leaks, check_train_store
-from treerank.evaluation.qrels import Qrels
 from treerank.evaluation.report import (
     atomic_write_text,
     markdown_table,
@@ -70,7 +67,10 @@ from treerank.evaluation.significance import McNemarResult, PairedTest, compare_
 from treerank.evaluation.trec_io import write_trec_run
 from treerank.kernels.device import DEFAULT_DEVICE, Device
 from treerank.lock import writer_lock
+from treerank.metrics.metrics import EvalResult, evaluate_run, parse_metric
+from treerank.metrics.qrels import Qrels
 from treerank.names import file_name
+from treerank.search import fusion_tuning
 from treerank.search.run import Run
 from treerank.search.specs import BuildContext, SystemSpec, build_system, system_uses_trained_model
 from treerank.search.systems import CheckpointSystem, System

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from treerank.evaluation.metrics import EvalResult
+from treerank.metrics.metrics import EvalResult
 
 SEED_SEPARATOR = "@seed"
 

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from treerank.evaluation.checks import too_deep
-from treerank.evaluation.metrics import DEFAULT_METRICS
 from treerank.evaluation.overlap import find_train_store
 from treerank.evaluation.significance import N_PERMUTATIONS
+from treerank.metrics.metrics import DEFAULT_METRICS
 
 __all__ = ["EvaluationPlan", "EvaluationSettings", "resolve_evaluation"]
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from treerank.atomic import atomic_write_text
-from treerank.evaluation.qrels import Qrels
+from treerank.metrics.qrels import Qrels
 from treerank.search.run import Run
 
 

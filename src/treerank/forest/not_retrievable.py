@@ -11,10 +11,10 @@ from typing import Any
 
 import numpy as np
 
-from treerank.evaluation.metrics import evaluate_run
-from treerank.evaluation.qrels import Qrels
 from treerank.forest.index import ForestIndex
 from treerank.forest.model import Forest
+from treerank.metrics.metrics import evaluate_run
+from treerank.metrics.qrels import Qrels
 from treerank.storelike import StoreLike
 
 __all__ = ["not_retrievable_stats"]

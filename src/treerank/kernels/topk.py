@@ -47,9 +47,9 @@ for every query and earns exactly the MRR that this id order earns, never a perf
 (toolkits that keep the first-listed candidate on ties, or sort positives first, report 1.0).
 FAISS ``IndexFlatIP`` keeps the same *set* on ties but lists tied ids in descending order.
 
-Under ``torchrun``, inside :func:`treerank.distributed.search.sharded_search` (``treerank
+Under ``torchrun``, inside :func:`treerank.kernels.sharded.sharded_search` (``treerank
 evaluate`` enters it), each rank searches a contiguous passage shard and the top-k lists are
-merged to the same result (:mod:`treerank.distributed.search`).
+merged to the same result (:mod:`treerank.kernels.sharded`).
 """
 
 from __future__ import annotations

@@ -56,9 +56,9 @@ import torch
 from torch import nn
 
 from treerank.encoders.fingerprint import weights_fingerprint
+from treerank.families import family
 from treerank.lock import writes_dir
 from treerank.models.checkpoint import EncoderMismatchError, load_checkpoint
-from treerank.models.families import family
 from treerank.models.head import TwoTowerHead
 from treerank.models.linear import LinearTower
 from treerank.models.mlp import MLPTower

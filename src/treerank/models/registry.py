@@ -1,6 +1,6 @@
 """Loading any checkpoint into its model object, through the family table.
 
-The checkpoint's ``model_type`` is a family name of :data:`treerank.models.families.FAMILIES`,
+The checkpoint's ``model_type`` is a family name of :data:`treerank.families.FAMILIES`,
 whose model class rebuilds it (``CheckpointMixin.from_checkpoint``).
 """
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from treerank.families import family
 from treerank.models.checkpoint import load_checkpoint
-from treerank.models.families import family
 
 
 def model_class(model_type: str) -> Any:

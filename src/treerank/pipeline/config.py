@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from treerank.config import ConfigError, check_keys, expected_text, load_yaml
-from treerank.evaluation.metrics import DEFAULT_METRICS
+from treerank.families import FAMILIES, trainable_families
 from treerank.kernels.device import (
     DEFAULT_DEVICE,
     DEFAULT_DEVICE_TEXT,
@@ -21,7 +21,7 @@ from treerank.kernels.device import (
     DeviceError,
     parse_device,
 )
-from treerank.models.families import FAMILIES, trainable_families
+from treerank.metrics.metrics import DEFAULT_METRICS
 from treerank.names import file_name, name_problem, unknown_name
 from treerank.readers import FORMATS
 from treerank.training.finetune_config import FinetuneConfig, parse_finetune_config
@@ -108,7 +108,7 @@ class ModelSpec:
 
     Attributes:
         name: the experiment's name for it (stage names, output directories, system name).
-        family: a registered trainable family (``treerank.models.families``).
+        family: a registered trainable family (``treerank.families``).
         config: the family's training config (``seed`` + ``model / data / trainer /
             validation``), already validated by the family's parser.
         seeds: ``seeds: [0, 1, 2]`` in the section: train once per seed (each seed overrides

@@ -41,8 +41,8 @@ from pathlib import Path
 from typing import Any
 
 from treerank.evaluation.settings import EvaluationSettings
+from treerank.families import family
 from treerank.lock import writes_dir
-from treerank.models.families import family
 from treerank.pipeline.config import (
     DatasetConfig,
     ExperimentConfig,
@@ -188,9 +188,7 @@ def plan_experiment(cfg: ExperimentConfig) -> StageGraph:
 def _context(
     cfg: ExperimentConfig, *, progress: bool, force: bool, log: Callable[[str], None]
 ) -> RunContext:
-    return RunContext(
-        cfg.output_dir, str(cfg.source), cfg.device, progress, force, log
-    )
+    return RunContext(cfg.output_dir, str(cfg.source), cfg.device, progress, force, log)
 
 
 def _collect(sid: StageId, out: Output, o: DatasetOutcome) -> None:

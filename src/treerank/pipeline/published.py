@@ -14,9 +14,9 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from treerank.evaluation.metrics import headline_metric
 from treerank.evaluation.summary import headline
-from treerank.models.families import FAMILIES, CrossCpu
+from treerank.families import FAMILIES, CrossCpu
+from treerank.metrics.metrics import headline_metric
 
 BEGIN = "<!-- BEGIN generated results (scripts/readme_results.py; do not edit by hand) -->"
 END = "<!-- END generated results -->"

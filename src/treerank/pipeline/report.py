@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from treerank.atomic import atomic_write_text
-from treerank.evaluation.metrics import headline_metric
+from treerank.families import FAMILIES
 from treerank.faults import crash_point
-from treerank.models.families import FAMILIES
+from treerank.metrics.metrics import headline_metric
 
 if TYPE_CHECKING:
     from treerank.pipeline.config import ExperimentConfig

@@ -45,7 +45,7 @@ import numpy as np
 import yaml
 
 from treerank.config import parse_yaml
-from treerank.evaluation.metrics import headline_metric
+from treerank.metrics.metrics import headline_metric
 from treerank.pipeline.config import ConfigError
 
 SWEEP_KEYS = ("grid", "design", "reference", "systems", "metric")

@@ -2,10 +2,10 @@
 
 This is where the training layer meets evaluation: the held-out validation callback (early
 stopping on full-split MRR@10 / nDCG@10 of held-out training queries) is built here from
-``treerank.kernels.topk.exact_search`` and ``treerank.evaluation.metrics.evaluate_run``, and
+``treerank.kernels.topk.exact_search`` and ``treerank.metrics.metrics.evaluate_run``, and
 handed to the family's trainer, which never imports those layers.
 
-The family (``treerank.models.families``) supplies the config parser, the trainer and whether it
+The family (``treerank.families``) supplies the config parser, the trainer and whether it
 mines hard negatives; ``treerank.training.output.save_trained_model`` writes the directory
 (checkpoint + ``training_log.jsonl`` + ``training_curves.png``).
 """
@@ -23,11 +23,11 @@ from treerank.config import ConfigError
 from treerank.distributed.context import is_main_process, main_first
 from treerank.encoders.precision import vector_precision
 from treerank.evaluation.provenance import training_provenance
+from treerank.families import family, family_names, resolve
 from treerank.faults import crash_point
 from treerank.kernels.device import DEFAULT_DEVICE, Device
 from treerank.kernels.vectors import ROW_CHUNK
 from treerank.lock import writer_lock
-from treerank.models.families import family, family_names, resolve
 from treerank.search.systems import SystemHook
 from treerank.storelike import StoreLike
 from treerank.training.history import TrainingLog
@@ -162,9 +162,9 @@ def make_validator(
             it; the forest's classification and counting). The dense path's exact search stays
             on the CPU.
     """
-    from treerank.evaluation.metrics import evaluate_run
-    from treerank.evaluation.qrels import Qrels
     from treerank.kernels.topk import exact_search
+    from treerank.metrics.metrics import evaluate_run
+    from treerank.metrics.qrels import Qrels
 
     rows = np.asarray(rows, dtype=np.int64)
     queries = np.asarray(store.queries[rows], dtype=np.float32)
@@ -281,7 +281,9 @@ def ensure_teacher_run(store: StoreLike, pseudo: Any, spec: Any, *, progress: bo
     target: Any = pseudo if spec.queries == "pseudo" else store
     stem = teacher_array(spec)
     if not (target.has_array(f"{stem}-ids") and target.has_array(f"{stem}-scores")):
-        run = build_system(str(spec.system), BuildContext(progress=progress)).retrieve(target, spec.k)
+        run = build_system(str(spec.system), BuildContext(progress=progress)).retrieve(
+            target, spec.k
+        )
         meta = {"system": spec.system, "k": spec.k, "queries": spec.queries}
         target.save_array(f"{stem}-scores", run.scores, meta=meta)
         target.save_array(f"{stem}-ids", run.ids, meta=meta)
@@ -370,7 +372,7 @@ def train_model(
     curves) with :func:`~treerank.training.output.save_trained_model`.
 
     Args:
-        family_name: a registered family (``treerank.models.families``) with a trainer.
+        family_name: a registered family (``treerank.families``) with a trainer.
         train_store: an ``EmbeddingStore`` or a path (split directory or store root with
             ``train/``).
         config: the family's config mapping (``seed`` + ``model / data / trainer /

@@ -40,8 +40,8 @@ def validate_experiment(cfg: ExperimentConfig) -> None:
         ConfigError: every problem found, one per line, each naming the file and key path.
     """
     from treerank.evaluation.checks import check_depth
-    from treerank.evaluation.metrics import parse_metric
     from treerank.kernels.topk import check_run_depth
+    from treerank.metrics.metrics import parse_metric
     from treerank.search.specs import parse_spec
 
     problems: list[str] = []

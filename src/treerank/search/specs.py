@@ -29,18 +29,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
-from treerank.evaluation.fusion_tuning import FUSION_METHODS, QUERY_SETS, TunedFusionSystem
-from treerank.evaluation.metrics import parse_metric
+from treerank.families import FAMILIES
 from treerank.kernels.device import DEFAULT_DEVICE, Device
 from treerank.kernels.topk import DEFAULT_CHUNK_SIZE
+from treerank.metrics.metrics import parse_metric
 from treerank.models.checkpoint import CheckpointMixin
 from treerank.models.cosine import CosineScorer
-from treerank.models.families import FAMILIES
 from treerank.names import unknown_name
 from treerank.search.bm25 import BM25_METHODS, DEFAULT_B, DEFAULT_K1, BM25Params
 from treerank.search.ce_rescore import CrossEncoderRescoreSystem
 from treerank.search.faiss_index import IndexSpec, faiss_system, parse_index_spec, render_index_spec
 from treerank.search.fusion import DEFAULT_RRF_K, NORMALISATIONS
+from treerank.search.fusion_tuning import FUSION_METHODS, QUERY_SETS, TunedFusionSystem
 from treerank.search.rescore import DEFAULT_DEPTH, RescoreSystem, split_params
 from treerank.search.rm3 import (
     DEFAULT_FB_DOCS,
@@ -451,7 +451,7 @@ class LinearFusionSpec(FusionSpec):
 @dataclass(frozen=True)
 class TunedFusionSpec(FusionSpec):
     """``tuned-fusion:<A>+<B>[:...]``: fusion with a weight tuned on another split
-    (:mod:`treerank.evaluation.fusion_tuning`)."""
+    (:mod:`treerank.search.fusion_tuning`)."""
 
     kind: ClassVar[str] = "tuned-fusion"
     summary: ClassVar[str] = "fusion with a weight tuned on another split"

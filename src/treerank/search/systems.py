@@ -8,7 +8,7 @@ spec kind.
 
 A checkpoint loads through :func:`treerank.models.registry.load_model` with the store's encoder
 fingerprint (a checkpoint trained on another encoder's vectors is refused); the model's family
-(``treerank.models.families``) says how it searches: its ``system`` hook (a
+(``treerank.families``) says how it searches: its ``system`` hook (a
 :class:`SystemHook`, e.g. the forest's inverted lists), or, for a dense family,
 :class:`DenseSystem` over its two towers.
 """
@@ -220,7 +220,7 @@ class CheckpointSystem:
             EncoderMismatchError: the checkpoint was trained on another encoder's vectors.
             TypeError: a dense family's model lacks ``encode_queries`` / ``encode_passages``.
         """
-        from treerank.models.families import family, resolve
+        from treerank.families import family, resolve
         from treerank.models.registry import load_model
 
         fp = getattr(store, "encoder_fingerprint", None)
@@ -287,7 +287,7 @@ class CheckpointSystem:
         return prov if isinstance(prov, dict) else None
 
     def family_for(self, store: StoreLike) -> Any:
-        """The :class:`~treerank.models.families.ModelFamily` of the loaded checkpoint."""
+        """The :class:`~treerank.families.ModelFamily` of the loaded checkpoint."""
         self.system_for(store)
         return self._family
 

@@ -5,7 +5,7 @@ pipeline's embed stage and any script get the same behaviour: the input format (
 checked against :data:`treerank.readers.FORMATS`), the default split of that format, one encoder
 loaded once (after the first split was read, so bad input fails before the model loads), and
 sharded embedding when the process runs under ``torchrun`` (each rank encodes its share of the
-batch plan, rank 0 merges: :func:`treerank.distributed.embed.embed_sharded`; one process:
+batch plan, rank 0 merges: :func:`treerank.store.sharded_embed.embed_sharded`; one process:
 :func:`treerank.store.embed_split`). Reuse of passages already encoded in a sibling split store,
 resume and overwrite are the store's own options, passed through.
 """
@@ -173,8 +173,8 @@ def embed_dataset(
             ``resume=True`` finishes it byte for byte.
     """
     from treerank.distributed.context import launch
-    from treerank.distributed.embed import embed_sharded, rank_device
     from treerank.store.embed import check_destination, embed_split
+    from treerank.store.sharded_embed import embed_sharded, rank_device
 
     if limit is not None and limit < 1:
         raise ValueError(f"--limit must be at least 1 (queries kept), got {limit}")

@@ -367,7 +367,7 @@ def plan_embed(
     the passages left to encode, each sorted by token length and cut to the token budget.
 
     Deterministic for equal inputs, so that a resumed run or several processes of a sharded run
-    (``treerank.distributed.embed``) all compute the same plan.
+    (``treerank.store.sharded_embed``) all compute the same plan.
     """
     npas = split.n_passages
     if reuse is True:
@@ -480,7 +480,7 @@ def embed_split(
         stop_after_batches: test hook simulating Ctrl-C: raise ``KeyboardInterrupt`` after
             this many batches were written in this call.
         batch_source: take each batch's vectors from here instead of the encoder (the merge
-            step of ``treerank.distributed.embed``; same plan, same bytes).
+            step of ``treerank.store.sharded_embed``; same plan, same bytes).
         guard_sample: the fidelity guard of a reduced precision (``bf16``, ``int8``): this many
             queries and this many encoded passages (drawn with ``guard_seed``) are encoded
             again in fp32 (`SentenceEncoder.encode_reference`) and compared by cosine with the

@@ -21,7 +21,7 @@ class QuerySubset:
     is the store's, ``path`` included (messages and on-disk caches such as FAISS indexes name the
     real split).
 
-    Judgments: ``treerank.evaluation.qrels.Qrels.from_store(view)`` reads the split's source
+    Judgments: ``treerank.metrics.qrels.Qrels.from_store(view)`` reads the split's source
     qrels (``qrels.tsv``) when there are some and keeps only the judgments of the view's
     ``query_ids()``, or else the view's own ``candidates`` / ``labels`` rows; either way each
     row's judgments are its query's, and metrics on the view equal trec_eval on those queries.

@@ -26,7 +26,7 @@ callback, so this layer never imports search or evaluation -- keeps the best sta
 ``early_stopping_metric`` and stops after ``patience`` evaluations without improvement. The best
 state is restored at the end.
 
-A family's trainer (``trainer`` of its entry in ``treerank.models.families``) is a function
+A family's trainer (``trainer`` of its entry in ``treerank.families``) is a function
 ``train_xxx(store, config: TrainConfig, *, train_rows=None, validate=None, log=None,
 progress=True) -> TrainOutput`` (:class:`TrainFunction`): ``train_rows`` are the query ids it may
 train on (the pipeline holds the others out for ``validate``); ``log`` collects its records. It

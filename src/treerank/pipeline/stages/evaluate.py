@@ -23,13 +23,13 @@ from treerank.diagnostics.lexical_gap import (
     store_coverage,
 )
 from treerank.distributed.context import launch
-from treerank.distributed.search import sharded_search
 from treerank.evaluation.compare import Comparison, compare_systems
-from treerank.evaluation.metrics import headline_metric
 from treerank.evaluation.overlap import overlap_markdown
 from treerank.evaluation.settings import EvaluationSettings, resolve_evaluation
+from treerank.families import family, resolve
 from treerank.faults import crash_point
-from treerank.models.families import family, resolve
+from treerank.kernels.sharded import sharded_search
+from treerank.metrics.metrics import headline_metric
 from treerank.pipeline.finetune import TunedStoreSystem
 from treerank.pipeline.identity import StageId, SystemId
 from treerank.pipeline.stages.graph import Deps, RunContext, Stage

@@ -24,7 +24,7 @@ A family entry (:class:`ModelFamily`) names, as ``"module:attribute"`` strings i
   directory (None: ``treerank.training.history.plot_curves`` of the training log);
 * ``modules``: the family's module map, ``(role, path under src/treerank)`` pairs; a role is
   one or more of :data:`MODULE_ROLES` joined by ``" + "``. It is what ``docs/families.md``
-  renders (:mod:`treerank.models.family_map`): a family spread over packages is read from one
+  renders (:mod:`treerank.families.family_map`): a family spread over packages is read from one
   page. Paths, not imports: nothing is imported through them;
 * ``report_fields``: the keys of the family's training summary that the experiment report's
   training table shows after the generic ones (steps, best value, seconds, ...);

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from treerank.evaluation.qrels import Qrels
+from treerank.metrics.qrels import Qrels
 
 DEFAULT_METRICS = ("mrr@10", "ndcg@10", "recall@100", "recall@1000")
 HEADLINE_METRIC = "ndcg@10"

@@ -48,8 +48,8 @@ from typing import Any
 
 import numpy as np
 
-from treerank.evaluation.metrics import evaluate_run, parse_metric
-from treerank.evaluation.qrels import Qrels
+from treerank.metrics.metrics import evaluate_run, parse_metric
+from treerank.metrics.qrels import Qrels
 from treerank.search.fusion import DEFAULT_RRF_K, NORMALISATIONS, linear_fusion, rrf
 from treerank.search.run import Run
 from treerank.search.systems import System

@@ -7,7 +7,7 @@ what it holds (the first line of its docstring, read from
 the source without importing it). ``tests/models/test_family_map.py`` fails when the page is out
 of date or a listed module is missing.
 
-Regenerate: ``python -m treerank.models.family_map`` (writes ``docs/families.md``).
+Regenerate: ``python -m treerank.families.family_map`` (writes ``docs/families.md``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import ast
 import sys
 from pathlib import Path
 
-from treerank.models.families import FAMILIES, MODULE_ROLES, ModelFamily
+from treerank.families import FAMILIES, MODULE_ROLES, ModelFamily
 
 __all__ = ["PACKAGE_DIR", "module_summary", "render_family_map", "write_family_map"]
 
@@ -48,15 +48,15 @@ def render_family_map(
     """The markdown of ``docs/families.md`` for ``families`` (default: every registered one).
 
     Raises:
-        ValueError: a role outside :data:`~treerank.models.families.MODULE_ROLES`, or a module
+        ValueError: a role outside :data:`~treerank.families.MODULE_ROLES`, or a module
             without a docstring.
         FileNotFoundError: a listed module does not exist.
     """
     fams = FAMILIES if families is None else families
     out = [
         "# Where each model family lives\n",
-        "Generated from `ModelFamily.modules` in `src/treerank/models/families.py` by "
-        "`python -m treerank.models.family_map`; `tests/models/test_family_map.py` fails when "
+        "Generated from `ModelFamily.modules` in `src/treerank/families/__init__.py` by "
+        "`python -m treerank.families.family_map`; `tests/models/test_family_map.py` fails when "
         "this page is out of date. Paths are under `src/treerank/`; a family's modules sit in "
         'the package of their layer (docs/DESIGN.md, "Layers"), and this page puts them '
         "together. Roles, in reading order: " + ", ".join(MODULE_ROLES) + ".\n",
@@ -86,6 +86,6 @@ def write_family_map(path: str | Path) -> Path:
     return Path(path)
 
 
-if __name__ == "__main__":  # python -m treerank.models.family_map [PATH]
+if __name__ == "__main__":  # python -m treerank.families.family_map [PATH]
     target = sys.argv[1] if len(sys.argv) > 1 else PACKAGE_DIR.parents[1] / "docs" / "families.md"
     print(write_family_map(target))

@@ -1,0 +1,1 @@
+"""``treerank.metrics``."""
