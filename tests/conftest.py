@@ -15,6 +15,13 @@ Fixtures (session-scoped):
 * ``dl19_store``: ``{"test": EmbeddingStore}``, a subset of the DL19 pool to keep CI time sane:
   the first 10 topics (file order) with every judged pool passage of theirs, plus the first
   other pool passages up to 2,000 passages in all (`subset_split`).
+
+Two tiers (``pytest -m "not integration"`` / ``-m integration``; ``scripts/test.sh`` runs both,
+unit first): a test is in the **integration** tier when it is marked so, when it is marked
+``slow``, when it sits under ``tests/distributed/`` (``torchrun`` processes), or when it uses a
+fixture of :data:`INTEGRATION_FIXTURES` (the real data files, the encoder, the real stores); the
+marks are added at collection (:func:`pytest_collection_modifyitems`). Everything else is the
+**unit** tier: small hand-made inputs, under three minutes in all on two CPU cores.
 """
 
 from __future__ import annotations
@@ -37,6 +44,34 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("TREERANK_SHARED_DATA", REPO.parent / "shared" / "data"))
 SAMPLES = REPO / "data" / "samples"
 CACHE = REPO / ".cache" / "test-stores"
+
+INTEGRATION_FIXTURES = frozenset(
+    {
+        "shared_data",
+        "scifact_zip",
+        "msmarco_parquet",
+        "dl19_dir",
+        "encoder",
+        "scifact_store",
+        "msmarco_store",
+        "dl19_store",
+    }
+)
+"""Fixtures that read the real data sets or load the encoder: their tests are integration."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark the integration tier (see the module docstring)."""
+    distributed = REPO / "tests" / "distributed"
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        if (
+            names & INTEGRATION_FIXTURES
+            or item.get_closest_marker("slow") is not None
+            or distributed in Path(str(item.fspath)).parents
+        ):
+            item.add_marker(pytest.mark.integration)
+
 
 DL19_TEST_TOPICS = 10
 DL19_TEST_MAX_PASSAGES = 2000

@@ -1,18 +1,16 @@
 """The layering of docs/DESIGN.md, checked on the source: a module never imports a higher layer.
 
 Every ``import`` / ``from ... import`` in ``src/treerank`` (function-level imports included) is
-parsed; the importing module's layer must be at or above the imported module's layer. Imports
-named as strings count too: a ``"treerank.x.y:attr"`` reference (lazy builders, the system-kind
-table) and the module argument of ``import_module(...)`` / ``_lazy(...)``; the family table's
-references are checked per field against ``ModelFamily.FIELD_LAYERS`` (the layer that resolves
-that field). The root package's lazy public API (``treerank/__init__.py``) is the one exemption:
-it is the top of every layer and no treerank module imports from it.
+parsed; the importing module's layer must be at or above the imported module's layer. A layer is
+one folder (package) of ``src/treerank``; the base layer is the top-level modules. No module
+imports another by name (``importlib.import_module``): only the root package's lazy public API
+(``treerank/__init__.py``, the top of every layer, imported by no treerank module) and the CLI's
+subcommand list (``treerank.cli.main``, inside the top layer) do.
 """
 
 from __future__ import annotations
 
 import ast
-import re
 from pathlib import Path
 
 import pytest
@@ -33,24 +31,25 @@ LAYERS = [
         },
     ),
     ("distributed", {"treerank.distributed"}),  # process group, gather, DDP training step
-    ("kernels", {"treerank.kernels", "treerank.kernels.sharded"}),
-    # pure metric maths (they import nothing above base): below search, so that fusion tuning
-    # (a system kind) can score runs
-    ("metrics", {"treerank.metrics.metrics", "treerank.metrics.qrels"}),
+    ("kernels", {"treerank.kernels"}),
+    ("metrics", {"treerank.metrics"}),
     ("readers", {"treerank.readers"}),
     ("encoders", {"treerank.encoders"}),
-    ("store", {"treerank.store", "treerank.store.sharded_embed"}),
+    ("store", {"treerank.store"}),
     ("models", {"treerank.models"}),
     ("training", {"treerank.training"}),
-    ("search", {"treerank.search", "treerank.search.fusion_tuning"}),
+    ("search", {"treerank.search"}),
     # the forest family, one package: its model, config, training, index and kernels
     ("forest", {"treerank.forest"}),
+    ("families", {"treerank.families"}),
     ("evaluation", {"treerank.evaluation"}),
     ("diagnostics", {"treerank.diagnostics"}),
     ("pipeline", {"treerank.pipeline"}),
-    ("cli", {"treerank.cli", "treerank.serve"}),
+    ("serve", {"treerank.serve"}),
+    ("cli", {"treerank.cli"}),
 ]
-"""Bottom to top; a package's layer covers its submodules. Keep in step with docs/DESIGN.md."""
+"""Bottom to top, one folder (package) per layer; the base layer is the top-level modules.
+Keep in step with docs/DESIGN.md."""
 
 
 def layer_of(module: str) -> int:
@@ -94,40 +93,7 @@ def imports_of(path: Path, root: Path = SRC) -> list[tuple[int, str]]:
     return [(ln, m) for ln, m in out if m == "treerank" or m.startswith("treerank.")]
 
 
-_REF = re.compile(r"treerank(\.\w+)*(:\w+)?")
-_STRING_IMPORTERS = {"import_module", "_lazy", "resolve"}
 ROOT_FACADE = "treerank/__init__.py"
-
-
-def _call_name(node: ast.Call) -> str:
-    f = node.func
-    return f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
-
-
-def string_imports(path: Path) -> list[tuple[int, str]]:
-    """``(line, module)`` of every treerank module a file names as a string to import it.
-
-    Counted: a ``"treerank.mod:attr"`` constant anywhere, and the constant first argument of
-    ``import_module`` / ``_lazy`` / ``resolve``. Skipped: strings inside a ``ModelFamily(...)``
-    call (checked per field by :func:`family_violations`).
-    """
-    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
-    skip: set[int] = set()
-    named: list[tuple[int, str]] = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and _call_name(node) == "ModelFamily":
-            skip |= {id(n) for n in ast.walk(node)}
-        elif isinstance(node, ast.Call) and _call_name(node) in _STRING_IMPORTERS and node.args:
-            a = node.args[0]
-            if isinstance(a, ast.Constant) and isinstance(a.value, str) and _REF.fullmatch(a.value):
-                named.append((a.lineno, a.value.partition(":")[0]))
-                skip.add(id(a))
-    for node in ast.walk(tree):
-        if id(node) in skip or not isinstance(node, ast.Constant):
-            continue
-        if isinstance(node.value, str) and ":" in node.value and _REF.fullmatch(node.value):
-            named.append((node.lineno, node.value.partition(":")[0]))
-    return named
 
 
 def violations(root: Path = SRC) -> list[str]:
@@ -136,34 +102,12 @@ def violations(root: Path = SRC) -> list[str]:
         me = module_name(path, root)
         mine = layer_of(me)
         rel = path.relative_to(root.parent)
-        named = [] if rel.as_posix() == ROOT_FACADE else string_imports(path)
-        for line, mod in [*imports_of(path, root), *((ln, m) for ln, m in named)]:
+        for line, mod in imports_of(path, root):
             if layer_of(mod) > mine:
-                how = " (named as a string)" if (line, mod) in named else ""
                 found.append(
-                    f"{rel}:{line}: {me} ({LAYERS[mine][0]}) imports{how} "
+                    f"{rel}:{line}: {me} ({LAYERS[mine][0]}) imports "
                     f"{mod} ({LAYERS[layer_of(mod)][0]})"
                 )
-    return found
-
-
-def family_violations() -> list[str]:
-    """Every registered family's ``"module:attr"`` references against the field's layer."""
-    from treerank.families import FAMILIES, ModelFamily
-
-    names = [layer for layer, _ in LAYERS]
-    found = []
-    for fam in FAMILIES.values():
-        for field, layer in ModelFamily.FIELD_LAYERS.items():
-            ref = getattr(fam, field)
-            if not isinstance(ref, str):
-                continue
-            ref_layer = layer_of(ref.partition(":")[0])
-            if (
-                ref_layer > names.index(layer)
-                and names[ref_layer] not in ModelFamily.PACKAGE_LAYERS
-            ):
-                found.append(f"family {fam.name!r}: {field}={ref!r} is above the {layer} layer")
     return found
 
 
@@ -171,21 +115,26 @@ def test_no_module_imports_a_higher_layer() -> None:
     assert violations() == []
 
 
-def test_family_references_stay_within_their_field_layer() -> None:
-    from treerank.families import ModelFamily
-
-    names = [layer for layer, _ in LAYERS]
-    assert set(ModelFamily.FIELD_LAYERS.values()) <= set(names)
-    assert set(ModelFamily.PACKAGE_LAYERS) <= set(names)
-    assert family_violations() == []
+NAME_IMPORTERS = {ROOT_FACADE, "treerank/cli/main.py"}
+"""The only modules that may call ``importlib.import_module`` (see the module docstring)."""
 
 
-def test_every_string_reference_names_a_real_module() -> None:
-    import importlib.util
-
-    for path in SRC.rglob("*.py"):
-        for line, mod in string_imports(path):
-            assert importlib.util.find_spec(mod) is not None, f"{path}:{line}: no module {mod}"
+def test_no_module_imports_another_by_name() -> None:
+    found = []
+    for path in sorted(SRC.rglob("*.py")):
+        rel = path.relative_to(SRC.parent).as_posix()
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        for node in ast.walk(tree):
+            name = ""
+            if isinstance(node, ast.Attribute):
+                name = node.attr
+            elif isinstance(node, ast.Name):
+                name = node.id
+            elif isinstance(node, ast.ImportFrom) and node.module == "importlib":
+                name = next((a.name for a in node.names if a.name == "import_module"), "")
+            if name in ("import_module", "__import__") and rel not in NAME_IMPORTERS:
+                found.append(f"{rel}:{node.lineno}: {name}")
+    assert found == []
 
 
 def test_the_root_facade_is_not_imported_from_inside() -> None:
@@ -229,18 +178,10 @@ def test_the_check_catches_an_upward_import(tmp_path: Path) -> None:
     (pkg / "__init__.py").write_text("")
     (pkg / "bad.py").write_text("def f():\n    from treerank.search.systems import build_system\n")
     (pkg / "ok.py").write_text("from treerank.kernels.topk import exact_search\n")
-    (pkg / "lazy.py").write_text(
-        'import importlib\nTABLE = {"x": "treerank.pipeline.experiment:run"}\n'
-        'def g():\n    return importlib.import_module("treerank.cli.main")\n'
-    )
     got = violations(tmp_path / "treerank")
     assert got == [
         "treerank/models/bad.py:2: treerank.models.bad (models) imports "
         "treerank.search.systems (search)",
-        "treerank/models/lazy.py:4: treerank.models.lazy (models) imports (named as a string) "
-        "treerank.cli.main (cli)",
-        "treerank/models/lazy.py:2: treerank.models.lazy (models) imports (named as a string) "
-        "treerank.pipeline.experiment (pipeline)",
     ]
     with pytest.raises(KeyError, match="in no layer"):
         layer_of("treerank.nowhere")

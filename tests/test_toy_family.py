@@ -80,7 +80,7 @@ def toy_family():
         ModelFamily("toy-rp", RandomProjection, "random projection", parse_config, train)
     )
     yield entry
-    FAMILIES.pop("toy-rp")
+    unregister_family("toy-rp")
 
 
 def test_toy_family_trains_evaluates_and_runs(toy_family, tmp_path: Path) -> None:

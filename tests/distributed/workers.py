@@ -145,17 +145,16 @@ def search_case(store, name: str):
 
 def search(store_path: str, out: str) -> None:
     from treerank.distributed.context import launch
-    from treerank.kernels.sharded import sharded_search
-    from treerank.kernels.topk import exact_search
+    from treerank.kernels.sharded import sharded_exact_search
     from treerank.store import EmbeddingStore
 
     store = EmbeddingStore.open(store_path)
-    with launch() as ctx, sharded_search():
+    with launch() as ctx:
         assert ctx is not None
         res = {}
         for name in SEARCH_CASES:
             q, p, kw = search_case(store, name)
-            ids, scores = exact_search(q, p, **kw)
+            ids, scores = sharded_exact_search(q, p, ctx=ctx, **kw)
             res[f"{name}/ids"], res[f"{name}/scores"] = ids, scores
         np.savez(Path(out) / f"search-rank{ctx.rank}.npz", **res)
 

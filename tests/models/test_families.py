@@ -39,3 +39,80 @@ def test_key_list_families_resolve_through_their_defaults_hook() -> None:
     assert set(resolved) == fields - {"repartition"}
     assert resolved["n_models"] == 3
     assert resolved["n_classes"] == ForestTrainConfig().model.n_classes
+
+
+def test_every_entry_holds_objects_and_the_lower_tables_agree() -> None:
+    """Each family imports its parts directly; ``load_model``'s class table and the ``ckpt:``
+    own-retrieval table (layers below the family table) say the same as the family."""
+    from treerank.families import all_families
+    from treerank.models.registry import model_class
+    from treerank.forest.index import ForestSystem
+    from treerank.search.systems import checkpoint_system
+    from treerank.training.heads import train_linear
+
+    fams = all_families()
+    assert list(fams) == ["cosine", "linear", "mlp", "drt", "forest"]
+    for name, fam in fams.items():
+        for field in dataclasses.fields(fam):
+            assert not isinstance(getattr(fam, field.name), str) or field.name in (
+                "name",
+                "description",
+            ), (name, field.name)
+        assert model_class(name) is fam.model, name
+        assert checkpoint_system(name) is fam.system, name
+        assert fam.model.own_retrieval is (fam.system is not None), name
+        assert fam.model.trained is fam.trainable, name
+    assert fams["forest"].system is ForestSystem and fams["linear"].trainer is train_linear
+    assert fams["cosine"].trainable is False and fams["forest"].dense is False
+
+
+def test_listing_families_imports_none_of_their_modules() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from treerank.families import family_names, trainable_families\n"
+        "print(family_names(), trainable_families())\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('treerank.models', "
+        "'treerank.training', 'treerank.search', 'torch', 'numba'))))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    assert out[0] == (
+        "['cosine', 'linear', 'mlp', 'drt', 'forest'] ['linear', 'mlp', 'drt', 'forest']"
+    )
+    assert out[1] == "[]"
+
+
+def test_register_family_fills_the_lower_tables_and_unregister_clears_them() -> None:
+    from treerank.families import (
+        FAMILIES,
+        ModelFamily,
+        family,
+        register_family,
+        unregister_family,
+    )
+    from treerank.models.registry import MODEL_CLASSES, model_class
+    from treerank.search.systems import checkpoint_system
+
+    class Toy:
+        model_type = "toy-own"
+
+    def make(model: object, name: str) -> object:
+        return model
+
+    register_family(ModelFamily("toy-own", Toy, system=make))
+    try:
+        assert family("toy-own").model is Toy and model_class("toy-own") is Toy
+        assert checkpoint_system("toy-own") is make
+        assert "toy-own" not in [n for n, e in FAMILIES.items() if e.trainable]
+        with pytest.raises(ValueError, match="already registered"):
+            register_family(ModelFamily("toy-own", Toy))
+    finally:
+        unregister_family("toy-own")
+    assert "toy-own" not in FAMILIES and "toy-own" not in MODEL_CLASSES
+    assert checkpoint_system("toy-own") is None
+    with pytest.raises(KeyError, match="unknown model family"):
+        family("toy-own")

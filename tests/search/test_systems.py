@@ -101,10 +101,11 @@ def test_ckpt_dense_and_retrieving_models(store, tmp_path, monkeypatch) -> None:
                 "forest", np.zeros((store.n_queries, 1), np.int64), np.ones((store.n_queries, 1))
             )
 
-    from treerank.families import FAMILIES, ModelFamily
+    from treerank.search.systems import CHECKPOINT_SYSTEMS
 
-    entry = ModelFamily("toy-retriever", Retriever, system=lambda model, name, *, device: model)
-    monkeypatch.setitem(FAMILIES, "toy-retriever", entry)
+    monkeypatch.setitem(
+        CHECKPOINT_SYSTEMS, "toy-retriever", lambda: lambda model, name, *, device: model
+    )
     monkeypatch.setattr(
         "treerank.models.registry.load_model",
         lambda path, expected_fingerprint=None, expected_precision=None: Retriever(),

@@ -154,7 +154,7 @@ def evaluate(
             train_dir = plan.train_dir
             train = EmbeddingStore.open(train_dir, dim=dim) if train_dir is not None else None
             # under torchrun every rank searches a contiguous passage shard; rank 0 writes
-            with launch() as ctx, sharded_search():
+            with launch() as ctx:
                 main = ctx is None or ctx.is_main
                 comp = compare_systems(
                     st,
@@ -164,6 +164,7 @@ def evaluate(
                     progress=progress and main,
                     train_store=train,
                     device=dev,
+                    shard=ctx,
                 )
         except StoreRootError as exc:
             raise fail(exc.advice("--split")) from None

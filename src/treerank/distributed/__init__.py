@@ -2,9 +2,12 @@
 
 * :mod:`.context`: the process group from ``torchrun``'s environment, rank helpers, shards;
 * :mod:`.gather`: the cross-process gather behind in-batch negatives (gradient maths there);
-* :mod:`.training`: DDP + global batches for :func:`treerank.training.trainer.fit`;
-* :mod:`.embed`: sharded embedding along the one-process batch plan, and the merge;
-* :mod:`.search`: sharded exact search over contiguous passage shards, merged top-k.
+* :mod:`.training`: DDP + global batches for :func:`treerank.training.trainer.fit`.
+
+What is sharded lives beside what it shards: sharded exact search in
+:mod:`treerank.kernels.sharded`, sharded embedding and the merge in
+:mod:`treerank.store.sharded_embed`; the sharded search takes the process group as an
+argument (no process-global hook).
 
 Every entry point falls back to the one-process path when no group is running.
 """

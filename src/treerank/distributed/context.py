@@ -32,8 +32,6 @@ __all__ = [
     "launch",
     "main_first",
     "shard_bounds",
-    "search_hook",
-    "use_search_hook",
 ]
 
 T = TypeVar("T")
@@ -81,28 +79,6 @@ class DistContext:
 
 
 _CPU_GROUP: Any = None
-_SEARCH_HOOK: Callable[..., Any] | None = None
-
-
-@contextmanager
-def use_search_hook(hook: Callable[..., Any] | None) -> Iterator[None]:
-    """Within the body, ``treerank.kernels.topk.exact_search`` delegates to ``hook`` (same
-    arguments and result); None restores the local search. Set by
-    :func:`treerank.kernels.sharded.sharded_search`, so that the low-level kernel needs no
-    import of the distributed search above it.
-    """
-    global _SEARCH_HOOK
-    old = _SEARCH_HOOK
-    _SEARCH_HOOK = hook
-    try:
-        yield
-    finally:
-        _SEARCH_HOOK = old
-
-
-def search_hook() -> Callable[..., Any] | None:
-    """The function exact search must delegate to now (see :func:`use_search_hook`), or None."""
-    return _SEARCH_HOOK
 
 
 def current() -> DistContext | None:

@@ -65,6 +65,7 @@ from treerank.evaluation.seeds import seed_average, seed_spread
 from treerank.evaluation.settings import EvaluationSettings
 from treerank.evaluation.significance import McNemarResult, PairedTest, compare_paired, mcnemar
 from treerank.evaluation.trec_io import write_trec_run
+from treerank.distributed.context import DistContext
 from treerank.kernels.device import DEFAULT_DEVICE, Device
 from treerank.lock import writer_lock
 from treerank.metrics.metrics import EvalResult, evaluate_run, parse_metric
@@ -274,6 +275,7 @@ def compare_systems(
     train_store: StoreLike | None = None,
     seed_groups: Mapping[str, Mapping[str, int]] | None = None,
     device: Device = DEFAULT_DEVICE,
+    shard: DistContext | None = None,
 ) -> Comparison:
     """Run, evaluate and compare systems on all passages of one store split.
 
@@ -296,6 +298,10 @@ def compare_systems(
             its seeds (tested like any system; no run file, no McNemar) and its spread over
             seeds is kept in ``seed_spread`` (:mod:`treerank.evaluation.seeds`).
         device: where dense search and a family's own search run.
+        shard: under ``torchrun``, the process group (``distributed.context.launch()``): every
+            dense system searches this rank's passage shard and merges the top-k across ranks
+            (:func:`~treerank.kernels.sharded.sharded_exact_search`; the same runs as one
+            process). Every rank must then make the same calls. None: one process.
 
     Returns:
         The :class:`Comparison`; systems that raised are in ``failed``, not ``results``.
@@ -318,7 +324,9 @@ def compare_systems(
     if cfg.sample_queries is not None:
         store = query_sample(store, cfg.sample_queries, cfg.sample_seed, cfg.relevance_threshold)
     check_depth(cfg.k, cfg.metrics, int(store.n_passages))
-    built = _as_systems(systems, BuildContext(progress=progress, device=device, cache={}))
+    built = _as_systems(
+        systems, BuildContext(progress=progress, device=device, cache={}, shard=shard)
+    )
     for b in cfg.baselines:
         if b not in built:
             raise ValueError(f"baseline {b!r} is not one of the systems: {', '.join(built)}")

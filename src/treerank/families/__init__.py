@@ -1,7 +1,8 @@
 """The one table of model families: what each family is, how it trains and how it searches.
 
-A family entry (:class:`ModelFamily`) names, as ``"module:attribute"`` strings imported lazily
-(so that listing names costs nothing and this module imports no higher layer) or as objects:
+The ``families`` layer sits above ``models``, ``training`` and ``search`` (docs/DESIGN.md,
+"Layers"): a family entry (:class:`ModelFamily`) holds the family's objects themselves, imported
+directly, never by name:
 
 * ``model``: the model class (a :class:`~treerank.models.checkpoint.CheckpointMixin`; its
   ``model_type`` is the family name, written in every checkpoint);
@@ -36,32 +37,58 @@ A family entry (:class:`ModelFamily`) names, as ``"module:attribute"`` strings i
   ``TrainConfig.to_dict()`` is complete); it is part of the pipeline's train-stage key, so a
   changed default re-trains instead of reusing a model trained under the old one.
 
-Registry, config validation, ``--model`` choices, the pipeline's train stage, ``ckpt:`` systems
-and the report all read :data:`FAMILIES`; :func:`register_family` adds an entry from anywhere
-(a plugin, a test). See docs/DESIGN.md, "How to add a model family".
+:data:`FAMILIES` maps each name to a :class:`FamilyEntry`: the name, whether the family trains
+(the ``--model`` choices, known without importing anything) and ``load()``, a function that
+imports the family's modules and returns its :class:`ModelFamily` (so that listing names costs
+no torch / numba import at CLI start-up); :func:`family` loads an entry once.
+
+The layers below read only what they need, from tables of their own layer that
+:func:`register_family` fills for a new family: the model class
+(:func:`treerank.models.registry.register_model_class`, for ``load_model``) and a family's own
+retrieval (:func:`treerank.search.systems.register_checkpoint_system`, for ``ckpt:`` systems);
+the curves hook is handed to ``save_trained_model`` by the pipeline. ``tests/models/
+test_families.py`` checks that those tables agree with this one for every family. See
+docs/DESIGN.md, "How to add a model family".
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from treerank.config import ConfigError
+from treerank.names import unknown_name
 
 __all__ = [
     "FAMILIES",
     "CrossCpu",
     "MODULE_ROLES",
+    "FamilyEntry",
     "ModelFamily",
+    "all_families",
     "family",
     "family_names",
     "register_family",
-    "resolve",
     "trainable_families",
+    "unregister_family",
 ]
 
-Ref = str | Callable[..., Any] | type | None
+ConfigParser = Callable[[Any, str], Any]
+"""``parse(mapping, where) -> TrainConfig``."""
+Trainer = Callable[..., Any]
+"""``train(store, config, *, train_rows, validate, log, progress) -> TrainOutput``."""
+SystemMaker = Callable[..., Any]
+"""``make(model, name, *, device=...) -> System`` (a family with its own retrieval)."""
+ReportHook = Callable[[dict[str, Any]], dict[str, Any]]
+"""``report({name: System}) -> {"stats": {name: dict}, "markdown": str}``."""
+CurvesHook = Callable[[list[dict[str, Any]], dict[str, Any], Path, str], "Path | None"]
+"""``plot(records, summary, path, title) -> Path | None``."""
+DefaultsHook = Callable[[Any, str], Any]
+"""``resolve(config: TrainConfig, where) -> dataclass | dict``."""
 
 MODULE_ROLES = (
     "model",
@@ -81,18 +108,6 @@ _HEAD_TRAINING = (
     ("losses", "training/losses.py"),
     ("trainer", "training/trainer.py"),
 )
-
-
-def resolve(ref: Ref) -> Any:
-    """The object of a ``"module:attribute"`` reference (objects are returned as they are).
-
-    Raises:
-        ImportError / AttributeError: the module or attribute does not exist.
-    """
-    if not isinstance(ref, str):
-        return ref
-    module, _, attr = ref.partition(":")
-    return getattr(importlib.import_module(module), attr)
 
 
 @dataclass(frozen=True)
@@ -115,37 +130,18 @@ class ModelFamily:
     """One model family (see the module docstring for each field)."""
 
     name: str
-    model: Ref
+    model: type
     description: str = ""
-    config: Ref = None
-    trainer: Ref = None
+    config: ConfigParser | None = None
+    trainer: Trainer | None = None
     mines_negatives: bool = False
-    system: Ref = None
-    report: Ref = None
-    curves: Ref = None
-    defaults: Ref = None
+    system: SystemMaker | None = None
+    report: ReportHook | None = None
+    curves: CurvesHook | None = None
+    defaults: DefaultsHook | None = None
     modules: tuple[tuple[str, str], ...] = ()
     report_fields: tuple[str, ...] = ()
     cross_cpu: CrossCpu | None = None
-
-    FIELD_LAYERS: ClassVar[dict[str, str]] = {
-        "model": "models",
-        "config": "training",
-        "trainer": "training",
-        "defaults": "training",
-        "curves": "training",
-        "system": "search",
-        "report": "search",
-    }
-    """The highest layer (docs/DESIGN.md) a ``"module:attr"`` reference of each field may name:
-    the layer whose code resolves it (``load_model`` resolves ``model``; the training side
-    ``config`` / ``trainer`` / ``defaults`` / ``curves``; ``ckpt:`` systems and the report
-    ``system`` / ``report``). ``tests/test_layers.py`` checks every registered family."""
-
-    PACKAGE_LAYERS: ClassVar[tuple[str, ...]] = ("forest",)
-    """Layers that are one family's own package, above ``search`` (``treerank.forest``): any
-    field may name them, resolved lazily, until the table moves up into a ``families`` layer
-    above them (issue 31 item 1)."""
 
     @property
     def trainable(self) -> bool:
@@ -156,9 +152,6 @@ class ModelFamily:
         """Searched by inner product of ``encode_queries`` / ``encode_passages``."""
         return self.system is None
 
-    def model_class(self) -> Any:
-        return resolve(self.model)
-
     def parse_config(self, cfg: Any, where: str = "config") -> Any:
         """The family's parsed :class:`~treerank.training.config.TrainConfig`.
 
@@ -166,10 +159,8 @@ class ModelFamily:
             ConfigError: the family is not trainable, or the config is bad (names the key).
         """
         if self.config is None:
-            from treerank.config import ConfigError
-
             raise ConfigError(f"{where}: the {self.name!r} family is not trainable")
-        return resolve(self.config)(cfg, where)
+        return self.config(cfg, where)
 
     def resolved_config(self, cfg: Any, where: str = "config") -> dict[str, Any]:
         """The parsed config with every default filled in, as plain JSON types.
@@ -180,7 +171,7 @@ class ModelFamily:
         parsed = self.parse_config(cfg, where)
         out: dict[str, Any] = parsed.to_dict()
         if self.defaults is not None:
-            full = resolve(self.defaults)(parsed, where)
+            full = self.defaults(parsed, where)
             out["resolved"] = (
                 dataclasses.asdict(full)
                 if dataclasses.is_dataclass(full) and not isinstance(full, type)
@@ -188,17 +179,43 @@ class ModelFamily:
             )
         return out
 
-    def train_function(self) -> Any:
+    def train_function(self) -> Trainer:
+        """The family's trainer.
+
+        Raises:
+            KeyError: the family is not trainable.
+        """
         if self.trainer is None:
             raise KeyError(f"the {self.name!r} family is not trainable")
-        return resolve(self.trainer)
+        return self.trainer
 
 
-FAMILIES: dict[str, ModelFamily] = {}
+@dataclass(frozen=True)
+class FamilyEntry:
+    """One row of :data:`FAMILIES`: what is known without importing the family's modules."""
+
+    name: str
+    trainable: bool
+    load: Callable[[], ModelFamily]
+    """Imports the family's modules and returns its :class:`ModelFamily` (called once)."""
+
+
+FAMILIES: dict[str, FamilyEntry] = {}
+"""Family name -> entry, in registration order."""
+
+
+def _check_name(name: str, replace: bool) -> None:
+    if not name or ":" in name:
+        raise ValueError(f"bad family name {name!r}")
+    if name in FAMILIES and not replace:
+        raise ValueError(f"model family {name!r} is already registered")
 
 
 def register_family(entry: ModelFamily, *, replace: bool = False) -> ModelFamily:
     """Add a family to :data:`FAMILIES` (the one table entry a new family needs).
+
+    Also registers its model class with ``load_model`` and, when it has one, its own
+    retrieval with ``ckpt:`` systems.
 
     Args:
         entry: the family.
@@ -207,27 +224,58 @@ def register_family(entry: ModelFamily, *, replace: bool = False) -> ModelFamily
     Raises:
         ValueError: the name is taken (and ``replace`` is false), or empty / contains ``:``.
     """
-    if not entry.name or ":" in entry.name:
-        raise ValueError(f"bad family name {entry.name!r}")
-    if entry.name in FAMILIES and not replace:
-        raise ValueError(f"model family {entry.name!r} is already registered")
-    FAMILIES[entry.name] = entry
+    # imported here: the lower layers' tables cost torch at CLI start, and only a new family
+    # (a plugin, a test) registers
+    from treerank.models.registry import register_model_class
+    from treerank.search.systems import register_checkpoint_system
+
+    _check_name(entry.name, replace)
+    register_model_class(entry.name, lambda: entry.model, replace=True)
+    register_checkpoint_system(entry.name, entry.system, replace=True)
+    FAMILIES[entry.name] = FamilyEntry(entry.name, entry.trainable, lambda: entry)
+    _load.cache_clear()
     return entry
 
 
+def unregister_family(name: str) -> None:
+    """Remove a family registered by :func:`register_family` from every table (tests, plugins);
+    an unknown name is a no-op."""
+    from treerank.models.registry import MODEL_CLASSES
+    from treerank.search.systems import CHECKPOINT_SYSTEMS
+
+    if FAMILIES.pop(name, None) is not None:
+        MODEL_CLASSES.pop(name, None)
+        CHECKPOINT_SYSTEMS.pop(name, None)
+        _load.cache_clear()
+
+
+@cache
+def _load(name: str) -> ModelFamily:
+    entry = FAMILIES[name]
+    fam = entry.load()
+    if fam.name != name or fam.trainable != entry.trainable:
+        raise ValueError(
+            f"family {name!r}: its loader returned {fam.name!r} (trainable {fam.trainable}), "
+            f"the table says trainable {entry.trainable}"
+        )
+    return fam
+
+
 def family(name: str) -> ModelFamily:
-    """The family called ``name``.
+    """The family called ``name`` (its modules imported on first use).
 
     Raises:
         KeyError: unknown family (the message suggests the closest name and lists the known
             ones).
     """
-    try:
-        return FAMILIES[name]
-    except KeyError:
-        from treerank.names import unknown_name
+    if name not in FAMILIES:
+        raise KeyError(unknown_name("model family", name, FAMILIES))
+    return _load(name)
 
-        raise KeyError(unknown_name("model family", name, FAMILIES)) from None
+
+def all_families() -> dict[str, ModelFamily]:
+    """Every registered family, loaded (imports every family's modules)."""
+    return {name: family(name) for name in FAMILIES}
 
 
 def family_names() -> list[str]:
@@ -241,19 +289,31 @@ def trainable_families() -> list[str]:
 
 
 # ----------------------------------------------------------------------------- built-in families
-for _entry in (
-    ModelFamily(
+# One function per family imports its modules inside, so that the table costs no torch / numba
+# import until a family is used.
+
+
+def _cosine() -> ModelFamily:
+    from treerank.models.cosine import CosineScorer
+
+    return ModelFamily(
         "cosine",
-        "treerank.models.cosine:CosineScorer",
+        CosineScorer,
         "cosine of the frozen embeddings (no training)",
         modules=(("model", "models/cosine.py"),),
-    ),
-    ModelFamily(
+    )
+
+
+def _linear() -> ModelFamily:
+    from treerank.models.linear import LinearHead
+    from treerank.training.heads import parse_linear_config, train_linear
+
+    return ModelFamily(
         "linear",
-        "treerank.models.linear:LinearHead",
+        LinearHead,
         "linear projection heads (W = I + Delta), InfoNCE",
-        config="treerank.training.heads:parse_linear_config",
-        trainer="treerank.training.heads:train_linear",
+        config=parse_linear_config,
+        trainer=train_linear,
         mines_negatives=True,
         modules=(
             ("model", "models/linear.py"),
@@ -261,13 +321,19 @@ for _entry in (
             ("config + trainer", "training/heads.py"),
             *_HEAD_TRAINING,
         ),
-    ),
-    ModelFamily(
+    )
+
+
+def _mlp() -> ModelFamily:
+    from treerank.models.mlp import MLPHead
+    from treerank.training.heads import parse_mlp_config, train_mlp
+
+    return ModelFamily(
         "mlp",
-        "treerank.models.mlp:MLPHead",
+        MLPHead,
         "residual MLP heads, InfoNCE",
-        config="treerank.training.heads:parse_mlp_config",
-        trainer="treerank.training.heads:train_mlp",
+        config=parse_mlp_config,
+        trainer=train_mlp,
         mines_negatives=True,
         modules=(
             ("model", "models/mlp.py"),
@@ -275,30 +341,44 @@ for _entry in (
             ("config + trainer", "training/heads.py"),
             *_HEAD_TRAINING,
         ),
-    ),
-    ModelFamily(
+    )
+
+
+def _drt() -> ModelFamily:
+    from treerank.models.drt import DRTHead
+    from treerank.training.drt import parse_drt_config, train_drt
+
+    return ModelFamily(
         "drt",
-        "treerank.models.drt:DRTHead",
+        DRTHead,
         "decomposed relevance tensors (k slots + query attention)",
-        config="treerank.training.drt:parse_drt_config",
-        trainer="treerank.training.drt:train_drt",
+        config=parse_drt_config,
+        trainer=train_drt,
         mines_negatives=True,
         modules=(
             ("model", "models/drt.py"),
             ("config + trainer", "training/drt.py"),
             *_HEAD_TRAINING,
         ),
-    ),
-    ModelFamily(
+    )
+
+
+def _forest() -> ModelFamily:
+    from treerank.forest.model import Forest
+    from treerank.forest.index import ForestSystem, forest_report
+    from treerank.forest.trainer import parse_forest_config, plot_forest_curves, train_forest
+    from treerank.forest.config import forest_resolved_defaults
+
+    return ModelFamily(
         "forest",
-        "treerank.forest.model:Forest",
+        Forest,
         "TreeRank forest: M query/passage classifier pairs, retrieval by matching classes",
-        config="treerank.forest.trainer:parse_forest_config",
-        trainer="treerank.forest.trainer:train_forest",
-        system="treerank.forest.index:ForestSystem",
-        report="treerank.forest.index:forest_report",
-        curves="treerank.forest.trainer:plot_forest_curves",
-        defaults="treerank.forest.config:forest_resolved_defaults",
+        config=parse_forest_config,
+        trainer=train_forest,
+        system=ForestSystem,
+        report=forest_report,
+        curves=plot_forest_curves,
+        defaults=forest_resolved_defaults,
         report_fields=(
             "n_models",
             "n_train_queries",
@@ -328,6 +408,14 @@ for _entry in (
             ("diagnostics", "forest/diagnostics.py"),
             ("diagnostics", "forest/not_retrievable.py"),
         ),
-    ),
+    )
+
+
+for _name, _trainable, _loader in (
+    ("cosine", False, _cosine),
+    ("linear", True, _linear),
+    ("mlp", True, _mlp),
+    ("drt", True, _drt),
+    ("forest", True, _forest),
 ):
-    register_family(_entry)
+    FAMILIES[_name] = FamilyEntry(_name, _trainable, _loader)

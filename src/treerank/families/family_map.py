@@ -16,7 +16,7 @@ import ast
 import sys
 from pathlib import Path
 
-from treerank.families import FAMILIES, MODULE_ROLES, ModelFamily
+from treerank.families import MODULE_ROLES, ModelFamily, all_families
 
 __all__ = ["PACKAGE_DIR", "module_summary", "render_family_map", "write_family_map"]
 
@@ -52,7 +52,7 @@ def render_family_map(
             without a docstring.
         FileNotFoundError: a listed module does not exist.
     """
-    fams = FAMILIES if families is None else families
+    fams = all_families() if families is None else families
     out = [
         "# Where each model family lives\n",
         "Generated from `ModelFamily.modules` in `src/treerank/families/__init__.py` by "

@@ -331,6 +331,7 @@ class Forest(CheckpointMixin):
     """
 
     model_type = MODEL_TYPE
+    own_retrieval = True
 
     def __init__(
         self,

@@ -30,7 +30,7 @@ from treerank.distributed.context import DistContext, current, shard_bounds, use
 from treerank.kernels.device import DEFAULT_DEVICE, Device
 from treerank.kernels.topk import DEFAULT_QUERY_BATCH, decode_keys, exact_search, rank_keys
 
-__all__ = ["GATHER_BYTES", "sharded_exact_search", "sharded_search"]
+__all__ = ["GATHER_BYTES", "sharded_exact_search"]
 
 GATHER_BYTES = 32 * 2**20
 """Bytes of gathered keys per query block (all ranks together)."""
@@ -56,8 +56,9 @@ def sharded_exact_search(
         passages: ``(n_passages, d)`` stored passage vectors (a read-only memmap: each rank
             reads only its shard).
         k: results per query, clipped to ``n_passages``.
-        ctx: the process group (default: :func:`~treerank.distributed.context.current`; None
-            runs the one-process search).
+        ctx: the process group whose rank picks the shard
+            (:func:`~treerank.distributed.context.launch` / ``current()``); None runs the
+            one-process search. Given as an argument: no process-global state is read.
         chunk_size, passage_transform, query_batch, backend, device: as ``exact_search``
             (``device="cuda"`` is ``cuda:LOCAL_RANK`` on each rank).
         progress: a bar on rank 0 (the local search and the merge).
@@ -69,7 +70,6 @@ def sharded_exact_search(
     Raises:
         ValueError: as ``exact_search``.
     """
-    ctx = ctx if ctx is not None else current()
     qb = query_batch or DEFAULT_QUERY_BATCH
     if ctx is None:
         return exact_search(
@@ -95,18 +95,17 @@ def sharded_exact_search(
     pad = rank_keys(np.array([-1]), np.array([-np.inf], dtype=np.float32))[0]
     keys = np.full((nq, k), pad, dtype=np.int64)
     if hi > lo:
-        with use_search_hook(None):
-            ids, vals = exact_search(
-                q,
-                passages[lo:hi],
-                k,
-                chunk_size=chunk_size,
-                passage_transform=passage_transform,
-                progress=progress and ctx.is_main,
-                query_batch=qb,
-                backend=backend,
-                device=device,
-            )
+        ids, vals = exact_search(
+            q,
+            passages[lo:hi],
+            k,
+            chunk_size=chunk_size,
+            passage_transform=passage_transform,
+            progress=progress and ctx.is_main,
+            query_batch=qb,
+            backend=backend,
+            device=device,
+        )
         keys[:, : ids.shape[1]] = rank_keys(ids + lo, vals)
     block = max(1, GATHER_BYTES // (8 * k * ctx.world_size))
     out = np.empty((nq, k), dtype=np.int64)
@@ -120,20 +119,3 @@ def sharded_exact_search(
         bar.update(mine.shape[0])
     bar.close()
     return decode_keys(np.sort(out, axis=1))
-
-
-@contextmanager
-def sharded_search() -> Iterator[None]:
-    """Within the body, every ``treerank.kernels.topk.exact_search`` call runs sharded.
-
-    Under ``torchrun`` every rank must then make the same ``exact_search`` calls in the same
-    order (an evaluation does: every rank ranks every system). Outside this context (e.g. the
-    held-out validation on rank 0 during training) exact search stays local. A no-op in one
-    process.
-    """
-    ctx = current()
-    if ctx is None:
-        yield
-        return
-    with use_search_hook(lambda *a, **kw: sharded_exact_search(*a, ctx=ctx, **kw)):
-        yield

@@ -47,9 +47,10 @@ for every query and earns exactly the MRR that this id order earns, never a perf
 (toolkits that keep the first-listed candidate on ties, or sort positives first, report 1.0).
 FAISS ``IndexFlatIP`` keeps the same *set* on ties but lists tied ids in descending order.
 
-Under ``torchrun``, inside :func:`treerank.kernels.sharded.sharded_search` (``treerank
-evaluate`` enters it), each rank searches a contiguous passage shard and the top-k lists are
-merged to the same result (:mod:`treerank.kernels.sharded`).
+Under ``torchrun``, :func:`treerank.kernels.sharded.sharded_exact_search` (given the process
+group as its ``ctx`` argument; ``treerank evaluate`` hands it to the dense systems as their
+``shard``) searches a contiguous passage shard on each rank and merges the top-k lists to the
+same result; this kernel knows nothing of process groups.
 """
 
 from __future__ import annotations
@@ -566,18 +567,6 @@ def exact_search(
     """
     if backend not in BACKENDS:
         raise ValueError(f"unknown exact-search backend {backend!r}; known: {', '.join(BACKENDS)}")
-    if (hook := search_hook()) is not None:  # torchrun evaluation: shard the passages
-        return hook(  # type: ignore[no-any-return]
-            queries,
-            passages,
-            k,
-            chunk_size=chunk_size,
-            passage_transform=passage_transform,
-            progress=progress,
-            query_batch=query_batch,
-            backend=backend,
-            device=device,
-        )
     dev = resolve_device(device)
     backend = search_backend(backend, dev)
     q = np.ascontiguousarray(queries, dtype=np.float32)

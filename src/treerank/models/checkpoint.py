@@ -230,6 +230,13 @@ class CheckpointMixin:
     """
 
     model_type: ClassVar[str] = ""
+    trained: ClassVar[bool] = True
+    """A model that training produced (False: ``cosine``, which nothing trains); reports print
+    the memorisation caveat only for systems built on a trained model."""
+    own_retrieval: ClassVar[bool] = False
+    """The family searches with its own index (the forest's inverted lists, a ``ckpt:``
+    system of ``treerank.search.systems.CHECKPOINT_SYSTEMS``), not by inner product of two
+    towers."""
 
     def checkpoint_config(self) -> dict[str, Any]:
         """JSON-serialisable config that, with the tensors, rebuilds the model (holds ``dim``)."""

@@ -26,6 +26,7 @@ class CosineScorer(CheckpointMixin):
     """
 
     model_type = "cosine"
+    trained = False
 
     def __init__(self, dim: int | None = None, name: str = "cosine") -> None:
         self.dim = dim

@@ -62,6 +62,7 @@ from treerank.models.checkpoint import EncoderMismatchError, load_checkpoint
 from treerank.models.head import TwoTowerHead
 from treerank.models.linear import LinearTower
 from treerank.models.mlp import MLPTower
+from treerank.models.registry import model_class
 
 __all__ = [
     "EXPORT_INFO_FILE",
@@ -297,10 +298,9 @@ def tower_modules(tower: nn.Module) -> list[Any]:
 
 def _load_head(checkpoint: Path) -> tuple[TwoTowerHead, Any]:
     ckpt = load_checkpoint(checkpoint)
-    fam = family(ckpt.model_type)
-    cls = fam.model_class()
+    cls = model_class(ckpt.model_type)
     why = None
-    if fam.system is not None:
+    if getattr(cls, "own_retrieval", False):
         why = _OWN_RETRIEVAL
     elif hasattr(cls, "query_alpha"):  # a SlotScorer
         why = _SLOTS

@@ -1,16 +1,75 @@
-"""Loading any checkpoint into its model object, through the family table.
+"""Loading any checkpoint into its model object, by the checkpoint's ``model_type``.
 
-The checkpoint's ``model_type`` is a family name of :data:`treerank.families.FAMILIES`,
-whose model class rebuilds it (``CheckpointMixin.from_checkpoint``).
+The checkpoint's ``model_type`` is a family name (``treerank.families``); :data:`MODEL_CLASSES`
+maps it to a function that imports and returns the model class, whose
+``CheckpointMixin.from_checkpoint`` rebuilds it. The built-in families' classes are listed here
+(one function per family, so that no model module is imported before it is needed);
+``treerank.families.register_family`` adds a new family's class.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from treerank.families import family
 from treerank.models.checkpoint import load_checkpoint
+from treerank.names import unknown_name
+
+__all__ = ["MODEL_CLASSES", "load_model", "model_class", "register_model_class"]
+
+
+def _cosine() -> type:
+    from treerank.models.cosine import CosineScorer
+
+    return CosineScorer
+
+
+def _linear() -> type:
+    from treerank.models.linear import LinearHead
+
+    return LinearHead
+
+
+def _mlp() -> type:
+    from treerank.models.mlp import MLPHead
+
+    return MLPHead
+
+
+def _drt() -> type:
+    from treerank.models.drt import DRTHead
+
+    return DRTHead
+
+
+def _forest() -> type:
+    from treerank.forest.model import Forest
+
+    return Forest
+
+
+MODEL_CLASSES: dict[str, Callable[[], type]] = {
+    "cosine": _cosine,
+    "linear": _linear,
+    "mlp": _mlp,
+    "drt": _drt,
+    "forest": _forest,
+}
+"""Family name (a checkpoint's ``model_type``) -> function returning its model class."""
+
+
+def register_model_class(
+    model_type: str, load: Callable[[], type], *, replace: bool = False
+) -> None:
+    """Add (or with ``replace``, replace) the model class of a family.
+
+    Raises:
+        ValueError: ``model_type`` is taken and ``replace`` is false.
+    """
+    if model_type in MODEL_CLASSES and not replace:
+        raise ValueError(f"model type {model_type!r} is already registered")
+    MODEL_CLASSES[model_type] = load
 
 
 def model_class(model_type: str) -> Any:
@@ -19,7 +78,9 @@ def model_class(model_type: str) -> Any:
     Raises:
         KeyError: unknown family (the message lists the known ones).
     """
-    return family(model_type).model_class()
+    if model_type not in MODEL_CLASSES:
+        raise KeyError(unknown_name("model family", model_type, MODEL_CLASSES))
+    return MODEL_CLASSES[model_type]()
 
 
 def load_model(

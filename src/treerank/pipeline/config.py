@@ -408,7 +408,7 @@ def _models(doc: Any, src: Path) -> dict[str, ModelSpec]:
                 f"{where}.family: "
                 + unknown_name("trainable model family", str(fam), trainable_families())
             )
-        FAMILIES[fam].parse_config(body, where)
+        family(fam).parse_config(body, where)
         out[str(name)] = ModelSpec(str(name), str(fam), body, seeds)
     return out
 

@@ -43,6 +43,7 @@ from typing import Any
 from treerank.evaluation.settings import EvaluationSettings
 from treerank.families import family
 from treerank.lock import writes_dir
+from treerank.metrics.metrics import headline_metric
 from treerank.pipeline.config import (
     DatasetConfig,
     ExperimentConfig,

@@ -182,7 +182,7 @@ def make_validator(
         if fam is not None and fam.system is not None:
             # A family with its own retrieval (the forest's inverted lists): searched as it is
             # searched at evaluation time, never through a dense view (one-hot features).
-            make: SystemHook = resolve(fam.system)
+            make: SystemHook = fam.system
             system = make(model, None, device=device)
             split = _Split(queries, passages)  # not a StoreLike: issue 31 item 6
             ids = system.retrieve(split, cfg.k).ids  # type: ignore[arg-type]
@@ -472,6 +472,7 @@ def _train_model(
             "encoding": encoding_contract(dict(getattr(store, "meta", None) or {})),
             "train_provenance": training_provenance(store),
         },
+        curves_hook=fam.curves,
         title=f"{family_name}, seed {seed}, trained on {getattr(store, 'path', '')}",
     )
     return TrainResult(family_name, ckpt_dir, out.model, summary, held, log_path, curves)

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 from treerank.families import FAMILIES
+from treerank.distributed.context import DistContext
 from treerank.kernels.device import DEFAULT_DEVICE, Device
 from treerank.kernels.topk import DEFAULT_CHUNK_SIZE
 from treerank.metrics.metrics import parse_metric
@@ -99,6 +100,8 @@ class BuildContext:
         progress: tqdm bars in dense search and index builds.
         backend: exact-search kernel on the CPU, ``"faiss"`` | ``"torch"`` | ``"auto"``.
         device: where dense search, a family's own search and a cross-encoder compute.
+        shard: under ``torchrun``, the process group whose rank's passage shard every dense
+            system searches (top-k merged across ranks); ``None``: one process.
         cache: system name -> system already built; one dict shared by several builds makes a
             system named twice (alone and inside a fusion) be built, and run, once.
     """
@@ -107,11 +110,12 @@ class BuildContext:
     progress: bool = False
     backend: str = "faiss"
     device: Device = DEFAULT_DEVICE
+    shard: DistContext | None = field(default=None, compare=False)
     cache: dict[str, System] | None = field(default=None, compare=False)
 
     def dense_options(self) -> DenseOptions:
         """The dense systems' part of the context."""
-        return DenseOptions(self.chunk_size, self.progress, self.backend, self.device)
+        return DenseOptions(self.chunk_size, self.progress, self.backend, self.device, self.shard)
 
 
 # --------------------------------------------------------------------------- parameter fields

@@ -8,19 +8,20 @@ spec kind.
 
 A checkpoint loads through :func:`treerank.models.registry.load_model` with the store's encoder
 fingerprint (a checkpoint trained on another encoder's vectors is refused); the model's family
-(``treerank.families``) says how it searches: its ``system`` hook (a
-:class:`SystemHook`, e.g. the forest's inverted lists), or, for a dense family,
+(``treerank.families``) says how it searches: its own retrieval (a
+:class:`SystemHook` in :data:`CHECKPOINT_SYSTEMS`, e.g. the forest's inverted lists), or, for a dense family,
 :class:`DenseSystem` over its two towers.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from treerank.distributed.context import DistContext
 from treerank.encoders.precision import vector_precision
 from treerank.kernels.device import DEFAULT_DEVICE, Device
 from treerank.kernels.topk import DEFAULT_CHUNK_SIZE, exact_search
@@ -56,12 +57,14 @@ class SystemHook(Protocol):
 class DenseOptions:
     """How a dense system searches: ``chunk_size`` passages per exact-search block (``None``:
     one block), tqdm ``progress`` bars, the CPU ``backend`` (``"faiss"`` | ``"torch"`` |
-    ``"auto"``) and the ``device``."""
+    ``"auto"``), the ``device``, and under ``torchrun`` the process group ``shard`` whose
+    rank's passage shard is searched (merged across ranks; ``None``: one process)."""
 
     chunk_size: int | None = DEFAULT_CHUNK_SIZE
     progress: bool = False
     backend: str = "faiss"
     device: Device = DEFAULT_DEVICE
+    shard: DistContext | None = field(default=None, compare=False)
 
 
 class _RunMemo:
@@ -97,6 +100,7 @@ class DenseSystem:
         progress: bool = False,
         backend: str = "faiss",
         device: Device = DEFAULT_DEVICE,
+        shard: DistContext | None = None,
     ) -> None:
         self.scorer = scorer
         self.name: str = name or str(getattr(scorer, "name", "dense"))
@@ -104,6 +108,7 @@ class DenseSystem:
         self.progress = progress
         self.backend = backend
         self.device = device  # where exact search runs
+        self.shard = shard  # torchrun: search this rank's passage shard, merge across ranks
         self._memo = _RunMemo()
 
     @classmethod
@@ -112,7 +117,13 @@ class DenseSystem:
     ) -> DenseSystem:
         """A dense system searching as ``options`` say."""
         return cls(
-            scorer, name, options.chunk_size, options.progress, options.backend, options.device
+            scorer,
+            name,
+            options.chunk_size,
+            options.progress,
+            options.backend,
+            options.device,
+            options.shard,
         )
 
     def retrieve(self, store: StoreLike, k: int = 1000) -> Run:
@@ -120,17 +131,30 @@ class DenseSystem:
         if (hit := self._memo.get(store, k)) is not None:
             return hit
         q = np.asarray(self.scorer.encode_queries(np.asarray(store.queries, dtype=np.float32)))
-        ids, scores = exact_search(
-            q,
-            store.passages,
-            k=k,
-            chunk_size=self.chunk_size,
-            passage_transform=self.scorer.encode_passages,
-            progress=self.progress,
-            backend=self.backend,
-            source=str(getattr(store, "path", "vectors")),
-            device=self.device,
-        )
+        if self.shard is not None:
+            ids, scores = sharded_exact_search(
+                q,
+                store.passages,
+                k,
+                ctx=self.shard,
+                chunk_size=self.chunk_size,
+                passage_transform=self.scorer.encode_passages,
+                progress=self.progress,
+                backend=self.backend,
+                device=self.device,
+            )
+        else:
+            ids, scores = exact_search(
+                q,
+                store.passages,
+                k=k,
+                chunk_size=self.chunk_size,
+                passage_transform=self.scorer.encode_passages,
+                progress=self.progress,
+                backend=self.backend,
+                source=str(getattr(store, "path", "vectors")),
+                device=self.device,
+            )
         return self._memo.put(store, Run(self.name, ids, scores))
 
 
@@ -201,6 +225,44 @@ class FusionSystem:
         return linear_fusion(ra, rb, k=k, weight=self.weight, norm=self.norm, name=self.name)
 
 
+CheckpointSystemMaker = Callable[..., System]
+"""``make(model, name, *, device=...) -> System``: a family's own retrieval for a loaded model."""
+
+
+def _forest_system() -> CheckpointSystemMaker:
+    from treerank.forest.index import ForestSystem
+
+    return ForestSystem
+
+
+CHECKPOINT_SYSTEMS: dict[str, Callable[[], CheckpointSystemMaker]] = {"forest": _forest_system}
+"""Family name -> function returning the system maker of a family with its own retrieval (a
+model class with ``own_retrieval``); every other family is searched by :class:`DenseSystem`.
+``treerank.families.register_family`` adds a new family's ``system`` hook."""
+
+
+def register_checkpoint_system(
+    model_type: str, make: CheckpointSystemMaker | None, *, replace: bool = False
+) -> None:
+    """Set (``make``) or clear (None) the own retrieval of family ``model_type``.
+
+    Raises:
+        ValueError: ``model_type`` has one already and ``replace`` is false.
+    """
+    if model_type in CHECKPOINT_SYSTEMS and not replace:
+        raise ValueError(f"model type {model_type!r} already has a checkpoint system")
+    if make is None:
+        CHECKPOINT_SYSTEMS.pop(model_type, None)
+    else:
+        CHECKPOINT_SYSTEMS[model_type] = lambda: make
+
+
+def checkpoint_system(model_type: str) -> CheckpointSystemMaker | None:
+    """The own retrieval of family ``model_type`` (None: a dense family)."""
+    load = CHECKPOINT_SYSTEMS.get(model_type)
+    return None if load is None else load()
+
+
 class CheckpointSystem:
     """A checkpoint directory, loaded for the store it is asked to rank (fingerprint-checked)."""
 
@@ -211,7 +273,7 @@ class CheckpointSystem:
         self.name = name or self.path.name
         self.options = options or DenseOptions()  # a dense family's search; its device for all
         self._loaded: tuple[str | None, System] | None = None
-        self._family: Any = None
+        self._model_type = ""
 
     def system_for(self, store: StoreLike) -> System:
         """The loaded model's system for ``store`` (loaded once per encoder fingerprint).
@@ -220,7 +282,6 @@ class CheckpointSystem:
             EncoderMismatchError: the checkpoint was trained on another encoder's vectors.
             TypeError: a dense family's model lacks ``encode_queries`` / ``encode_passages``.
         """
-        from treerank.families import family, resolve
         from treerank.models.registry import load_model
 
         fp = getattr(store, "encoder_fingerprint", None)
@@ -228,20 +289,19 @@ class CheckpointSystem:
             model = load_model(
                 self.path, expected_fingerprint=fp, expected_precision=vector_precision(store)
             )
-            fam = family(model.model_type)
             system: System
-            if fam.system is not None:
-                make: SystemHook = resolve(fam.system)
+            if (make := checkpoint_system(model.model_type)) is not None:
                 system = make(model, self.name, device=self.options.device)
             elif isinstance(model, DenseScorer):
                 system = DenseSystem.with_options(model, self.name, self.options)
             else:
                 raise TypeError(
-                    f"{self.path}: {type(model).__name__} (family {fam.name!r}) has no system hook "
+                    f"{self.path}: {type(model).__name__} (family {model.model_type!r}) has no "
+                    "system hook "
                     "and is not a dense scorer (encode_queries / encode_passages)"
                 )
             self._loaded = (fp, system)
-            self._family = fam
+            self._model_type = str(model.model_type)
         return self._loaded[1]
 
     def check_store(self, store: StoreLike) -> None:
@@ -286,10 +346,10 @@ class CheckpointSystem:
         prov = (self._extra() or {}).get("train_provenance")
         return prov if isinstance(prov, dict) else None
 
-    def family_for(self, store: StoreLike) -> Any:
-        """The :class:`~treerank.families.ModelFamily` of the loaded checkpoint."""
+    def model_type_for(self, store: StoreLike) -> str:
+        """The family name (``model_type``) of the checkpoint loaded for ``store``."""
         self.system_for(store)
-        return self._family
+        return self._model_type
 
     def retrieve(self, store: StoreLike, k: int = 1000) -> Run:
         run = self.system_for(store).retrieve(store, k)

@@ -237,7 +237,7 @@ def export_to_db(
             expected_precision=vector_precision(store),
         )
         model_type = str(getattr(model, "model_type", ""))
-        if not isinstance(model, DenseScorer) or not family(model_type).dense:
+        if not isinstance(model, DenseScorer) or getattr(model, "own_retrieval", False):
             raise ValueError(
                 f"{head_dir}: a {model_type!r} model has no passage vectors to store "
                 "(only dense families: linear, mlp, cosine-like)"

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,8 @@ def save_trained_model(
     records: list[dict[str, Any]] | None = None,
     extra: dict[str, Any] | None = None,
     title: str = "",
+    curves_hook: Callable[[list[dict[str, Any]], dict[str, Any], Path, str], Path | None]
+    | None = None,
 ) -> tuple[Path, Path | None, Path | None]:
     """Write a trained model's directory (see the module docstring).
 
@@ -57,6 +60,9 @@ def save_trained_model(
         records: the trainer's log records (None or empty: no log, no curves).
         extra: more provenance for ``config.json`` (train store, held-out rows, ...).
         title: plot title.
+        curves_hook: the family's own curves, ``plot(records, summary, path, title) -> Path |
+            None`` (the ``curves`` of its ``treerank.families`` entry); None: the generic
+            :func:`~treerank.training.history.plot_curves` of the log.
 
     Returns:
         ``(checkpoint_dir, log_path or None, curves_path or None)``.
@@ -79,10 +85,9 @@ def save_trained_model(
             write_event_files(records, out)
         except Exception as exc:  # a broken event file must never lose a trained checkpoint
             warnings.warn(f"{out}: TensorBoard event file not written ({exc})", stacklevel=2)
-        hook = resolve(family(ckpt.model_type).curves)
         try:
-            if hook is not None:
-                curves = hook(records, summary or {}, out / CURVES_FILE, title)
+            if curves_hook is not None:
+                curves = curves_hook(records, summary or {}, out / CURVES_FILE, title)
             else:
                 metric = None
                 trainer = (summary or {}).get("config", {}).get("trainer") or {}
