@@ -33,7 +33,7 @@ def _typed_keys(name: str) -> list[tuple[str, str, Any]]:
         for sec, record in FOREST_SECTION_TYPES.items():
             out += [(sec, k, a) for k, a in type_hints(record).items()]
     else:
-        cls = fam.model_class()
+        cls = fam.model
         if name == "drt":
             from treerank.models.drt import DRTConfig
 

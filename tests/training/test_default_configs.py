@@ -27,7 +27,7 @@ SHIPPED = {
 def _model_defaults(name: str) -> dict[str, Any]:
     """The model constructor's defaults (a dense family's ``model`` section is passed to it)."""
     fam = family(name)
-    cls = fam.model_class()
+    cls = fam.model
     if name == "drt":
         from treerank.models.drt import DRTConfig
 

@@ -204,10 +204,10 @@ def test_bundled_irli_config_parses_and_runs(toy_store) -> None:
 def test_repartition_is_in_the_train_stage_config_only_when_set() -> None:
     """The family's resolved config (part of the train-stage key) holds ``repartition`` when
     the config sets it, and is exactly the field list of before without it."""
-    from treerank.families import FAMILIES
+    from treerank.families import family
     from treerank.forest.config import ForestTrainConfig
 
-    fam = FAMILIES["forest"]
+    fam = family("forest")
     plain = fam.resolved_config({"model": {"n_models": 2}})
     assert set(plain["resolved"]) == set(ForestTrainConfig().flat()) - {"repartition"}
     rp = fam.resolved_config({"model": {"n_models": 2}, "trainer": {"repartition": {"rounds": 1}}})

@@ -60,7 +60,6 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from treerank.config import ConfigError
 from treerank.names import unknown_name
 
 __all__ = [
@@ -159,6 +158,8 @@ class ModelFamily:
             ConfigError: the family is not trainable, or the config is bad (names the key).
         """
         if self.config is None:
+            from treerank.config import ConfigError  # YAML: not imported at CLI start-up
+
             raise ConfigError(f"{where}: the {self.name!r} family is not trainable")
         return self.config(cfg, where)
 
@@ -304,19 +305,19 @@ def _cosine() -> ModelFamily:
     )
 
 
-def _linear() -> ModelFamily:
-    from treerank.models.linear import LinearHead
-    from treerank.training.heads import parse_linear_config, train_linear
-
+def _two_tower_head(
+    name: str, model: type, description: str, config: ConfigParser, trainer: Trainer
+) -> ModelFamily:
+    """A head family of ``training/heads.py`` (linear, mlp): InfoNCE with mined negatives."""
     return ModelFamily(
-        "linear",
-        LinearHead,
-        "linear projection heads (W = I + Delta), InfoNCE",
-        config=parse_linear_config,
-        trainer=train_linear,
+        name,
+        model,
+        description,
+        config=config,
+        trainer=trainer,
         mines_negatives=True,
         modules=(
-            ("model", "models/linear.py"),
+            ("model", f"models/{name}.py"),
             ("model", "models/head.py"),
             ("config + trainer", "training/heads.py"),
             *_HEAD_TRAINING,
@@ -324,23 +325,25 @@ def _linear() -> ModelFamily:
     )
 
 
+def _linear() -> ModelFamily:
+    from treerank.models.linear import LinearHead
+    from treerank.training.heads import parse_linear_config, train_linear
+
+    return _two_tower_head(
+        "linear",
+        LinearHead,
+        "linear projection heads (W = I + Delta), InfoNCE",
+        parse_linear_config,
+        train_linear,
+    )
+
+
 def _mlp() -> ModelFamily:
     from treerank.models.mlp import MLPHead
     from treerank.training.heads import parse_mlp_config, train_mlp
 
-    return ModelFamily(
-        "mlp",
-        MLPHead,
-        "residual MLP heads, InfoNCE",
-        config=parse_mlp_config,
-        trainer=train_mlp,
-        mines_negatives=True,
-        modules=(
-            ("model", "models/mlp.py"),
-            ("model", "models/head.py"),
-            ("config + trainer", "training/heads.py"),
-            *_HEAD_TRAINING,
-        ),
+    return _two_tower_head(
+        "mlp", MLPHead, "residual MLP heads, InfoNCE", parse_mlp_config, train_mlp
     )
 
 
