@@ -18,9 +18,10 @@ Fixtures (session-scoped):
 
 Two tiers (``pytest -m "not integration"`` / ``-m integration``; ``scripts/test.sh`` runs both,
 unit first): a test is in the **integration** tier when it is marked so, when it is marked
-``slow``, when it sits under ``tests/distributed/`` (``torchrun`` processes), or when it uses a
-fixture of :data:`INTEGRATION_FIXTURES` (the real data files, the encoder, the real stores); the
-marks are added at collection (:func:`pytest_collection_modifyitems`). Everything else is the
+``slow``, when it sits under ``tests/distributed/`` (``torchrun`` processes), when it uses a
+fixture of :data:`INTEGRATION_FIXTURES` (the real data files, the encoder, the real stores), or
+when it is one of the slow end-to-end runs of :data:`INTEGRATION_TESTS`; the marks are added at
+collection (:func:`pytest_collection_modifyitems`). Everything else is the
 **unit** tier: small hand-made inputs, under three minutes in all on two CPU cores.
 """
 
@@ -60,6 +61,24 @@ INTEGRATION_FIXTURES = frozenset(
 """Fixtures that read the real data sets or load the encoder: their tests are integration."""
 
 
+INTEGRATION_TESTS = (
+    "tests/cli/test_go_layout.py::",
+    "tests/cli/test_mistakes.py::test_issue36_full_disk_during_embed_exits_3_and_resumes",
+    "tests/cli/test_run.py::test_sigint_during_run_names_the_stage_and_says_rerun_continues",
+    "tests/pipeline/test_name_files.py::test_unicode_and_long_model_names_keep_their_own_files",
+    "tests/pipeline/test_published.py::test_published_numbers_equal_the_committed_report_results",
+    "tests/pipeline/test_seeds.py::test_seed_variance_in_the_report",
+    "tests/search/test_forest_probes.py::test_each_scoring_equals_dense_reference",
+    "tests/search/test_forest_probes.py::test_forest_system_default_search_is_the_seed",
+    "tests/test_gpu_check.py::",
+    "tests/training/test_finetune.py::test_cached_mnrl_gradients_equal_plain_mnrl",
+    "tests/training/test_forest_repartition.py::test_sampled_rounds_and_the_passage_term",
+)
+"""Node-id prefixes of end-to-end tests on hand-made inputs (whole experiments through the CLI
+or the pipeline, a GPU-check script, training runs) that ``--durations`` measured slowest: the
+integration tier too, so that the unit tier stays under three minutes."""
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark the integration tier (see the module docstring)."""
     distributed = REPO / "tests" / "distributed"
@@ -69,6 +88,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             names & INTEGRATION_FIXTURES
             or item.get_closest_marker("slow") is not None
             or distributed in Path(str(item.fspath)).parents
+            or item.nodeid.startswith(INTEGRATION_TESTS)
         ):
             item.add_marker(pytest.mark.integration)
 

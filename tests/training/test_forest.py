@@ -10,7 +10,12 @@ import pytest
 import torch
 
 from treerank.forest.model import Forest
-from treerank.forest.trainer import FOREST_SECTIONS, ForestTrainConfig, train_forest
+from treerank.forest.trainer import (
+    FOREST_SECTIONS,
+    ForestTrainConfig,
+    plot_forest_curves,
+    train_forest,
+)
 from treerank.models.registry import load_model
 
 
@@ -55,6 +60,7 @@ def test_training_balances_classes_learns_and_logs(toy_store, tmp_path) -> None:
         encoder_fingerprint=toy_store.encoder_fingerprint,
         summary=out.summary,
         records=out.records,
+        curves_hook=plot_forest_curves,  # the forest family's curves (the pipeline passes them)
     )
     forest = out.model
     assert isinstance(forest, Forest) and forest.n_models == 4 and forest.n_classes == 4

@@ -126,7 +126,13 @@ def test_pipeline_passes_the_device_to_the_trainer_and_the_validator(tmp_path, m
         seen["system"].append(device)
         real_init(self, *args, device=device, **kw)
 
-    monkeypatch.setattr(tf, "train_forest", spy_train)
+    import dataclasses
+
+    from treerank.families import FAMILIES, FamilyEntry, family
+
+    forest = family("forest")  # the family holds train_forest itself: replace its entry
+    spied = dataclasses.replace(forest, trainer=spy_train)
+    monkeypatch.setitem(FAMILIES, "forest", FamilyEntry("forest", True, lambda: spied))
     monkeypatch.setattr(fi.ForestSystem, "__init__", spy_init)
     cfg = sectioned({**SMALL, "n_models": 2, "validation": {"fraction": 0.25, "k": 20}})
     res = train_model(

@@ -251,8 +251,9 @@ def unregister_family(name: str) -> None:
 
 
 @cache
-def _load(name: str) -> ModelFamily:
-    entry = FAMILIES[name]
+def _load(entry: FamilyEntry) -> ModelFamily:
+    """Loaded once per entry (a replaced entry, e.g. a test's, loads afresh)."""
+    name = entry.name
     fam = entry.load()
     if fam.name != name or fam.trainable != entry.trainable:
         raise ValueError(
@@ -271,7 +272,7 @@ def family(name: str) -> ModelFamily:
     """
     if name not in FAMILIES:
         raise KeyError(unknown_name("model family", name, FAMILIES))
-    return _load(name)
+    return _load(FAMILIES[name])
 
 
 def all_families() -> dict[str, ModelFamily]:
