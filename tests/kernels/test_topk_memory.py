@@ -130,14 +130,15 @@ def test_exact_search_peak_memory_does_not_grow_with_the_passages(tmp_path: Path
     float32 = 1 MiB) over a 16 MiB and a 64 MiB passage file. What the search holds: the chunk
     buffer (1 MiB), 256 x 4,096 float32 scores (4 MiB) and the gathered rows of the exact
     rescoring (256 x 116 x 64 float32 = 7.25 MiB), ~13 MiB, plus bookkeeping and allocator
-    slack (measured 25 and 26 MiB): bound 40 MiB at both sizes, and the two within 8 MiB of each
-    other. Reading the map in place fails it (measured 28 and 76 MiB): every page fault of the
+    slack (measured 16 to 25 MiB at either size, run to run): bound 40 MiB at both sizes, and
+    the two within 20 MiB of each other. Reading the map in place fails both (measured 28 and
+    76 MiB): every page fault of the
     rescoring's scattered gathers also maps the cached neighbours of the row, so the whole
     64 MiB file became resident (the cause of the seed-scale stage's 6.39 GiB)."""
     small = _peak_growth_mib(tmp_path, 65_536, 64)
     large = _peak_growth_mib(tmp_path, 262_144, 64)
     assert small <= 40 and large <= 40, (small, large)
-    assert abs(large - small) <= 8, (small, large)
+    assert abs(large - small) <= 20, (small, large)
 
 
 _GATHER_CHILD = textwrap.dedent(
