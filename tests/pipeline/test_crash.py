@@ -36,7 +36,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 # <stage kind>:<point>, in the order a run reaches them (sci's given store, its train stages,
 # then tiny's embedding, the evaluations, the diagnostics, the report); every stage kind has at
-# least one (the BM25 mining inside the first train stage included).
+# least one (the BM25 mining of the mine stage included).
 CHAIN = [
     "mining:after-mine",
     "train:after-weights",
@@ -99,8 +99,8 @@ def test_killed_at_every_point_then_rerun_equals_an_uninterrupted_run(
             running = None
             assert (out / "report.json").exists()
         else:
-            running = ran[-1]  # mining happens inside the first train stage
-            assert running.startswith("train:" if kind == "mining" else f"{kind}:"), point
+            running = ran[-1]  # mining is a stage of its own (mine:<ds>:<part>)
+            assert running.startswith("mine:" if kind == "mining" else f"{kind}:"), point
         assert lock_path(out).exists()  # the dead holder's lock file, taken over next time
 
     a, b = report_numbers(out), report_numbers(ref)
