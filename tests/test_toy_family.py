@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from treerank.config import ConfigError
 from treerank.evaluation.settings import EvaluationSettings
-from treerank.families import FAMILIES, ModelFamily, register_family
+from treerank.families import ModelFamily, register_family, unregister_family
 from treerank.models.checkpoint import CheckpointMixin
 from treerank.models.registry import load_model
 from treerank.training.config import TrainConfig, parse_train_config

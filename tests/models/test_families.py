@@ -45,8 +45,8 @@ def test_every_entry_holds_objects_and_the_lower_tables_agree() -> None:
     """Each family imports its parts directly; ``load_model``'s class table and the ``ckpt:``
     own-retrieval table (layers below the family table) say the same as the family."""
     from treerank.families import all_families
-    from treerank.models.registry import model_class
     from treerank.forest.index import ForestSystem
+    from treerank.models.registry import model_class
     from treerank.search.systems import checkpoint_system
     from treerank.training.heads import train_linear
 

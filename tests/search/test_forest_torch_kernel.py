@@ -15,8 +15,6 @@ import torch
 import treerank.forest.torch_kernel as ftk
 from tests.search.test_forest_index import random_tables, saved_random_forest
 from tests.search.test_forest_probes import tables
-from treerank.kernels.device import Device, DeviceError
-from treerank.forest.model import SCORINGS, Forest, ForestConfig, ForestSearch
 from treerank.forest import index as forest_index
 from treerank.forest.index import (
     ForestIndex,
@@ -24,6 +22,8 @@ from treerank.forest.index import (
     count_kernel,
 )
 from treerank.forest.kernel import ID_BLOCK
+from treerank.forest.model import SCORINGS, Forest, ForestConfig, ForestSearch
+from treerank.kernels.device import Device, DeviceError
 
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")

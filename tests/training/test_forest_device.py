@@ -9,8 +9,8 @@ import torch
 
 from tests.training.conftest import make_toy_store
 from tests.training.test_forest import SMALL, sectioned
-from treerank.kernels.device import Device, DeviceError
 from treerank.forest.trainer import train_forest
+from treerank.kernels.device import Device, DeviceError
 
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")

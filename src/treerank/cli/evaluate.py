@@ -114,7 +114,6 @@ def evaluate(
     from treerank.evaluation.plots import dataset_label
     from treerank.evaluation.settings import EvaluationSettings, resolve_evaluation
     from treerank.evaluation.summary import headline as summary_lines
-    from treerank.kernels.sharded import sharded_search
     from treerank.kernels.topk import check_run_depth
     from treerank.metrics.metrics import headline_metric
     from treerank.store import EmbeddingStore

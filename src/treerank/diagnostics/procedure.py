@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+import treerank.families  # noqa: F401  (the family table registers the forest's checkpoints)
 from treerank.atomic import atomic_write_text
 from treerank.diagnostics.cka import linear_cka
 from treerank.diagnostics.failures import failure_analysis

@@ -48,7 +48,9 @@ from typing import Any
 
 import numpy as np
 
+import treerank.families  # noqa: F401  (the family table registers the forest's checkpoints)
 from treerank.atomic import is_disk_full
+from treerank.distributed.context import DistContext
 from treerank.evaluation.checks import check_depth, check_evaluable
 from treerank.evaluation.overlap import overlap_breakdown, seen_positive_mask
 from treerank.evaluation.plots import dataset_label, plot_deltas, plot_recall_curve
@@ -65,7 +67,6 @@ from treerank.evaluation.seeds import seed_average, seed_spread
 from treerank.evaluation.settings import EvaluationSettings
 from treerank.evaluation.significance import McNemarResult, PairedTest, compare_paired, mcnemar
 from treerank.evaluation.trec_io import write_trec_run
-from treerank.distributed.context import DistContext
 from treerank.kernels.device import DEFAULT_DEVICE, Device
 from treerank.lock import writer_lock
 from treerank.metrics.metrics import EvalResult, evaluate_run, parse_metric

@@ -368,10 +368,10 @@ def _drt() -> ModelFamily:
 
 
 def _forest() -> ModelFamily:
-    from treerank.forest.model import Forest
-    from treerank.forest.index import ForestSystem, forest_report
-    from treerank.forest.trainer import parse_forest_config, plot_forest_curves, train_forest
     from treerank.forest.config import forest_resolved_defaults
+    from treerank.forest.index import ForestSystem, forest_report
+    from treerank.forest.model import Forest
+    from treerank.forest.trainer import parse_forest_config, plot_forest_curves, train_forest
 
     return ModelFamily(
         "forest",
@@ -423,3 +423,17 @@ for _name, _trainable, _loader in (
     ("forest", True, _forest),
 ):
     FAMILIES[_name] = FamilyEntry(_name, _trainable, _loader)
+
+
+def _register_below() -> None:
+    """The forest is a layer of its own above models and search, so their tables
+    (``load_model``'s model classes, the ``ckpt:`` own retrievals) cannot name it: this table
+    adds its entries, lazily (the forest's modules load on first use)."""
+    from treerank.models.registry import register_model_class
+    from treerank.search.systems import CHECKPOINT_SYSTEMS
+
+    register_model_class("forest", lambda: family("forest").model, replace=True)
+    CHECKPOINT_SYSTEMS["forest"] = lambda: family("forest").system
+
+
+_register_below()

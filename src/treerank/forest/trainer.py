@@ -91,7 +91,6 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from treerank.atomic import atomic_savefig
-from treerank.kernels.device import DEFAULT_DEVICE, Device
 from treerank.forest.config import (
     FOREST_SECTIONS,
     ForestTrainConfig,
@@ -117,6 +116,7 @@ from treerank.forest.model import (
     stacked_forward,
 )
 from treerank.forest.stages import StageInputs, stage_backward
+from treerank.kernels.device import DEFAULT_DEVICE, Device
 from treerank.storelike import StoreLike
 from treerank.training.config import TrainConfig
 from treerank.training.history import TrainingLog
@@ -479,13 +479,17 @@ def train_forest(
             )
             qc = np.concatenate(
                 [
-                    part.query_classes(xq_all.rows(lo, lo + cfg.trainer.chunk_size), device=device)[0]
+                    part.query_classes(xq_all.rows(lo, lo + cfg.trainer.chunk_size), device=device)[
+                        0
+                    ]
                     for lo in range(0, nq, cfg.trainer.chunk_size)
                 ]
             )
             pc = np.concatenate(
                 [
-                    part.passage_classes(shared.rows(lo, lo + cfg.trainer.chunk_size), device=device)[0]
+                    part.passage_classes(
+                        shared.rows(lo, lo + cfg.trainer.chunk_size), device=device
+                    )[0]
                     for lo in range(0, len(shared.ids), cfg.trainer.chunk_size)
                 ]
             )

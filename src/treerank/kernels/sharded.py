@@ -18,15 +18,14 @@ run (the queries are small, every rank holds them all).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 
 import numpy as np
 import torch
 import torch.distributed as dist
 from tqdm.auto import tqdm
 
-from treerank.distributed.context import DistContext, current, shard_bounds, use_search_hook
+from treerank.distributed.context import DistContext, shard_bounds
 from treerank.kernels.device import DEFAULT_DEVICE, Device
 from treerank.kernels.topk import DEFAULT_QUERY_BATCH, decode_keys, exact_search, rank_keys
 

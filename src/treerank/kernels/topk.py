@@ -66,7 +66,6 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from treerank.distributed.context import search_hook
 from treerank.kernels.device import DEFAULT_DEVICE, Device, resolve_device, search_backend
 from treerank.kernels.rows import FileRows
 from treerank.kernels.vectors import ROW_CHUNK

@@ -56,7 +56,6 @@ import torch
 from torch import nn
 
 from treerank.encoders.fingerprint import weights_fingerprint
-from treerank.families import family
 from treerank.lock import writes_dir
 from treerank.models.checkpoint import EncoderMismatchError, load_checkpoint
 from treerank.models.head import TwoTowerHead

@@ -43,20 +43,15 @@ def _drt() -> type:
     return DRTHead
 
 
-def _forest() -> type:
-    from treerank.forest.model import Forest
-
-    return Forest
-
-
 MODEL_CLASSES: dict[str, Callable[[], type]] = {
     "cosine": _cosine,
     "linear": _linear,
     "mlp": _mlp,
     "drt": _drt,
-    "forest": _forest,
 }
-"""Family name (a checkpoint's ``model_type``) -> function returning its model class."""
+"""Family name (a checkpoint's ``model_type``) -> function returning its model class. A family
+in a layer above this one (the forest, ``treerank.forest``) is added by the family table
+(``treerank.families``) when it loads."""
 
 
 def register_model_class(
@@ -79,7 +74,11 @@ def model_class(model_type: str) -> Any:
         KeyError: unknown family (the message lists the known ones).
     """
     if model_type not in MODEL_CLASSES:
-        raise KeyError(unknown_name("model family", model_type, MODEL_CLASSES))
+        raise KeyError(
+            unknown_name("model family", model_type, MODEL_CLASSES)
+            + " (a family above the models layer, such as the forest, is registered when "
+            "treerank.families is imported)"
+        )
     return MODEL_CLASSES[model_type]()
 
 

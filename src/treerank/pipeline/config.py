@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from treerank.config import ConfigError, check_keys, expected_text, load_yaml
-from treerank.families import FAMILIES, trainable_families
+from treerank.families import FAMILIES, family, trainable_families
 from treerank.kernels.device import (
     DEFAULT_DEVICE,
     DEFAULT_DEVICE_TEXT,

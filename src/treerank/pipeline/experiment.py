@@ -43,7 +43,6 @@ from typing import Any
 from treerank.evaluation.settings import EvaluationSettings
 from treerank.families import family
 from treerank.lock import writes_dir
-from treerank.metrics.metrics import headline_metric
 from treerank.pipeline.config import (
     DatasetConfig,
     ExperimentConfig,

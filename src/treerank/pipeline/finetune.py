@@ -231,6 +231,8 @@ def paired_summary(tests: Mapping[str, Any]) -> dict[str, dict[str, float]]:
         }
         for m, t in tests.items()
     }
+
+
 def finetune_rows(train: StoreLike, cfg: FinetuneConfig) -> tuple[np.ndarray, np.ndarray]:
     """``(train rows, held-out rows)``: ``int64`` query ids of ``train`` a fine-tune trains on
     and the ones its ``validation`` section holds out (seeded by ``seed``; whole passage

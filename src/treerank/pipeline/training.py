@@ -23,7 +23,7 @@ from treerank.config import ConfigError
 from treerank.distributed.context import is_main_process, main_first
 from treerank.encoders.precision import vector_precision
 from treerank.evaluation.provenance import training_provenance
-from treerank.families import family, family_names, resolve
+from treerank.families import family, family_names
 from treerank.faults import crash_point
 from treerank.kernels.device import DEFAULT_DEVICE, Device
 from treerank.kernels.vectors import ROW_CHUNK

@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
-from treerank.families import FAMILIES
 from treerank.distributed.context import DistContext
+from treerank.families import FAMILIES
 from treerank.kernels.device import DEFAULT_DEVICE, Device
 from treerank.kernels.topk import DEFAULT_CHUNK_SIZE
 from treerank.metrics.metrics import parse_metric

@@ -8,13 +8,14 @@ spec kind.
 
 A checkpoint loads through :func:`treerank.models.registry.load_model` with the store's encoder
 fingerprint (a checkpoint trained on another encoder's vectors is refused); the model's family
-(``treerank.families``) says how it searches: its own retrieval (a
-:class:`SystemHook` in :data:`CHECKPOINT_SYSTEMS`, e.g. the forest's inverted lists), or, for a dense family,
+(``treerank.families``) says how it searches: its own retrieval (a :class:`SystemHook` in
+:data:`CHECKPOINT_SYSTEMS`, e.g. the forest's inverted lists), or, for a dense family,
 :class:`DenseSystem` over its two towers.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -24,6 +25,7 @@ import numpy as np
 from treerank.distributed.context import DistContext
 from treerank.encoders.precision import vector_precision
 from treerank.kernels.device import DEFAULT_DEVICE, Device
+from treerank.kernels.sharded import sharded_exact_search
 from treerank.kernels.topk import DEFAULT_CHUNK_SIZE, exact_search
 from treerank.models.base import DenseScorer
 from treerank.models.checkpoint import CheckpointMixin
@@ -229,16 +231,11 @@ CheckpointSystemMaker = Callable[..., System]
 """``make(model, name, *, device=...) -> System``: a family's own retrieval for a loaded model."""
 
 
-def _forest_system() -> CheckpointSystemMaker:
-    from treerank.forest.index import ForestSystem
-
-    return ForestSystem
-
-
-CHECKPOINT_SYSTEMS: dict[str, Callable[[], CheckpointSystemMaker]] = {"forest": _forest_system}
+CHECKPOINT_SYSTEMS: dict[str, Callable[[], CheckpointSystemMaker]] = {}
 """Family name -> function returning the system maker of a family with its own retrieval (a
 model class with ``own_retrieval``); every other family is searched by :class:`DenseSystem`.
-``treerank.families.register_family`` adds a new family's ``system`` hook."""
+The family table (``treerank.families``, a layer above) fills it when it loads: the forest's
+entry, and a new family's ``system`` hook through ``register_family``."""
 
 
 def register_checkpoint_system(

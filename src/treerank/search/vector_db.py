@@ -227,7 +227,6 @@ def export_to_db(
     head_dir = Path(head) if head is not None else None
     dim = int(store.dim)
     if head_dir is not None:
-        from treerank.families import family
         from treerank.models.base import DenseScorer
         from treerank.models.registry import load_model
 

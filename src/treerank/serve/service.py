@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import treerank.families  # noqa: F401  (the family table registers the forest's checkpoints)
 from treerank.kernels.device import DEFAULT_DEVICE, Device, resolve_device
 from treerank.search.query import (
     EncoderMismatchError,

@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 from treerank.atomic import atomic_write_text
-from treerank.families import family, resolve
 from treerank.models.checkpoint import save_checkpoint
 from treerank.training.history import plot_curves
 from treerank.training.tensorboard import write_event_files

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from treerank.encoders import SentenceEncoder
 from treerank.encoders.sentence import default_model_path
+from treerank.kernels.device import Device
 from treerank.pipeline.config import DatasetConfig, EncoderConfig
 from treerank.pipeline.identity import StageId
 from treerank.pipeline.stages.base import (
@@ -22,7 +23,6 @@ from treerank.readers import RetrievalSplit
 from treerank.search.faiss_index import INDEXES_DIR
 from treerank.store import EmbeddingStore
 from treerank.store.dataset import embed_dataset
-from treerank.kernels.device import Device
 from treerank.store.format import ARRAYS_DIR
 from treerank.store.format import FORMAT_VERSION as STORE_FORMAT_VERSION
 
