@@ -105,10 +105,10 @@ def test_published_block_states_what_reproduces_across_cpus() -> None:
     may move by up to 0.01 on another CPU, every other system by the printed decimals only."""
     import copy
 
-    from treerank.families import FAMILIES
+    from treerank.families import family
     from treerank.pipeline.published import EXACT_TOLERANCE, cpu_order_systems, mismatches
 
-    cross = FAMILIES["forest"].cross_cpu
+    cross = family("forest").cross_cpu
     assert cross is not None
     CPU_ORDER_TOLERANCE = cross.tolerance  # the forest family's hook
 

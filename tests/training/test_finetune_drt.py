@@ -277,18 +277,22 @@ def test_auto_precision_picks_bf16_only_where_the_probe_measured_it_faster(
     the fidelity bound is checked on real vectors) with an injected clock: bf16 twice as fast
     is chosen; slower, or merely equal, keeps fp32."""
     from treerank.encoders import SentenceEncoder
+    from treerank.kernels.device import DEFAULT_DEVICE
     from treerank.training.finetune import resolve_precision
 
     monkeypatch.setenv("TREERANK_CACHE", str(tmp_path / "cache"))
     enc = SentenceEncoder(progress=False)
     clock = {"torch/fp32": 1.0, "torch/bf16": bf16_seconds}
-    got, record = resolve_precision("auto", enc, "cpu", timer=lambda p, fn: clock[p.name])
+    got, record = resolve_precision("auto", enc, DEFAULT_DEVICE, timer=lambda p, fn: clock[p.name])
     assert got == want
     assert record["setting"] == "auto" and record["probe"]["path"] == f"torch/{want}"
     assert record["probe"]["seconds"] == pytest.approx(clock)
     # fixed settings are kept without measuring
-    assert resolve_precision("bf16", enc, "cpu", timer=None) == ("bf16", {"setting": "bf16"})
-    assert resolve_precision("fp32", enc, "cpu")[0] == "fp32"
+    assert resolve_precision("bf16", enc, DEFAULT_DEVICE, timer=None) == (
+        "bf16",
+        {"setting": "bf16"},
+    )
+    assert resolve_precision("fp32", enc, DEFAULT_DEVICE)[0] == "fp32"
 
 
 # ------------------------------------------------------------------ ONNX export

@@ -60,7 +60,7 @@ def finetune(
     from treerank.training.finetune_config import parse_finetune_config
 
     err = Console(stderr=True)
-    dev = str(cli_device(device).concrete())  # before any work
+    dev = cli_device(device)  # parsed and checked before any work
     try:
         doc = load_yaml(config)
         if seed is not None:

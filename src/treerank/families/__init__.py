@@ -430,10 +430,15 @@ def _register_below() -> None:
     (``load_model``'s model classes, the ``ckpt:`` own retrievals) cannot name it: this table
     adds its entries, lazily (the forest's modules load on first use)."""
     from treerank.models.registry import register_model_class
-    from treerank.search.systems import CHECKPOINT_SYSTEMS
+    from treerank.search.systems import CHECKPOINT_SYSTEMS, CheckpointSystemMaker
+
+    def forest_system() -> CheckpointSystemMaker:
+        make = family("forest").system
+        assert make is not None  # the forest searches its own inverted lists
+        return make
 
     register_model_class("forest", lambda: family("forest").model, replace=True)
-    CHECKPOINT_SYSTEMS["forest"] = lambda: family("forest").system
+    CHECKPOINT_SYSTEMS["forest"] = forest_system
 
 
 _register_below()

@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from treerank.atomic import atomic_write_json
+from treerank.kernels.device import DEFAULT_DEVICE, Device
 from treerank.readers.split import RetrievalSplit
 from treerank.store.embed import embed_split
 from treerank.store.embedding_store import EmbeddingStore
@@ -95,7 +96,7 @@ def reembed_split(
     *,
     overwrite: bool = False,
     progress: bool = False,
-    device: str = "cpu",
+    device: Device = DEFAULT_DEVICE,
 ) -> EmbeddingStore:
     """Embed ``parent``'s split again with the tuned encoder of ``run_dir``.
 
@@ -282,7 +283,7 @@ def run_finetune(
     progress: bool = False,
     n_permutations: int | None = None,
     drift_k: int = 10,
-    device: str = "cpu",
+    device: Device = DEFAULT_DEVICE,
     log: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Fine-tune, re-embed both splits, evaluate against frozen cosine, measure drift.
@@ -462,7 +463,7 @@ def run_cross_encoder_finetune(
     *,
     train_split: str = "train",
     resume: bool = False,
-    device: str = "cpu",
+    device: Device = DEFAULT_DEVICE,
     log: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Train a cross-encoder on ``store_root/train_split`` (the ``cross-encoder`` family).

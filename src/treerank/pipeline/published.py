@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from treerank.evaluation.summary import headline
-from treerank.families import FAMILIES, CrossCpu
+from treerank.families import FAMILIES, CrossCpu, family
 from treerank.metrics.metrics import headline_metric
 
 BEGIN = "<!-- BEGIN generated results (scripts/readme_results.py; do not edit by hand) -->"
@@ -65,9 +65,9 @@ def extract(report: Mapping[str, Any], dataset: str) -> dict[str, Any]:
     }
 
 
-def _cross_cpu(family: object) -> CrossCpu | None:
-    fam = FAMILIES.get(str(family))
-    return fam.cross_cpu if fam is not None else None
+def _cross_cpu(family_name: object) -> CrossCpu | None:
+    name = str(family_name)
+    return family(name).cross_cpu if name in FAMILIES else None
 
 
 def cpu_order_families(doc: Mapping[str, Any]) -> dict[str, list[str]]:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from treerank.atomic import atomic_write_text
-from treerank.families import FAMILIES
+from treerank.families import FAMILIES, family
 from treerank.faults import crash_point
 from treerank.metrics.metrics import headline_metric
 
@@ -64,8 +64,8 @@ _TRAINING_FIELDS = (
 
 def _training_rows(name: str, summary: dict[str, Any]) -> list[str]:
     s = summary.get("summary", {})
-    fam = FAMILIES.get(str(summary.get("family")))
-    fields = _TRAINING_FIELDS + (fam.report_fields if fam is not None else ())
+    name_ = str(summary.get("family"))
+    fields = _TRAINING_FIELDS + (family(name_).report_fields if name_ in FAMILIES else ())
     keep = [(k, s[k]) for k in fields if k in s and not isinstance(s[k], dict | list)]
     cells = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in keep)
     return [f"| `{name}` | {cells or '—'} |"]

@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 from treerank.distributed.context import DistContext
-from treerank.families import FAMILIES
 from treerank.kernels.device import DEFAULT_DEVICE, Device
 from treerank.kernels.topk import DEFAULT_CHUNK_SIZE
 from treerank.metrics.metrics import parse_metric
@@ -829,6 +828,5 @@ def system_uses_trained_model(system: System) -> bool:
     if isinstance(system, CheckpointSystem):
         return True
     if isinstance(system, CheckpointMixin):
-        fam = FAMILIES.get(system.model_type)
-        return fam is None or fam.trainable
+        return bool(type(system).trained)  # a loaded model: trained unless its family is not
     return False

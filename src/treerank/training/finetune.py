@@ -194,7 +194,7 @@ def load_base(base: str | None, store: StoreLike, *, device: Device = DEFAULT_DE
     return enc.model, enc.fingerprint
 
 
-def _base_encoder(base: str | None, store: StoreLike, device: str) -> Any:
+def _base_encoder(base: str | None, store: StoreLike, device: Device) -> Any:
     """:func:`load_base`'s ``SentenceEncoder`` (the ``precision: auto`` probe encodes with it)."""
     from treerank.encoders import SentenceEncoder
 
@@ -211,7 +211,7 @@ def _base_encoder(base: str | None, store: StoreLike, device: str) -> Any:
 def resolve_precision(
     precision: str,
     encoder: Any,
-    device: str = "cpu",
+    device: Device = DEFAULT_DEVICE,
     *,
     timer: Any = None,
     refresh: bool = False,
@@ -237,7 +237,7 @@ def resolve_precision(
     """
     if precision != "auto":
         return precision, {"setting": precision}
-    if str(device).startswith("cuda"):
+    if device.kind == "cuda":
         import torch
 
         ok = bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())

@@ -6,7 +6,8 @@ the same call ``treerank evaluate`` makes, on the YAML ``evaluate:`` section par
 YAML) deeper than ``evaluate.k`` are left out, as the command leaves them out when no
 ``--metric`` is given, while a named metric deeper than ``k`` is refused before any stage runs
 (``validate_experiment``, as ``compare_systems`` refuses it). Under ``torchrun`` every rank
-searches a contiguous passage shard (``sharded_search``) and rank 0 writes, as the command does.
+searches a contiguous passage shard (``compare_systems(shard=...)``) and rank 0 writes, as the
+command does.
 """
 
 from __future__ import annotations
@@ -26,9 +27,8 @@ from treerank.distributed.context import launch
 from treerank.evaluation.compare import Comparison, compare_systems
 from treerank.evaluation.overlap import overlap_markdown
 from treerank.evaluation.settings import EvaluationSettings, resolve_evaluation
-from treerank.families import family, resolve
+from treerank.families import family
 from treerank.faults import crash_point
-from treerank.kernels.sharded import sharded_search
 from treerank.metrics.metrics import headline_metric
 from treerank.pipeline.finetune import TunedStoreSystem
 from treerank.pipeline.identity import StageId, SystemId
@@ -149,7 +149,7 @@ class EvaluateStage(Stage):
             overlap=train is not None,
         )
         train_st = None if train is None else EmbeddingStore.open(train.store, dim=train.dim)
-        with launch() as dist, sharded_search():
+        with launch() as dist:
             main = dist is None or dist.is_main
             comp = compare_systems(
                 store,
@@ -160,6 +160,7 @@ class EvaluateStage(Stage):
                 train_store=train_st,
                 seed_groups=self.seed_groups,
                 device=self.ctx.device,
+                shard=dist,
             )
         crash_point("evaluate", "after-runs")
         return self._output(d, store, built, comp, plan.settings)
@@ -210,9 +211,11 @@ def family_reports(systems: Mapping[str, System], store: StoreLike) -> dict[str,
         families that have a hook.
     """
     groups: dict[str, dict[str, System]] = {}
+    hooks = {}
     for name, system in systems.items():
         if isinstance(system, CheckpointSystem):
-            fam = system.family_for(store)
+            fam = family(system.model_type_for(store))
             if fam.report is not None:
+                hooks[fam.name] = fam.report
                 groups.setdefault(fam.name, {})[name] = system.system_for(store)
-    return {f: resolve(family(f).report)(group) for f, group in groups.items()}
+    return {f: hooks[f](group) for f, group in groups.items()}
