@@ -96,7 +96,7 @@ def child(args: argparse.Namespace) -> None:
     """Build one index and search the batch; print one JSON line."""
     from treerank.search.faiss_index import FaissSystem, peak_rss_mib
     from treerank.search.query import QueryView
-    from treerank.search.systems import build_system
+    from treerank.search.specs import build_system
     from treerank.store import EmbeddingStore
 
     one_thread()

@@ -118,7 +118,7 @@ def main() -> None:
     from treerank.metrics.metrics import evaluate_run
     from treerank.metrics.qrels import Qrels
     from treerank.readers.scifact import read_scifact
-    from treerank.search.systems import build_system
+    from treerank.search.specs import build_system
     from treerank.store import EmbeddingStore, embed_split
 
     split = read_scifact(SCIFACT, "test")

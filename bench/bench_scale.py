@@ -310,7 +310,7 @@ class _QueryPrefix:
 
 
 def _faiss_stage(a: argparse.Namespace, spec: str, n: int) -> dict[str, Any]:
-    from treerank.search.systems import build_system
+    from treerank.search.specs import build_system
 
     store, _ = _eval_queries(a, 1)
     view = _QueryPrefix(store, n)

@@ -44,7 +44,8 @@ from treerank.metrics.qrels import Qrels
 from treerank.models.linear import LinearHead
 from treerank.pipeline.training import make_validator
 from treerank.search.bm25 import BM25Index
-from treerank.search.systems import DenseSystem, build_system
+from treerank.search.specs import build_system
+from treerank.search.systems import DenseSystem
 from treerank.store import EmbeddingStore
 from treerank.training.holdout import ValidationConfig, holdout_split, passage_groups
 from treerank.training.sources import label_pairs, teacher_pairs, train_on_pairs

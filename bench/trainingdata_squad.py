@@ -41,7 +41,8 @@ from treerank.metrics.qrels import Qrels
 from treerank.models.linear import LinearHead
 from treerank.pipeline.training import make_validator
 from treerank.search.fusion_tuning import TunedFusionSystem, tuning_rows
-from treerank.search.systems import DenseSystem, build_system
+from treerank.search.specs import build_system
+from treerank.search.systems import DenseSystem
 from treerank.store import EmbeddingStore
 from treerank.store.view import QuerySubset
 from treerank.training.holdout import ValidationConfig, holdout_split, passage_groups

@@ -192,9 +192,15 @@ def main(argv: list[str] | None = None) -> int:
     }
     # against frozen cosine (each arm's own record), then against the biencoder arm (the
     # Scale-2 delta), on the same runs
-    vs_cos = compare_systems(frozen, systems, "cosine", settings=settings, train_store=train)
+    vs_cos = compare_systems(
+        frozen, systems, settings=settings.with_(baseline="cosine"), train_store=train
+    )
     vs_bi = compare_systems(
-        frozen, systems, bi_name, settings=settings, train_store=train, runs=vs_cos.runs
+        frozen,
+        systems,
+        settings=settings.with_(baseline=bi_name),
+        train_store=train,
+        runs=vs_cos.runs,
     )
     head = load_model(head_dir, expected_fingerprint=drt.encoder_fingerprint)
     means = {s: {m: float(v) for m, v in r.mean.items()} for s, r in vs_cos.results.items()}

@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from treerank.cli.main import app
 from treerank.evaluation.compare import compare_systems
+from treerank.evaluation.settings import EvaluationSettings
 from treerank.store.view import QuerySubset
 
 
@@ -62,10 +63,9 @@ def test_sample_is_seeded_shared_by_every_system_and_recorded(
     want = compare_systems(
         QuerySubset(ms, rows),
         ["cosine", "bm25"],
-        "cosine",
-        k=20,
-        n_permutations=200,
-        metrics=tuple(doc["metrics"]),
+        settings=EvaluationSettings(
+            baseline="cosine", k=20, n_permutations=200, metrics=tuple(doc["metrics"])
+        ),
     )
     for name in ("cosine", "bm25"):
         for metric, value in want.results[name].mean.items():

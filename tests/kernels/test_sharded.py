@@ -20,7 +20,8 @@ from treerank.kernels.sharded import sharded_exact_search
 from treerank.kernels.topk import exact_search
 from treerank.models.cosine import CosineScorer
 from treerank.search import systems
-from treerank.search.systems import DenseSystem, build_system
+from treerank.search.specs import BuildContext, build_system
+from treerank.search.systems import DenseSystem
 
 
 def _vectors() -> tuple[np.ndarray, np.ndarray]:
@@ -65,7 +66,7 @@ def test_dense_systems_get_the_shard_from_build_system(monkeypatch) -> None:
 
     monkeypatch.setattr(systems, "sharded_exact_search", recording)
     marker = DistContext(0, 2, "gloo", torch.device("cpu"))
-    fused = build_system("rrf:bm25+cosine", shard=marker)
+    fused = build_system("rrf:bm25+cosine", BuildContext(shard=marker))
     assert isinstance(fused.b, DenseSystem) and fused.b.shard is marker
 
     class Store:

@@ -151,7 +151,7 @@ def test_non_finite_vectors_raise_the_same_error_on_every_backend(tmp_path, back
     # issue 10, item 7: faiss silently dropped or ranked a NaN passage, torch raised
     from tests.search.tiny_store import write_tiny_store
     from treerank.kernels.topk import NonFiniteVectorError
-    from treerank.search.specs import build_system
+    from treerank.search.specs import BuildContext, build_system
 
     root = tmp_path / "test"
     write_tiny_store(root)
@@ -163,7 +163,7 @@ def test_non_finite_vectors_raise_the_same_error_on_every_backend(tmp_path, back
 
     store = EmbeddingStore.open(root)
     with pytest.raises(NonFiniteVectorError, match=rf"{root}: passage row 5 holds a non-finite"):
-        build_system("cosine", backend=backend).retrieve(store, 8)
+        build_system("cosine", BuildContext(backend=backend)).retrieve(store, 8)
     with pytest.raises(NonFiniteVectorError, match="passage row 5"):
         exact_search(np.ones((1, 16), np.float32), p, k=3, chunk_size=4, backend=backend)
     q = np.ones((2, 16), np.float32)
@@ -172,7 +172,9 @@ def test_non_finite_vectors_raise_the_same_error_on_every_backend(tmp_path, back
         exact_search(q, np.ones((4, 16), np.float32), k=2, backend=backend)
     p[5, 3] = 0.5
     p.tofile(root / "passages.bin")
-    run = build_system("cosine", backend=backend).retrieve(EmbeddingStore.open(root), 8)
+    run = build_system("cosine", BuildContext(backend=backend)).retrieve(
+        EmbeddingStore.open(root), 8
+    )
     assert run.scores[0, run.ids[0].tolist().index(2)] == 0.0  # the zero vector scores 0
 
 

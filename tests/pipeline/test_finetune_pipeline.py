@@ -187,7 +187,7 @@ def test_drt_e2e_run_scores_its_heads_on_the_reembedded_store(
     heads (RUN/drt_head) score it as a ckpt: system, the DRT slot CKA is in the drift record,
     and the heads refuse the frozen store (another encoder's vectors)."""
     from treerank.models.checkpoint import EncoderMismatchError
-    from treerank.search.systems import build_system
+    from treerank.search.specs import build_system
     from treerank.training.finetune import DRT_HEAD_DIR
 
     cfg = parse_finetune_config(

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from treerank.cli.main import app
 from treerank.diagnostics.false_negatives import audit_miners, denoise_audit
 from treerank.search.negatives import drop_labelled
-from treerank.search.systems import build_system
+from treerank.search.specs import build_system
 from treerank.store import EmbeddingStore
 
 
