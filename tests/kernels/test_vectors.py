@@ -9,6 +9,8 @@ import numpy as np
 
 from tests.training.conftest import make_toy_store
 from treerank.diagnostics.procedure import _run_ids
+from treerank.kernels.device import DEFAULT_DEVICE
+from treerank.search.specs import parse_spec
 from treerank.forest.data import mine_hard_negatives
 from treerank.kernels.topk import exact_search
 from treerank.kernels.vectors import l2_normalize
@@ -36,7 +38,7 @@ def test_l2_normalize_unit_rows_and_zero_rows() -> None:
 def test_diagnostics_baseline_is_the_cosine_system() -> None:
     unit, raw = _non_normalised()
     want, _ = exact_search(unit.queries, unit.passages, k=10)
-    np.testing.assert_array_equal(_run_ids("cosine", raw, 10), want)
+    np.testing.assert_array_equal(_run_ids(parse_spec("cosine"), raw, 10, DEFAULT_DEVICE), want)
 
 
 def test_forest_mining_is_cosine() -> None:

@@ -146,6 +146,11 @@ class SentenceEncoder:
             )
         if bf16_weights and precision != "bf16":
             raise ValueError("bf16_weights needs precision 'bf16'")
+        if self.backend.runtime != "torch" and device.kind == "cuda":  # before resolving it
+            raise ValueError(
+                f"encoder backend {self.backend.name!r} runs on the CPU only; "
+                f"got device {str(device)!r}"
+            )
         torch_device = resolve_device(device)
         if self.backend.runtime != "torch" and torch_device.type != "cpu":
             raise ValueError(
