@@ -9,11 +9,11 @@ import numpy as np
 
 from tests.training.conftest import make_toy_store
 from treerank.diagnostics.procedure import _run_ids
-from treerank.kernels.device import DEFAULT_DEVICE
-from treerank.search.specs import parse_spec
 from treerank.forest.data import mine_hard_negatives
+from treerank.kernels.device import DEFAULT_DEVICE
 from treerank.kernels.topk import exact_search
 from treerank.kernels.vectors import l2_normalize
+from treerank.search.specs import parse_spec
 from treerank.training.sampler import guard_mined_negatives
 
 
