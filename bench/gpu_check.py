@@ -36,10 +36,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from treerank.kernels.device import Device, parse_device
+
 SKIP_NO_CUDA = "skipped (no CUDA)"
-GDEV = "cuda"
+GDEV = Device("cuda")
 """The device of the "GPU" halves (``--gpu-device cpu`` runs them on the CPU: a self-test of
 this script, whose comparisons must then be exact)."""
+CPU = Device("cpu")
+"""The reference halves' device."""
 
 
 def _timed(fn: Any, *args: Any, **kw: Any) -> tuple[Any, float]:
@@ -131,7 +135,7 @@ def check_search(cuda: bool, quick: bool) -> dict[str, Any]:
     p /= np.linalg.norm(p, axis=1, keepdims=True)
     q = 0.3 * p[rng.integers(0, n, nq)] + rng.standard_normal((nq, d), dtype=np.float32) / 20
     q = np.ascontiguousarray(q / np.linalg.norm(q, axis=1, keepdims=True), dtype=np.float32)
-    (c_ids, c_vals), t_cpu = _timed(exact_search, q, p, k=k, backend="torch", device="cpu")
+    (c_ids, c_vals), t_cpu = _timed(exact_search, q, p, k=k, backend="torch", device=CPU)
     rel = c_ids[np.arange(nq), rng.integers(0, 20, nq)]  # a relevant passage in the top 20
     res: dict[str, Any] = {
         "shape": f"{nq} x {n} x {d}, k={k}",
@@ -197,7 +201,7 @@ def check_head(cuda: bool, quick: bool) -> dict[str, Any]:
 
     store = _Store(*((2_000, 5_000, 128) if quick else (8_000, 20_000, 384)))
     cfg = {"seed": 0, "data": {"batch_size": 128}, "trainer": {"epochs": 1, "patience": None}}
-    cpu, t_cpu = _timed(train_head, LinearHead, store, cfg, progress=False, device="cpu")
+    cpu, t_cpu = _timed(train_head, LinearHead, store, cfg, progress=False, device=CPU)
     res: dict[str, Any] = {"steps": int(cpu.summary["steps"]), "cpu_seconds": t_cpu}
     if not cuda:
         res["status"] = SKIP_NO_CUDA
@@ -221,8 +225,8 @@ def _forest_cpu_count(index: Any, qc: np.ndarray, qp: np.ndarray, k: int) -> tup
     try:
         import numba  # noqa: F401
     except ImportError:
-        return index.search(qc, qp, k, device="cpu", backend="torch"), "torch (no numba)"
-    return index.search(qc, qp, k, device="cpu", backend="numba"), "numba"
+        return index.search(qc, qp, k, device=CPU, backend="torch"), "torch (no numba)"
+    return index.search(qc, qp, k, device=CPU, backend="numba"), "numba"
 
 
 def check_forest(cuda: bool, quick: bool) -> dict[str, Any]:
@@ -240,8 +244,8 @@ def check_forest(cuda: bool, quick: bool) -> dict[str, Any]:
         "trainer": {"group_size": 2, "steps_query": 10, "steps_passage": 10, "steps_joint": 5},
         "data": {"hard_negatives": 0},  # mining is exact search (part 2), and needs no FAISS
     }
-    train_forest(store, cfg, progress=False, device="cpu")  # warm-up (imports, first calls)
-    cpu, t_cpu = _timed(train_forest, store, cfg, progress=False, device="cpu")
+    train_forest(store, cfg, progress=False, device=CPU)  # warm-up (imports, first calls)
+    cpu, t_cpu = _timed(train_forest, store, cfg, progress=False, device=CPU)
     n, nq, m, c, k = (3_000, 100, 16, 8, 100) if quick else (50_000, 1_000, 64, 32, 100)
     rng = np.random.default_rng(3)
     passages = rng.standard_normal((n, 64), dtype=np.float32)
@@ -297,15 +301,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpu-device", default="cuda", help="cpu: self-test of this script")
     a = ap.parse_args(argv)
     global GDEV
-    GDEV = a.gpu_device
-    cuda = torch.cuda.is_available() or GDEV == "cpu"
+    GDEV = parse_device(a.gpu_device, check=False)
+    cuda = torch.cuda.is_available() or GDEV.kind == "cpu"
     torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32 on both sides
     torch.backends.cudnn.allow_tf32 = False
     doc: dict[str, Any] = {
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-        "gpu_device": GDEV,
+        "gpu_device": str(GDEV),
         "cpu": platform.processor() or platform.machine(),
         "cpu_threads": torch.get_num_threads(),
         "quick": a.quick,

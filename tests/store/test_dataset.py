@@ -29,7 +29,7 @@ def test_bad_input_fails_before_the_encoder_loads(tmp_path) -> None:
     bad.write_text('{"query_id": 1, "text": "q"}\n')
     calls: list[str] = []
 
-    def make(device: str):  # never reached
+    def make(device: object):  # never reached
         calls.append(device)
         raise AssertionError("the encoder must not load before the input was read")
 
@@ -44,7 +44,7 @@ def test_embed_dataset_writes_the_default_split_and_handles_an_existing_store(
     devices: list[str] = []
     events: list[tuple[str, bool]] = []
 
-    def make(device: str):
+    def make(device: object):
         devices.append(device)
         return encoder
 
@@ -55,7 +55,10 @@ def test_embed_dataset_writes_the_default_split_and_handles_an_existing_store(
     (res,) = embed_dataset(
         msmarco_parquet, out, make, limit=1, progress=False, on_read=on_read, reuse=False
     )
-    assert devices == ["cpu"] and events == [("validation", False), ("validation", True)]
+    assert [str(d) for d in devices] == ["cpu"] and events == [
+        ("validation", False),
+        ("validation", True),
+    ]
     assert res.path == out / "validation" and res.n_queries == 1 and res.k == 10
     st = EmbeddingStore.open(res.path)
     assert (st.n_queries, st.n_passages) == (1, res.n_passages)
@@ -66,7 +69,7 @@ def test_embed_dataset_writes_the_default_split_and_handles_an_existing_store(
     events.clear()
     with pytest.raises(StoreExistsError, match="a finished store is already here"):
         embed_dataset(msmarco_parquet, out, make, limit=1, progress=False, on_read=on_read)
-    assert events == [] and devices == ["cpu"]  # refused before reading or loading anything
+    assert events == [] and [str(d) for d in devices] == ["cpu"]  # refused before reading or loading anything
     # the pipeline's choice: a finished store of other inputs is replaced, not an error
     (again,) = embed_dataset(
         msmarco_parquet, out, make, limit=1, progress=False, replace_stale=True, reuse=False
