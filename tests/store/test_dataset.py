@@ -69,7 +69,9 @@ def test_embed_dataset_writes_the_default_split_and_handles_an_existing_store(
     events.clear()
     with pytest.raises(StoreExistsError, match="a finished store is already here"):
         embed_dataset(msmarco_parquet, out, make, limit=1, progress=False, on_read=on_read)
-    assert events == [] and [str(d) for d in devices] == ["cpu"]  # refused before reading or loading anything
+    assert events == [] and [str(d) for d in devices] == [
+        "cpu"
+    ]  # refused before reading or loading anything
     # the pipeline's choice: a finished store of other inputs is replaced, not an error
     (again,) = embed_dataset(
         msmarco_parquet, out, make, limit=1, progress=False, replace_stale=True, reuse=False
