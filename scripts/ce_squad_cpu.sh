@@ -34,7 +34,7 @@ if [ ! -f "$RUN/ce/results.json" ]; then  # a finished training run is kept (rer
 fi
 [ -n "${ONLY_TRAIN:-}" ] && exit 0
 /usr/bin/time -v -o "$RUN/time_rerank.txt" nice -n 5 "$TR" evaluate --store "$STORE/$DEV" \
-  --system bm25 --system "rescore:bm25:depth=20,scorer=ce:$RUN/ce/model" --baseline bm25 \
+  --system bm25 --system "rescore:bm25:depth=20,scorer=ce:$RUN/ce/model,precision=auto" --baseline bm25 \
   --k 20 --metric ndcg@10 --metric mrr@10 --metric recall@20 --sample-queries "$N" \
   --sample-seed 0 --no-progress -o "$RUN/eval" --overwrite \
   2>&1 | tee "$RUN/eval.log"

@@ -57,7 +57,7 @@ def main(run: Path, n: int, out: Path) -> None:
             "SQUAD=<store root> bash scripts/ce_squad_cpu.sh",
             "treerank finetune configs/finetune/squad_cross_encoder.yaml --store STORE -o RUN/ce",
             "treerank evaluate --store STORE/dev --system bm25 --system "
-            "'rescore:bm25:depth=20,scorer=ce:RUN/ce/model' --baseline bm25 --k 20 "
+            "'rescore:bm25:depth=20,scorer=ce:RUN/ce/model,precision=auto' --baseline bm25 --k 20 "
             f"--sample-queries {n} --sample-seed 0",
         ],
         "cpu": _cpu_model(),

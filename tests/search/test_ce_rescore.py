@@ -84,3 +84,39 @@ def test_recall_at_depth_hand_computed(ms: Any) -> None:
     cand = np.array([sorted(r)[:1] + [-1] if r else [-1, -1] for r in rel])
     want = np.mean([1 / len(r) for r in rel if r])
     assert recall_at_depth(ms, cand) == pytest.approx(want, abs=1e-12)
+
+
+def test_spec_options_reach_the_scorer(ms: Any, ce_dir: Path) -> None:
+    system = build_system(f"rescore:bm25:depth=8,scorer=ce:{ce_dir},batch=4,precision=bf16")
+    assert isinstance(system, CrossEncoderRescoreSystem)
+    scorer = system.scorer_for()
+    assert (scorer.batch_size, scorer.precision) == (4, "bf16")
+    fp32 = build_system(f"rescore:bm25:depth=8,scorer=ce:{ce_dir}").retrieve(ms, k=8)
+    bf16 = system.retrieve(ms, k=8)
+    for a, b in zip(fp32.ids, bf16.ids, strict=True):  # the same candidates, reordered at most
+        assert sorted(a.tolist()) == sorted(b.tolist())
+
+
+def test_auto_precision_is_the_measured_probe_choice(
+    ce_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from treerank.encoders.precision import TORCH_BF16, TORCH_FP32, cosines, resolve_path
+    from treerank.models.cross_encoder import CrossEncoderScorer
+
+    monkeypatch.setenv("TREERANK_CACHE", str(tmp_path))
+    scorer = CrossEncoderScorer(ce_dir)
+    ref, low = scorer.probe_forward(TORCH_FP32)(), scorer.probe_forward(TORCH_BF16)()
+    assert ref.shape == (1, 32) and abs(float(ref.mean())) < 1e-5  # centred scores
+    assert float(cosines(low, ref).min()) >= 0.999  # bf16 within its bound (Pearson r)
+
+    def clock(bf16_seconds: float):  # type: ignore[no-untyped-def]
+        return lambda path, fn: bf16_seconds if path.precision == "bf16" else 1.0
+
+    slower = resolve_path(scorer, "torch", "auto", timer=clock(2.0), refresh=True)
+    assert slower.path == TORCH_FP32  # a slower bf16 is never chosen
+    faster = resolve_path(scorer, "torch", "auto", timer=clock(0.5), refresh=True)
+    assert faster.path == TORCH_BF16 and faster.ratio == pytest.approx(2.0)
+    auto = CrossEncoderScorer(ce_dir, precision="auto")  # reads the cached choice
+    assert auto.precision == "bf16" and auto.choice is not None and auto.choice["cached"]
+    with pytest.raises(ValueError, match="expected one of fp32, bf16, auto"):
+        CrossEncoderScorer(ce_dir, precision="fp16")  # type: ignore[arg-type]

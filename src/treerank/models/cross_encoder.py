@@ -12,17 +12,26 @@ the same numbers ``CrossEncoder.predict(..., activation_fn=Identity)`` returns.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 import numpy as np
 
 from treerank.kernels.device import DEFAULT_DEVICE, Device, resolve_device
 
-__all__ = ["CrossEncoderScorer", "DEFAULT_SCORE_BATCH", "load_cross_encoder"]
+__all__ = [
+    "CE_PRECISIONS",
+    "CEPrecision",
+    "CrossEncoderScorer",
+    "DEFAULT_SCORE_BATCH",
+    "load_cross_encoder",
+]
 
 DEFAULT_SCORE_BATCH = 32
+CEPrecision = Literal["fp32", "bf16", "auto"]
+CE_PRECISIONS: tuple[str, ...] = get_args(CEPrecision)
 
 
 def load_cross_encoder(
@@ -64,8 +73,14 @@ class CrossEncoderScorer:
         path: the cross-encoder folder (see :func:`load_cross_encoder`).
         device: where it trains (a parsed :class:`~treerank.kernels.device.Device`).
         batch_size: pairs per forward pass.
-        precision: ``fp32`` or ``bf16`` (CPU/GPU autocast around the forward pass; scores are
-            returned as ``float32`` either way).
+        precision: ``fp32``, ``bf16`` (CPU/GPU autocast around the forward pass; scores are
+            returned as ``float32`` either way) or ``auto``: on a CUDA GPU bf16 where it is
+            supported; on a CPU the measured probe of issue 34
+            (:func:`treerank.encoders.precision.resolve_path` over this model's
+            :meth:`probe_forward`, cached per CPU, thread count, weights and library versions)
+            picks bf16 only where it scored the probe pairs faster than fp32 with a Pearson
+            correlation of the scores >= 0.999 (the bf16 fidelity bound), else fp32.
+            ``self.precision`` is the resolved one; ``self.choice`` the probe's record.
         max_length: tokens per pair (None: the folder's setting).
 
     Raises:
@@ -78,19 +93,54 @@ class CrossEncoderScorer:
         *,
         device: Device = DEFAULT_DEVICE,
         batch_size: int = DEFAULT_SCORE_BATCH,
-        precision: str = "fp32",
+        precision: CEPrecision = "fp32",
         max_length: int | None = None,
     ) -> None:
-        if precision not in ("fp32", "bf16"):
-            raise ValueError(f"cross-encoder precision {precision!r}: expected 'fp32' or 'bf16'")
+        if precision not in CE_PRECISIONS:
+            raise ValueError(
+                f"cross-encoder precision {precision!r}: expected one of {', '.join(CE_PRECISIONS)}"
+            )
         if batch_size < 1:
             raise ValueError(f"cross-encoder batch size must be >= 1, got {batch_size}")
         self.path = Path(path)
         self.device = device
         self.batch_size = int(batch_size)
-        self.precision = precision
         self.model = load_cross_encoder(self.path, device=device, max_length=max_length)
         self._fingerprint: str | None = None
+        self.choice: dict[str, Any] | None = None
+        self.precision: Literal["fp32", "bf16"] = "fp32" if precision == "auto" else precision
+        if precision == "auto":
+            self.precision, self.choice = self._resolve_auto()
+
+    def _resolve_auto(self) -> tuple[Literal["fp32", "bf16"], dict[str, Any]]:
+        import torch
+
+        if resolve_device(self.device).type == "cuda":
+            ok = bool(torch.cuda.is_bf16_supported())
+            return ("bf16" if ok else "fp32"), {"path": "cuda", "bf16_supported": ok}
+        from treerank.encoders.precision import resolve_path
+
+        choice = resolve_path(self, "torch", "auto")
+        print(f"cross-{choice.message()}", file=sys.stderr)  # "cross-encoder auto: ..."
+        return ("bf16" if choice.path.precision == "bf16" else "fp32"), choice.to_dict()
+
+    def probe_forward(self, path: Any) -> Callable[[], np.ndarray]:
+        """A callable scoring the probe pairs (each of
+        :data:`treerank.encoders.precision.PROBE_TEXTS` with the next one as its passage) as
+        one batch through ``path`` (a torch :class:`~treerank.encoders.precision.EncodePath`):
+        what ``auto`` times. It returns the centred scores as one ``float32 (1, n)`` row, so
+        the probe's cosine to fp32 is the Pearson correlation of the two score vectors."""
+        from treerank.encoders.precision import PROBE_TEXTS
+
+        texts = list(PROBE_TEXTS)
+        passages = texts[1:] + texts[:1]
+        precision = path.precision
+
+        def forward() -> np.ndarray:
+            scores = self._predict(texts, passages, precision, batch_size=len(texts))
+            return (scores - scores.mean()).reshape(1, -1)
+
+        return forward
 
     @property
     def fingerprint(self) -> str:
@@ -119,14 +169,19 @@ class CrossEncoderScorer:
             )
         if not len(queries):
             return np.zeros(0, np.float32)
+        return self._predict(queries, passages, self.precision, batch_size=self.batch_size)
+
+    def _predict(
+        self, queries: Sequence[str], passages: Sequence[str], precision: str, *, batch_size: int
+    ) -> np.ndarray:
         import torch
 
         pairs = list(zip(queries, passages, strict=True))
         kind = resolve_device(self.device).type
-        with torch.autocast(kind, dtype=torch.bfloat16, enabled=self.precision == "bf16"):
+        with torch.autocast(kind, dtype=torch.bfloat16, enabled=precision == "bf16"):
             out = self.model.predict(
                 pairs,
-                batch_size=self.batch_size,
+                batch_size=batch_size,
                 activation_fn=torch.nn.Identity(),
                 convert_to_numpy=True,
                 show_progress_bar=False,

@@ -20,7 +20,7 @@ import numpy as np
 
 from treerank.kernels.device import DEFAULT_DEVICE, Device
 from treerank.kernels.topk import sort_rows
-from treerank.models.cross_encoder import CrossEncoderScorer
+from treerank.models.cross_encoder import DEFAULT_SCORE_BATCH, CEPrecision, CrossEncoderScorer
 from treerank.search.run import Run
 from treerank.search.two_stage import TwoStage
 from treerank.storelike import StoreLike
@@ -109,8 +109,8 @@ class CrossEncoderRescoreSystem(TwoStage):
         depth: int = 100,
         name: str | None = None,
         *,
-        batch_size: int = 32,
-        precision: str = "fp32",
+        batch_size: int = DEFAULT_SCORE_BATCH,
+        precision: CEPrecision = "fp32",
         device: Device = DEFAULT_DEVICE,
     ) -> None:
         if isinstance(scorer, str) and not scorer.strip()[len(CE_PREFIX) :]:

@@ -27,7 +27,7 @@ import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar, cast
 
 from treerank.distributed.context import DistContext
 from treerank.kernels.device import DEFAULT_DEVICE, Device
@@ -35,6 +35,7 @@ from treerank.kernels.topk import DEFAULT_CHUNK_SIZE
 from treerank.metrics.metrics import parse_metric
 from treerank.models.checkpoint import CheckpointMixin
 from treerank.models.cosine import CosineScorer
+from treerank.models.cross_encoder import CE_PRECISIONS, DEFAULT_SCORE_BATCH, CEPrecision
 from treerank.names import unknown_name
 from treerank.search.bm25 import BM25_METHODS, DEFAULT_B, DEFAULT_K1, BM25Params
 from treerank.search.ce_rescore import CrossEncoderRescoreSystem
@@ -582,22 +583,35 @@ def _scorer(text: str, spec: str, key: str = "scorer") -> Scorer:
 @dataclass(frozen=True)
 class RescoreSpec(SystemSpec):
     """``rescore:<A>[:depth=100,scorer=...]``: exact dense rescoring of ``A``'s top ``depth``
-    (:mod:`.rescore`), or cross-encoder reranking with ``scorer=ce:<dir>``."""
+    (:mod:`.rescore`), or cross-encoder reranking with ``scorer=ce:<dir>``, whose pairs are
+    scored ``batch`` at a time in ``precision`` (``fp32`` / ``bf16`` / ``auto``: the measured
+    probe, :class:`~treerank.models.cross_encoder.CrossEncoderScorer`); ``batch`` and
+    ``precision`` are refused with any other scorer."""
 
     kind: ClassVar[str] = "rescore"
     summary: ClassVar[str] = "exact dense rescoring (or cross-encoder reranking) of a first stage"
-    syntax: ClassVar[str] = "rescore:<A>[:depth=100,scorer=cosine|ckpt:<dir>|ce:<dir>]"
+    syntax: ClassVar[str] = (
+        "rescore:<A>[:depth=100,scorer=cosine|ckpt:<dir>|ce:<dir>"
+        "[,batch=32,precision=fp32|bf16|auto]]"
+    )
 
     first: SystemSpec = field(default_factory=CosineSpec)
     depth: int = param(DEFAULT_DEPTH, low=1)
     scorer: Scorer = field(default_factory=CosineSpec)
+    batch: int = param(DEFAULT_SCORE_BATCH, low=1)
+    precision: str = param("fp32", choices=CE_PRECISIONS)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        ce = isinstance(self.scorer, CrossEncoderSpec)
+        if not ce and (self.batch != DEFAULT_SCORE_BATCH or self.precision != "fp32"):
+            raise _bad(self.name, "batch= and precision= apply to scorer=ce:<dir> only")
 
     @classmethod
     def parse_body(cls, body: str, spec: str) -> RescoreSpec:
-        inner, tail = split_params(body, ("depth", "scorer"))
+        inner, tail = split_params(body, ("depth", "scorer", "batch", "precision"))
         if not inner:
             raise _bad(spec, "expected rescore:<first stage>[:depth=N,scorer=SPEC]")
-        depth_field = [f for f in _params_of(cls) if f.name == "depth"]
         scorer: Scorer = CosineSpec()
         numbers = []
         for item in tail.split(",") if tail else []:
@@ -606,12 +620,14 @@ class RescoreSpec(SystemSpec):
                 scorer = _scorer(value, spec)
             else:
                 numbers.append(item)
-        params = _params(",".join(numbers), spec, depth_field)
+        params = _params(",".join(numbers), spec, _params_of(cls))
         return cls(parse_spec(inner), scorer=scorer, **params, text=spec)  # type: ignore[arg-type]
 
     def render(self) -> str:
         p = [f"depth={self.depth}"] if self.depth != DEFAULT_DEPTH else []
         p += [] if isinstance(self.scorer, CosineSpec) else [f"scorer={self.scorer.render()}"]
+        p += [f"batch={self.batch}"] if self.batch != DEFAULT_SCORE_BATCH else []
+        p += [f"precision={self.precision}"] if self.precision != "fp32" else []
         return f"rescore:{self.first.render()}" + (":" + ",".join(p) if p else "")
 
     def children(self) -> tuple[SystemSpec, ...]:
@@ -621,7 +637,13 @@ class RescoreSpec(SystemSpec):
         first = build_system(self.first, ctx)
         if isinstance(self.scorer, CrossEncoderSpec):  # reads texts: it reranks, no towers
             return CrossEncoderRescoreSystem(
-                first, self.scorer.render(), self.depth, self.name, device=ctx.device
+                first,
+                self.scorer.render(),
+                self.depth,
+                self.name,
+                batch_size=self.batch,
+                precision=cast(CEPrecision, self.precision),
+                device=ctx.device,
             )
         return RescoreSystem(first, self.scorer.render(), self.depth, name=self.name)
 
