@@ -1,7 +1,7 @@
 """``diagnose:<dataset>``: the diagnostics of one trained run on the evaluation split.
 
 The YAML ``diagnose:`` section (``probe_seed``) and ``evaluate.k`` reach
-:func:`~treerank.diagnostics.procedure.run_diagnostics` as its ``DiagnosticsSettings``.
+:func:`treerank.tasks.diagnose.diagnose` (``run_diagnostics``) as its ``DiagnosticsSettings``.
 """
 
 from __future__ import annotations
@@ -9,13 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from treerank.diagnostics.procedure import DiagnosticsSettings, run_diagnostics
 from treerank.faults import crash_point
 from treerank.pipeline.config import DiagnoseConfig
 from treerank.pipeline.identity import RunId, StageId
 from treerank.pipeline.stages.graph import Deps, RunContext, Stage
 from treerank.pipeline.stages.outputs import DiagnoseOutput, EmbedOutput, TrainOutput
 from treerank.store import EmbeddingStore
+from treerank.tasks.diagnose import DiagnosticsSettings, diagnose
 
 __all__ = ["DiagnoseStage"]
 
@@ -65,12 +65,12 @@ class DiagnoseStage(Stage):
 
     def run(self, d: Path, deps: Deps) -> DiagnoseOutput:
         split = deps.get(self.store, EmbedOutput)
-        doc = run_diagnostics(
+        doc = diagnose(
             deps.get(self.trained, TrainOutput).checkpoint,
             EmbeddingStore.open(split.store, dim=split.dim),
             d,
+            DiagnosticsSettings(k=self.k, probe_seed=self.settings.probe_seed),
             baseline=self.settings.baseline,
-            settings=DiagnosticsSettings(k=self.k, probe_seed=self.settings.probe_seed),
             progress=self.ctx.progress,
             device=self.ctx.device,
         )

@@ -15,8 +15,8 @@ from pathlib import Path
 from treerank.pipeline.identity import StageId
 from treerank.pipeline.stages.graph import Deps, RunContext, Stage
 from treerank.pipeline.stages.outputs import EmbedOutput, MineOutput
-from treerank.pipeline.training import ensure_mined_negatives
 from treerank.store import EmbeddingStore
+from treerank.tasks.train import ensure_mined_negatives
 
 __all__ = ["MineSettings", "MineStage"]
 

@@ -14,8 +14,8 @@ from pathlib import Path
 from treerank.pipeline.identity import StageId
 from treerank.pipeline.stages.graph import Deps, RunContext, Stage
 from treerank.pipeline.stages.outputs import EmbedOutput, PseudoOutput, TeacherOutput
-from treerank.pipeline.training import ensure_teacher_run
 from treerank.store import EmbeddingStore
+from treerank.tasks.train import ensure_teacher_run
 from treerank.training.data import SourceSpec, teacher_array
 
 __all__ = ["TeacherStage"]

@@ -25,8 +25,8 @@ from treerank.pipeline.stages.outputs import (
     TeacherOutput,
     TrainOutput,
 )
-from treerank.pipeline.training import train_model
 from treerank.store import EmbeddingStore
+from treerank.tasks.train import train_model
 
 __all__ = ["TrainStage"]
 
