@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from treerank.encoders import SentenceEncoder
@@ -17,7 +17,7 @@ from treerank.pipeline.stages.base import (
     file_sha256,
     fingerprint,
 )
-from treerank.pipeline.stages.graph import Deps, RunContext, Stage
+from treerank.pipeline.stages.graph import Deps, RunContext, RunStage, Stage
 from treerank.pipeline.stages.outputs import EmbedOutput
 from treerank.readers import RetrievalSplit
 from treerank.search.faiss_index import INDEXES_DIR
@@ -66,14 +66,15 @@ class Encoder:
         return self.loader(self.device)
 
 
-@dataclass
-class EmbedStage(Stage):
+@dataclass(kw_only=True)
+class EmbedStage(RunStage):
     """Read one split of a raw dataset and embed it into the stage's directory (resumable)."""
 
-    ctx: RunContext = field(kw_only=True)
-    dataset: DatasetConfig = field(kw_only=True)
-    split: str = field(kw_only=True)
-    encoder: Encoder = field(kw_only=True)
+    produces = EmbedOutput
+    resumes = True
+    dataset: DatasetConfig
+    split: str
+    encoder: Encoder
 
     @classmethod
     def make(
@@ -95,18 +96,7 @@ class EmbedStage(Stage):
             "encoder": enc_key,
             "device": ctx.device_key,
         }
-        return cls(
-            sid,
-            sid.path(ctx.output_dir),
-            (),
-            inputs,
-            output=EmbedOutput,
-            in_place=True,
-            ctx=ctx,
-            dataset=ds,
-            split=split,
-            encoder=encoder,
-        )
+        return cls.of(ctx, sid, (), inputs, dataset=ds, split=split, encoder=encoder)
 
     def run(self, d: Path, deps: Deps) -> EmbedOutput:
         ds, ctx = self.dataset, self.ctx
@@ -138,7 +128,7 @@ class EmbedStage(Stage):
         return EmbedOutput(d, done.summary())
 
 
-@dataclass
+@dataclass(kw_only=True)
 class GivenStoreStage(Stage):
     """A split of a dataset's existing store (``datasets[].store``): nothing to run.
 
@@ -152,8 +142,8 @@ class GivenStoreStage(Stage):
     their own with their own directories.
     """
 
-    key: str = field(kw_only=True)
-    out: EmbedOutput = field(kw_only=True)
+    key: str
+    out: EmbedOutput
 
     @classmethod
     def make(cls, ctx: RunContext, ds: DatasetConfig, split: str) -> GivenStoreStage:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from treerank.diagnostics.lexical_gap import (
@@ -32,7 +32,7 @@ from treerank.faults import crash_point
 from treerank.metrics.metrics import headline_metric
 from treerank.pipeline.finetune import TunedStoreSystem
 from treerank.pipeline.identity import StageId, SystemId
-from treerank.pipeline.stages.graph import Deps, RunContext, Stage
+from treerank.pipeline.stages.graph import Deps, RunContext, RunStage
 from treerank.pipeline.stages.outputs import (
     EmbedOutput,
     EvaluateOutput,
@@ -51,18 +51,18 @@ __all__ = ["EVALUATE_OUTPUTS", "EvaluateStage", "family_reports"]
 EVALUATE_OUTPUTS = ("overlap", "lexical_gap:v1", "fusion_tuning:v1")
 
 
-@dataclass
-class EvaluateStage(Stage):
+@dataclass(kw_only=True)
+class EvaluateStage(RunStage):
     """Compare ``systems`` on the evaluation split (and seen / unseen against the train split)."""
 
-    ctx: RunContext = field(kw_only=True)
-    store: StageId = field(kw_only=True)
-    train_store: StageId | None = field(kw_only=True)
-    systems: tuple[SystemId, ...] = field(kw_only=True)
-    settings: EvaluationSettings = field(kw_only=True)
-    metrics_given: bool = field(kw_only=True)
-    seed_groups: Mapping[str, Mapping[str, int]] = field(kw_only=True)
-    tuned: tuple[tuple[str, StageId], ...] = field(kw_only=True, default=())
+    produces = EvaluateOutput
+    store: StageId
+    train_store: StageId | None
+    systems: tuple[SystemId, ...]
+    settings: EvaluationSettings
+    metrics_given: bool
+    seed_groups: Mapping[str, Mapping[str, int]]
+    tuned: tuple[tuple[str, StageId], ...] = ()
 
     @classmethod
     def make(
@@ -101,13 +101,11 @@ class EvaluateStage(Stage):
             **({"tuned": [[n, st.name] for n, st in tuned]} if tuned else {}),
         }
         stores = (store,) if train_store in (None, store) else (store, train_store)
-        return cls(
+        return cls.of(
+            ctx,
             sid,
-            sid.path(ctx.output_dir),
             (*stores, *trained),
             inputs,
-            output=EvaluateOutput,
-            ctx=ctx,
             store=store,
             train_store=train_store,
             systems=tuple(systems),
@@ -134,8 +132,7 @@ class EvaluateStage(Stage):
         return out
 
     def run(self, d: Path, deps: Deps) -> EvaluateOutput:
-        split = deps.get(self.store, EmbedOutput)
-        store = EmbeddingStore.open(split.store, dim=split.dim)
+        store = deps.get(self.store, EmbedOutput).open()
         train = None if self.train_store is None else deps.get(self.train_store, EmbedOutput)
         # Built here (not from the spec strings inside compare_systems) so that the trained
         # models' systems can be asked for their family's report afterwards.
