@@ -61,10 +61,8 @@ class TrainStage(RunStage):
             "resolved_config": dict(resolved),
             "device": ctx.device_key,
         }
-        return cls.of(
-            ctx, sid, (store, *derived), inputs,
-            store=store, family=family, config=dict(config), where=where,
-        )  # fmt: skip
+        own = {"store": store, "family": family, "config": dict(config), "where": where}
+        return cls.of(ctx, sid, (store, *derived), inputs, **own)
 
     def open_store(self, deps: Deps) -> EmbeddingStore:
         """The training split as a read-only view over the derived stages' directories."""
