@@ -58,9 +58,9 @@ def main() -> None:
     from treerank.kernels.topk import exact_search
     from treerank.models.export_st import export_sentence_transformers
     from treerank.models.registry import load_model
-    from treerank.pipeline.training import train_model
     from treerank.search.run import Run
     from treerank.store import EmbeddingStore
+    from treerank.tasks.train import train_model
 
     train, test = (EmbeddingStore.open(args.store / s) for s in ("train", "test"))
     rows = []

@@ -12,7 +12,7 @@ Three steps, each writing JSON under ``--out``:
 2. ``sweep``: heads trained on 80% of the training queries, model selection on the other 20%
    (held out, scored against the full corpus): guard settings, hard negatives, linear vs mlp.
    The test split is not touched.
-3. ``final``: the chosen configs trained with ``treerank.pipeline.training.train_model`` on the
+3. ``final``: the chosen configs trained with ``treerank.tasks.train.train_model`` on the
    training store, evaluated on the 300 test queries against the full corpus with
    ``treerank.evaluation.compare.compare_systems`` beside cosine and BM25 (paired
    randomization test and bootstrap CI against cosine and against BM25).
@@ -34,9 +34,9 @@ import numpy as np
 from treerank.config import load_yaml
 from treerank.evaluation.settings import EvaluationSettings
 from treerank.families import family
-from treerank.pipeline.training import ensure_mined_negatives, make_validator, train_model
 from treerank.search.bm25 import BM25Index
 from treerank.store import EmbeddingStore
+from treerank.tasks.train import ensure_mined_negatives, make_validator, train_model
 from treerank.training.holdout import holdout_split, passage_groups
 from treerank.training.sampler import relevant_lists
 

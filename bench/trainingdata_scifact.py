@@ -42,11 +42,11 @@ from treerank.evaluation.significance import compare_paired
 from treerank.metrics.metrics import evaluate_run
 from treerank.metrics.qrels import Qrels
 from treerank.models.linear import LinearHead
-from treerank.pipeline.training import make_validator
 from treerank.search.bm25 import BM25Index
 from treerank.search.specs import build_system
 from treerank.search.systems import DenseSystem
 from treerank.store import EmbeddingStore
+from treerank.tasks.train import make_validator
 from treerank.training.holdout import ValidationConfig, holdout_split, passage_groups
 from treerank.training.sources import label_pairs, teacher_pairs, train_on_pairs
 from treerank.training.trainer import TrainerConfig

@@ -39,12 +39,12 @@ from treerank.evaluation.significance import compare_paired
 from treerank.metrics.metrics import evaluate_run
 from treerank.metrics.qrels import Qrels
 from treerank.models.linear import LinearHead
-from treerank.pipeline.training import make_validator
 from treerank.search.fusion_tuning import TunedFusionSystem, tuning_rows
 from treerank.search.specs import build_system
 from treerank.search.systems import DenseSystem
 from treerank.store import EmbeddingStore
 from treerank.store.view import QuerySubset
+from treerank.tasks.train import make_validator
 from treerank.training.holdout import ValidationConfig, holdout_split, passage_groups
 from treerank.training.sources import label_pairs, teacher_pairs, train_on_pairs
 from treerank.training.trainer import TrainerConfig

@@ -18,8 +18,8 @@ REPO = Path(__file__).resolve().parents[1]
 def test_main_api_names_resolve_to_their_modules() -> None:
     from treerank.evaluation.compare import compare_systems
     from treerank.pipeline.experiment import run_experiment
-    from treerank.pipeline.training import train_model
     from treerank.store import EmbeddingStore, embed_split
+    from treerank.tasks.train import train_model
 
     assert treerank.EmbeddingStore is EmbeddingStore
     assert treerank.embed_split is embed_split

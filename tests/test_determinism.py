@@ -11,7 +11,7 @@ import pytest
 
 from tests.pipeline.test_training import write_store
 from treerank.families import trainable_families
-from treerank.pipeline.training import train_model
+from treerank.tasks.train import train_model
 
 VALIDATION = {"fraction": 0.25, "k": 20, "metrics": ["mrr@10", "ndcg@10"]}
 HEAD = {

@@ -44,6 +44,8 @@ LAYERS = [
     ("families", {"treerank.families"}),
     ("evaluation", {"treerank.evaluation"}),
     ("diagnostics", {"treerank.diagnostics"}),
+    # the one library call behind each command (embed, train, evaluate, diagnose)
+    ("tasks", {"treerank.tasks"}),
     ("pipeline", {"treerank.pipeline"}),
     ("serve", {"treerank.serve"}),
     ("cli", {"treerank.cli"}),

@@ -86,7 +86,7 @@ def toy_family():
 def test_toy_family_trains_evaluates_and_runs(toy_family, tmp_path: Path) -> None:
     from tests.pipeline.test_training import write_store
     from treerank.evaluation.compare import compare_systems
-    from treerank.pipeline.training import train_model
+    from treerank.tasks.train import train_model
 
     store = write_store(tmp_path / "stores" / "toy" / "train")
     cfg = {"seed": 3, "model": {"out_dim": 6}, "validation": {"fraction": 0.25, "k": 20}}

@@ -31,7 +31,7 @@ _API = {
     "compare_systems": "treerank.evaluation.compare",
     "EvaluationSettings": "treerank.evaluation.settings",
     "evaluate_run": "treerank.metrics.metrics",
-    "train_model": "treerank.pipeline.training",
+    "train_model": "treerank.tasks.train",
     "load_experiment": "treerank.pipeline.config",
     "run_experiment": "treerank.pipeline.experiment",
     "run_diagnostics": "treerank.diagnostics.procedure",

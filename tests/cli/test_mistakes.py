@@ -1346,13 +1346,13 @@ def test_mistake(m: Mistake, env: Env, tmp_path: Path) -> None:
 
 # ------------------------------------------------------------- cases that need more than a call
 def test_trial_23_ctrl_c_during_embed_exits_130(env: Env, tmp_path: Path, monkeypatch) -> None:
-    import treerank.store.dataset
+    import treerank.tasks.embed
 
     def interrupted(*a, **k):
         raise KeyboardInterrupt
 
     # the library call behind `treerank embed` (it imports the name when it runs)
-    monkeypatch.setattr(treerank.store.dataset, "embed_dataset", interrupted)
+    monkeypatch.setattr(treerank.tasks.embed, "embed", interrupted)
     code, out = invoke(
         ["embed", str(env.data), "--format", "beir", "--split", "test", "--out", str(tmp_path)]
     )

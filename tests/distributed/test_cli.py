@@ -11,7 +11,7 @@ from tests.distributed.helpers import torchrun
 from treerank.evaluation.compare import compare_systems
 from treerank.evaluation.settings import EvaluationSettings
 from treerank.models.checkpoint import load_checkpoint
-from treerank.pipeline.training import train_model
+from treerank.tasks.train import train_model
 
 SYSTEMS = ["cosine", "linear-fusion:bm25+cosine:w=0.5,norm=zscore"]
 

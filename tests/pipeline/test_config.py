@@ -165,9 +165,10 @@ def test_encoder_gets_backend_precision_and_device(tmp_path: Path, monkeypatch) 
     """The merge scaffolding (``_library_kwargs``) is gone: the embed stages' encoder is built
     with the configured backend and precision and the resolved device, passed directly."""
     from treerank.pipeline.stages import embed
+    from treerank.tasks import embed as embed_task
 
     seen: dict[str, Any] = {}
-    monkeypatch.setattr(embed, "SentenceEncoder", lambda *a, **kw: seen.update(kw) or "enc")
+    monkeypatch.setattr(embed_task, "SentenceEncoder", lambda *a, **kw: seen.update(kw) or "enc")
     cfg = load_experiment(_base(tmp_path, "device: cpu\nencoder: {precision: bf16, backend: onnx}"))
     assert embed.Encoder(cfg.encoder, "cpu", progress=False).get() == "enc"
     assert (seen["backend"], seen["precision"], seen["device"]) == ("onnx", "bf16", "cpu")

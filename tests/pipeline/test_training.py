@@ -17,12 +17,12 @@ from treerank.metrics.qrels import Qrels
 from treerank.models.checkpoint import EncoderMismatchError
 from treerank.models.linear import LinearHead
 from treerank.models.registry import load_model
-from treerank.pipeline.training import (
+from treerank.store import EmbeddingStore
+from treerank.tasks.train import (
     _subsample_passages,
     make_validator,
     train_model,
 )
-from treerank.store import EmbeddingStore
 from treerank.training.holdout import ValidationConfig
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from treerank.config import ConfigError
-from treerank.pipeline.training import train_model
 from treerank.store import EmbeddingStore
+from treerank.tasks.train import train_model
 from treerank.training.data import pseudo_dir, teacher_array
 from treerank.training.heads import parse_linear_config
 

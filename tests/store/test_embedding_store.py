@@ -161,8 +161,8 @@ def test_store_root_advice_offers_only_what_the_caller_has(tmp_path) -> None:
     import pytest
 
     from tests.search.tiny_store import write_tiny_store
-    from treerank.pipeline.training import open_train_store
     from treerank.store import EmbeddingStore, StoreRootError
+    from treerank.tasks.train import open_train_store
 
     write_tiny_store(tmp_path / "test")
     write_tiny_store(tmp_path / "train")

@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from treerank.models.cross_encoder import CrossEncoderScorer
-from treerank.pipeline.training import ensure_training_sources
 from treerank.store import EmbeddingStore
+from treerank.tasks.train import ensure_training_sources
 from treerank.training.cross_encoder import CrossEncoderConfig, train_cross_encoder
 from treerank.training.data import build_training_table, parse_sources, teacher_array
 from treerank.training.losses import margin_mse

@@ -138,7 +138,7 @@ def test_train_rows_restrict_training_and_pipeline_entry_point(toy_store, tmp_pa
     )
     assert out.summary["n_train_queries"] == 40
     # through the pipeline (held-out validation via the forest's dense match-count view)
-    from treerank.pipeline.training import train_model
+    from treerank.tasks.train import train_model
 
     cfg = sectioned({**SMALL, "n_models": 2, "validation": {"fraction": 0.25}})
     res = train_model("forest", toy_store, cfg, tmp_path / "ck", progress=False)

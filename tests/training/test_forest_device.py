@@ -113,7 +113,7 @@ def test_pipeline_passes_the_device_to_the_trainer_and_the_validator(tmp_path, m
     ``tests/pipeline/test_stage_graph.py``)."""
     import treerank.forest.index as fi
     import treerank.forest.trainer as tf
-    from treerank.pipeline.training import train_model
+    from treerank.tasks.train import train_model
 
     seen: dict[str, list] = {"train": [], "system": []}
     real_train, real_init = tf.train_forest, fi.ForestSystem.__init__

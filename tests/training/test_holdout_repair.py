@@ -76,7 +76,7 @@ def test_too_few_training_queries_is_refused_with_advice() -> None:
 
 def test_accounting_counts_by_hand_and_reaches_the_report_table() -> None:
     from treerank.pipeline.report import _training_rows
-    from treerank.pipeline.training import training_accounting
+    from treerank.tasks.train import training_accounting
 
     # 4 queries: q0 2 positives, q1 1, q2 none, q3 1; q3 held out
     relevant = np.array([[1, 1], [1, 0], [0, 0], [0, 1]], bool)

@@ -8,7 +8,6 @@ import typer
 
 from treerank.cli.errors import ExitCode, exit_on_disk_full, fail
 from treerank.cli.options import cli_device, device_option
-from treerank.kernels.device import Device
 from treerank.lock import LockHeldError
 from treerank.readers.detect import FORMATS
 
@@ -130,10 +129,10 @@ def embed(
     from rich.console import Console
     from rich.markup import escape
 
-    from treerank.encoders import SentenceEncoder
     from treerank.readers import DataFormatError, RetrievalSplit
     from treerank.store import StoreFormatError
-    from treerank.store.dataset import EmbeddedSplit, embed_dataset, plan_dataset
+    from treerank.store.dataset import EmbeddedSplit, plan_dataset
+    from treerank.tasks.embed import EncoderLoader, EncoderSettings, embed
 
     err = Console(stderr=True)
     console = Console()
@@ -142,22 +141,22 @@ def embed(
     if precision not in PRECISIONS:  # before anything is read or loaded
         raise fail(f"--precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
 
-    def make_encoder(dev: Device) -> SentenceEncoder:
-        return SentenceEncoder(
+    encoder = EncoderLoader(
+        EncoderSettings(
             model,
             query_prompt=query_prompt,
             passage_prompt=passage_prompt,
-            device=dev,
             max_seq_length=max_seq_length,
             token_budget=token_budget,
             max_batch_size=max_batch_size,
             max_padding=max_padding,
-            progress=progress,
             backend=backend,
             threads=threads,
             precision=precision,
             bf16_weights=bf16_weights,
-        )
+        ),
+        progress=progress,
+    )
 
     def on_read(split_name: str, data: RetrievalSplit | None, main: bool) -> None:
         if not main:
@@ -178,10 +177,10 @@ def embed(
         try:
             check_model_offline(model)
             name = plan_dataset(input_path, fmt, splits).format
-            embed_dataset(
+            embed(
                 input_path,
                 out,
-                make_encoder,
+                encoder,
                 fmt=name,
                 splits=splits,
                 limit=limit,

@@ -108,15 +108,15 @@ def evaluate(
     from rich.console import Console
 
     from treerank.atomic import refuse_existing_output
-    from treerank.distributed.context import launch
-    from treerank.evaluation.compare import compare_systems, untrained_note
+    from treerank.evaluation.compare import untrained_note
     from treerank.evaluation.overlap import overlap_markdown
     from treerank.evaluation.plots import dataset_label
-    from treerank.evaluation.settings import EvaluationSettings, resolve_evaluation
+    from treerank.evaluation.settings import EvaluationSettings
     from treerank.evaluation.summary import headline as summary_lines
     from treerank.kernels.topk import check_run_depth
     from treerank.metrics.metrics import headline_metric
     from treerank.store import EmbeddingStore
+    from treerank.tasks.evaluate import evaluate as evaluate_task
 
     dev = cli_device(device)  # a bad or unavailable device is refused before any work
     console = Console(soft_wrap=True)
@@ -141,30 +141,20 @@ def evaluate(
             check_run_depth(k)
             eval_dir = store / split if split else store
             st = EmbeddingStore.open(eval_dir, dim=dim)
-            plan = resolve_evaluation(
-                eval_dir,
+            done = evaluate_task(
+                st,
                 systems,
                 settings,
-                n_passages=st.n_passages,
                 metrics_given=bool(metrics),
                 train_store=train_store,
+                train_dim=dim,
                 overlap=overlap,
+                out_dir=out,
+                progress=progress,
+                device=dev,
             )
+            plan, comp, main = done.plan, done.comparison, done.main
             train_dir = plan.train_dir
-            train = EmbeddingStore.open(train_dir, dim=dim) if train_dir is not None else None
-            # under torchrun every rank searches a contiguous passage shard; rank 0 writes
-            with launch() as ctx:
-                main = ctx is None or ctx.is_main
-                comp = compare_systems(
-                    st,
-                    list(plan.systems),
-                    settings=plan.settings,
-                    out_dir=out if main else None,
-                    progress=progress and main,
-                    train_store=train,
-                    device=dev,
-                    shard=ctx,
-                )
         except StoreRootError as exc:
             raise fail(exc.advice("--split")) from None
         except (ValueError, FileNotFoundError, KeyError, LockHeldError) as exc:

@@ -54,7 +54,7 @@ def train(
 
     from treerank.config import ConfigError, load_yaml
     from treerank.distributed.context import launch
-    from treerank.pipeline.training import open_train_store, train_model
+    from treerank.tasks.train import open_train_store, train_model
 
     console = Console()
     if model not in trainable_families():

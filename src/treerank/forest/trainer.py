@@ -383,7 +383,7 @@ def train_forest(
     Args:
         store: an ``EmbeddingStore`` with labelled queries (selected passages); with
             ``data.sources`` the pseudo split and teacher runs must have been prepared
-            (``treerank.pipeline.training.ensure_training_sources``).
+            (``treerank.tasks.train.ensure_training_sources``).
         config: the sectioned config (:func:`parse_forest_config`) or its parsed form.
         train_rows: query rows to train on (default: all with a selected passage); the pipeline
             passes the rows it did not hold out for validation.

@@ -67,9 +67,9 @@ from treerank.pipeline.stages.outputs import (
 from treerank.pipeline.stages.pseudo import PseudoStage
 from treerank.pipeline.stages.teacher import TeacherStage
 from treerank.pipeline.stages.train import TrainStage
-from treerank.pipeline.training import training_sources
 from treerank.search.negatives import MINED_NEGATIVES_ARRAY
 from treerank.store import EmbeddingStore
+from treerank.tasks.train import training_sources
 
 __all__ = [
     "EVALUATE_OUTPUTS",

@@ -12,7 +12,7 @@ One list, the same for every contrastive family (heads, DRT)::
       collisions: true               # no same-passage / same-text pairs in a batch
 
 Each entry is a :class:`SourceSpec`. The pieces that need other layers are made **before** the
-trainer runs, by the pipeline (``treerank.pipeline.training.ensure_training_sources``), and
+trainer runs, by the pipeline (``treerank.tasks.train.ensure_training_sources``), and
 stored so that a re-run reuses them:
 
 * ``pseudo``: the pseudo split, embedded once into ``<store root>/pseudo-<hash>/``

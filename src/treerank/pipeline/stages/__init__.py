@@ -5,8 +5,9 @@
   content digests;
 * :mod:`.outputs`: each stage's frozen output record, written to and read from its
   ``stage.json``;
-* :mod:`.graph`: :class:`Stage`, the :class:`StageGraph` and its runner, which hands each stage
-  only its declared dependencies' outputs;
+* :mod:`.graph`: :class:`Stage` (and :class:`RunStage`, the one base of the stage classes), the
+  :class:`StageGraph` and its runner, which hands each stage only its declared dependencies'
+  outputs;
 * one module per stage kind: :mod:`.embed`, :mod:`.mine`, :mod:`.pseudo`, :mod:`.teacher`,
   :mod:`.train`, :mod:`.evaluate`, :mod:`.diagnose` (the report: :mod:`treerank.pipeline.report`).
 

@@ -1,34 +1,33 @@
 """``diagnose:<dataset>``: the diagnostics of one trained run on the evaluation split.
 
 The YAML ``diagnose:`` section (``probe_seed``) and ``evaluate.k`` reach
-:func:`~treerank.diagnostics.procedure.run_diagnostics` as its ``DiagnosticsSettings``.
+:func:`treerank.tasks.diagnose.diagnose` (``run_diagnostics``) as its ``DiagnosticsSettings``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from treerank.diagnostics.procedure import DiagnosticsSettings, run_diagnostics
 from treerank.faults import crash_point
 from treerank.pipeline.config import DiagnoseConfig
 from treerank.pipeline.identity import RunId, StageId
-from treerank.pipeline.stages.graph import Deps, RunContext, Stage
+from treerank.pipeline.stages.graph import Deps, RunContext, RunStage
 from treerank.pipeline.stages.outputs import DiagnoseOutput, EmbedOutput, TrainOutput
-from treerank.store import EmbeddingStore
+from treerank.tasks.diagnose import DiagnosticsSettings, diagnose
 
 __all__ = ["DiagnoseStage"]
 
 
-@dataclass
-class DiagnoseStage(Stage):
+@dataclass(kw_only=True)
+class DiagnoseStage(RunStage):
     """:func:`~treerank.diagnostics.procedure.run_diagnostics` of ``run`` on ``store``."""
 
-    ctx: RunContext = field(kw_only=True)
-    store: StageId = field(kw_only=True)
-    trained: StageId = field(kw_only=True)
-    settings: DiagnoseConfig = field(kw_only=True)
-    k: int = field(kw_only=True)
+    produces = DiagnoseOutput
+    store: StageId
+    trained: StageId
+    settings: DiagnoseConfig
+    k: int
 
     @classmethod
     def make(
@@ -50,27 +49,17 @@ class DiagnoseStage(Stage):
             "k": k,
             "device": ctx.device_key,
         }
-        return cls(
-            sid,
-            sid.path(ctx.output_dir),
-            (store, trained),
-            inputs,
-            output=DiagnoseOutput,
-            ctx=ctx,
-            store=store,
-            trained=trained,
-            settings=settings,
-            k=k,
+        return cls.of(
+            ctx, sid, (store, trained), inputs, store=store, trained=trained, settings=settings, k=k
         )
 
     def run(self, d: Path, deps: Deps) -> DiagnoseOutput:
-        split = deps.get(self.store, EmbedOutput)
-        doc = run_diagnostics(
+        doc = diagnose(
             deps.get(self.trained, TrainOutput).checkpoint,
-            EmbeddingStore.open(split.store, dim=split.dim),
+            deps.get(self.store, EmbedOutput).open(),
             d,
+            DiagnosticsSettings(k=self.k, probe_seed=self.settings.probe_seed),
             baseline=self.settings.baseline,
-            settings=DiagnosticsSettings(k=self.k, probe_seed=self.settings.probe_seed),
             progress=self.ctx.progress,
             device=self.ctx.device,
         )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from treerank.encoders import SentenceEncoder
@@ -17,26 +17,34 @@ from treerank.pipeline.stages.base import (
     file_sha256,
     fingerprint,
 )
-from treerank.pipeline.stages.graph import Deps, RunContext, Stage
+from treerank.pipeline.stages.graph import Deps, RunContext, RunStage, Stage
 from treerank.pipeline.stages.outputs import EmbedOutput
 from treerank.readers import RetrievalSplit
 from treerank.search.faiss_index import INDEXES_DIR
 from treerank.store import EmbeddingStore
-from treerank.store.dataset import embed_dataset
 from treerank.store.format import ARRAYS_DIR
 from treerank.store.format import FORMAT_VERSION as STORE_FORMAT_VERSION
+from treerank.tasks.embed import EncoderLoader, EncoderSettings, embed
 
 __all__ = ["EmbedStage", "Encoder", "GivenStoreStage"]
 
 
 class Encoder:
-    """Loads the sentence-transformers model only when a stage really has to encode."""
+    """The experiment's ``encoder:`` section as :class:`~treerank.tasks.embed.EncoderSettings`,
+    with one shared :class:`~treerank.tasks.embed.EncoderLoader` (the model is loaded only when
+    a stage really has to encode, once for every split)."""
 
     def __init__(self, cfg: EncoderConfig, device: Device, progress: bool = True) -> None:
         self.cfg = cfg
         self.device = device
-        self.progress = progress  # False also hides transformers' "Loading weights" bar
-        self._enc: SentenceEncoder | None = None
+        self.settings = EncoderSettings(
+            cfg.model,
+            query_prompt=cfg.query_prompt,
+            token_budget=cfg.token_budget,
+            backend=cfg.backend,
+            precision=cfg.precision,
+        )
+        self.loader = EncoderLoader(self.settings, progress=progress)
 
     def key(self) -> dict[str, object]:
         """What identifies the encoder without loading it: its weights' bytes where local."""
@@ -54,27 +62,19 @@ class Encoder:
         }
 
     def get(self) -> SentenceEncoder:
-        if self._enc is None:
-            self._enc = SentenceEncoder(
-                self.cfg.model,
-                query_prompt=self.cfg.query_prompt,
-                token_budget=self.cfg.token_budget,
-                device=self.device,
-                progress=self.progress,
-                backend=self.cfg.backend,
-                precision=self.cfg.precision,
-            )
-        return self._enc
+        """The encoder on the run's device (loaded on first use)."""
+        return self.loader(self.device)
 
 
-@dataclass
-class EmbedStage(Stage):
+@dataclass(kw_only=True)
+class EmbedStage(RunStage):
     """Read one split of a raw dataset and embed it into the stage's directory (resumable)."""
 
-    ctx: RunContext = field(kw_only=True)
-    dataset: DatasetConfig = field(kw_only=True)
-    split: str = field(kw_only=True)
-    encoder: Encoder = field(kw_only=True)
+    produces = EmbedOutput
+    resumes = True
+    dataset: DatasetConfig
+    split: str
+    encoder: Encoder
 
     @classmethod
     def make(
@@ -96,18 +96,7 @@ class EmbedStage(Stage):
             "encoder": enc_key,
             "device": ctx.device_key,
         }
-        return cls(
-            sid,
-            sid.path(ctx.output_dir),
-            (),
-            inputs,
-            output=EmbedOutput,
-            in_place=True,
-            ctx=ctx,
-            dataset=ds,
-            split=split,
-            encoder=encoder,
-        )
+        return cls.of(ctx, sid, (), inputs, dataset=ds, split=split, encoder=encoder)
 
     def run(self, d: Path, deps: Deps) -> EmbedOutput:
         ds, ctx = self.dataset, self.ctx
@@ -120,14 +109,15 @@ class EmbedStage(Stage):
         # resume continues an interrupted run of the same inputs (byte-identical result); a
         # finished store of other inputs is replaced; passages already encoded by the same
         # encoder in a sibling split are reused, as `treerank embed` does
-        (done,) = embed_dataset(
+        (done,) = embed(
             ds.path,
             d.parent,
-            lambda _device: self.encoder.get(),
+            self.encoder.loader,
             fmt=ds.format,
             splits=[self.split],
             limit=ds.limit,
             max_passages=ds.max_passages,
+            device=self.encoder.device,
             resume=not ctx.force,
             overwrite=ctx.force,
             replace_stale=True,
@@ -138,7 +128,7 @@ class EmbedStage(Stage):
         return EmbedOutput(d, done.summary())
 
 
-@dataclass
+@dataclass(kw_only=True)
 class GivenStoreStage(Stage):
     """A split of a dataset's existing store (``datasets[].store``): nothing to run.
 
@@ -152,8 +142,8 @@ class GivenStoreStage(Stage):
     their own with their own directories.
     """
 
-    key: str = field(kw_only=True)
-    out: EmbedOutput = field(kw_only=True)
+    key: str
+    out: EmbedOutput
 
     @classmethod
     def make(cls, ctx: RunContext, ds: DatasetConfig, split: str) -> GivenStoreStage:

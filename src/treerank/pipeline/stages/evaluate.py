@@ -1,7 +1,8 @@
 """``evaluate:<dataset>``: every system on every passage of the evaluation split.
 
-The decisions before the comparison are :func:`treerank.evaluation.settings.resolve_evaluation`'s,
-the same call ``treerank evaluate`` makes, on the YAML ``evaluate:`` section parsed into
+The stage calls :func:`treerank.tasks.evaluate.evaluate`, the call ``treerank evaluate`` makes:
+its decisions before the comparison are :func:`~treerank.evaluation.settings.resolve_evaluation`'s,
+on the YAML ``evaluate:`` section parsed into
 :class:`~treerank.evaluation.settings.EvaluationSettings`: default metrics (none named in the
 YAML) deeper than ``evaluate.k`` are left out, as the command leaves them out when no
 ``--metric`` is given, while a named metric deeper than ``k`` is refused before any stage runs
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from treerank.diagnostics.lexical_gap import (
@@ -23,16 +24,15 @@ from treerank.diagnostics.lexical_gap import (
     plot_lexical_gap,
     store_coverage,
 )
-from treerank.distributed.context import launch
-from treerank.evaluation.compare import Comparison, compare_systems
+from treerank.evaluation.compare import Comparison
 from treerank.evaluation.overlap import overlap_markdown
-from treerank.evaluation.settings import EvaluationSettings, resolve_evaluation
+from treerank.evaluation.settings import EvaluationSettings
 from treerank.families import family
 from treerank.faults import crash_point
 from treerank.metrics.metrics import headline_metric
 from treerank.pipeline.finetune import TunedStoreSystem
 from treerank.pipeline.identity import StageId, SystemId
-from treerank.pipeline.stages.graph import Deps, RunContext, Stage
+from treerank.pipeline.stages.graph import Deps, RunContext, RunStage
 from treerank.pipeline.stages.outputs import (
     EmbedOutput,
     EvaluateOutput,
@@ -43,6 +43,7 @@ from treerank.search.specs import BuildContext, CheckpointSpec, SystemSpec, buil
 from treerank.search.systems import CheckpointSystem, System
 from treerank.store import EmbeddingStore, StoreFormatError
 from treerank.storelike import StoreLike
+from treerank.tasks.evaluate import evaluate
 
 __all__ = ["EVALUATE_OUTPUTS", "EvaluateStage", "family_reports"]
 
@@ -50,18 +51,18 @@ __all__ = ["EVALUATE_OUTPUTS", "EvaluateStage", "family_reports"]
 EVALUATE_OUTPUTS = ("overlap", "lexical_gap:v1", "fusion_tuning:v1")
 
 
-@dataclass
-class EvaluateStage(Stage):
+@dataclass(kw_only=True)
+class EvaluateStage(RunStage):
     """Compare ``systems`` on the evaluation split (and seen / unseen against the train split)."""
 
-    ctx: RunContext = field(kw_only=True)
-    store: StageId = field(kw_only=True)
-    train_store: StageId | None = field(kw_only=True)
-    systems: tuple[SystemId, ...] = field(kw_only=True)
-    settings: EvaluationSettings = field(kw_only=True)
-    metrics_given: bool = field(kw_only=True)
-    seed_groups: Mapping[str, Mapping[str, int]] = field(kw_only=True)
-    tuned: tuple[tuple[str, StageId], ...] = field(kw_only=True, default=())
+    produces = EvaluateOutput
+    store: StageId
+    train_store: StageId | None
+    systems: tuple[SystemId, ...]
+    settings: EvaluationSettings
+    metrics_given: bool
+    seed_groups: Mapping[str, Mapping[str, int]]
+    tuned: tuple[tuple[str, StageId], ...] = ()
 
     @classmethod
     def make(
@@ -100,13 +101,11 @@ class EvaluateStage(Stage):
             **({"tuned": [[n, st.name] for n, st in tuned]} if tuned else {}),
         }
         stores = (store,) if train_store in (None, store) else (store, train_store)
-        return cls(
+        return cls.of(
+            ctx,
             sid,
-            sid.path(ctx.output_dir),
             (*stores, *trained),
             inputs,
-            output=EvaluateOutput,
-            ctx=ctx,
             store=store,
             train_store=train_store,
             systems=tuple(systems),
@@ -133,37 +132,26 @@ class EvaluateStage(Stage):
         return out
 
     def run(self, d: Path, deps: Deps) -> EvaluateOutput:
-        split = deps.get(self.store, EmbedOutput)
-        store = EmbeddingStore.open(split.store, dim=split.dim)
+        store = deps.get(self.store, EmbedOutput).open()
         train = None if self.train_store is None else deps.get(self.train_store, EmbedOutput)
         # Built here (not from the spec strings inside compare_systems) so that the trained
         # models' systems can be asked for their family's report afterwards.
         built = self._built(deps)
-        plan = resolve_evaluation(
-            split.store,
-            list(built),
+        done = evaluate(
+            store,
+            built,
             self.settings,
-            n_passages=int(store.n_passages),
             metrics_given=self.metrics_given,
             train_store=None if train is None else train.store,
+            train_dim=None if train is None else train.dim,
             overlap=train is not None,
+            out_dir=d,
+            progress=self.ctx.progress,
+            seed_groups=self.seed_groups,
+            device=self.ctx.device,
         )
-        train_st = None if train is None else EmbeddingStore.open(train.store, dim=train.dim)
-        with launch() as dist:
-            main = dist is None or dist.is_main
-            comp = compare_systems(
-                store,
-                built,
-                settings=plan.settings,
-                out_dir=d if main else None,
-                progress=self.ctx.progress and main,
-                train_store=train_st,
-                seed_groups=self.seed_groups,
-                device=self.ctx.device,
-                shard=dist,
-            )
         crash_point("evaluate", "after-runs")
-        return self._output(d, store, built, comp, plan.settings)
+        return self._output(d, store, built, done.comparison, done.plan.settings)
 
     def _output(
         self,

@@ -16,7 +16,7 @@ keys, so changing only an evaluate option re-runs only the evaluate stage.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -24,14 +24,13 @@ import numpy as np
 from treerank.pipeline.finetune import finetune_rows, reembed_split
 from treerank.pipeline.identity import StageId
 from treerank.pipeline.stages.base import file_sha256
-from treerank.pipeline.stages.graph import Deps, RunContext, Stage
+from treerank.pipeline.stages.graph import Deps, RunContext, RunStage
 from treerank.pipeline.stages.outputs import (
     EmbedOutput,
     FinetuneOutput,
     MineOutput,
     ReembedOutput,
 )
-from treerank.store import EmbeddingStore
 from treerank.training.finetune import finetune
 from treerank.training.finetune_config import FinetuneConfig
 
@@ -47,14 +46,14 @@ def _base_weights(cfg: FinetuneConfig) -> str | None:
     return file_sha256(base) if Path(base).exists() else str(base)
 
 
-@dataclass
-class FinetuneStage(Stage):
+@dataclass(kw_only=True)
+class FinetuneStage(RunStage):
     """Fine-tune the train split's encoder with ``config`` into the stage's directory."""
 
-    ctx: RunContext = field(kw_only=True)
-    store: StageId = field(kw_only=True)
-    mine: StageId | None = field(kw_only=True)
-    config: FinetuneConfig = field(kw_only=True)
+    produces = FinetuneOutput
+    store: StageId
+    mine: StageId | None
+    config: FinetuneConfig
 
     @classmethod
     def make(
@@ -73,22 +72,11 @@ class FinetuneStage(Stage):
             "device": ctx.device_key,
         }
         deps = (store,) if mine is None else (store, mine)
-        return cls(
-            sid,
-            sid.path(ctx.output_dir),
-            deps,
-            inputs,
-            output=FinetuneOutput,
-            ctx=ctx,
-            store=store,
-            mine=mine,
-            config=config,
-        )
+        return cls.of(ctx, sid, deps, inputs, store=store, mine=mine, config=config)
 
     def run(self, d: Path, deps: Deps) -> FinetuneOutput:
-        split = deps.get(self.store, EmbedOutput)
         arrays = () if self.mine is None else (deps.get(self.mine, MineOutput).arrays,)
-        train = EmbeddingStore.open(split.store, dim=split.dim).with_derived(arrays_read=arrays)
+        train = deps.get(self.store, EmbedOutput).open().with_derived(arrays_read=arrays)
         rows, _held = finetune_rows(train, self.config)
         mined = None
         if self.mine is not None:
@@ -115,35 +103,26 @@ class FinetuneStage(Stage):
         )
 
 
-@dataclass
-class ReembedStage(Stage):
+@dataclass(kw_only=True)
+class ReembedStage(RunStage):
     """Embed the parent split ``store`` again with the tuned encoder of ``tuned``."""
 
-    ctx: RunContext = field(kw_only=True)
-    store: StageId = field(kw_only=True)
-    tuned: StageId = field(kw_only=True)
+    produces = ReembedOutput
+    store: StageId
+    tuned: StageId
 
     @classmethod
     def make(cls, ctx: RunContext, tuned: StageId, store: StageId) -> ReembedStage:
         assert tuned.part is not None and store.split is not None
         sid = StageId.reembed(store.dataset, tuned.part, store.split)
-        return cls(
-            sid,
-            sid.path(ctx.output_dir),
-            (tuned, store),
-            {},
-            output=ReembedOutput,
-            ctx=ctx,
-            store=store,
-            tuned=tuned,
-        )
+        return cls.of(ctx, sid, (tuned, store), {}, store=store, tuned=tuned)
 
     def run(self, d: Path, deps: Deps) -> ReembedOutput:
         parent = deps.get(self.store, EmbedOutput)
         tuned = deps.get(self.tuned, FinetuneOutput)
         new = reembed_split(
             tuned.run,
-            EmbeddingStore.open(parent.store, dim=parent.dim),
+            parent.open(),
             d,
             overwrite=True,
             progress=self.ctx.progress,

@@ -18,7 +18,7 @@ import os
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import ClassVar, Self, TypeVar
 
 from treerank.kernels.device import Device
 from treerank.pipeline.identity import StageId, UnknownDependencyError
@@ -31,7 +31,7 @@ from treerank.pipeline.stages.base import (
 )
 from treerank.pipeline.stages.outputs import Output, OutputFormatError
 
-__all__ = ["Deps", "RunContext", "Skip", "Stage", "StageGraph"]
+__all__ = ["Deps", "RunContext", "RunStage", "Skip", "Stage", "StageGraph"]
 
 OutT = TypeVar("OutT", bound=Output)
 
@@ -115,6 +115,46 @@ class Stage:
         """Do the work into directory ``d`` (a temporary one, or :attr:`path` when
         ``in_place``), reading only ``deps``; return the output."""
         raise NotImplementedError(f"{type(self).__name__}.run")
+
+
+@dataclass(kw_only=True)
+class RunStage(Stage):
+    """The base of the stages of ``treerank run``: a subclass states only what differs (its
+    own fields, :attr:`produces`, :attr:`resumes`, how it builds its id and inputs in ``make``,
+    and :meth:`run`); :meth:`of` fills in the rest.
+
+    Attributes:
+        ctx: the run's shared context (output directory, device, progress, log).
+    """
+
+    produces: ClassVar[type[Output]] = Output
+    """The type of the stage's output (the ``output`` every stage of this class gets)."""
+    resumes: ClassVar[bool] = False
+    """The work resumes in place (``in_place``: embedding, pseudo splits)."""
+
+    ctx: RunContext
+
+    @classmethod
+    def of(
+        cls,
+        ctx: RunContext,
+        sid: StageId,
+        deps: tuple[StageId, ...],
+        inputs: Mapping[str, object],
+        **own: object,
+    ) -> Self:
+        """The stage ``sid`` in its directory of the run (``sid.path(ctx.output_dir)``),
+        reading ``deps``, keyed on ``inputs``; ``own``: the subclass's own fields."""
+        return cls(
+            sid,
+            sid.path(ctx.output_dir),
+            deps,
+            inputs,
+            output=cls.produces,
+            in_place=cls.resumes,
+            ctx=ctx,
+            **own,  # type: ignore[arg-type]
+        )
 
 
 @dataclass

@@ -9,14 +9,13 @@ never written.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from treerank.pipeline.identity import StageId
-from treerank.pipeline.stages.graph import Deps, RunContext, Stage
+from treerank.pipeline.stages.graph import Deps, RunContext, RunStage
 from treerank.pipeline.stages.outputs import EmbedOutput, MineOutput
-from treerank.pipeline.training import ensure_mined_negatives
-from treerank.store import EmbeddingStore
+from treerank.tasks.train import ensure_mined_negatives
 
 __all__ = ["MineSettings", "MineStage"]
 
@@ -43,13 +42,13 @@ class MineSettings:
         return f"{self.mined_array}-{self.mine_depth}{tail}"
 
 
-@dataclass
-class MineStage(Stage):
+@dataclass(kw_only=True)
+class MineStage(RunStage):
     """Mine BM25 negatives of the training split ``store`` into ``<dir>/arrays/``."""
 
-    ctx: RunContext = field(kw_only=True)
-    store: StageId = field(kw_only=True)
-    settings: MineSettings = field(kw_only=True)
+    produces = MineOutput
+    store: StageId
+    settings: MineSettings
 
     @classmethod
     def make(cls, ctx: RunContext, store: StageId, settings: MineSettings) -> MineStage:
@@ -59,19 +58,9 @@ class MineStage(Stage):
             "mined_array": settings.mined_array,
             "mine_depth": settings.mine_depth,
         }
-        return cls(
-            sid,
-            sid.path(ctx.output_dir),
-            (store,),
-            inputs,
-            output=MineOutput,
-            ctx=ctx,
-            store=store,
-            settings=settings,
-        )
+        return cls.of(ctx, sid, (store,), inputs, store=store, settings=settings)
 
     def run(self, d: Path, deps: Deps) -> MineOutput:
-        split = deps.get(self.store, EmbedOutput)
-        view = EmbeddingStore.open(split.store, dim=split.dim).with_derived(d / "arrays")
+        view = deps.get(self.store, EmbedOutput).open().with_derived(d / "arrays")
         meta = ensure_mined_negatives(view, self.settings)
         return MineOutput(d / "arrays", self.settings.mined_array, meta)

@@ -11,12 +11,14 @@ runner then runs the stage again rather than guessing (there is no ``.get`` with
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import MISSING, Field, dataclass, field, fields
 from pathlib import Path
 from typing import ClassVar
 
 from treerank.pipeline.stages.base import STAGE_FILE
+from treerank.store import EmbeddingStore
 
 __all__ = [
     "DiagnoseOutput",
@@ -50,36 +52,47 @@ def _get(doc: JSONDoc, key: str, kind: type, where: Path) -> object:
     return value
 
 
-def _str(doc: JSONDoc, key: str, where: Path) -> str:
-    return str(_get(doc, key, str, where))
-
-
-def _int(doc: JSONDoc, key: str, where: Path) -> int:
-    value = _get(doc, key, int, where)
-    assert isinstance(value, int)
-    return value
-
-
-def _dict(doc: JSONDoc, key: str, where: Path) -> dict[str, object]:
-    value = _get(doc, key, dict, where)
-    assert isinstance(value, dict)
-    return dict(value)
-
-
-def _opt_dict(doc: JSONDoc, key: str, where: Path) -> dict[str, object] | None:
-    return None if doc.get(key) is None else _dict(doc, key, where)
+def _json_kind(hint: object) -> tuple[type, bool]:
+    """``(JSON type, None allowed)`` of a field annotation: ``str``, ``int``, a mapping
+    (``dict``), each optionally ``| None``."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    optional = len(args) < len(typing.get_args(hint))
+    base = args[0] if optional and len(args) == 1 else hint
+    origin = typing.get_origin(base) or base
+    if origin in (str, int):
+        assert isinstance(origin, type)
+        return origin, optional
+    if isinstance(origin, type) and issubclass(origin, Mapping):
+        return dict, optional
+    raise TypeError(f"an output field is str, int or a mapping (| None), not {hint!r}")
 
 
 @dataclass(frozen=True)
 class Output:
     """Base of every stage output: a frozen record that renders to, and is read back from, the
-    ``summary`` of its stage's ``stage.json``."""
+    ``summary`` of its stage's ``stage.json``.
+
+    Generic over the fields: the first field is a path derived from the stage's directory
+    (``path / place``, or the directory itself when ``place`` is ``""``) and is never stored;
+    every other field is a ``str``, an ``int`` or a mapping (each may be ``| None``) stored under
+    its own name. A field with a default is left out of the summary while it equals the default
+    and read back as the default when absent; a field without one must be present with its
+    type. A subclass states only its fields and ``place`` (``EmbedOutput``, ``PseudoOutput`` and
+    ``DiagnoseOutput``, whose summaries have another shape, override both methods).
+    """
 
     kind: ClassVar[str] = ""
+    place: ClassVar[str] = ""
 
     def to_json(self) -> dict[str, object]:
         """The ``summary`` written to ``stage.json`` (JSON types only)."""
-        raise NotImplementedError
+        doc: dict[str, object] = {}
+        for f in fields(self)[1:]:
+            value = getattr(self, f.name)
+            if _has_default(f) and value == _default(f):
+                continue
+            doc[f.name] = dict(value) if isinstance(value, Mapping) else value
+        return doc
 
     @classmethod
     def from_json(cls, doc: JSONDoc, path: Path) -> Output:
@@ -88,7 +101,28 @@ class Output:
         Raises:
             OutputFormatError: ``doc`` lacks a field or has one of another type.
         """
-        raise NotImplementedError
+        hints = typing.get_type_hints(cls)
+        values: list[object] = [path / cls.place if cls.place else path]
+        for f in fields(cls)[1:]:
+            kind, optional = _json_kind(hints[f.name])
+            if f.name not in doc and _has_default(f):
+                values.append(_default(f))
+            elif optional and f.name in doc and doc[f.name] is None:
+                values.append(None)
+            else:
+                value = _get(doc, f.name, kind, path)
+                values.append(dict(value) if isinstance(value, dict) else value)
+        return cls(*values)
+
+
+def _has_default(f: Field[object]) -> bool:
+    return f.default is not MISSING or f.default_factory is not MISSING
+
+
+def _default(f: Field[object]) -> object:
+    if f.default is not MISSING:
+        return f.default
+    return f.default_factory()  # type: ignore[operator]  # a field with a default has one
 
 
 @dataclass(frozen=True)
@@ -113,6 +147,14 @@ class EmbedOutput(Output):
     def from_json(cls, doc: JSONDoc, path: Path) -> EmbedOutput:
         return cls(path, dict(doc))
 
+    def open(self) -> EmbeddingStore:
+        """The split as an opened store (``dim`` for a Go-tool store).
+
+        Raises:
+            StoreFormatError: the directory holds no store.
+        """
+        return EmbeddingStore.open(self.store, dim=self.dim)
+
 
 @dataclass(frozen=True)
 class MineOutput(Output):
@@ -126,16 +168,10 @@ class MineOutput(Output):
     """
 
     kind: ClassVar[str] = "mine"
+    place: ClassVar[str] = "arrays"
     arrays: Path
     array: str
     meta: Mapping[str, object] | None
-
-    def to_json(self) -> dict[str, object]:
-        return {"array": self.array, "meta": None if self.meta is None else dict(self.meta)}
-
-    @classmethod
-    def from_json(cls, doc: JSONDoc, path: Path) -> MineOutput:
-        return cls(path / "arrays", _str(doc, "array", path), _opt_dict(doc, "meta", path))
 
 
 @dataclass(frozen=True)
@@ -156,7 +192,7 @@ class PseudoOutput(Output):
 
     @classmethod
     def from_json(cls, doc: JSONDoc, path: Path) -> PseudoOutput:
-        return cls(path, path / _str(doc, "split", path))
+        return cls(path, path / str(_get(doc, "split", str, path)))
 
 
 @dataclass(frozen=True)
@@ -170,22 +206,11 @@ class TeacherOutput(Output):
     """
 
     kind: ClassVar[str] = "teacher"
+    place: ClassVar[str] = "arrays"
     arrays: Path
     queries: str
     system: str
     k: int
-
-    def to_json(self) -> dict[str, object]:
-        return {"queries": self.queries, "system": self.system, "k": self.k}
-
-    @classmethod
-    def from_json(cls, doc: JSONDoc, path: Path) -> TeacherOutput:
-        return cls(
-            path / "arrays",
-            _str(doc, "queries", path),
-            _str(doc, "system", path),
-            _int(doc, "k", path),
-        )
 
 
 @dataclass(frozen=True)
@@ -198,16 +223,10 @@ class TrainOutput(Output):
     """
 
     kind: ClassVar[str] = "train"
+    place: ClassVar[str] = "checkpoint"
     checkpoint: Path
     family: str
     summary: Mapping[str, object]
-
-    def to_json(self) -> dict[str, object]:
-        return {"family": self.family, "summary": dict(self.summary)}
-
-    @classmethod
-    def from_json(cls, doc: JSONDoc, path: Path) -> TrainOutput:
-        return cls(path / "checkpoint", _str(doc, "family", path), _dict(doc, "summary", path))
 
 
 @dataclass(frozen=True)
@@ -231,33 +250,6 @@ class EvaluateOutput(Output):
     overlap_markdown: str = ""
     lexical_gap: Mapping[str, object] | None = None
     lexical_gap_markdown: str = ""
-
-    def to_json(self) -> dict[str, object]:
-        doc: dict[str, object] = {"comparison": dict(self.comparison), "markdown": self.markdown}
-        if self.family_reports:
-            doc["family_reports"] = dict(self.family_reports)
-        if self.overlap is not None:
-            doc["overlap"] = dict(self.overlap)
-            doc["overlap_markdown"] = self.overlap_markdown
-        if self.lexical_gap is not None:
-            doc["lexical_gap"] = dict(self.lexical_gap)
-            doc["lexical_gap_markdown"] = self.lexical_gap_markdown
-        return doc
-
-    @classmethod
-    def from_json(cls, doc: JSONDoc, path: Path) -> EvaluateOutput:
-        overlap = _opt_dict(doc, "overlap", path)
-        gap = _opt_dict(doc, "lexical_gap", path)
-        return cls(
-            path,
-            _dict(doc, "comparison", path),
-            _str(doc, "markdown", path),
-            _opt_dict(doc, "family_reports", path) or {},
-            overlap,
-            "" if overlap is None else _str(doc, "overlap_markdown", path),
-            gap,
-            "" if gap is None else _str(doc, "lexical_gap_markdown", path),
-        )
 
 
 @dataclass(frozen=True)
@@ -301,26 +293,6 @@ class FinetuneOutput(Output):
     checkpoint: str
     summary: Mapping[str, object]
 
-    def to_json(self) -> dict[str, object]:
-        return {
-            "family": self.family,
-            "fingerprint": self.fingerprint,
-            "base_fingerprint": self.base_fingerprint,
-            "checkpoint": self.checkpoint,
-            "summary": dict(self.summary),
-        }
-
-    @classmethod
-    def from_json(cls, doc: JSONDoc, path: Path) -> FinetuneOutput:
-        return cls(
-            path,
-            _str(doc, "family", path),
-            _str(doc, "fingerprint", path),
-            _str(doc, "base_fingerprint", path),
-            _str(doc, "checkpoint", path),
-            _dict(doc, "summary", path),
-        )
-
 
 @dataclass(frozen=True)
 class ReembedOutput(Output):
@@ -337,19 +309,3 @@ class ReembedOutput(Output):
     fingerprint: str
     n_queries: int
     n_passages: int
-
-    def to_json(self) -> dict[str, object]:
-        return {
-            "fingerprint": self.fingerprint,
-            "n_queries": self.n_queries,
-            "n_passages": self.n_passages,
-        }
-
-    @classmethod
-    def from_json(cls, doc: JSONDoc, path: Path) -> ReembedOutput:
-        return cls(
-            path,
-            _str(doc, "fingerprint", path),
-            _int(doc, "n_queries", path),
-            _int(doc, "n_passages", path),
-        )

@@ -8,46 +8,35 @@ pseudo roots hold this directory.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from treerank.pipeline.identity import StageId
-from treerank.pipeline.stages.graph import Deps, RunContext, Stage
+from treerank.pipeline.stages.graph import Deps, RunContext, RunStage
 from treerank.pipeline.stages.outputs import EmbedOutput, PseudoOutput
-from treerank.store import EmbeddingStore
 from treerank.training.data import SourceSpec, pseudo_dir, pseudo_dir_name
 from treerank.training.pseudo import build_pseudo_store
 
 __all__ = ["PseudoStage"]
 
 
-@dataclass
-class PseudoStage(Stage):
+@dataclass(kw_only=True)
+class PseudoStage(RunStage):
     """Build the pseudo split of ``spec`` for the training split ``store``."""
 
-    ctx: RunContext = field(kw_only=True)
-    store: StageId = field(kw_only=True)
-    spec: SourceSpec = field(kw_only=True)
+    produces = PseudoOutput
+    resumes = True
+    store: StageId
+    spec: SourceSpec
 
     @classmethod
     def make(cls, ctx: RunContext, store: StageId, spec: SourceSpec) -> PseudoStage:
         sid = StageId.derived("pseudo", store.dataset, pseudo_dir_name(spec))
         inputs = {"pseudo": asdict(spec.pseudo_config())}
-        return cls(
-            sid,
-            sid.path(ctx.output_dir),
-            (store,),
-            inputs,
-            output=PseudoOutput,
-            in_place=True,
-            ctx=ctx,
-            store=store,
-            spec=spec,
-        )
+        return cls.of(ctx, sid, (store,), inputs, store=store, spec=spec)
 
     def run(self, d: Path, deps: Deps) -> PseudoOutput:
-        split = deps.get(self.store, EmbedOutput)
-        view = EmbeddingStore.open(split.store, dim=split.dim).with_derived(pseudo_roots=(d,))
+        view = deps.get(self.store, EmbedOutput).open().with_derived(pseudo_roots=(d,))
         path = pseudo_dir(view, self.spec)
         if not (path / "meta.json").is_file():
             build_pseudo_store(

@@ -8,27 +8,27 @@ the training split (and the pseudo stage's split) are only read.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from treerank.pipeline.identity import StageId
-from treerank.pipeline.stages.graph import Deps, RunContext, Stage
+from treerank.pipeline.stages.graph import Deps, RunContext, RunStage
 from treerank.pipeline.stages.outputs import EmbedOutput, PseudoOutput, TeacherOutput
-from treerank.pipeline.training import ensure_teacher_run
 from treerank.store import EmbeddingStore
+from treerank.tasks.train import ensure_teacher_run
 from treerank.training.data import SourceSpec, teacher_array
 
 __all__ = ["TeacherStage"]
 
 
-@dataclass
-class TeacherStage(Stage):
+@dataclass(kw_only=True)
+class TeacherStage(RunStage):
     """Rank the queries ``spec`` names with its teacher system into ``<dir>/arrays/``."""
 
-    ctx: RunContext = field(kw_only=True)
-    store: StageId = field(kw_only=True)
-    pseudo: StageId | None = field(kw_only=True)
-    spec: SourceSpec = field(kw_only=True)
+    produces = TeacherOutput
+    store: StageId
+    pseudo: StageId | None
+    spec: SourceSpec
 
     @classmethod
     def make(
@@ -42,21 +42,12 @@ class TeacherStage(Stage):
         sid = StageId.derived("teacher", store.dataset, part)
         deps = (store, pseudo) if on_pseudo and pseudo is not None else (store,)
         inputs = {"system": spec.system, "k": spec.k, "queries": spec.queries}
-        return cls(
-            sid,
-            sid.path(ctx.output_dir),
-            deps,
-            inputs,
-            output=TeacherOutput,
-            ctx=ctx,
-            store=store,
-            pseudo=pseudo if on_pseudo else None,
-            spec=spec,
+        return cls.of(
+            ctx, sid, deps, inputs, store=store, pseudo=pseudo if on_pseudo else None, spec=spec
         )
 
     def run(self, d: Path, deps: Deps) -> TeacherOutput:
-        split = deps.get(self.store, EmbedOutput)
-        base = EmbeddingStore.open(split.store, dim=split.dim)
+        base = deps.get(self.store, EmbedOutput).open()
         arrays = d / "arrays"
         pseudo = None
         if self.pseudo is not None:

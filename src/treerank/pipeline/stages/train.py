@@ -10,14 +10,14 @@ computing (or writing) anything outside this stage's directory.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
 from treerank.faults import crash_point
 from treerank.pipeline.identity import RunId, StageId
-from treerank.pipeline.stages.graph import Deps, RunContext, Stage
+from treerank.pipeline.stages.graph import Deps, RunContext, RunStage
 from treerank.pipeline.stages.outputs import (
     EmbedOutput,
     MineOutput,
@@ -25,21 +25,21 @@ from treerank.pipeline.stages.outputs import (
     TeacherOutput,
     TrainOutput,
 )
-from treerank.pipeline.training import train_model
 from treerank.store import EmbeddingStore
+from treerank.tasks.train import train_model
 
 __all__ = ["TrainStage"]
 
 
-@dataclass
-class TrainStage(Stage):
+@dataclass(kw_only=True)
+class TrainStage(RunStage):
     """Train ``family`` with ``config`` (one seed's, for a seeded model) as run ``run``."""
 
-    ctx: RunContext = field(kw_only=True)
-    store: StageId = field(kw_only=True)
-    family: str = field(kw_only=True)
-    config: Mapping[str, object] = field(kw_only=True)
-    where: str = field(kw_only=True)
+    produces = TrainOutput
+    store: StageId
+    family: str
+    config: Mapping[str, object]
+    where: str
 
     @classmethod
     def make(
@@ -61,29 +61,22 @@ class TrainStage(Stage):
             "resolved_config": dict(resolved),
             "device": ctx.device_key,
         }
-        return cls(
-            sid,
-            sid.path(ctx.output_dir),
-            (store, *derived),
-            inputs,
-            output=TrainOutput,
-            ctx=ctx,
-            store=store,
-            family=family,
-            config=dict(config),
-            where=where,
-        )
+        own = {"store": store, "family": family, "config": dict(config), "where": where}
+        return cls.of(ctx, sid, (store, *derived), inputs, **own)
 
     def open_store(self, deps: Deps) -> EmbeddingStore:
         """The training split as a read-only view over the derived stages' directories."""
-        split = deps.get(self.store, EmbedOutput)
         teachers = deps.of_kind(TeacherOutput)
         pseudo = deps.of_kind(PseudoOutput)
-        return EmbeddingStore.open(split.store, dim=split.dim).with_derived(
-            arrays_read=tuple(m.arrays for m in deps.of_kind(MineOutput))
-            + tuple(t.arrays for t in teachers if t.queries != "pseudo"),
-            pseudo_roots=tuple(p.root for p in pseudo),
-            pseudo_arrays=tuple(t.arrays for t in teachers if t.queries == "pseudo"),
+        return (
+            deps.get(self.store, EmbedOutput)
+            .open()
+            .with_derived(
+                arrays_read=tuple(m.arrays for m in deps.of_kind(MineOutput))
+                + tuple(t.arrays for t in teachers if t.queries != "pseudo"),
+                pseudo_roots=tuple(p.root for p in pseudo),
+                pseudo_arrays=tuple(t.arrays for t in teachers if t.queries == "pseudo"),
+            )
         )
 
     def run(self, d: Path, deps: Deps) -> TrainOutput:

@@ -1,9 +1,12 @@
 """``train_model``: train a model of any registered family on a store and write its directory.
 
+The one library call behind ``treerank train`` and the ``train:`` stage of ``treerank run``.
 This is where the training layer meets evaluation: the held-out validation callback (early
 stopping on full-split MRR@10 / nDCG@10 of held-out training queries) is built here from
 ``treerank.kernels.topk.exact_search`` and ``treerank.metrics.metrics.evaluate_run``, and
-handed to the family's trainer, which never imports those layers.
+handed to the family's trainer, which never imports those layers. The ``mine:``, ``pseudo:``
+and ``teacher:`` stages call the preparation steps (:func:`ensure_mined_negatives`,
+:func:`ensure_pseudo_split`, :func:`ensure_teacher_run`) that ``train_model`` runs first.
 
 The family (``treerank.families``) supplies the config parser, the trainer and whether it
 mines hard negatives; ``treerank.training.output.save_trained_model`` writes the directory
