@@ -27,7 +27,6 @@ from typing import Any
 
 import numpy as np
 
-import treerank.families  # noqa: F401  (the family table registers the forest's checkpoints)
 from treerank.atomic import atomic_write_text
 from treerank.diagnostics.cka import linear_cka
 from treerank.diagnostics.failures import failure_analysis
@@ -36,6 +35,7 @@ from treerank.diagnostics.probes import run_probes, slot_specialisation
 from treerank.diagnostics.variants import evaluate_variants, l2_normalize
 from treerank.encoders.precision import vector_precision
 from treerank.evaluation.significance import N_PERMUTATIONS
+from treerank.families import CHECKPOINTS
 from treerank.kernels.device import DEFAULT_DEVICE, Device
 from treerank.lock import writes_dir
 from treerank.metrics.metrics import DEFAULT_METRICS, HEADLINE_METRIC
@@ -119,7 +119,8 @@ def _dump(path: Path, doc: Any) -> None:
 def _run_ids(spec: SystemSpec, store: StoreLike, k: int, device: Device) -> np.ndarray:
     """Top-``k`` ids of a system spec, built by the systems table (``cosine`` L2-normalises
     the stored vectors exactly as the ``cosine`` system of ``treerank evaluate`` does)."""
-    return np.asarray(build_system(spec, BuildContext(device=device)).retrieve(store, k).ids)
+    ctx = BuildContext(device=device, checkpoints=CHECKPOINTS)  # every family, the forest too
+    return np.asarray(build_system(spec, ctx).retrieve(store, k).ids)
 
 
 def decision_rules(
@@ -310,13 +311,13 @@ def run_diagnostics(
         ``rules``, ``files``.
 
     Raises:
-        FileNotFoundError / EncoderMismatchError: see :func:`treerank.models.registry.load_model`.
+        FileNotFoundError / EncoderMismatchError / UnknownModelClassError: see
+            :func:`treerank.families.load_model`.
         ValueError: ``metric`` not in ``metrics``.
     """
     from treerank.metrics.metrics import evaluate_run
     from treerank.metrics.qrels import Qrels
     from treerank.models.base import DenseScorer, SlotScorer
-    from treerank.models.registry import load_model
 
     names = {f.name for f in fields(DiagnosticsSettings)}
     if set(overrides) - names:
@@ -342,7 +343,7 @@ def run_diagnostics(
     t0 = time.perf_counter()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    model = load_model(checkpoint_dir, store.encoder_fingerprint, vector_precision(store))
+    model = CHECKPOINTS.load(checkpoint_dir, store.encoder_fingerprint, vector_precision(store))
     is_drt = isinstance(model, SlotScorer)  # slot-level steps for any slot model (DRT)
     is_dense = isinstance(model, DenseScorer)
     model_name = str(getattr(model, "name", "model"))
@@ -504,7 +505,9 @@ def run_diagnostics(
             cka["vs_frozen"][name] = linear_cka(x, qx)
     cka["model_vs_frozen"] = cka["vs_frozen"].get(model_name)
     if isinstance(baseline_spec, CheckpointSpec):
-        other = load_model(baseline_spec.path, store.encoder_fingerprint, vector_precision(store))
+        other = CHECKPOINTS.load(
+            baseline_spec.path, store.encoder_fingerprint, vector_precision(store)
+        )
         if isinstance(other, DenseScorer):
             bq = other.encode_queries(qx)
             cka["vs_baseline"] = {n: linear_cka(x, bq) for n, x in reps.items()}

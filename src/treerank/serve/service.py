@@ -36,7 +36,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import treerank.families  # noqa: F401  (the family table registers the forest's checkpoints)
 from treerank.kernels.device import DEFAULT_DEVICE, Device, resolve_device
 from treerank.search.query import (
     EncoderMismatchError,
@@ -155,6 +154,7 @@ class SearchService:
     """
 
     def __init__(self, config: ServiceConfig, encoder: Any = None) -> None:
+        from treerank.families import CHECKPOINTS
         from treerank.search.specs import BuildContext, build_system
         from treerank.store import EmbeddingStore
 
@@ -181,7 +181,8 @@ class SearchService:
             self.systems[spec] = system
         for spec in config.systems:
             if spec not in self.systems:
-                self.systems[spec] = build_system(spec, BuildContext(device=config.device))
+                ctx = BuildContext(device=config.device, checkpoints=CHECKPOINTS)
+                self.systems[spec] = build_system(spec, ctx)
         if not self.systems:
             raise ValueError("no system to serve")
         self.default_system = next(iter(self.systems))
