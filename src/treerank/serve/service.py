@@ -70,8 +70,9 @@ class ServiceConfig:
             never depends on the batch (default); ``False``: one ``encode_queries`` and one
             ``retrieve`` per batch (more throughput; a query's vector then moves by ~1e-7 with
             its batch and near-ties may swap).
-        device: where exact search runs (a parsed :class:`~treerank.kernels.device.Device`;
-            checked when the service starts).
+        device: where queries are encoded (the torch backend) and where exact search and a
+            family's own search run (a parsed :class:`~treerank.kernels.device.Device`; checked
+            when the service starts).
         backend: encoder backend for the queries (``None``: the store's; its precision must
             mix with the store's, see `check_query_backend`).
         precision: the query encoder's torch precision (``fp32`` | ``bf16`` | ``auto``;
@@ -164,7 +165,11 @@ class SearchService:
         want = self.store.encoder_fingerprint
         if encoder is None:
             encoder = load_store_encoder(
-                self.store, config.encoder, config.backend, precision=config.precision
+                self.store,
+                config.encoder,
+                config.backend,
+                device=config.device.concrete(),  # the query encoder's device, as `search`'s
+                precision=config.precision,
             )
         elif encoder.fingerprint != want:
             raise EncoderMismatchError(
