@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from treerank.cli.errors import ExitCode, exit_on_disk_full, fail
-from treerank.cli.options import cli_device, device_option
+from treerank.cli.options import cli_device, device_option, overwrite_option
 from treerank.cli.spec_help import SEE_KINDS, RegistryHelpCommand
 from treerank.evaluation.significance import N_PERMUTATIONS
 from treerank.lock import LockHeldError
@@ -91,12 +91,7 @@ def evaluate(
     ),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bars."),
     device: str = device_option(),
-    overwrite: bool = typer.Option(
-        False,
-        "--overwrite",
-        help="Write into a non-empty --out (refused without it); the old files stay until "
-        "every system is scored.",
-    ),
+    overwrite: bool = overwrite_option(),
     ignore_identical_ids: bool = typer.Option(
         False,
         "--ignore-identical-ids",

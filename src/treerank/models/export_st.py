@@ -298,7 +298,7 @@ def tower_modules(tower: nn.Module) -> list[Any]:
 def _load_head(checkpoint: Path, classes: ModelClassOf) -> tuple[TwoTowerHead, Any]:
     ckpt = load_checkpoint(checkpoint)
     try:
-        cls = classes(ckpt.model_type)
+        cls: Any = classes(ckpt.model_type)
     except KeyError as exc:
         detail = exc.detail if isinstance(exc, UnknownModelClassError) else str(exc)
         raise UnknownModelClassError(ckpt.model_type, checkpoint, detail) from None

@@ -128,10 +128,10 @@ def load_model(
     """
     ckpt = load_checkpoint(path, expected_fingerprint, expected_precision)
     try:
-        cls = classes(ckpt.model_type)
+        cls: Any = classes(ckpt.model_type)  # a CheckpointMixin subclass
     except UnknownModelClassError as exc:
         raise UnknownModelClassError(ckpt.model_type, path, exc.detail) from None
     except KeyError as exc:
         detail = str(exc.args[0]) if exc.args else "unknown"
         raise UnknownModelClassError(ckpt.model_type, path, detail) from None
-    return cls.from_checkpoint(ckpt)  # type: ignore[attr-defined]
+    return cls.from_checkpoint(ckpt)

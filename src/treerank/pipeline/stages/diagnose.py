@@ -69,8 +69,9 @@ class DiagnoseStage(Stage):
             deps.get(self.trained, TrainOutput).checkpoint,
             EmbeddingStore.open(split.store, dim=split.dim),
             d,
-            baseline=self.settings.baseline,
-            settings=DiagnosticsSettings(k=self.k, probe_seed=self.settings.probe_seed),
+            settings=DiagnosticsSettings(
+                baseline=self.settings.baseline, k=self.k, probe_seed=self.settings.probe_seed
+            ),
             progress=self.ctx.progress,
             device=self.ctx.device,
         )
