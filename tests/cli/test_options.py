@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 from treerank.cli.main import app
 from treerank.cli.options import OVERWRITE_HELP, field_option
 from treerank.diagnostics.settings import DiagnosticsSettings
+from treerank.evaluation.settings import EvaluationSettings
 
 COMMAND = get_command(app)
 
@@ -52,6 +53,31 @@ def test_diagnose_options_take_default_and_help_from_the_settings_fields() -> No
     # every diagnose option that shares a name with a field is generated from it
     shared = (set(opts) & set(fields)) | {"examples"}
     assert shared == set(DIAGNOSE_FIELDS)
+
+
+# evaluate option -> EvaluationSettings field; ``metrics`` stays hand-written: its default (none
+# named: the defaults less those deeper than --k) is the CLI's, not the record's
+EVALUATE_FIELDS = {
+    "baseline": "baseline",
+    "second_baseline": "second_baseline",
+    "k": "k",
+    "threshold": "relevance_threshold",
+    "gain": "gain",
+    "permutations": "n_permutations",
+    "seed": "seed",
+    "sample_queries": "sample_queries",
+    "sample_seed": "sample_seed",
+    "ignore_identical_ids": "ignore_identical_ids",
+}
+
+
+def test_evaluate_options_take_default_and_help_from_the_settings_fields() -> None:
+    opts = _options("evaluate")
+    fields = {f.name: f for f in dataclasses.fields(EvaluationSettings)}
+    for option, name in EVALUATE_FIELDS.items():
+        assert opts[option].help == fields[name].metadata["help"], option
+        assert opts[option].default == fields[name].default, option
+    assert set(fields) - set(EVALUATE_FIELDS.values()) == {"metrics"}
 
 
 def test_field_option_refuses_a_field_without_help_or_default() -> None:
