@@ -103,3 +103,24 @@ def test_index_build_says_why_it_takes_no_device() -> None:
     res = CliRunner().invoke(app, ["index", "build", "--help"], env={"COLUMNS": "200"})
     assert res.exit_code == 0, res.output
     assert "Runs on the CPU, hence no --device" in " ".join(res.output.split())
+
+
+def test_diagnose_runs_with_its_generated_options(tmp_path) -> None:
+    """``treerank diagnose`` end to end on a small store: the options become one
+    ``DiagnosticsSettings`` (its baseline included), and a bad baseline is exit 2."""
+    import json
+
+    from tests.pipeline.test_training import write_store
+    from treerank.models.checkpoint import save_checkpoint
+    from treerank.models.linear import LinearHead
+
+    store = write_store(tmp_path / "s" / "test")
+    head = LinearHead(store.dim)
+    save_checkpoint(tmp_path / "lin", head.to_checkpoint("toy", store.encoder_fingerprint))
+    args = ["diagnose", str(tmp_path / "lin"), "--store", str(store.path), "--no-plots"]
+    res = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "d"), "--k", "50"])
+    assert res.exit_code == 0, res.output
+    meta = json.loads((tmp_path / "d" / "diagnostics.json").read_text())["meta"]
+    assert meta["baseline"] == "cosine" and meta["k"] == 50
+    bad = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "e"), "--baseline", "nope:x"])
+    assert bad.exit_code == 2 and "nope" in bad.output

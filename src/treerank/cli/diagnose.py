@@ -52,7 +52,8 @@ def diagnose(
     from rich.console import Console
     from rich.table import Table
 
-    from treerank.diagnostics.procedure import DEFAULT_METRICS, run_diagnostics
+    from treerank.diagnostics.procedure import run_diagnostics
+    from treerank.metrics.metrics import DEFAULT_METRICS
     from treerank.store import EmbeddingStore
 
     dev = cli_device(device)  # refused before any work
