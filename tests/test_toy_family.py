@@ -18,9 +18,8 @@ from typer.testing import CliRunner
 
 from treerank.config import ConfigError
 from treerank.evaluation.settings import EvaluationSettings
-from treerank.families import ModelFamily, register_family, unregister_family
+from treerank.families import ModelFamily, load_model, register_family, unregister_family
 from treerank.models.checkpoint import CheckpointMixin
-from treerank.models.registry import load_model
 from treerank.training.config import TrainConfig, parse_train_config
 from treerank.training.trainer import TrainOutput
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from treerank.diagnostics.procedure import decision_rules, paired_bootstrap, run_diagnostics
+from treerank.diagnostics.settings import DiagnosticsSettings
 from treerank.kernels.topk import exact_search
 from treerank.metrics.metrics import evaluate_run
 from treerank.metrics.qrels import Qrels
@@ -35,9 +36,9 @@ def test_drt_diagnostics_end_to_end(scifact_test, tmp_path) -> None:
         tmp_path / "ckpt",
         store,
         tmp_path / "diag",
-        "cosine",
-        k=100,
-        metrics=("mrr@10", "ndcg@10", "recall@100"),
+        settings=DiagnosticsSettings(
+            baseline="cosine", k=100, metrics=("mrr@10", "ndcg@10", "recall@100")
+        ),
     )
 
     # every step wrote its JSON (strict JSON: no NaN tokens) and the report links the plots
@@ -102,12 +103,14 @@ def test_generic_dense_checkpoint_identity_head_equals_cosine(
         tmp_path / "lin",
         store,
         tmp_path / "d",
-        "cosine",
-        k=100,
-        metric="ndcg@10",
-        metrics=("ndcg@10",),
-        plots=False,
-        probe_seed=7,
+        settings=DiagnosticsSettings(
+            baseline="cosine",
+            k=100,
+            metric="ndcg@10",
+            metrics=("ndcg@10",),
+            plots=False,
+            probe_seed=7,
+        ),
         probe_stores=[scifact_store["train"]],
     )
     # the report names the probe seed actually used, not the default's 42

@@ -124,6 +124,7 @@ def test_exported_metrics_equal_checkpoint_metrics(encoder, scifact_400, tmp_pat
 
 
 def test_refuses_forest_drt_and_other_encoders(encoder, tmp_path):
+    from treerank.families import model_class
     from treerank.models.checkpoint import Checkpoint, EncoderMismatchError
 
     for family, why in (("forest", "own retrieval"), ("drt", "slot weights")):
@@ -132,8 +133,8 @@ def test_refuses_forest_drt_and_other_encoders(encoder, tmp_path):
             path,
             Checkpoint(family, {"dim": 384}, {"x": torch.zeros(1)}, encoder.name, "sha", 384),
         )
-        with pytest.raises(NotExpressibleError, match=why):
-            export_sentence_transformers(path, tmp_path / f"out-{family}")
+        with pytest.raises(NotExpressibleError, match=why):  # every family: the table's lookup
+            export_sentence_transformers(path, tmp_path / f"out-{family}", classes=model_class)
         assert not (tmp_path / f"out-{family}").exists()
     head = LinearHead(384)
     save_checkpoint(tmp_path / "other", head.to_checkpoint("other", "sha256:0000"))

@@ -42,12 +42,14 @@ def test_key_list_families_resolve_through_their_defaults_hook() -> None:
 
 
 def test_every_entry_holds_objects_and_the_lower_tables_agree() -> None:
-    """Each family imports its parts directly; ``load_model``'s class table and the ``ckpt:``
-    own-retrieval table (layers below the family table) say the same as the family."""
-    from treerank.families import all_families
+    """Each family imports its parts directly; the family table's checkpoint loader says the
+    same as the family, and the models layer's own default table agrees for the families it
+    knows (the dense ones whose classes live below the family table)."""
+    from treerank.families import CHECKPOINTS, all_families, model_class, own_system
     from treerank.forest.index import ForestSystem
-    from treerank.models.registry import model_class
-    from treerank.search.systems import checkpoint_system
+    from treerank.models.registry import MODEL_CLASSES
+    from treerank.models.registry import model_class as lower_model_class
+    from treerank.search.systems import DENSE_CHECKPOINTS
     from treerank.training.heads import train_linear
 
     fams = all_families()
@@ -58,18 +60,22 @@ def test_every_entry_holds_objects_and_the_lower_tables_agree() -> None:
                 "name",
                 "description",
             ), (name, field.name)
-        assert model_class(name) is fam.model, name
-        assert checkpoint_system(name) is fam.system, name
+        assert model_class(name) is fam.model and CHECKPOINTS.classes(name) is fam.model, name
+        assert own_system(name) is fam.system is CHECKPOINTS.own_system(name), name
+        if name in MODEL_CLASSES:
+            assert lower_model_class(name) is fam.model and fam.dense, name
+            assert DENSE_CHECKPOINTS.own_system(name) is None, name
         assert fam.model.own_retrieval is (fam.system is not None), name
         assert fam.model.trained is fam.trainable, name
     assert fams["forest"].system is ForestSystem and fams["linear"].trainer is train_linear
     assert fams["cosine"].trainable is False and fams["forest"].dense is False
+    assert set(fams) - set(MODEL_CLASSES) == {"forest"}  # above the models layer
 
 
 def test_listing_families_imports_none_of_their_modules() -> None:
     """Listing the families loads none of their own modules (model classes, trainers, the
-    forest); the family table loads the light lower tables it fills (load_model's model classes,
-    the ckpt: own retrievals)."""
+    forest); the family table imports the light lower modules its checkpoint loader is built
+    on (load_model, the ckpt: systems)."""
     import subprocess
     import sys
 
@@ -90,16 +96,19 @@ def test_listing_families_imports_none_of_their_modules() -> None:
     assert out[1] == "[]"
 
 
-def test_register_family_fills_the_lower_tables_and_unregister_clears_them() -> None:
+def test_register_family_is_the_one_registration_and_unregister_clears_it() -> None:
+    """A registered family loads through the family table's loader; no lower table changes."""
     from treerank.families import (
+        CHECKPOINTS,
         FAMILIES,
         ModelFamily,
         family,
+        model_class,
+        own_system,
         register_family,
         unregister_family,
     )
-    from treerank.models.registry import MODEL_CLASSES, model_class
-    from treerank.search.systems import checkpoint_system
+    from treerank.models.registry import MODEL_CLASSES
 
     class Toy:
         model_type = "toy-own"
@@ -107,16 +116,18 @@ def test_register_family_fills_the_lower_tables_and_unregister_clears_them() -> 
     def make(model: object, name: str) -> object:
         return model
 
+    lower = dict(MODEL_CLASSES)
     register_family(ModelFamily("toy-own", Toy, system=make))
     try:
         assert family("toy-own").model is Toy and model_class("toy-own") is Toy
-        assert checkpoint_system("toy-own") is make
+        assert own_system("toy-own") is make and CHECKPOINTS.own_system("toy-own") is make
+        assert MODEL_CLASSES == lower  # nothing written below the family table
         assert "toy-own" not in [n for n, e in FAMILIES.items() if e.trainable]
         with pytest.raises(ValueError, match="already registered"):
             register_family(ModelFamily("toy-own", Toy))
     finally:
         unregister_family("toy-own")
-    assert "toy-own" not in FAMILIES and "toy-own" not in MODEL_CLASSES
-    assert checkpoint_system("toy-own") is None
-    with pytest.raises(KeyError, match="unknown model family"):
-        family("toy-own")
+    assert "toy-own" not in FAMILIES and MODEL_CLASSES == lower
+    for lookup in (family, model_class, own_system):
+        with pytest.raises(KeyError, match="unknown model family"):
+            lookup("toy-own")

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from treerank.families import load_model
 from treerank.forest.model import (
     NOT_RETRIEVABLE,
     Forest,
@@ -14,7 +15,6 @@ from treerank.forest.model import (
     stacked_forward,
 )
 from treerank.models.checkpoint import load_checkpoint, save_checkpoint
-from treerank.models.registry import load_model
 
 
 def _hand_forest(nr_threshold: float = 0.5) -> Forest:

@@ -340,10 +340,12 @@ def saved_random_forest(path, seed: int, n_models: int, n_queries: int, n_passag
 
 
 def test_ckpt_system_spec_uses_forest_search(tmp_path) -> None:
-    from treerank.search.specs import build_system
+    from treerank.families import CHECKPOINTS
+    from treerank.search.specs import BuildContext, build_system
 
     forest, store = saved_random_forest(tmp_path / "f", 2, 6, 5, 40)
-    run = build_system(f"ckpt:{tmp_path / 'f'}").retrieve(store, 40)
+    ctx = BuildContext(checkpoints=CHECKPOINTS)
+    run = build_system(f"ckpt:{tmp_path / 'f'}", ctx).retrieve(store, 40)
     np.testing.assert_array_equal(run.ids, ForestSystem(forest).retrieve(store, 40).ids)
 
 

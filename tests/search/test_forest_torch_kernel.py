@@ -134,12 +134,14 @@ def test_cuda_refused_before_work_without_cuda() -> None:
 
 
 def test_ckpt_system_passes_the_device_to_the_forest(tmp_path) -> None:
-    """``build_system("ckpt:...", BuildContext(device=...))`` (the evaluate stage's call)
-    builds the forest's system on that device."""
+    """``build_system("ckpt:...", BuildContext(device=..., checkpoints=CHECKPOINTS))`` (the
+    evaluate stage's call) builds the forest's system on that device."""
+    from treerank.families import CHECKPOINTS
     from treerank.search.specs import BuildContext, build_system
 
     forest, store = saved_random_forest(tmp_path / "f", 4, 5, 6, 50)
-    system = build_system(f"ckpt:{tmp_path / 'f'}", BuildContext(device=Device("cpu")))
+    on_cpu = BuildContext(device=Device("cpu"), checkpoints=CHECKPOINTS)
+    system = build_system(f"ckpt:{tmp_path / 'f'}", on_cpu)
     inner = system.system_for(store)  # type: ignore[attr-defined]
     assert isinstance(inner, ForestSystem) and inner.device == Device("cpu")
     np.testing.assert_array_equal(
@@ -147,9 +149,10 @@ def test_ckpt_system_passes_the_device_to_the_forest(tmp_path) -> None:
     )
     if not CUDA:
         with pytest.raises(DeviceError, match="cuda requested"):
-            build_system(f"ckpt:{tmp_path / 'f'}", BuildContext(device=Device("cuda"))).system_for(
+            on_cuda = BuildContext(device=Device("cuda"), checkpoints=CHECKPOINTS)
+            build_system(f"ckpt:{tmp_path / 'f'}", on_cuda).system_for(  # type: ignore[attr-defined]
                 store
-            )  # type: ignore[attr-defined]
+            )
 
 
 class _Store:

@@ -101,16 +101,16 @@ def test_ckpt_dense_and_retrieving_models(store, tmp_path, monkeypatch) -> None:
                 "forest", np.zeros((store.n_queries, 1), np.int64), np.ones((store.n_queries, 1))
             )
 
-    from treerank.search.systems import CHECKPOINT_SYSTEMS
+    from treerank.search.specs import BuildContext
+    from treerank.search.systems import CheckpointLoader
 
-    monkeypatch.setitem(
-        CHECKPOINT_SYSTEMS, "toy-retriever", lambda: lambda model, name, *, device: model
-    )
-    monkeypatch.setattr(
-        "treerank.models.registry.load_model",
-        lambda path, expected_fingerprint=None, expected_precision=None: Retriever(),
-    )
-    out = build_system(f"ckpt:{tmp_path / 'cos'}").retrieve(store, 8)
+    class Loader(CheckpointLoader):  # injected: a family table that knows the retriever
+        def load(self, path, expected_fingerprint=None, expected_precision=None):
+            return Retriever()
+
+    own = {"toy-retriever": lambda model, name, *, device: model}
+    ctx = BuildContext(checkpoints=Loader(own_system=own.get))
+    out = build_system(f"ckpt:{tmp_path / 'cos'}", ctx).retrieve(store, 8)
     assert out.ids.shape == (4, 1) and out.name == f"ckpt:{tmp_path / 'cos'}"
 
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from treerank.families import load_model
 from treerank.forest.model import Forest
 from treerank.forest.trainer import (
     FOREST_SECTIONS,
@@ -16,7 +17,6 @@ from treerank.forest.trainer import (
     plot_forest_curves,
     train_forest,
 )
-from treerank.models.registry import load_model
 
 
 def sectioned(flat: dict) -> dict:

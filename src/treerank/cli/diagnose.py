@@ -1,5 +1,5 @@
 """``treerank diagnose``: the DRT seed's four diagnostics on one checkpoint (a thin shell over
-:func:`treerank.diagnostics.procedure.run_diagnostics`)."""
+:func:`treerank.tasks.diagnose.diagnose`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from pathlib import Path
 import typer
 
 from treerank.cli.errors import fail
-from treerank.cli.options import cli_device, device_option
+from treerank.cli.options import cli_device, device_option, field_option, overwrite_option
+from treerank.diagnostics.settings import DiagnosticsSettings
 from treerank.lock import LockHeldError
 
 
@@ -26,16 +27,13 @@ def diagnose(
     out: Path = typer.Option(
         ..., "--out", "-o", help="Output directory: JSON per step, report.md, PNG plots."
     ),
-    baseline: str = typer.Option(
-        "cosine", help="Comparison system: cosine, bm25, rrf:bm25+cosine, ckpt:<dir>, ..."
-    ),
-    metric: str = typer.Option(
-        "ndcg@10", help="Metric of the failure analysis and the decision rules."
-    ),
-    k: int = typer.Option(1000, help="Run depth (top-k passages per query)."),
-    top_n: int = typer.Option(10, help="Top wins / losses profiled in the failure analysis."),
-    examples: int = typer.Option(5, help="Example queries listed for wins and for losses."),
-    plots: bool = typer.Option(True, "--plots/--no-plots", help="Write PNG plots."),
+    # the settings' options: default and help from DiagnosticsSettings's fields
+    baseline: str = field_option(DiagnosticsSettings, "baseline", "--baseline"),
+    metric: str = field_option(DiagnosticsSettings, "metric", "--metric"),
+    k: int = field_option(DiagnosticsSettings, "k", "--k"),
+    top_n: int = field_option(DiagnosticsSettings, "top_n", "--top-n"),
+    examples: int = field_option(DiagnosticsSettings, "n_examples", "--examples"),
+    plots: bool = field_option(DiagnosticsSettings, "plots", "--plots/--no-plots"),
     dim: int | None = typer.Option(
         None, "--dim", help="Vector dimension (only for Go-tool stores without meta.json)."
     ),
@@ -46,12 +44,7 @@ def diagnose(
         help="More store splits (same encoder, e.g. the train split) whose queries join the "
         "probes and CKA for statistical power; repeatable.",
     ),
-    overwrite: bool = typer.Option(
-        False,
-        "--overwrite",
-        help="Write into a non-empty --out (refused without it); the old files stay until "
-        "the diagnostics are computed.",
-    ),
+    overwrite: bool = overwrite_option(),
     device: str = device_option(),
 ) -> None:
     """Scoring variants, per-slot probes, per-query failures and linear CKA, with the seed's
@@ -59,8 +52,9 @@ def diagnose(
     from rich.console import Console
     from rich.table import Table
 
-    from treerank.diagnostics.procedure import DEFAULT_METRICS, run_diagnostics
+    from treerank.metrics.metrics import DEFAULT_METRICS
     from treerank.store import EmbeddingStore
+    from treerank.tasks.diagnose import diagnose as diagnose_task
 
     dev = cli_device(device)  # refused before any work
     console = Console()
@@ -71,20 +65,16 @@ def diagnose(
         refuse_existing_output(out, overwrite, "earlier diagnostics")
         st = EmbeddingStore.open(store, dim=dim)
         extra = [EmbeddingStore.open(p, dim=dim) for p in probe_store]
-        res = run_diagnostics(
-            checkpoint,
-            st,
-            out,
-            baseline,
+        settings = DiagnosticsSettings(
+            baseline=baseline,
             metric=metric,
             metrics=metrics,
             k=k,
             top_n=top_n,
             n_examples=examples,
             plots=plots,
-            probe_stores=extra,
-            device=dev,
         )
+        res = diagnose_task(checkpoint, st, out, settings, probe_stores=extra, device=dev)
     except (FileNotFoundError, ValueError, KeyError, LockHeldError) as exc:
         raise fail(exc) from exc
 

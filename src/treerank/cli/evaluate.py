@@ -7,9 +7,9 @@ from pathlib import Path
 import typer
 
 from treerank.cli.errors import ExitCode, exit_on_disk_full, fail
-from treerank.cli.options import cli_device, device_option
+from treerank.cli.options import cli_device, device_option, field_option, overwrite_option
 from treerank.cli.spec_help import SEE_KINDS, RegistryHelpCommand
-from treerank.evaluation.significance import N_PERMUTATIONS
+from treerank.evaluation.settings import EvaluationSettings
 from treerank.lock import LockHeldError
 from treerank.store.format import StoreRootError
 
@@ -27,11 +27,10 @@ def evaluate(
         metavar="SPEC",
         help=f"System spec, repeatable; {SEE_KINDS}.",
     ),
-    baseline: str = typer.Option(
-        "cosine", "--baseline", "-b", help="System the others are tested against."
-    ),
-    second_baseline: str | None = typer.Option(
-        None, "--second-baseline", help="Also test against this system."
+    # a settings field's option: default and help from EvaluationSettings's fields
+    baseline: str = field_option(EvaluationSettings, "baseline", "--baseline", "-b"),
+    second_baseline: str | None = field_option(
+        EvaluationSettings, "second_baseline", "--second-baseline"
     ),
     out: Path | None = typer.Option(
         None,
@@ -40,9 +39,7 @@ def evaluate(
         help="Write results.json, per_query.jsonl, runs/, plots/, table.md here (and "
         "overlap.json, the seen / unseen breakdown, when there is a training split).",
     ),
-    k: int = typer.Option(
-        1000, "--k", help="Run depth: passages retrieved per query (at least 1)."
-    ),
+    k: int = field_option(EvaluationSettings, "k", "--k"),
     metrics: list[str] = typer.Option(
         [],
         "--metric",
@@ -52,28 +49,16 @@ def evaluate(
         "deeper than --k is refused. Default: mrr@10, ndcg@10, recall@100, recall@1000 "
         "(those no deeper than --k).",
     ),
-    threshold: int | None = typer.Option(
-        None,
-        "--relevance-threshold",
-        help="Grade counted as relevant for MRR/Recall (default: the store's).",
+    threshold: int | None = field_option(
+        EvaluationSettings, "relevance_threshold", "--relevance-threshold"
     ),
-    gain: str = typer.Option(
-        "linear", "--ndcg-gain", help="nDCG gain: linear (trec_eval) or exp (2^g - 1)."
+    gain: str = field_option(EvaluationSettings, "gain", "--ndcg-gain"),
+    permutations: int = field_option(EvaluationSettings, "n_permutations", "--permutations"),
+    seed: int = field_option(EvaluationSettings, "seed", "--seed"),
+    sample_queries: int | None = field_option(
+        EvaluationSettings, "sample_queries", "--sample-queries", metavar="N"
     ),
-    permutations: int = typer.Option(
-        N_PERMUTATIONS,
-        "--permutations",
-        help="Randomization-test permutations / bootstrap resamples.",
-    ),
-    seed: int = typer.Option(0, "--seed", help="Seed of the significance tests."),
-    sample_queries: int | None = typer.Option(
-        None,
-        "--sample-queries",
-        help="Evaluate a seeded sample of N queries (among those with a relevant passage), "
-        "the same for every system, against every passage; recorded in results.json.",
-        metavar="N",
-    ),
-    sample_seed: int = typer.Option(0, "--sample-seed", help="Seed of --sample-queries."),
+    sample_seed: int = field_option(EvaluationSettings, "sample_seed", "--sample-seed"),
     train_store: Path | None = typer.Option(
         None,
         "--train-store",
@@ -91,17 +76,9 @@ def evaluate(
     ),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bars."),
     device: str = device_option(),
-    overwrite: bool = typer.Option(
-        False,
-        "--overwrite",
-        help="Write into a non-empty --out (refused without it); the old files stay until "
-        "every system is scored.",
-    ),
-    ignore_identical_ids: bool = typer.Option(
-        False,
-        "--ignore-identical-ids",
-        help="Drop a retrieved document whose id is the query's id (BEIR's option for "
-        "ArguAna / Quora, where queries are also corpus documents).",
+    overwrite: bool = overwrite_option(),
+    ignore_identical_ids: bool = field_option(
+        EvaluationSettings, "ignore_identical_ids", "--ignore-identical-ids"
     ),
 ) -> None:
     """Evaluate systems on every passage of a split; print and write a comparison table."""
@@ -111,7 +88,6 @@ def evaluate(
     from treerank.evaluation.compare import untrained_note
     from treerank.evaluation.overlap import overlap_markdown
     from treerank.evaluation.plots import dataset_label
-    from treerank.evaluation.settings import EvaluationSettings
     from treerank.evaluation.summary import headline as summary_lines
     from treerank.kernels.topk import check_run_depth
     from treerank.metrics.metrics import headline_metric

@@ -104,6 +104,7 @@ def export(
             raise fail(f"--head applies to --to db:...; the head of --to {ST_TARGET} is SOURCE")
         if store is not None and not (store / "meta.json").is_file():
             raise fail(f"--store {store}: no meta.json (not a store split directory)")
+        from treerank.families import model_class
         from treerank.models.export_st import export_sentence_transformers
 
         try:
@@ -115,6 +116,7 @@ def export(
                 passage_prompt=passage_prompt,
                 overwrite=overwrite,
                 store=store,
+                classes=model_class,
             )
         except (ValueError, RuntimeError, FileNotFoundError, FileExistsError, OSError) as exc:
             raise fail(exc) from None
@@ -134,6 +136,7 @@ def export(
             if head is None
             else _checkpoint(head, "--head", f"--head {head!r}: expected ckpt:<dir>")
         )
+        from treerank.families import model_class
         from treerank.search.vector_db import export_to_db
         from treerank.store import EmbeddingStore
 
@@ -149,6 +152,7 @@ def export(
                 texts=texts,
                 batch_size=batch_size,
                 progress=progress,
+                classes=model_class,
             )
         except ImportError as exc:
             raise fail(exc) from None

@@ -32,7 +32,11 @@ def build(
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bar."),
     as_json: bool = typer.Option(False, "--json", help="Print the index meta as JSON."),
 ) -> None:
-    """Build the index (trained on a sample, filled chunk by chunk from the memory map)."""
+    """Build the index (trained on a sample, filled chunk by chunk from the memory map).
+
+    Runs on the CPU, hence no --device: FAISS trains and fills the index on the CPU, and an
+    over=ckpt: head's passage tower runs there too (the library call takes no device).
+    """
     from treerank.search.faiss_index import build_index, parse_index_spec
     from treerank.store import EmbeddingStore
 
@@ -53,7 +57,8 @@ def info(
     path: Path = typer.Argument(..., help="An index directory, or a store split (lists all)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
-    """Show an index's kind, parameters, store signature, counts, size and build cost."""
+    """Show an index's kind, parameters, store signature, counts, size and build cost (reads
+    its meta.json only; nothing is computed)."""
     from treerank.search.faiss_index import list_indexes, read_index_meta
 
     try:

@@ -93,6 +93,7 @@ def search(
     The output names the system: a ``system: <spec>`` line above the tables, a ``system``
     field in each JSON query object, the run tag (last column) of a TREC run.
     """
+    from treerank.families import CHECKPOINTS
     from treerank.kernels.topk import check_run_depth
     from treerank.search.query import load_store_encoder, search_texts
     from treerank.search.specs import BuildContext, build_system
@@ -126,7 +127,7 @@ def search(
         if not texts:
             raise ValueError("give --query TEXT (repeatable) or --queries FILE")
         # a bad spec fails here, before the encoder loads (~5 s)
-        built = build_system(system, BuildContext(device=dev))
+        built = build_system(system, BuildContext(device=dev, checkpoints=CHECKPOINTS))
         st = EmbeddingStore.open(store)
         enc = load_store_encoder(st, encoder, backend, device=dev.concrete(), precision=precision)
         run, hits = search_texts(st, built, enc, texts, k)

@@ -52,7 +52,9 @@ def serve(
     batch_queries: int = typer.Option(
         64, "--batch-queries", help="Most query texts per encoder + search call."
     ),
-    device: str = device_option(help="Where exact search runs: auto, cpu, cuda or cuda:N."),
+    device: str = device_option(
+        help="Where queries are encoded (torch backend) and searched: auto, cpu, cuda or cuda:N."
+    ),
     batch_invariant: bool = typer.Option(
         True,
         "--batch-invariant/--no-batch-invariant",

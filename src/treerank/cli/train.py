@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from treerank.cli.errors import fail
-from treerank.cli.options import cli_device, device_option
+from treerank.cli.options import cli_device, device_option, overwrite_option
 from treerank.families import trainable_families
 from treerank.lock import LockHeldError
 from treerank.names import unknown_name
@@ -33,12 +33,7 @@ def train(
     ),
     seed: int | None = typer.Option(None, "--seed", help="Override the config's seed."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bars."),
-    overwrite: bool = typer.Option(
-        False,
-        "--overwrite",
-        help="Replace a non-empty --out (refused without it); the old checkpoint is kept "
-        "until the new one is written.",
-    ),
+    overwrite: bool = overwrite_option(),
     device: str = device_option(),
 ) -> None:
     """Train MODEL on the store's queries and save a checkpoint (+ training log and curves).

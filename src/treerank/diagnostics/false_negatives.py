@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from treerank.atomic import atomic_savefig, atomic_write_json, atomic_write_text
+from treerank.families import CHECKPOINTS
 from treerank.search.negatives import drop_labelled
 from treerank.search.specs import BuildContext, build_system
 from treerank.store.view import QuerySubset
@@ -170,7 +171,8 @@ def audit_miners(
     curves = []
     denoised: list[dict[str, Any]] = []
     for miner in miners:
-        run = build_system(miner, BuildContext(cache=cache)).retrieve(view, k=depth)
+        ctx = BuildContext(cache=cache, checkpoints=CHECKPOINTS)
+        run = build_system(miner, ctx).retrieve(view, k=depth)
         curve = false_negative_curve(
             run.ids,
             cand,

@@ -21,24 +21,23 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-import treerank.families  # noqa: F401  (the family table registers the forest's checkpoints)
 from treerank.atomic import atomic_write_text
 from treerank.diagnostics.cka import linear_cka
 from treerank.diagnostics.failures import failure_analysis
 from treerank.diagnostics.labels import query_labels
 from treerank.diagnostics.probes import run_probes, slot_specialisation
+from treerank.diagnostics.settings import DiagnosticsSettings
 from treerank.diagnostics.variants import evaluate_variants, l2_normalize
 from treerank.encoders.precision import vector_precision
 from treerank.evaluation.significance import N_PERMUTATIONS
+from treerank.families import CHECKPOINTS
 from treerank.kernels.device import DEFAULT_DEVICE, Device
 from treerank.lock import writes_dir
-from treerank.metrics.metrics import DEFAULT_METRICS, HEADLINE_METRIC
 from treerank.search.specs import BuildContext, CheckpointSpec, SystemSpec, build_system, parse_spec
 from treerank.storelike import StoreLike
 
@@ -119,7 +118,8 @@ def _dump(path: Path, doc: Any) -> None:
 def _run_ids(spec: SystemSpec, store: StoreLike, k: int, device: Device) -> np.ndarray:
     """Top-``k`` ids of a system spec, built by the systems table (``cosine`` L2-normalises
     the stored vectors exactly as the ``cosine`` system of ``treerank evaluate`` does)."""
-    return np.asarray(build_system(spec, BuildContext(device=device)).retrieve(store, k).ids)
+    ctx = BuildContext(device=device, checkpoints=CHECKPOINTS)  # every family, the forest too
+    return np.asarray(build_system(spec, ctx).retrieve(store, k).ids)
 
 
 def decision_rules(
@@ -242,51 +242,16 @@ def decision_rules(
     return rules
 
 
-@dataclass(frozen=True)
-class DiagnosticsSettings:
-    """Settings of :func:`run_diagnostics` (each field's ``metadata["help"]`` says what it is)."""
-
-    metric: str = field(
-        default=HEADLINE_METRIC,
-        metadata={"help": "Metric of the failure analysis and the decision rules."},
-    )
-    metrics: tuple[str, ...] = field(
-        default=DEFAULT_METRICS, metadata={"help": "Metrics computed for every variant / system."}
-    )
-    k: int = field(default=1000, metadata={"help": "Run depth."})
-    top_n: int = field(default=10, metadata={"help": "Failure analysis: queries listed."})
-    n_examples: int = field(default=5, metadata={"help": "Failure analysis: examples shown."})
-    probe_seed: int = field(
-        default=42, metadata={"help": "The probes' 70/30 split seed (42 = the seed's)."}
-    )
-    bootstrap_seed: int = field(default=0, metadata={"help": "Seed of the paired bootstrap CIs."})
-    n_resamples: int = field(
-        default=N_PERMUTATIONS, metadata={"help": "Paired bootstrap resamples."}
-    )
-    probe_tol: float = field(
-        default=0.01, metadata={"help": "Slot probes within this accuracy: no specialisation."}
-    )
-    cka_high: float = field(
-        default=0.8, metadata={"help": "CKA to the frozen embeddings at least this: drift."}
-    )
-    equal_margin: float = field(
-        default=0.01, metadata={"help": "|delta| within this: practically equal."}
-    )
-    plots: bool = field(default=True, metadata={"help": "Write PNG plots."})
-
-
 @writes_dir("out_dir", "diagnose")
 def run_diagnostics(
     checkpoint_dir: str | Path,
     store: StoreLike,
     out_dir: str | Path,
-    baseline: str = "cosine",
     *,
     settings: DiagnosticsSettings | None = None,
     probe_stores: Sequence[Any] = (),
     progress: bool = False,
     device: Device = DEFAULT_DEVICE,
-    **overrides: Any,
 ) -> dict[str, Any]:
     """Run the four diagnostics of one checkpoint on one store and write the report.
 
@@ -295,11 +260,12 @@ def run_diagnostics(
             2-4; a forest for step 3).
         store: the evaluation ``EmbeddingStore`` (its every passage is searched).
         out_dir: where the JSON files, plots and ``report.md`` go (created).
-        baseline: system spec of the comparison system (``cosine``, ``bm25``, ``ckpt:<dir>``,
-            ...; ``cosine`` needs nothing beyond the store).
-        settings: the :class:`DiagnosticsSettings` (metric, metrics, k, failure-analysis sizes,
-            probe and bootstrap seeds, decision-rule thresholds, plots); default: the defaults.
-        overrides: single settings by name (``k=100, probe_seed=1``) on top of ``settings``.
+        settings: the :class:`DiagnosticsSettings`, the one way to give every setting: the
+            ``baseline`` system spec (``cosine``, ``bm25``, ``ckpt:<dir>``, ...), metric,
+            metrics, k, failure-analysis sizes, probe and bootstrap seeds, decision-rule
+            thresholds, plots (see its fields); default: the defaults.
+        progress: tqdm bars in the DRT variants' search.
+        device: where the baseline's, the checkpoint's and every DRT variant's search run.
         probe_stores: more stores embedded with the same encoder (e.g. the train split) whose
             queries join the probes and CKA (steps 2 and 4) for statistical power; steps 1 and 3
             always use ``store`` alone.
@@ -310,19 +276,17 @@ def run_diagnostics(
         ``rules``, ``files``.
 
     Raises:
-        FileNotFoundError / EncoderMismatchError: see :func:`treerank.models.registry.load_model`.
-        ValueError: ``metric`` not in ``metrics``.
+        FileNotFoundError / EncoderMismatchError / UnknownModelClassError: see
+            :func:`treerank.families.load_model`.
+        ValueError: ``metric`` not in ``metrics``, or a bad ``baseline`` spec (both before
+            any work).
     """
     from treerank.metrics.metrics import evaluate_run
     from treerank.metrics.qrels import Qrels
     from treerank.models.base import DenseScorer, SlotScorer
-    from treerank.models.registry import load_model
 
-    names = {f.name for f in fields(DiagnosticsSettings)}
-    if set(overrides) - names:
-        bad = ", ".join(sorted(set(overrides) - names))
-        raise TypeError(f"unknown diagnostics setting(s) {bad}; known: {', '.join(sorted(names))}")
-    cfg = replace(settings or DiagnosticsSettings(), **overrides)
+    cfg = settings or DiagnosticsSettings()
+    baseline = cfg.baseline
     metric, metrics, k = cfg.metric, tuple(cfg.metrics), cfg.k
     top_n, n_examples, probe_seed, bootstrap_seed = (
         cfg.top_n,
@@ -342,7 +306,7 @@ def run_diagnostics(
     t0 = time.perf_counter()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    model = load_model(checkpoint_dir, store.encoder_fingerprint, vector_precision(store))
+    model = CHECKPOINTS.load(checkpoint_dir, store.encoder_fingerprint, vector_precision(store))
     is_drt = isinstance(model, SlotScorer)  # slot-level steps for any slot model (DRT)
     is_dense = isinstance(model, DenseScorer)
     model_name = str(getattr(model, "name", "model"))
@@ -504,7 +468,9 @@ def run_diagnostics(
             cka["vs_frozen"][name] = linear_cka(x, qx)
     cka["model_vs_frozen"] = cka["vs_frozen"].get(model_name)
     if isinstance(baseline_spec, CheckpointSpec):
-        other = load_model(baseline_spec.path, store.encoder_fingerprint, vector_precision(store))
+        other = CHECKPOINTS.load(
+            baseline_spec.path, store.encoder_fingerprint, vector_precision(store)
+        )
         if isinstance(other, DenseScorer):
             bq = other.encode_queries(qx)
             cka["vs_baseline"] = {n: linear_cka(x, bq) for n, x in reps.items()}

@@ -48,7 +48,6 @@ from typing import Any
 
 import numpy as np
 
-import treerank.families  # noqa: F401  (the family table registers the forest's checkpoints)
 from treerank.atomic import is_disk_full
 from treerank.distributed.context import DistContext
 from treerank.evaluation.checks import check_depth, check_evaluable
@@ -67,6 +66,7 @@ from treerank.evaluation.seeds import seed_average, seed_spread
 from treerank.evaluation.settings import EvaluationSettings
 from treerank.evaluation.significance import McNemarResult, PairedTest, compare_paired, mcnemar
 from treerank.evaluation.trec_io import write_trec_run
+from treerank.families import CHECKPOINTS
 from treerank.kernels.device import DEFAULT_DEVICE, Device
 from treerank.lock import writer_lock
 from treerank.metrics.metrics import EvalResult, evaluate_run, parse_metric
@@ -325,9 +325,10 @@ def compare_systems(
     if cfg.sample_queries is not None:
         store = query_sample(store, cfg.sample_queries, cfg.sample_seed, cfg.relevance_threshold)
     check_depth(cfg.k, cfg.metrics, int(store.n_passages))
-    built = _as_systems(
-        systems, BuildContext(progress=progress, device=device, cache={}, shard=shard)
+    ctx = BuildContext(
+        progress=progress, device=device, cache={}, shard=shard, checkpoints=CHECKPOINTS
     )
+    built = _as_systems(systems, ctx)  # a ckpt: spec loads through the family table
     for b in cfg.baselines:
         if b not in built:
             raise ValueError(f"baseline {b!r} is not one of the systems: {', '.join(built)}")

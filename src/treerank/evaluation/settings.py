@@ -49,17 +49,21 @@ class EvaluationSettings:
     )
     relevance_threshold: int | None = field(
         default=None,
-        metadata={"help": "Grade counted as relevant for MRR/Recall (None: the store's)."},
+        metadata={"help": "Grade counted as relevant for MRR/Recall (default: the store's)."},
     )
     ignore_identical_ids: bool = field(
         default=False,
-        metadata={"help": "Drop a retrieved document whose id is the query's id (BEIR)."},
+        metadata={
+            "help": "Drop a retrieved document whose id is the query's id (BEIR's option for "
+            "ArguAna / Quora, where queries are also corpus documents)."
+        },
     )
     sample_queries: int | None = field(
         default=None,
         metadata={
-            "help": "Evaluate a seeded sample of this many queries (those with a relevant "
-            "passage), the same for every system, against every passage (None: all queries)."
+            "help": "Evaluate a seeded sample of this many queries (among those with a "
+            "relevant passage), the same for every system, against every passage (default: "
+            "all queries); recorded in results.json."
         },
     )
     sample_seed: int = field(default=0, metadata={"help": "Seed of the query sample."})

@@ -42,13 +42,17 @@ directly, never by name:
 imports the family's modules and returns its :class:`ModelFamily` (so that listing names costs
 no torch / numba import at CLI start-up); :func:`family` loads an entry once.
 
-The layers below read only what they need, from tables of their own layer that
-:func:`register_family` fills for a new family: the model class
-(:func:`treerank.models.registry.register_model_class`, for ``load_model``) and a family's own
-retrieval (:func:`treerank.search.systems.register_checkpoint_system`, for ``ckpt:`` systems);
-the curves hook is handed to ``save_trained_model`` by the pipeline. ``tests/models/
-test_families.py`` checks that those tables agree with this one for every family. See
-docs/DESIGN.md, "How to add a model family".
+**One registration point for checkpoints.** This table is the only one a family is registered
+in. Every checkpoint load above it goes through :data:`CHECKPOINTS` (a
+:class:`~treerank.search.systems.CheckpointLoader` built on :func:`model_class` and
+:func:`own_system`) or :func:`load_model`; the layers below receive that loader by injection
+(``BuildContext(checkpoints=CHECKPOINTS)`` for ``ckpt:`` systems, ``classes=model_class`` for
+``treerank.models.registry.load_model``), so no caller imports this module for its side effects
+and nothing is written into a lower table. Without it a lower layer knows only its own (dense)
+families and refuses any other class with an error naming the class and the checkpoint. The
+curves hook is handed to ``save_trained_model`` by the pipeline. ``tests/models/
+test_families.py`` checks that the lower default agrees with this table for the families it
+knows. See docs/DESIGN.md, "How to add a model family".
 """
 
 from __future__ import annotations
@@ -60,9 +64,12 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from treerank.models.registry import load_model as _load_checkpoint_model
 from treerank.names import unknown_name
+from treerank.search.systems import CheckpointLoader, CheckpointSystemMaker
 
 __all__ = [
+    "CHECKPOINTS",
     "FAMILIES",
     "CrossCpu",
     "MODULE_ROLES",
@@ -71,6 +78,9 @@ __all__ = [
     "all_families",
     "family",
     "family_names",
+    "load_model",
+    "model_class",
+    "own_system",
     "register_family",
     "trainable_families",
     "unregister_family",
@@ -213,10 +223,8 @@ def _check_name(name: str, replace: bool) -> None:
 
 
 def register_family(entry: ModelFamily, *, replace: bool = False) -> ModelFamily:
-    """Add a family to :data:`FAMILIES` (the one table entry a new family needs).
-
-    Also registers its model class with ``load_model`` and, when it has one, its own
-    retrieval with ``ckpt:`` systems.
+    """Add a family to :data:`FAMILIES` (the one table entry a new family needs: its
+    checkpoints then load through :data:`CHECKPOINTS` / :func:`load_model` like any other).
 
     Args:
         entry: the family.
@@ -225,28 +233,16 @@ def register_family(entry: ModelFamily, *, replace: bool = False) -> ModelFamily
     Raises:
         ValueError: the name is taken (and ``replace`` is false), or empty / contains ``:``.
     """
-    # imported here: the lower layers' tables cost torch at CLI start, and only a new family
-    # (a plugin, a test) registers
-    from treerank.models.registry import register_model_class
-    from treerank.search.systems import register_checkpoint_system
-
     _check_name(entry.name, replace)
-    register_model_class(entry.name, lambda: entry.model, replace=True)
-    register_checkpoint_system(entry.name, entry.system, replace=True)
     FAMILIES[entry.name] = FamilyEntry(entry.name, entry.trainable, lambda: entry)
     _load.cache_clear()
     return entry
 
 
 def unregister_family(name: str) -> None:
-    """Remove a family registered by :func:`register_family` from every table (tests, plugins);
-    an unknown name is a no-op."""
-    from treerank.models.registry import MODEL_CLASSES
-    from treerank.search.systems import CHECKPOINT_SYSTEMS
-
+    """Remove a family registered by :func:`register_family` (tests, plugins); an unknown name
+    is a no-op."""
     if FAMILIES.pop(name, None) is not None:
-        MODEL_CLASSES.pop(name, None)
-        CHECKPOINT_SYSTEMS.pop(name, None)
         _load.cache_clear()
 
 
@@ -425,20 +421,49 @@ for _name, _trainable, _loader in (
     FAMILIES[_name] = FamilyEntry(_name, _trainable, _loader)
 
 
-def _register_below() -> None:
-    """The forest is a layer of its own above models and search, so their tables
-    (``load_model``'s model classes, the ``ckpt:`` own retrievals) cannot name it: this table
-    adds its entries, lazily (the forest's modules load on first use)."""
-    from treerank.models.registry import register_model_class
-    from treerank.search.systems import CHECKPOINT_SYSTEMS, CheckpointSystemMaker
+# ----------------------------------------------------------------------------- checkpoints
+def model_class(model_type: str) -> type:
+    """The model class of the family ``model_type`` (a checkpoint's ``model_type``).
 
-    def forest_system() -> CheckpointSystemMaker:
-        make = family("forest").system
-        assert make is not None  # the forest searches its own inverted lists
-        return make
-
-    register_model_class("forest", lambda: family("forest").model, replace=True)
-    CHECKPOINT_SYSTEMS["forest"] = forest_system
+    Raises:
+        KeyError: unknown family (the message suggests the closest name).
+    """
+    return family(model_type).model
 
 
-_register_below()
+def own_system(model_type: str) -> CheckpointSystemMaker | None:
+    """The own retrieval of the family ``model_type`` (None: a dense family).
+
+    Raises:
+        KeyError: unknown family.
+    """
+    return family(model_type).system
+
+
+CHECKPOINTS = CheckpointLoader(model_class, own_system)
+"""The checkpoint loader that knows every registered family: what every checkpoint load above
+this layer uses (``BuildContext(checkpoints=CHECKPOINTS)``, ``CHECKPOINTS.load(path)``)."""
+
+
+def load_model(
+    path: str | Path,
+    expected_fingerprint: str | None = None,
+    expected_precision: str | None = None,
+) -> Any:
+    """Load any checkpoint directory of a registered family into its model object.
+
+    Args:
+        path: the checkpoint directory.
+        expected_fingerprint / expected_precision: the scored store's encoder fingerprint and
+            vector precision (``None`` skips a check; see
+            :func:`treerank.models.checkpoint.load_checkpoint`).
+
+    Raises:
+        UnknownModelClassError: no registered family has the checkpoint's ``model_type`` (the
+            message names the class and ``path``).
+        FileNotFoundError, ValueError, EncoderMismatchError, PrecisionMixError: see
+            ``load_checkpoint``.
+    """
+    return _load_checkpoint_model(
+        path, expected_fingerprint, expected_precision, classes=model_class
+    )

@@ -234,9 +234,9 @@ class CheckpointMixin:
     """A model that training produced (False: ``cosine``, which nothing trains); reports print
     the memorisation caveat only for systems built on a trained model."""
     own_retrieval: ClassVar[bool] = False
-    """The family searches with its own index (the forest's inverted lists, a ``ckpt:``
-    system of ``treerank.search.systems.CHECKPOINT_SYSTEMS``), not by inner product of two
-    towers."""
+    """The family searches with its own index (the forest's inverted lists: its family entry's
+    ``system``, reached through ``treerank.search.systems.CheckpointLoader.own_system``), not by
+    inner product of two towers."""
 
     def checkpoint_config(self) -> dict[str, Any]:
         """JSON-serialisable config that, with the tensors, rebuilds the model (holds ``dim``)."""

@@ -61,7 +61,7 @@ from treerank.models.checkpoint import EncoderMismatchError, load_checkpoint
 from treerank.models.head import TwoTowerHead
 from treerank.models.linear import LinearTower
 from treerank.models.mlp import MLPTower
-from treerank.models.registry import model_class
+from treerank.models.registry import ModelClassOf, UnknownModelClassError, model_class
 
 __all__ = [
     "EXPORT_INFO_FILE",
@@ -295,9 +295,13 @@ def tower_modules(tower: nn.Module) -> list[Any]:
     raise NotExpressibleError(f"a {type(tower).__name__} tower has no sentence-transformers form")
 
 
-def _load_head(checkpoint: Path) -> tuple[TwoTowerHead, Any]:
+def _load_head(checkpoint: Path, classes: ModelClassOf) -> tuple[TwoTowerHead, Any]:
     ckpt = load_checkpoint(checkpoint)
-    cls = model_class(ckpt.model_type)
+    try:
+        cls: Any = classes(ckpt.model_type)
+    except KeyError as exc:
+        detail = exc.detail if isinstance(exc, UnknownModelClassError) else str(exc)
+        raise UnknownModelClassError(ckpt.model_type, checkpoint, detail) from None
     why = None
     if getattr(cls, "own_retrieval", False):
         why = _OWN_RETRIEVAL
@@ -323,6 +327,7 @@ def export_sentence_transformers(
     passage_prompt: str | None = None,
     overwrite: bool = False,
     store: str | Path | None = None,
+    classes: ModelClassOf = model_class,
 ) -> SentenceTransformersExport:
     """Write a trained head plus its base encoder as a sentence-transformers model directory.
 
@@ -339,6 +344,9 @@ def export_sentence_transformers(
         overwrite: replace an existing ``out``.
         store: the store split the head was trained on (its ``meta.json`` gives the encoding
             contract); default: the one the checkpoint records.
+        classes: ``model_type -> model class`` (default: the models layer's families;
+            ``treerank.families.model_class``: every family, so that a forest is refused for
+            what it is).
 
     Returns:
         A :class:`SentenceTransformersExport`.
@@ -352,6 +360,7 @@ def export_sentence_transformers(
         FileExistsError: ``out`` exists and ``overwrite`` is false.
         LockHeldError: another process is writing ``out`` (``treerank.lock``).
         FileNotFoundError / ValueError: not a checkpoint (see ``load_checkpoint``).
+        UnknownModelClassError: ``classes`` does not know the checkpoint's family.
     """
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.modules import Normalize, Router
@@ -359,7 +368,7 @@ def export_sentence_transformers(
     from treerank.encoders.sentence import default_model_path
 
     checkpoint, out = Path(checkpoint), Path(out)
-    head, ckpt = _load_head(checkpoint)
+    head, ckpt = _load_head(checkpoint, classes)
     contract = checkpoint_contract(checkpoint, ckpt.extra, store)
     if contract is not None:
         _check_contract(contract, checkpoint)

@@ -52,7 +52,9 @@ from treerank.search.rm3 import (
     RM3System,
 )
 from treerank.search.systems import (
+    DENSE_CHECKPOINTS,
     BM25System,
+    CheckpointLoader,
     CheckpointSystem,
     DenseOptions,
     DenseSystem,
@@ -104,6 +106,10 @@ class BuildContext:
             system searches (top-k merged across ranks); ``None``: one process.
         cache: system name -> system already built; one dict shared by several builds makes a
             system named twice (alone and inside a fusion) be built, and run, once.
+        checkpoints: how a ``ckpt:`` node loads its checkpoint
+            (:class:`~treerank.search.systems.CheckpointLoader`): every layer above the family
+            table passes ``treerank.families.CHECKPOINTS`` (every family, the forest too); the
+            default knows this layer's dense families only.
     """
 
     chunk_size: int | None = DEFAULT_CHUNK_SIZE
@@ -112,6 +118,7 @@ class BuildContext:
     device: Device = DEFAULT_DEVICE
     shard: DistContext | None = field(default=None, compare=False)
     cache: dict[str, System] | None = field(default=None, compare=False)
+    checkpoints: CheckpointLoader = field(default=DENSE_CHECKPOINTS, compare=False)
 
     def dense_options(self) -> DenseOptions:
         """The dense systems' part of the context."""
@@ -544,7 +551,7 @@ class CheckpointSpec(SystemSpec):
         return True
 
     def make(self, ctx: BuildContext) -> System:
-        return CheckpointSystem(self.path, self.name, ctx.dense_options())
+        return CheckpointSystem(self.path, self.name, ctx.dense_options(), ctx.checkpoints)
 
 
 @dataclass(frozen=True)

@@ -6,11 +6,12 @@ split). :class:`DenseSystem` (exact inner product of two towers), :class:`BM25Sy
 :class:`FusionSystem` and :class:`CheckpointSystem` live here; ``docs/systems.md`` lists every
 spec kind.
 
-A checkpoint loads through :func:`treerank.models.registry.load_model` with the store's encoder
-fingerprint (a checkpoint trained on another encoder's vectors is refused); the model's family
-(``treerank.families``) says how it searches: its own retrieval (a :class:`SystemHook` in
-:data:`CHECKPOINT_SYSTEMS`, e.g. the forest's inverted lists), or, for a dense family,
-:class:`DenseSystem` over its two towers.
+A checkpoint loads through the :class:`CheckpointLoader` it is given (the family table's
+``treerank.families.CHECKPOINTS`` in every upper-layer call; this layer's dense families by
+default) with the store's encoder fingerprint (a checkpoint trained on another encoder's vectors
+is refused); the model's family says how it searches: its own retrieval (a :class:`SystemHook`,
+e.g. the forest's inverted lists), or, for a dense family, :class:`DenseSystem` over its two
+towers.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from treerank.kernels.sharded import sharded_exact_search
 from treerank.kernels.topk import DEFAULT_CHUNK_SIZE, exact_search
 from treerank.models.base import DenseScorer
 from treerank.models.checkpoint import CheckpointMixin
+from treerank.models.registry import ModelClassOf, load_model, model_class
 from treerank.search.bm25 import BM25Index, BM25Params
 from treerank.search.fusion import DEFAULT_RRF_K, NORMALISATIONS, linear_fusion, rrf
 from treerank.search.run import Run, store_key
@@ -231,44 +233,68 @@ CheckpointSystemMaker = Callable[..., System]
 """``make(model, name, *, device=...) -> System``: a family's own retrieval for a loaded model."""
 
 
-CHECKPOINT_SYSTEMS: dict[str, Callable[[], CheckpointSystemMaker]] = {}
-"""Family name -> function returning the system maker of a family with its own retrieval (a
-model class with ``own_retrieval``); every other family is searched by :class:`DenseSystem`.
-The family table (``treerank.families``, a layer above) fills it when it loads: the forest's
-entry, and a new family's ``system`` hook through ``register_family``."""
+def no_own_system(model_type: str) -> CheckpointSystemMaker | None:
+    """The own retrieval of this layer's families: none (cosine, linear, mlp, drt are dense)."""
+    return None
 
 
-def register_checkpoint_system(
-    model_type: str, make: CheckpointSystemMaker | None, *, replace: bool = False
-) -> None:
-    """Set (``make``) or clear (None) the own retrieval of family ``model_type``.
+@dataclass(frozen=True)
+class CheckpointLoader:
+    """How a checkpoint directory becomes a model and its system: the one thing every
+    ``ckpt:`` load of this layer takes (through :class:`~treerank.search.specs.BuildContext`,
+    or as an argument), so that no lower table is filled by an import.
 
-    Raises:
-        ValueError: ``model_type`` has one already and ``replace`` is false.
+    The family table (``treerank.families.CHECKPOINTS``, a layer above) gives the loader that
+    knows every family (the forest and any registered plugin); :data:`DENSE_CHECKPOINTS`, the
+    default, knows the families whose classes live below this layer, all dense.
+
+    Attributes:
+        classes: ``model_type -> model class``
+            (:data:`~treerank.models.registry.ModelClassOf`; raises ``KeyError`` when unknown).
+        own_system: ``model_type -> SystemHook`` of a family with its own retrieval (the
+            forest's inverted lists); ``None``: a dense family, searched by
+            :class:`DenseSystem` over its two towers.
     """
-    if model_type in CHECKPOINT_SYSTEMS and not replace:
-        raise ValueError(f"model type {model_type!r} already has a checkpoint system")
-    if make is None:
-        CHECKPOINT_SYSTEMS.pop(model_type, None)
-    else:
-        CHECKPOINT_SYSTEMS[model_type] = lambda: make
+
+    classes: ModelClassOf = model_class
+    own_system: Callable[[str], CheckpointSystemMaker | None] = no_own_system
+
+    def load(
+        self,
+        path: str | Path,
+        expected_fingerprint: str | None = None,
+        expected_precision: str | None = None,
+    ) -> Any:
+        """The checkpoint at ``path`` as its model object (see
+        :func:`~treerank.models.registry.load_model`).
+
+        Raises:
+            UnknownModelClassError: ``classes`` does not know its family (names class and path).
+            FileNotFoundError, ValueError, EncoderMismatchError, PrecisionMixError: see
+                :func:`~treerank.models.checkpoint.load_checkpoint`.
+        """
+        return load_model(path, expected_fingerprint, expected_precision, classes=self.classes)
 
 
-def checkpoint_system(model_type: str) -> CheckpointSystemMaker | None:
-    """The own retrieval of family ``model_type`` (None: a dense family)."""
-    load = CHECKPOINT_SYSTEMS.get(model_type)
-    return None if load is None else load()
+DENSE_CHECKPOINTS = CheckpointLoader()
+"""The default loader: this layer's (dense) families only; a forest checkpoint is refused with
+an :class:`~treerank.models.registry.UnknownModelClassError` naming the class and the path."""
 
 
 class CheckpointSystem:
     """A checkpoint directory, loaded for the store it is asked to rank (fingerprint-checked)."""
 
     def __init__(
-        self, path: str | Path, name: str | None = None, options: DenseOptions | None = None
+        self,
+        path: str | Path,
+        name: str | None = None,
+        options: DenseOptions | None = None,
+        loader: CheckpointLoader = DENSE_CHECKPOINTS,
     ) -> None:
         self.path = Path(path)
         self.name = name or self.path.name
         self.options = options or DenseOptions()  # a dense family's search; its device for all
+        self.loader = loader  # which families it can load (the family table's: all of them)
         self._loaded: tuple[str | None, System] | None = None
         self._model_type = ""
 
@@ -277,17 +303,18 @@ class CheckpointSystem:
 
         Raises:
             EncoderMismatchError: the checkpoint was trained on another encoder's vectors.
+            UnknownModelClassError: the loader does not know the checkpoint's family (the
+                default :data:`DENSE_CHECKPOINTS` and a forest: build with the family table's
+                ``treerank.families.CHECKPOINTS``).
             TypeError: a dense family's model lacks ``encode_queries`` / ``encode_passages``.
         """
-        from treerank.models.registry import load_model
-
         fp = getattr(store, "encoder_fingerprint", None)
         if self._loaded is None or self._loaded[0] != fp:
-            model = load_model(
+            model = self.loader.load(
                 self.path, expected_fingerprint=fp, expected_precision=vector_precision(store)
             )
             system: System
-            if (make := checkpoint_system(model.model_type)) is not None:
+            if (make := self.loader.own_system(model.model_type)) is not None:
                 system = make(model, self.name, device=self.options.device)
             elif isinstance(model, DenseScorer):
                 system = DenseSystem.with_options(model, self.name, self.options)

@@ -191,6 +191,7 @@ def export_to_db(
     batch_size: int = DEFAULT_BATCH,
     progress: bool = False,
     stop_after_batches: int | None = None,
+    classes: Callable[[str], type] | None = None,
 ) -> DBExport:
     """Write a store split (raw vectors or a head's passage tower) as a Qdrant collection.
 
@@ -206,6 +207,9 @@ def export_to_db(
         progress: show a tqdm bar.
         stop_after_batches: testing hook: raise ``RuntimeError`` after this many batches, as a
             crash half-way would (the collection is left incomplete, the alias untouched).
+        classes: ``model_type -> model class`` for ``head``
+            (:data:`~treerank.models.registry.ModelClassOf`; ``None``: the models layer's
+            families; ``treerank.families.model_class``: every family).
 
     Returns:
         A :class:`DBExport`.
@@ -228,12 +232,13 @@ def export_to_db(
     dim = int(store.dim)
     if head_dir is not None:
         from treerank.models.base import DenseScorer
-        from treerank.models.registry import load_model
+        from treerank.models.registry import load_model, model_class
 
         model = load_model(
             head_dir,
             expected_fingerprint=store.encoder_fingerprint,
             expected_precision=vector_precision(store),
+            classes=classes or model_class,
         )
         model_type = str(getattr(model, "model_type", ""))
         if not isinstance(model, DenseScorer) or getattr(model, "own_retrieval", False):

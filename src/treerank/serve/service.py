@@ -36,7 +36,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import treerank.families  # noqa: F401  (the family table registers the forest's checkpoints)
 from treerank.kernels.device import DEFAULT_DEVICE, Device, resolve_device
 from treerank.search.query import (
     EncoderMismatchError,
@@ -71,8 +70,9 @@ class ServiceConfig:
             never depends on the batch (default); ``False``: one ``encode_queries`` and one
             ``retrieve`` per batch (more throughput; a query's vector then moves by ~1e-7 with
             its batch and near-ties may swap).
-        device: where exact search runs (a parsed :class:`~treerank.kernels.device.Device`;
-            checked when the service starts).
+        device: where queries are encoded (the torch backend) and where exact search and a
+            family's own search run (a parsed :class:`~treerank.kernels.device.Device`; checked
+            when the service starts).
         backend: encoder backend for the queries (``None``: the store's; its precision must
             mix with the store's, see `check_query_backend`).
         precision: the query encoder's torch precision (``fp32`` | ``bf16`` | ``auto``;
@@ -155,6 +155,7 @@ class SearchService:
     """
 
     def __init__(self, config: ServiceConfig, encoder: Any = None) -> None:
+        from treerank.families import CHECKPOINTS
         from treerank.search.specs import BuildContext, build_system
         from treerank.store import EmbeddingStore
 
@@ -164,7 +165,11 @@ class SearchService:
         want = self.store.encoder_fingerprint
         if encoder is None:
             encoder = load_store_encoder(
-                self.store, config.encoder, config.backend, precision=config.precision
+                self.store,
+                config.encoder,
+                config.backend,
+                device=config.device.concrete(),  # the query encoder's device, as `search`'s
+                precision=config.precision,
             )
         elif encoder.fingerprint != want:
             raise EncoderMismatchError(
@@ -181,7 +186,8 @@ class SearchService:
             self.systems[spec] = system
         for spec in config.systems:
             if spec not in self.systems:
-                self.systems[spec] = build_system(spec, BuildContext(device=config.device))
+                ctx = BuildContext(device=config.device, checkpoints=CHECKPOINTS)
+                self.systems[spec] = build_system(spec, ctx)
         if not self.systems:
             raise ValueError("no system to serve")
         self.default_system = next(iter(self.systems))

@@ -1,8 +1,9 @@
 """``diagnose``: the one library call behind ``treerank diagnose`` and the ``diagnose:`` stage.
 
-Both hand it the typed :class:`~treerank.diagnostics.procedure.DiagnosticsSettings` (the stage
-builds it from the YAML ``diagnose:`` section and ``evaluate.k``); it opens nothing and decides
-nothing itself: :func:`~treerank.diagnostics.procedure.run_diagnostics` does the work.
+Both hand it the typed :class:`~treerank.diagnostics.settings.DiagnosticsSettings`, the
+baseline included (the stage builds it from the YAML ``diagnose:`` section and ``evaluate.k``);
+it opens nothing and decides nothing itself:
+:func:`~treerank.diagnostics.procedure.run_diagnostics` does the work.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from treerank.diagnostics.procedure import DiagnosticsSettings, run_diagnostics
+from treerank.diagnostics.procedure import run_diagnostics
+from treerank.diagnostics.settings import DiagnosticsSettings
 from treerank.kernels.device import DEFAULT_DEVICE, Device
 from treerank.storelike import StoreLike
 
@@ -24,7 +26,6 @@ def diagnose(
     out_dir: str | Path,
     settings: DiagnosticsSettings,
     *,
-    baseline: str = "cosine",
     probe_stores: Sequence[StoreLike] = (),
     progress: bool = False,
     device: Device = DEFAULT_DEVICE,
@@ -34,9 +35,9 @@ def diagnose(
     Args:
         checkpoint: a treerank checkpoint directory. store: the evaluation split.
         out_dir: where ``diagnostics.json``, the plots and ``report.md`` go (created).
-        settings: every diagnostics setting (metric, metrics, ``k``, seeds, thresholds, plots).
-        baseline: the comparison system's spec. probe_stores: more stores of the same encoder
-            whose queries join the probes and CKA.
+        settings: every diagnostics setting (the baseline's spec, metric, metrics, ``k``, seeds,
+            thresholds, plots).
+        probe_stores: more stores of the same encoder whose queries join the probes and CKA.
         progress: progress bars. device: where the model scores (a parsed ``Device``).
 
     Returns:
@@ -50,7 +51,6 @@ def diagnose(
         checkpoint,
         store,
         out_dir,
-        baseline,
         settings=settings,
         probe_stores=probe_stores,
         progress=progress,

@@ -26,7 +26,7 @@ from treerank.config import ConfigError
 from treerank.distributed.context import is_main_process, main_first
 from treerank.encoders.precision import vector_precision
 from treerank.evaluation.provenance import training_provenance
-from treerank.families import family, family_names
+from treerank.families import CHECKPOINTS, family, family_names
 from treerank.faults import crash_point
 from treerank.kernels.device import DEFAULT_DEVICE, Device
 from treerank.kernels.vectors import ROW_CHUNK
@@ -284,9 +284,8 @@ def ensure_teacher_run(store: StoreLike, pseudo: Any, spec: Any, *, progress: bo
     target: Any = pseudo if spec.queries == "pseudo" else store
     stem = teacher_array(spec)
     if not (target.has_array(f"{stem}-ids") and target.has_array(f"{stem}-scores")):
-        run = build_system(str(spec.system), BuildContext(progress=progress)).retrieve(
-            target, spec.k
-        )
+        ctx = BuildContext(progress=progress, checkpoints=CHECKPOINTS)
+        run = build_system(str(spec.system), ctx).retrieve(target, spec.k)
         meta = {"system": spec.system, "k": spec.k, "queries": spec.queries}
         target.save_array(f"{stem}-scores", run.scores, meta=meta)
         target.save_array(f"{stem}-ids", run.ids, meta=meta)

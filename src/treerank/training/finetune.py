@@ -227,20 +227,23 @@ def resolve_precision(
     Args:
         precision: ``fp32`` | ``bf16`` | ``auto``.
         encoder: the base :class:`~treerank.encoders.SentenceEncoder` (probed for ``auto``).
-        device: the training device.
+        device: the training device; ``auto`` is resolved first (:func:`resolve_device`), so
+            ``auto`` on a machine with CUDA takes the CUDA rule, not the CPU probe.
         timer, refresh: passed to ``resolve_path`` (an injected clock for tests; measure
             again instead of reading the cache).
 
     Returns:
         ``(precision, record)``: ``fp32`` or ``bf16``, and what decided it (for
         ``finetune.json``: the setting, the device, the probe's seconds and ratio).
+
+    Raises:
+        DeviceError: ``device`` names CUDA and this machine has none (:func:`resolve_device`).
     """
     if precision != "auto":
         return precision, {"setting": precision}
-    if device.kind == "cuda":
-        import torch
-
-        ok = bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+    # the resolved device, not the setting: ``auto`` on a GPU machine trains on CUDA
+    if resolve_device(device).type == "cuda":
+        ok = bool(torch.cuda.is_bf16_supported())
         return ("bf16" if ok else "fp32"), {
             "setting": "auto",
             "device": str(device),

@@ -58,8 +58,9 @@ class DiagnoseStage(RunStage):
             deps.get(self.trained, TrainOutput).checkpoint,
             deps.get(self.store, EmbedOutput).open(),
             d,
-            DiagnosticsSettings(k=self.k, probe_seed=self.settings.probe_seed),
-            baseline=self.settings.baseline,
+            DiagnosticsSettings(
+                baseline=self.settings.baseline, k=self.k, probe_seed=self.settings.probe_seed
+            ),
             progress=self.ctx.progress,
             device=self.ctx.device,
         )

@@ -27,7 +27,7 @@ from treerank.diagnostics.lexical_gap import (
 from treerank.evaluation.compare import Comparison
 from treerank.evaluation.overlap import overlap_markdown
 from treerank.evaluation.settings import EvaluationSettings
-from treerank.families import family
+from treerank.families import CHECKPOINTS, family
 from treerank.faults import crash_point
 from treerank.metrics.metrics import headline_metric
 from treerank.pipeline.finetune import TunedStoreSystem
@@ -117,7 +117,9 @@ class EvaluateStage(RunStage):
 
     def _built(self, deps: Deps) -> dict[str, System]:
         """Each system built from its spec, a trained run's from its train stage's checkpoint."""
-        ctx = BuildContext(progress=self.ctx.progress, device=self.ctx.device, cache={})
+        ctx = BuildContext(
+            progress=self.ctx.progress, device=self.ctx.device, cache={}, checkpoints=CHECKPOINTS
+        )
         out: dict[str, System] = {}
         for s in self.systems:
             node: SystemSpec
