@@ -439,23 +439,6 @@ def run_finetune(
     return results
 
 
-def _train_rows(cfg: FinetuneConfig, train: StoreLike) -> tuple[np.ndarray, np.ndarray]:
-    """The training and held-out query ids of ``train`` under ``cfg.train.validation``."""
-    from treerank.training.holdout import holdout_split, passage_groups
-    from treerank.training.sampler import relevant_lists
-
-    rel, _ = relevant_lists(train.candidates, train.labels, int(train.relevance_threshold))
-    val = cfg.train.validation
-    groups = (
-        passage_groups(train.candidates, train.labels, int(train.relevance_threshold))
-        if val.group_by_passage
-        else None
-    )
-    return holdout_split(
-        np.asarray((rel >= 0).any(axis=1)), val.fraction, cfg.train.seed, val.max_queries, groups
-    )
-
-
 def run_cross_encoder_finetune(
     cfg: FinetuneConfig,
     store_root: str | Path,
@@ -496,7 +479,7 @@ def run_cross_encoder_finetune(
     ce, data = cfg.cross_encoder, cfg.train.data
     torch.set_num_threads(int(cfg.train.trainer.threads))
     t0 = _clock()
-    train_rows, held = _train_rows(cfg, train)
+    train_rows, held = finetune_rows(train, cfg)
     if data.hard_negatives == "mined":
         say(f"mining BM25 negatives (depth {data.mine_depth}) into {train.path}")
         mined = mine_bm25_negatives(train, data.mine_depth)
