@@ -272,6 +272,16 @@ def _since(start: tuple[float, float]) -> dict[str, float]:
     }
 
 
+def _between(a: tuple[float, float], b: tuple[float, float]) -> dict[str, float]:
+    """CPU and wall seconds from :func:`_clock` reading ``a`` to reading ``b``."""
+    return {"cpu_seconds": round(b[0] - a[0], 3), "wall_seconds": round(b[1] - a[1], 3)}
+
+
+def _means(comp: Any) -> dict[str, dict[str, float]]:
+    """``system -> metric -> mean`` of a comparison's results."""
+    return {s: {m: float(v) for m, v in r.mean.items()} for s, r in comp.results.items()}
+
+
 def run_finetune(
     cfg: FinetuneConfig,
     store_root: str | Path,
@@ -380,10 +390,7 @@ def run_finetune(
             },
             settings=settings.with_(baseline="cosine"),
         )
-        heldout = {
-            "n_queries": int(len(held)),
-            **{s: {m: float(v) for m, v in r.mean.items()} for s, r in hc.results.items()},
-        }
+        heldout = {"n_queries": int(len(held)), **_means(hc)}
     t3 = _clock()
     drift = {
         split: store_drift(parent, stores[split], k=drift_k, passages=cfg.family != "query-tower")
@@ -411,7 +418,7 @@ def run_finetune(
         "n_eval_queries": int(test.n_queries),
         "n_train_queries": int(len(train_rows)),
         "n_heldout_queries": int(len(held)),
-        "systems": {s: {m: float(v) for m, v in r.mean.items()} for s, r in comp.results.items()},
+        "systems": _means(comp),
         "paired_vs_cosine": paired_summary(tests),
         "seen_unseen": comp.overlap,
         "heldout": heldout,
@@ -424,14 +431,8 @@ def run_finetune(
         "cost": {
             "train": ft.summary["cost"],
             "train_process": train_part,
-            "reembed": {
-                "cpu_seconds": round(t2[0] - t1[0], 3),
-                "wall_seconds": round(t2[1] - t1[1], 3),
-            },
-            "evaluate": {
-                "cpu_seconds": round(t3[0] - t2[0], 3),
-                "wall_seconds": round(t3[1] - t2[1], 3),
-            },
+            "reembed": _between(t1, t2),
+            "evaluate": _between(t2, t3),
             "total": _since(t0),
         },
     }
