@@ -430,10 +430,11 @@ def _fidelity_guard(
     size: int,
     seed: int,
     stats: EmbedStats,
+    out: Path,
 ) -> Any:
     """Re-encode a seeded sample of each part's rows in fp32, compare, overwrite (and flush)
-    the rows below the bound with their fp32 vectors, and record the counts in ``stats``;
-    returns the `FidelityReport`.
+    the rows below the bound with their fp32 vectors, record the counts in ``stats`` and warn
+    (naming the store ``out``) when a row was replaced; returns the `FidelityReport`.
 
     ``parts`` holds ``(memmap or None, texts, rows)``: ``rows`` the candidate rows (an index
     array, or a boolean mask: passages reused from a sibling store are not candidates)."""
@@ -457,6 +458,11 @@ def _fidelity_guard(
     stats.fidelity_checked = report.checked
     stats.fidelity_min_cosine = report.min_cosine
     stats.fidelity_breaches = len(report.breaches)
+    if report.breaches:
+        import warnings
+
+        # stack: this guard, embed_split, its writer-lock wrapper, embed_split's caller
+        warnings.warn(report.message(out), stacklevel=4)
     return report
 
 
@@ -565,11 +571,7 @@ def embed_split(
     if encoder.precision != "fp32":
         queries = (qmm, split.query_texts, np.arange(split.n_queries))
         parts = (queries, (pmm, split.passage_texts, ~plan.matched))
-        fidelity = _fidelity_guard(encoder, parts, guard_sample, guard_seed, stats)
-        if fidelity.breaches:
-            import warnings
-
-            warnings.warn(fidelity.message(out), stacklevel=3)
+        fidelity = _fidelity_guard(encoder, parts, guard_sample, guard_seed, stats, out)
     crash_point("embed", "before-meta")
     meta = _store_meta(split, encoder, plan, stats, fidelity, (qmm, pmm), (data_sha, signature))
     atomic_write_json(out / META_JSON, meta)
