@@ -248,10 +248,72 @@ def load_experiment(
     if why is not None:
         raise ConfigError(f"{src}: name {name!r}: {why}")
 
-    encoder = _encoder(top.get("encoder"), src)
-    device = _device(top.get("device", DEFAULT_DEVICE_TEXT), src)
+    enc = _take(
+        top.get("encoder") or {},
+        {"model": str, "query_prompt": str, "token_budget": int, "backend": str, "precision": str},
+        "encoder",
+        src,
+    )
+    if enc.get("backend", "torch") not in BACKENDS:
+        raise ConfigError(
+            f"{src}: encoder.backend {enc['backend']!r} unknown; known: {', '.join(BACKENDS)}"
+        )
+    if enc.get("precision", "fp32") not in PRECISIONS:
+        raise ConfigError(
+            f"{src}: encoder.precision {enc['precision']!r} unknown; known: {', '.join(PRECISIONS)}"
+        )
+    device_text = top.get("device", DEFAULT_DEVICE_TEXT)
+    try:  # parsed once here; whether this machine can use it is checked when a stage runs
+        device = parse_device(str(device_text), check=False)
+        if str(device) != device_text:  # the canonical spelling only (`CPU`, ` cpu` refused)
+            raise DeviceError(str(device_text))
+    except DeviceError:
+        raise ConfigError(
+            f"{src}: device {device_text!r} is not auto, cpu, cuda or cuda:<n> (e.g. cuda:0)"
+        ) from None
+    encoder = EncoderConfig(**enc)
 
-    datasets = [_dataset(i, d, base, src) for i, d in enumerate(top.get("datasets") or [])]
+    datasets: list[DatasetConfig] = []
+    for i, d in enumerate(top.get("datasets") or []):
+        d = _take(
+            d,
+            {
+                "name": str,
+                "path": str,
+                "format": str,
+                "store": str,
+                "dim": int,
+                "eval_split": str,
+                "train_split": str,
+                "limit": int,
+                "max_passages": int,
+                "systems": list,
+                "models": list,
+            },
+            f"datasets[{i}]",
+            src,
+        )
+        if d.get("store"):
+            if d.get("path") or d.get("format"):
+                raise ConfigError(
+                    f"{src}: datasets[{i}] has 'store' and 'path'/'format'; give one of them"
+                )
+            required: tuple[str, ...] = ("name", "eval_split")
+        else:
+            required = ("name", "path", "format", "eval_split")
+        for req in required:
+            if not d.get(req):
+                raise ConfigError(f"{src}: datasets[{i}] needs '{req}' (or 'store')")
+        if d.get("format") is not None and d["format"] not in FORMATS:
+            raise ConfigError(
+                f"{src}: datasets[{i}].format {d['format']!r} unknown; known: {', '.join(FORMATS)}"
+            )
+        key = "store" if d.get("store") else "path"
+        p = Path(d[key])
+        p = p if p.is_absolute() else (base / p)
+        if not p.exists():
+            raise FileNotFoundError(f"{src}: datasets[{i}].{key} {p} does not exist")
+        datasets.append(DatasetConfig(**{**d, key: p.resolve()}))
     if not datasets:
         raise ConfigError(f"{src}: 'datasets' must list at least one dataset")
     names = [d.name for d in datasets]
@@ -308,83 +370,6 @@ def load_experiment(
         device=device,
         finetunes=_finetunes(top.get("finetune"), models, src),
     )
-
-
-def _encoder(doc: Any, src: Path) -> EncoderConfig:
-    """The ``encoder:`` section, its backend and precision among the known ones."""
-    enc = _take(
-        doc or {},
-        {"model": str, "query_prompt": str, "token_budget": int, "backend": str, "precision": str},
-        "encoder",
-        src,
-    )
-    if enc.get("backend", "torch") not in BACKENDS:
-        raise ConfigError(
-            f"{src}: encoder.backend {enc['backend']!r} unknown; known: {', '.join(BACKENDS)}"
-        )
-    if enc.get("precision", "fp32") not in PRECISIONS:
-        raise ConfigError(
-            f"{src}: encoder.precision {enc['precision']!r} unknown; known: {', '.join(PRECISIONS)}"
-        )
-    return EncoderConfig(**enc)
-
-
-def _device(device_text: Any, src: Path) -> Device:
-    """The ``device:`` setting parsed once (its canonical spelling only); whether this machine
-    can use it is checked when a stage runs."""
-    try:
-        device = parse_device(str(device_text), check=False)
-        if str(device) != device_text:  # the canonical spelling only (`CPU`, ` cpu` refused)
-            raise DeviceError(str(device_text))
-    except DeviceError:
-        raise ConfigError(
-            f"{src}: device {device_text!r} is not auto, cpu, cuda or cuda:<n> (e.g. cuda:0)"
-        ) from None
-    return device
-
-
-def _dataset(i: int, doc: Any, base: Path, src: Path) -> DatasetConfig:
-    """``datasets[i]`` checked: raw data (``path`` + ``format``) or a store, the path resolved
-    against the config's folder (ConfigError / FileNotFoundError naming the key)."""
-    d = _take(
-        doc,
-        {
-            "name": str,
-            "path": str,
-            "format": str,
-            "store": str,
-            "dim": int,
-            "eval_split": str,
-            "train_split": str,
-            "limit": int,
-            "max_passages": int,
-            "systems": list,
-            "models": list,
-        },
-        f"datasets[{i}]",
-        src,
-    )
-    if d.get("store"):
-        if d.get("path") or d.get("format"):
-            raise ConfigError(
-                f"{src}: datasets[{i}] has 'store' and 'path'/'format'; give one of them"
-            )
-        required: tuple[str, ...] = ("name", "eval_split")
-    else:
-        required = ("name", "path", "format", "eval_split")
-    for req in required:
-        if not d.get(req):
-            raise ConfigError(f"{src}: datasets[{i}] needs '{req}' (or 'store')")
-    if d.get("format") is not None and d["format"] not in FORMATS:
-        raise ConfigError(
-            f"{src}: datasets[{i}].format {d['format']!r} unknown; known: {', '.join(FORMATS)}"
-        )
-    key = "store" if d.get("store") else "path"
-    p = Path(d[key])
-    p = p if p.is_absolute() else (base / p)
-    if not p.exists():
-        raise FileNotFoundError(f"{src}: datasets[{i}].{key} {p} does not exist")
-    return DatasetConfig(**{**d, key: p.resolve()})
 
 
 def _finetunes(doc: Any, models: dict[str, ModelSpec], src: Path) -> dict[str, FinetuneSpec]:
