@@ -141,10 +141,10 @@ def plot_cka(results: dict[str, Any], path: Path) -> Path:
 
 
 def render_markdown(results: dict[str, Any], plots: dict[str, str]) -> str:
-    """The report text (see the module docstring): the header and decision rules, then the
-    four numbered sections, then the timings."""
+    """The report text (see the module docstring)."""
     meta = results["meta"]
     metric = meta["metric"]
+    metrics = meta["metrics"]
     md: list[str] = []
     md.append(f"# Diagnostics: `{meta['model_name']}` ({meta['model_type']})\n")
     md.append(
@@ -175,19 +175,6 @@ def render_markdown(results: dict[str, Any], plots: dict[str, str]) -> str:
         f"{mv['ci_high']:+.4f}).\n"
     )
 
-    for section in (_variants_section, _probes_section, _failures_section, _cka_section):
-        md += section(results, plots)
-    secs = meta.get("seconds", {})
-    if secs:
-        md.append("\nTimings (s): " + ", ".join(f"{k_} {v:.1f}" for k_, v in secs.items()) + "\n")
-    return "\n".join(md) + "\n"
-
-
-def _variants_section(results: dict[str, Any], plots: dict[str, str]) -> list[str]:
-    """Section 1: the DRT scoring variants and the attention summary."""
-    meta = results["meta"]
-    metric, metrics = meta["metric"], meta["metrics"]
-    md: list[str] = []
     var = results.get("variants")
     md.append("## 1. Scoring variants (same checkpoint, no retraining)\n")
     if var:
@@ -231,12 +218,7 @@ def _variants_section(results: dict[str, Any], plots: dict[str, str]) -> list[st
             md.append(f"![variants]({plots['variants']})\n")
     else:
         md.append("Not a DRT checkpoint: no slot-level scoring variants.\n")
-    return md
 
-
-def _probes_section(results: dict[str, Any], plots: dict[str, str]) -> list[str]:
-    """Section 2: the probes' accuracies per representation and task."""
-    md: list[str] = []
     pr = results["probes"]
     seed = results.get("meta", {}).get("probe_seed", "unrecorded")
     md.append(f"## 2. Probes (logistic regression, 70/30 stratified split, seed {seed})\n")
@@ -276,12 +258,7 @@ def _probes_section(results: dict[str, Any], plots: dict[str, str]) -> list[str]
         )
     if "probes" in plots:
         md.append(f"![probes]({plots['probes']})\n")
-    return md
 
-
-def _failures_section(results: dict[str, Any], plots: dict[str, str]) -> list[str]:
-    """Section 3: per-query wins and losses against the baseline."""
-    md: list[str] = []
     f = results["failures"]
     s = f["summary"]
     md.append(f"## 3. Failures: `{f['system_a']}` vs `{f['system_b']}` per query ({f['metric']})\n")
@@ -326,13 +303,7 @@ def _failures_section(results: dict[str, Any], plots: dict[str, str]) -> list[st
             )
     if "failures" in plots:
         md.append(f"![failures]({plots['failures']})\n")
-    return md
 
-
-def _cka_section(results: dict[str, Any], plots: dict[str, str]) -> list[str]:
-    """Section 4: linear CKA between query representations."""
-    meta = results["meta"]
-    md: list[str] = []
     c = results["cka"]
     md.append("## 4. Linear CKA (Kornblith et al., 2019) between query representations\n")
     md.append(
@@ -360,7 +331,10 @@ def _cka_section(results: dict[str, Any], plots: dict[str, str]) -> list[str]:
         )
     if "cka" in plots:
         md.append(f"\n![cka]({plots['cka']})\n")
-    return md
+    secs = meta.get("seconds", {})
+    if secs:
+        md.append("\nTimings (s): " + ", ".join(f"{k_} {v:.1f}" for k_, v in secs.items()) + "\n")
+    return "\n".join(md) + "\n"
 
 
 def write_report(
