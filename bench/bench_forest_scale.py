@@ -28,9 +28,9 @@ from __future__ import annotations
 import argparse
 import json
 import resource
+import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -38,37 +38,14 @@ import torch
 
 from treerank.forest.trainer import train_forest
 
-
-@dataclass
-class DiskStore:
-    """The attributes the forest trainer reads, with memory-mapped passages."""
-
-    queries: np.ndarray
-    passages: np.ndarray
-    candidates: np.ndarray
-    labels: np.ndarray
-    relevance_threshold: int = 1
-    encoder_name: str = "synthetic"
-    encoder_fingerprint: str = "synthetic"
-    path: Path = Path("synthetic")
-    arrays: dict[str, np.ndarray] = field(default_factory=dict)
-
-    @property
-    def dim(self) -> int:
-        return int(self.queries.shape[1])
-
-    @property
-    def n_queries(self) -> int:
-        return int(self.queries.shape[0])
-
-    @property
-    def n_passages(self) -> int:
-        return int(self.passages.shape[0])
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# the attributes the forest trainer reads, over memory-mapped passages: the tests' in-memory store
+from tests.training.conftest import ToyStore  # noqa: E402
 
 
 def build_store(
     root: Path, fit_store: Path, n_passages: int, n_queries: int, judged: int, seed: int
-) -> DiskStore:
+) -> ToyStore:
     """Synthetic passages from the shared generator, labelled noisy-copy queries (see above)."""
     from treerank.store import EmbeddingStore
     from treerank.store.synthetic import fit_store as fit
@@ -94,7 +71,8 @@ def build_store(
     labels = np.zeros(cand.shape, dtype=np.uint8)
     labels[:, 0] = 1
     labels[:, 1:][cand[:, 1:] == cand[:, :1]] = 1  # a random draw of the gold passage is gold
-    return DiskStore(q, passages, cand, labels, path=root / "synthetic")
+    synthetic = {"encoder_name": "synthetic", "encoder_fingerprint": "synthetic"}
+    return ToyStore(q, passages, cand, labels, path=root / "synthetic", **synthetic)
 
 
 def peak_rss_gib() -> float:

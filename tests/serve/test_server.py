@@ -10,9 +10,6 @@ import json
 import os
 import shutil
 import socket
-import subprocess
-import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -20,6 +17,7 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
+from tests.bench_module import load_bench
 from treerank.cli.main import app
 from treerank.search.faiss_index import build_index
 from treerank.search.query import EncoderMismatchError
@@ -30,45 +28,18 @@ START_TIMEOUT_S = 300
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def server(scifact_store, tmp_path_factory):
     store = scifact_store["test"]
-    port = _free_port()
     log_path = tmp_path_factory.mktemp("serve") / "server.log"
     env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "HF_HUB_OFFLINE": "1"}
-    cmd = [sys.executable, "-m", "treerank.cli.main", "serve", "--store", str(store.path)]
-    cmd += ["--system", "cosine", "--system", "bm25", "--port", str(port), "--max-k", "100"]
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"server exited with {proc.returncode}:\n{log_path.read_text()}")
-            try:
-                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"server not up after {START_TIMEOUT_S} s:\n{log_path.read_text()}")
-            time.sleep(0.5)
-        with httpx.Client(base_url=base, timeout=60) as client:
-            yield client, store
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=20)
+    extra = ["--system", "bm25", "--max-k", "100"]
+    # a server that exits or is not up in time: RuntimeError with the end of its log
+    serving = load_bench("bench_serve").server(
+        store.path, "cosine", None, log_path, START_TIMEOUT_S, extra=extra, env=env
+    )
+    with serving as (_, base), httpx.Client(base_url=base, timeout=60) as client:
+        yield client, store
 
 
 def test_health_and_info(server) -> None:
@@ -179,7 +150,8 @@ def test_refuses_mismatched_encoder_and_index(scifact_store, encoder, tmp_path) 
         SearchService(ServiceConfig(store=store.path, index=other.path), encoder=encoder)
     assert str(scifact_store["train"].path) in str(err.value) and str(store.path) in str(err.value)
     # the command refuses too, naming both fingerprints, exit code 2
-    res = CliRunner().invoke(app, ["serve", "--store", str(bad), "--port", str(_free_port())])
+    port = str(load_bench("bench_serve").free_port())
+    res = CliRunner().invoke(app, ["serve", "--store", str(bad), "--port", port])
     assert res.exit_code == 2
     assert encoder.fingerprint in res.output.replace("\n", "")
 

@@ -1,4 +1,5 @@
-"""docs/serving.md's load-test table is the one bench/bench_serve.py renders from its JSON."""
+"""docs/serving.md's throughput table is the one bench/bench_all.py renders from its JSON, and the
+page keeps no other load-test table."""
 
 from __future__ import annotations
 
@@ -8,14 +9,6 @@ from pathlib import Path
 from tests.bench_module import load_bench
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def test_serving_doc_table_is_generated_from_the_results_file() -> None:
-    bench = load_bench("bench_serve")
-    doc = json.loads((REPO / "bench/results/serve/scifact-cosine.json").read_text())
-    text = (REPO / "docs" / "serving.md").read_text()
-    assert f"{bench.BEGIN}\n{bench.render(doc)}\n{bench.END}" in text
-    assert all(r["failed"] == 0 for r in doc["levels"])
 
 
 def test_serving_throughput_table_is_generated_from_the_one_benchmark_command() -> None:
@@ -29,3 +22,4 @@ def test_serving_throughput_table_is_generated_from_the_one_benchmark_command() 
     }
     assert all(r["failed"] == 0 for r in rows)
     assert doc["cpu"]["Model name"] and doc["cpu"]["Flags"]  # the CPU's model and flags
+    assert "bench_serve:begin" not in text  # the old, relabelled table is gone

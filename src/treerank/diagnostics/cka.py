@@ -52,12 +52,3 @@ def linear_cka(x: np.ndarray, y: np.ndarray) -> float:
     if denom <= 0.0:
         return float("nan")
     return float(hsic_xy / denom)
-
-
-def cka_table(representations: dict[str, np.ndarray], reference: np.ndarray) -> dict[str, float]:
-    """Linear CKA of each named representation against one ``reference`` (same rows).
-
-    Returns:
-        ``name -> CKA`` in the input order.
-    """
-    return {name: linear_cka(rep, reference) for name, rep in representations.items()}

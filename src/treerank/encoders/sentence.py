@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -376,7 +375,6 @@ class SentenceEncoder:
         from tqdm.auto import tqdm
 
         bar = tqdm(total=len(texts), unit=kind[0], disable=not progress, desc=f"{kind}s")
-        t0 = time.perf_counter()
         for idx in batches:
             res = self.encode_batch([texts[i] for i in idx], kind)
             out[idx] = res.vectors
@@ -384,7 +382,6 @@ class SentenceEncoder:
                 on_batch(idx, res)
             bar.update(len(idx))
         bar.close()
-        self.last_encode_seconds = time.perf_counter() - t0
         return out
 
     def encode_queries(self, texts: Sequence[str], progress: bool = False) -> np.ndarray:

@@ -268,11 +268,6 @@ class ForestSearch:
                 f"forest search: scoring must be one of {SCORINGS} (got {self.scoring!r})"
             )
 
-    @property
-    def is_seed(self) -> bool:
-        """t = K = 1 with the shipped order: today's search, exactly."""
-        return self.probe == 1 and self.assign == 1 and self.scoring == "shipped"
-
     def to_dict(self) -> dict[str, Any]:
         return {
             "probe": self.probe,

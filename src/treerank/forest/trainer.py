@@ -98,6 +98,7 @@ from treerank.forest.config import (
     parse_forest_config,
 )
 from treerank.forest.data import (
+    PairDraw,
     PairGroup,
     QueryRows,
     build_group,
@@ -456,15 +457,7 @@ def train_forest(
                 boosting_weights(misses, n_done) if cfg.trainer.boosting else np.ones(len(misses))
             ).astype(np.float32)
             group = build_group(cfg, store, data, shared, xq_all, draws, boost, device=dev)
-            inits = [
-                init_layers(fcfg.layer_shapes("query"), 1, d.init, cfg.trainer.init_scale)
-                for d in draws
-            ]
-            qw = [torch.cat([w[i] for w, _ in inits]) for i in range(len(inits[0][0]))]
-            qb = [torch.cat([b[i] for _, b in inits]) for i in range(len(inits[0][1]))]
-            if twin is not None:  # start from the twin's query models instead
-                qw = [w[n_done : n_done + n_g].clone() for w in twin.query_weights]
-                qb = [b[n_done : n_done + n_g].clone() for b in twin.query_biases]
+            qw, qb = _query_init(cfg, fcfg, draws, twin, n_done)
             qw, qb = [w.to(dev) for w in qw], [b.to(dev) for b in qb]
             qw, qb, pw, pb, losses = _train_group(cfg, group, qw, qb)
             for stack, ts in zip(q_stacks, (qw, qb, pw, pb), strict=True):
@@ -477,22 +470,9 @@ def train_forest(
                 pw,
                 pb,
             )
-            qc = np.concatenate(
-                [
-                    part.query_classes(xq_all.rows(lo, lo + cfg.trainer.chunk_size), device=device)[
-                        0
-                    ]
-                    for lo in range(0, nq, cfg.trainer.chunk_size)
-                ]
-            )
-            pc = np.concatenate(
-                [
-                    part.passage_classes(
-                        shared.rows(lo, lo + cfg.trainer.chunk_size), device=device
-                    )[0]
-                    for lo in range(0, len(shared.ids), cfg.trainer.chunk_size)
-                ]
-            )
+            chunk = cfg.trainer.chunk_size
+            qc = _classes(part.query_classes, xq_all.rows, nq, chunk, device)
+            pc = _classes(part.passage_classes, shared.rows, len(shared.ids), chunk, device)
             miss = qc[data.pos_q] != pc[shared.pos]  # (E+, G)
             misses += miss.sum(axis=1)
             ent_q = _entropy_rows(qc, fcfg.n_classes)
@@ -516,15 +496,9 @@ def train_forest(
             )
             if validate is not None and cfg.trainer.repartition is None:
                 for m in [v for v in validate_at if n_done - n_g < v <= n_done]:
-                    forest_m = (
-                        _assemble(fcfg, q_stacks, cfg.model.name)
-                        .with_search(cfg.search())
-                        .subset(m)
-                    )
-                    metrics = {k: float(v) for k, v in validate(forest_m).items()}
-                    point = {"n_models": m, **metrics}
-                    curve.append(point)
-                    write({"kind": "eval", **point})
+                    forest_m = _assemble(fcfg, q_stacks, cfg.model.name).with_search(cfg.search())
+                    curve.append(_curve_point(validate, forest_m, m))
+                    write({"kind": "eval", **curve[-1]})
     finally:
         bar.close()
         torch.set_num_threads(threads)
@@ -534,25 +508,23 @@ def train_forest(
         forest, irli = _repartitioned(forest, store, data, cfg)
         if validate is not None:  # the curve of the re-partitioned forest's prefixes
             for m in validate_at:
-                point = {
-                    "n_models": m,
-                    **{k: float(v) for k, v in validate(forest.subset(m)).items()},
-                }
-                curve.append(point)
-                write({"kind": "eval", "repartitioned": True, **point})
+                curve.append(_curve_point(validate, forest, m))
+                write({"kind": "eval", "repartitioned": True, **curve[-1]})
     pair_recs = [r for r in records if r["kind"] == "pair"]
+
+    def mean(key: str) -> float:
+        return float(np.mean([r[key] for r in pair_recs]))
+
     summary: dict[str, Any] = {
         "config": parsed.to_dict(),
         "n_train_queries": nq,
         "n_positive_pairs": len(data.pos_q),
         "n_fixed_negative_pairs": len(data.neg_q),
         "sources": sources_info,
-        "final_train_match_rate_mean": float(np.mean([r["train_match_rate"] for r in pair_recs])),
-        "query_class_entropy_mean": float(np.mean([r["query_class_entropy"] for r in pair_recs])),
+        "final_train_match_rate_mean": mean("train_match_rate"),
+        "query_class_entropy_mean": mean("query_class_entropy"),
         "max_entropy": math.log(fcfg.n_classes),
-        "not_retrievable_fraction_train": float(
-            np.mean([r["not_retrievable_fraction"] for r in pair_recs])
-        ),
+        "not_retrievable_fraction_train": mean("not_retrievable_fraction"),
         "repartition": irli,
         "seconds": time.perf_counter() - t_start,
         "curve": curve,
@@ -560,6 +532,49 @@ def train_forest(
     write({"kind": "summary", **{k: v for k, v in summary.items() if k != "config"}})
     forest.extra["training"] = summary
     return TrainOutput(model=forest, summary=summary, records=tlog.records)
+
+
+def _query_init(
+    cfg: ForestTrainConfig,
+    fcfg: ForestConfig,
+    draws: list[PairDraw],
+    twin: Forest | None,
+    start: int,
+) -> tuple[list[Tensor], list[Tensor]]:
+    """The query models' initial weights and biases of one group (on the CPU): each pair's
+    :func:`init_layers` draw stacked, or the twin's models ``start:start + len(draws)``."""
+    if twin is not None:  # start from the twin's query models instead
+        stop = start + len(draws)
+        return [w[start:stop].clone() for w in twin.query_weights], [
+            b[start:stop].clone() for b in twin.query_biases
+        ]
+    inits = [
+        init_layers(fcfg.layer_shapes("query"), 1, d.init, cfg.trainer.init_scale) for d in draws
+    ]
+    qw = [torch.cat([w[i] for w, _ in inits]) for i in range(len(inits[0][0]))]
+    qb = [torch.cat([b[i] for _, b in inits]) for i in range(len(inits[0][1]))]
+    return qw, qb
+
+
+def _classes(
+    classify: Callable[..., tuple[np.ndarray, Any]],
+    rows: Callable[[int, int], Any],
+    n: int,
+    chunk: int,
+    device: Device,
+) -> np.ndarray:
+    """``classify(rows(lo, hi), device=device)[0]`` over ``n`` rows in chunks, concatenated:
+    each row's class per model of a group (``(n, G)``)."""
+    return np.concatenate(
+        [classify(rows(lo, lo + chunk), device=device)[0] for lo in range(0, n, chunk)]
+    )
+
+
+def _curve_point(
+    validate: Callable[[Forest], Mapping[str, float]], forest: Forest, m: int
+) -> dict[str, Any]:
+    """One point of the metric-vs-M curve: ``validate`` on ``forest``'s first ``m`` models."""
+    return {"n_models": m, **{k: float(v) for k, v in validate(forest.subset(m)).items()}}
 
 
 def _repartitioned(

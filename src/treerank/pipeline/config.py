@@ -185,6 +185,23 @@ def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+_TOP_LEVEL: dict[str, type | tuple[type, ...]] = {
+    "name": str,
+    "output_dir": str,
+    "encoder": dict,
+    "datasets": list,
+    "models": dict,
+    "finetune": dict,
+    "systems": list,
+    "evaluate": dict,
+    "diagnose": dict,
+    "transfer": bool,
+    "device": str,
+    "quick": dict,
+}
+"""The top-level keys of an experiment file and their types."""
+
+
 def _take(
     doc: Any, allowed: dict[str, type | tuple[type, ...]], where: str, src: Path
 ) -> dict[str, Any]:
@@ -215,25 +232,7 @@ def load_experiment(
     """
     src = Path(path)
     raw = load_yaml(src, what="experiment")
-    top = _take(
-        raw,
-        {
-            "name": str,
-            "output_dir": str,
-            "encoder": dict,
-            "datasets": list,
-            "models": dict,
-            "finetune": dict,
-            "systems": list,
-            "evaluate": dict,
-            "diagnose": dict,
-            "transfer": bool,
-            "device": str,
-            "quick": dict,
-        },
-        "the top level",
-        src,
-    )
+    top = _take(raw, _TOP_LEVEL, "the top level", src)
     quick_section = top.pop("quick", None) or {}
     if quick and not quick_section:  # a flag that would do nothing says so
         raise ConfigError(

@@ -272,6 +272,16 @@ def _since(start: tuple[float, float]) -> dict[str, float]:
     }
 
 
+def _between(a: tuple[float, float], b: tuple[float, float]) -> dict[str, float]:
+    """CPU and wall seconds from :func:`_clock` reading ``a`` to reading ``b``."""
+    return {"cpu_seconds": round(b[0] - a[0], 3), "wall_seconds": round(b[1] - a[1], 3)}
+
+
+def _means(comp: Any) -> dict[str, dict[str, float]]:
+    """``system -> metric -> mean`` of a comparison's results."""
+    return {s: {m: float(v) for m, v in r.mean.items()} for s, r in comp.results.items()}
+
+
 def run_finetune(
     cfg: FinetuneConfig,
     store_root: str | Path,
@@ -380,10 +390,7 @@ def run_finetune(
             },
             settings=settings.with_(baseline="cosine"),
         )
-        heldout = {
-            "n_queries": int(len(held)),
-            **{s: {m: float(v) for m, v in r.mean.items()} for s, r in hc.results.items()},
-        }
+        heldout = {"n_queries": int(len(held)), **_means(hc)}
     t3 = _clock()
     drift = {
         split: store_drift(parent, stores[split], k=drift_k, passages=cfg.family != "query-tower")
@@ -411,7 +418,7 @@ def run_finetune(
         "n_eval_queries": int(test.n_queries),
         "n_train_queries": int(len(train_rows)),
         "n_heldout_queries": int(len(held)),
-        "systems": {s: {m: float(v) for m, v in r.mean.items()} for s, r in comp.results.items()},
+        "systems": _means(comp),
         "paired_vs_cosine": paired_summary(tests),
         "seen_unseen": comp.overlap,
         "heldout": heldout,
@@ -424,36 +431,13 @@ def run_finetune(
         "cost": {
             "train": ft.summary["cost"],
             "train_process": train_part,
-            "reembed": {
-                "cpu_seconds": round(t2[0] - t1[0], 3),
-                "wall_seconds": round(t2[1] - t1[1], 3),
-            },
-            "evaluate": {
-                "cpu_seconds": round(t3[0] - t2[0], 3),
-                "wall_seconds": round(t3[1] - t2[1], 3),
-            },
+            "reembed": _between(t1, t2),
+            "evaluate": _between(t2, t3),
             "total": _since(t0),
         },
     }
     atomic_write_json(out / RESULTS_JSON, results)
     return results
-
-
-def _train_rows(cfg: FinetuneConfig, train: StoreLike) -> tuple[np.ndarray, np.ndarray]:
-    """The training and held-out query ids of ``train`` under ``cfg.train.validation``."""
-    from treerank.training.holdout import holdout_split, passage_groups
-    from treerank.training.sampler import relevant_lists
-
-    rel, _ = relevant_lists(train.candidates, train.labels, int(train.relevance_threshold))
-    val = cfg.train.validation
-    groups = (
-        passage_groups(train.candidates, train.labels, int(train.relevance_threshold))
-        if val.group_by_passage
-        else None
-    )
-    return holdout_split(
-        np.asarray((rel >= 0).any(axis=1)), val.fraction, cfg.train.seed, val.max_queries, groups
-    )
 
 
 def run_cross_encoder_finetune(
@@ -496,7 +480,7 @@ def run_cross_encoder_finetune(
     ce, data = cfg.cross_encoder, cfg.train.data
     torch.set_num_threads(int(cfg.train.trainer.threads))
     t0 = _clock()
-    train_rows, held = _train_rows(cfg, train)
+    train_rows, held = finetune_rows(train, cfg)
     if data.hard_negatives == "mined":
         say(f"mining BM25 negatives (depth {data.mine_depth}) into {train.path}")
         mined = mine_bm25_negatives(train, data.mine_depth)

@@ -169,146 +169,8 @@ def write_report(
             transfer_tables(outcomes, cfg.evaluate.metrics, cfg.evaluate.baselines),
         ]
     for name, o in outcomes.items():
-        comp = o.comparison
-        systems = comp.get("systems", {})
-        any_sys: dict[str, Any] = next(iter(systems.values()), {})
-        doc["datasets"][name] = {
-            "eval_split": o.eval_split,
-            "store": _rel(o.store, root),
-            "store_stats": o.store_stats,
-            "comparison": comp,
-            "overlap": o.overlap,
-            "lexical_gap": o.lexical_gap,
-            "family_reports": {f: r.get("stats") for f, r in o.family_reports.items()},
-            "training": o.training,
-            "diagnostics": o.diagnostics,
-            "seeds": _seeds_used(cfg, o),
-        }
-        md += [f"## {name} — {o.eval_split} split", ""]
-        st = o.store_stats.get(o.eval_split, {})
-        if st:
-            md.append(
-                f"{st.get('n_queries')} queries against {st.get('n_passages')} passages "
-                f"(K = {st.get('k')} candidate slots per query: the source's candidate lists, or "
-                "its judged passages where it has none); "
-                f"{any_sys.get('n_evaluated', '?')} queries evaluated, "
-                f"{any_sys.get('n_left_out', '?')} left out (no relevant passage)."
-            )
-            md.append("")
-        warned = [(sp, w) for sp, sst in o.store_stats.items() for w in sst.get("warnings") or []]
-        for sp, w in warned:
-            md.append(f"- warning ({sp} split): {w}")
-        if warned:
-            md.append("")
-        md.append(o.comparison_markdown.strip())
-        md.append("")
-        md += [_seeds_line(_seeds_used(cfg, o)), ""]
-        if o.train_store is None:
-            md += [
-                "Seen / unseen split: skipped (this dataset has no train split, so no query "
-                "can have a training positive).",
-                "",
-            ]
-        spread = comp.get("seed_spread") or {}
-        if spread:
-            md += [
-                "### Training-seed variance",
-                "",
-                "Each model below was trained once per seed and every seed was evaluated. The "
-                f"row `<model>` in the table above is the seed average: per query, its {metric} "
-                "is the mean over seeds of that seed's own ranking's value (not a score "
-                "ensemble); its delta and p test that seed-averaged value against the baseline.",
-                "",
-                "| model | metric | "
-                + " | ".join(f"seed {x}" for x in _seed_columns(spread))
-                + " | mean | std |",
-                "|---|---|" + "---:|" * (len(_seed_columns(spread)) + 2),
-            ]
-            for model, g in spread.items():
-                for m in comp.get("metrics", []):
-                    by_seed = dict(zip(g["seeds"], g["per_seed"][m], strict=True))
-                    cells = [
-                        f"{by_seed[x]:.4f}" if x in by_seed else "—" for x in _seed_columns(spread)
-                    ]
-                    sd = g["std"].get(m)
-                    md.append(
-                        f"| `{model}` | {m} | "
-                        + " | ".join(cells)
-                        + f" | {g['mean'][m]:.4f} | {'—' if sd is None else f'{sd:.4f}'} |"
-                    )
-            md.append("")
-        if o.overlap_markdown:
-            trained = o.comparison.get("trained")
-            md += [
-                "### Seen vs unseen positives",
-                "",
-                "Queries split by whether one of their relevant passages was also relevant to a "
-                "training query (matched by source passage id)."
-                + (
-                    " A trained model's gain on the first group can be memorised citations; the "
-                    "second group shows what generalises."
-                    if trained is None or trained
-                    else ""
-                ),
-                "",
-                o.overlap_markdown.strip(),
-                "",
-            ]
-        if o.lexical_gap_markdown:
-            md += [
-                "### Lexical gap",
-                "",
-                "Where each system wins: queries bucketed by how much of their terms' idf mass "
-                "their relevant passages contain (1 = all of it, BM25's home ground; near 0 = "
-                "vocabulary mismatch, only a dense model can bridge it).",
-                "",
-                o.lexical_gap_markdown.strip(),
-                "",
-            ]
-        if o.eval_dir is not None:
-            for png, title in (
-                ("deltas.png", "Difference to the baseline per system"),
-                ("recall_at_k.png", "Recall@k"),
-                ("lexical_gap.png", "Lexical gap"),
-                ("fusion_tuning.png", "Fusion weight tuning"),
-            ):
-                p = o.eval_dir / "plots" / png
-                if p.exists():
-                    md.append(f"![{title} — {name}]({_rel(p, root)})")
-            md += [
-                "",
-                f"Files: per-query values `{_rel(o.eval_dir / 'per_query.jsonl', root)}`, "
-                f"TREC runs `{_rel(o.eval_dir / 'runs', root)}/`, "
-                f"numbers `{_rel(o.eval_dir / 'results.json', root)}`.",
-                "",
-            ]
-        for part in o.family_reports.values():
-            if part.get("markdown"):
-                md += [str(part["markdown"]).strip(), ""]
-        if o.training:
-            md += ["### Training", "", "| model | summary |", "|---|---|"]
-            for m, s in o.training.items():
-                md += _training_rows(m, s)
-            md.append("")
-            for m, ck in o.checkpoints.items():
-                for fig in sorted(Path(ck).glob("*.png")):
-                    md.append(f"![{m}: {fig.stem}]({_rel(fig, root)})")
-            md.append("")
-        if o.diagnostics is not None and o.diagnose_dir is not None:
-            md += ["### Diagnostics", ""]
-            md.append("The DRT seed's decision rules, next to the numbers they read:")
-            md.append("")
-            for r in o.diagnostics.get("rules") or []:
-                md.append(f"- *{r.get('rule', '')}*: {r.get('numbers', '')}")
-                md.append(
-                    f"  - **{'holds' if r.get('holds') else 'does not hold'}**: "
-                    f"{r.get('conclusion', '')}"
-                )
-            rep = o.diagnose_dir / "report.md"
-            if rep.exists():
-                link = _rel(rep, root)
-                md.append(f"\nFull diagnostics (tables, plots): [{link}]({link})")
-            md.append("")
+        doc["datasets"][name] = _dataset_doc(cfg, o, root)
+        md += _dataset_lines(cfg, name, o, metric, root)
     md += ["## Stages", "", "| stage | time | status |", "|---|---:|---|"]
     for r in records:
         time_cell = "—" if r.skipped is not None else _fmt_seconds(r.seconds)
@@ -329,3 +191,156 @@ def write_report(
     crash_point("report", "mid-write")  # report.json new, report.md not yet
     atomic_write_text(md_path, "\n".join(md) + "\n")
     return md_path, json_path
+
+
+def _dataset_doc(cfg: ExperimentConfig, o: DatasetOutcome, root: Path) -> dict[str, Any]:
+    """One dataset's entry of ``report.json`` (every number as its stage wrote it)."""
+    return {
+        "eval_split": o.eval_split,
+        "store": _rel(o.store, root),
+        "store_stats": o.store_stats,
+        "comparison": o.comparison,
+        "overlap": o.overlap,
+        "lexical_gap": o.lexical_gap,
+        "family_reports": {f: r.get("stats") for f, r in o.family_reports.items()},
+        "training": o.training,
+        "diagnostics": o.diagnostics,
+        "seeds": _seeds_used(cfg, o),
+    }
+
+
+def _section(title: str, intro: str, body: str) -> list[str]:
+    """A ``###`` section: its title, one intro paragraph and a markdown body."""
+    return [f"### {title}", "", intro, "", body.strip(), ""]
+
+
+def _dataset_lines(
+    cfg: ExperimentConfig, name: str, o: DatasetOutcome, metric: str, root: Path
+) -> list[str]:
+    """One dataset's section of ``report.md``: its split, warnings, comparison table, seeds,
+    seed variance, seen / unseen and lexical-gap tables, plots, family parts, training and
+    diagnostics."""
+    comp = o.comparison
+    any_sys: dict[str, Any] = next(iter(comp.get("systems", {}).values()), {})
+    md = [f"## {name} — {o.eval_split} split", ""]
+    st = o.store_stats.get(o.eval_split, {})
+    if st:
+        md += [
+            f"{st.get('n_queries')} queries against {st.get('n_passages')} passages "
+            f"(K = {st.get('k')} candidate slots per query: the source's candidate lists, or "
+            "its judged passages where it has none); "
+            f"{any_sys.get('n_evaluated', '?')} queries evaluated, "
+            f"{any_sys.get('n_left_out', '?')} left out (no relevant passage).",
+            "",
+        ]
+    warned = [(sp, w) for sp, sst in o.store_stats.items() for w in sst.get("warnings") or []]
+    md += [f"- warning ({sp} split): {w}" for sp, w in warned] + ([""] if warned else [])
+    md += [o.comparison_markdown.strip(), "", _seeds_line(_seeds_used(cfg, o)), ""]
+    if o.train_store is None:
+        md += [
+            "Seen / unseen split: skipped (this dataset has no train split, so no query "
+            "can have a training positive).",
+            "",
+        ]
+    md += _seed_variance_lines(comp.get("seed_spread") or {}, comp.get("metrics", []), metric)
+    if o.overlap_markdown:
+        trained = comp.get("trained")
+        intro = (
+            "Queries split by whether one of their relevant passages was also relevant to a "
+            "training query (matched by source passage id)."
+        )
+        if trained is None or trained:
+            intro += (
+                " A trained model's gain on the first group can be memorised citations; the "
+                "second group shows what generalises."
+            )
+        md += _section("Seen vs unseen positives", intro, o.overlap_markdown)
+    if o.lexical_gap_markdown:
+        intro = (
+            "Where each system wins: queries bucketed by how much of their terms' idf mass "
+            "their relevant passages contain (1 = all of it, BM25's home ground; near 0 = "
+            "vocabulary mismatch, only a dense model can bridge it)."
+        )
+        md += _section("Lexical gap", intro, o.lexical_gap_markdown)
+    if o.eval_dir is not None:
+        for png, title in (
+            ("deltas.png", "Difference to the baseline per system"),
+            ("recall_at_k.png", "Recall@k"),
+            ("lexical_gap.png", "Lexical gap"),
+            ("fusion_tuning.png", "Fusion weight tuning"),
+        ):
+            p = o.eval_dir / "plots" / png
+            if p.exists():
+                md.append(f"![{title} — {name}]({_rel(p, root)})")
+        md += [
+            "",
+            f"Files: per-query values `{_rel(o.eval_dir / 'per_query.jsonl', root)}`, "
+            f"TREC runs `{_rel(o.eval_dir / 'runs', root)}/`, "
+            f"numbers `{_rel(o.eval_dir / 'results.json', root)}`.",
+            "",
+        ]
+    for part in o.family_reports.values():
+        if part.get("markdown"):
+            md += [str(part["markdown"]).strip(), ""]
+    if o.training:
+        md += ["### Training", "", "| model | summary |", "|---|---|"]
+        for m, s in o.training.items():
+            md += _training_rows(m, s)
+        md.append("")
+        for m, ck in o.checkpoints.items():
+            md += [
+                f"![{m}: {fig.stem}]({_rel(fig, root)})" for fig in sorted(Path(ck).glob("*.png"))
+            ]
+        md.append("")
+    if o.diagnostics is not None and o.diagnose_dir is not None:
+        md += _diagnostics_lines(o.diagnostics, o.diagnose_dir / "report.md", root)
+    return md
+
+
+def _seed_variance_lines(spread: dict[str, Any], metrics: list[str], metric: str) -> list[str]:
+    """The training-seed variance table (per model and metric: each seed, mean, std)."""
+    if not spread:
+        return []
+    seeds = _seed_columns(spread)
+    md = [
+        "### Training-seed variance",
+        "",
+        "Each model below was trained once per seed and every seed was evaluated. The "
+        f"row `<model>` in the table above is the seed average: per query, its {metric} "
+        "is the mean over seeds of that seed's own ranking's value (not a score "
+        "ensemble); its delta and p test that seed-averaged value against the baseline.",
+        "",
+        "| model | metric | " + " | ".join(f"seed {x}" for x in seeds) + " | mean | std |",
+        "|---|---|" + "---:|" * (len(seeds) + 2),
+    ]
+    for model, g in spread.items():
+        for m in metrics:
+            by_seed = dict(zip(g["seeds"], g["per_seed"][m], strict=True))
+            cells = [f"{by_seed[x]:.4f}" if x in by_seed else "—" for x in seeds]
+            sd = g["std"].get(m)
+            md.append(
+                f"| `{model}` | {m} | "
+                + " | ".join(cells)
+                + f" | {g['mean'][m]:.4f} | {'—' if sd is None else f'{sd:.4f}'} |"
+            )
+    return md + [""]
+
+
+def _diagnostics_lines(diagnostics: dict[str, Any], rep: Path, root: Path) -> list[str]:
+    """The diagnostics section: each decision rule, its numbers and verdict, and a link to the
+    full diagnostics report ``rep`` when it exists."""
+    md = [
+        "### Diagnostics",
+        "",
+        "The DRT seed's decision rules, next to the numbers they read:",
+        "",
+    ]
+    for r in diagnostics.get("rules") or []:
+        md.append(f"- *{r.get('rule', '')}*: {r.get('numbers', '')}")
+        md.append(
+            f"  - **{'holds' if r.get('holds') else 'does not hold'}**: {r.get('conclusion', '')}"
+        )
+    if rep.exists():
+        link = _rel(rep, root)
+        md.append(f"\nFull diagnostics (tables, plots): [{link}]({link})")
+    return md + [""]

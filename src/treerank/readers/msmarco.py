@@ -22,7 +22,7 @@ queries); a passage's source id is ``"<query_id>:<slot>"`` of its first occurren
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -67,18 +67,8 @@ def _iter_parquet(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
         pf = pq.ParquetFile(path)
     except Exception as exc:  # pyarrow raises several types for non-parquet bytes
         raise DataFormatError(path, f"not a readable parquet file ({exc})") from None
-    names = set(pf.schema_arrow.names)
-    missing = [c for c in ("query_id", "query", "passages") if c not in names]
-    if missing:
-        raise DataFormatError(
-            path, f"not the MS MARCO v2.1 schema: missing column(s) {missing}; has {sorted(names)}"
-        )
-    cols = [c for c in _COLUMNS if c in names]
-    row = 0
-    for batch in pf.iter_batches(batch_size=4096, columns=cols):
-        for rec in batch.to_pylist():
-            yield row, rec
-            row += 1
+    cols = _columns(path, set(pf.schema_arrow.names))
+    yield from _numbered(pf.iter_batches(batch_size=4096, columns=cols), cols)
 
 
 def _iter_arrow(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -97,12 +87,23 @@ def _iter_arrow(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
         names = set(reader.schema.names)
     except Exception as exc:  # pyarrow raises several types for non-arrow bytes
         raise DataFormatError(path, f"not a readable Arrow IPC file ({exc})") from None
+    cols = _columns(path, names)
+    yield from _numbered(batches, cols)
+
+
+def _columns(path: Path, names: set[str]) -> list[str]:
+    """The columns of :data:`_COLUMNS` a file has; DataFormatError when it lacks one that
+    every MS MARCO v2.1 row needs."""
     missing = [c for c in ("query_id", "query", "passages") if c not in names]
     if missing:
         raise DataFormatError(
             path, f"not the MS MARCO v2.1 schema: missing column(s) {missing}; has {sorted(names)}"
         )
-    cols = [c for c in _COLUMNS if c in names]
+    return [c for c in _COLUMNS if c in names]
+
+
+def _numbered(batches: Iterable[Any], cols: list[str]) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(row number, record)`` of every row of Arrow record ``batches``, ``cols`` only."""
     row = 0
     for batch in batches:
         for rec in batch.select(cols).to_pylist():

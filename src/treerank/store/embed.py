@@ -230,6 +230,19 @@ def qrels_beyond_candidates(split: RetrievalSplit) -> bool:
     return len(split.qrels) != len(derived) or set(split.qrels) != derived
 
 
+def _encoder_settings(encoder: SentenceEncoder) -> dict[str, Any]:
+    """The prompts, truncation and batching settings that ``meta.json`` records and
+    :func:`embed_signature` covers."""
+    return {
+        "query_prompt": encoder.query_prompt,
+        "passage_prompt": encoder.passage_prompt,
+        "max_seq_length": encoder.max_seq_length,
+        "token_budget": encoder.token_budget,
+        "max_batch_size": encoder.max_batch_size,
+        "max_padding": encoder.max_padding,
+    }
+
+
 def embed_signature(data_sha: str, encoder: SentenceEncoder) -> str:
     """Hex SHA-256 of what fixes an embed run's bytes: data digest, encoder weights
     fingerprint, prompts, truncation, batching settings, dimension and (int8 backends only)
@@ -240,12 +253,7 @@ def embed_signature(data_sha: str, encoder: SentenceEncoder) -> str:
             {
                 "data": data_sha,
                 "encoder": encoder.fingerprint,
-                "query_prompt": encoder.query_prompt,
-                "passage_prompt": encoder.passage_prompt,
-                "max_seq_length": encoder.max_seq_length,
-                "token_budget": encoder.token_budget,
-                "max_batch_size": encoder.max_batch_size,
-                "max_padding": encoder.max_padding,
+                **_encoder_settings(encoder),
                 "dim": encoder.dim,
                 # only int8 changes the vectors' bytes beyond float rounding; fp32 backends
                 # (torch, onnx) keep the signature of stores written before backends existed
@@ -421,9 +429,12 @@ def _fidelity_guard(
     parts: Sequence[tuple[Any, Sequence[str], np.ndarray]],
     size: int,
     seed: int,
+    stats: EmbedStats,
+    out: Path,
 ) -> Any:
-    """Re-encode a seeded sample of each part's rows in fp32, compare, and overwrite the rows
-    below the bound with their fp32 vectors; returns the `FidelityReport`.
+    """Re-encode a seeded sample of each part's rows in fp32, compare, overwrite (and flush)
+    the rows below the bound with their fp32 vectors, record the counts in ``stats`` and warn
+    (naming the store ``out``) when a row was replaced; returns the `FidelityReport`.
 
     ``parts`` holds ``(memmap or None, texts, rows)``: ``rows`` the candidate rows (an index
     array, or a boolean mask: passages reused from a sibling store are not candidates)."""
@@ -441,6 +452,17 @@ def _fidelity_guard(
         bad = report.add(kind, pick, cosines(np.asarray(mm[pick]), ref))
         if len(bad):
             mm[pick[bad]] = ref[bad]  # the per-item fp32 fallback
+    for mm, _, _ in parts:
+        if mm is not None:
+            mm.flush()
+    stats.fidelity_checked = report.checked
+    stats.fidelity_min_cosine = report.min_cosine
+    stats.fidelity_breaches = len(report.breaches)
+    if report.breaches:
+        import warnings
+
+        # stack: this guard, embed_split, its writer-lock wrapper, embed_split's caller
+        warnings.warn(report.message(out), stacklevel=4)
     return report
 
 
@@ -504,101 +526,22 @@ def embed_split(
     split.validate()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    dim = encoder.dim
-    nq, npas = split.n_queries, split.n_passages
-    has_meta = (out / META_JSON).is_file()
-    has_progress = (out / PROGRESS_JSON).is_file()
-    has_files = any((out / n).exists() for n in (QUERIES_BIN, PASSAGES_BIN, INDICES_BIN))
-
-    # ------------------------------------------------------ state of out_dir
     data_sha = split_digest(split)
     signature = embed_signature(data_sha, encoder)
     check_destination(out, resume=resume, overwrite=overwrite)  # the cases without resume
-    if has_meta and not overwrite:  # resume: done already when the signature matches
-        meta = json.loads((out / META_JSON).read_text(encoding="utf-8"))
-        if meta.get("signature") == signature:
-            fields = EmbedStats.__dataclass_fields__
-            return EmbedStats(**{k: v for k, v in meta.get("stats", {}).items() if k in fields})
-        raise StoreExistsError(
-            f"{out / META_JSON}: a finished store is already here with a different "
-            "data/encoder/batching signature; pass overwrite (--overwrite) to replace it"
-        )
-    if not has_progress and not has_meta and has_files and not overwrite:
-        raise StoreExistsError(
-            f"{out}: holds store files but neither {META_JSON} nor {PROGRESS_JSON}; "
-            "pass overwrite (--overwrite) to replace them"
-        )
-    state: dict[str, Any] | None = None
-    if has_progress and resume and not overwrite:
-        state = json.loads((out / PROGRESS_JSON).read_text(encoding="utf-8"))
-        if state.get("signature") != signature:
-            raise StoreExistsError(
-                f"{out / PROGRESS_JSON}: the unfinished run used other data, encoder, prompt or "
-                "batching settings; nothing was overwritten (pass --overwrite to start again)"
-            )
-
-    # ------------------------------------------------------------------ plan
+    finished, state = _recorded_run(out, signature, resume=resume, overwrite=overwrite)
+    if finished is not None:
+        return finished
     # a resumed run reuses exactly the sources its first part chose
-    plan = plan_embed(
-        split,
-        encoder,
-        out,
-        reuse=[Path(p) for p in state.get("reuse_sources", [])] if state is not None else reuse,
-    )
-    src_idx, src_stores, src_row, matched = (
-        plan.src_idx,
-        plan.src_stores,
-        plan.src_row,
-        plan.matched,
-    )
-    reuse_digest, p_len = plan.reuse_digest, plan.p_len
-    q_batches, p_batches = plan.q_batches, plan.p_batches
-    max_len, q_full, p_full = encoder.max_seq_length, plan.q_full, plan.p_full
-
+    sources = [Path(p) for p in state.get("reuse_sources", [])] if state is not None else reuse
+    plan = plan_embed(split, encoder, out, reuse=sources)
     if state is not None:
-        if state.get("reuse_digest") != reuse_digest:
-            raise StoreExistsError(
-                f"{out / PROGRESS_JSON}: the stores it reused passages from have changed; "
-                "nothing was overwritten (pass --overwrite to start again)"
-            )
-        for name, n in ((QUERIES_BIN, nq), (PASSAGES_BIN, npas)):
-            size = (out / name).stat().st_size if (out / name).is_file() else -1
-            if size != n * dim * 4:
-                raise StoreFormatError(
-                    f"{out / name}: {size} bytes, the unfinished run needs {n * dim * 4}; "
-                    "nothing was overwritten (pass --overwrite to start again)"
-                )
-        stats = EmbedStats(**state["stats"])
-        stats.resumed = True
+        stats = _resumed_stats(out, state, plan, split, encoder.dim)
     else:
-        clear_store(out)
-        try:
-            _write_tables(split, out)
-            _presize(out / QUERIES_BIN, nq * dim * 4)
-            _presize(out / PASSAGES_BIN, npas * dim * 4)
-        except OSError as exc:
-            if is_disk_full(exc):  # nothing half-made stays: the same command runs again
-                clear_store(out)
-            raise
-        stats = EmbedStats(n_queries=nq, n_passages=npas)
-        stats.n_truncated_queries = int((q_full > max_len).sum())
-        stats.truncated_query_tokens = int(np.maximum(q_full - max_len, 0).sum())
-        stats.n_truncated_passages = int((p_full > max_len).sum())
-        stats.truncated_passage_tokens = int(np.maximum(p_full - max_len, 0).sum())
-        state = {
-            "signature": signature,
-            "reuse_sources": [str(s.path) for s in src_stores],
-            "reuse_digest": reuse_digest,
-            "reuse_done": False,
-            "query_batches_done": 0,
-            "passage_batches_done": 0,
-            "stats": asdict(stats),
-        }
-        atomic_write_json(out / PROGRESS_JSON, state)
+        stats, state = _start_run(out, split, encoder, plan, signature)
     run_state: dict[str, Any] = state
-
-    qmm = _open_rw(out / QUERIES_BIN, nq, dim)
-    pmm = _open_rw(out / PASSAGES_BIN, npas, dim)
+    qmm = _open_rw(out / QUERIES_BIN, split.n_queries, encoder.dim)
+    pmm = _open_rw(out / PASSAGES_BIN, split.n_passages, encoder.dim)
 
     def checkpoint() -> None:
         for mm in (qmm, pmm):
@@ -607,32 +550,60 @@ def embed_split(
         run_state["stats"] = asdict(stats)
         atomic_write_json(out / PROGRESS_JSON, run_state)
 
-    # --------------------------------------------------------------- reuse
     if not run_state["reuse_done"]:
-        hits = np.flatnonzero(matched)
-        if len(hits) and pmm is not None:
-            for s_i, store in enumerate(src_stores):
-                sel = hits[src_idx[hits] == s_i]
-                for c in range(0, len(sel), ROW_CHUNK):
-                    rows = sel[c : c + ROW_CHUNK]
-                    pmm[rows] = store.passages[src_row[rows]]
-            stats.reused_from = [str(s.path) for s in src_stores]
-        stats.n_reused_passages = len(hits)
+        _copy_reused(plan, pmm, stats)
         run_state["reuse_done"] = True
         checkpoint()
 
-    # -------------------------------------------------------------- encode
+    _encode_plan(
+        split,
+        encoder,
+        plan,
+        (qmm, pmm),
+        run_state,
+        stats,
+        checkpoint,
+        batch_source=batch_source,
+        progress=progress,
+        stop_after_batches=stop_after_batches,
+    )
+    fidelity = None
+    if encoder.precision != "fp32":
+        queries = (qmm, split.query_texts, np.arange(split.n_queries))
+        parts = (queries, (pmm, split.passage_texts, ~plan.matched))
+        fidelity = _fidelity_guard(encoder, parts, guard_sample, guard_seed, stats, out)
+    crash_point("embed", "before-meta")
+    meta = _store_meta(split, encoder, plan, stats, fidelity, (qmm, pmm), (data_sha, signature))
+    atomic_write_json(out / META_JSON, meta)
+    (out / PROGRESS_JSON).unlink(missing_ok=True)
+    return stats
+
+
+def _encode_plan(
+    split: RetrievalSplit,
+    encoder: SentenceEncoder,
+    plan: EmbedPlan,
+    vectors: tuple[np.memmap | None, np.memmap | None],
+    run_state: dict[str, Any],
+    stats: EmbedStats,
+    checkpoint: Callable[[], None],
+    *,
+    batch_source: BatchSource | None,
+    progress: bool,
+    stop_after_batches: int | None,
+) -> None:
+    """Encode (or take from ``batch_source``) the query then passage batches of ``plan`` not
+    yet done in ``run_state``, write them into ``vectors`` and checkpoint after each one."""
     from tqdm.auto import tqdm
 
     written = 0
     for kind, batches, mm, texts, key in (
-        ("query", q_batches, qmm, split.query_texts, "query_batches_done"),
-        ("passage", p_batches, pmm, split.passage_texts, "passage_batches_done"),
+        ("query", plan.q_batches, vectors[0], split.query_texts, "query_batches_done"),
+        ("passage", plan.p_batches, vectors[1], split.passage_texts, "passage_batches_done"),
     ):
         done = int(run_state[key])
-        total = sum(len(b) for b in batches)
         bar = tqdm(
-            total=total,
+            total=sum(len(b) for b in batches),
             initial=sum(len(b) for b in batches[:done]),
             unit=" queries" if kind == "query" else " passages",
             desc="queries" if kind == "query" else "passages",
@@ -672,28 +643,132 @@ def embed_split(
         finally:
             bar.close()
 
-    # -------------------------------------------------------------- finish
-    fidelity = None
-    if encoder.precision != "fp32":
-        fidelity = _fidelity_guard(
-            encoder,
-            ((qmm, split.query_texts, np.arange(nq)), (pmm, split.passage_texts, ~matched)),
-            guard_sample,
-            guard_seed,
-        )
-        for mm in (qmm, pmm):
-            if mm is not None:
-                mm.flush()
-        stats.fidelity_checked = fidelity.checked
-        stats.fidelity_min_cosine = fidelity.min_cosine
-        stats.fidelity_breaches = len(fidelity.breaches)
-        if fidelity.breaches:
-            import warnings
 
-            warnings.warn(fidelity.message(out), stacklevel=3)
-    crash_point("embed", "before-meta")
-    planned_padded = padding_stats(p_len, encoder.plan(p_len))
-    meta = {
+def _recorded_run(
+    out: Path, signature: str, *, resume: bool, overwrite: bool
+) -> tuple[EmbedStats | None, dict[str, Any] | None]:
+    """What ``out`` already holds: ``(stats, None)`` for a finished store with this
+    ``signature`` (nothing to do), ``(None, progress state)`` for an unfinished run to resume,
+    ``(None, None)`` to start afresh.
+
+    Raises:
+        StoreExistsError: a finished store or unfinished run with another signature, or bare
+            store files (none with ``overwrite``).
+    """
+    if overwrite:
+        return None, None
+    if (out / META_JSON).is_file():  # resume: done already when the signature matches
+        meta = json.loads((out / META_JSON).read_text(encoding="utf-8"))
+        if meta.get("signature") == signature:
+            fields = EmbedStats.__dataclass_fields__
+            kept = {k: v for k, v in meta.get("stats", {}).items() if k in fields}
+            return EmbedStats(**kept), None
+        raise StoreExistsError(
+            f"{out / META_JSON}: a finished store is already here with a different "
+            "data/encoder/batching signature; pass overwrite (--overwrite) to replace it"
+        )
+    if not (out / PROGRESS_JSON).is_file():
+        if any((out / n).exists() for n in (QUERIES_BIN, PASSAGES_BIN, INDICES_BIN)):
+            raise StoreExistsError(
+                f"{out}: holds store files but neither {META_JSON} nor {PROGRESS_JSON}; "
+                "pass overwrite (--overwrite) to replace them"
+            )
+        return None, None
+    if not resume:
+        return None, None
+    state: dict[str, Any] = json.loads((out / PROGRESS_JSON).read_text(encoding="utf-8"))
+    if state.get("signature") != signature:
+        raise StoreExistsError(
+            f"{out / PROGRESS_JSON}: the unfinished run used other data, encoder, prompt or "
+            "batching settings; nothing was overwritten (pass --overwrite to start again)"
+        )
+    return None, state
+
+
+def _resumed_stats(
+    out: Path, state: dict[str, Any], plan: EmbedPlan, split: RetrievalSplit, dim: int
+) -> EmbedStats:
+    """The stats of the unfinished run ``state`` records, once its reuse decisions and vector
+    files are checked to fit ``plan`` (StoreExistsError / StoreFormatError otherwise)."""
+    if state.get("reuse_digest") != plan.reuse_digest:
+        raise StoreExistsError(
+            f"{out / PROGRESS_JSON}: the stores it reused passages from have changed; "
+            "nothing was overwritten (pass --overwrite to start again)"
+        )
+    for name, n in ((QUERIES_BIN, split.n_queries), (PASSAGES_BIN, split.n_passages)):
+        size = (out / name).stat().st_size if (out / name).is_file() else -1
+        if size != n * dim * 4:
+            raise StoreFormatError(
+                f"{out / name}: {size} bytes, the unfinished run needs {n * dim * 4}; "
+                "nothing was overwritten (pass --overwrite to start again)"
+            )
+    stats = EmbedStats(**state["stats"])
+    stats.resumed = True
+    return stats
+
+
+def _start_run(
+    out: Path, split: RetrievalSplit, encoder: SentenceEncoder, plan: EmbedPlan, signature: str
+) -> tuple[EmbedStats, dict[str, Any]]:
+    """Write the tables and the pre-sized vector files of a new run and its first
+    ``progress.json``; returns the run's stats and progress state. A full disk leaves nothing
+    half-made (the same command runs again)."""
+    nq, npas, dim = split.n_queries, split.n_passages, encoder.dim
+    clear_store(out)
+    try:
+        _write_tables(split, out)
+        _presize(out / QUERIES_BIN, nq * dim * 4)
+        _presize(out / PASSAGES_BIN, npas * dim * 4)
+    except OSError as exc:
+        if is_disk_full(exc):
+            clear_store(out)
+        raise
+    max_len = encoder.max_seq_length
+    stats = EmbedStats(n_queries=nq, n_passages=npas)
+    stats.n_truncated_queries = int((plan.q_full > max_len).sum())
+    stats.truncated_query_tokens = int(np.maximum(plan.q_full - max_len, 0).sum())
+    stats.n_truncated_passages = int((plan.p_full > max_len).sum())
+    stats.truncated_passage_tokens = int(np.maximum(plan.p_full - max_len, 0).sum())
+    state = {
+        "signature": signature,
+        "reuse_sources": [str(s.path) for s in plan.src_stores],
+        "reuse_digest": plan.reuse_digest,
+        "reuse_done": False,
+        "query_batches_done": 0,
+        "passage_batches_done": 0,
+        "stats": asdict(stats),
+    }
+    atomic_write_json(out / PROGRESS_JSON, state)
+    return stats, state
+
+
+def _copy_reused(plan: EmbedPlan, pmm: np.memmap | None, stats: EmbedStats) -> None:
+    """Copy the passages ``plan`` reuses from sibling stores into ``pmm``, in row chunks."""
+    hits = np.flatnonzero(plan.matched)
+    if len(hits) and pmm is not None:
+        for s_i, store in enumerate(plan.src_stores):
+            sel = hits[plan.src_idx[hits] == s_i]
+            for c in range(0, len(sel), ROW_CHUNK):
+                rows = sel[c : c + ROW_CHUNK]
+                pmm[rows] = store.passages[plan.src_row[rows]]
+        stats.reused_from = [str(s.path) for s in plan.src_stores]
+    stats.n_reused_passages = len(hits)
+
+
+def _store_meta(
+    split: RetrievalSplit,
+    encoder: SentenceEncoder,
+    plan: EmbedPlan,
+    stats: EmbedStats,
+    fidelity: Any,
+    vectors: tuple[np.memmap | None, np.memmap | None],
+    digests: tuple[str, str],
+) -> dict[str, Any]:
+    """``meta.json`` of a finished store; ``digests``: its data digest and embed signature."""
+    dim = encoder.dim
+    planned_padded = padding_stats(plan.p_len, encoder.plan(plan.p_len))
+    backend = encoder.backend
+    return {
         "format": FORMAT_NAME,
         "format_version": FORMAT_VERSION,
         "complete": True,
@@ -701,8 +776,8 @@ def embed_split(
         "source": split.source,
         "dim": dim,
         "k": split.k,
-        "n_queries": nq,
-        "n_passages": npas,
+        "n_queries": split.n_queries,
+        "n_passages": split.n_passages,
         "dtype": "float32",
         "byteorder": "little",
         "index_dtype": "int32",
@@ -712,23 +787,16 @@ def embed_split(
         "encoder": {
             "name": encoder.name,
             "fingerprint": encoder.fingerprint,
-            "query_prompt": encoder.query_prompt,
-            "passage_prompt": encoder.passage_prompt,
-            "max_seq_length": encoder.max_seq_length,
-            "token_budget": encoder.token_budget,
-            "max_batch_size": encoder.max_batch_size,
-            "max_padding": encoder.max_padding,
-            "backend": encoder.backend.name,
-            "quantization": (
-                encoder.backend.quantization.to_dict() if encoder.backend.quantization else None
-            ),
+            **_encoder_settings(encoder),
+            "backend": backend.name,
+            "quantization": backend.quantization.to_dict() if backend.quantization else None,
             "precision": encoder.precision,
             "bf16_weights": encoder.bf16_weights,
             "auto": encoder.auto_choice.to_dict() if encoder.auto_choice is not None else None,
             "fidelity": fidelity.to_dict() if fidelity is not None else None,
         },
-        "data_sha256": data_sha,
-        "signature": signature,
+        "data_sha256": digests[0],
+        "signature": digests[1],
         "files": {
             "queries": QUERIES_BIN,
             "passages": PASSAGES_BIN,
@@ -740,10 +808,7 @@ def embed_split(
             **({"qrels": QRELS_TSV} if split.qrels is not None else {}),
         },
         "stats": stats.to_dict(),
-        **finite_record(
-            qmm if qmm is not None else np.empty((0, dim), np.float32),
-            pmm if pmm is not None else np.empty((0, dim), np.float32),
-        ),
+        **finite_record(*(np.empty((0, dim), np.float32) if v is None else v for v in vectors)),
         "planned_passage_padding": {
             "padded_tokens": planned_padded[0],
             "real_tokens": planned_padded[1],
@@ -751,6 +816,3 @@ def embed_split(
         "source_meta": split.meta,
         "created_unix": time.time(),
     }
-    atomic_write_json(out / META_JSON, meta)
-    (out / PROGRESS_JSON).unlink(missing_ok=True)
-    return stats

@@ -35,7 +35,7 @@ import numpy as np
 from treerank.atomic import atomic_write_json
 from treerank.kernels.device import DEFAULT_DEVICE, Device, resolve_device
 from treerank.storelike import StoreLike
-from treerank.training.model_folder import latest_checkpoint, save_model_folder
+from treerank.training.model_folder import latest_checkpoint, loss_log, save_model_folder
 from treerank.training.sampler import relevant_lists
 
 __all__ = [
@@ -331,7 +331,6 @@ def train_cross_encoder(
         CrossEncoderTrainer,
         CrossEncoderTrainingArguments,
     )
-    from transformers import TrainerCallback
     from transformers.trainer_callback import PrinterCallback
 
     out = Path(out_dir)
@@ -388,19 +387,12 @@ def train_cross_encoder(
     )
     records: list[dict[str, Any]] = []
 
-    class _Log(TrainerCallback):  # type: ignore[misc]
-        def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kw: Any) -> None:
-            if logs and "loss" in logs:
-                records.append({"step": int(state.global_step), "loss": float(logs["loss"])})
-                if log is not None:
-                    log(f"step {state.global_step}: loss {float(logs['loss']):.4f}")
-
-        def on_save(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-            if stop_after_steps is not None and state.global_step >= stop_after_steps:
-                raise KeyboardInterrupt(f"test hook: stopped after step {state.global_step}")
-
     trainer = CrossEncoderTrainer(
-        model=model, args=args, train_dataset=dataset, loss=_loss(model, c.loss), callbacks=[_Log()]
+        model=model,
+        args=args,
+        train_dataset=dataset,
+        loss=_loss(model, c.loss),
+        callbacks=[loss_log(records, log, stop_after_steps)],
     )
     trainer.remove_callback(PrinterCallback)
     start = latest_checkpoint(ckpt_dir) if resume else None

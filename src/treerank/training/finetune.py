@@ -52,7 +52,7 @@ from treerank.kernels.device import DEFAULT_DEVICE, Device, resolve_device
 from treerank.storelike import StoreLike
 from treerank.training.finetune_config import FinetuneConfig, drt_head_config
 from treerank.training.finetune_losses import DRTEndToEndLoss, StoredPassageLoss
-from treerank.training.model_folder import latest_checkpoint, save_model_folder
+from treerank.training.model_folder import latest_checkpoint, loss_log, save_model_folder
 from treerank.training.sampler import guard_mined_negatives
 from treerank.training.sources import PairSampler, label_pairs
 
@@ -493,7 +493,6 @@ def finetune(
         ValueError: no trainable query.
     """
     from sentence_transformers import SentenceTransformerTrainingArguments
-    from transformers import TrainerCallback
 
     out = Path(out_dir)
     ckpt_dir = out / CHECKPOINTS_DIR
@@ -555,20 +554,9 @@ def finetune(
     )
     records: list[dict[str, Any]] = []
 
-    class _Log(TrainerCallback):  # type: ignore[misc]
-        def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kw: Any) -> None:
-            if logs and "loss" in logs:
-                rec = {"step": int(state.global_step), "loss": float(logs["loss"])}
-                records.append(rec)
-                if log is not None:
-                    log(f"step {rec['step']}: loss {rec['loss']:.4f}")
-
-        def on_save(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-            if stop_after_steps is not None and state.global_step >= stop_after_steps:
-                raise KeyboardInterrupt(f"test hook: stopped after step {state.global_step}")
-
+    callbacks = [loss_log(records, log, stop_after_steps)]
     trainer = _trainer_class()(
-        model=model, args=args, train_dataset=dataset, loss=loss, callbacks=[_Log()]
+        model=model, args=args, train_dataset=dataset, loss=loss, callbacks=callbacks
     )
     from transformers.trainer_callback import PrinterCallback
     from transformers.utils import logging as hf_logging

@@ -87,14 +87,7 @@ def info_nce(
     keep = ~mask_out | positive if mask_out is not None else torch.ones_like(positive)  # (B, M)
     denom = torch.logsumexp(logits.masked_fill(~keep, neg_inf), dim=1)  # (B,)
     numer = torch.logsumexp(logits.masked_fill(~positive, neg_inf), dim=1)  # (B,)
-    loss = denom - numer  # (B,)
-    if reduction == "mean":
-        return loss.mean()
-    if reduction == "sum":
-        return loss.sum()
-    if reduction == "none":
-        return loss
-    raise ValueError(f"info_nce: unknown reduction {reduction!r} (mean, sum, none)")
+    return _reduce(denom - numer, reduction, "info_nce")  # (B,) before the reduction
 
 
 def info_nce_symmetric(

@@ -5,7 +5,7 @@ and the cross-encoder, ``training/cross_encoder.py``) end by saving a model fold
 from the newest ``checkpoint-N``. :func:`save_model_folder` writes the folder into a temporary
 sibling and renames it into place, so a crash or Ctrl-C mid-save leaves either the old folder
 or the new one, never a half-written one; :func:`latest_checkpoint` is the one rule for which
-checkpoint a ``--resume`` continues from.
+checkpoint a ``--resume`` continues from; :func:`loss_log` is their one logging callback.
 """
 
 from __future__ import annotations
@@ -15,10 +15,11 @@ import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from treerank.atomic import make_temp_dir
 
-__all__ = ["latest_checkpoint", "save_model_folder"]
+__all__ = ["latest_checkpoint", "loss_log", "save_model_folder"]
 
 _CHECKPOINT = re.compile(r"checkpoint-(\d+)")
 TRAINER_STATE = "trainer_state.json"
@@ -67,3 +68,29 @@ def latest_checkpoint(ckpt_dir: str | Path) -> Path | None:
         if m and sub.is_dir() and (sub / TRAINER_STATE).is_file():
             found.append((int(m.group(1)), sub))
     return max(found)[1] if found else None
+
+
+def loss_log(
+    records: list[dict[str, Any]],
+    log: Callable[[str], None] | None,
+    stop_after_steps: int | None,
+) -> Any:
+    """A Hugging Face ``TrainerCallback`` that appends ``{"step", "loss"}`` to ``records`` (and
+    a ``step N: loss x`` line to ``log``) at every logged loss, and raises
+    ``KeyboardInterrupt`` at the first checkpoint save at or after ``stop_after_steps`` (a test
+    hook simulating Ctrl-C; None: never)."""
+    from transformers import TrainerCallback
+
+    class _Log(TrainerCallback):  # type: ignore[misc]
+        def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kw: Any) -> None:
+            if logs and "loss" in logs:
+                rec = {"step": int(state.global_step), "loss": float(logs["loss"])}
+                records.append(rec)
+                if log is not None:
+                    log(f"step {rec['step']}: loss {rec['loss']:.4f}")
+
+        def on_save(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            if stop_after_steps is not None and state.global_step >= stop_after_steps:
+                raise KeyboardInterrupt(f"test hook: stopped after step {state.global_step}")
+
+    return _Log()

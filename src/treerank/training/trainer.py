@@ -37,11 +37,12 @@ writes every trained model's directory. ``treerank.training.heads.train_contrast
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -52,7 +53,7 @@ from tqdm.auto import tqdm
 
 from treerank.config import build
 from treerank.distributed.context import broadcast_from_main
-from treerank.distributed.training import sharded_training
+from treerank.distributed.training import ShardedTraining, sharded_training
 from treerank.kernels import rows as _rows
 from treerank.kernels.device import DEFAULT_DEVICE, Device, resolve_device
 from treerank.kernels.rows import RowSource
@@ -376,6 +377,100 @@ def _param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str,
     return groups
 
 
+@contextlib.contextmanager
+def _on_cpu_eval(model: torch.nn.Module, dev: torch.device) -> Iterator[None]:
+    """``model`` in eval mode on the CPU without gradients (what ``validate`` and ``refresh``
+    see), back on ``dev`` in train mode afterwards."""
+    model.eval()
+    model.to("cpu")
+    with torch.no_grad():
+        yield
+    model.to(dev)
+    model.train()
+
+
+@dataclass
+class _Best:
+    """The best held-out evaluation so far (early stopping's state)."""
+
+    value: float = -math.inf
+    step: int = 0
+    metrics: dict[str, float] = field(default_factory=dict)
+    state: dict[str, Tensor] | None = None
+    bad_evals: int = 0
+
+    def update(
+        self, value: float, step: int, metrics: dict[str, float], model: Any, min_delta: float
+    ) -> bool:
+        """Record an evaluation; True when it beat the best by more than ``min_delta`` (the
+        model's state is then kept)."""
+        improved = value > self.value + min_delta
+        if improved:
+            self.value, self.step, self.metrics = value, step, metrics
+            self.state = copy.deepcopy(model.state_dict())
+            self.bad_evals = 0
+        else:
+            self.bad_evals += 1
+        return improved
+
+
+def _batch_loss(
+    model: Any,
+    batch: Batch,
+    vectors: tuple[Any, Any],
+    all_passages: Tensor | None,
+    shard: ShardedTraining | None,
+    cfg: TrainerConfig,
+    dev: torch.device,
+) -> tuple[Tensor, dict[str, Any]]:
+    """One batch's loss and parts (:func:`compute_loss`): the stored ``(queries, passages)``
+    vectors gathered by the batch's rows onto ``dev``, or under torchrun the data-parallel
+    step of ``shard`` on gathered representations."""
+    queries, passages = vectors
+    if shard is not None:
+        return shard.loss(
+            batch,
+            queries,  # indexed by rows only
+            passages,
+            functools.partial(
+                loss_from_representations, all_passages=all_passages, chunk_size=cfg.chunk_size
+            ),
+            cfg.symmetric_weight,
+        )
+    q = _gather(queries, batch.query_rows, dev)
+    p = _gather(passages, batch.passage_rows, dev)
+    return compute_loss(model, batch, q, p, cfg.symmetric_weight, all_passages, cfg.chunk_size)
+
+
+def _log_step(
+    log: TrainingLog,
+    model: Any,
+    step: int,
+    epoch: int,
+    loss: Tensor,
+    lr: float,
+    grad_norm: float | None,
+    parts: dict[str, Any],
+) -> dict[str, Any]:
+    """Write the ``train`` record of one step (loss, lr, loss terms, batch statistics and the
+    model's own ``log_values()``); returns it."""
+    stats = batch_stats(
+        parts["logits"].detach(), parts["positive"], parts["mask_out"], parts["q_repr"]
+    )
+    extra_vals = getattr(model, "log_values", None)
+    return log.write(
+        "train",
+        step=step,
+        epoch=epoch,
+        loss=float(loss.detach()),
+        lr=lr,
+        grad_norm=grad_norm,
+        **{k: v for k, v in parts.items() if k.endswith(("_loss", "_bytes"))},
+        **stats,
+        **(extra_vals() if callable(extra_vals) else {}),
+    )
+
+
 def fit(
     model: torch.nn.Module,
     sampler: ContrastiveSampler | Any,
@@ -456,42 +551,27 @@ def fit(
     opt = torch.optim.AdamW(_param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=cfg.betas)
     sched = warmup_cosine_scheduler(opt, total, int(cfg.warmup_ratio * total), cfg.min_lr_ratio)
 
-    best_value = -math.inf
-    best_step = 0
-    best_metrics: dict[str, float] = {}
-    best_state: dict[str, Tensor] | None = None
-    bad_evals = 0
+    best = _Best()
     stopped = False
     t0 = time.perf_counter()
 
     def evaluate(step: int, epoch: int) -> bool:
         """Run validation; returns True when patience has run out."""
-        nonlocal best_value, best_step, best_metrics, best_state, bad_evals
         if validate is None:
             return False
-        model.eval()
-        model.to("cpu")  # validate scores numpy vectors through the model's CPU towers
-        with torch.no_grad():
+        with _on_cpu_eval(model, dev):  # validate scores numpy vectors through the CPU towers
             metrics = broadcast_from_main(lambda: {k: float(v) for k, v in validate(model).items()})
-        model.to(dev)
-        model.train()
         if cfg.early_stopping_metric not in metrics:
             raise KeyError(
                 f"validate() returned {sorted(metrics)}, not the early-stopping metric "
                 f"{cfg.early_stopping_metric!r}"
             )
         value = metrics[cfg.early_stopping_metric]
-        improved = value > best_value + cfg.min_delta
-        if improved:
-            best_value, best_step, best_metrics = value, step, metrics
-            best_state = copy.deepcopy(model.state_dict())
-            bad_evals = 0
-        else:
-            bad_evals += 1
+        improved = best.update(value, step, metrics, model, cfg.min_delta)
         log.write("eval", step=step, epoch=epoch, best=improved, **metrics)
         if bar is not None:
-            bar.set_postfix_str(f"{cfg.early_stopping_metric}={value:.4f} best={best_value:.4f}")
-        return cfg.patience is not None and bad_evals >= cfg.patience
+            bar.set_postfix_str(f"{cfg.early_stopping_metric}={value:.4f} best={best.value:.4f}")
+        return cfg.patience is not None and best.bad_evals >= cfg.patience
 
     bar = tqdm(total=total, desc="train", unit="step", disable=not progress, leave=False)
     step, epoch = 0, 0
@@ -502,24 +582,9 @@ def fit(
             for batch in sampler.epoch(epoch):
                 if step >= total:
                     break
-                if shard is not None:
-                    loss, parts = shard.loss(
-                        batch,
-                        queries,  # type: ignore[arg-type]  # indexed by rows only
-                        passages,  # type: ignore[arg-type]
-                        functools.partial(
-                            loss_from_representations,
-                            all_passages=all_passages,
-                            chunk_size=cfg.chunk_size,
-                        ),
-                        cfg.symmetric_weight,
-                    )
-                else:
-                    q = _gather(queries, batch.query_rows, dev)
-                    p = _gather(passages, batch.passage_rows, dev)
-                    loss, parts = compute_loss(
-                        model, batch, q, p, cfg.symmetric_weight, all_passages, cfg.chunk_size
-                    )
+                loss, parts = _batch_loss(
+                    model, batch, (queries, passages), all_passages, shard, cfg, dev
+                )
                 check_loss(loss, step + 1, epoch, float(sched.get_last_lr()[0]), cfg)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
@@ -533,33 +598,13 @@ def fit(
                 step += 1
                 bar.update(1)
                 if step % cfg.log_every == 0 or step == 1:
-                    stats = batch_stats(
-                        parts["logits"].detach(),
-                        parts["positive"],
-                        parts["mask_out"],
-                        parts["q_repr"],
-                    )
-                    extra_vals = getattr(model, "log_values", None)
-                    rec = log.write(
-                        "train",
-                        step=step,
-                        epoch=epoch,
-                        loss=float(loss.detach()),
-                        lr=float(sched.get_last_lr()[0]),
-                        grad_norm=grad_norm,
-                        **{k: v for k, v in parts.items() if k.endswith(("_loss", "_bytes"))},
-                        **stats,
-                        **(extra_vals() if callable(extra_vals) else {}),
-                    )
+                    lr = float(sched.get_last_lr()[0])
+                    rec = _log_step(log, model, step, epoch, loss, lr, grad_norm, parts)
                     if validate is None and isinstance(rec.get("loss"), float):
                         bar.set_postfix_str(f"loss={rec['loss']:.4f}")
                 if refresh is not None and cfg.refresh_every and step % cfg.refresh_every == 0:
-                    model.eval()
-                    model.to("cpu")
-                    with torch.no_grad():  # the sampler builds later batches from the new pool
+                    with _on_cpu_eval(model, dev):  # later batches come from the new pool
                         info = dict(refresh(model, step))
-                    model.to(dev)
-                    model.train()
                     log.write("refresh", **info)
                 if step % eval_every == 0 and evaluate(step, epoch):
                     stopped = step < total
@@ -571,10 +616,10 @@ def fit(
         bar.close()
         if cfg.threads:
             torch.set_num_threads(old_threads)
-    if best_state is not None:
-        model.load_state_dict(best_state)
+    if best.state is not None:
+        model.load_state_dict(best.state)
     else:
-        best_step = step
+        best.step = step
     model.to("cpu")
     model.eval()
     seconds = time.perf_counter() - t0
@@ -582,9 +627,9 @@ def fit(
         "summary",
         steps=step,
         epochs=epoch,
-        best_step=best_step,
+        best_step=best.step,
         stopped_early=stopped,
         seconds=seconds,
-        **{f"best_{k}": v for k, v in best_metrics.items()},
+        **{f"best_{k}": v for k, v in best.metrics.items()},
     )
-    return FitResult(step, epoch, best_step, best_metrics, stopped, seconds, log.records)
+    return FitResult(step, epoch, best.step, best.metrics, stopped, seconds, log.records)
