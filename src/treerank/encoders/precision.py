@@ -53,6 +53,8 @@ from typing import Any
 
 import numpy as np
 
+from treerank.storelike import Split, meta_object
+
 __all__ = [
     "FIDELITY_BOUNDS",
     "MIX_SPACE",
@@ -139,7 +141,7 @@ def store_precision(encoder_meta: Mapping[str, Any]) -> str:
     return "int8" if backend == "onnx-int8" else "fp32"
 
 
-def vector_precision(store: Any) -> str | None:
+def vector_precision(store: Split) -> str | None:
     """The vector precision of a store split (its ``meta.json`` ``encoder`` block, see
     :func:`store_precision`); ``None`` for an object without ``meta`` (an in-memory array
     store), which no check can bind.
@@ -153,7 +155,7 @@ def vector_precision(store: Any) -> str | None:
         return None
     if not isinstance(meta, Mapping):
         return None
-    return store_precision(meta.get("encoder") or {})
+    return store_precision(meta_object(meta, "encoder"))
 
 
 def check_mix(

@@ -62,7 +62,7 @@ def check_evaluable(store: StoreLike, relevance_threshold: int | None = None) ->
         ValueError: the split has no passages, no queries, or no judged relevant passage
             (the message names the store directory).
     """
-    where = f"store {getattr(store, 'path', '') or '(in memory)'}"
+    where = f"store {store.path or '(in memory)'}"
     if int(store.n_passages) == 0:
         raise ValueError(
             f"{where} has no passages, so there is nothing to rank: the corpus it was embedded "

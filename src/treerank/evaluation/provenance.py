@@ -45,7 +45,7 @@ def text_key(text: str) -> str:
 
 
 def _texts(store: StoreLike, kind: str) -> list[str] | None:
-    if not getattr(store, "has_texts", False):
+    if not store.has_texts:
         return None
     try:
         return list(store.query_texts() if kind == "query" else store.passage_texts())
@@ -70,12 +70,12 @@ def training_provenance(store: StoreLike) -> dict[str, Any]:
         ``*_hashes`` are 16-hex-digit hashes (:data:`HASH_BYTES` bytes) concatenated, in row
         order (``None``: a store without texts).
     """
-    meta = getattr(store, "meta", {}) or {}
+    meta = store.meta
     ids = [_hash(q) for q in store.query_ids()]
     texts = _texts(store, "query")
     return {
-        "store": str(getattr(store, "path", "")),
-        "split": getattr(store, "split", None),
+        "store": str(store.path),
+        "split": store.split,
         "signature": meta.get("signature"),
         "data_sha256": meta.get("data_sha256"),
         "n_queries": len(ids),
@@ -152,8 +152,8 @@ def check_leaks(store: StoreLike, provenances: dict[str, dict[str, Any] | None])
     ids = [_hash(q) for q in store.query_ids()]
     texts = _texts(store, "query")
     text_keys = [text_key(t) for t in texts] if texts is not None else []
-    meta = getattr(store, "meta", {}) or {}
-    here = str(getattr(store, "path", ""))
+    meta = store.meta
+    here = str(store.path)
     out = []
     for name, prov in known.items():
         train_ids = _unpack(prov.get("query_id_hashes"))
@@ -194,8 +194,8 @@ def check_train_store(store: StoreLike, train_store: StoreLike) -> None:
     if a is not None and b is not None and {text_key(t) for t in a} & {text_key(t) for t in b}:
         return
     raise TrainStoreMismatchError(
-        f"--train-store {getattr(train_store, 'path', '')} shares no passage (by id or text) "
-        f"with the evaluated split {getattr(store, 'path', '')}: it is a store of another "
+        f"--train-store {train_store.path} shares no passage (by id or text) "
+        f"with the evaluated split {store.path}: it is a store of another "
         "collection, so the seen / unseen breakdown would call every query unseen; pass the "
         "training split of this collection, or --no-overlap"
     )

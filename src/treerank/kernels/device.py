@@ -29,7 +29,7 @@ import platform
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 import torch
@@ -284,7 +284,7 @@ def cpu_search_backend(
     return backend
 
 
-def read_probe_cache(path: Path) -> dict[str, Any]:
+def read_probe_cache(path: Path) -> dict[str, object]:
     """A measured-choice cache file (``key -> record``); ``{}`` when missing, unreadable or
     not a JSON object (the caches are advisory: a bad one only means measuring again)."""
     try:
@@ -294,7 +294,7 @@ def read_probe_cache(path: Path) -> dict[str, Any]:
     return doc if isinstance(doc, dict) else {}
 
 
-def write_probe_cache(path: Path, doc: dict[str, Any]) -> None:
+def write_probe_cache(path: Path, doc: dict[str, object]) -> None:
     """Write a measured-choice cache atomically; an unwritable cache directory is ignored."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -24,16 +24,34 @@ from __future__ import annotations
 
 import mmap
 import os
-from typing import Any
+from typing import Protocol
 
 import numpy as np
+import numpy.typing as npt
 
-__all__ = ["IN_MEMORY_BYTES", "RELEASE_BYTES", "FileRows", "RowSource", "StackedRows"]
+__all__ = [
+    "IN_MEMORY_BYTES",
+    "RELEASE_BYTES",
+    "FileRows",
+    "RowArray",
+    "RowSource",
+    "StackedRows",
+]
 
 IN_MEMORY_BYTES = 2 << 30
 """Splits below this many bytes are copied into memory (faster gathers)."""
 RELEASE_BYTES = 256 << 20
 """Gathered bytes between two releases of a memory map's resident pages."""
+
+
+class RowArray(Protocol):
+    """Anything row-indexable as an ``(n, d)`` float table: an ndarray, a ``np.memmap``, a
+    :class:`RowSource`, a :class:`StackedRows`, a store view's vectors."""
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+    def __getitem__(self, idx: np.ndarray, /) -> np.ndarray: ...
 
 
 class RowSource:
@@ -51,7 +69,7 @@ class RowSource:
 
     def __init__(
         self,
-        array: Any,
+        array: RowArray,
         *,
         in_memory_bytes: int = IN_MEMORY_BYTES,
         release_bytes: int = RELEASE_BYTES,
@@ -68,7 +86,7 @@ class RowSource:
             array = np.array(array, dtype=np.float32)  # read the file once
         elif self.in_memory:
             array = np.asarray(array, dtype=np.float32)
-        self.array: Any = array
+        self.array: RowArray = array
         self.release_bytes = int(release_bytes)
         self.rows_read = 0
         self._since_release = 0
@@ -107,9 +125,11 @@ class RowSource:
         from treerank.kernels.topk import release_pages
 
         self._since_release = 0
-        return release_pages(self.array, 0, self.shape[0]) if not self.in_memory else False
+        if self.in_memory or not isinstance(self.array, np.ndarray):
+            return False
+        return release_pages(self.array, 0, self.shape[0])
 
-    def __getitem__(self, idx: Any) -> np.ndarray:
+    def __getitem__(self, idx: np.ndarray | slice) -> np.ndarray:
         if isinstance(idx, slice):
             return self.gather(np.arange(*idx.indices(self.shape[0])))
         return self.gather(np.asarray(idx))
@@ -119,7 +139,7 @@ class StackedRows:
     """Rows of ``first`` then rows of ``second`` (a training table's store rows then pseudo rows)
     as one row-indexable ``(n1 + n2, d)`` source, without concatenating them."""
 
-    def __init__(self, first: Any, second: Any) -> None:
+    def __init__(self, first: RowArray, second: RowArray) -> None:
         if int(first.shape[1]) != int(second.shape[1]):
             raise ValueError(f"StackedRows: dims differ ({first.shape} vs {second.shape})")
         self.first, self.second = first, second
@@ -131,14 +151,14 @@ class StackedRows:
     def __len__(self) -> int:
         return self.shape[0]
 
-    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+    def __array__(self, dtype: npt.DTypeLike | None = None, copy: bool | None = None) -> np.ndarray:
         """The whole table, concatenated (what a caller that needs it in memory gets)."""
         whole = np.concatenate(
             [np.asarray(self.first, dtype=np.float32), self.second[np.arange(self.second.shape[0])]]
         )
         return whole if dtype is None else whole.astype(dtype, copy=False)
 
-    def __getitem__(self, idx: Any) -> np.ndarray:
+    def __getitem__(self, idx: np.ndarray | slice) -> np.ndarray:
         rows = (
             np.arange(*idx.indices(self.shape[0]))
             if isinstance(idx, slice)
@@ -176,7 +196,7 @@ class FileRows:
         self._fd: int | None = None
 
     @classmethod
-    def of(cls, array: Any) -> FileRows | None:
+    def of(cls, array: object) -> FileRows | None:
         """A reader for ``array`` when it is a whole read-only ``np.memmap`` (module rules)."""
         if not (
             isinstance(array, np.memmap)

@@ -60,7 +60,7 @@ import ctypes.util
 import mmap
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Literal
 
 import numpy as np
 import torch
@@ -69,7 +69,7 @@ from tqdm.auto import tqdm
 from treerank.kernels.device import DEFAULT_DEVICE, Device, resolve_device, search_backend
 from treerank.kernels.rows import FileRows
 from treerank.kernels.vectors import ROW_CHUNK
-from treerank.storelike import StoreLike
+from treerank.storelike import Vectors
 
 DEFAULT_CHUNK_BYTES = 384 * 2**20  # passage block per chunk: 262,144 rows at 384 dims
 DEFAULT_CHUNK_SIZE: int | None = None  # None: as many rows as fit DEFAULT_CHUNK_BYTES
@@ -245,7 +245,7 @@ def nonfinite_rows(x: np.ndarray, block: int = FINITE_SCAN_ROWS) -> tuple[int, i
     return count, first
 
 
-def finite_record(queries: np.ndarray, passages: np.ndarray) -> dict[str, Any]:
+def finite_record(queries: np.ndarray, passages: np.ndarray) -> dict[str, object]:
     """The ``meta.json`` record of a store's finiteness, written when its vectors are written.
 
     Returns:
@@ -262,15 +262,15 @@ def finite_record(queries: np.ndarray, passages: np.ndarray) -> dict[str, Any]:
     }
 
 
-def recorded_finite(meta: Any) -> bool | None:
+def recorded_finite(meta: object) -> bool | None:
     """What a store's ``meta.json`` records about its vectors' finiteness: ``True`` (every
     query and passage row is finite), ``False``, or ``None`` for a store written before the
     record existed (a reader must then scan, e.g. with :func:`check_finite`)."""
-    value = (meta or {}).get("finite") if isinstance(meta, dict) else None
+    value = meta.get("finite") if isinstance(meta, dict) else None
     return value if isinstance(value, bool) else None
 
 
-def check_store_finite(store: StoreLike, what: str = "passage") -> None:
+def check_store_finite(store: Vectors, what: Literal["passage", "query"] = "passage") -> None:
     """Raise :class:`NonFiniteVectorError` if a store's ``what`` vectors hold NaN/inf.
 
     Trusts the ``meta.json`` record (:func:`finite_record`) when there is one; scans the
@@ -281,21 +281,22 @@ def check_store_finite(store: StoreLike, what: str = "passage") -> None:
             ``passages``, ``path``).
         what: ``"passage"`` or ``"query"``.
     """
-    meta = getattr(store, "meta", None)
+    meta = store.meta
     recorded = recorded_finite(meta)
     if recorded is True:
         return
     key = "passages" if what == "passage" else "queries"
     if recorded is False:
-        row = (meta or {}).get("first_non_finite_row", {}).get(key)
+        rows = meta.get("first_non_finite_row")
+        row = rows.get(key) if isinstance(rows, dict) else None
         if row is None:
             return
     else:
-        _, row = nonfinite_rows(getattr(store, key))
+        _, row = nonfinite_rows(store.passages if what == "passage" else store.queries)
         if row is None:
             return
     raise NonFiniteVectorError(
-        f"{getattr(store, 'path', 'store')}: {what} row {row} holds a non-finite value (NaN or "
+        f"{store.path}: {what} row {row} holds a non-finite value (NaN or "
         "inf); the store is corrupt or the model diverged"
     )
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from treerank.storelike import StoreLike
+from treerank.storelike import StoreLike, meta_object
 
 _SHIFT = 32  # key = query << 32 | passage id (passage ids < 2**32)
 #: reader counts (``meta.json`` ``source_meta``) reported as departures from the source
@@ -95,10 +95,11 @@ class Qrels:
         from ``meta.json`` (judgments on unknown topics, empty documents skipped, ...).
         """
         thr = store.relevance_threshold if relevance_threshold is None else relevance_threshold
-        source = store.source_qrels() if callable(getattr(store, "source_qrels", None)) else None
-        meta = getattr(store, "meta", {}) or {}
-        src_meta = meta.get("source_meta", {}) or {}
-        extra = {k: int(src_meta[k]) for k in _SOURCE_DEPARTURES if k in src_meta}
+        source = store.source_qrels()
+        src_meta = meta_object(store.meta, "source_meta")
+        extra = {
+            k: int(v) for k in _SOURCE_DEPARTURES if isinstance(v := src_meta.get(k), int | float)
+        }
         if source is None:
             out = cls(np.asarray(store.candidates), np.asarray(store.labels), int(thr))
             out.departures = extra

@@ -77,7 +77,7 @@ def tuning_rows(
 
     has_rel = Qrels.from_store(store).n_relevant() > 0
     if not has_rel.any():
-        raise ValueError(f"{getattr(store, 'path', 'store')}: no query has a relevant passage")
+        raise ValueError(f"{store.path}: no query has a relevant passage")
     if queries == "heldout":
         _, rows = holdout_split(has_rel, HELDOUT_FRACTION, seed, DEFAULT_MAX_QUERIES)
         if rows.size == 0:
@@ -297,7 +297,7 @@ class TunedFusionSystem:
         """
         here = Path(str(store.path)).absolute()  # not resolved: a split may be a symlink (sweeps)
         there = here.parent / self.on
-        if there.resolve() == here.resolve() or getattr(store, "split", None) == self.on:
+        if there.resolve() == here.resolve() or store.split == self.on:
             raise ValueError(
                 f"{self.name}: tuning split {self.on!r} is the evaluated split ({here}); "
                 "the fusion weight must be chosen on other queries (on=<another split>)"

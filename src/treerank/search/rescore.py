@@ -187,7 +187,7 @@ class RescoreSystem(TwoStage):
     def scorer_for(self, store: StoreLike) -> DenseScorer:
         if isinstance(self.scorer, str):
             self.scorer = dense_scorer(
-                self.scorer, getattr(store, "encoder_fingerprint", None), vector_precision(store)
+                self.scorer, store.encoder_fingerprint, vector_precision(store)
             )
         return self.scorer
 
@@ -203,7 +203,7 @@ class RescoreSystem(TwoStage):
             k,
             passage_transform=scorer.encode_passages,
             release=self.release,
-            source=str(getattr(store, "path", "store")),
+            source=str(store.path),
         )
         return Run(self.name, ids, scores)
 

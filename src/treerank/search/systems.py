@@ -32,7 +32,7 @@ from treerank.models.checkpoint import CheckpointMixin
 from treerank.search.bm25 import BM25Index, BM25Params
 from treerank.search.fusion import DEFAULT_RRF_K, NORMALISATIONS, linear_fusion, rrf
 from treerank.search.run import Run, store_key
-from treerank.storelike import StoreLike
+from treerank.storelike import StoreLike, Vectors
 
 
 @runtime_checkable
@@ -46,11 +46,23 @@ class System(Protocol):
         ...
 
 
+class VectorSystem(Protocol):
+    """A system that ranks from a split's vectors alone (a family's own retrieval, such as the
+    forest's inverted lists): every :class:`VectorSystem` is a :class:`System`, and it also ranks
+    a split of bare vectors (the held-out queries of training's validation)."""
+
+    name: str
+
+    def retrieve(self, store: Vectors, k: int = 1000) -> Run:
+        """Top-``k`` passages of the split for each of its queries (row ``i`` = query ``i``)."""
+        ...
+
+
 class SystemHook(Protocol):
     """A model family's own search (``ModelFamily.system``, e.g. the forest's inverted lists):
-    ``make(model, name, device=...) -> System``; ``device`` is always passed."""
+    ``make(model, name, device=...) -> VectorSystem``; ``device`` is always passed."""
 
-    def __call__(self, model: CheckpointMixin, name: str | None, *, device: Device) -> System:
+    def __call__(self, model: CheckpointMixin, name: str | None, *, device: Device) -> VectorSystem:
         """The system that ranks with the loaded ``model`` on ``device``."""
         ...
 
@@ -154,7 +166,7 @@ class DenseSystem:
                 passage_transform=self.scorer.encode_passages,
                 progress=self.progress,
                 backend=self.backend,
-                source=str(getattr(store, "path", "vectors")),
+                source=str(store.path),
                 device=self.device,
             )
         return self._memo.put(store, Run(self.name, ids, scores))
@@ -281,7 +293,7 @@ class CheckpointSystem:
         """
         from treerank.models.registry import load_model
 
-        fp = getattr(store, "encoder_fingerprint", None)
+        fp = store.encoder_fingerprint
         if self._loaded is None or self._loaded[0] != fp:
             model = load_model(
                 self.path, expected_fingerprint=fp, expected_precision=vector_precision(store)
@@ -311,9 +323,7 @@ class CheckpointSystem:
         """
         from treerank.models.checkpoint import check_checkpoint_store
 
-        check_checkpoint_store(
-            self.path, getattr(store, "encoder_fingerprint", None), vector_precision(store)
-        )
+        check_checkpoint_store(self.path, store.encoder_fingerprint, vector_precision(store))
 
     def _extra(self) -> dict[str, Any] | None:
         """The ``extra`` record of the checkpoint's ``config.json`` (of ``<dir>`` or of a run's
