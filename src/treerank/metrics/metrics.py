@@ -28,7 +28,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Literal, Protocol, TypeGuard, get_args
 
 import numpy as np
 
@@ -52,7 +52,21 @@ def headline_metric(metrics: Sequence[str]) -> str:
 
 
 _BLOCK = 8192  # queries graded at once
-GAINS = ("linear", "exp")
+Gain = Literal["linear", "exp"]
+"""nDCG gain: ``"linear"`` (the grade; trec_eval) or ``"exp"`` (``2**grade - 1``)."""
+GAINS: tuple[Gain, ...] = get_args(Gain)
+
+
+def is_gain(value: str) -> TypeGuard[Gain]:
+    """Whether ``value`` is one of :data:`GAINS`."""
+    return value in GAINS
+
+
+class HasIds(Protocol):
+    """A run (``treerank.search.run.Run``) as the metrics read it: its ``int64 (nq, k)`` ids."""
+
+    @property
+    def ids(self) -> np.ndarray: ...
 
 
 def rr_at(grades: np.ndarray, cutoff: int, threshold: int) -> np.ndarray:
@@ -71,7 +85,7 @@ def rr_at(grades: np.ndarray, cutoff: int, threshold: int) -> np.ndarray:
     return np.where(rel.any(axis=1), 1.0 / (first + 1.0), 0.0)
 
 
-def _gain(grades: np.ndarray, gain: str) -> np.ndarray:
+def _gain(grades: np.ndarray, gain: Gain) -> np.ndarray:
     g = np.maximum(grades, 0).astype(np.float64)
     return g if gain == "linear" else np.exp2(g) - 1.0
 
@@ -88,7 +102,7 @@ def ndcg_at(grades: np.ndarray, ideal: np.ndarray, cutoff: int, gain: str = "lin
     Returns:
         ``float64 (nq,)``; 0 where IDCG is 0.
     """
-    if gain not in GAINS:
+    if not is_gain(gain):
         raise ValueError(f"unknown nDCG gain {gain!r}; known: {', '.join(GAINS)}")
     g = grades[:, :cutoff]
     disc = 1.0 / np.log2(np.arange(2, cutoff + 2, dtype=np.float64))
@@ -125,7 +139,7 @@ class _Inputs:
     ideal: np.ndarray
     n_relevant: np.ndarray
     threshold: int
-    gain: str
+    gain: Gain
 
 
 _METRICS: dict[str, Callable[[_Inputs, int], np.ndarray]] = {
@@ -173,8 +187,8 @@ class EvalResult:
     n_left_out: int
     evaluated: np.ndarray
     relevance_threshold: int = 1
-    gain: str = "linear"
-    extra: dict[str, Any] = field(default_factory=dict)
+    gain: Gain = "linear"
+    extra: dict[str, object] = field(default_factory=dict)
 
     @property
     def metrics(self) -> tuple[str, ...]:
@@ -182,7 +196,7 @@ class EvalResult:
 
 
 def evaluate_run(
-    ids: Any,
+    ids: np.ndarray | HasIds,
     qrels: Qrels,
     metrics: Sequence[str] = DEFAULT_METRICS,
     gain: str = "linear",
@@ -209,7 +223,7 @@ def evaluate_run(
     ids = np.asarray(getattr(ids, "ids", ids), dtype=np.int64)
     if ids.ndim != 2:
         raise ValueError(f"run ids must be a 2-D (n_queries, k) array, got shape {ids.shape}")
-    if gain not in GAINS:
+    if not is_gain(gain):
         raise ValueError(f"unknown nDCG gain {gain!r}; known: {', '.join(GAINS)}")
     parsed = [(f"{m}@{c}", m, c) for m, c in map(parse_metric, metrics)]
     if ids.shape[0] != qrels.n_queries:
