@@ -41,10 +41,12 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 import numpy as np
+import numpy.typing as npt
 
 __all__ = [
     "Arrays",
     "Judgments",
+    "SidecarArray",
     "Split",
     "StoreLike",
     "Texts",
@@ -52,6 +54,13 @@ __all__ = [
     "meta_object",
     "meta_text",
 ]
+
+
+SidecarArray = npt.NDArray[
+    np.bool_ | np.uint8 | np.int32 | np.int64 | np.float16 | np.float32 | np.float64
+]
+"""A sidecar array (``arrays/<name>.npy``): its dtype is the writer's (int32 or int64 ids,
+float32 scores, ...), so a reader converts it."""
 
 
 @runtime_checkable
@@ -70,10 +79,10 @@ class Vectors(Split, Protocol):
     """A split's query and passage vectors (see the module docstring)."""
 
     @property
-    def queries(self) -> np.ndarray: ...
+    def queries(self) -> npt.NDArray[np.float32]: ...
 
     @property
-    def passages(self) -> np.ndarray: ...
+    def passages(self) -> npt.NDArray[np.float32]: ...
 
     @property
     def n_queries(self) -> int: ...
@@ -84,7 +93,9 @@ class Vectors(Split, Protocol):
     @property
     def dim(self) -> int: ...
 
-    def iter_passage_chunks(self, chunk_size: int = ...) -> Iterator[tuple[int, np.ndarray]]: ...
+    def iter_passage_chunks(
+        self, chunk_size: int = ...
+    ) -> Iterator[tuple[int, npt.NDArray[np.float32]]]: ...
 
 
 @runtime_checkable
@@ -98,10 +109,10 @@ class Judgments(Split, Protocol):
     def n_passages(self) -> int: ...
 
     @property
-    def candidates(self) -> np.ndarray: ...
+    def candidates(self) -> npt.NDArray[np.int32]: ...
 
     @property
-    def labels(self) -> np.ndarray: ...
+    def labels(self) -> npt.NDArray[np.uint8]: ...
 
     @property
     def k(self) -> int: ...
@@ -142,12 +153,12 @@ class Arrays(Split, Protocol):
 
     def has_array(self, name: str) -> bool: ...
 
-    def load_array(self, name: str) -> np.ndarray | None: ...
+    def load_array(self, name: str) -> SidecarArray | None: ...
 
     def load_array_meta(self, name: str) -> dict[str, object] | None: ...
 
     def save_array(
-        self, name: str, arr: np.ndarray, meta: dict[str, object] | None = None
+        self, name: str, arr: SidecarArray, meta: dict[str, object] | None = None
     ) -> Path: ...
 
 
