@@ -47,6 +47,7 @@ import torch
 
 from treerank.forest.model import Forest
 from treerank.kernels.device import DEFAULT_DEVICE, Device
+from treerank.kernels.topk import RUN_DEPTH
 from treerank.search.run import Run
 from treerank.storelike import Vectors
 
@@ -613,7 +614,7 @@ class ForestSystem:
         self._query_classes = qc3[:, :, 0]
         return self.index.search_probes(qc3, qp3, floor, k, sc.scoring, device=dev, backend=backend)
 
-    def retrieve(self, store: Vectors, k: int = 1000) -> Run:
+    def retrieve(self, store: Vectors, k: int = RUN_DEPTH) -> Run:
         """Rank all passages of ``store`` (its vectors alone) for all its queries.
 
         Returns:

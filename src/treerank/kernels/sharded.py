@@ -27,7 +27,13 @@ from tqdm.auto import tqdm
 
 from treerank.distributed.context import DistContext, shard_bounds
 from treerank.kernels.device import DEFAULT_DEVICE, Device
-from treerank.kernels.topk import DEFAULT_QUERY_BATCH, decode_keys, exact_search, rank_keys
+from treerank.kernels.topk import (
+    DEFAULT_QUERY_BATCH,
+    RUN_DEPTH,
+    decode_keys,
+    exact_search,
+    rank_keys,
+)
 
 __all__ = ["GATHER_BYTES", "sharded_exact_search"]
 
@@ -38,7 +44,7 @@ GATHER_BYTES = 32 * 2**20
 def sharded_exact_search(
     queries: np.ndarray,
     passages: np.ndarray,
-    k: int = 1000,
+    k: int = RUN_DEPTH,
     *,
     ctx: DistContext | None = None,
     chunk_size: int | None = None,

@@ -84,6 +84,8 @@ _PAD_ID = 0xFFFFFFFF
 _PAIR_BLOCK = 1 << 21  # float64 products held at once by pair_scores (16 MiB)
 _UNIT_ROUNDOFF = 2.0**-24  # float32
 
+RUN_DEPTH = 1000
+"""The default run depth: passages retrieved per query (Recall@1000, trec_eval's depth)."""
 DEPTH_SETTING = "the run depth k (--k; evaluate.k in an experiment)"
 """How errors name the run depth, the same in every command and in the library."""
 
@@ -519,7 +521,7 @@ def merge_topk(keys_a: np.ndarray, keys_b: np.ndarray, k: int) -> np.ndarray:
 def exact_search(
     queries: np.ndarray,
     passages: np.ndarray,
-    k: int = 1000,
+    k: int = RUN_DEPTH,
     chunk_size: int | None = DEFAULT_CHUNK_SIZE,
     passage_transform: Callable[[np.ndarray], np.ndarray] | None = None,
     progress: bool = False,

@@ -100,6 +100,7 @@ from tqdm.auto import tqdm
 from treerank.atomic import atomic_write_json
 from treerank.encoders.precision import vector_precision
 from treerank.kernels.topk import (
+    RUN_DEPTH,
     check_finite,
     check_rows_finite,
     release_pages,
@@ -944,7 +945,7 @@ class FaissSystem:
             self._index = (sig, idx)
         return self._index[1]
 
-    def retrieve(self, store: StoreLike, k: int = 1000) -> Run:
+    def retrieve(self, store: StoreLike, k: int = RUN_DEPTH) -> Run:
         index = self.index_for(store)
         q = self.scorer_for(store).encode_queries(np.asarray(store.queries, dtype=np.float32))
         ids, scores = index.search(np.asarray(q), k, self.spec.search)

@@ -28,7 +28,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from treerank.kernels.topk import decode_keys, rank_keys
+from treerank.kernels.topk import RUN_DEPTH, decode_keys, rank_keys
 from treerank.search.run import Run
 
 DEFAULT_RRF_K = 60
@@ -157,7 +157,7 @@ def _fuse(
 def rrf(
     a: Run,
     b: Run,
-    k: int = 1000,
+    k: int = RUN_DEPTH,
     rrf_k: int = DEFAULT_RRF_K,
     name: str | None = None,
     weight: float | np.ndarray | None = None,
@@ -193,7 +193,7 @@ def rrf(
 def linear_fusion(
     a: Run,
     b: Run,
-    k: int = 1000,
+    k: int = RUN_DEPTH,
     weight: float | np.ndarray = 0.5,
     norm: str = "minmax",
     name: str | None = None,

@@ -48,6 +48,7 @@ from typing import Any
 
 import numpy as np
 
+from treerank.kernels.topk import RUN_DEPTH
 from treerank.metrics.metrics import evaluate_run, parse_metric
 from treerank.metrics.qrels import Qrels
 from treerank.search.fusion import DEFAULT_RRF_K, NORMALISATIONS, linear_fusion, rrf
@@ -399,7 +400,7 @@ class TunedFusionSystem:
             )
         self._fitted = (key, float(self.grid[j]), model)
 
-    def retrieve(self, store: StoreLike, k: int = 1000) -> Run:
+    def retrieve(self, store: StoreLike, k: int = RUN_DEPTH) -> Run:
         d = max(k, self.depth)
         weight: float | np.ndarray
         if self.on == CROSS_FIT:

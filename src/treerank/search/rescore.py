@@ -28,6 +28,7 @@ import numpy as np
 
 from treerank.encoders.precision import vector_precision
 from treerank.kernels.topk import (
+    RUN_DEPTH,
     check_finite,
     check_rows_finite,
     pair_scores,
@@ -191,7 +192,7 @@ class RescoreSystem(TwoStage):
             )
         return self.scorer
 
-    def retrieve(self, store: StoreLike, k: int = 1000) -> Run:
+    def retrieve(self, store: StoreLike, k: int = RUN_DEPTH) -> Run:
         k = min(k, int(store.n_passages))
         scorer = self.scorer_for(store)
         first = self.first.retrieve(store, max(k, self.depth))

@@ -26,7 +26,7 @@ from treerank.distributed.context import DistContext
 from treerank.encoders.precision import vector_precision
 from treerank.kernels.device import DEFAULT_DEVICE, Device
 from treerank.kernels.sharded import sharded_exact_search
-from treerank.kernels.topk import DEFAULT_CHUNK_SIZE, exact_search
+from treerank.kernels.topk import DEFAULT_CHUNK_SIZE, RUN_DEPTH, exact_search
 from treerank.models.base import DenseScorer
 from treerank.models.checkpoint import CheckpointMixin
 from treerank.search.bm25 import BM25Index, BM25Params
@@ -41,7 +41,7 @@ class System(Protocol):
 
     name: str
 
-    def retrieve(self, store: StoreLike, k: int = 1000) -> Run:
+    def retrieve(self, store: StoreLike, k: int = RUN_DEPTH) -> Run:
         """Top-``k`` passages of the split for each of its queries (row ``i`` = query ``i``)."""
         ...
 
@@ -53,7 +53,7 @@ class VectorSystem(Protocol):
 
     name: str
 
-    def retrieve(self, store: Vectors, k: int = 1000) -> Run:
+    def retrieve(self, store: Vectors, k: int = RUN_DEPTH) -> Run:
         """Top-``k`` passages of the split for each of its queries (row ``i`` = query ``i``)."""
         ...
 
@@ -140,7 +140,7 @@ class DenseSystem:
             options.shard,
         )
 
-    def retrieve(self, store: StoreLike, k: int = 1000) -> Run:
+    def retrieve(self, store: StoreLike, k: int = RUN_DEPTH) -> Run:
         k = min(k, int(store.n_passages))
         if (hit := self._memo.get(store, k)) is not None:
             return hit
@@ -190,7 +190,7 @@ class BM25System:
             self._cache = (key, BM25Index(store.passage_texts(), self.params))
         return self._cache[1]
 
-    def retrieve(self, store: StoreLike, k: int = 1000) -> Run:
+    def retrieve(self, store: StoreLike, k: int = RUN_DEPTH) -> Run:
         k = min(k, int(store.n_passages))
         if (hit := self._memo.get(store, k)) is not None:
             return hit
@@ -231,7 +231,7 @@ class FusionSystem:
             else f"linear-fusion:{a.name}+{b.name}:w={weight}"
         )
 
-    def retrieve(self, store: StoreLike, k: int = 1000) -> Run:
+    def retrieve(self, store: StoreLike, k: int = RUN_DEPTH) -> Run:
         d = max(k, self.depth)
         ra, rb = self.a.retrieve(store, d), self.b.retrieve(store, d)
         if self.method == "rrf":
@@ -358,7 +358,7 @@ class CheckpointSystem:
         self.system_for(store)
         return self._model_type
 
-    def retrieve(self, store: StoreLike, k: int = 1000) -> Run:
+    def retrieve(self, store: StoreLike, k: int = RUN_DEPTH) -> Run:
         run = self.system_for(store).retrieve(store, k)
         return Run(self.name, run.ids, run.scores)
 

@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from treerank.encoders.precision import vector_precision
+from treerank.kernels.topk import RUN_DEPTH
 from treerank.kernels.vectors import l2_normalize
 from treerank.search.run import Run
 from treerank.storelike import StoreLike
@@ -373,7 +374,7 @@ class DBSystem:
         )
         return np.asarray(model.encode_queries(q), np.float32)
 
-    def retrieve(self, store: StoreLike, k: int = 1000) -> Run:
+    def retrieve(self, store: StoreLike, k: int = RUN_DEPTH) -> Run:
         """Top-``k`` passages (store row ids) for every query of ``store``.
 
         Raises:
