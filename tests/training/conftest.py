@@ -19,6 +19,7 @@ class ToyStore:
     encoder_name: str = "toy-encoder"
     encoder_fingerprint: str = "toy-fingerprint"
     path: Path = Path("toy-store")
+    has_texts: bool = False
     arrays: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property

@@ -49,10 +49,11 @@ import platform
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
 import numpy as np
 
+from treerank.encoders.backend import BACKENDS
 from treerank.storelike import Split, meta_object
 
 __all__ = [
@@ -76,8 +77,9 @@ __all__ = [
     "vector_precision",
 ]
 
-PRECISIONS = ("fp32", "bf16", "auto")
+Precision = Literal["fp32", "bf16", "auto"]
 """The ``precision`` setting of the torch backend."""
+PRECISIONS: tuple[Precision, ...] = get_args(Precision)
 
 FIDELITY_BOUNDS: dict[str, float] = {"fp32": 0.9999, "bf16": 0.999, "int8": 0.99}
 """Least per-vector cosine to fp32 each vector precision promises (fp32: another runtime's
@@ -136,8 +138,9 @@ def store_precision(encoder_meta: Mapping[str, Any]) -> str:
             raise ValueError(f"encoder.precision {prec!r} unknown; known: {', '.join(MIX_SPACE)}")
         return str(prec)
     backend = encoder_meta.get("backend") or "torch"
-    if backend not in ("torch", "onnx", "onnx-int8"):
-        raise ValueError(f"unknown encoder backend {backend!r}; use one of torch, onnx, onnx-int8")
+    if backend not in BACKENDS:
+        known = ", ".join(BACKENDS)
+        raise ValueError(f"unknown encoder backend {backend!r}; use one of {known}")
     return "int8" if backend == "onnx-int8" else "fp32"
 
 

@@ -60,7 +60,7 @@ import ctypes.util
 import mmap
 import sys
 from collections.abc import Callable
-from typing import Literal
+from typing import Literal, get_args
 
 import numpy as np
 import torch
@@ -77,7 +77,9 @@ DEFAULT_QUERY_BATCH = 256
 GATHER_BYTES = 64 * 2**20
 """Passage rows gathered at once by the exact rescoring of :func:`exact_search` (stored
 vectors, no passage transform): 64 MiB, i.e. 37 queries' 116 rows at 3,840 dims."""
-BACKENDS = ("faiss", "torch", "auto")
+SearchBackend = Literal["faiss", "torch", "auto"]
+"""The CPU exact-search kernel: FAISS, torch, or the measured faster one (a GPU runs torch)."""
+BACKENDS: tuple[SearchBackend, ...] = get_args(SearchBackend)
 
 
 _PAD_ID = 0xFFFFFFFF

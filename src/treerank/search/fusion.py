@@ -25,6 +25,7 @@ id, cut to ``k``; they hold only passages that at least one run retrieved.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Literal, get_args
 
 import numpy as np
 
@@ -76,7 +77,13 @@ def zscore_norm(run: Run) -> np.ndarray:
     return np.where(v, out, 0.0)
 
 
-NORMALISATIONS: dict[str, Callable[[Run], np.ndarray]] = {
+FusionMethod = Literal["rrf", "linear"]
+"""How two runs are fused: Reciprocal Rank Fusion or a weighted sum of normalised scores."""
+FUSION_METHOD_NAMES: tuple[FusionMethod, ...] = get_args(FusionMethod)
+Normalisation = Literal["minmax", "zscore"]
+"""How linear fusion normalises each run's scores per query."""
+
+NORMALISATIONS: dict[Normalisation, Callable[[Run], np.ndarray]] = {
     "minmax": minmax_norm,
     "zscore": zscore_norm,
 }

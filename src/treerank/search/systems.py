@@ -30,7 +30,15 @@ from treerank.kernels.topk import DEFAULT_CHUNK_SIZE, RUN_DEPTH, exact_search
 from treerank.models.base import DenseScorer
 from treerank.models.checkpoint import CheckpointMixin
 from treerank.search.bm25 import BM25Index, BM25Params
-from treerank.search.fusion import DEFAULT_RRF_K, NORMALISATIONS, linear_fusion, rrf
+from treerank.search.fusion import (
+    DEFAULT_RRF_K,
+    FUSION_METHOD_NAMES,
+    NORMALISATIONS,
+    FusionMethod,
+    Normalisation,
+    linear_fusion,
+    rrf,
+)
 from treerank.search.run import Run, store_key
 from treerank.storelike import StoreLike, Vectors
 
@@ -206,15 +214,16 @@ class FusionSystem:
         self,
         a: System,
         b: System,
-        method: str = "rrf",
+        method: FusionMethod = "rrf",
         rrf_k: int = DEFAULT_RRF_K,
         weight: float = 0.5,
-        norm: str = "minmax",
+        norm: Normalisation = "minmax",
         depth: int = 1000,
         name: str | None = None,
     ) -> None:
-        if method not in ("rrf", "linear"):
-            raise ValueError(f"unknown fusion method {method!r}; known: rrf, linear")
+        if method not in FUSION_METHOD_NAMES:
+            known = ", ".join(FUSION_METHOD_NAMES)
+            raise ValueError(f"unknown fusion method {method!r}; known: {known}")
         if norm not in NORMALISATIONS:
             raise ValueError(f"unknown normalisation {norm!r}; known: {', '.join(NORMALISATIONS)}")
         self.a, self.b = a, b
