@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from treerank.atomic import atomic_write_json
+from treerank.kernels.vectors import F32
 
 __all__ = [
     "DEFAULT_DEVICE",
@@ -221,7 +222,7 @@ def _probe_key(probe: dict[str, int] | None = None) -> str:
     )
 
 
-def _time_backend(backend: str, q: np.ndarray, p: np.ndarray, k: int, repeats: int) -> float:
+def _time_backend(backend: str, q: F32, p: F32, k: int, repeats: int) -> float:
     from treerank.kernels.topk import exact_search
 
     exact_search(q[:8], p, k=k, backend=backend)  # warm-up (imports, thread pools)

@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import mmap
 import os
-from typing import Protocol
+from typing import Protocol, TypeAlias
 
 import numpy as np
 import numpy.typing as npt
+
+from treerank.kernels.vectors import F32, I64, Vecs
 
 __all__ = [
     "IN_MEMORY_BYTES",
@@ -44,6 +46,10 @@ RELEASE_BYTES = 256 << 20
 """Gathered bytes between two releases of a memory map's resident pages."""
 
 
+RowSlice: TypeAlias = "slice[int | None, int | None, int | None]"
+"""A slice of rows (``x[a:b]``, ``x[::2]``)."""
+
+
 class RowArray(Protocol):
     """Anything row-indexable as an ``(n, d)`` float table: an ndarray, a ``np.memmap``, a
     :class:`RowSource`, a :class:`StackedRows`, a store view's vectors."""
@@ -51,7 +57,7 @@ class RowArray(Protocol):
     @property
     def shape(self) -> tuple[int, ...]: ...
 
-    def __getitem__(self, idx: np.ndarray, /) -> np.ndarray: ...
+    def __getitem__(self, idx: I64, /) -> Vecs: ...
 
 
 class RowSource:
@@ -95,14 +101,14 @@ class RowSource:
         return self.shape[0]
 
     @property
-    def dtype(self) -> np.dtype:
+    def dtype(self) -> np.dtype[np.float32]:
         return np.dtype(np.float32)
 
     @property
     def ndim(self) -> int:
         return 2
 
-    def gather(self, rows: np.ndarray) -> np.ndarray:
+    def gather(self, rows: I64) -> F32:
         """``float32 (len(rows), d)`` C-contiguous copy of ``rows`` (any order, repeats allowed).
 
         Raises:
@@ -129,7 +135,7 @@ class RowSource:
             return False
         return release_pages(self.array, 0, self.shape[0])
 
-    def __getitem__(self, idx: np.ndarray | slice) -> np.ndarray:
+    def __getitem__(self, idx: I64 | RowSlice) -> F32:
         if isinstance(idx, slice):
             return self.gather(np.arange(*idx.indices(self.shape[0])))
         return self.gather(np.asarray(idx))
@@ -151,14 +157,14 @@ class StackedRows:
     def __len__(self) -> int:
         return self.shape[0]
 
-    def __array__(self, dtype: npt.DTypeLike | None = None, copy: bool | None = None) -> np.ndarray:
+    def __array__(self, dtype: npt.DTypeLike | None = None, copy: bool | None = None) -> F32:
         """The whole table, concatenated (what a caller that needs it in memory gets)."""
         whole = np.concatenate(
             [np.asarray(self.first, dtype=np.float32), self.second[np.arange(self.second.shape[0])]]
         )
         return whole if dtype is None else whole.astype(dtype, copy=False)
 
-    def __getitem__(self, idx: np.ndarray | slice) -> np.ndarray:
+    def __getitem__(self, idx: I64 | RowSlice) -> F32:
         rows = (
             np.arange(*idx.indices(self.shape[0]))
             if isinstance(idx, slice)
@@ -190,7 +196,13 @@ class FileRows:
     which callers read the array itself.
     """
 
-    def __init__(self, path: str, offset: int, shape: tuple[int, int], dtype: np.dtype) -> None:
+    def __init__(
+        self,
+        path: str,
+        offset: int,
+        shape: tuple[int, int],
+        dtype: np.dtype[np.float16 | np.float32 | np.float64],
+    ) -> None:
         self.path, self.offset, self.shape, self.dtype = path, int(offset), shape, np.dtype(dtype)
         self.row_bytes = shape[1] * self.dtype.itemsize
         self._fd: int | None = None
@@ -224,7 +236,7 @@ class FileRows:
     def __del__(self) -> None:
         self.close()
 
-    def _pread(self, out: np.ndarray, row: int) -> None:
+    def _pread(self, out: Vecs, row: int) -> None:
         """Fill ``out`` (C-contiguous rows) from file row ``row`` on."""
         view = memoryview(out.reshape(-1).view(np.uint8).data)
         pos, done = self.offset + row * self.row_bytes, 0
@@ -235,7 +247,7 @@ class FileRows:
                 raise OSError(f"{self.path}: short read at byte {pos + done} (file truncated?)")
             done += n
 
-    def read(self, start: int, stop: int, out: np.ndarray | None = None) -> np.ndarray:
+    def read(self, start: int, stop: int, out: Vecs | None = None) -> Vecs:
         """Rows ``start .. stop - 1`` as ``(stop - start, d)`` of the file's dtype, read into
         ``out[: stop - start]`` (a reused ``(>= stop - start, d)`` C-contiguous buffer) or a new
         array.
@@ -257,7 +269,7 @@ class FileRows:
             self._pread(block, start)
         return block
 
-    def gather(self, ids: np.ndarray) -> np.ndarray:
+    def gather(self, ids: I64) -> Vecs:
         """``(len(ids), d)`` rows ``ids`` (any order, repeats allowed), each distinct row read
         once; consecutive ids are read by one ``pread``.
 

@@ -34,6 +34,7 @@ from treerank.kernels.topk import (
     exact_search,
     rank_keys,
 )
+from treerank.kernels.vectors import F32, I64, Vecs
 
 __all__ = ["GATHER_BYTES", "sharded_exact_search"]
 
@@ -42,18 +43,18 @@ GATHER_BYTES = 32 * 2**20
 
 
 def sharded_exact_search(
-    queries: np.ndarray,
-    passages: np.ndarray,
+    queries: Vecs,
+    passages: Vecs,
     k: int = RUN_DEPTH,
     *,
     ctx: DistContext | None = None,
     chunk_size: int | None = None,
-    passage_transform: Callable[[np.ndarray], np.ndarray] | None = None,
+    passage_transform: Callable[[F32], Vecs] | None = None,
     progress: bool = False,
     query_batch: int | None = None,
     backend: str = "faiss",
     device: Device = DEFAULT_DEVICE,
-) -> tuple[np.ndarray, np.ndarray]:
+) -> tuple[I64, F32]:
     """:func:`treerank.kernels.topk.exact_search` over ``W`` ranks (same arguments and result).
 
     Args:
