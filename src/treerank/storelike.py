@@ -12,9 +12,10 @@ reads, never ``Any``:
 - :class:`Judgments`: ``n_queries``, ``n_passages``, ``candidates``
   ``int32 (n_queries, K)`` passage ids (``-1`` = padding), ``labels`` ``uint8 (n_queries, K)``
   grades, ``k`` (= K), ``relevance_threshold``, ``query_ids()`` / ``passage_ids()`` (source ids
-  by row), ``source_qrels()`` (the source's own ``(query id, doc id, grade)`` judgments or None);
+  by row), ``source_qrels()`` (the source's own ``(query id, doc id, grade)`` judgments or None),
+  ``passage_aliases()`` (document ids merged into a passage row: qrels expansion);
 - :class:`Texts`: ``has_texts``, ``query_ids()``, ``passage_ids()``,
-  ``query_texts()``, ``passage_texts()``, ``query_types()``, ``passage_aliases()``;
+  ``query_texts()``, ``passage_texts()``, ``query_types()``;
 - :class:`Arrays`: sidecar arrays by name, ``has_array`` / ``load_array`` /
   ``load_array_meta`` / ``save_array``;
 - :class:`StoreLike`: all of them, plus the split's description: ``split``,
@@ -126,6 +127,8 @@ class Judgments(Split, Protocol):
 
     def source_qrels(self) -> list[tuple[str, str, int]] | None: ...
 
+    def passage_aliases(self) -> dict[str, int]: ...
+
 
 @runtime_checkable
 class Texts(Split, Protocol):
@@ -143,8 +146,6 @@ class Texts(Split, Protocol):
     def passage_texts(self) -> list[str]: ...
 
     def query_types(self) -> list[str] | None: ...
-
-    def passage_aliases(self) -> dict[str, int]: ...
 
 
 @runtime_checkable

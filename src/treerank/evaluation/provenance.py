@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from treerank.storelike import StoreLike
+from treerank.storelike import StoreLike, Texts
 
 __all__ = [
     "Leak",
@@ -44,7 +44,7 @@ def text_key(text: str) -> str:
     return _hash(" ".join(text.casefold().split()))
 
 
-def _texts(store: StoreLike, kind: str) -> list[str] | None:
+def _texts(store: Texts, kind: str) -> list[str] | None:
     if not store.has_texts:
         return None
     try:
@@ -135,7 +135,7 @@ class Leak:
         }
 
 
-def check_leaks(store: StoreLike, provenances: dict[str, dict[str, Any] | None]) -> list[Leak]:
+def check_leaks(store: Texts, provenances: dict[str, dict[str, Any] | None]) -> list[Leak]:
     """The systems whose training queries overlap the queries of ``store``.
 
     Args:
@@ -178,7 +178,7 @@ class TrainStoreMismatchError(ValueError):
     """The ``--train-store`` of the seen / unseen breakdown is of another collection."""
 
 
-def check_train_store(store: StoreLike, train_store: StoreLike) -> None:
+def check_train_store(store: Texts, train_store: Texts) -> None:
     """Refuse a train store that shares no passage with the evaluated split.
 
     Passages are matched by source id, then (stores with texts) by normalised text.

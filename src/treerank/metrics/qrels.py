@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from treerank.storelike import StoreLike, meta_object
+from treerank.storelike import Judgments, meta_object
 
 _SHIFT = 32  # key = query << 32 | passage id (passage ids < 2**32)
 #: reader counts (``meta.json`` ``source_meta``) reported as departures from the source
@@ -94,7 +94,7 @@ class Qrels:
         self._index: tuple[npt.NDArray[np.int64], Grades] | None = None
 
     @classmethod
-    def from_store(cls, store: StoreLike, relevance_threshold: int | None = None) -> Qrels:
+    def from_store(cls, store: Judgments, relevance_threshold: int | None = None) -> Qrels:
         """Judgments of an :class:`~treerank.store.EmbeddingStore` split; the threshold defaults
         to the store's ``relevance_threshold``.
 

@@ -22,7 +22,7 @@ import numpy as np
 from treerank.kernels.device import DEFAULT_DEVICE, Device
 from treerank.kernels.topk import check_run_depth
 from treerank.search.run import Run
-from treerank.storelike import StoreLike, meta_object, meta_text
+from treerank.storelike import Split, StoreLike, meta_object, meta_text
 
 
 class EncoderMismatchError(ValueError):
@@ -30,7 +30,7 @@ class EncoderMismatchError(ValueError):
     names both sides."""
 
 
-def check_query_backend(store: StoreLike, encoder: Any) -> None:
+def check_query_backend(store: Split, encoder: Any) -> None:
     """Refuse a query encoder whose vector precision the mixing rule keeps apart from the
     store's (`treerank.encoders.precision.check_mix`: fp32 and bf16 mix, int8 only with int8).
 
