@@ -20,6 +20,8 @@ class ToyStore:
     encoder_fingerprint: str = "toy-fingerprint"
     path: Path = Path("toy-store")
     has_texts: bool = False
+    split: str = "train"
+    meta: dict[str, object] = field(default_factory=dict)
     arrays: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
