@@ -168,6 +168,10 @@ def test_tuning_rows_heldout_is_the_trainers_holdout() -> None:
         relevance_threshold = 1
         queries = np.arange(20.0).reshape(10, 2)
         n_queries = 10
+        meta: dict[str, object] = {}
+
+        def source_qrels(self) -> None:
+            return None  # judged by candidates / labels alone
 
     rows, has_rel = tuning_rows(S(), "heldout", 100, seed=0)
     assert rows.tolist() == holdout_split(has_rel, 0.2, 0, 2000)[1].tolist()

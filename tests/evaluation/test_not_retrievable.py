@@ -11,8 +11,13 @@ from treerank.forest.not_retrievable import not_retrievable_stats
 
 
 class _Store:
+    meta: dict[str, object] = {}
+
     def __init__(self, q, p):
         self.queries, self.passages = q, p
+
+    def source_qrels(self) -> None:
+        return None  # judged by candidates / labels alone
 
 
 def test_not_retrievable_stats_hand_fixture() -> None:

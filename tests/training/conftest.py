@@ -19,6 +19,9 @@ class ToyStore:
     encoder_name: str = "toy-encoder"
     encoder_fingerprint: str = "toy-fingerprint"
     path: Path = Path("toy-store")
+    has_texts: bool = False
+    split: str = "train"
+    meta: dict[str, object] = field(default_factory=dict)
     arrays: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property

@@ -165,7 +165,7 @@ def audit_miners(
         rng = np.random.default_rng(seed)
         rows = np.sort(rng.choice(rows, size=int(max_queries), replace=False))
     if rows.size == 0:
-        raise ValueError(f"{getattr(store, 'path', 'store')}: no query with a labelled positive")
+        raise ValueError(f"{store.path}: no query with a labelled positive")
     view = QuerySubset(store, rows)
     cache: dict[str, Any] = {}
     curves = []
@@ -196,7 +196,7 @@ def audit_miners(
                 n_examples=n_examples,
             )
             denoised.append({"miner": miner, "scorer": str(spec), **record})
-    return AuditResult(str(getattr(store, "path", "")), rows, curves, denoised)
+    return AuditResult(str(store.path), rows, curves, denoised)
 
 
 def _check_denoise(depth: int, threshold: float | None, relative_margin: float | None) -> None:

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from treerank.kernels.device import DEFAULT_DEVICE, Device
+from treerank.kernels.topk import RUN_DEPTH
 from treerank.kernels.vectors import ROW_CHUNK
 from treerank.metrics.metrics import DEFAULT_METRICS
 from treerank.storelike import StoreLike
@@ -201,7 +202,7 @@ def evaluate_variants(
     store: StoreLike,
     *,
     names: Sequence[str] | None = None,
-    k: int = 1000,
+    k: int = RUN_DEPTH,
     metrics: Sequence[str] = DEFAULT_METRICS,
     qrels: Any = None,
     chunk_size: int = ROW_CHUNK,

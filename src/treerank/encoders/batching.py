@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 
+DEFAULT_TOKEN_BUDGET = 16384
+"""Padded tokens (rows x longest row) per encoding batch unless a budget is given."""
+
 
 def plan_batches(
     lengths: np.ndarray,
-    token_budget: int = 16384,
+    token_budget: int = DEFAULT_TOKEN_BUDGET,
     max_batch_size: int = 256,
     max_padding: float = 0.1,
 ) -> list[np.ndarray]:

@@ -49,9 +49,12 @@ import platform
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
 import numpy as np
+
+from treerank.encoders.backend import BACKENDS
+from treerank.storelike import Split, meta_object
 
 __all__ = [
     "FIDELITY_BOUNDS",
@@ -74,8 +77,9 @@ __all__ = [
     "vector_precision",
 ]
 
-PRECISIONS = ("fp32", "bf16", "auto")
+Precision = Literal["fp32", "bf16", "auto"]
 """The ``precision`` setting of the torch backend."""
+PRECISIONS: tuple[Precision, ...] = get_args(Precision)
 
 FIDELITY_BOUNDS: dict[str, float] = {"fp32": 0.9999, "bf16": 0.999, "int8": 0.99}
 """Least per-vector cosine to fp32 each vector precision promises (fp32: another runtime's
@@ -134,12 +138,13 @@ def store_precision(encoder_meta: Mapping[str, Any]) -> str:
             raise ValueError(f"encoder.precision {prec!r} unknown; known: {', '.join(MIX_SPACE)}")
         return str(prec)
     backend = encoder_meta.get("backend") or "torch"
-    if backend not in ("torch", "onnx", "onnx-int8"):
-        raise ValueError(f"unknown encoder backend {backend!r}; use one of torch, onnx, onnx-int8")
+    if backend not in BACKENDS:
+        known = ", ".join(BACKENDS)
+        raise ValueError(f"unknown encoder backend {backend!r}; use one of {known}")
     return "int8" if backend == "onnx-int8" else "fp32"
 
 
-def vector_precision(store: Any) -> str | None:
+def vector_precision(store: Split) -> str | None:
     """The vector precision of a store split (its ``meta.json`` ``encoder`` block, see
     :func:`store_precision`); ``None`` for an object without ``meta`` (an in-memory array
     store), which no check can bind.
@@ -153,7 +158,7 @@ def vector_precision(store: Any) -> str | None:
         return None
     if not isinstance(meta, Mapping):
         return None
-    return store_precision(meta.get("encoder") or {})
+    return store_precision(meta_object(meta, "encoder"))
 
 
 def check_mix(

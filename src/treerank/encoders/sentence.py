@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from treerank.encoders.backend import Backend, get_backend
-from treerank.encoders.batching import plan_batches
+from treerank.encoders.batching import DEFAULT_TOKEN_BUDGET, plan_batches
 from treerank.encoders.fingerprint import weights_fingerprint
 from treerank.encoders.limits import check_max_seq_length
 from treerank.encoders.model_path import default_model_path
@@ -119,7 +119,7 @@ class SentenceEncoder:
         passage_prompt: str | None = None,
         device: Device = DEFAULT_DEVICE,
         max_seq_length: int | None = None,
-        token_budget: int = 16384,
+        token_budget: int = DEFAULT_TOKEN_BUDGET,
         max_batch_size: int = 256,
         max_padding: float = 0.1,
         name: str | None = None,

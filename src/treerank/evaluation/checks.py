@@ -16,7 +16,7 @@ import numpy as np
 
 from treerank.kernels.topk import DEPTH_SETTING, check_run_depth
 from treerank.metrics.metrics import parse_metric
-from treerank.storelike import StoreLike
+from treerank.storelike import Judgments
 
 
 def too_deep(k: int, metrics: Sequence[str], n_passages: int | None = None) -> list[str]:
@@ -50,7 +50,7 @@ def check_depth(k: int, metrics: Sequence[str], n_passages: int | None = None) -
         )
 
 
-def check_evaluable(store: StoreLike, relevance_threshold: int | None = None) -> None:
+def check_evaluable(store: Judgments, relevance_threshold: int | None = None) -> None:
     """Refuse a store split on which every metric would be undefined.
 
     Args:
@@ -62,7 +62,7 @@ def check_evaluable(store: StoreLike, relevance_threshold: int | None = None) ->
         ValueError: the split has no passages, no queries, or no judged relevant passage
             (the message names the store directory).
     """
-    where = f"store {getattr(store, 'path', '') or '(in memory)'}"
+    where = f"store {store.path or '(in memory)'}"
     if int(store.n_passages) == 0:
         raise ValueError(
             f"{where} has no passages, so there is nothing to rank: the corpus it was embedded "

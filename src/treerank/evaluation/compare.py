@@ -393,7 +393,7 @@ def query_sample(store: StoreLike, n: int, seed: int, threshold: int | None = No
     eligible = np.flatnonzero(((cand >= 0) & (lab >= thr)).any(axis=1))
     if n > eligible.size:
         raise ValueError(
-            f"{getattr(store, 'path', 'store')}: --sample-queries {n} asks for more queries "
+            f"{store.path}: --sample-queries {n} asks for more queries "
             f"than the {eligible.size} with a relevant passage (grade >= {thr})"
         )
     rows = np.sort(np.random.default_rng(int(seed)).choice(eligible, size=int(n), replace=False))
@@ -438,11 +438,11 @@ def _compare(
     )
     comp = Comparison(runs={}, results={}, evaluation=cfg)
     comp.settings = {
-        "store": str(getattr(store, "path", "")),
-        "split": getattr(store, "split", None),
+        "store": str(store.path),
+        "split": store.split,
         "n_queries": int(store.n_queries),
         "n_passages": int(store.n_passages),
-        "encoder": getattr(store, "encoder_name", None),
+        "encoder": store.encoder_name,
         "k": k,
         "relevance_threshold": qrels.relevance_threshold,
         "ndcg_gain": gain,

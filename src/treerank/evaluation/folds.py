@@ -13,12 +13,12 @@ consecutive parts (sizes differ by at most one).
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
+from treerank.storelike import Judgments
 
-def relevant_rows(store: Any) -> np.ndarray:
+
+def relevant_rows(store: Judgments) -> np.ndarray:
     """``int64 (n,)`` sorted rows of the queries with a relevant candidate (label >= the store's
     ``relevance_threshold`` on a real candidate, id >= 0)."""
     labels = np.asarray(store.labels)
@@ -27,12 +27,12 @@ def relevant_rows(store: Any) -> np.ndarray:
     return np.nonzero(has_rel)[0].astype(np.int64)
 
 
-def topic_folds(store: Any, n_folds: int, seed: int = 0) -> list[np.ndarray]:
+def topic_folds(store: Judgments, n_folds: int, seed: int = 0) -> list[np.ndarray]:
     """The held-out query rows of each of ``n_folds`` folds over a store's queries.
 
     Args:
-        store: anything with ``labels`` / ``candidates`` ``(n_queries, K)`` arrays and a
-            ``relevance_threshold`` (an ``EmbeddingStore``).
+        store: the split's judgments (``labels`` / ``candidates`` ``(n_queries, K)``,
+            ``relevance_threshold``; an ``EmbeddingStore``).
         n_folds: number of folds, 2 <= n_folds <= the number of queries with a relevant
             candidate.
         seed: seed of the permutation (``numpy.random.default_rng``; the config's ``seed``).

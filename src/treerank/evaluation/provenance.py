@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from treerank.storelike import StoreLike
+from treerank.storelike import StoreLike, Texts
 
 __all__ = [
     "Leak",
@@ -44,8 +44,8 @@ def text_key(text: str) -> str:
     return _hash(" ".join(text.casefold().split()))
 
 
-def _texts(store: StoreLike, kind: str) -> list[str] | None:
-    if not getattr(store, "has_texts", False):
+def _texts(store: Texts, kind: str) -> list[str] | None:
+    if not store.has_texts:
         return None
     try:
         return list(store.query_texts() if kind == "query" else store.passage_texts())
@@ -70,12 +70,12 @@ def training_provenance(store: StoreLike) -> dict[str, Any]:
         ``*_hashes`` are 16-hex-digit hashes (:data:`HASH_BYTES` bytes) concatenated, in row
         order (``None``: a store without texts).
     """
-    meta = getattr(store, "meta", {}) or {}
+    meta = store.meta
     ids = [_hash(q) for q in store.query_ids()]
     texts = _texts(store, "query")
     return {
-        "store": str(getattr(store, "path", "")),
-        "split": getattr(store, "split", None),
+        "store": str(store.path),
+        "split": store.split,
         "signature": meta.get("signature"),
         "data_sha256": meta.get("data_sha256"),
         "n_queries": len(ids),
@@ -135,7 +135,7 @@ class Leak:
         }
 
 
-def check_leaks(store: StoreLike, provenances: dict[str, dict[str, Any] | None]) -> list[Leak]:
+def check_leaks(store: Texts, provenances: dict[str, dict[str, Any] | None]) -> list[Leak]:
     """The systems whose training queries overlap the queries of ``store``.
 
     Args:
@@ -152,8 +152,8 @@ def check_leaks(store: StoreLike, provenances: dict[str, dict[str, Any] | None])
     ids = [_hash(q) for q in store.query_ids()]
     texts = _texts(store, "query")
     text_keys = [text_key(t) for t in texts] if texts is not None else []
-    meta = getattr(store, "meta", {}) or {}
-    here = str(getattr(store, "path", ""))
+    meta = store.meta
+    here = str(store.path)
     out = []
     for name, prov in known.items():
         train_ids = _unpack(prov.get("query_id_hashes"))
@@ -178,7 +178,7 @@ class TrainStoreMismatchError(ValueError):
     """The ``--train-store`` of the seen / unseen breakdown is of another collection."""
 
 
-def check_train_store(store: StoreLike, train_store: StoreLike) -> None:
+def check_train_store(store: Texts, train_store: Texts) -> None:
     """Refuse a train store that shares no passage with the evaluated split.
 
     Passages are matched by source id, then (stores with texts) by normalised text.
@@ -194,8 +194,8 @@ def check_train_store(store: StoreLike, train_store: StoreLike) -> None:
     if a is not None and b is not None and {text_key(t) for t in a} & {text_key(t) for t in b}:
         return
     raise TrainStoreMismatchError(
-        f"--train-store {getattr(train_store, 'path', '')} shares no passage (by id or text) "
-        f"with the evaluated split {getattr(store, 'path', '')}: it is a store of another "
+        f"--train-store {train_store.path} shares no passage (by id or text) "
+        f"with the evaluated split {store.path}: it is a store of another "
         "collection, so the seen / unseen breakdown would call every query unseen; pass the "
         "training split of this collection, or --no-overlap"
     )

@@ -18,9 +18,14 @@ from typing import Any
 from treerank.evaluation.checks import too_deep
 from treerank.evaluation.overlap import find_train_store
 from treerank.evaluation.significance import N_PERMUTATIONS
+from treerank.kernels.topk import RUN_DEPTH
 from treerank.metrics.metrics import DEFAULT_METRICS
 
 __all__ = ["EvaluationPlan", "EvaluationSettings", "resolve_evaluation"]
+
+
+DEFAULT_BASELINE = "cosine"
+"""The system every other one is tested against unless a baseline is given."""
 
 
 @dataclass(frozen=True)
@@ -28,13 +33,14 @@ class EvaluationSettings:
     """Settings of one comparison (see :func:`~treerank.evaluation.compare.compare_systems`)."""
 
     baseline: str = field(
-        default="cosine", metadata={"help": "System the others are tested against."}
+        default=DEFAULT_BASELINE, metadata={"help": "System the others are tested against."}
     )
     second_baseline: str | None = field(
         default=None, metadata={"help": "Also test every system against this one."}
     )
     k: int = field(
-        default=1000, metadata={"help": "Run depth: passages retrieved per query (at least 1)."}
+        default=RUN_DEPTH,
+        metadata={"help": "Run depth: passages retrieved per query (at least 1)."},
     )
     metrics: tuple[str, ...] = field(
         default=DEFAULT_METRICS, metadata={"help": "Table metrics, e.g. mrr@10, ndcg@10."}

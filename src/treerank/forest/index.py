@@ -47,8 +47,9 @@ import torch
 
 from treerank.forest.model import Forest
 from treerank.kernels.device import DEFAULT_DEVICE, Device
+from treerank.kernels.topk import RUN_DEPTH
 from treerank.search.run import Run
-from treerank.storelike import StoreLike
+from treerank.storelike import Vectors
 
 COUNT_BACKENDS = ("auto", "numba", "torch")
 """Counting kernels of :meth:`ForestIndex.search`: ``auto`` = numba on the CPU, torch on a GPU."""
@@ -582,9 +583,9 @@ class ForestSystem:
         self.index: ForestIndex | None = None
         self.hits: ForestHits | None = None
         self._query_classes = np.zeros((0, forest.n_models), dtype=np.int64)
-        self._store: Any = None
+        self._store: Vectors | None = None
 
-    def build_index(self, store: StoreLike) -> ForestIndex:
+    def build_index(self, store: Vectors) -> ForestIndex:
         """Index every passage of ``store`` (an ``EmbeddingStore``) the forest's way
         (``forest.search.assign``: its argmax class per model, or its top-K under the capacity
         of :func:`assign_passages`)."""
@@ -613,8 +614,8 @@ class ForestSystem:
         self._query_classes = qc3[:, :, 0]
         return self.index.search_probes(qc3, qp3, floor, k, sc.scoring, device=dev, backend=backend)
 
-    def retrieve(self, store: StoreLike, k: int = 1000) -> Run:
-        """Rank all passages of ``store`` for all its queries.
+    def retrieve(self, store: Vectors, k: int = RUN_DEPTH) -> Run:
+        """Rank all passages of ``store`` (its vectors alone) for all its queries.
 
         Returns:
             ``Run`` with ``ids int64 (nq, k)`` (-1 padded past the passages sharing no class with
@@ -665,8 +666,8 @@ class ForestSystem:
     def _diagnostics(self, max_pairs: int = 5000) -> dict[str, Any] | None:
         """:func:`treerank.forest.diagnostics.forest_diagnostics` on the split's
         (query, relevant passage) pairs (the first ``max_pairs``), or None without labels."""
-        st = self._store
-        if st is None or not all(hasattr(st, a) for a in ("candidates", "labels")):
+        st = self._store  # judgments are not Vectors' (training's validation split has none)
+        if st is None or not (hasattr(st, "candidates") and hasattr(st, "labels")):
             return None
         from treerank.forest.diagnostics import forest_diagnostics
 

@@ -29,12 +29,13 @@ import platform
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 import torch
 
 from treerank.atomic import atomic_write_json
+from treerank.kernels.vectors import F32
 
 __all__ = [
     "DEFAULT_DEVICE",
@@ -221,7 +222,7 @@ def _probe_key(probe: dict[str, int] | None = None) -> str:
     )
 
 
-def _time_backend(backend: str, q: np.ndarray, p: np.ndarray, k: int, repeats: int) -> float:
+def _time_backend(backend: str, q: F32, p: F32, k: int, repeats: int) -> float:
     from treerank.kernels.topk import exact_search
 
     exact_search(q[:8], p, k=k, backend=backend)  # warm-up (imports, thread pools)
@@ -284,7 +285,7 @@ def cpu_search_backend(
     return backend
 
 
-def read_probe_cache(path: Path) -> dict[str, Any]:
+def read_probe_cache(path: Path) -> dict[str, object]:
     """A measured-choice cache file (``key -> record``); ``{}`` when missing, unreadable or
     not a JSON object (the caches are advisory: a bad one only means measuring again)."""
     try:
@@ -294,7 +295,7 @@ def read_probe_cache(path: Path) -> dict[str, Any]:
     return doc if isinstance(doc, dict) else {}
 
 
-def write_probe_cache(path: Path, doc: dict[str, Any]) -> None:
+def write_probe_cache(path: Path, doc: dict[str, object]) -> None:
     """Write a measured-choice cache atomically; an unwritable cache directory is ignored."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

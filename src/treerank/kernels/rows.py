@@ -24,16 +24,40 @@ from __future__ import annotations
 
 import mmap
 import os
-from typing import Any
+from typing import Protocol, TypeAlias
 
 import numpy as np
+import numpy.typing as npt
 
-__all__ = ["IN_MEMORY_BYTES", "RELEASE_BYTES", "FileRows", "RowSource", "StackedRows"]
+from treerank.kernels.vectors import F32, I64, Vecs
+
+__all__ = [
+    "IN_MEMORY_BYTES",
+    "RELEASE_BYTES",
+    "FileRows",
+    "RowArray",
+    "RowSource",
+    "StackedRows",
+]
 
 IN_MEMORY_BYTES = 2 << 30
 """Splits below this many bytes are copied into memory (faster gathers)."""
 RELEASE_BYTES = 256 << 20
 """Gathered bytes between two releases of a memory map's resident pages."""
+
+
+RowSlice: TypeAlias = "slice[int | None, int | None, int | None]"
+"""A slice of rows (``x[a:b]``, ``x[::2]``)."""
+
+
+class RowArray(Protocol):
+    """Anything row-indexable as an ``(n, d)`` float table: an ndarray, a ``np.memmap``, a
+    :class:`RowSource`, a :class:`StackedRows`, a store view's vectors."""
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+    def __getitem__(self, idx: I64, /) -> Vecs: ...
 
 
 class RowSource:
@@ -51,7 +75,7 @@ class RowSource:
 
     def __init__(
         self,
-        array: Any,
+        array: RowArray,
         *,
         in_memory_bytes: int = IN_MEMORY_BYTES,
         release_bytes: int = RELEASE_BYTES,
@@ -68,7 +92,7 @@ class RowSource:
             array = np.array(array, dtype=np.float32)  # read the file once
         elif self.in_memory:
             array = np.asarray(array, dtype=np.float32)
-        self.array: Any = array
+        self.array: RowArray = array
         self.release_bytes = int(release_bytes)
         self.rows_read = 0
         self._since_release = 0
@@ -77,14 +101,14 @@ class RowSource:
         return self.shape[0]
 
     @property
-    def dtype(self) -> np.dtype:
+    def dtype(self) -> np.dtype[np.float32]:
         return np.dtype(np.float32)
 
     @property
     def ndim(self) -> int:
         return 2
 
-    def gather(self, rows: np.ndarray) -> np.ndarray:
+    def gather(self, rows: I64) -> F32:
         """``float32 (len(rows), d)`` C-contiguous copy of ``rows`` (any order, repeats allowed).
 
         Raises:
@@ -107,9 +131,11 @@ class RowSource:
         from treerank.kernels.topk import release_pages
 
         self._since_release = 0
-        return release_pages(self.array, 0, self.shape[0]) if not self.in_memory else False
+        if self.in_memory or not isinstance(self.array, np.ndarray):
+            return False
+        return release_pages(self.array, 0, self.shape[0])
 
-    def __getitem__(self, idx: Any) -> np.ndarray:
+    def __getitem__(self, idx: I64 | RowSlice) -> F32:
         if isinstance(idx, slice):
             return self.gather(np.arange(*idx.indices(self.shape[0])))
         return self.gather(np.asarray(idx))
@@ -119,7 +145,7 @@ class StackedRows:
     """Rows of ``first`` then rows of ``second`` (a training table's store rows then pseudo rows)
     as one row-indexable ``(n1 + n2, d)`` source, without concatenating them."""
 
-    def __init__(self, first: Any, second: Any) -> None:
+    def __init__(self, first: RowArray, second: RowArray) -> None:
         if int(first.shape[1]) != int(second.shape[1]):
             raise ValueError(f"StackedRows: dims differ ({first.shape} vs {second.shape})")
         self.first, self.second = first, second
@@ -131,14 +157,14 @@ class StackedRows:
     def __len__(self) -> int:
         return self.shape[0]
 
-    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+    def __array__(self, dtype: npt.DTypeLike | None = None, copy: bool | None = None) -> F32:
         """The whole table, concatenated (what a caller that needs it in memory gets)."""
         whole = np.concatenate(
             [np.asarray(self.first, dtype=np.float32), self.second[np.arange(self.second.shape[0])]]
         )
         return whole if dtype is None else whole.astype(dtype, copy=False)
 
-    def __getitem__(self, idx: Any) -> np.ndarray:
+    def __getitem__(self, idx: I64 | RowSlice) -> F32:
         rows = (
             np.arange(*idx.indices(self.shape[0]))
             if isinstance(idx, slice)
@@ -170,13 +196,19 @@ class FileRows:
     which callers read the array itself.
     """
 
-    def __init__(self, path: str, offset: int, shape: tuple[int, int], dtype: np.dtype) -> None:
+    def __init__(
+        self,
+        path: str,
+        offset: int,
+        shape: tuple[int, int],
+        dtype: np.dtype[np.float16 | np.float32 | np.float64],
+    ) -> None:
         self.path, self.offset, self.shape, self.dtype = path, int(offset), shape, np.dtype(dtype)
         self.row_bytes = shape[1] * self.dtype.itemsize
         self._fd: int | None = None
 
     @classmethod
-    def of(cls, array: Any) -> FileRows | None:
+    def of(cls, array: object) -> FileRows | None:
         """A reader for ``array`` when it is a whole read-only ``np.memmap`` (module rules)."""
         if not (
             isinstance(array, np.memmap)
@@ -204,7 +236,7 @@ class FileRows:
     def __del__(self) -> None:
         self.close()
 
-    def _pread(self, out: np.ndarray, row: int) -> None:
+    def _pread(self, out: Vecs, row: int) -> None:
         """Fill ``out`` (C-contiguous rows) from file row ``row`` on."""
         view = memoryview(out.reshape(-1).view(np.uint8).data)
         pos, done = self.offset + row * self.row_bytes, 0
@@ -215,7 +247,7 @@ class FileRows:
                 raise OSError(f"{self.path}: short read at byte {pos + done} (file truncated?)")
             done += n
 
-    def read(self, start: int, stop: int, out: np.ndarray | None = None) -> np.ndarray:
+    def read(self, start: int, stop: int, out: Vecs | None = None) -> Vecs:
         """Rows ``start .. stop - 1`` as ``(stop - start, d)`` of the file's dtype, read into
         ``out[: stop - start]`` (a reused ``(>= stop - start, d)`` C-contiguous buffer) or a new
         array.
@@ -237,7 +269,7 @@ class FileRows:
             self._pread(block, start)
         return block
 
-    def gather(self, ids: np.ndarray) -> np.ndarray:
+    def gather(self, ids: I64) -> Vecs:
         """``(len(ids), d)`` rows ``ids`` (any order, repeats allowed), each distinct row read
         once; consecutive ids are read by one ``pread``.
 

@@ -27,7 +27,14 @@ from tqdm.auto import tqdm
 
 from treerank.distributed.context import DistContext, shard_bounds
 from treerank.kernels.device import DEFAULT_DEVICE, Device
-from treerank.kernels.topk import DEFAULT_QUERY_BATCH, decode_keys, exact_search, rank_keys
+from treerank.kernels.topk import (
+    DEFAULT_QUERY_BATCH,
+    RUN_DEPTH,
+    decode_keys,
+    exact_search,
+    rank_keys,
+)
+from treerank.kernels.vectors import F32, I64, Vecs
 
 __all__ = ["GATHER_BYTES", "sharded_exact_search"]
 
@@ -36,18 +43,18 @@ GATHER_BYTES = 32 * 2**20
 
 
 def sharded_exact_search(
-    queries: np.ndarray,
-    passages: np.ndarray,
-    k: int = 1000,
+    queries: Vecs,
+    passages: Vecs,
+    k: int = RUN_DEPTH,
     *,
     ctx: DistContext | None = None,
     chunk_size: int | None = None,
-    passage_transform: Callable[[np.ndarray], np.ndarray] | None = None,
+    passage_transform: Callable[[F32], Vecs] | None = None,
     progress: bool = False,
     query_batch: int | None = None,
     backend: str = "faiss",
     device: Device = DEFAULT_DEVICE,
-) -> tuple[np.ndarray, np.ndarray]:
+) -> tuple[I64, F32]:
     """:func:`treerank.kernels.topk.exact_search` over ``W`` ranks (same arguments and result).
 
     Args:

@@ -60,7 +60,7 @@ import ctypes.util
 import mmap
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Literal, get_args
 
 import numpy as np
 import torch
@@ -68,8 +68,8 @@ from tqdm.auto import tqdm
 
 from treerank.kernels.device import DEFAULT_DEVICE, Device, resolve_device, search_backend
 from treerank.kernels.rows import FileRows
-from treerank.kernels.vectors import ROW_CHUNK
-from treerank.storelike import StoreLike
+from treerank.kernels.vectors import F32, I64, ROW_CHUNK, Scores, Vecs
+from treerank.storelike import Vectors
 
 DEFAULT_CHUNK_BYTES = 384 * 2**20  # passage block per chunk: 262,144 rows at 384 dims
 DEFAULT_CHUNK_SIZE: int | None = None  # None: as many rows as fit DEFAULT_CHUNK_BYTES
@@ -77,13 +77,17 @@ DEFAULT_QUERY_BATCH = 256
 GATHER_BYTES = 64 * 2**20
 """Passage rows gathered at once by the exact rescoring of :func:`exact_search` (stored
 vectors, no passage transform): 64 MiB, i.e. 37 queries' 116 rows at 3,840 dims."""
-BACKENDS = ("faiss", "torch", "auto")
+SearchBackend = Literal["faiss", "torch", "auto"]
+"""The CPU exact-search kernel: FAISS, torch, or the measured faster one (a GPU runs torch)."""
+BACKENDS: tuple[SearchBackend, ...] = get_args(SearchBackend)
 
 
 _PAD_ID = 0xFFFFFFFF
 _PAIR_BLOCK = 1 << 21  # float64 products held at once by pair_scores (16 MiB)
 _UNIT_ROUNDOFF = 2.0**-24  # float32
 
+RUN_DEPTH = 1000
+"""The default run depth: passages retrieved per query (Recall@1000, trec_eval's depth)."""
 DEPTH_SETTING = "the run depth k (--k; evaluate.k in an experiment)"
 """How errors name the run depth, the same in every command and in the library."""
 
@@ -106,7 +110,7 @@ class NonFiniteVectorError(ValueError):
     and the first bad row. Raised by :func:`exact_search` on every backend, before scoring."""
 
 
-def _rows_surely_finite(x: np.ndarray) -> bool:
+def _rows_surely_finite(x: Vecs) -> bool:
     """A one-read screen: every row of a float ``(n, d)`` block sums to a finite value.
 
     A NaN or inf element makes its row's sum NaN or inf, so ``True`` proves every element is
@@ -121,7 +125,7 @@ def _rows_surely_finite(x: np.ndarray) -> bool:
         return bool(np.isfinite(a @ np.ones(a.shape[1], dtype=a.dtype)).all())
 
 
-def check_finite(x: np.ndarray, what: str, source: str, row_offset: int = 0) -> None:
+def check_finite(x: Vecs, what: str, source: str, row_offset: int = 0) -> None:
     """Raise :class:`NonFiniteVectorError` naming ``source`` and the row if ``x`` has NaN/inf.
 
     Args:
@@ -139,7 +143,7 @@ def check_finite(x: np.ndarray, what: str, source: str, row_offset: int = 0) -> 
         )
 
 
-def check_rows_finite(x: np.ndarray, rows: np.ndarray, what: str, source: str) -> None:
+def check_rows_finite(x: Vecs, rows: I64, what: str, source: str) -> None:
     """Raise :class:`NonFiniteVectorError` naming ``source`` and the store row of the first bad
     row of a gathered block (``x[i]`` is row ``rows[i]``; ``-1`` marks padding, never checked).
 
@@ -158,7 +162,7 @@ def check_rows_finite(x: np.ndarray, rows: np.ndarray, what: str, source: str) -
         )
 
 
-def pair_scores(queries: np.ndarray, rows: np.ndarray) -> np.ndarray:
+def pair_scores(queries: Vecs, rows: Vecs) -> F32:
     """Inner products computed pair by pair in one fixed order: the one score kernel.
 
     Each score is ``float32(sum_j float64(q_j) * float64(p_j))``: the float32 products are exact
@@ -224,7 +228,7 @@ def preselect_depth(k: int, n: int) -> int:
 FINITE_SCAN_ROWS = ROW_CHUNK
 
 
-def nonfinite_rows(x: np.ndarray, block: int = FINITE_SCAN_ROWS) -> tuple[int, int | None]:
+def nonfinite_rows(x: Vecs, block: int = FINITE_SCAN_ROWS) -> tuple[int, int | None]:
     """Count the rows of ``x`` holding NaN or inf, reading ``block`` rows at a time.
 
     Args:
@@ -245,7 +249,7 @@ def nonfinite_rows(x: np.ndarray, block: int = FINITE_SCAN_ROWS) -> tuple[int, i
     return count, first
 
 
-def finite_record(queries: np.ndarray, passages: np.ndarray) -> dict[str, Any]:
+def finite_record(queries: Vecs, passages: Vecs) -> dict[str, object]:
     """The ``meta.json`` record of a store's finiteness, written when its vectors are written.
 
     Returns:
@@ -262,15 +266,15 @@ def finite_record(queries: np.ndarray, passages: np.ndarray) -> dict[str, Any]:
     }
 
 
-def recorded_finite(meta: Any) -> bool | None:
+def recorded_finite(meta: object) -> bool | None:
     """What a store's ``meta.json`` records about its vectors' finiteness: ``True`` (every
     query and passage row is finite), ``False``, or ``None`` for a store written before the
     record existed (a reader must then scan, e.g. with :func:`check_finite`)."""
-    value = (meta or {}).get("finite") if isinstance(meta, dict) else None
+    value = meta.get("finite") if isinstance(meta, dict) else None
     return value if isinstance(value, bool) else None
 
 
-def check_store_finite(store: StoreLike, what: str = "passage") -> None:
+def check_store_finite(store: Vectors, what: Literal["passage", "query"] = "passage") -> None:
     """Raise :class:`NonFiniteVectorError` if a store's ``what`` vectors hold NaN/inf.
 
     Trusts the ``meta.json`` record (:func:`finite_record`) when there is one; scans the
@@ -281,26 +285,27 @@ def check_store_finite(store: StoreLike, what: str = "passage") -> None:
             ``passages``, ``path``).
         what: ``"passage"`` or ``"query"``.
     """
-    meta = getattr(store, "meta", None)
+    meta = store.meta
     recorded = recorded_finite(meta)
     if recorded is True:
         return
     key = "passages" if what == "passage" else "queries"
     if recorded is False:
-        row = (meta or {}).get("first_non_finite_row", {}).get(key)
+        rows = meta.get("first_non_finite_row")
+        row = rows.get(key) if isinstance(rows, dict) else None
         if row is None:
             return
     else:
-        _, row = nonfinite_rows(getattr(store, key))
+        _, row = nonfinite_rows(store.passages if what == "passage" else store.queries)
         if row is None:
             return
     raise NonFiniteVectorError(
-        f"{getattr(store, 'path', 'store')}: {what} row {row} holds a non-finite value (NaN or "
+        f"{store.path}: {what} row {row} holds a non-finite value (NaN or "
         "inf); the store is corrupt or the model diverged"
     )
 
 
-def rank_keys(ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
+def rank_keys(ids: I64, scores: Scores) -> I64:
     """Encode ``(score, id)`` pairs as int64 keys whose ascending order is the ranking order.
 
     The high 32 bits hold the negated order-preserving integer image of the float32 score, the
@@ -320,7 +325,7 @@ def rank_keys(ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
     return ((-b) << 32) | low
 
 
-def decode_keys(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def decode_keys(keys: I64) -> tuple[I64, F32]:
     """Inverse of :func:`rank_keys`: ``int64`` keys -> ``(ids int64, scores float32)``."""
     low = keys & 0xFFFFFFFF
     ids = np.where(low == _PAD_ID, -1, low)
@@ -329,7 +334,7 @@ def decode_keys(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return ids, b.view(np.float32)
 
 
-def sort_rows(ids: np.ndarray, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def sort_rows(ids: I64, scores: Scores) -> tuple[I64, F32]:
     """Sort each row by score descending, ties by ascending id (``-1`` padding last among ties).
 
     Args:
@@ -344,7 +349,7 @@ def sort_rows(ids: np.ndarray, scores: np.ndarray) -> tuple[np.ndarray, np.ndarr
     return decode_keys(np.sort(rank_keys(ids, scores), axis=1))
 
 
-def topk_desc(scores: np.ndarray, k: int, id_offset: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def topk_desc(scores: Scores, k: int, id_offset: int = 0) -> tuple[I64, F32]:
     """Top-``k`` columns of each row by score, ties by ascending column (passage id).
 
     Args:
@@ -386,9 +391,7 @@ def topk_desc(scores: np.ndarray, k: int, id_offset: int = 0) -> tuple[np.ndarra
     return ids + id_offset, vals
 
 
-def _chunk_topk_torch(
-    q: np.ndarray, block: np.ndarray, k: int, start: int, query_batch: int
-) -> tuple[np.ndarray, np.ndarray]:
+def _chunk_topk_torch(q: F32, block: F32, k: int, start: int, query_batch: int) -> tuple[I64, F32]:
     kk = min(k, block.shape[0])
     ids = np.empty((q.shape[0], kk), np.int64)
     vals = np.empty((q.shape[0], kk), np.float32)
@@ -399,9 +402,7 @@ def _chunk_topk_torch(
     return ids, vals
 
 
-def _chunk_topk_faiss(
-    q: np.ndarray, block: np.ndarray, k: int, start: int, query_batch: int
-) -> tuple[np.ndarray, np.ndarray]:
+def _chunk_topk_faiss(q: F32, block: F32, k: int, start: int, query_batch: int) -> tuple[I64, F32]:
     import faiss
 
     c = block.shape[0]
@@ -424,8 +425,8 @@ def _chunk_topk_faiss(
 
 
 def chunk_topk_tensor(
-    q: torch.Tensor, block: np.ndarray, k: int, start: int, query_batch: int
-) -> tuple[np.ndarray, np.ndarray]:
+    q: torch.Tensor, block: F32, k: int, start: int, query_batch: int
+) -> tuple[I64, F32]:
     """One passage chunk's exact top-``k`` on ``q``'s device (the GPU kernel; runs on any device).
 
     Args:
@@ -467,7 +468,7 @@ _CHUNK_TOPK = {"faiss": _chunk_topk_faiss, "torch": _chunk_topk_torch}
 _LIBC: ctypes.CDLL | None = None
 
 
-def release_pages(passages: np.ndarray, start: int, stop: int) -> bool:
+def release_pages(passages: object, start: int, stop: int) -> bool:
     """Drop rows ``[start, stop)`` of a read-only ``np.memmap`` from this process's resident set.
 
     Pages of a file mapping stay resident (and counted in RSS) after they were read; this
@@ -496,7 +497,7 @@ def release_pages(passages: np.ndarray, start: int, stop: int) -> bool:
     return _LIBC.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), 4) == 0  # MADV_DONTNEED
 
 
-def merge_topk(keys_a: np.ndarray, keys_b: np.ndarray, k: int) -> np.ndarray:
+def merge_topk(keys_a: I64, keys_b: I64, k: int) -> I64:
     """Merge two per-row lists of :func:`rank_keys` into the top-``k`` keys of each row.
 
     Keys are unique per row (ids are), so the selected set is exact, ties included.
@@ -516,18 +517,18 @@ def merge_topk(keys_a: np.ndarray, keys_b: np.ndarray, k: int) -> np.ndarray:
 
 
 def exact_search(
-    queries: np.ndarray,
-    passages: np.ndarray,
-    k: int = 1000,
+    queries: Vecs,
+    passages: Vecs,
+    k: int = RUN_DEPTH,
     chunk_size: int | None = DEFAULT_CHUNK_SIZE,
-    passage_transform: Callable[[np.ndarray], np.ndarray] | None = None,
+    passage_transform: Callable[[F32], Vecs] | None = None,
     progress: bool = False,
     query_batch: int = DEFAULT_QUERY_BATCH,
     backend: str = "faiss",
     source: str = "vectors",
     *,
     device: Device = DEFAULT_DEVICE,
-) -> tuple[np.ndarray, np.ndarray]:
+) -> tuple[I64, F32]:
     """Exact top-``k`` passages by inner product for every query.
 
     Args:
@@ -580,7 +581,7 @@ def exact_search(
     check_finite(q, "query", source)
     kk = preselect_depth(k, n)  # the BLAS pass keeps a margin; pair_scores decides the top k
     p_norm = 0.0  # largest (transformed) passage norm: scales the error bound
-    chunk_topk: Callable[[np.ndarray, np.ndarray, int, int, int], tuple[np.ndarray, np.ndarray]]
+    chunk_topk: Callable[[F32, F32, int, int, int], tuple[I64, F32]]
     if dev.type == "cpu":
         chunk_topk = _CHUNK_TOPK[backend]
     else:
@@ -631,14 +632,14 @@ class _ChunkReader:
     are the stored ones, so the results are bit-identical.
     """
 
-    def __init__(self, passages: np.ndarray, chunk_size: int) -> None:
+    def __init__(self, passages: Vecs, chunk_size: int) -> None:
         self.passages = passages
         self.n = int(passages.shape[0])
         self.file = FileRows.of(passages) if self.n > chunk_size else None
-        self._buf: np.ndarray | None = None
+        self._buf: F32 | None = None
         self.chunk_size = chunk_size
 
-    def read(self, start: int, stop: int) -> np.ndarray:
+    def read(self, start: int, stop: int) -> F32:
         """``float32 (stop - start, d)`` rows; with a file reader, a view of the reused buffer
         (valid until the next :meth:`read`)."""
         if self.file is None:
@@ -652,7 +653,7 @@ class _ChunkReader:
         if self.file is None:
             release_pages(self.passages, start, stop)
 
-    def gather(self, ids: np.ndarray) -> np.ndarray:
+    def gather(self, ids: I64) -> F32:
         """``float32 (ids.size, d)`` rows ``ids.ravel()`` (any order, repeats allowed)."""
         if self.file is not None:
             return np.asarray(self.file.gather(ids.ravel()), dtype=np.float32)
@@ -671,8 +672,8 @@ class _ChunkReader:
 
 
 def _transformed_rows(
-    reader: _ChunkReader, ids: np.ndarray, transform: Callable[[np.ndarray], np.ndarray] | None
-) -> np.ndarray:
+    reader: _ChunkReader, ids: I64, transform: Callable[[F32], Vecs] | None
+) -> F32:
     rows = reader.gather(ids)
     if transform is not None:
         rows = np.asarray(transform(rows), dtype=np.float32)
@@ -680,16 +681,16 @@ def _transformed_rows(
 
 
 def _exact_top_k(
-    q: np.ndarray,
+    q: F32,
     reader: _ChunkReader,
-    pre_ids: np.ndarray,
-    pre_vals: np.ndarray,
+    pre_ids: I64,
+    pre_vals: F32,
     k: int,
-    transform: Callable[[np.ndarray], np.ndarray] | None,
+    transform: Callable[[F32], Vecs] | None,
     p_norm: float,
     chunk_size: int,
     query_batch: int,
-) -> tuple[np.ndarray, np.ndarray]:
+) -> tuple[I64, F32]:
     """The exact top-``k`` by :func:`pair_scores`, from the BLAS preselection ``pre_ids``.
 
     A query's preselection (its top ``kk`` by BLAS score, tie-exact) holds the whole top-``k``

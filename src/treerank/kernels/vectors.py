@@ -10,8 +10,18 @@ any store (on a normalised store it changes nothing beyond float rounding).
 from __future__ import annotations
 
 import numpy as np
+import numpy.typing as npt
 
-__all__ = ["ROW_CHUNK", "l2_normalize"]
+__all__ = ["ROW_CHUNK", "F32", "I64", "Scores", "Vecs", "l2_normalize"]
+
+Vecs = npt.NDArray[np.float16 | np.float32 | np.float64]
+"""``float (n, d)`` vectors of any float precision (ndarrays or read-only memmaps)."""
+F32 = npt.NDArray[np.float32]
+"""``float32`` vectors or scores."""
+Scores = npt.NDArray[np.float32 | np.float64]
+"""``float32`` / ``float64`` scores."""
+I64 = npt.NDArray[np.int64]
+"""``int64`` ids, rows or rank keys."""
 
 ROW_CHUNK = 65_536
 """Rows of an ``(n, d)`` array handled per block by the row-wise passes over a corpus (a model
@@ -21,7 +31,7 @@ dims. The one definition; every such pass imports it."""
 _EPS = 1e-12
 
 
-def l2_normalize(x: np.ndarray) -> np.ndarray:
+def l2_normalize(x: Vecs) -> F32:
     """Row-wise L2 normalisation.
 
     Args:

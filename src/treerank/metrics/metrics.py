@@ -28,9 +28,10 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Literal, Protocol, TypeGuard, get_args
 
 import numpy as np
+import numpy.typing as npt
 
 from treerank.metrics.qrels import Qrels
 
@@ -52,10 +53,29 @@ def headline_metric(metrics: Sequence[str]) -> str:
 
 
 _BLOCK = 8192  # queries graded at once
-GAINS = ("linear", "exp")
+Grades = npt.NDArray[np.int16 | np.int32 | np.int64]
+"""``int16`` / ``int32`` / ``int64 (nq, k)`` grades of retrieved passages in rank order (or
+judged grades sorted descending, or ``(nq,)`` counts)."""
+PerQuery = npt.NDArray[np.float64]
+"""``float64 (nq,)`` one metric value per query."""
+Gain = Literal["linear", "exp"]
+"""nDCG gain: ``"linear"`` (the grade; trec_eval) or ``"exp"`` (``2**grade - 1``)."""
+GAINS: tuple[Gain, ...] = get_args(Gain)
 
 
-def rr_at(grades: np.ndarray, cutoff: int, threshold: int) -> np.ndarray:
+def is_gain(value: str) -> TypeGuard[Gain]:
+    """Whether ``value`` is one of :data:`GAINS`."""
+    return value in GAINS
+
+
+class HasIds(Protocol):
+    """A run (``treerank.search.run.Run``) as the metrics read it: its ``int64 (nq, k)`` ids."""
+
+    @property
+    def ids(self) -> npt.NDArray[np.int64]: ...
+
+
+def rr_at(grades: Grades, cutoff: int, threshold: int) -> PerQuery:
     """Reciprocal rank of the first relevant passage within ``cutoff``.
 
     Args:
@@ -71,12 +91,12 @@ def rr_at(grades: np.ndarray, cutoff: int, threshold: int) -> np.ndarray:
     return np.where(rel.any(axis=1), 1.0 / (first + 1.0), 0.0)
 
 
-def _gain(grades: np.ndarray, gain: str) -> np.ndarray:
+def _gain(grades: Grades, gain: Gain) -> PerQuery:
     g = np.maximum(grades, 0).astype(np.float64)
     return g if gain == "linear" else np.exp2(g) - 1.0
 
 
-def ndcg_at(grades: np.ndarray, ideal: np.ndarray, cutoff: int, gain: str = "linear") -> np.ndarray:
+def ndcg_at(grades: Grades, ideal: Grades, cutoff: int, gain: str = "linear") -> PerQuery:
     """nDCG@``cutoff`` with log2 discount.
 
     Args:
@@ -88,7 +108,7 @@ def ndcg_at(grades: np.ndarray, ideal: np.ndarray, cutoff: int, gain: str = "lin
     Returns:
         ``float64 (nq,)``; 0 where IDCG is 0.
     """
-    if gain not in GAINS:
+    if not is_gain(gain):
         raise ValueError(f"unknown nDCG gain {gain!r}; known: {', '.join(GAINS)}")
     g = grades[:, :cutoff]
     disc = 1.0 / np.log2(np.arange(2, cutoff + 2, dtype=np.float64))
@@ -97,9 +117,7 @@ def ndcg_at(grades: np.ndarray, ideal: np.ndarray, cutoff: int, gain: str = "lin
     return np.divide(dcg, idcg, out=np.zeros_like(dcg), where=idcg > 0)
 
 
-def recall_at(
-    grades: np.ndarray, n_relevant: np.ndarray, cutoff: int, threshold: int
-) -> np.ndarray:
+def recall_at(grades: Grades, n_relevant: Grades, cutoff: int, threshold: int) -> PerQuery:
     """Fraction of the query's relevant passages retrieved in the top ``cutoff``.
 
     Returns:
@@ -109,26 +127,26 @@ def recall_at(
     return np.divide(hits, n_relevant, out=np.zeros_like(hits), where=n_relevant > 0)
 
 
-def success_at(grades: np.ndarray, cutoff: int, threshold: int) -> np.ndarray:
+def success_at(grades: Grades, cutoff: int, threshold: int) -> PerQuery:
     """``float64 (nq,)`` 1.0 where a relevant passage is in the top ``cutoff``, else 0.0."""
     return np.asarray((grades[:, :cutoff] >= threshold).any(axis=1), dtype=np.float64)
 
 
-def precision_at(grades: np.ndarray, cutoff: int, threshold: int) -> np.ndarray:
+def precision_at(grades: Grades, cutoff: int, threshold: int) -> PerQuery:
     """``float64 (nq,)`` relevant passages in the top ``cutoff`` divided by ``cutoff``."""
     return np.asarray((grades[:, :cutoff] >= threshold).sum(axis=1) / float(cutoff), np.float64)
 
 
 @dataclass
 class _Inputs:
-    grades: np.ndarray
-    ideal: np.ndarray
-    n_relevant: np.ndarray
+    grades: Grades
+    ideal: Grades
+    n_relevant: Grades
     threshold: int
-    gain: str
+    gain: Gain
 
 
-_METRICS: dict[str, Callable[[_Inputs, int], np.ndarray]] = {
+_METRICS: dict[str, Callable[[_Inputs, int], PerQuery]] = {
     "mrr": lambda x, c: rr_at(x.grades, c, x.threshold),
     "ndcg": lambda x, c: ndcg_at(x.grades, x.ideal, c, x.gain),
     "recall": lambda x, c: recall_at(x.grades, x.n_relevant, c, x.threshold),
@@ -167,14 +185,14 @@ class EvalResult:
         relevance_threshold: the threshold used; ``gain``: the nDCG gain.
     """
 
-    per_query: dict[str, np.ndarray]
+    per_query: dict[str, PerQuery]
     mean: dict[str, float]
     n_evaluated: int
     n_left_out: int
-    evaluated: np.ndarray
+    evaluated: npt.NDArray[np.bool_]
     relevance_threshold: int = 1
-    gain: str = "linear"
-    extra: dict[str, Any] = field(default_factory=dict)
+    gain: Gain = "linear"
+    extra: dict[str, object] = field(default_factory=dict)
 
     @property
     def metrics(self) -> tuple[str, ...]:
@@ -182,7 +200,7 @@ class EvalResult:
 
 
 def evaluate_run(
-    ids: Any,
+    ids: npt.NDArray[np.int64] | HasIds,
     qrels: Qrels,
     metrics: Sequence[str] = DEFAULT_METRICS,
     gain: str = "linear",
@@ -209,7 +227,7 @@ def evaluate_run(
     ids = np.asarray(getattr(ids, "ids", ids), dtype=np.int64)
     if ids.ndim != 2:
         raise ValueError(f"run ids must be a 2-D (n_queries, k) array, got shape {ids.shape}")
-    if gain not in GAINS:
+    if not is_gain(gain):
         raise ValueError(f"unknown nDCG gain {gain!r}; known: {', '.join(GAINS)}")
     parsed = [(f"{m}@{c}", m, c) for m, c in map(parse_metric, metrics)]
     if ids.shape[0] != qrels.n_queries:
@@ -227,7 +245,7 @@ def evaluate_run(
     n_rel = qrels.n_relevant()
     x = _Inputs(grades, qrels.ideal_grades(max_cut), n_rel, qrels.relevance_threshold, gain)
     evaluated = n_rel > 0
-    per_query: dict[str, np.ndarray] = {}
+    per_query: dict[str, PerQuery] = {}
     mean: dict[str, float] = {}
     n_eval = int(evaluated.sum())
     for name, metric, cutoff in parsed:

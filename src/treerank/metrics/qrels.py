@@ -26,8 +26,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+import numpy.typing as npt
 
-from treerank.storelike import StoreLike
+from treerank.storelike import Judgments, meta_object
 
 _SHIFT = 32  # key = query << 32 | passage id (passage ids < 2**32)
 #: reader counts (``meta.json`` ``source_meta``) reported as departures from the source
@@ -39,6 +40,14 @@ _SOURCE_DEPARTURES = (
     "n_unlabelled_passages",
     "n_folded_candidates",
 )
+
+
+PassageIds = npt.NDArray[np.int32 | np.int64]
+"""``int32`` / ``int64`` passage ids (``-1`` = padding)."""
+Grades = npt.NDArray[np.uint8 | np.int16 | np.int32 | np.int64]
+"""Integer relevance grades (``uint8`` in a store, ``int16`` graded runs)."""
+RunScores = npt.NDArray[np.float32 | np.float64]
+"""A run's scores, rank order."""
 
 
 @dataclass
@@ -60,10 +69,10 @@ class Qrels:
             merged duplicates, ...), reported beside the metrics.
     """
 
-    candidates: np.ndarray
-    labels: np.ndarray
+    candidates: PassageIds
+    labels: Grades
     relevance_threshold: int = 1
-    expansion: np.ndarray | None = None
+    expansion: npt.NDArray[np.int64] | None = None
     doc_ids: list[str] | None = None
     departures: dict[str, int] = field(default_factory=dict)
 
@@ -82,10 +91,10 @@ class Qrels:
         if self.candidates.size and self.candidates.max() >= 2**32:
             raise ValueError("qrels: passage ids must be < 2**32")
         self.labels = np.where(self.candidates < 0, 0, self.labels).astype(np.int64)
-        self._index: tuple[np.ndarray, np.ndarray] | None = None
+        self._index: tuple[npt.NDArray[np.int64], Grades] | None = None
 
     @classmethod
-    def from_store(cls, store: StoreLike, relevance_threshold: int | None = None) -> Qrels:
+    def from_store(cls, store: Judgments, relevance_threshold: int | None = None) -> Qrels:
         """Judgments of an :class:`~treerank.store.EmbeddingStore` split; the threshold defaults
         to the store's ``relevance_threshold``.
 
@@ -95,10 +104,11 @@ class Qrels:
         from ``meta.json`` (judgments on unknown topics, empty documents skipped, ...).
         """
         thr = store.relevance_threshold if relevance_threshold is None else relevance_threshold
-        source = store.source_qrels() if callable(getattr(store, "source_qrels", None)) else None
-        meta = getattr(store, "meta", {}) or {}
-        src_meta = meta.get("source_meta", {}) or {}
-        extra = {k: int(src_meta[k]) for k in _SOURCE_DEPARTURES if k in src_meta}
+        source = store.source_qrels()
+        src_meta = meta_object(store.meta, "source_meta")
+        extra = {
+            k: int(v) for k in _SOURCE_DEPARTURES if isinstance(v := src_meta.get(k), int | float)
+        }
         if source is None:
             out = cls(np.asarray(store.candidates), np.asarray(store.labels), int(thr))
             out.departures = extra
@@ -181,8 +191,8 @@ class Qrels:
         return out
 
     def expand(
-        self, ids: np.ndarray, scores: np.ndarray | None = None
-    ) -> tuple[np.ndarray, np.ndarray | None]:
+        self, ids: PassageIds, scores: RunScores | None = None
+    ) -> tuple[npt.NDArray[np.int64], RunScores | None]:
         """A ranking of passage ids as the ranking of document ids it stands for.
 
         Each passage is replaced by all its documents at consecutive ranks (source order), each
@@ -198,7 +208,7 @@ class Qrels:
         """
         ids = np.asarray(ids, dtype=np.int64)
         if self.expansion is None:
-            return ids, scores
+            return ids.astype(np.int64, copy=False), scores
         off = self.expansion
         nq, k = ids.shape
         valid = ids >= 0
@@ -257,13 +267,13 @@ class Qrels:
     def n_queries(self) -> int:
         return int(self.candidates.shape[0])
 
-    def n_relevant(self, threshold: int | None = None) -> np.ndarray:
+    def n_relevant(self, threshold: int | None = None) -> npt.NDArray[np.int64]:
         """``int64 (n_queries,)`` distinct passages with grade ``>= threshold`` per query."""
         thr = self.relevance_threshold if threshold is None else threshold
         keys, grades = self.index()
         return np.bincount(keys[grades >= thr] >> _SHIFT, minlength=self.n_queries).astype(np.int64)
 
-    def index(self) -> tuple[np.ndarray, np.ndarray]:
+    def index(self) -> tuple[npt.NDArray[np.int64], Grades]:
         """Sorted ``query << 32 | passage`` keys of the judged passages with grade > 0, and their
         grades (the highest one when a passage is judged twice for a query)."""
         if self._index is None:
@@ -280,7 +290,7 @@ class Qrels:
             self._index = (keys[first], grades[first])
         return self._index
 
-    def grades_of(self, ids: np.ndarray, row_offset: int = 0) -> np.ndarray:
+    def grades_of(self, ids: PassageIds, row_offset: int = 0) -> npt.NDArray[np.int16]:
         """Grade of each retrieved passage.
 
         Args:
@@ -311,7 +321,7 @@ class Qrels:
         out[hit] = grades[pos[hit]]
         return out
 
-    def ideal_grades(self, depth: int) -> np.ndarray:
+    def ideal_grades(self, depth: int) -> npt.NDArray[np.int64]:
         """``int64 (n_queries, depth)`` each query's distinct judged grades, descending, 0-padded
         (the ideal ranking of nDCG)."""
         keys, grades = self.index()

@@ -28,7 +28,7 @@ the same space; ``False`` unties the passage decomposition (DPR-style separate t
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
 import numpy as np
 import torch
@@ -38,6 +38,9 @@ from torch import nn
 from treerank.models.checkpoint import CheckpointMixin
 
 MODEL_TYPE = "drt"
+Side = Literal["query", "passage"]
+"""Which tower: the query decomposer or the passage decomposer."""
+SIDES: tuple[Side, ...] = get_args(Side)
 
 
 @dataclass(frozen=True)
@@ -168,15 +171,16 @@ class DRTHead(CheckpointMixin, nn.Module):
                 f"DRT expects (n, {self.config.dim}) input vectors, got {tuple(x.shape)}"
             )
 
-    def raw_slots(self, x: torch.Tensor, side: str = "query") -> torch.Tensor:
+    def raw_slots(self, x: torch.Tensor, side: Side = "query") -> torch.Tensor:
         """Slot activations before L2 normalisation, ``(n, k, d_s)``; ``side``: query/passage."""
         self._check_input(x)
-        if side not in ("query", "passage"):
-            raise ValueError(f"side must be 'query' or 'passage', got {side!r}")
+        if side not in SIDES:
+            known = " or ".join(repr(s) for s in SIDES)
+            raise ValueError(f"side must be {known}, got {side!r}")
         net = self.query_decomposer if side == "query" else self.passage_decomposer
         return net(x).view(x.shape[0], self.config.k, self.config.slot_dim)
 
-    def slots(self, x: torch.Tensor, side: str = "query") -> torch.Tensor:
+    def slots(self, x: torch.Tensor, side: Side = "query") -> torch.Tensor:
         """L2-normalised slots ``(n, k, d_s)``; every ``slots[r, i]`` has unit norm."""
         return F.normalize(self.raw_slots(x, side), dim=-1)
 

@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from treerank.config import ConfigError, check_keys, expected_text, load_yaml
+from treerank.encoders.batching import DEFAULT_TOKEN_BUDGET
+from treerank.evaluation.settings import DEFAULT_BASELINE
 from treerank.families import FAMILIES, family, trainable_families
 from treerank.kernels.device import (
     DEFAULT_DEVICE,
@@ -21,6 +23,7 @@ from treerank.kernels.device import (
     DeviceError,
     parse_device,
 )
+from treerank.kernels.topk import RUN_DEPTH
 from treerank.metrics.metrics import DEFAULT_METRICS
 from treerank.names import file_name, name_problem, unknown_name
 from treerank.readers import FORMATS
@@ -48,7 +51,7 @@ class EncoderConfig:
 
     model: str | None = None
     query_prompt: str | None = None
-    token_budget: int = 16384
+    token_budget: int = DEFAULT_TOKEN_BUDGET
     backend: str = "torch"  # one of BACKENDS
     precision: str = "fp32"  # one of PRECISIONS
 
@@ -85,8 +88,8 @@ class EvaluateConfig:
     ``k`` are left out, as ``treerank evaluate`` leaves them out without ``--metric``.
     """
 
-    k: int = 1000
-    baselines: list[str] = field(default_factory=lambda: ["cosine", "bm25"])
+    k: int = RUN_DEPTH
+    baselines: list[str] = field(default_factory=lambda: [DEFAULT_BASELINE, "bm25"])
     metrics: list[str] = field(default_factory=lambda: list(DEFAULT_METRICS))
     seed: int = 0
     metrics_given: bool = True
@@ -98,7 +101,7 @@ class DiagnoseConfig:
     does not say diagnoses its first model, and skips the stage when it trains none)."""
 
     model: str | None = None
-    baseline: str = "cosine"
+    baseline: str = DEFAULT_BASELINE
     probe_seed: int = 42  # the probes' 70/30 split seed (run_diagnostics' probe_seed)
 
 

@@ -39,7 +39,9 @@ from typing import Any
 import numpy as np
 
 from treerank.atomic import atomic_write_json
+from treerank.encoders.batching import DEFAULT_TOKEN_BUDGET
 from treerank.kernels.device import DEFAULT_DEVICE, Device
+from treerank.kernels.topk import RUN_DEPTH
 from treerank.readers.split import RetrievalSplit
 from treerank.store.embed import embed_split
 from treerank.store.embedding_store import EmbeddingStore
@@ -136,7 +138,7 @@ def reembed_split(
         query_prompt=enc_meta.get("query_prompt"),
         passage_prompt=enc_meta.get("passage_prompt"),
         max_seq_length=enc_meta.get("max_seq_length"),
-        token_budget=int(enc_meta.get("token_budget", 16384)),
+        token_budget=int(enc_meta.get("token_budget", DEFAULT_TOKEN_BUDGET)),
         max_batch_size=int(enc_meta.get("max_batch_size", 256)),
         max_padding=float(enc_meta.get("max_padding", 0.1)),
         progress=False,
@@ -206,7 +208,7 @@ class TunedStoreSystem:
         self.name = name
         self._cosine = build_system(inner)
 
-    def retrieve(self, store: StoreLike, k: int = 1000) -> Any:
+    def retrieve(self, store: StoreLike, k: int = RUN_DEPTH) -> Any:
         want = store.meta.get("data_sha256")
         have = self.tuned.meta.get("data_sha256")
         if want is None or want != have:

@@ -25,7 +25,7 @@ from typing import Final
 
 import numpy as np
 
-from treerank.kernels.topk import topk_desc
+from treerank.kernels.topk import RUN_DEPTH, topk_desc
 
 BM25_METHODS = ("lucene", "robertson", "atire", "bm25l", "bm25+")
 DEFAULT_K1 = 0.9
@@ -131,7 +131,7 @@ class BM25Index:
         return out
 
     def search(
-        self, query_texts: Sequence[str], k: int = 1000, batch: int = 256
+        self, query_texts: Sequence[str], k: int = RUN_DEPTH, batch: int = 256
     ) -> tuple[np.ndarray, np.ndarray]:
         """Top-``k`` passages per query (``batch`` queries' dense score rows at a time, fewer on
         big corpora so that at most 32M scores are held).

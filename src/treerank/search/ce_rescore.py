@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from treerank.kernels.device import DEFAULT_DEVICE, Device
-from treerank.kernels.topk import sort_rows
+from treerank.kernels.topk import RUN_DEPTH, sort_rows
 from treerank.models.cross_encoder import DEFAULT_SCORE_BATCH, CEPrecision, CrossEncoderScorer
 from treerank.search.run import Run
 from treerank.search.two_stage import TwoStage
@@ -127,7 +127,7 @@ class CrossEncoderRescoreSystem(TwoStage):
             )
         return self.scorer
 
-    def retrieve(self, store: StoreLike, k: int = 1000) -> Run:
+    def retrieve(self, store: StoreLike, k: int = RUN_DEPTH) -> Run:
         scorer = self.scorer_for()
         depth = min(self.depth, int(store.n_passages))
         first = self.first.retrieve(store, depth)

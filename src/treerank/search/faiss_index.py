@@ -100,6 +100,7 @@ from tqdm.auto import tqdm
 from treerank.atomic import atomic_write_json
 from treerank.encoders.precision import vector_precision
 from treerank.kernels.topk import (
+    RUN_DEPTH,
     check_finite,
     check_rows_finite,
     release_pages,
@@ -110,7 +111,7 @@ from treerank.models.base import DenseScorer
 from treerank.names import unknown_name
 from treerank.search.rescore import RescoreSystem, dense_scorer
 from treerank.search.run import Run
-from treerank.storelike import StoreLike
+from treerank.storelike import StoreLike, meta_object
 
 INDEX_FILE = "index.faiss"
 INDEX_META = "meta.json"
@@ -491,13 +492,13 @@ def store_signature(store: StoreLike) -> str:
     and the data digest, counts and dimension; for Go-tool stores without them, the passage
     file's size and modification time.
     """
-    meta = getattr(store, "meta", {}) or {}
+    meta = store.meta
     parts: dict[str, Any] = {
         "signature": meta.get("signature"),
         "data": meta.get("data_sha256"),
         "n_passages": int(store.n_passages),
         "dim": int(store.passages.shape[1]),
-        "fingerprint": meta.get("encoder", {}).get("fingerprint"),
+        "fingerprint": meta_object(meta, "encoder").get("fingerprint"),
     }
     if not meta.get("signature"):
         p = Path(store.path) / "passages.bin"
@@ -792,9 +793,7 @@ def build_index(
         if cached.meta.get("key") == key:
             return cached
     if scorer is None:
-        scorer = dense_scorer(
-            spec.over, getattr(store, "encoder_fingerprint", None), vector_precision(store)
-        )
+        scorer = dense_scorer(spec.over, store.encoder_fingerprint, vector_precision(store))
     nlist = int(spec.build.get("nlist", 0))
     if nlist and n < nlist:
         raise ValueError(
@@ -852,9 +851,7 @@ def build_index(
         "key": key,
         "store": str(store.path),
         "store_signature": store_signature(store),
-        "encoder": {"name": store.encoder_name, "fingerprint": store.encoder_fingerprint}
-        if hasattr(store, "encoder_name")
-        else None,
+        "encoder": {"name": store.encoder_name, "fingerprint": store.encoder_fingerprint},
         "n_passages": n,
         "dim": d,
         "finite": True,  # every added vector was checked as it was read
@@ -930,7 +927,7 @@ class FaissSystem:
         self._index: tuple[str, FaissIndex] | None = None
 
     def scorer_for(self, store: StoreLike) -> DenseScorer:
-        fp = getattr(store, "encoder_fingerprint", None)
+        fp = store.encoder_fingerprint
         if self._scorer is None or self._scorer[0] != fp:
             self._scorer = (fp, dense_scorer(self.spec.over, fp, vector_precision(store)))
         return self._scorer[1]
@@ -948,7 +945,7 @@ class FaissSystem:
             self._index = (sig, idx)
         return self._index[1]
 
-    def retrieve(self, store: StoreLike, k: int = 1000) -> Run:
+    def retrieve(self, store: StoreLike, k: int = RUN_DEPTH) -> Run:
         index = self.index_for(store)
         q = self.scorer_for(store).encode_queries(np.asarray(store.queries, dtype=np.float32))
         ids, scores = index.search(np.asarray(q), k, self.spec.search)

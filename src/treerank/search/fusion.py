@@ -25,10 +25,11 @@ id, cut to ``k``; they hold only passages that at least one run retrieved.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Literal, get_args
 
 import numpy as np
 
-from treerank.kernels.topk import decode_keys, rank_keys
+from treerank.kernels.topk import RUN_DEPTH, decode_keys, rank_keys
 from treerank.search.run import Run
 
 DEFAULT_RRF_K = 60
@@ -76,7 +77,13 @@ def zscore_norm(run: Run) -> np.ndarray:
     return np.where(v, out, 0.0)
 
 
-NORMALISATIONS: dict[str, Callable[[Run], np.ndarray]] = {
+FusionMethod = Literal["rrf", "linear"]
+"""How two runs are fused: Reciprocal Rank Fusion or a weighted sum of normalised scores."""
+FUSION_METHOD_NAMES: tuple[FusionMethod, ...] = get_args(FusionMethod)
+Normalisation = Literal["minmax", "zscore"]
+"""How linear fusion normalises each run's scores per query."""
+
+NORMALISATIONS: dict[Normalisation, Callable[[Run], np.ndarray]] = {
     "minmax": minmax_norm,
     "zscore": zscore_norm,
 }
@@ -157,7 +164,7 @@ def _fuse(
 def rrf(
     a: Run,
     b: Run,
-    k: int = 1000,
+    k: int = RUN_DEPTH,
     rrf_k: int = DEFAULT_RRF_K,
     name: str | None = None,
     weight: float | np.ndarray | None = None,
@@ -193,7 +200,7 @@ def rrf(
 def linear_fusion(
     a: Run,
     b: Run,
-    k: int = 1000,
+    k: int = RUN_DEPTH,
     weight: float | np.ndarray = 0.5,
     norm: str = "minmax",
     name: str | None = None,

@@ -44,20 +44,31 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 import numpy as np
 
+from treerank.kernels.topk import RUN_DEPTH
 from treerank.metrics.metrics import evaluate_run, parse_metric
 from treerank.metrics.qrels import Qrels
-from treerank.search.fusion import DEFAULT_RRF_K, NORMALISATIONS, linear_fusion, rrf
+from treerank.search.fusion import (
+    DEFAULT_RRF_K,
+    NORMALISATIONS,
+    FusionMethod,
+    Normalisation,
+    linear_fusion,
+    rrf,
+)
 from treerank.search.run import Run
 from treerank.search.systems import System
 from treerank.store.view import QuerySubset
 from treerank.storelike import StoreLike
 
-FUSION_METHODS = ("linear", "rrf")
-QUERY_SETS = ("heldout", "all")
+FUSION_METHODS: tuple[FusionMethod, ...] = ("linear", "rrf")
+"""The methods a tuned fusion tunes (the order of its messages)."""
+QuerySet = Literal["heldout", "all"]
+"""The queries the weight is tuned on: the train split's held-out part, or all of them."""
+QUERY_SETS: tuple[QuerySet, ...] = get_args(QuerySet)
 DEFAULT_GRID = 11
 DEFAULT_MAX_QUERIES = 2000
 CROSS_FIT = "cv"
@@ -77,7 +88,7 @@ def tuning_rows(
 
     has_rel = Qrels.from_store(store).n_relevant() > 0
     if not has_rel.any():
-        raise ValueError(f"{getattr(store, 'path', 'store')}: no query has a relevant passage")
+        raise ValueError(f"{store.path}: no query has a relevant passage")
     if queries == "heldout":
         _, rows = holdout_split(has_rel, HELDOUT_FRACTION, seed, DEFAULT_MAX_QUERIES)
         if rows.size == 0:
@@ -255,11 +266,11 @@ class TunedFusionSystem:
         b: System,
         *,
         adaptive: bool = False,
-        method: str = "linear",
-        norm: str = "zscore",
+        method: FusionMethod = "linear",
+        norm: Normalisation = "zscore",
         rrf_k: int = DEFAULT_RRF_K,
         on: str = "train",
-        queries: str = "heldout",
+        queries: QuerySet = "heldout",
         metric: str = "ndcg@10",
         grid: int = DEFAULT_GRID,
         max_queries: int = DEFAULT_MAX_QUERIES,
@@ -269,11 +280,13 @@ class TunedFusionSystem:
         open_store: Callable[[Path], Any] | None = None,
     ) -> None:
         if method not in FUSION_METHODS:
-            raise ValueError(f"unknown fusion method {method!r}; known: linear, rrf")
+            known = ", ".join(FUSION_METHODS)
+            raise ValueError(f"unknown fusion method {method!r}; known: {known}")
         if norm not in NORMALISATIONS:
             raise ValueError(f"unknown normalisation {norm!r}; known: {', '.join(NORMALISATIONS)}")
         if queries not in QUERY_SETS:
-            raise ValueError(f"unknown tuning query set {queries!r}; known: heldout, all")
+            known = ", ".join(QUERY_SETS)
+            raise ValueError(f"unknown tuning query set {queries!r}; known: {known}")
         if grid < 2:
             raise ValueError(f"the weight grid needs at least 2 points, got {grid}")
         parse_metric(metric)
@@ -297,7 +310,7 @@ class TunedFusionSystem:
         """
         here = Path(str(store.path)).absolute()  # not resolved: a split may be a symlink (sweeps)
         there = here.parent / self.on
-        if there.resolve() == here.resolve() or getattr(store, "split", None) == self.on:
+        if there.resolve() == here.resolve() or store.split == self.on:
             raise ValueError(
                 f"{self.name}: tuning split {self.on!r} is the evaluated split ({here}); "
                 "the fusion weight must be chosen on other queries (on=<another split>)"
@@ -399,7 +412,7 @@ class TunedFusionSystem:
             )
         self._fitted = (key, float(self.grid[j]), model)
 
-    def retrieve(self, store: StoreLike, k: int = 1000) -> Run:
+    def retrieve(self, store: StoreLike, k: int = RUN_DEPTH) -> Run:
         d = max(k, self.depth)
         weight: float | np.ndarray
         if self.on == CROSS_FIT:

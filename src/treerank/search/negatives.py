@@ -97,7 +97,7 @@ def mine_bm25_negatives(
         "stopwords": params.stopwords,
     }
     if not overwrite and store.has_array(name):
-        meta = store.load_array_meta(name) if hasattr(store, "load_array_meta") else None
+        meta = store.load_array_meta(name)
         if meta is not None and all(meta.get(k) == v for k, v in want.items()):
             arr = store.load_array(name)
             if arr is not None:

@@ -22,7 +22,7 @@ import numpy as np
 from treerank.kernels.device import DEFAULT_DEVICE, Device
 from treerank.kernels.topk import check_run_depth
 from treerank.search.run import Run
-from treerank.storelike import StoreLike
+from treerank.storelike import Split, StoreLike, meta_object, meta_text
 
 
 class EncoderMismatchError(ValueError):
@@ -30,7 +30,7 @@ class EncoderMismatchError(ValueError):
     names both sides."""
 
 
-def check_query_backend(store: StoreLike, encoder: Any) -> None:
+def check_query_backend(store: Split, encoder: Any) -> None:
     """Refuse a query encoder whose vector precision the mixing rule keeps apart from the
     store's (`treerank.encoders.precision.check_mix`: fp32 and bf16 mix, int8 only with int8).
 
@@ -42,7 +42,7 @@ def check_query_backend(store: StoreLike, encoder: Any) -> None:
     """
     from treerank.encoders.precision import PrecisionMixError, check_mix, store_precision
 
-    enc_meta = store.meta.get("encoder", {}) or {}
+    enc_meta = meta_object(store.meta, "encoder")
     try:
         base = store_precision(enc_meta)
     except ValueError as exc:  # an unknown backend or precision recorded in meta.json
@@ -98,7 +98,7 @@ def load_store_encoder(
     from treerank.encoders.backend import Backend, get_backend, store_backend
     from treerank.encoders.precision import MIX_SPACE, PRECISIONS, store_precision
 
-    enc_meta = store.meta.get("encoder", {}) or {}
+    enc_meta = meta_object(store.meta, "encoder")
     try:
         base = store_precision(enc_meta)
         chosen: Backend | str = store_backend(enc_meta) if backend is None else backend
@@ -115,8 +115,8 @@ def load_store_encoder(
     if isinstance(chosen, Backend) and precision != "auto":
         vec = "bf16" if precision == "bf16" else chosen.precision
         check_query_backend(store, SimpleNamespace(backend=chosen, precision=vec))
-    want = enc_meta.get("fingerprint")
-    name = enc_meta.get("name")
+    want = meta_text(enc_meta, "fingerprint")
+    name = meta_text(enc_meta, "name")
     if not want:
         raise EncoderMismatchError(
             f"{store.path}: the store records no encoder fingerprint, so query vectors cannot be "
@@ -127,9 +127,9 @@ def load_store_encoder(
     try:
         encoder = SentenceEncoder(
             model,
-            query_prompt=enc_meta.get("query_prompt"),
-            passage_prompt=enc_meta.get("passage_prompt"),
-            max_seq_length=enc_meta.get("max_seq_length"),
+            query_prompt=meta_text(enc_meta, "query_prompt"),
+            passage_prompt=meta_text(enc_meta, "passage_prompt"),
+            max_seq_length=_int_or_none(enc_meta.get("max_seq_length")),
             name=name,
             progress=progress,
             backend=chosen,
@@ -147,6 +147,10 @@ def load_store_encoder(
         )
     check_query_backend(store, encoder)
     return encoder
+
+
+def _int_or_none(value: object) -> int | None:
+    return int(value) if isinstance(value, int) else None
 
 
 class QueryView:

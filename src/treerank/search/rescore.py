@@ -28,6 +28,7 @@ import numpy as np
 
 from treerank.encoders.precision import vector_precision
 from treerank.kernels.topk import (
+    RUN_DEPTH,
     check_finite,
     check_rows_finite,
     pair_scores,
@@ -187,11 +188,11 @@ class RescoreSystem(TwoStage):
     def scorer_for(self, store: StoreLike) -> DenseScorer:
         if isinstance(self.scorer, str):
             self.scorer = dense_scorer(
-                self.scorer, getattr(store, "encoder_fingerprint", None), vector_precision(store)
+                self.scorer, store.encoder_fingerprint, vector_precision(store)
             )
         return self.scorer
 
-    def retrieve(self, store: StoreLike, k: int = 1000) -> Run:
+    def retrieve(self, store: StoreLike, k: int = RUN_DEPTH) -> Run:
         k = min(k, int(store.n_passages))
         scorer = self.scorer_for(store)
         first = self.first.retrieve(store, max(k, self.depth))
@@ -203,7 +204,7 @@ class RescoreSystem(TwoStage):
             k,
             passage_transform=scorer.encode_passages,
             release=self.release,
-            source=str(getattr(store, "path", "store")),
+            source=str(store.path),
         )
         return Run(self.name, ids, scores)
 

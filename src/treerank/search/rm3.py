@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from treerank.kernels.topk import topk_desc
+from treerank.kernels.topk import RUN_DEPTH, topk_desc
 from treerank.search.bm25 import BM25Index, BM25Params
 from treerank.search.run import Run, store_key
 from treerank.storelike import StoreLike
@@ -241,7 +241,7 @@ class RM3Index:
         return np.asarray((q @ self.term_scores).toarray(), dtype=np.float32)
 
     def search(
-        self, query_texts: Sequence[str], k: int = 1000, batch: int = 256
+        self, query_texts: Sequence[str], k: int = RUN_DEPTH, batch: int = 256
     ) -> tuple[np.ndarray, np.ndarray]:
         """Top-``k`` passages per query with a positive expanded-query score.
 
@@ -291,7 +291,7 @@ class RM3System:
             self._cache = (key, RM3Index(store.passage_texts(), self.params, self.bm25_params))
         return self._cache[1]
 
-    def retrieve(self, store: StoreLike, k: int = 1000) -> Run:
+    def retrieve(self, store: StoreLike, k: int = RUN_DEPTH) -> Run:
         k = min(k, int(store.n_passages))
         key = store_key(store)
         if self._run is not None and self._run[0] == key and self._run[1].k >= k:

@@ -40,8 +40,8 @@ from treerank.names import unknown_name
 from treerank.search.bm25 import BM25_METHODS, DEFAULT_B, DEFAULT_K1, BM25Params
 from treerank.search.ce_rescore import CrossEncoderRescoreSystem
 from treerank.search.faiss_index import IndexSpec, faiss_system, parse_index_spec, render_index_spec
-from treerank.search.fusion import DEFAULT_RRF_K, NORMALISATIONS
-from treerank.search.fusion_tuning import FUSION_METHODS, QUERY_SETS, TunedFusionSystem
+from treerank.search.fusion import DEFAULT_RRF_K, NORMALISATIONS, FusionMethod, Normalisation
+from treerank.search.fusion_tuning import FUSION_METHODS, QUERY_SETS, QuerySet, TunedFusionSystem
 from treerank.search.rescore import DEFAULT_DEPTH, RescoreSystem, split_params
 from treerank.search.rm3 import (
     DEFAULT_FB_DOCS,
@@ -153,6 +153,8 @@ _CASTS: dict[str, type] = {"int": int, "float": float, "str": str}
 
 
 def _cast(f: dataclasses.Field[object]) -> type:
+    if f.metadata["param"]["choices"]:  # a Literal of words
+        return str
     return _CASTS[str(f.type).replace("builtins.", "")]
 
 
@@ -444,7 +446,7 @@ class LinearFusionSpec(FusionSpec):
     syntax: ClassVar[str] = "linear-fusion:<A>+<B>[:w=0.5,norm=minmax|zscore]"
 
     w: float = param(0.5, low=0.0, high=1.0)
-    norm: str = param("minmax", choices=tuple(NORMALISATIONS))
+    norm: Normalisation = param("minmax", choices=tuple(NORMALISATIONS))
     depth: int = param(DEFAULT_FUSION_DEPTH, low=1)
 
     def make(self, ctx: BuildContext) -> System:
@@ -472,11 +474,11 @@ class TunedFusionSpec(FusionSpec):
     )
     adaptive: ClassVar[bool] = False
 
-    method: str = param("linear", choices=FUSION_METHODS)
-    norm: str = param("zscore", choices=tuple(NORMALISATIONS))
+    method: FusionMethod = param("linear", choices=FUSION_METHODS)
+    norm: Normalisation = param("zscore", choices=tuple(NORMALISATIONS))
     k: int = param(DEFAULT_RRF_K, low=0, open_low=True)
     on: str = param("train")
-    queries: str = param("heldout", choices=QUERY_SETS)
+    queries: QuerySet = param("heldout", choices=QUERY_SETS)
     metric: str = param("ndcg@10")
     grid: int = param(11, low=2)
     max_queries: int = param(2000, low=1)

@@ -27,14 +27,22 @@ from treerank.distributed.context import DistContext
 from treerank.encoders.precision import vector_precision
 from treerank.kernels.device import DEFAULT_DEVICE, Device
 from treerank.kernels.sharded import sharded_exact_search
-from treerank.kernels.topk import DEFAULT_CHUNK_SIZE, exact_search
+from treerank.kernels.topk import DEFAULT_CHUNK_SIZE, RUN_DEPTH, exact_search
 from treerank.models.base import DenseScorer
 from treerank.models.checkpoint import CheckpointMixin
 from treerank.models.registry import ModelClassOf, load_model, model_class
 from treerank.search.bm25 import BM25Index, BM25Params
-from treerank.search.fusion import DEFAULT_RRF_K, NORMALISATIONS, linear_fusion, rrf
+from treerank.search.fusion import (
+    DEFAULT_RRF_K,
+    FUSION_METHOD_NAMES,
+    NORMALISATIONS,
+    FusionMethod,
+    Normalisation,
+    linear_fusion,
+    rrf,
+)
 from treerank.search.run import Run, store_key
-from treerank.storelike import StoreLike
+from treerank.storelike import StoreLike, Vectors
 
 
 @runtime_checkable
@@ -43,16 +51,28 @@ class System(Protocol):
 
     name: str
 
-    def retrieve(self, store: StoreLike, k: int = 1000) -> Run:
+    def retrieve(self, store: StoreLike, k: int = RUN_DEPTH) -> Run:
+        """Top-``k`` passages of the split for each of its queries (row ``i`` = query ``i``)."""
+        ...
+
+
+class VectorSystem(Protocol):
+    """A system that ranks from a split's vectors alone (a family's own retrieval, such as the
+    forest's inverted lists): every :class:`VectorSystem` is a :class:`System`, and it also ranks
+    a split of bare vectors (the held-out queries of training's validation)."""
+
+    name: str
+
+    def retrieve(self, store: Vectors, k: int = RUN_DEPTH) -> Run:
         """Top-``k`` passages of the split for each of its queries (row ``i`` = query ``i``)."""
         ...
 
 
 class SystemHook(Protocol):
     """A model family's own search (``ModelFamily.system``, e.g. the forest's inverted lists):
-    ``make(model, name, device=...) -> System``; ``device`` is always passed."""
+    ``make(model, name, device=...) -> VectorSystem``; ``device`` is always passed."""
 
-    def __call__(self, model: CheckpointMixin, name: str | None, *, device: Device) -> System:
+    def __call__(self, model: CheckpointMixin, name: str | None, *, device: Device) -> VectorSystem:
         """The system that ranks with the loaded ``model`` on ``device``."""
         ...
 
@@ -130,7 +150,7 @@ class DenseSystem:
             options.shard,
         )
 
-    def retrieve(self, store: StoreLike, k: int = 1000) -> Run:
+    def retrieve(self, store: StoreLike, k: int = RUN_DEPTH) -> Run:
         k = min(k, int(store.n_passages))
         if (hit := self._memo.get(store, k)) is not None:
             return hit
@@ -156,7 +176,7 @@ class DenseSystem:
                 passage_transform=self.scorer.encode_passages,
                 progress=self.progress,
                 backend=self.backend,
-                source=str(getattr(store, "path", "vectors")),
+                source=str(store.path),
                 device=self.device,
             )
         return self._memo.put(store, Run(self.name, ids, scores))
@@ -180,7 +200,7 @@ class BM25System:
             self._cache = (key, BM25Index(store.passage_texts(), self.params))
         return self._cache[1]
 
-    def retrieve(self, store: StoreLike, k: int = 1000) -> Run:
+    def retrieve(self, store: StoreLike, k: int = RUN_DEPTH) -> Run:
         k = min(k, int(store.n_passages))
         if (hit := self._memo.get(store, k)) is not None:
             return hit
@@ -196,15 +216,16 @@ class FusionSystem:
         self,
         a: System,
         b: System,
-        method: str = "rrf",
+        method: FusionMethod = "rrf",
         rrf_k: int = DEFAULT_RRF_K,
         weight: float = 0.5,
-        norm: str = "minmax",
+        norm: Normalisation = "minmax",
         depth: int = 1000,
         name: str | None = None,
     ) -> None:
-        if method not in ("rrf", "linear"):
-            raise ValueError(f"unknown fusion method {method!r}; known: rrf, linear")
+        if method not in FUSION_METHOD_NAMES:
+            known = ", ".join(FUSION_METHOD_NAMES)
+            raise ValueError(f"unknown fusion method {method!r}; known: {known}")
         if norm not in NORMALISATIONS:
             raise ValueError(f"unknown normalisation {norm!r}; known: {', '.join(NORMALISATIONS)}")
         self.a, self.b = a, b
@@ -221,7 +242,7 @@ class FusionSystem:
             else f"linear-fusion:{a.name}+{b.name}:w={weight}"
         )
 
-    def retrieve(self, store: StoreLike, k: int = 1000) -> Run:
+    def retrieve(self, store: StoreLike, k: int = RUN_DEPTH) -> Run:
         d = max(k, self.depth)
         ra, rb = self.a.retrieve(store, d), self.b.retrieve(store, d)
         if self.method == "rrf":
@@ -308,7 +329,7 @@ class CheckpointSystem:
                 ``treerank.families.CHECKPOINTS``).
             TypeError: a dense family's model lacks ``encode_queries`` / ``encode_passages``.
         """
-        fp = getattr(store, "encoder_fingerprint", None)
+        fp = store.encoder_fingerprint
         if self._loaded is None or self._loaded[0] != fp:
             model = self.loader.load(
                 self.path, expected_fingerprint=fp, expected_precision=vector_precision(store)
@@ -338,9 +359,7 @@ class CheckpointSystem:
         """
         from treerank.models.checkpoint import check_checkpoint_store
 
-        check_checkpoint_store(
-            self.path, getattr(store, "encoder_fingerprint", None), vector_precision(store)
-        )
+        check_checkpoint_store(self.path, store.encoder_fingerprint, vector_precision(store))
 
     def _extra(self) -> dict[str, Any] | None:
         """The ``extra`` record of the checkpoint's ``config.json`` (of ``<dir>`` or of a run's
@@ -375,7 +394,7 @@ class CheckpointSystem:
         self.system_for(store)
         return self._model_type
 
-    def retrieve(self, store: StoreLike, k: int = 1000) -> Run:
+    def retrieve(self, store: StoreLike, k: int = RUN_DEPTH) -> Run:
         run = self.system_for(store).retrieve(store, k)
         return Run(self.name, run.ids, run.scores)
 

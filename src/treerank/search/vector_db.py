@@ -43,8 +43,10 @@ from typing import Any
 import numpy as np
 
 from treerank.encoders.precision import vector_precision
+from treerank.kernels.topk import RUN_DEPTH
 from treerank.kernels.vectors import l2_normalize
 from treerank.search.run import Run
+from treerank.storelike import StoreLike
 
 __all__ = [
     "DBLocation",
@@ -135,10 +137,10 @@ def parse_db_spec(body: str, spec: str) -> tuple[DBLocation, str | None]:
     return DBLocation.of(body), None
 
 
-def _store_identity(store: Any) -> dict[str, Any]:
-    meta = getattr(store, "meta", {}) or {}
+def _store_identity(store: StoreLike) -> dict[str, object]:
+    meta = store.meta
     return {
-        "split": str(meta.get("split", getattr(store, "split", ""))),
+        "split": str(meta.get("split", store.split)),
         "signature": str(meta.get("signature") or meta.get("data_sha256") or ""),
         "n_passages": int(store.n_passages),
         "dim": int(store.dim),
@@ -182,7 +184,7 @@ def _alias_target(client: Any, alias: str) -> str | None:
 
 
 def export_to_db(
-    store: Any,
+    store: StoreLike,
     location: DBLocation | str,
     collection: str,
     *,
@@ -256,8 +258,8 @@ def export_to_db(
             )
     identity = {"store": _store_identity(store), "head": _head_identity(head_dir)}
     physical = _physical_name(collection, identity)
-    ids = store.passage_ids() if getattr(store, "has_texts", False) else None
-    bodies = store.passage_texts() if texts and getattr(store, "has_texts", False) else None
+    ids = store.passage_ids() if store.has_texts else None
+    bodies = store.passage_texts() if texts and store.has_texts else None
     n = int(store.n_passages)
     with loc.client() as client:
         if client.collection_exists(physical):
@@ -362,7 +364,7 @@ class DBSystem:
         """``ckpt:<dir>`` of the head whose towers the collection holds, once searched (so
         ``uses_trained_model`` sees it)."""
 
-    def _query_vectors(self, store: Any, meta: dict[str, Any]) -> np.ndarray:
+    def _query_vectors(self, store: StoreLike, meta: dict[str, Any]) -> np.ndarray:
         q = np.asarray(store.queries, dtype=np.float32)
         head = (meta.get("treerank") or {}).get("head")
         if head is None:
@@ -377,7 +379,7 @@ class DBSystem:
         )
         return np.asarray(model.encode_queries(q), np.float32)
 
-    def retrieve(self, store: Any, k: int = 1000) -> Run:
+    def retrieve(self, store: StoreLike, k: int = RUN_DEPTH) -> Run:
         """Top-``k`` passages (store row ids) for every query of ``store``.
 
         Raises:

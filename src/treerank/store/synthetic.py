@@ -370,7 +370,7 @@ def fit_store(
     return StoreMixtures(
         queries=fit(store.queries),
         passages=fit(store.passages),
-        source=str(getattr(store, "path", "")),
+        source=str(store.path),
     )
 
 

@@ -44,7 +44,7 @@ class QuerySubset:
         rows = np.asarray(rows, dtype=np.int64)
         nq = int(store.n_queries)
         if rows.ndim != 1 or (rows.size and (rows.min() < 0 or rows.max() >= nq)):
-            raise ValueError(f"{getattr(store, 'path', 'store')}: query rows out of [0, {nq})")
+            raise ValueError(f"{store.path}: query rows out of [0, {nq})")
         self.base = store
         self.rows = rows
         self.memo_key = f"query-subset:{uuid.uuid4().hex}"

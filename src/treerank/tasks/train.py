@@ -15,7 +15,7 @@ mines hard negatives; ``treerank.training.output.save_trained_model`` writes the
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -32,7 +32,7 @@ from treerank.kernels.device import DEFAULT_DEVICE, Device
 from treerank.kernels.vectors import ROW_CHUNK
 from treerank.lock import writer_lock
 from treerank.search.systems import SystemHook
-from treerank.storelike import StoreLike
+from treerank.storelike import StoreLike, Vectors
 from treerank.training.history import TrainingLog
 from treerank.training.holdout import (
     HoldoutError,
@@ -124,13 +124,22 @@ def _subsample_passages(
 
 
 class _Split:
-    """Queries and passages as the ``System.retrieve`` interface reads a store split."""
+    """The held-out queries and (subsampled) passages of a split as :class:`Vectors`: what a
+    family's own retrieval (``SystemHook`` -> ``VectorSystem.retrieve``) reads.
 
-    def __init__(self, queries: np.ndarray, passages: Any) -> None:
+    Args:
+        path: the split directory (named in messages).
+        queries: ``float32 (nq, dim)``. passages: ``float32 (np, dim)`` (an ndarray or memmap).
+    """
+
+    def __init__(self, path: Path, queries: np.ndarray, passages: np.ndarray) -> None:
+        self.path = path
+        self.meta: dict[str, object] = {}  # no record of its own: nothing is trusted unread
         self.queries, self.passages = queries, passages
         self.n_queries, self.n_passages = len(queries), int(passages.shape[0])
+        self.dim = int(passages.shape[1])
 
-    def iter_passage_chunks(self, chunk_size: int = ROW_CHUNK) -> Any:
+    def iter_passage_chunks(self, chunk_size: int = ROW_CHUNK) -> Iterator[tuple[int, np.ndarray]]:
         for start in range(0, self.n_passages, chunk_size):
             yield start, np.asarray(self.passages[start : start + chunk_size], dtype=np.float32)
 
@@ -187,8 +196,8 @@ def make_validator(
             # searched at evaluation time, never through a dense view (one-hot features).
             make: SystemHook = fam.system
             system = make(model, None, device=device)
-            split = _Split(queries, passages)  # not a StoreLike: issue 31 item 6
-            ids = system.retrieve(split, cfg.k).ids  # type: ignore[arg-type]
+            split: Vectors = _Split(store.path, queries, passages)
+            ids = system.retrieve(split, cfg.k).ids
         else:
             ids, _ = exact_search(
                 model.encode_queries(queries),

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 import numpy as np
 
@@ -55,6 +55,9 @@ __all__ = [
 
 CE_LOSSES = ("bce", "listwise", "margin-mse")
 PRECISIONS = ("fp32", "bf16")
+DenoiseAction = Literal["drop", "relabel"]
+"""What RocketQA denoising does with a likely false negative: drop it or relabel it positive."""
+DENOISE_ACTIONS: tuple[DenoiseAction, ...] = get_args(DenoiseAction)
 MODEL_DIR = "model"
 CHECKPOINTS_DIR = "checkpoints"
 CE_JSON = "cross_encoder.json"
@@ -463,7 +466,7 @@ def denoise_negatives(
     *,
     threshold: float | None = None,
     relative_margin: float | None = None,
-    action: str = "drop",
+    action: DenoiseAction = "drop",
     n_examples: int = 10,
 ) -> DenoiseResult:
     """Flag mined negatives a cross-encoder scores as positives (RocketQA's denoising).
@@ -503,8 +506,9 @@ def denoise_negatives(
         raise ValueError("denoise: give a threshold, a relative_margin, or both")
     if relative_margin is not None and relative_margin < 0:
         raise ValueError(f"denoise: relative_margin must be >= 0, got {relative_margin}")
-    if action not in ("drop", "relabel"):
-        raise ValueError(f"denoise: action {action!r}: expected 'drop' or 'relabel'")
+    if action not in DENOISE_ACTIONS:
+        known = " or ".join(repr(a) for a in DENOISE_ACTIONS)
+        raise ValueError(f"denoise: action {action!r}: expected {known}")
     _, labelled = relevant_lists(np.asarray(candidates), np.asarray(labels))
     is_labelled = ((neg[:, :, None] == labelled[:, None, :]) & (labelled[:, None, :] >= 0)).any(2)
     valid = (neg >= 0) & ~is_labelled

@@ -228,7 +228,7 @@ def build_sampler(
         hard_pool=pool,
         seed=seed,
         drop_last=cfg.drop_last,
-        query_keys=text_keys(store.query_texts()) if getattr(store, "has_texts", False) else None,
+        query_keys=text_keys(store.query_texts()) if store.has_texts else None,
     )
     info["train_queries"] = int(sampler.query_rows.size)
     info["batches_per_epoch"] = len(sampler)

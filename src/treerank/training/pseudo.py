@@ -36,7 +36,7 @@ import numpy as np
 from treerank.readers.builder import SplitBuilder
 from treerank.readers.split import RetrievalSplit
 from treerank.store.format import PSEUDO_SOURCE
-from treerank.storelike import StoreLike
+from treerank.storelike import StoreLike, meta_object
 
 __all__ = [
     "PSEUDO_METHODS",
@@ -260,7 +260,7 @@ def build_pseudo_store(
         from treerank.encoders.precision import store_precision
 
         name = store.encoder_name
-        enc_meta = store.meta.get("encoder") or {}
+        enc_meta = meta_object(store.meta, "encoder")
         encoder = SentenceEncoder(
             None if name in (None, DEFAULT_MODEL_NAME) else name,
             query_prompt=store.query_prompt,
