@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from treerank.evaluation.settings import DEFAULT_BASELINE
 from treerank.evaluation.significance import N_PERMUTATIONS
+from treerank.kernels.topk import RUN_DEPTH
 from treerank.metrics.metrics import DEFAULT_METRICS, HEADLINE_METRIC
 
 __all__ = ["DiagnosticsSettings"]
@@ -24,7 +26,7 @@ class DiagnosticsSettings:
     it)."""
 
     baseline: str = field(
-        default="cosine",
+        default=DEFAULT_BASELINE,
         metadata={"help": "Comparison system: cosine, bm25, rrf:bm25+cosine, ckpt:<dir>, ..."},
     )
     """A system spec; ``cosine`` needs nothing beyond the store."""
@@ -35,7 +37,7 @@ class DiagnosticsSettings:
     metrics: tuple[str, ...] = field(
         default=DEFAULT_METRICS, metadata={"help": "Metrics computed for every variant / system."}
     )
-    k: int = field(default=1000, metadata={"help": "Run depth (top-k passages per query)."})
+    k: int = field(default=RUN_DEPTH, metadata={"help": "Run depth (top-k passages per query)."})
     top_n: int = field(
         default=10, metadata={"help": "Top wins / losses profiled in the failure analysis."}
     )

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from treerank.encoders import SentenceEncoder
+from treerank.encoders.batching import DEFAULT_TOKEN_BUDGET
 from treerank.kernels.device import DEFAULT_DEVICE, Device
 from treerank.readers import RetrievalSplit
 from treerank.store.dataset import EmbeddedSplit, embed_dataset
@@ -41,7 +42,7 @@ class EncoderSettings:
     query_prompt: str | None = None
     passage_prompt: str | None = None
     max_seq_length: int | None = None
-    token_budget: int = 16384
+    token_budget: int = DEFAULT_TOKEN_BUDGET
     max_batch_size: int = 256
     max_padding: float = 0.1
     backend: str = "torch"
