@@ -39,3 +39,22 @@ def test_finetune_page_quotes_the_result_json(path: Path) -> None:
             ]
     missing = [q for q in quoted if q not in text]
     assert not missing, f"docs/finetune.md lacks {missing} from {path.name}"
+
+
+TRANSFERS = sorted((REPO / "docs" / "results").glob("transfer_*.json"))
+
+
+def test_there_is_a_transfer_result() -> None:
+    assert any(p.name == "transfer_squad_query_tower_scifact.json" for p in TRANSFERS)
+
+
+@pytest.mark.parametrize("path", TRANSFERS, ids=[p.stem for p in TRANSFERS])
+def test_finetune_page_quotes_the_transfer_json(path: Path) -> None:
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    text = (REPO / "docs" / "finetune.md").read_text(encoding="utf-8")
+    paired = doc["paired_vs_cosine"]["ndcg@10"]
+    quoted = [f"{doc['systems'][s]['ndcg@10']:.4f}" for s in doc["systems"]]
+    quoted += [f"{paired[k]:+.4f}" for k in ("delta", "ci_low", "ci_high")]
+    quoted += [f"{paired['p']:.4f}", f"{doc['n_queries']:,}", f"{doc['n_passages']:,}"]
+    missing = [q for q in quoted if q not in text]
+    assert not missing, f"docs/finetune.md lacks {missing} from {path.name}"
