@@ -187,6 +187,8 @@ class _Store:
         self.path = Path("generated")
         self.dim, self.n_queries, self.n_passages = d, nq, n
         self.encoder_name = self.encoder_fingerprint = "generated"
+        self.meta: dict[str, object] = {}
+        self.has_texts = False  # the Texts protocol's flag: no texts, so no text checks
 
     def has_array(self, name: str) -> bool:
         return False
