@@ -56,5 +56,7 @@ def test_finetune_page_quotes_the_transfer_json(path: Path) -> None:
     quoted = [f"{doc['systems'][s]['ndcg@10']:.4f}" for s in doc["systems"]]
     quoted += [f"{paired[k]:+.4f}" for k in ("delta", "ci_low", "ci_high")]
     quoted += [f"{paired['p']:.4f}", f"{doc['n_queries']:,}", f"{doc['n_passages']:,}"]
+    quoted += [f"{doc['n_train_queries']:,}", f"{doc['cost']['reembed']['cpu_seconds']:.1f}"]
+    quoted += [f"{doc['cost']['evaluate']['cpu_seconds']:.1f}"]
     missing = [q for q in quoted if q not in text]
     assert not missing, f"docs/finetune.md lacks {missing} from {path.name}"

@@ -255,17 +255,21 @@ def finetune_rows(train: StoreLike, cfg: FinetuneConfig) -> tuple[np.ndarray, np
     )
 
 
-def _clock() -> tuple[float, float]:
+def cost_clock() -> tuple[float, float]:
+    """``(CPU seconds of this process, user + system; wall clock seconds)`` now: the start of
+    a :func:`cost_since` measurement."""
     import resource
 
     ru = resource.getrusage(resource.RUSAGE_SELF)
     return ru.ru_utime + ru.ru_stime, time.perf_counter()
 
 
-def _since(start: tuple[float, float]) -> dict[str, float]:
+def cost_since(start: tuple[float, float]) -> dict[str, float]:
+    """``{"cpu_seconds", "wall_seconds", "peak_rss_mib"}`` since ``start`` (a
+    :func:`cost_clock` value); the peak RSS is the process's so far (MiB), not the interval's."""
     import resource
 
-    cpu, wall = _clock()
+    cpu, wall = cost_clock()
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     return {
         "cpu_seconds": round(cpu - start[0], 3),
@@ -275,7 +279,7 @@ def _since(start: tuple[float, float]) -> dict[str, float]:
 
 
 def _between(a: tuple[float, float], b: tuple[float, float]) -> dict[str, float]:
-    """CPU and wall seconds from :func:`_clock` reading ``a`` to reading ``b``."""
+    """CPU and wall seconds from :func:`cost_clock` reading ``a`` to reading ``b``."""
     return {"cpu_seconds": round(b[0] - a[0], 3), "wall_seconds": round(b[1] - a[1], 3)}
 
 
@@ -333,7 +337,7 @@ def run_finetune(
     root, out = Path(store_root), Path(out_dir)
     train = EmbeddingStore.open(root / train_split)
     test = EmbeddingStore.open(root / eval_split)
-    t0 = _clock()
+    t0 = cost_clock()
     train_rows, held = finetune_rows(train, cfg)
     mined = None
     if cfg.data.hard_negatives == "mined":
@@ -352,15 +356,15 @@ def run_finetune(
         device=device,
         log=say,
     )
-    t1 = _clock()
-    train_part = _since(t0)  # mining + loading + training, measured now
+    t1 = cost_clock()
+    train_part = cost_since(t0)  # mining + loading + training, measured now
     stores: dict[str, EmbeddingStore] = {}
     for name, parent in ((train_split, train), (eval_split, test)):
         say(f"re-embedding {parent.path} with the tuned encoder")
         stores[name] = reembed_split(
             out, parent, out / STORES_DIR / name, overwrite=True, device=device
         )
-    t2 = _clock()
+    t2 = cost_clock()
     settings = EvaluationSettings()
     if n_permutations is not None:
         settings = settings.with_(n_permutations=n_permutations)
@@ -393,7 +397,7 @@ def run_finetune(
             settings=settings.with_(baseline="cosine"),
         )
         heldout = {"n_queries": int(len(held)), **_means(hc)}
-    t3 = _clock()
+    t3 = cost_clock()
     drift = {
         split: store_drift(parent, stores[split], k=drift_k, passages=cfg.family != "query-tower")
         for split, parent in ((eval_split, test),)
@@ -435,7 +439,7 @@ def run_finetune(
             "train_process": train_part,
             "reembed": _between(t1, t2),
             "evaluate": _between(t2, t3),
-            "total": _since(t0),
+            "total": cost_since(t0),
         },
     }
     atomic_write_json(out / RESULTS_JSON, results)
@@ -481,7 +485,7 @@ def run_cross_encoder_finetune(
     train = EmbeddingStore.open(root / train_split)
     ce, data = cfg.cross_encoder, cfg.train.data
     torch.set_num_threads(int(cfg.train.trainer.threads))
-    t0 = _clock()
+    t0 = cost_clock()
     train_rows, held = finetune_rows(train, cfg)
     if data.hard_negatives == "mined":
         say(f"mining BM25 negatives (depth {data.mine_depth}) into {train.path}")
@@ -519,7 +523,7 @@ def run_cross_encoder_finetune(
         "fingerprint": res.fingerprint,
         "rerank_spec": f"rescore:bm25:depth=20,scorer=ce:{res.model_dir}",
         "training": {**summary, "pairs": steps * ce.batch_size * (1 + ce.negatives)},
-        "cost": {"train": summary["cost"], "total": _since(t0)},
+        "cost": {"train": summary["cost"], "total": cost_since(t0)},
     }
     atomic_write_json(out / RESULTS_JSON, results)
     return results
