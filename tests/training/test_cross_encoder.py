@@ -192,6 +192,28 @@ def test_bce_bf16_trains_and_scores(ms: Any, tmp_path: Path) -> None:
     assert v.dtype == np.float32 and v.shape == (2,) and np.isfinite(v).all()
 
 
+def test_auto_precision_takes_the_probes_choice(
+    ms: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``precision: auto`` trains at what ``resolve_precision`` measured, and records it."""
+    import treerank.training.finetune as finetune
+
+    seen: list[str] = []
+
+    def fake(setting: str, encoder: Any, device: Any = None, **_: Any) -> tuple[str, dict]:
+        seen.append(setting)
+        return "bf16", {"setting": setting, "chosen": "bf16", "ratio": 2.5}
+
+    monkeypatch.setattr(finetune, "resolve_precision", fake)
+    out = train_cross_encoder(
+        ms, small(loss="bce", precision="auto", max_steps=1), tmp_path / "a", mined=bm25_mined(ms)
+    )
+    assert seen == ["auto"]
+    assert out.summary["precision"] == "bf16"
+    assert out.summary["precision_choice"] == {"setting": "auto", "chosen": "bf16", "ratio": 2.5}
+    assert CrossEncoderConfig(precision="auto").precision == "auto"
+
+
 class LengthScorer:
     """A stand-in teacher: a pair's score is its passage's length in characters."""
 

@@ -54,7 +54,7 @@ __all__ = [
 ]
 
 CE_LOSSES = ("bce", "listwise", "margin-mse")
-PRECISIONS = ("fp32", "bf16")
+PRECISIONS = ("fp32", "bf16", "auto")
 DenoiseAction = Literal["drop", "relabel"]
 """What RocketQA denoising does with a likely false negative: drop it or relabel it positive."""
 DENOISE_ACTIONS: tuple[DenoiseAction, ...] = get_args(DenoiseAction)
@@ -76,7 +76,12 @@ class CrossEncoderConfig:
         max_steps: optimiser steps (``-1``: one epoch over the groups).
         max_length: tokens per (query, passage) pair.
         seed: shuffling, head initialisation, dropout.
-        precision: ``fp32`` or ``bf16`` (autocast; the trainer's ``bf16`` flag).
+        precision: ``fp32``, ``bf16`` (autocast; the trainer's ``bf16`` flag) or ``auto``
+            (resolved when training starts by
+            :func:`treerank.training.finetune.resolve_precision` on the base model's
+            transformer, the body the cross-encoder trains: bf16 on a CUDA GPU that supports
+            it; on a CPU only where the measured probe found bf16 faster than fp32 and within
+            its fidelity bound).
         save_steps: checkpoint every this many steps (``0``: only at the end).
         base: local model folder to start from (None: the store's default encoder).
     """
@@ -98,7 +103,7 @@ class CrossEncoderConfig:
         if self.loss not in CE_LOSSES:
             problems.append(f"loss={self.loss!r}: expected one of {', '.join(CE_LOSSES)}")
         if self.precision not in PRECISIONS:
-            problems.append(f"precision={self.precision!r}: expected fp32 or bf16")
+            problems.append(f"precision={self.precision!r}: expected fp32, bf16 or auto")
         for key in ("negatives", "batch_size", "max_length"):
             if int(getattr(self, key)) < 1:
                 problems.append(f"{key}={getattr(self, key)!r}: must be >= 1")
@@ -290,6 +295,24 @@ class CrossEncoderOutput:
     summary: dict[str, Any] = field(default_factory=dict)
 
 
+def _resolve_precision(
+    c: CrossEncoderConfig, device: Device, log: Callable[[str], None] | None
+) -> tuple[str, dict[str, Any]]:
+    """``(precision, record)``: ``c.precision``, with ``auto`` measured on the base model's
+    transformer (:func:`treerank.training.finetune.resolve_precision`)."""
+    if c.precision != "auto":
+        return c.precision, {"setting": c.precision}
+    from treerank.encoders import SentenceEncoder
+    from treerank.training.finetune import resolve_precision
+
+    precision, record = resolve_precision(
+        "auto", SentenceEncoder(c.base, device=device, progress=False), device
+    )
+    if log is not None:
+        log(f"precision auto: {precision} ({record})")
+    return precision, record
+
+
 def train_cross_encoder(
     store: StoreLike,
     config: CrossEncoderConfig,
@@ -360,6 +383,7 @@ def train_cross_encoder(
     from treerank.encoders.sentence import default_model_path
     from treerank.models.cross_encoder import load_cross_encoder
 
+    precision, precision_record = _resolve_precision(c, device, log)
     torch.manual_seed(c.seed)  # the fresh head's initialisation
     model = load_cross_encoder(
         c.base or default_model_path(), device=device, max_length=c.max_length
@@ -376,7 +400,7 @@ def train_cross_encoder(
         learning_rate=c.lr,
         warmup_steps=c.warmup_ratio,
         lr_scheduler_type="linear",
-        bf16=c.precision == "bf16",
+        bf16=precision == "bf16",
         save_strategy="steps",
         save_steps=c.save_steps if c.save_steps > 0 else steps,
         logging_steps=1,
@@ -413,6 +437,8 @@ def train_cross_encoder(
         "mined_share": round(float(groups.mined.mean()), 4),
         "resumed_from": None if start is None else start.name,
         "train_loss": float(result.training_loss),
+        "precision": precision,
+        "precision_choice": precision_record,
         "log": records,
         "cost": {
             "cpu_seconds": round(cpu, 3),

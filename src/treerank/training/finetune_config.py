@@ -278,7 +278,8 @@ class CrossEncoderTrainerSection:
             cross_encoder.CE_LOSSES`).
         lr: peak learning rate. warmup_ratio: share of steps warming up, in [0, 1).
         max_steps: optimiser steps (``-1``: one epoch over the groups).
-        precision: ``fp32`` or ``bf16`` (autocast).
+        precision: ``fp32``, ``bf16`` (autocast) or ``auto`` (the measured probe decides,
+            as for the encoder fine-tune: :func:`treerank.training.finetune.resolve_precision`).
         save_steps: resumable checkpoint every this many steps (0: only at the end).
         threads: ``torch.set_num_threads``.
         seed: groups' shuffle, head initialisation, dropout (defaults to the top-level seed).
