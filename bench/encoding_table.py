@@ -1,6 +1,8 @@
 """Render the measured tables of ``docs/encoding.md`` from the benchmark JSON files.
 
-Reads ``bench/results/embed/encoding_paths.json`` (``bench/bench_encoding.py``),
+Reads ``bench/results/embed/encoding_paths*.json`` (``bench/bench_encoding.py``, one file per
+CPU measured: ``encoding_paths.json`` an AMD EPYC without AMX, ``encoding_paths_amx.json`` an
+Intel Xeon with AMX),
 ``bench/results/embed/backends.json`` (``bench/bench_embed.py``) and
 ``bench/results/embed/scifact_{bf16,int8}_ndcg.json`` (``bench/bench_onnx_ndcg.py``) and replaces
 the text between ``<!-- BEGIN measured -->`` and ``<!-- END measured -->`` in ``docs/encoding.md``.
@@ -90,7 +92,7 @@ def render_paths(doc: dict[str, Any]) -> str:
         f"repeats in one process (order rotated each repeat); CPU: {cpu.get('Model name', '?')} "
         f"({cpu.get('CPU(s)', '?')} CPUs; SIMD flags: {' '.join(simd) or 'none'}; "
         f"{'with' if 'amx_bf16' in flags else 'no'} AMX), load average "
-        f"{doc['load_average'][0]:.1f} (shared machine); torch {doc['versions']['torch']}, "
+        f"{doc['load_average'][0]:.1f} at the end; torch {doc['versions']['torch']}, "
         f"onnxruntime {doc['versions']['onnxruntime']}. Ratio = plain fp32 "
         "`SentenceTransformer.encode` seconds / the path's seconds (wall; CPU: process CPU "
         "seconds); cosine to plain fp32's vector of the same text.",
@@ -137,6 +139,36 @@ def render_paths(doc: dict[str, Any]) -> str:
             f"`auto` chose `{auto['path']}`: its probe ({auto['probe_texts']} fixed texts, one "
             f"batch) measured {auto['ratio_to_fp32']:.2f}x `torch/fp32` ({probe}).",
         ]
+    return "\n".join(lines)
+
+
+AUTO_TARGETS = {True: 2.0, False: 1.3}  # issue 34: `auto` / plain encode, with / without AMX
+
+
+def _has_amx(doc: dict[str, Any]) -> bool:
+    return "amx_bf16" in doc.get("cpu", {}).get("Flags", "")
+
+
+def _cpu_label(doc: dict[str, Any]) -> str:
+    model = doc.get("cpu", {}).get("Model name", "?")
+    return f"{model}, {'with' if _has_amx(doc) else 'no'} AMX"
+
+
+def render_targets(docs: list[dict[str, Any]]) -> str:
+    """One row per measured CPU: `auto`'s path and ratio to plain ``encode`` against issue 34's
+    target (>= 2.0x with AMX, >= 1.3x without, never below 1.0x)."""
+    lines = [
+        "| CPU | `auto` chose | `auto` / plain `encode` (wall) | CPU-s ratio | target | met |",
+        "|---|---|---:|---:|---:|---|",
+    ]
+    for doc in docs:
+        row, target = doc["rows"]["auto"], AUTO_TARGETS[_has_amx(doc)]
+        cpu_r = row.get("cpu_ratio")
+        lines.append(
+            f"| {_cpu_label(doc)} | `{doc['auto']['path']}` | {row['ratio']:.2f} | "
+            f"{'-' if cpu_r is None else f'{cpu_r:.2f}'} | >= {target} | "
+            f"{'yes' if row['ratio'] >= target else 'no'} |"
+        )
     return "\n".join(lines)
 
 
@@ -196,11 +228,17 @@ def render_ndcg(doc: dict[str, Any], label: str = "onnx-int8", prec: str = "int8
 def render() -> str:
     """The measured section (every table, or a note where a results file is missing)."""
     parts = []
-    paths = _load("encoding_paths.json")
+    measured = [_load(p.name) for p in sorted(RESULTS.glob("encoding_paths*.json"))]
+    paths_docs = [d for d in measured if d]
     parts.append(
-        "### Encode throughput per path (`bench/bench_encoding.py`)\n\n"
-        + (render_paths(paths) if paths else "_not measured yet_")
+        "### `auto` against its targets, per CPU (`bench/bench_encoding.py`)\n\n"
+        + (render_targets(paths_docs) if paths_docs else "_not measured yet_")
     )
+    for paths in paths_docs:
+        parts.append(
+            f"### Encode throughput per path, {_cpu_label(paths)} (`bench/bench_encoding.py`)"
+            "\n\n" + render_paths(paths)
+        )
     thr = _load("backends.json")
     parts.append(
         "### Throughput, memory, serve latency (`bench/bench_embed.py`, earlier run)\n\n"
