@@ -98,6 +98,18 @@ def partial(work: Path) -> None:
     print(json.dumps(doc, indent=1))
 
 
+def _cpu() -> dict[str, object]:
+    """The CPU's model name and whether it has AMX (the bf16 kernels differ with it)."""
+    import subprocess
+
+    out = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
+    model = next(
+        (ln.split(":", 1)[1].strip() for ln in out.splitlines() if ln.startswith("Model name:")),
+        "unknown",
+    )
+    return {"model": model, "amx": "amx_bf16" in out}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--threads", type=int, default=2)
@@ -109,6 +121,13 @@ def main() -> None:
         "(or interrupted) embed into --work (nDCG needs the finished store)",
     )
     ap.add_argument("--path", choices=sorted(PATHS), default="onnx-int8")
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="results file (default: the path's, per CPU: "
+        "name another for a second machine, e.g. scifact_bf16_ndcg_amx.json)",
+    )
     args = ap.parse_args()
     if args.partial:
         partial(args.work)
@@ -124,6 +143,7 @@ def main() -> None:
     split = read_scifact(SCIFACT, "test")
     ref = fp32_store(args.work, split, args.threads)
     label, enc_kw, out_file, cos_label, target = PATHS[args.path]
+    out_file = args.out or out_file
     out = args.work / label / "test"
     enc = SentenceEncoder(threads=args.threads, **enc_kw)  # type: ignore[arg-type]
     t0 = time.perf_counter()
@@ -153,6 +173,7 @@ def main() -> None:
     doc = {
         "dataset": "BEIR SciFact test",
         "complete": True,
+        "cpu": _cpu(),
         "n_queries": int8.n_queries,
         "n_passages": int8.n_passages,
         "threads": args.threads,
