@@ -291,7 +291,7 @@ def test_a_metric_never_knows_which_dataset_it_is_scoring() -> None:
 
 # -- pipeline -------------------------------------------------------------------------------
 
-GRAPH_MODULES = ["pipeline/experiment.py", "pipeline/identity.py", *(
+GRAPH_MODULES = ["pipeline/experiment.py", "pipeline/runs.py", "pipeline/identity.py", *(
     _rel(p) for p in _files("pipeline/stages"))]  # fmt: skip
 
 
