@@ -17,13 +17,31 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TypedDict
 
 import numpy as np
 from scipy import stats
 
+from treerank.metrics.metrics import PerQuery
+
 _TIE = 1e-12
 _BLOCK = 4_000_000  # elements of a (draws, queries) block: bounds memory whatever the sizes
+
+
+class PairedTestDoc(TypedDict):
+    """:meth:`PairedTest.to_dict`: its fields by name (the ``tests`` of a comparison's JSON)."""
+
+    metric: str
+    n: int
+    mean_system: float
+    mean_baseline: float
+    delta: float
+    wins: int
+    losses: int
+    ties: int
+    p_randomization: float
+    ci_low: float
+    ci_high: float
 
 
 @dataclass
@@ -42,8 +60,20 @@ class PairedTest:
     ci_low: float
     ci_high: float
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_dict(self) -> PairedTestDoc:
+        return PairedTestDoc(
+            metric=self.metric,
+            n=self.n,
+            mean_system=self.mean_system,
+            mean_baseline=self.mean_baseline,
+            delta=self.delta,
+            wins=self.wins,
+            losses=self.losses,
+            ties=self.ties,
+            p_randomization=self.p_randomization,
+            ci_low=self.ci_low,
+            ci_high=self.ci_high,
+        )
 
 
 @dataclass
@@ -57,7 +87,7 @@ class McNemarResult:
     p_value: float
     exact: bool
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return asdict(self)
 
     def describe(self, system: str, baseline: str, outcome: str = "hit@10") -> str:
@@ -76,7 +106,7 @@ N_PERMUTATIONS = 10_000
 overlap breakdown, diagnostics, ``treerank evaluate --permutations``)."""
 
 
-def _paired(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+def _paired(a: PerQuery, b: PerQuery) -> PerQuery:
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     if a.shape != b.shape or a.ndim != 1:
         raise ValueError(
@@ -86,14 +116,14 @@ def _paired(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return a[keep] - b[keep]
 
 
-def wins_losses_ties(system: np.ndarray, baseline: np.ndarray) -> tuple[int, int, int]:
+def wins_losses_ties(system: PerQuery, baseline: PerQuery) -> tuple[int, int, int]:
     """Queries where ``system`` beats / loses to / ties ``baseline`` (NaN pairs dropped)."""
     d = _paired(system, baseline)
     return int((d > _TIE).sum()), int((d < -_TIE).sum()), int((np.abs(d) <= _TIE).sum())
 
 
 def randomization_test(
-    system: np.ndarray, baseline: np.ndarray, n_permutations: int = N_PERMUTATIONS, seed: int = 0
+    system: PerQuery, baseline: PerQuery, n_permutations: int = N_PERMUTATIONS, seed: int = 0
 ) -> float:
     """Two-sided paired sign-flip randomization test of the mean difference.
 
@@ -120,8 +150,8 @@ def randomization_test(
 
 
 def bootstrap_ci(
-    system: np.ndarray,
-    baseline: np.ndarray,
+    system: PerQuery,
+    baseline: PerQuery,
     n_resamples: int = N_PERMUTATIONS,
     seed: int = 0,
     level: float = 0.95,
@@ -145,9 +175,7 @@ def bootstrap_ci(
     return float(lo), float(hi)
 
 
-def mcnemar(
-    system_hit: np.ndarray, baseline_hit: np.ndarray, exact_below: int = 25
-) -> McNemarResult:
+def mcnemar(system_hit: PerQuery, baseline_hit: PerQuery, exact_below: int = 25) -> McNemarResult:
     """McNemar's test on paired binary outcomes (e.g. success@10 per query).
 
     Args:
@@ -168,8 +196,8 @@ def mcnemar(
 
 
 def compare_paired(
-    system: dict[str, np.ndarray],
-    baseline: dict[str, np.ndarray],
+    system: dict[str, PerQuery],
+    baseline: dict[str, PerQuery],
     metrics: Sequence[str] | None = None,
     n_permutations: int = N_PERMUTATIONS,
     n_resamples: int = N_PERMUTATIONS,

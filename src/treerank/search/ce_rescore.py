@@ -22,6 +22,7 @@ from treerank.kernels.device import DEFAULT_DEVICE, Device
 from treerank.kernels.topk import RUN_DEPTH, sort_rows
 from treerank.models.cross_encoder import DEFAULT_SCORE_BATCH, CEPrecision, CrossEncoderScorer
 from treerank.search.run import Run
+from treerank.search.systems import System
 from treerank.search.two_stage import TwoStage
 from treerank.storelike import StoreLike
 
@@ -83,7 +84,7 @@ def recall_at_depth(store: StoreLike, candidates: np.ndarray) -> float:
     return float((hit[keep] / n_rel[keep]).mean()) if keep.any() else float("nan")
 
 
-class CrossEncoderRescoreSystem(TwoStage):
+class CrossEncoderRescoreSystem(TwoStage[CrossEncoderScorer | str]):
     """A first stage's top ``depth`` reranked by a cross-encoder.
 
     Args:
@@ -104,8 +105,8 @@ class CrossEncoderRescoreSystem(TwoStage):
 
     def __init__(
         self,
-        first: Any,
-        scorer: Any,
+        first: System,
+        scorer: CrossEncoderScorer | str,
         depth: int = 100,
         name: str | None = None,
         *,
@@ -119,7 +120,7 @@ class CrossEncoderRescoreSystem(TwoStage):
         self.batch_size, self.precision, self.device = batch_size, precision, device
         self.first_run: Run | None = None
 
-    def scorer_for(self) -> Any:
+    def scorer_for(self) -> CrossEncoderScorer:
         if isinstance(self.scorer, str):
             path = self.scorer.strip()[len(CE_PREFIX) :]
             self.scorer = CrossEncoderScorer(

@@ -22,7 +22,6 @@ Spec: ``rescore:<first stage spec>[:depth=100,scorer=cosine|ckpt:<dir>|ce:<dir>]
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
@@ -37,6 +36,7 @@ from treerank.kernels.topk import (
 )
 from treerank.models.base import DenseScorer
 from treerank.search.run import Run
+from treerank.search.systems import System
 from treerank.search.two_stage import TwoStage
 from treerank.storelike import StoreLike
 
@@ -162,7 +162,7 @@ def rescore(
     return ids[:, :k], scores[:, :k]
 
 
-class RescoreSystem(TwoStage):
+class RescoreSystem(TwoStage[DenseScorer | str]):
     """A first-stage system's top ``depth`` rescored exactly by a dense scorer.
 
     Args:
@@ -176,7 +176,7 @@ class RescoreSystem(TwoStage):
 
     def __init__(
         self,
-        first: Any,
+        first: System,
         scorer: DenseScorer | str = "cosine",
         depth: int = DEFAULT_DEPTH,
         name: str | None = None,
