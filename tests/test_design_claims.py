@@ -223,20 +223,13 @@ ANY_BANNED = [
     "treerank.evaluation.*",
 ]
 ANY_PENDING = {
-    # explicit ``Any`` left today (issue 31 item 6): untyped FAISS / vector-DB objects, nested
-    # JSON documents read with ``.get``
+    # explicit ``Any`` left today (issue 31 item 6; pyproject.toml says why for each): FAISS
+    # objects, nested JSON documents read with ``.get``, a dynamic proxy, load_model's model
     "treerank.evaluation.summary",
-    "treerank.search.bm25",
-    "treerank.search.ce_rescore",
     "treerank.search.faiss_index",
     "treerank.search.fusion_tuning",
-    "treerank.search.negatives",
     "treerank.search.query",
-    "treerank.search.rescore",
-    "treerank.search.rm3",
-    "treerank.search.specs",
     "treerank.search.systems",
-    "treerank.search.vector_db",
 }
 
 

@@ -31,11 +31,8 @@ import numpy as np
 import numpy.typing as npt
 
 from treerank.kernels.topk import RUN_DEPTH, decode_keys, rank_keys
-from treerank.kernels.vectors import F32, I64
+from treerank.kernels.vectors import F32, F64, I64
 from treerank.search.run import Run
-
-F64 = npt.NDArray[np.float64]
-"""``float64`` per-passage contributions, normalised scores and weights."""
 
 DEFAULT_RRF_K = 60
 
