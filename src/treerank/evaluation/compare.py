@@ -200,10 +200,7 @@ class Comparison:
         """Header and rows (value, delta vs ``baseline``, randomization p) per metric."""
         b = baseline or self.baseline
         means = {s: {m: r.mean[m] for m in self.metrics} for s, r in self.results.items()}
-        tests = {
-            s: {m: t.to_dict() for m, t in ts.items()} for s, ts in self.tests.get(b, {}).items()
-        }
-        return table_rows(means, tests, self.metrics, b)
+        return table_rows(means, self.tests.get(b, {}), self.metrics, b)
 
     def markdown(self) -> str:
         out = []
@@ -625,7 +622,7 @@ def _write(comp: Comparison, store: StoreLike, out: Path) -> None:
     comp.files["table"] = atomic_write_text(out / "table.md", comp.markdown())
     dataset = dataset_label(comp.settings.get("store"), comp.settings.get("split"))
     tests = {
-        s: {m: t.to_dict() for m, t in ts.items()}
+        s: {m: {"delta": t.delta, "ci_low": t.ci_low, "ci_high": t.ci_high} for m, t in ts.items()}
         for s, ts in comp.tests.get(comp.baseline, {}).items()
     }
     comp.files["plot:deltas"] = plot_deltas(

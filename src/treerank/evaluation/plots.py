@@ -9,12 +9,11 @@ from pathlib import Path
 import numpy as np
 
 from treerank.atomic import atomic_savefig
-from treerank.evaluation.significance import PairedTestDoc
 from treerank.metrics.metrics import PerQuery
 
-PairedTests = Mapping[str, Mapping[str, PairedTestDoc]]
-"""system -> metric -> a paired test as a dict (:meth:`PairedTest.to_dict`: ``delta``,
-``ci_low``, ``ci_high``, ...)."""
+PairedTests = Mapping[str, Mapping[str, Mapping[str, float]]]
+"""system -> metric -> a paired test's ``delta``, ``ci_low`` and ``ci_high`` (of
+:class:`~treerank.evaluation.significance.PairedTest`; other keys are not read)."""
 
 
 def ci95(values: PerQuery) -> float:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from treerank.atomic import atomic_write_text
-from treerank.evaluation.significance import PairedTestDoc
+from treerank.evaluation.significance import PairedTest
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -57,7 +57,7 @@ def _fmt_p(p: float | None) -> str:
 
 def table_rows(
     means: Mapping[str, Mapping[str, float]],
-    tests: Mapping[str, Mapping[str, PairedTestDoc]],
+    tests: Mapping[str, Mapping[str, PairedTest]],
     metrics: Sequence[str],
     baseline: str,
 ) -> tuple[list[str], list[list[str]]]:
@@ -71,9 +71,9 @@ def table_rows(
         row = [s + (" (baseline)" if s == baseline else "")]
         for m in metrics:
             t = tests.get(s, {}).get(m)
-            p = t["p_randomization"] if t else None
+            p = t.p_randomization if t else None
             star = "*" if p is not None and p < 0.05 else ""
-            row += [_fmt(vals.get(m)), _fmt_delta(t["delta"]) if t else "", _fmt_p(p) + star]
+            row += [_fmt(vals.get(m)), _fmt_delta(t.delta) if t else "", _fmt_p(p) + star]
         rows.append(row)
     return header, rows
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import TypedDict
 
 import numpy as np
 from scipy import stats
@@ -26,22 +25,6 @@ from treerank.metrics.metrics import PerQuery
 
 _TIE = 1e-12
 _BLOCK = 4_000_000  # elements of a (draws, queries) block: bounds memory whatever the sizes
-
-
-class PairedTestDoc(TypedDict):
-    """:meth:`PairedTest.to_dict`: its fields by name (the ``tests`` of a comparison's JSON)."""
-
-    metric: str
-    n: int
-    mean_system: float
-    mean_baseline: float
-    delta: float
-    wins: int
-    losses: int
-    ties: int
-    p_randomization: float
-    ci_low: float
-    ci_high: float
 
 
 @dataclass
@@ -60,20 +43,8 @@ class PairedTest:
     ci_low: float
     ci_high: float
 
-    def to_dict(self) -> PairedTestDoc:
-        return PairedTestDoc(
-            metric=self.metric,
-            n=self.n,
-            mean_system=self.mean_system,
-            mean_baseline=self.mean_baseline,
-            delta=self.delta,
-            wins=self.wins,
-            losses=self.losses,
-            ties=self.ties,
-            p_randomization=self.p_randomization,
-            ci_low=self.ci_low,
-            ci_high=self.ci_high,
-        )
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
 
 
 @dataclass
