@@ -69,8 +69,7 @@ def search_ratios(
     """
     import faiss
 
-    from treerank.kernels.device import cpu_search_backend
-    from treerank.kernels.topk import exact_search
+    from treerank.kernels.topk import cpu_search_backend, exact_search
 
     rng = np.random.default_rng(seed)
     p = rng.standard_normal((n_passages, dim), dtype=np.float32)

@@ -203,8 +203,7 @@ def _eval_queries(a: argparse.Namespace, n: int) -> tuple[Any, np.ndarray]:
 
 
 def stage_exact(a: argparse.Namespace) -> dict[str, Any]:
-    from treerank.kernels.device import cpu_search_backend
-    from treerank.kernels.topk import exact_search
+    from treerank.kernels.topk import cpu_search_backend, exact_search
 
     store, q = _eval_queries(a, a.n_eval)
     backend = cpu_search_backend()

@@ -9,15 +9,15 @@ import pytest
 import torch
 
 from treerank.kernels import device as device_mod
+from treerank.kernels import topk as topk_mod
 from treerank.kernels.device import (
     DEFAULT_DEVICE,
     Device,
     DeviceError,
-    cpu_search_backend,
     parse_device,
     resolve_device,
 )
-from treerank.kernels.topk import chunk_topk_tensor, exact_search
+from treerank.kernels.topk import chunk_topk_tensor, cpu_search_backend, exact_search
 
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
@@ -70,13 +70,13 @@ def test_cuda_index_out_of_range():
 
 def test_cpu_backend_is_measured_once_and_cached(tmp_path, monkeypatch):
     calls = []
-    real = device_mod._time_backend
+    real = topk_mod._time_backend
 
     def counting(*a, **kw):
         calls.append(a[0])
         return real(*a, **kw)
 
-    monkeypatch.setattr(device_mod, "_time_backend", counting)
+    monkeypatch.setattr(topk_mod, "_time_backend", counting)
     small = {"n_queries": 16, "n_passages": 512, "dim": 8, "k": 5, "repeats": 1}
     first = cpu_search_backend(**small)
     assert first in ("torch", "faiss")
@@ -223,14 +223,14 @@ def test_probe_key_holds_what_changes_the_choice(monkeypatch):
     """The measured kernel choice is keyed by the probe's shape and the thread counts too: a
     measurement at 16 x 512 x 8 or with another thread count is never reused for another."""
     small = {"n_queries": 16, "n_passages": 512, "dim": 8, "k": 5, "repeats": 1}
-    key = device_mod._probe_key(small)
-    assert device_mod._probe_key(dict(small)) == key
-    assert device_mod._probe_key({**small, "n_passages": 16_384}) != key
-    assert device_mod._probe_key({**small, "dim": 384}) != key
+    key = topk_mod._probe_key(small)
+    assert topk_mod._probe_key(dict(small)) == key
+    assert topk_mod._probe_key({**small, "n_passages": 16_384}) != key
+    assert topk_mod._probe_key({**small, "dim": 384}) != key
     assert "numpy=" in key and "cpus=" in key and "faiss_threads=" in key
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(threads + 1)
-        assert device_mod._probe_key(small) != key
+        assert topk_mod._probe_key(small) != key
     finally:
         torch.set_num_threads(threads)

@@ -12,8 +12,9 @@ from treerank.pipeline.config import (
     EvaluateConfig,
     ExperimentConfig,
 )
-from treerank.pipeline.experiment import DatasetOutcome, _systems_for
+from treerank.pipeline.experiment import DatasetOutcome
 from treerank.pipeline.identity import RunId
+from treerank.pipeline.runs import systems_for
 from treerank.pipeline.transfer import transfer_rows, transfer_tables
 
 
@@ -83,7 +84,7 @@ def test_systems_for_adds_models_trained_elsewhere():
     out = Path("out")
 
     def specs(transfer: bool, d: DatasetConfig) -> dict[str, str]:
-        return {s.name: s.build_node(out).render() for s in _systems_for(cfg(transfer), d, runs)}
+        return {s.name: s.build_node(out).render() for s in systems_for(cfg(transfer), d, runs)}
 
     with_t = specs(True, ds[1])
     assert with_t["linear@squad"] == f"ckpt:{out / 'models' / 'squad' / 'linear' / 'checkpoint'}"

@@ -44,14 +44,14 @@ from collections.abc import Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 import numpy as np
 
 from treerank.atomic import is_disk_full
 from treerank.distributed.context import DistContext
 from treerank.evaluation.checks import check_depth, check_evaluable
-from treerank.evaluation.overlap import overlap_breakdown, seen_positive_mask
+from treerank.evaluation.overlap import OverlapDoc, overlap_breakdown, seen_positive_mask
 from treerank.evaluation.plots import dataset_label, plot_deltas, plot_recall_curve
 from treerank.evaluation.provenance import Leak, check_leaks, check_train_store
 from treerank.evaluation.report import (
@@ -62,12 +62,13 @@ from treerank.evaluation.report import (
     table_rows,
     write_json,
 )
-from treerank.evaluation.seeds import seed_average, seed_spread
+from treerank.evaluation.seeds import SeedSpread, seed_average, seed_spread
 from treerank.evaluation.settings import EvaluationSettings
 from treerank.evaluation.significance import McNemarResult, PairedTest, compare_paired, mcnemar
 from treerank.evaluation.trec_io import write_trec_run
 from treerank.families import CHECKPOINTS
 from treerank.kernels.device import DEFAULT_DEVICE, Device
+from treerank.kernels.vectors import I64, Scores
 from treerank.lock import writer_lock
 from treerank.metrics.metrics import EvalResult, evaluate_run, parse_metric
 from treerank.metrics.qrels import Qrels
@@ -78,8 +79,42 @@ from treerank.search.specs import BuildContext, SystemSpec, build_system, system
 from treerank.search.systems import CheckpointSystem, System
 from treerank.storelike import StoreLike
 
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from treerank.store.view import QuerySubset
+
 RECALL_CURVE_KS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
 HIT_METRIC = "success@10"
+
+
+class QuerySample(TypedDict):
+    """``settings["sample"]`` of a comparison on a seeded query sample."""
+
+    queries: int
+    seed: int
+    of_queries: int
+    rule: str
+
+
+class ComparisonSettings(TypedDict, total=False):
+    """What a comparison ran on and with (``results.json``'s ``settings``)."""
+
+    store: str
+    split: str
+    n_queries: int
+    n_passages: int
+    encoder: str | None
+    k: int
+    relevance_threshold: int
+    ndcg_gain: str
+    n_permutations: int
+    seed: int
+    candidates: str
+    ties: str
+    sample: QuerySample
+    failed_systems: list[str]
+    train_store: str
 
 
 @dataclass
@@ -124,20 +159,20 @@ class Comparison:
     mcnemar: dict[str, dict[str, McNemarResult]] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
     files: dict[str, Path] = field(default_factory=dict)
-    settings: dict[str, Any] = field(default_factory=dict)
+    settings: ComparisonSettings = field(default_factory=lambda: ComparisonSettings())
     failed: dict[str, str] = field(default_factory=dict)
     departures: dict[str, int] = field(default_factory=dict)
     doc_runs: dict[str, Run] = field(default_factory=dict)
     doc_ids: list[str] | None = None
-    overlap: dict[str, Any] | None = None
+    overlap: OverlapDoc | None = None
     removed_stale: list[str] = field(default_factory=list)
     kept_unknown: list[str] = field(default_factory=list)
-    seed_spread: dict[str, dict[str, Any]] = field(default_factory=dict)
-    tuning: dict[str, dict[str, Any]] = field(default_factory=dict)
+    seed_spread: dict[str, SeedSpread] = field(default_factory=dict)
+    tuning: dict[str, dict[str, object]] = field(default_factory=dict)
     trained: list[str] = field(default_factory=list)
     untrained: list[str] = field(default_factory=list)
-    leaks: dict[str, dict[str, Any]] = field(default_factory=dict)
-    trained_on: dict[str, dict[str, Any]] = field(default_factory=dict)
+    leaks: dict[str, dict[str, object]] = field(default_factory=dict)
+    trained_on: dict[str, dict[str, object]] = field(default_factory=dict)
 
     @property
     def metrics(self) -> tuple[str, ...]:
@@ -165,10 +200,7 @@ class Comparison:
         """Header and rows (value, delta vs ``baseline``, randomization p) per metric."""
         b = baseline or self.baseline
         means = {s: {m: r.mean[m] for m in self.metrics} for s, r in self.results.items()}
-        tests = {
-            s: {m: t.to_dict() for m, t in ts.items()} for s, ts in self.tests.get(b, {}).items()
-        }
-        return table_rows(means, tests, self.metrics, b)
+        return table_rows(means, self.tests.get(b, {}), self.metrics, b)
 
     def markdown(self) -> str:
         out = []
@@ -192,12 +224,12 @@ class Comparison:
             out.append(fusion_tuning.tuning_markdown(self.tuning))
         return "\n".join(out)
 
-    def rich(self, baseline: str | None = None) -> Any:
+    def rich(self, baseline: str | None = None) -> Table:
         b = baseline or self.baseline
         title = f"{self.settings.get('split') or ''}: Δ and p against {b}"
         return rich_table(*self.table(b), title=title)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {
             "settings": self.settings,
             "metrics": list(self.metrics),
@@ -371,7 +403,7 @@ def compare_systems(
         )
 
 
-def query_sample(store: StoreLike, n: int, seed: int, threshold: int | None = None) -> Any:
+def query_sample(store: StoreLike, n: int, seed: int, threshold: int | None = None) -> QuerySubset:
     """A seeded sample of ``n`` of ``store``'s queries that have a relevant passage.
 
     Rows are ``numpy.random.default_rng(seed).choice(eligible, n, replace=False)``, sorted
@@ -400,9 +432,7 @@ def query_sample(store: StoreLike, n: int, seed: int, threshold: int | None = No
     return QuerySubset(store, rows)
 
 
-def _drop_identical(
-    ids: np.ndarray, scores: np.ndarray, self_doc: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, int]:
+def _drop_identical(ids: I64, scores: Scores, self_doc: I64) -> tuple[I64, Scores, int]:
     """Remove, per row, the document ``self_doc[row]``; rows stay left-aligned."""
     hit = (ids == self_doc[:, None]) & (ids >= 0)
     n = int(hit.sum())
@@ -425,7 +455,7 @@ def _compare(
     seed_groups: Mapping[str, Mapping[str, int]] | None,
     trained: set[str],
     leaks: Sequence[Leak] = (),
-    provenances: Mapping[str, dict[str, Any] | None] | None = None,
+    provenances: Mapping[str, Mapping[str, object] | None] | None = None,
 ) -> Comparison:
     k, metrics, gain, seed = cfg.k, cfg.metrics, cfg.gain, cfg.seed
     n_permutations, ignore_identical_ids = cfg.n_permutations, cfg.ignore_identical_ids
@@ -577,7 +607,7 @@ def _write(comp: Comparison, store: StoreLike, out: Path) -> None:
         for name, res in comp.results.items():
             cols = {m: res.per_query[m] for m in comp.metrics + (HIT_METRIC,)}
             for i, q in enumerate(qids):
-                row: dict[str, Any] = {
+                row: dict[str, object] = {
                     "system": name,
                     "query_id": q,
                     "query_index": i,
@@ -592,7 +622,7 @@ def _write(comp: Comparison, store: StoreLike, out: Path) -> None:
     comp.files["table"] = atomic_write_text(out / "table.md", comp.markdown())
     dataset = dataset_label(comp.settings.get("store"), comp.settings.get("split"))
     tests = {
-        s: {m: t.to_dict() for m, t in ts.items()}
+        s: {m: {"delta": t.delta, "ci_low": t.ci_low, "ci_high": t.ci_high} for m, t in ts.items()}
         for s, ts in comp.tests.get(comp.baseline, {}).items()
     }
     comp.files["plot:deltas"] = plot_deltas(

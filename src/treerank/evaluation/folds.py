@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from treerank.kernels.vectors import I64
 from treerank.storelike import Judgments
 
 
-def relevant_rows(store: Judgments) -> np.ndarray:
+def relevant_rows(store: Judgments) -> I64:
     """``int64 (n,)`` sorted rows of the queries with a relevant candidate (label >= the store's
     ``relevance_threshold`` on a real candidate, id >= 0)."""
     labels = np.asarray(store.labels)
@@ -27,7 +28,7 @@ def relevant_rows(store: Judgments) -> np.ndarray:
     return np.nonzero(has_rel)[0].astype(np.int64)
 
 
-def topic_folds(store: Judgments, n_folds: int, seed: int = 0) -> list[np.ndarray]:
+def topic_folds(store: Judgments, n_folds: int, seed: int = 0) -> list[I64]:
     """The held-out query rows of each of ``n_folds`` folds over a store's queries.
 
     Args:

@@ -14,16 +14,39 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 import numpy as np
+import numpy.typing as npt
 
 from treerank.evaluation.significance import N_PERMUTATIONS, compare_paired
+from treerank.metrics.metrics import PerQuery
+from treerank.metrics.qrels import Grades, PassageIds
 from treerank.storelike import StoreLike
 
 
+class OverlapCell(TypedDict, total=False):
+    """One system's value of one metric on one part: ``mean`` (None: no finite value), and
+    against the baseline (absent for it) ``delta``, ``p``, ``ci_low``, ``ci_high``."""
+
+    mean: float | None
+    delta: float
+    p: float
+    ci_low: float
+    ci_high: float
+
+
+class OverlapDoc(TypedDict):
+    """What :func:`overlap_breakdown` returns: the part sizes and part -> system -> metric ->
+    :class:`OverlapCell`."""
+
+    n_seen: int
+    n_unseen: int
+    parts: dict[str, dict[str, dict[str, OverlapCell]]]
+
+
 def relevant_source_ids(
-    candidates: np.ndarray, labels: np.ndarray, passage_ids: Sequence[str], threshold: int
+    candidates: PassageIds, labels: Grades, passage_ids: Sequence[str], threshold: int
 ) -> list[set[str]]:
     """Per query, the source ids of its relevant passages.
 
@@ -47,7 +70,7 @@ def find_train_store(eval_dir: str | Path, train_split: str = "train") -> Path |
     return cand
 
 
-def seen_positive_mask(eval_store: StoreLike, train_store: StoreLike) -> np.ndarray:
+def seen_positive_mask(eval_store: StoreLike, train_store: StoreLike) -> npt.NDArray[np.bool_]:
     """``bool (n_eval_queries,)``: True where a relevant passage of the evaluation query is also
     relevant to at least one training query (matched by source passage id)."""
     train_pos = set().union(
@@ -68,14 +91,14 @@ def seen_positive_mask(eval_store: StoreLike, train_store: StoreLike) -> np.ndar
 
 
 def overlap_breakdown(
-    per_query: Mapping[str, Mapping[str, np.ndarray]],
-    seen: np.ndarray,
+    per_query: Mapping[str, Mapping[str, PerQuery]],
+    seen: npt.NDArray[np.bool_],
     baseline: str,
     metrics: Sequence[str],
     *,
     n_permutations: int = N_PERMUTATIONS,
     seed: int = 0,
-) -> dict[str, Any]:
+) -> OverlapDoc:
     """Every system's mean metrics and paired tests against ``baseline`` on the seen / unseen parts.
 
     Args:
@@ -93,13 +116,13 @@ def overlap_breakdown(
     """
     if baseline not in per_query:
         raise KeyError(f"baseline {baseline!r} not among systems {sorted(per_query)}")
-    out: dict[str, Any] = {"n_seen": int(seen.sum()), "n_unseen": int((~seen).sum()), "parts": {}}
+    out: OverlapDoc = {"n_seen": int(seen.sum()), "n_unseen": int((~seen).sum()), "parts": {}}
     for part, mask in (("seen", seen), ("unseen", ~seen)):
-        rows: dict[str, Any] = {}
+        rows: dict[str, dict[str, OverlapCell]] = {}
         base = {m: np.asarray(per_query[baseline][m])[mask] for m in metrics}
         for system, pq in per_query.items():
             vals = {m: np.asarray(pq[m])[mask] for m in metrics}
-            cell: dict[str, Any] = {
+            cell: dict[str, OverlapCell] = {
                 m: {"mean": float(np.nanmean(v)) if np.isfinite(v).any() else None}
                 for m, v in vals.items()
             }
@@ -107,15 +130,15 @@ def overlap_breakdown(
                 for m, t in compare_paired(
                     vals, base, metrics, n_permutations, n_permutations, seed
                 ).items():
-                    cell[m].update(
-                        delta=t.delta, p=t.p_randomization, ci_low=t.ci_low, ci_high=t.ci_high
-                    )
+                    c = cell[m]
+                    c["delta"], c["p"] = t.delta, t.p_randomization
+                    c["ci_low"], c["ci_high"] = t.ci_low, t.ci_high
             rows[system] = cell
         out["parts"][part] = rows
     return out
 
 
-def overlap_markdown(doc: Mapping[str, Any], metric: str, baseline: str) -> str:
+def overlap_markdown(doc: OverlapDoc, metric: str, baseline: str) -> str:
     """A Markdown table of one metric on the seen / unseen parts (delta and p vs ``baseline``)."""
     parts = doc["parts"]
     head = (

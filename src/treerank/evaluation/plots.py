@@ -5,14 +5,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from treerank.atomic import atomic_savefig
+from treerank.metrics.metrics import PerQuery
+
+PairedTests = Mapping[str, Mapping[str, Mapping[str, float]]]
+"""system -> metric -> a paired test's ``delta``, ``ci_low`` and ``ci_high`` (of
+:class:`~treerank.evaluation.significance.PairedTest`; other keys are not read)."""
 
 
-def ci95(values: np.ndarray) -> float:
+def ci95(values: PerQuery) -> float:
     """Half-width of the normal-approximation 95% CI of the mean (NaN ignored; 0 if n < 2)."""
     v = np.asarray(values, np.float64)
     v = v[~np.isnan(v)]
@@ -30,7 +34,7 @@ def dataset_label(store_path: str | Path | None, split: str | None = None) -> st
 
 
 def delta_rows(
-    tests: Mapping[str, Mapping[str, Mapping[str, Any]]], metrics: Sequence[str]
+    tests: PairedTests, metrics: Sequence[str]
 ) -> list[tuple[str, str, float, float, float]]:
     """``(system, metric, delta, ci_low, ci_high)`` per system and metric, in input order.
 
@@ -48,7 +52,7 @@ def delta_rows(
 
 
 def plot_deltas(
-    tests: Mapping[str, Mapping[str, Mapping[str, Any]]],
+    tests: PairedTests,
     metrics: Sequence[str],
     baseline: str,
     path: str | Path,

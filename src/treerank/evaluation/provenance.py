@@ -17,11 +17,10 @@ collection, and is refused (every query would otherwise show as "without a train
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
-from treerank.storelike import StoreLike, Texts
+from treerank.storelike import StoreLike, Texts, meta_text
 
 __all__ = [
     "Leak",
@@ -57,7 +56,7 @@ def _digest(hashes: Iterable[str]) -> str:
     return hashlib.sha256("".join(sorted(hashes)).encode()).hexdigest()
 
 
-def training_provenance(store: StoreLike) -> dict[str, Any]:
+def training_provenance(store: StoreLike) -> dict[str, object]:
     """The record a model directory keeps of the store split it trained on.
 
     Every query of the split counts (the held-out ones steer early stopping, so they were seen
@@ -124,7 +123,7 @@ class Leak:
             "a split it did not train on"
         )
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {
             "trained_on": self.trained_on,
             "same_split": self.same_split,
@@ -135,7 +134,7 @@ class Leak:
         }
 
 
-def check_leaks(store: Texts, provenances: dict[str, dict[str, Any] | None]) -> list[Leak]:
+def check_leaks(store: Texts, provenances: Mapping[str, Mapping[str, object] | None]) -> list[Leak]:
     """The systems whose training queries overlap the queries of ``store``.
 
     Args:
@@ -156,8 +155,8 @@ def check_leaks(store: Texts, provenances: dict[str, dict[str, Any] | None]) -> 
     here = str(store.path)
     out = []
     for name, prov in known.items():
-        train_ids = _unpack(prov.get("query_id_hashes"))
-        train_texts = _unpack(prov.get("query_text_hashes"))
+        train_ids = _unpack(meta_text(prov, "query_id_hashes"))
+        train_texts = _unpack(meta_text(prov, "query_text_hashes"))
         by_id = sum(h in train_ids for h in ids)
         by_text = sum(h in train_texts for h in text_keys)
         same = bool(prov.get("store")) and prov.get("store") == here

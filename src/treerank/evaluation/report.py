@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from treerank.atomic import atomic_write_text
+from treerank.evaluation.significance import PairedTest
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 
-def _clean(x: Any) -> Any:
+def _clean(x: object) -> object:
     if isinstance(x, float) and not math.isfinite(x):
         return None
     if isinstance(x, dict):
@@ -21,7 +25,7 @@ def _clean(x: Any) -> Any:
     return x
 
 
-def write_json(path: str | Path, obj: Any) -> Path:
+def write_json(path: str | Path, obj: object) -> Path:
     """Atomic JSON with NaN/inf written as ``null``."""
     return atomic_write_text(path, json.dumps(_clean(obj), indent=2, sort_keys=False) + "\n")
 
@@ -52,8 +56,8 @@ def _fmt_p(p: float | None) -> str:
 
 
 def table_rows(
-    means: dict[str, dict[str, float]],
-    tests: dict[str, dict[str, dict[str, Any]]],
+    means: Mapping[str, Mapping[str, float]],
+    tests: Mapping[str, Mapping[str, PairedTest]],
     metrics: Sequence[str],
     baseline: str,
 ) -> tuple[list[str], list[list[str]]]:
@@ -67,9 +71,9 @@ def table_rows(
         row = [s + (" (baseline)" if s == baseline else "")]
         for m in metrics:
             t = tests.get(s, {}).get(m)
-            p = t["p_randomization"] if t else None
+            p = t.p_randomization if t else None
             star = "*" if p is not None and p < 0.05 else ""
-            row += [_fmt(vals.get(m)), _fmt_delta(t["delta"]) if t else "", _fmt_p(p) + star]
+            row += [_fmt(vals.get(m)), _fmt_delta(t.delta) if t else "", _fmt_p(p) + star]
         rows.append(row)
     return header, rows
 
@@ -81,7 +85,7 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def rich_table(header: list[str], rows: list[list[str]], title: str = "") -> Any:
+def rich_table(header: list[str], rows: list[list[str]], title: str = "") -> Table:
     """A compact ``rich.table.Table`` of :func:`table_rows`: one column per metric, the value
     over ``delta (p)`` in each cell, so it fits narrow terminals."""
     from rich.table import Table

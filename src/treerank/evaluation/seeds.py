@@ -18,7 +18,7 @@ trained with seeds ``s_1..s_n`` (evaluated as systems ``name@seed<s>``) this mod
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TypedDict
 
 import numpy as np
 
@@ -69,9 +69,19 @@ def seed_average(results: Sequence[EvalResult]) -> EvalResult:
     )
 
 
+class SeedSpread(TypedDict):
+    """What :func:`seed_spread` returns (see there)."""
+
+    seeds: list[int]
+    systems: list[str]
+    per_seed: dict[str, list[float]]
+    mean: dict[str, float]
+    std: dict[str, float | None]
+
+
 def seed_spread(
     results: Mapping[str, EvalResult], seeds: Mapping[str, int], metrics: Sequence[str]
-) -> dict[str, Any]:
+) -> SeedSpread:
     """Per-seed means, their mean and sample standard deviation over seeds.
 
     Args:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import TypedDict, Unpack
 
 from treerank.evaluation.checks import too_deep
 from treerank.evaluation.overlap import find_train_store
@@ -26,6 +26,22 @@ __all__ = ["EvaluationPlan", "EvaluationSettings", "resolve_evaluation"]
 
 DEFAULT_BASELINE = "cosine"
 """The system every other one is tested against unless a baseline is given."""
+
+
+class SettingsChanges(TypedDict, total=False):
+    """The fields of :class:`EvaluationSettings` that :meth:`EvaluationSettings.with_` changes."""
+
+    baseline: str
+    second_baseline: str | None
+    k: int
+    metrics: tuple[str, ...]
+    n_permutations: int
+    seed: int
+    gain: str
+    relevance_threshold: int | None
+    ignore_identical_ids: bool
+    sample_queries: int | None
+    sample_seed: int
 
 
 @dataclass(frozen=True)
@@ -100,7 +116,7 @@ class EvaluationSettings:
         """The baseline, then the second baseline when there is one."""
         return (self.baseline,) + ((self.second_baseline,) if self.second_baseline else ())
 
-    def with_(self, **changes: Any) -> EvaluationSettings:
+    def with_(self, **changes: Unpack[SettingsChanges]) -> EvaluationSettings:
         """A copy with ``changes`` applied.
 
         Raises:
@@ -178,7 +194,7 @@ def resolve_evaluation(
                 f"({', '.join(DEFAULT_METRICS)}): raise --k or pass --metric with a "
                 f"cutoff <= {settings.k}"
             )
-        settings = settings.with_(metrics=kept)
+        settings = settings.with_(metrics=tuple(kept))
     train_dir = None
     if overlap:
         train_dir = Path(train_store) if train_store is not None else find_train_store(eval_dir)

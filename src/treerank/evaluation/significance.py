@@ -17,10 +17,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
 
 import numpy as np
 from scipy import stats
+
+from treerank.metrics.metrics import PerQuery
 
 _TIE = 1e-12
 _BLOCK = 4_000_000  # elements of a (draws, queries) block: bounds memory whatever the sizes
@@ -42,7 +43,7 @@ class PairedTest:
     ci_low: float
     ci_high: float
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return asdict(self)
 
 
@@ -57,7 +58,7 @@ class McNemarResult:
     p_value: float
     exact: bool
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return asdict(self)
 
     def describe(self, system: str, baseline: str, outcome: str = "hit@10") -> str:
@@ -76,7 +77,7 @@ N_PERMUTATIONS = 10_000
 overlap breakdown, diagnostics, ``treerank evaluate --permutations``)."""
 
 
-def _paired(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+def _paired(a: PerQuery, b: PerQuery) -> PerQuery:
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     if a.shape != b.shape or a.ndim != 1:
         raise ValueError(
@@ -86,14 +87,14 @@ def _paired(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return a[keep] - b[keep]
 
 
-def wins_losses_ties(system: np.ndarray, baseline: np.ndarray) -> tuple[int, int, int]:
+def wins_losses_ties(system: PerQuery, baseline: PerQuery) -> tuple[int, int, int]:
     """Queries where ``system`` beats / loses to / ties ``baseline`` (NaN pairs dropped)."""
     d = _paired(system, baseline)
     return int((d > _TIE).sum()), int((d < -_TIE).sum()), int((np.abs(d) <= _TIE).sum())
 
 
 def randomization_test(
-    system: np.ndarray, baseline: np.ndarray, n_permutations: int = N_PERMUTATIONS, seed: int = 0
+    system: PerQuery, baseline: PerQuery, n_permutations: int = N_PERMUTATIONS, seed: int = 0
 ) -> float:
     """Two-sided paired sign-flip randomization test of the mean difference.
 
@@ -120,8 +121,8 @@ def randomization_test(
 
 
 def bootstrap_ci(
-    system: np.ndarray,
-    baseline: np.ndarray,
+    system: PerQuery,
+    baseline: PerQuery,
     n_resamples: int = N_PERMUTATIONS,
     seed: int = 0,
     level: float = 0.95,
@@ -145,9 +146,7 @@ def bootstrap_ci(
     return float(lo), float(hi)
 
 
-def mcnemar(
-    system_hit: np.ndarray, baseline_hit: np.ndarray, exact_below: int = 25
-) -> McNemarResult:
+def mcnemar(system_hit: PerQuery, baseline_hit: PerQuery, exact_below: int = 25) -> McNemarResult:
     """McNemar's test on paired binary outcomes (e.g. success@10 per query).
 
     Args:
@@ -168,8 +167,8 @@ def mcnemar(
 
 
 def compare_paired(
-    system: dict[str, np.ndarray],
-    baseline: dict[str, np.ndarray],
+    system: dict[str, PerQuery],
+    baseline: dict[str, PerQuery],
     metrics: Sequence[str] | None = None,
     n_permutations: int = N_PERMUTATIONS,
     n_resamples: int = N_PERMUTATIONS,

@@ -22,11 +22,12 @@ from pathlib import Path
 import numpy as np
 
 from treerank.atomic import atomic_write_text
+from treerank.kernels.vectors import Scores
 from treerank.metrics.qrels import Qrels
 from treerank.search.run import Run
 
 
-def trec_scores(scores: np.ndarray) -> list[str]:
+def trec_scores(scores: Scores) -> list[str]:
     """Score texts of one ranked row for a TREC run file (see the module doc).
 
     ``trec_eval`` (and pytrec_eval, ir-measures' default provider) holds scores as float32 and

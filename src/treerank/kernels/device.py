@@ -12,7 +12,8 @@ everywhere:
   ``torchrun``, else ``cuda:0``); an error when CUDA is absent or ``n`` is out of range.
 * ``auto``: ``cuda`` when torch sees a CUDA device, else the CPU.
 
-On a CPU, ``auto`` also picks the faster exact-search kernel (:func:`cpu_search_backend`): torch
+On a CPU, ``auto`` also picks the faster exact-search kernel
+(:func:`treerank.kernels.topk.cpu_search_backend`, beside the kernel it times): torch
 matmul + ``torch.topk`` vs FAISS ``faiss.knn`` (``IndexFlatIP``'s BLAS + heap); issue 26 measured
 the torch kernel at 1.53x FAISS on one 2-core machine and at 0.43x on another, so the choice is
 *measured* once on a small probe and cached in ``$TREERANK_CACHE`` (default
@@ -25,17 +26,13 @@ from __future__ import annotations
 
 import json
 import os
-import platform
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-import numpy as np
 import torch
 
 from treerank.atomic import atomic_write_json
-from treerank.kernels.vectors import F32
 
 __all__ = [
     "DEFAULT_DEVICE",
@@ -44,11 +41,9 @@ __all__ = [
     "Device",
     "DeviceError",
     "cache_dir",
-    "cpu_search_backend",
     "parse_device",
     "read_probe_cache",
     "resolve_device",
-    "search_backend",
     "write_probe_cache",
 ]
 
@@ -57,7 +52,6 @@ DEFAULT_DEVICE_TEXT: Literal["cpu"] = "cpu"
 """The one default ``device`` of the CLI, the experiment YAML and the library: the CPU, so
 that a run's numbers never depend on which machine it lands on (``auto`` is opt-in)."""
 DEVICE_SETTING = "device (auto | cpu | cuda[:n])"
-PROBE_FILE = "search-backend.json"
 
 
 class DeviceError(ValueError):
@@ -187,104 +181,6 @@ def cache_dir() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "treerank"
 
 
-def _probe_key(probe: dict[str, int] | None = None) -> str:
-    """The cache key of a measured kernel choice: everything that changes which kernel wins.
-
-    The CPU model and machine type, the CPUs this process may run on, torch's and FAISS's
-    (OpenMP) thread counts, the torch / FAISS / numpy versions, and the probe's shape
-    (``probe``: queries, passages, dimension, k, repeats): a measurement at another shape or
-    thread count is another entry, never reused.
-    """
-    try:
-        import faiss
-
-        fv = str(faiss.__version__)
-        faiss_threads = str(faiss.omp_get_max_threads())
-    except (ImportError, AttributeError):
-        fv, faiss_threads = "none", "none"
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            cpu = next(
-                (ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu
-            )
-    except OSError:
-        pass
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cpus = os.cpu_count() or 0
-    shape = ",".join(f"{k}={v}" for k, v in sorted((probe or {}).items()))
-    return (
-        f"{cpu}|machine={platform.machine()}|cpus={cpus}|threads={torch.get_num_threads()}"
-        f"|faiss_threads={faiss_threads}|torch={torch.__version__}|faiss={fv}"
-        f"|numpy={np.__version__}|probe={shape}"
-    )
-
-
-def _time_backend(backend: str, q: F32, p: F32, k: int, repeats: int) -> float:
-    from treerank.kernels.topk import exact_search
-
-    exact_search(q[:8], p, k=k, backend=backend)  # warm-up (imports, thread pools)
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        exact_search(q, p, k=k, backend=backend)
-        best = min(best, time.perf_counter() - t0)
-    return best
-
-
-def cpu_search_backend(
-    *,
-    refresh: bool = False,
-    n_queries: int = 256,
-    n_passages: int = 16_384,
-    dim: int = 384,
-    k: int = 100,
-    repeats: int = 2,
-) -> str:
-    """The faster exact-search kernel on this CPU: ``"torch"`` or ``"faiss"``.
-
-    Measured once (best of ``repeats`` runs of :func:`~treerank.kernels.topk.exact_search` with
-    each backend on a random ``n_queries x n_passages x dim`` probe, about a second) and cached
-    in ``cache_dir() / "search-backend.json"`` under :func:`_probe_key` (the CPU model, the
-    usable CPUs, torch's and FAISS's thread counts, the torch / FAISS / numpy versions and the
-    probe's shape); a later call with the same key reads the cache.
-    Without FAISS the answer is ``"torch"`` (nothing is measured). The cache is advisory: an
-    unreadable or unwritable cache directory only means measuring again.
-
-    Args:
-        refresh: measure even when a cached answer exists.
-
-    Returns:
-        ``"torch"`` or ``"faiss"``.
-    """
-    try:
-        import faiss  # noqa: F401
-    except ImportError:
-        return "torch"
-    probe = {"n_queries": n_queries, "n_passages": n_passages, "dim": dim, "k": k}
-    key = _probe_key({**probe, "repeats": repeats})
-    path = cache_dir() / PROBE_FILE
-    doc = read_probe_cache(path)
-    hit = doc.get(key)
-    if not refresh and isinstance(hit, dict) and hit.get("backend") in ("torch", "faiss"):
-        return str(hit["backend"])
-    rng = np.random.default_rng(0)
-    q = rng.standard_normal((n_queries, dim), dtype=np.float32)
-    p = rng.standard_normal((n_passages, dim), dtype=np.float32)
-    seconds = {b: _time_backend(b, q, p, k, repeats) for b in ("torch", "faiss")}
-    backend = "torch" if seconds["torch"] < seconds["faiss"] else "faiss"
-    doc[key] = {
-        "backend": backend,
-        "seconds": seconds,
-        "probe": probe,
-        "measured_unix": time.time(),
-    }
-    write_probe_cache(path, doc)
-    return backend
-
-
 def read_probe_cache(path: Path) -> dict[str, object]:
     """A measured-choice cache file (``key -> record``); ``{}`` when missing, unreadable or
     not a JSON object (the caches are advisory: a bad one only means measuring again)."""
@@ -302,11 +198,3 @@ def write_probe_cache(path: Path, doc: dict[str, object]) -> None:
         atomic_write_json(path, doc, indent=1, sort_keys=True)
     except OSError:
         pass
-
-
-def search_backend(backend: str, device: torch.device) -> str:
-    """The exact-search kernel to run: ``"torch"`` on a GPU; on the CPU ``backend`` itself, or
-    the measured faster one (:func:`cpu_search_backend`) for ``"auto"``."""
-    if device.type != "cpu":
-        return "torch"
-    return cpu_search_backend() if backend == "auto" else backend

@@ -9,7 +9,7 @@ gathers:
   is copied into memory once, which is faster than gathering from the file;
 * a larger one is **gathered from the memory map in blocks**: only the requested rows are read
   (``array[sorted unique rows]``), and every ``release_bytes`` of gathered rows the mapping's
-  pages are dropped from the resident set (:func:`treerank.kernels.topk.release_pages`), so the
+  pages are dropped from the resident set (:func:`release_pages`, defined here), so the
   process's peak RSS follows the batch and ``release_bytes``, not the split (808K x 3,840
   float32 queries are 12 GB).
 
@@ -22,8 +22,11 @@ search's chunk reader: no page of the file enters the resident set).
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import mmap
 import os
+import sys
 from typing import Protocol, TypeAlias
 
 import numpy as np
@@ -38,6 +41,7 @@ __all__ = [
     "RowArray",
     "RowSource",
     "StackedRows",
+    "release_pages",
 ]
 
 IN_MEMORY_BYTES = 2 << 30
@@ -128,8 +132,6 @@ class RowSource:
 
     def release(self) -> bool:
         """Drop a read-only memmap's resident pages now (True when released)."""
-        from treerank.kernels.topk import release_pages
-
         self._since_release = 0
         if self.in_memory or not isinstance(self.array, np.ndarray):
             return False
@@ -291,3 +293,35 @@ class FileRows:
         for a, b in zip(starts.tolist(), stops.tolist(), strict=True):
             self._pread(rows[a:b], int(uniq[a]))
         return rows if uniq.size == ids.size and (np.diff(ids) > 0).all() else rows[inverse]
+
+
+_LIBC: ctypes.CDLL | None = None
+
+
+def release_pages(passages: object, start: int, stop: int) -> bool:
+    """Drop rows ``[start, stop)`` of a read-only ``np.memmap`` from this process's resident set.
+
+    Pages of a file mapping stay resident (and counted in RSS) after they were read; this
+    ``madvise(MADV_DONTNEED)``s the whole pages of the range so that streaming a corpus keeps RSS
+    bounded by the chunk size. Safe only for read-only file mappings (the page cache keeps the
+    data; a later read faults it back in): anything else is left alone.
+
+    Returns:
+        True when pages were released.
+    """
+    global _LIBC
+    if not (isinstance(passages, np.memmap) and passages.mode == "r" and sys.platform == "linux"):
+        return False
+    if not passages.flags.c_contiguous or stop <= start:
+        return False
+    if _LIBC is None:
+        _LIBC = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    row = passages.strides[0]
+    page = mmap.PAGESIZE
+    lo = passages.ctypes.data + start * row
+    hi = passages.ctypes.data + stop * row
+    lo = -(-lo // page) * page
+    hi = hi // page * page
+    if hi <= lo:
+        return False
+    return _LIBC.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), 4) == 0  # MADV_DONTNEED

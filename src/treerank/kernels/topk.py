@@ -12,7 +12,7 @@ than one chunk is read with ``pread`` into one reused chunk buffer
 resident set once read, and each page fault also maps the cached neighbours of the row, so the
 rescoring's scattered gathers made most of a 15 GB file resident (6.39 GiB at 1M x 3,840,
 ``docs/scale.md``). Other arrays are sliced, a read-only map's pages released after each chunk
-(:func:`release_pages`). RSS stays bounded by the chunk, not the corpus.
+(:func:`treerank.kernels.rows.release_pages`). RSS stays bounded by the chunk, not the corpus.
 
 **Scores come from one kernel.** A BLAS product's last bits depend on how the library blocks
 the matrix (its shape, the thread count, the CPU), so two callers that score the same pair
@@ -32,7 +32,7 @@ Two backends compute a chunk's (preselection) top-k; both are exact and give the
   results so that a tie crossing the k-th position is detected and that row redone exactly.
 - ``"torch"``: a torch matmul and ``torch.topk`` plus the same tie repair; no FAISS needed.
 - ``"auto"``: whichever of the two is faster on this CPU, measured once and cached
-  (:func:`treerank.kernels.device.cpu_search_backend`).
+  (:func:`cpu_search_backend`).
 
 ``device="cuda"`` (or ``"auto"`` on a machine with CUDA) runs the chunk's matmul and
 ``torch.topk`` on the GPU in float32 (TF32 off), ``k + 1`` results per query so that a tie at the
@@ -55,10 +55,9 @@ same result; this kernel knows nothing of process groups.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import mmap
-import sys
+import os
+import platform
+import time
 from collections.abc import Callable
 from typing import Literal, get_args
 
@@ -66,8 +65,15 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from treerank.kernels.device import DEFAULT_DEVICE, Device, resolve_device, search_backend
-from treerank.kernels.rows import FileRows
+from treerank.kernels.device import (
+    DEFAULT_DEVICE,
+    Device,
+    cache_dir,
+    read_probe_cache,
+    resolve_device,
+    write_probe_cache,
+)
+from treerank.kernels.rows import FileRows, release_pages
 from treerank.kernels.vectors import F32, I64, ROW_CHUNK, Scores, Vecs
 from treerank.storelike import Vectors
 
@@ -80,6 +86,8 @@ vectors, no passage transform): 64 MiB, i.e. 37 queries' 116 rows at 3,840 dims.
 SearchBackend = Literal["faiss", "torch", "auto"]
 """The CPU exact-search kernel: FAISS, torch, or the measured faster one (a GPU runs torch)."""
 BACKENDS: tuple[SearchBackend, ...] = get_args(SearchBackend)
+PROBE_FILE = "search-backend.json"
+"""The cache file of the measured CPU kernel choice (:func:`cpu_search_backend`)."""
 
 
 _PAD_ID = 0xFFFFFFFF
@@ -465,36 +473,110 @@ def chunk_topk_tensor(
 
 
 _CHUNK_TOPK = {"faiss": _chunk_topk_faiss, "torch": _chunk_topk_torch}
-_LIBC: ctypes.CDLL | None = None
 
 
-def release_pages(passages: object, start: int, stop: int) -> bool:
-    """Drop rows ``[start, stop)`` of a read-only ``np.memmap`` from this process's resident set.
+def _probe_key(probe: dict[str, int] | None = None) -> str:
+    """The cache key of a measured kernel choice: everything that changes which kernel wins.
 
-    Pages of a file mapping stay resident (and counted in RSS) after they were read; this
-    ``madvise(MADV_DONTNEED)``s the whole pages of the range so that streaming a corpus keeps RSS
-    bounded by the chunk size. Safe only for read-only file mappings (the page cache keeps the
-    data; a later read faults it back in): anything else is left alone.
+    The CPU model and machine type, the CPUs this process may run on, torch's and FAISS's
+    (OpenMP) thread counts, the torch / FAISS / numpy versions, and the probe's shape
+    (``probe``: queries, passages, dimension, k, repeats): a measurement at another shape or
+    thread count is another entry, never reused.
+    """
+    try:
+        import faiss
+
+        fv = str(faiss.__version__)
+        faiss_threads = str(faiss.omp_get_max_threads())
+    except (ImportError, AttributeError):
+        fv, faiss_threads = "none", "none"
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            cpu = next(
+                (ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu
+            )
+    except OSError:
+        pass
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 0
+    shape = ",".join(f"{k}={v}" for k, v in sorted((probe or {}).items()))
+    return (
+        f"{cpu}|machine={platform.machine()}|cpus={cpus}|threads={torch.get_num_threads()}"
+        f"|faiss_threads={faiss_threads}|torch={torch.__version__}|faiss={fv}"
+        f"|numpy={np.__version__}|probe={shape}"
+    )
+
+
+def _time_backend(backend: str, q: F32, p: F32, k: int, repeats: int) -> float:
+    exact_search(q[:8], p, k=k, backend=backend)  # warm-up (imports, thread pools)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        exact_search(q, p, k=k, backend=backend)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def cpu_search_backend(
+    *,
+    refresh: bool = False,
+    n_queries: int = 256,
+    n_passages: int = 16_384,
+    dim: int = 384,
+    k: int = 100,
+    repeats: int = 2,
+) -> str:
+    """The faster exact-search kernel on this CPU: ``"torch"`` or ``"faiss"``.
+
+    Measured once (best of ``repeats`` runs of :func:`exact_search` with
+    each backend on a random ``n_queries x n_passages x dim`` probe, about a second) and cached
+    in ``cache_dir() / "search-backend.json"`` under :func:`_probe_key` (the CPU model, the
+    usable CPUs, torch's and FAISS's thread counts, the torch / FAISS / numpy versions and the
+    probe's shape); a later call with the same key reads the cache.
+    Without FAISS the answer is ``"torch"`` (nothing is measured). The cache is advisory: an
+    unreadable or unwritable cache directory only means measuring again.
+
+    Args:
+        refresh: measure even when a cached answer exists.
 
     Returns:
-        True when pages were released.
+        ``"torch"`` or ``"faiss"``.
     """
-    global _LIBC
-    if not (isinstance(passages, np.memmap) and passages.mode == "r" and sys.platform == "linux"):
-        return False
-    if not passages.flags.c_contiguous or stop <= start:
-        return False
-    if _LIBC is None:
-        _LIBC = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    row = passages.strides[0]
-    page = mmap.PAGESIZE
-    lo = passages.ctypes.data + start * row
-    hi = passages.ctypes.data + stop * row
-    lo = -(-lo // page) * page
-    hi = hi // page * page
-    if hi <= lo:
-        return False
-    return _LIBC.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), 4) == 0  # MADV_DONTNEED
+    try:
+        import faiss  # noqa: F401
+    except ImportError:
+        return "torch"
+    probe = {"n_queries": n_queries, "n_passages": n_passages, "dim": dim, "k": k}
+    key = _probe_key({**probe, "repeats": repeats})
+    path = cache_dir() / PROBE_FILE
+    doc = read_probe_cache(path)
+    hit = doc.get(key)
+    if not refresh and isinstance(hit, dict) and hit.get("backend") in ("torch", "faiss"):
+        return str(hit["backend"])
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((n_queries, dim), dtype=np.float32)
+    p = rng.standard_normal((n_passages, dim), dtype=np.float32)
+    seconds = {b: _time_backend(b, q, p, k, repeats) for b in ("torch", "faiss")}
+    backend = "torch" if seconds["torch"] < seconds["faiss"] else "faiss"
+    doc[key] = {
+        "backend": backend,
+        "seconds": seconds,
+        "probe": probe,
+        "measured_unix": time.time(),
+    }
+    write_probe_cache(path, doc)
+    return backend
+
+
+def search_backend(backend: str, device: torch.device) -> str:
+    """The exact-search kernel to run: ``"torch"`` on a GPU; on the CPU ``backend`` itself, or
+    the measured faster one (:func:`cpu_search_backend`) for ``"auto"``."""
+    if device.type != "cpu":
+        return "torch"
+    return cpu_search_backend() if backend == "auto" else backend
 
 
 def merge_topk(keys_a: I64, keys_b: I64, k: int) -> I64:

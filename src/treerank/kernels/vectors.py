@@ -12,12 +12,14 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["ROW_CHUNK", "F32", "I64", "Scores", "Vecs", "l2_normalize"]
+__all__ = ["ROW_CHUNK", "F32", "F64", "I64", "Scores", "Vecs", "l2_normalize"]
 
 Vecs = npt.NDArray[np.float16 | np.float32 | np.float64]
 """``float (n, d)`` vectors of any float precision (ndarrays or read-only memmaps)."""
 F32 = npt.NDArray[np.float32]
 """``float32`` vectors or scores."""
+F64 = npt.NDArray[np.float64]
+"""``float64`` sums and weights (fusion contributions, relevance-model weights)."""
 Scores = npt.NDArray[np.float32 | np.float64]
 """``float32`` / ``float64`` scores."""
 I64 = npt.NDArray[np.int64]

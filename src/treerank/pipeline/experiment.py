@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,8 +48,10 @@ from treerank.pipeline.config import (
     ExperimentConfig,
     ModelSpec,
 )
-from treerank.pipeline.identity import RunId, StageId, SystemId, dataset_dir
+from treerank.pipeline.identity import RunId, StageId, dataset_dir
+from treerank.pipeline.outcome import DatasetOutcome
 from treerank.pipeline.report import write_report
+from treerank.pipeline.runs import experiment_runs, seed_groups, systems_for
 from treerank.pipeline.stages.base import StageRecord, file_sha256
 from treerank.pipeline.stages.diagnose import DiagnoseStage
 from treerank.pipeline.stages.embed import EmbedStage, Encoder, GivenStoreStage
@@ -67,6 +69,7 @@ from treerank.pipeline.stages.outputs import (
 from treerank.pipeline.stages.pseudo import PseudoStage
 from treerank.pipeline.stages.teacher import TeacherStage
 from treerank.pipeline.stages.train import TrainStage
+from treerank.pipeline.validate import validate_experiment
 from treerank.search.negatives import MINED_NEGATIVES_ARRAY
 from treerank.store import EmbeddingStore
 from treerank.tasks.train import training_sources
@@ -82,36 +85,6 @@ __all__ = [
     "plan_experiment",
     "run_experiment",
 ]
-
-
-@dataclass
-class DatasetOutcome:
-    """Everything the run produced for one dataset.
-
-    ``checkpoints`` / ``training`` / ``seeds`` are keyed by the run's name
-    (:attr:`RunId.name`); ``runs`` holds the typed identities of the runs trained here.
-    """
-
-    name: str
-    eval_split: str
-    store: Path
-    train_store: Path | None = None
-    dim: int | None = None
-    checkpoints: dict[str, Path] = field(default_factory=dict)
-    training: dict[str, dict[str, Any]] = field(default_factory=dict)
-    comparison: dict[str, Any] = field(default_factory=dict)
-    comparison_markdown: str = ""
-    eval_dir: Path | None = None
-    overlap: dict[str, Any] | None = None
-    family_reports: dict[str, dict[str, Any]] = field(default_factory=dict)
-    overlap_markdown: str = ""
-    lexical_gap: dict[str, Any] | None = None
-    lexical_gap_markdown: str = ""
-    diagnostics: dict[str, Any] | None = None
-    diagnose_dir: Path | None = None
-    store_stats: dict[str, dict[str, Any]] = field(default_factory=dict)
-    runs: list[RunId] = field(default_factory=list)
-    seeds: dict[str, int | None] = field(default_factory=dict)
 
 
 @dataclass
@@ -155,8 +128,6 @@ def run_experiment(
         StageError: a stage failed; it names the stage and the cause. Every stage finished
             before it (and that stage's own earlier result) stays intact on disk.
     """
-    from treerank.pipeline.validate import validate_experiment  # validate imports this module
-
     validate_experiment(cfg)  # every problem, before any stage writes anything
     t0 = time.perf_counter()
     cfg.output_dir.mkdir(parents=True, exist_ok=True)
@@ -212,21 +183,6 @@ def _collect(sid: StageId, out: Output, o: DatasetOutcome) -> None:
     elif isinstance(out, DiagnoseOutput):
         o.diagnose_dir = out.dir
         o.diagnostics = dict(out.doc)
-
-
-def experiment_runs(cfg: ExperimentConfig) -> list[RunId]:
-    """Every trained run of ``cfg``, in execution order: per dataset with a train split, per
-    model it trains (``datasets[].models``, default all), per seed (``None``: no ``seeds:``)."""
-    out = []
-    for ds in cfg.datasets:
-        if not ds.train_split:
-            continue
-        for spec in cfg.models.values():
-            if ds.models is not None and spec.name not in ds.models:
-                continue
-            for seed in spec.seeds if spec.seeds is not None else [None]:
-                out.append(RunId(spec.name, ds.name, seed))
-    return out
 
 
 def _run_config(spec: ModelSpec, run: RunId) -> dict[str, Any]:
@@ -378,13 +334,13 @@ def _plan(cfg: ExperimentConfig, ctx: RunContext) -> tuple[StageGraph, dict[str,
         tuned[ds.name] = _finetune_stages(cfg, ctx, ds, graph)
     settings = evaluation_settings(cfg)
     for ds in cfg.datasets:
-        systems = _systems_for(cfg, ds, runs)
+        systems = systems_for(cfg, ds, runs)
         train = StageId.embed(ds.name, ds.train_split) if ds.train_split else None
         store = StageId.embed(ds.name, ds.eval_split)
         graph.add(
             EvaluateStage.make(
                 ctx, ds.name, store, train, systems, settings,
-                cfg.evaluate.metrics_given, _seed_groups(systems), tuned[ds.name],
+                cfg.evaluate.metrics_given, seed_groups(systems), tuned[ds.name],
             )
         )  # fmt: skip
         drun = _diagnosed_run(cfg, ds, runs)
@@ -419,46 +375,6 @@ def _resolved_config(spec: ModelSpec, config: dict[str, Any], source: Any) -> di
     old one.
     """
     return family(spec.family).resolved_config(config, f"{source}: models.{spec.name}")
-
-
-def _systems_for(cfg: ExperimentConfig, ds: DatasetConfig, runs: list[RunId]) -> list[SystemId]:
-    """The systems evaluated on ``ds``: the configured specs, every run trained on it, with
-    ``transfer: true`` every run trained elsewhere, then the baselines not named yet.
-
-    Raises:
-        ValueError: two systems render to the same name (e.g. a spec named like a model).
-    """
-    specs = ds.systems if ds.systems is not None else cfg.systems
-    out = [SystemId.of_spec(s, ds.name) for s in specs]
-    out += [SystemId.of_run(r, ds.name) for r in runs if r.trained_on == ds.name]
-    if cfg.transfer:  # every model trained elsewhere, zero-shot on this dataset
-        out += [SystemId.of_run(r, ds.name) for r in runs if r.trained_on != ds.name]
-    names = [s.name for s in out]
-    names += list(cfg.finetunes) if ds.train_split else []  # a tuned encoder's system name
-    dup = sorted({n for n in names if names.count(n) > 1})
-    averages = {g for g in _seed_groups(out)}
-    clash = sorted(averages & set(names)) + dup
-    if clash:
-        raise ValueError(
-            f"datasets {ds.name}: system name(s) {', '.join(clash)} given twice (a system spec "
-            "named like a trained model or its seed average); rename the model"
-        )
-    for base in cfg.evaluate.baselines:
-        if base not in names and base not in averages:
-            out.append(SystemId.of_spec(base, ds.name))
-            names.append(base)
-    return out
-
-
-def _seed_groups(systems: list[SystemId]) -> dict[str, dict[str, int]]:
-    """Seed-average system name -> {its seeds' system names: seed}, for the seeded runs among
-    ``systems`` (grouped by model and training dataset)."""
-    groups: dict[str, dict[str, int]] = {}
-    for s in systems:
-        if s.run is not None and s.run.seed is not None:
-            avg = SystemId.seed_average(s.run.model, s.run.trained_on, s.evaluated_on)
-            groups.setdefault(avg.name, {})[s.name] = s.run.seed
-    return groups
 
 
 def _encoder_meta(outcomes: dict[str, DatasetOutcome]) -> dict[str, Any]:

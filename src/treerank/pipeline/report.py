@@ -21,7 +21,7 @@ from treerank.metrics.metrics import headline_metric
 
 if TYPE_CHECKING:
     from treerank.pipeline.config import ExperimentConfig
-    from treerank.pipeline.experiment import DatasetOutcome
+    from treerank.pipeline.outcome import DatasetOutcome
     from treerank.pipeline.stages import StageRecord
 
 

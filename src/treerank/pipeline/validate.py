@@ -14,6 +14,7 @@ from typing import Any
 
 from treerank.names import check_name
 from treerank.pipeline.config import ConfigError, ExperimentConfig
+from treerank.pipeline.runs import experiment_runs, systems_for
 
 
 def _collect(problems: list[str], where: str, check: Callable[..., Any], *args: Any) -> None:
@@ -80,11 +81,9 @@ def validate_experiment(cfg: ExperimentConfig) -> None:
         stop = trainer.get("early_stopping_metric") if isinstance(trainer, dict) else None
         if isinstance(stop, str):
             _collect(problems, f"models.{name}.trainer.early_stopping_metric", parse_metric, stop)
-    from treerank.pipeline.experiment import _systems_for, experiment_runs
-
     runs = experiment_runs(cfg)
     for d, ds in enumerate(cfg.datasets):
-        _collect(problems, f"datasets[{d}]", _systems_for, cfg, ds, runs)
+        _collect(problems, f"datasets[{d}]", systems_for, cfg, ds, runs)
     if problems:
         n = len(problems)
         raise ConfigError(

@@ -26,6 +26,7 @@ from typing import Final
 import numpy as np
 
 from treerank.kernels.topk import RUN_DEPTH, topk_desc
+from treerank.kernels.vectors import F32, I64
 
 BM25_METHODS = ("lucene", "robertson", "atire", "bm25l", "bm25+")
 DEFAULT_K1 = 0.9
@@ -118,7 +119,7 @@ class BM25Index:
         )
         return [list(t) for t in toks]  # type: ignore[union-attr]
 
-    def scores(self, query_texts: Sequence[str]) -> np.ndarray:
+    def scores(self, query_texts: Sequence[str]) -> F32:
         """``float32 (n_queries, n_passages)`` BM25 score of every passage for every query."""
         out = np.zeros((len(query_texts), self.n_passages), np.float32)
         if self.empty:
@@ -132,7 +133,7 @@ class BM25Index:
 
     def search(
         self, query_texts: Sequence[str], k: int = RUN_DEPTH, batch: int = 256
-    ) -> tuple[np.ndarray, np.ndarray]:
+    ) -> tuple[I64, F32]:
         """Top-``k`` passages per query (``batch`` queries' dense score rows at a time, fewer on
         big corpora so that at most 32M scores are held).
 

@@ -14,14 +14,17 @@ Spec: ``rescore:<first stage>:depth=N,scorer=ce:<cross-encoder dir>``, e.g.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import Protocol
 
 import numpy as np
 
 from treerank.kernels.device import DEFAULT_DEVICE, Device
 from treerank.kernels.topk import RUN_DEPTH, sort_rows
+from treerank.kernels.vectors import F32, I64, Scores
 from treerank.models.cross_encoder import DEFAULT_SCORE_BATCH, CEPrecision, CrossEncoderScorer
 from treerank.search.run import Run
+from treerank.search.systems import System
 from treerank.search.two_stage import TwoStage
 from treerank.storelike import StoreLike
 
@@ -30,9 +33,16 @@ __all__ = ["CE_PREFIX", "CrossEncoderRescoreSystem", "ce_rerank", "recall_at_dep
 CE_PREFIX = "ce:"
 
 
+class PairScorer(Protocol):
+    """What :func:`ce_rerank` scores with: ``score_pairs(queries, passages) -> float32 (n,)``
+    (a :class:`~treerank.models.cross_encoder.CrossEncoderScorer`)."""
+
+    def score_pairs(self, queries: Sequence[str], passages: Sequence[str]) -> Scores: ...
+
+
 def ce_rerank(
-    scorer: Any, query_texts: list[str], passage_texts: list[str], candidates: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
+    scorer: PairScorer, query_texts: list[str], passage_texts: list[str], candidates: I64
+) -> tuple[I64, F32]:
     """Cross-encoder scores of each query's candidates, rows re-sorted.
 
     Args:
@@ -64,7 +74,7 @@ def ce_rerank(
     return sort_rows(np.where(cand >= 0, cand, -1), scores)
 
 
-def recall_at_depth(store: StoreLike, candidates: np.ndarray) -> float:
+def recall_at_depth(store: StoreLike, candidates: I64) -> float:
     """Mean over queries with a relevant passage of the share of them among ``candidates``.
 
     Returns:
@@ -83,7 +93,7 @@ def recall_at_depth(store: StoreLike, candidates: np.ndarray) -> float:
     return float((hit[keep] / n_rel[keep]).mean()) if keep.any() else float("nan")
 
 
-class CrossEncoderRescoreSystem(TwoStage):
+class CrossEncoderRescoreSystem(TwoStage[CrossEncoderScorer | str]):
     """A first stage's top ``depth`` reranked by a cross-encoder.
 
     Args:
@@ -104,8 +114,8 @@ class CrossEncoderRescoreSystem(TwoStage):
 
     def __init__(
         self,
-        first: Any,
-        scorer: Any,
+        first: System,
+        scorer: CrossEncoderScorer | str,
         depth: int = 100,
         name: str | None = None,
         *,
@@ -119,7 +129,7 @@ class CrossEncoderRescoreSystem(TwoStage):
         self.batch_size, self.precision, self.device = batch_size, precision, device
         self.first_run: Run | None = None
 
-    def scorer_for(self) -> Any:
+    def scorer_for(self) -> CrossEncoderScorer:
         if isinstance(self.scorer, str):
             path = self.scorer.strip()[len(CE_PREFIX) :]
             self.scorer = CrossEncoderScorer(

@@ -92,7 +92,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Protocol, cast
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -106,12 +106,31 @@ from treerank.kernels.topk import (
     release_pages,
     sort_rows,
 )
-from treerank.kernels.vectors import ROW_CHUNK
+from treerank.kernels.vectors import F32, I64, ROW_CHUNK, Vecs
 from treerank.models.base import DenseScorer
 from treerank.names import unknown_name
 from treerank.search.rescore import RescoreSystem, dense_scorer
 from treerank.search.run import Run
 from treerank.storelike import StoreLike, meta_object
+
+if TYPE_CHECKING:
+    import faiss  # no type information: its objects are opaque to mypy
+
+Params = dict[str, int]
+"""An index kind's build or search parameters by name (all integers)."""
+MakeIndex = Callable[[int, Params], "faiss.Index"]
+"""``make(dim, build parameters) -> an empty FAISS index`` of one kind."""
+Transform = Callable[[F32], Vecs]
+"""The scorer's passage tower, ``float32 (c, d) -> float (c, d')``."""
+
+
+class _TransformChain(Protocol):
+    """``IndexPreTransform.chain``: a SWIG vector of transforms (FAISS's stubs call it a list)."""
+
+    def at(self, i: int) -> faiss.VectorTransform: ...
+
+    def size(self) -> int: ...
+
 
 INDEX_FILE = "index.faiss"
 INDEX_META = "meta.json"
@@ -128,9 +147,9 @@ class IndexKind:
 
     name: str
     help: str
-    build: dict[str, tuple[type, Any]]
-    search: dict[str, tuple[type, Any]]
-    make: Callable[[int, dict[str, Any]], Any]
+    build: dict[str, tuple[type[int], int]]
+    search: dict[str, tuple[type[int], int]]
+    make: MakeIndex
     trained: bool = True
     default_rescore: int = 0
     presized: bool = True  # IVF kinds: filled by add_ivf_presized (False: faiss add in chunks)
@@ -142,13 +161,13 @@ def _ip() -> int:
     return int(faiss.METRIC_INNER_PRODUCT)
 
 
-def _make_flat(d: int, p: dict[str, Any]) -> Any:
+def _make_flat(d: int, p: Params) -> faiss.Index:
     import faiss
 
     return faiss.IndexFlatIP(d)
 
 
-def _make_hnsw(d: int, p: dict[str, Any]) -> Any:
+def _make_hnsw(d: int, p: Params) -> faiss.Index:
     import faiss
 
     index = faiss.IndexHNSWFlat(d, p["M"], _ip())
@@ -156,8 +175,8 @@ def _make_hnsw(d: int, p: dict[str, Any]) -> Any:
     return index
 
 
-def _make_factory(template: str) -> Callable[[int, dict[str, Any]], Any]:
-    def make(d: int, p: dict[str, Any]) -> Any:
+def _make_factory(template: str) -> MakeIndex:
+    def make(d: int, p: Params) -> faiss.Index:
         import faiss
 
         return faiss.index_factory(d, template.format(**p), _ip())
@@ -165,7 +184,7 @@ def _make_factory(template: str) -> Callable[[int, dict[str, Any]], Any]:
     return make
 
 
-def _make_ivfpq(d: int, p: dict[str, Any]) -> Any:
+def _make_ivfpq(d: int, p: Params) -> faiss.Index:
     import faiss
 
     if d % p["m"]:
@@ -178,13 +197,22 @@ def _make_ivfpq(d: int, p: dict[str, Any]) -> Any:
     # does not depend on the passages, and a 3,840-d build spent minutes in it (issue 26).
     index = faiss.index_factory(d, f"{opq}IVF{p['nlist']},PQ{p['m']}x{p['nbits']}np", _ip())
     if p["opq"]:  # OPQ alternates PQ training and a rotation fit: opq = its iterations
-        chain: Any = faiss.downcast_index(index)
-        rotation: Any = faiss.downcast_VectorTransform(chain.chain.at(0))
-        rotation.niter = p["opq"]
+        _set_opq_iterations(index, p["opq"])
     return index
 
 
-def _make_ivfpqfs(d: int, p: dict[str, Any]) -> Any:
+def _set_opq_iterations(index: faiss.Index, niter: int) -> None:
+    """Set the iterations of the OPQ rotation that heads ``index`` (an ``IndexPreTransform``)."""
+    import faiss
+
+    # the downcasts return the concrete classes; FAISS's stubs only say Index / VectorTransform
+    chain = cast("faiss.IndexPreTransform", faiss.downcast_index(index))
+    first = cast(_TransformChain, chain.chain).at(0)
+    rotation = cast("faiss.OPQMatrix", faiss.downcast_VectorTransform(first))
+    rotation.niter = niter
+
+
+def _make_ivfpqfs(d: int, p: Params) -> faiss.Index:
     import faiss
 
     if d % p["m"]:
@@ -195,14 +223,12 @@ def _make_ivfpqfs(d: int, p: dict[str, Any]) -> Any:
     refine = ",Refine(SQ8)" if p["refine"] else ""
     index = faiss.index_factory(d, f"{opq}IVF{p['nlist']},PQ{p['m']}x4fs{refine}", _ip())
     if p["opq"]:
-        outer: Any = faiss.downcast_index(index)
-        chain: Any = faiss.downcast_index(outer.base_index) if refine else outer
-        rotation: Any = faiss.downcast_VectorTransform(chain.chain.at(0))
-        rotation.niter = p["opq"]
+        outer = cast("faiss.IndexRefine", faiss.downcast_index(index)) if refine else None
+        _set_opq_iterations(index if outer is None else outer.base_index, p["opq"])
     return index
 
 
-def _make_binary(d: int, p: dict[str, Any]) -> Any:
+def _make_binary(d: int, p: Params) -> faiss.Index:
     import faiss
 
     return faiss.IndexLSH(d, p["nbits"] or d, False, True)
@@ -262,7 +288,7 @@ INDEX_KINDS: dict[str, IndexKind] = {
         ),
     )
 }
-_COMMON: dict[str, tuple[type, Any]] = {
+_COMMON: dict[str, tuple[type[int], int] | tuple[type[str], str]] = {
     "rescore": (int, -1),
     "over": (str, "cosine"),
     "resident": (int, 0),
@@ -313,8 +339,8 @@ class IndexSpec:
     """
 
     kind: str
-    build: dict[str, Any] = field(default_factory=dict)
-    search: dict[str, Any] = field(default_factory=dict)
+    build: Params = field(default_factory=dict)
+    search: Params = field(default_factory=dict)
     rescore: int = 0
     over: str = "cosine"
     resident: bool = False
@@ -351,8 +377,12 @@ def parse_index_spec(text: str, spec: str | None = None, what: str = "system spe
             )
         )
     kind = INDEX_KINDS[kind_name]
-    allowed = {**kind.build, **kind.search, **_COMMON}
-    values = {key: default for key, (_, default) in allowed.items()}
+    allowed: dict[str, tuple[type[int], int] | tuple[type[str], str]] = {
+        **kind.build,
+        **kind.search,
+        **_COMMON,
+    }
+    values: dict[str, int | str] = {key: default for key, (_, default) in allowed.items()}
     given: set[str] = set()
     for item in body.split(",") if body else []:
         key, sep, value = item.partition("=")
@@ -364,43 +394,44 @@ def parse_index_spec(text: str, spec: str | None = None, what: str = "system spe
             )
         typ = allowed[key][0]
         try:
-            values[key] = typ(value)
+            parsed = typ(value)
         except ValueError:
             raise ValueError(
                 f"bad {what} {spec!r}: {key}={value!r} is not a {typ.__name__}"
             ) from None
+        values[key] = parsed
         given.add(key)
-        if typ is int:
+        if isinstance(parsed, int):  # typ is int
             low, high = _KIND_RANGES.get((kind_name, key), PARAM_RANGES.get(key, (0, None)))
-            if values[key] < low or (high is not None and values[key] > high):
+            if parsed < low or (high is not None and parsed > high):
                 raise ValueError(
-                    f"bad {what} {spec!r}: {key} must be {_range_text(low, high)}, "
-                    f"got {values[key]}"
+                    f"bad {what} {spec!r}: {key} must be {_range_text(low, high)}, got {parsed}"
                 )
-    if {"nprobe", "nlist"} <= given and values["nlist"] and values["nprobe"] > values["nlist"]:
+    ints = {key: v for key, v in values.items() if isinstance(v, int)}  # all but over
+    if {"nprobe", "nlist"} <= given and ints["nlist"] and ints["nprobe"] > ints["nlist"]:
         raise ValueError(
             f"bad {what} {spec!r}: nprobe must be <= nlist (it probes that many of the "
-            f"{values['nlist']} inverted lists), got nprobe={values['nprobe']}"
+            f"{ints['nlist']} inverted lists), got nprobe={ints['nprobe']}"
         )
-    if "train_size" in given and values["train_size"]:
-        need = min_train_rows(kind_name, values)
-        if values["train_size"] < need:
+    if "train_size" in given and ints["train_size"]:
+        need = min_train_rows(kind_name, ints)
+        if ints["train_size"] < need:
             raise ValueError(
                 f"bad {what} {spec!r}: train_size must be >= {need} for these parameters "
-                f"({_train_needs(kind_name, values)}), got {values['train_size']}"
+                f"({_train_needs(kind_name, ints)}), got {ints['train_size']}"
             )
-    rescore = values["rescore"]
+    rescore = ints["rescore"]
     return IndexSpec(
         kind=kind_name,
-        build={k: values[k] for k in kind.build},
-        search={k: values[k] for k in kind.search},
+        build={k: ints[k] for k in kind.build},
+        search={k: ints[k] for k in kind.search},
         rescore=kind.default_rescore if rescore < 0 else int(rescore),
         over=str(values["over"]),
-        resident=bool(values["resident"]),
+        resident=bool(ints["resident"]),
     )
 
 
-def min_train_rows(kind: str, build: dict[str, Any]) -> int:
+def min_train_rows(kind: str, build: Params) -> int:
     """The fewest training passages the index kind ``kind`` with ``build`` parameters can train
     on: ``nlist`` for the IVF kinds' coarse k-means (one point per centroid; FAISS warns below
     39), ``2**nbits`` for ``ivfpq``'s PQ codebooks and ``16`` for ``ivfpqfs``'s 4-bit ones
@@ -415,7 +446,7 @@ def min_train_rows(kind: str, build: dict[str, Any]) -> int:
     return need
 
 
-def _train_needs(kind: str, build: dict[str, Any]) -> str:
+def _train_needs(kind: str, build: Params) -> str:
     parts = []
     if kind in ("ivfflat", "ivfpq", "ivfpqfs") and int(build.get("nlist", 0)):
         parts.append(f"nlist={build['nlist']} centroids need one point each")
@@ -493,7 +524,7 @@ def store_signature(store: StoreLike) -> str:
     file's size and modification time.
     """
     meta = store.meta
-    parts: dict[str, Any] = {
+    parts: dict[str, object] = {
         "signature": meta.get("signature"),
         "data": meta.get("data_sha256"),
         "n_passages": int(store.n_passages),
@@ -551,7 +582,9 @@ def peak_rss_mib() -> float:
 class FaissIndex:
     """A built FAISS index and its ``meta.json`` (kind, parameters, store signature, sizes)."""
 
-    def __init__(self, index: Any, meta: dict[str, Any], path: Path | None = None) -> None:
+    def __init__(
+        self, index: faiss.Index, meta: dict[str, object], path: Path | None = None
+    ) -> None:
         self.index = index
         self.meta = meta
         self.path = path
@@ -564,9 +597,7 @@ class FaissIndex:
     def ntotal(self) -> int:
         return int(self.index.ntotal)
 
-    def search(
-        self, queries: np.ndarray, k: int, params: dict[str, Any] | None = None
-    ) -> tuple[np.ndarray, np.ndarray]:
+    def search(self, queries: Vecs, k: int, params: Params | None = None) -> tuple[I64, F32]:
         """Top-``k`` passages for each query vector.
 
         Args:
@@ -598,7 +629,7 @@ class FaissIndex:
         p = {**{key: d for key, (_, d) in INDEX_KINDS[self.kind].search.items()}, **(params or {})}
         ps = faiss.ParameterSpace()
         if "nprobe" in p:
-            ivf: Any = faiss.try_extract_index_ivf(self.index)
+            ivf = faiss.try_extract_index_ivf(self.index)
             nlist = int(ivf.nlist) if ivf is not None else int(p["nprobe"])
             ps.set_index_parameter(self.index, "nprobe", max(1, min(int(p["nprobe"]), nlist)))
         if "ef_search" in p:
@@ -613,12 +644,12 @@ class FaissIndex:
 
 
 def _train_sample(
-    passages: np.ndarray,
+    passages: Vecs,
     size: int,
-    transform: Callable[[np.ndarray], np.ndarray],
+    transform: Transform,
     seed: int,
     source: str | None = None,
-) -> np.ndarray:
+) -> F32:
     """``size`` passages drawn uniformly (sorted ids), through ``transform``, ``float32``.
 
     With ``source`` every gathered stored row is checked finite as it is read
@@ -640,22 +671,22 @@ def _train_sample(
         parts.append(part)
         release_pages(passages, int(block[0]), int(block[-1]) + 1)
     sample = np.concatenate(parts) if parts else np.empty((0, passages.shape[1]), np.float32)
-    return np.ascontiguousarray(transform(sample))
+    return np.ascontiguousarray(transform(sample), dtype=np.float32)
 
 
-def _is_ivf(index: Any) -> bool:
+def _is_ivf(index: faiss.Index) -> bool:
     import faiss
 
     return faiss.try_extract_index_ivf(index) is not None
 
 
 def add_ivf_presized(
-    index: Any,
-    passages: np.ndarray,
-    transform: Callable[[np.ndarray], np.ndarray],
+    index: faiss.Index,
+    passages: Vecs,
+    transform: Transform,
     chunk_size: int = DEFAULT_ADD_CHUNK,
-    on_chunk: Callable[[int], Any] | None = None,
-    check: Callable[[np.ndarray, np.ndarray, int], None] | None = None,
+    on_chunk: Callable[[int], object] | None = None,
+    check: Callable[[F32, F32, int], None] | None = None,
 ) -> None:
     """Add every passage to a trained, empty FAISS IVF index, each inverted list allocated once.
 
@@ -684,17 +715,17 @@ def add_ivf_presized(
     """
     import faiss
 
-    ivf: Any = faiss.try_extract_index_ivf(index)
+    ivf = faiss.try_extract_index_ivf(index)
     if ivf is None or not index.is_trained or index.ntotal:
         raise ValueError("add_ivf_presized needs a trained, empty IVF index")
-    chain: Any = faiss.downcast_index(index)
-    transforms: list[Any] = []
+    chain = faiss.downcast_index(index)
+    transforms: list[faiss.VectorTransform] = []
     if isinstance(chain, faiss.IndexPreTransform):
-        steps: Any = chain.chain
+        steps = cast(_TransformChain, chain.chain)
         transforms = [steps.at(i) for i in range(steps.size())]
     n = int(passages.shape[0])
 
-    def vectors(start: int) -> np.ndarray:
+    def vectors(start: int) -> F32:
         stop = min(start + chunk_size, n)
         block = np.asarray(passages[start:stop], dtype=np.float32)
         x = np.ascontiguousarray(transform(block), dtype=np.float32)
@@ -709,7 +740,8 @@ def add_ivf_presized(
     for start in range(0, n, chunk_size):
         lists[start : start + chunk_size] = ivf.quantizer.assign(vectors(start), 1)[:, 0]
     counts = np.bincount(lists, minlength=ivf.nlist)
-    invlists: Any = ivf.invlists
+    invlists = ivf.invlists
+    assert invlists is not None  # a trained IVF index has its lists
     for lst in np.flatnonzero(counts):
         invlists.resize(int(lst), int(counts[lst]))
     filled = np.zeros(ivf.nlist, dtype=np.int64)
@@ -822,7 +854,7 @@ def build_index(
         del sample
     bar = tqdm(total=n, unit="passage", disable=not progress, desc=f"index {spec.kind}")
 
-    def check(block: np.ndarray, out: np.ndarray, start: int) -> None:
+    def check(block: F32, out: F32, start: int) -> None:
         check_finite(block, "passage", source, start)
         if check_tower:
             check_finite(out, "passage-tower output", source, start)
@@ -989,7 +1021,7 @@ def faiss_system(
     )
 
 
-def read_index_meta(path: str | Path) -> dict[str, Any]:
+def read_index_meta(path: str | Path) -> dict[str, object]:
     """The ``meta.json`` of an index directory (without loading the index).
 
     Raises:
@@ -1004,7 +1036,7 @@ def read_index_meta(path: str | Path) -> dict[str, Any]:
         raise ValueError(f"{p}: not valid JSON ({exc})") from None
 
 
-def list_indexes(store_dir: str | Path) -> list[tuple[Path, dict[str, Any]]]:
+def list_indexes(store_dir: str | Path) -> list[tuple[Path, dict[str, object]]]:
     """Every cached index under ``<store_dir>/indexes`` as ``(directory, meta)``, sorted."""
     root = Path(store_dir) / INDEXES_DIR
     if not Path(store_dir).is_dir():

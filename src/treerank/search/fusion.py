@@ -28,14 +28,16 @@ from collections.abc import Callable
 from typing import Literal, get_args
 
 import numpy as np
+import numpy.typing as npt
 
 from treerank.kernels.topk import RUN_DEPTH, decode_keys, rank_keys
+from treerank.kernels.vectors import F32, F64, I64
 from treerank.search.run import Run
 
 DEFAULT_RRF_K = 60
 
 
-def rrf_contrib(run: Run, rrf_k: int = DEFAULT_RRF_K) -> np.ndarray:
+def rrf_contrib(run: Run, rrf_k: int = DEFAULT_RRF_K) -> F64:
     """``float64 (nq, k)`` ``1 / (rrf_k + rank)`` of each retrieved passage (0 on padding).
 
     Ranks count retrieved passages only (padding never shifts a rank)."""
@@ -44,16 +46,16 @@ def rrf_contrib(run: Run, rrf_k: int = DEFAULT_RRF_K) -> np.ndarray:
     return np.where(v, 1.0 / (rrf_k + ranks), 0.0)
 
 
-def _valid(run: Run) -> np.ndarray:
+def _valid(run: Run) -> npt.NDArray[np.bool_]:
     return (run.ids >= 0) & np.isfinite(run.scores)
 
 
-def _retrieved_ids(run: Run) -> np.ndarray:
+def _retrieved_ids(run: Run) -> I64:
     """``int64 (nq, k)`` the run's ids with ``-1`` wherever nothing was retrieved."""
     return np.where(_valid(run), run.ids, -1)
 
 
-def minmax_norm(run: Run) -> np.ndarray:
+def minmax_norm(run: Run) -> F64:
     """``float64 (nq, k)`` scores mapped to [0, 1] per query over the retrieved entries (all 1
     when they are equal, e.g. a single hit); 0 on padding."""
     s = run.scores.astype(np.float64)
@@ -65,7 +67,7 @@ def minmax_norm(run: Run) -> np.ndarray:
     return np.where(v, out, 0.0)
 
 
-def zscore_norm(run: Run) -> np.ndarray:
+def zscore_norm(run: Run) -> F64:
     """``float64 (nq, k)`` scores standardised per query over the retrieved entries (population
     standard deviation; 0 when they are equal, e.g. a single hit); 0 on padding."""
     s = run.scores.astype(np.float64)
@@ -83,13 +85,13 @@ FUSION_METHOD_NAMES: tuple[FusionMethod, ...] = get_args(FusionMethod)
 Normalisation = Literal["minmax", "zscore"]
 """How linear fusion normalises each run's scores per query."""
 
-NORMALISATIONS: dict[Normalisation, Callable[[Run], np.ndarray]] = {
+NORMALISATIONS: dict[Normalisation, Callable[[Run], F64]] = {
     "minmax": minmax_norm,
     "zscore": zscore_norm,
 }
 
 
-def missing_fill(run: Run, normed: np.ndarray, norm: str) -> np.ndarray:
+def missing_fill(run: Run, normed: F64, norm: str) -> F64:
     """``float64 (nq,)`` the normalised score a passage absent from ``run`` gets, per query.
 
     The run's lowest normalised retrieved score; one below it when the retrieved scores are all
@@ -108,7 +110,7 @@ def missing_fill(run: Run, normed: np.ndarray, norm: str) -> np.ndarray:
     return np.where(any_hit, np.where(constant, lo - 1.0, lo), 0.0)
 
 
-def _weights(weight: float | np.ndarray, nq: int) -> np.ndarray:
+def _weights(weight: float | F64, nq: int) -> F64:
     w = np.broadcast_to(np.asarray(weight, dtype=np.float64), (nq,)).copy()
     if not np.all((w >= 0.0) & (w <= 1.0)):
         bad = w[~((w >= 0.0) & (w <= 1.0))][0]
@@ -117,14 +119,14 @@ def _weights(weight: float | np.ndarray, nq: int) -> np.ndarray:
 
 
 def _fuse(
-    ids_a: np.ndarray,
-    sa: np.ndarray,
-    fill_a: np.ndarray,
-    ids_b: np.ndarray,
-    sb: np.ndarray,
-    fill_b: np.ndarray,
+    ids_a: I64,
+    sa: F64,
+    fill_a: F64,
+    ids_b: I64,
+    sb: F64,
+    fill_b: F64,
     k: int,
-) -> tuple[np.ndarray, np.ndarray]:
+) -> tuple[I64, F32]:
     """Sum per-passage contributions of two runs; a passage missing from a run gets its fill."""
     nq = ids_a.shape[0]
     q = np.concatenate(
@@ -167,7 +169,7 @@ def rrf(
     k: int = RUN_DEPTH,
     rrf_k: int = DEFAULT_RRF_K,
     name: str | None = None,
-    weight: float | np.ndarray | None = None,
+    weight: float | F64 | None = None,
 ) -> Run:
     """Reciprocal Rank Fusion of two runs (see module docstring).
 
@@ -201,7 +203,7 @@ def linear_fusion(
     a: Run,
     b: Run,
     k: int = RUN_DEPTH,
-    weight: float | np.ndarray = 0.5,
+    weight: float | F64 = 0.5,
     norm: str = "minmax",
     name: str | None = None,
 ) -> Run:

@@ -15,7 +15,10 @@ settings can change without mining again.
 from __future__ import annotations
 
 import numpy as np
+import numpy.typing as npt
 
+from treerank.kernels.vectors import Scores
+from treerank.metrics.qrels import Grades, PassageIds
 from treerank.search.bm25 import BM25Index, BM25Params
 from treerank.store.format import MINED_NEGATIVES_ARRAY
 from treerank.storelike import StoreLike
@@ -26,11 +29,11 @@ DEFAULT_ARRAY = MINED_NEGATIVES_ARRAY
 
 
 def drop_labelled(
-    ranked: np.ndarray,
-    candidates: np.ndarray,
-    labels: np.ndarray,
-    scores: np.ndarray | None = None,
-) -> np.ndarray:
+    ranked: PassageIds,
+    candidates: PassageIds,
+    labels: Grades,
+    scores: Scores | None = None,
+) -> npt.NDArray[np.int32]:
     """Blank out (``-1``) ranked passages that are labelled for their query, or scored ``<= 0``.
 
     Args:
@@ -69,7 +72,7 @@ def mine_bm25_negatives(
     name: str = DEFAULT_ARRAY,
     params: BM25Params | None = None,
     overwrite: bool = False,
-) -> np.ndarray:
+) -> npt.NDArray[np.int32]:
     """Mine each query's BM25 top-``depth`` over the split's passages into ``store``.
 
     Reuses the sidecar when it exists with the same ``depth`` and BM25 parameters (unless

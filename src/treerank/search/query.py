@@ -15,14 +15,28 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from treerank.kernels.device import DEFAULT_DEVICE, Device
 from treerank.kernels.topk import check_run_depth
+from treerank.kernels.vectors import Vecs
 from treerank.search.run import Run
+from treerank.search.systems import System
 from treerank.storelike import Split, StoreLike, meta_object, meta_text
+
+if TYPE_CHECKING:
+    from treerank.encoders.backend import Backend
+    from treerank.encoders.sentence import SentenceEncoder
+
+
+class QueryBackend(Protocol):
+    """What :func:`check_query_backend` reads of a query encoder: its ``backend`` (and, when
+    it has one, ``precision``: the vectors' precision when it differs from the backend's)."""
+
+    @property
+    def backend(self) -> Backend: ...
 
 
 class EncoderMismatchError(ValueError):
@@ -30,7 +44,7 @@ class EncoderMismatchError(ValueError):
     names both sides."""
 
 
-def check_query_backend(store: Split, encoder: Any) -> None:
+def check_query_backend(store: Split, encoder: QueryBackend) -> None:
     """Refuse a query encoder whose vector precision the mixing rule keeps apart from the
     store's (`treerank.encoders.precision.check_mix`: fp32 and bf16 mix, int8 only with int8).
 
@@ -71,7 +85,7 @@ def load_store_encoder(
     progress: bool = False,
     device: Device = DEFAULT_DEVICE,
     precision: str | None = None,
-) -> Any:
+) -> SentenceEncoder:
     """The :class:`~treerank.encoders.SentenceEncoder` a store was embedded with.
 
     Args:
@@ -166,7 +180,7 @@ class QueryView:
         texts: the ``nq`` query texts (BM25 tokenises them).
     """
 
-    def __init__(self, base: Any, queries: np.ndarray, texts: Sequence[str]) -> None:
+    def __init__(self, base: StoreLike, queries: Vecs, texts: Sequence[str]) -> None:
         q = np.ascontiguousarray(queries, dtype=np.float32)
         if q.ndim != 2 or q.shape[1] != base.passages.shape[1] or q.shape[0] != len(texts):
             raise ValueError(
@@ -178,7 +192,7 @@ class QueryView:
         self._texts = list(texts)
         self.memo_key = f"query-view:{uuid.uuid4().hex}"
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> Any:  # every other store member is the base's
         return getattr(self.base, name)
 
     @property
@@ -202,7 +216,7 @@ class Hit:
     score: float
     text: str
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {
             "rank": self.rank,
             "passage_id": self.passage_id,
@@ -239,7 +253,7 @@ def run_hits(store: StoreLike, run: Run) -> list[list[Hit]]:
 
 
 def search_texts(
-    store: StoreLike, system: Any, encoder: Any, texts: Sequence[str], k: int = 10
+    store: StoreLike, system: System, encoder: SentenceEncoder, texts: Sequence[str], k: int = 10
 ) -> tuple[Run, list[list[Hit]]]:
     """Encode ``texts`` with ``encoder`` (query prompt included) and rank the store's passages.
 

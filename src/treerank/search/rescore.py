@@ -22,7 +22,6 @@ Spec: ``rescore:<first stage spec>[:depth=100,scorer=cosine|ckpt:<dir>|ce:<dir>]
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
@@ -35,8 +34,10 @@ from treerank.kernels.topk import (
     release_pages,
     sort_rows,
 )
+from treerank.kernels.vectors import F32, I64, Vecs
 from treerank.models.base import DenseScorer
 from treerank.search.run import Run
+from treerank.search.systems import System
 from treerank.search.two_stage import TwoStage
 from treerank.storelike import StoreLike
 
@@ -82,15 +83,15 @@ def dense_scorer(
 
 
 def rescore(
-    queries: np.ndarray,
-    passages: np.ndarray,
-    candidates: np.ndarray,
+    queries: Vecs,
+    passages: Vecs,
+    candidates: I64,
     k: int,
-    passage_transform: Callable[[np.ndarray], np.ndarray] | None = None,
+    passage_transform: Callable[[F32], Vecs] | None = None,
     query_batch: int = DEFAULT_QUERY_BATCH,
     release: bool = True,
     source: str = "passages",
-) -> tuple[np.ndarray, np.ndarray]:
+) -> tuple[I64, F32]:
     """Exact inner-product scores of each query's candidates; the top ``k`` per query.
 
     Scores come from :func:`treerank.kernels.topk.pair_scores`, the kernel every score of
@@ -140,8 +141,9 @@ def rescore(
         if not valid.any():
             continue
         # one gather per batch straight into (b * depth, d); padding reads row 0, scored -inf
-        rows = np.take(store, np.where(valid, block, 0).ravel(), axis=0)
-        rows = rows.astype(np.float32, copy=False)
+        rows = np.take(store, np.where(valid, block, 0).ravel(), axis=0).astype(
+            np.float32, copy=False
+        )
         row_ids = np.where(valid, block, -1).ravel()
         check_rows_finite(rows, row_ids, "passage", source)
         if release:  # the gather maps file pages all over a memmap: drop them again
@@ -162,7 +164,7 @@ def rescore(
     return ids[:, :k], scores[:, :k]
 
 
-class RescoreSystem(TwoStage):
+class RescoreSystem(TwoStage[DenseScorer | str]):
     """A first-stage system's top ``depth`` rescored exactly by a dense scorer.
 
     Args:
@@ -176,7 +178,7 @@ class RescoreSystem(TwoStage):
 
     def __init__(
         self,
-        first: Any,
+        first: System,
         scorer: DenseScorer | str = "cosine",
         depth: int = DEFAULT_DEPTH,
         name: str | None = None,

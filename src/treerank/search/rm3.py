@@ -32,15 +32,29 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 
 import numpy as np
+import numpy.typing as npt
 import scipy.sparse as sp
 
 from treerank.kernels.topk import RUN_DEPTH, topk_desc
+from treerank.kernels.vectors import F32, F64, I64
 from treerank.search.bm25 import BM25Index, BM25Params
 from treerank.search.run import Run, store_key
 from treerank.storelike import StoreLike
+
+TermIds = npt.NDArray[np.int32 | np.int64]
+"""Term ids (the columns of a sparse term-count row, bm25s' indices)."""
+
+
+class _ScoreMatrix(TypedDict):
+    """bm25s' precomputed BM25 weights as compressed-column parts (``BM25.scores``)."""
+
+    data: F32
+    indices: TermIds
+    indptr: TermIds | list[int]
+
 
 DEFAULT_FB_DOCS = 10
 DEFAULT_FB_TERMS = 10
@@ -73,7 +87,7 @@ class RM3Params:
             )
 
 
-def _top_terms(terms: np.ndarray, weights: np.ndarray, rank: np.ndarray, n: int) -> np.ndarray:
+def _top_terms(terms: TermIds, weights: F64, rank: I64, n: int) -> I64:
     """Positions of the ``n`` largest ``weights``, ties by ``rank[terms]`` ascending."""
     order = np.lexsort((rank[terms], -weights))
     return order[:n]
@@ -81,9 +95,9 @@ def _top_terms(terms: np.ndarray, weights: np.ndarray, rank: np.ndarray, n: int)
 
 def relevance_model(
     fb_counts: sp.csr_matrix,
-    fb_scores: np.ndarray,
-    term_ok: np.ndarray,
-    term_rank: np.ndarray,
+    fb_scores: F32,
+    term_ok: npt.NDArray[np.bool_],
+    term_rank: I64,
     fb_terms: int,
 ) -> dict[int, float]:
     """The RM3 relevance model ``P(t|R)`` of one query's feedback set (steps 2-3 above).
@@ -98,8 +112,8 @@ def relevance_model(
     Returns:
         term id -> weight, L1-normalised (empty when no feedback term survives).
     """
-    terms: list[np.ndarray] = []
-    contrib: list[np.ndarray] = []
+    terms: list[TermIds] = []
+    contrib: list[F64] = []
     for i in range(fb_counts.shape[0]):
         row = fb_counts.getrow(i)
         cols, vals = row.indices, row.data.astype(np.float64)
@@ -175,7 +189,7 @@ class RM3Index:
             (np.ones(rows.size, np.float32), (rows, cols)), shape=(len(ids), n_vocab)
         )
         self.counts.sum_duplicates()
-        s: dict[str, Any] = (
+        s: _ScoreMatrix = (
             {"data": np.zeros(0, np.float32), "indices": np.zeros(0, np.int64), "indptr": [0]}
             if self.bm25.empty
             else self.bm25.model.scores
@@ -200,7 +214,7 @@ class RM3Index:
         )
 
     def expansions(
-        self, query_texts: Sequence[str], first_round: np.ndarray | None = None
+        self, query_texts: Sequence[str], first_round: F32 | None = None
     ) -> list[dict[int, float]]:
         """The expanded query of each text: term id -> weight (step 1-4 of the module doc).
 
@@ -231,7 +245,7 @@ class RM3Index:
             out.append(interpolate(qc, n_oov, rm, p.orig_weight))
         return out
 
-    def scores(self, expansions: Sequence[dict[int, float]]) -> np.ndarray:
+    def scores(self, expansions: Sequence[dict[int, float]]) -> F32:
         """``float32 (n_queries, n_passages)`` ``sum_t w(t) * bm25(t, d)`` per expanded query."""
         n_vocab = self.term_scores.shape[0]
         rows = np.repeat(np.arange(len(expansions)), [len(e) for e in expansions])
@@ -242,7 +256,7 @@ class RM3Index:
 
     def search(
         self, query_texts: Sequence[str], k: int = RUN_DEPTH, batch: int = 256
-    ) -> tuple[np.ndarray, np.ndarray]:
+    ) -> tuple[I64, F32]:
         """Top-``k`` passages per query with a positive expanded-query score.
 
         Returns:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from treerank.kernels.vectors import I64, Scores
 from treerank.storelike import StoreLike
 
 
@@ -34,8 +35,8 @@ class Run:
     """
 
     name: str
-    ids: np.ndarray
-    scores: np.ndarray
+    ids: I64
+    scores: Scores  # float32 once __post_init__ has run
 
     def __post_init__(self) -> None:
         self.ids = np.ascontiguousarray(self.ids, dtype=np.int64)

@@ -27,7 +27,7 @@ import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar, cast
+from typing import ClassVar, TypeVar, cast
 
 from treerank.distributed.context import DistContext
 from treerank.kernels.device import DEFAULT_DEVICE, Device
@@ -126,15 +126,18 @@ class BuildContext:
 
 
 # --------------------------------------------------------------------------- parameter fields
+ParamT = TypeVar("ParamT")
+
+
 def param(
-    default: object,
+    default: ParamT,
     *,
     low: float | None = None,
     high: float | None = None,
     open_low: bool = False,
     choices: tuple[str, ...] = (),
     key: str | None = None,
-) -> Any:
+) -> ParamT:
     """A spec parameter field: its default, its range (``low``/``high``, ``open_low``: strict
     ``>``), its allowed words, and its key in the spec text when not the field's name."""
     meta = {"low": low, "high": high, "open_low": open_low, "choices": choices, "key": key}

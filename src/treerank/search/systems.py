@@ -250,8 +250,11 @@ class FusionSystem:
         return linear_fusion(ra, rb, k=k, weight=self.weight, norm=self.norm, name=self.name)
 
 
-CheckpointSystemMaker = Callable[..., System]
-"""``make(model, name, *, device=...) -> System``: a family's own retrieval for a loaded model."""
+class CheckpointSystemMaker(Protocol):
+    """``make(model, name, *, device=...) -> System``: a family's own retrieval for a loaded
+    model."""
+
+    def __call__(self, model: CheckpointMixin, name: str, *, device: Device) -> System: ...
 
 
 def no_own_system(model_type: str) -> CheckpointSystemMaker | None:
@@ -285,7 +288,7 @@ class CheckpointLoader:
         path: str | Path,
         expected_fingerprint: str | None = None,
         expected_precision: str | None = None,
-    ) -> Any:
+    ) -> Any:  # load_model's model, of any family (models/ is not under the Any ban)
         """The checkpoint at ``path`` as its model object (see
         :func:`~treerank.models.registry.load_model`).
 
@@ -361,7 +364,7 @@ class CheckpointSystem:
 
         check_checkpoint_store(self.path, store.encoder_fingerprint, vector_precision(store))
 
-    def _extra(self) -> dict[str, Any] | None:
+    def _extra(self) -> dict[str, object] | None:
         """The ``extra`` record of the checkpoint's ``config.json`` (of ``<dir>`` or of a run's
         ``<dir>/checkpoint``), read without loading the weights; ``None``: unreadable."""
         import json
@@ -382,7 +385,7 @@ class CheckpointSystem:
         training = (self._extra() or {}).get("training") or {}
         return bool(isinstance(training, dict) and training.get("kept_initialisation"))
 
-    def training_provenance(self) -> dict[str, Any] | None:
+    def training_provenance(self) -> dict[str, object] | None:
         """The checkpoint's record of its training store (``extra.train_provenance`` of its
         ``config.json``, :func:`treerank.evaluation.provenance.training_provenance`), read
         without loading the weights; ``None`` when it has none (an older checkpoint)."""

@@ -3,12 +3,17 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Generic, TypeVar
+
+from treerank.search.systems import System
+
+ScorerT = TypeVar("ScorerT")
+"""The second stage's scorer: a loaded model, or the spec text it is loaded from on first use."""
 
 __all__ = ["TwoStage"]
 
 
-class TwoStage:
+class TwoStage(Generic[ScorerT]):
     """What every second stage over a first stage's top ``depth`` holds: ``first``, ``scorer``,
     ``depth`` and ``name`` (default ``rescore:<first>:depth=<depth>``).
 
@@ -16,7 +21,7 @@ class TwoStage:
         ValueError: ``depth < 1``.
     """
 
-    def __init__(self, first: Any, scorer: Any, depth: int, name: str | None) -> None:
+    def __init__(self, first: System, scorer: ScorerT, depth: int, name: str | None) -> None:
         if depth < 1:
             raise ValueError(f"rescore depth must be >= 1, got {depth}")
         self.first = first

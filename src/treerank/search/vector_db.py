@@ -35,18 +35,30 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 import numpy as np
 
 from treerank.encoders.precision import vector_precision
 from treerank.kernels.topk import RUN_DEPTH
-from treerank.kernels.vectors import l2_normalize
+from treerank.kernels.vectors import F32, Vecs, l2_normalize
 from treerank.search.run import Run
 from treerank.storelike import StoreLike
+
+if TYPE_CHECKING:
+    from qdrant_client import QdrantClient
+    from qdrant_client import models as qm
+
+
+class HeadIdentity(TypedDict):
+    """The head a collection's passage vectors went through (``metadata.treerank.head``)."""
+
+    checkpoint: str
+    weights_sha256: str
+
 
 __all__ = [
     "DBLocation",
@@ -92,7 +104,7 @@ class DBLocation:
         return self.url if self.url is not None else str(self.path)
 
     @contextlib.contextmanager
-    def client(self) -> Iterator[Any]:
+    def client(self) -> Iterator[QdrantClient]:
         """An open ``QdrantClient`` (closed on exit: local mode locks its folder).
 
         Raises:
@@ -148,14 +160,14 @@ def _store_identity(store: StoreLike) -> dict[str, object]:
     }
 
 
-def _head_identity(head_dir: Path | None) -> dict[str, Any] | None:
+def _head_identity(head_dir: Path | None) -> HeadIdentity | None:
     if head_dir is None:
         return None
     weights = head_dir / "weights.safetensors"
     if not weights.is_file() and (head_dir / "checkpoint" / "weights.safetensors").is_file():
         weights = head_dir / "checkpoint" / "weights.safetensors"
     digest = hashlib.sha256(weights.read_bytes()).hexdigest() if weights.is_file() else ""
-    return {"checkpoint": str(head_dir.resolve()), "weights_sha256": digest}
+    return HeadIdentity(checkpoint=str(head_dir.resolve()), weights_sha256=digest)
 
 
 @dataclass(frozen=True)
@@ -171,12 +183,12 @@ class DBExport:
     reused: bool
 
 
-def _physical_name(collection: str, identity: dict[str, Any]) -> str:
+def _physical_name(collection: str, identity: Mapping[str, object]) -> str:
     digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
     return f"{collection}{_SEP}{digest}"
 
 
-def _alias_target(client: Any, alias: str) -> str | None:
+def _alias_target(client: QdrantClient, alias: str) -> str | None:
     for a in client.get_aliases().aliases:
         if a.alias_name == alias:
             return str(a.collection_name)
@@ -229,7 +241,7 @@ def export_to_db(
             f"(not {_SEP!r}), starting with a letter or digit"
         )
     loc = DBLocation.of(location) if isinstance(location, str) else location
-    transform: Callable[[np.ndarray], np.ndarray] = l2_normalize
+    transform: Callable[[F32], Vecs] = l2_normalize
     head_dir = Path(head) if head is not None else None
     dim = int(store.dim)
     if head_dir is not None:
@@ -286,7 +298,7 @@ def export_to_db(
                 raise ValueError(f"{store.path}: non-finite passage vectors in rows {start}:{stop}")
             payloads = []
             for i in range(start, stop):
-                p: dict[str, Any] = {"row": i}
+                p: dict[str, object] = {"row": i}
                 if ids is not None:
                     p["source_id"] = ids[i]
                 if bodies is not None:
@@ -313,14 +325,14 @@ def export_to_db(
     return DBExport(str(loc), collection, physical, n, dim, reused=False)
 
 
-def _switch_alias(client: Any, alias: str, physical: str) -> None:
+def _switch_alias(client: QdrantClient, alias: str, physical: str) -> None:
     """Point ``alias`` at ``physical`` in one alias operation, then drop what it named before."""
     from qdrant_client import models as qm
 
     old = _alias_target(client, alias)
     if old == physical:
         return
-    ops: list[Any] = []
+    ops: list[qm.DeleteAliasOperation | qm.CreateAliasOperation] = []
     if old is not None:
         ops.append(qm.DeleteAliasOperation(delete_alias=qm.DeleteAlias(alias_name=alias)))
     ops.append(
@@ -333,7 +345,9 @@ def _switch_alias(client: Any, alias: str, physical: str) -> None:
         client.delete_collection(old)
 
 
-def _resolve(client: Any, loc: DBLocation, collection: str | None, spec: str) -> tuple[str, str]:
+def _resolve(
+    client: QdrantClient, loc: DBLocation, collection: str | None, spec: str
+) -> tuple[str, str]:
     aliases = {a.alias_name: a.collection_name for a in client.get_aliases().aliases}
     if collection is None:
         if len(aliases) != 1:
@@ -364,9 +378,8 @@ class DBSystem:
         """``ckpt:<dir>`` of the head whose towers the collection holds, once searched (so
         ``uses_trained_model`` sees it)."""
 
-    def _query_vectors(self, store: StoreLike, meta: dict[str, Any]) -> np.ndarray:
+    def _query_vectors(self, store: StoreLike, head: HeadIdentity | None) -> F32:
         q = np.asarray(store.queries, dtype=np.float32)
-        head = (meta.get("treerank") or {}).get("head")
         if head is None:
             return l2_normalize(q)
         from treerank.models.registry import load_model
@@ -402,7 +415,7 @@ class DBSystem:
                         f"({key} {want.get(key)!r} != this store's {have[key]!r}); "
                         "evaluate it on the store it was exported from"
                     )
-            q = self._query_vectors(store, meta)
+            q = self._query_vectors(store, (meta.get("treerank") or {}).get("head"))
             k = min(k, int(store.n_passages))
             ids = np.full((q.shape[0], k), -1, np.int64)
             scores = np.full((q.shape[0], k), -np.inf, np.float32)

@@ -44,6 +44,7 @@ from treerank.search.query import (
     load_store_encoder,
     search_texts,
 )
+from treerank.storelike import meta_object
 
 
 @dataclass(frozen=True)
@@ -213,7 +214,7 @@ class SearchService:
                 f"{meta.get('store_signature')}), but the served store {self.store.path} has "
                 f"vectors digest {sig}"
             )
-        fp = (meta.get("encoder") or {}).get("fingerprint")
+        fp = meta_object(meta, "encoder").get("fingerprint")
         if fp != self.store.encoder_fingerprint:
             raise EncoderMismatchError(
                 f"index {path} was built with encoder fingerprint {fp}, but the store "

@@ -172,7 +172,9 @@ class EvaluateStage(RunStage):
             comp.markdown(),
             family_reports(built, store),
             overlap,  # written to overlap.json by compare_systems
-            "" if overlap is None else overlap_markdown(overlap, metric, settings.baseline),
+            ""
+            if comp.overlap is None
+            else overlap_markdown(comp.overlap, metric, settings.baseline),
             gap,
             gap_md,
         )
