@@ -172,8 +172,10 @@ def render_targets(docs: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+ISSUE_NDCG_BOUND = 0.003  # issue 34: SciFact nDCG@10 of every reduced path within this of fp32
 NDCG_FILES = (  # results file, label of the reduced store in it, cosine key
     ("scifact_bf16_ndcg.json", "torch-bf16", "bf16"),
+    ("scifact_bf16_ndcg_amx.json", "torch-bf16", "bf16"),
     ("scifact_int8_ndcg.json", "onnx-int8", "int8"),
 )
 
@@ -200,7 +202,11 @@ def render_ndcg(doc: dict[str, Any], label: str = "onnx-int8", prec: str = "int8
         )
     else:
         ok = "✓" if abs(delta) <= doc["target_abs_delta"] else "✗"
-        verdict = f"target within ±{doc['target_abs_delta']} {ok}"
+        issue = "✓" if abs(delta) <= ISSUE_NDCG_BOUND else "✗"
+        verdict = (
+            f"expected within ±{doc['target_abs_delta']} {ok}; issue 34's bound for every "
+            f"reduced path, ±{ISSUE_NDCG_BOUND} {issue}"
+        )
 
     def n_below(k: str) -> str:
         return f" ({c[k][below]} below 0.99)" if below else ""
@@ -246,8 +252,10 @@ def render() -> str:
     )
     for name, label, prec in NDCG_FILES:
         nd = _load(name)
+        cpu = (nd or {}).get("cpu")  # recorded since the AMX run; the earlier files: AMD EPYC
+        where = f"{cpu['model']}, {'with' if cpu['amx'] else 'no'} AMX" if cpu else "AMD EPYC"
         parts.append(
-            f"### Retrieval quality of {label}\n\n"
+            f"### Retrieval quality of {label}, {where}\n\n"
             + (render_ndcg(nd, label, prec) if nd else "_not measured yet_")
         )
     return "\n\n".join(parts)

@@ -28,4 +28,7 @@ def test_cpu_budgets() -> None:
     by = {p.stem: parse_finetune_config(load_yaml(p)) for p in CONFIGS}
     qt = by["squad_query_tower_cpu"]
     assert (qt.family, qt.data.epochs, qt.trainer.precision) == ("query-tower", 1, "auto")
-    assert by["squad_cross_encoder"].train.trainer.max_steps == 300  # type: ignore[union-attr]
+    assert by["squad_cross_encoder"].train.trainer.max_steps == 1200  # type: ignore[union-attr]
+    assert by["squad_cross_encoder"].train.trainer.precision == "auto"  # type: ignore[union-attr]
+    bi = by["squad_biencoder_cpu"]
+    assert (bi.family, bi.trainer.max_steps, bi.trainer.precision) == ("biencoder", 150, "auto")
