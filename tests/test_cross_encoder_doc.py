@@ -35,3 +35,16 @@ def test_cross_encoder_page_quotes_the_result_json(path: Path) -> None:
     text = (REPO / "docs" / "cross_encoder.md").read_text(encoding="utf-8")
     missing = [q for q in _quoted(doc) if q not in text]
     assert not missing, f"docs/cross_encoder.md lacks {missing} from {path.name}"
+
+
+AUDITS = sorted((REPO / "docs" / "results").glob("denoise_audit_*.json"))
+
+
+@pytest.mark.parametrize("path", AUDITS, ids=[p.stem for p in AUDITS])
+def test_cross_encoder_page_quotes_the_denoise_audit(path: Path) -> None:
+    doc = json.loads(path.read_text(encoding="utf-8"))["denoise"][0]
+    text = (REPO / "docs" / "cross_encoder.md").read_text(encoding="utf-8")
+    quoted = [f"{doc['negatives']:,}", f"| {doc['flagged']} |", f"{doc['share']:.4f}"]
+    quoted += [f"| {doc['queries_with_flag']} |", f"| {doc['labelled_flagged']} |"]
+    missing = [q for q in quoted if q not in text]
+    assert not missing, f"docs/cross_encoder.md lacks {missing} from {path.name}"
