@@ -100,6 +100,7 @@ def test_evaluate_refuses_a_mismatched_pin_and_records_a_matching_one(
 ) -> None:
     ce_dir, fp = ce
     base = ["evaluate", "--store", str(ms.path), "--system", "bm25", "--k", str(DEPTH)]
+    base += ["--metric", "ndcg@5"]
     bad = runner.invoke(
         app, [*base, "--system", _spec(ce_dir, _other(fp)), "-o", str(tmp_path / "a")]
     )

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Self
+from typing import ClassVar, Self
 
 import numpy as np
 
@@ -30,6 +30,7 @@ from treerank.pipeline.stages.outputs import (
     EmbedOutput,
     FinetuneOutput,
     MineOutput,
+    Output,
     ReembedOutput,
 )
 from treerank.store import EmbeddingStore
@@ -42,7 +43,7 @@ __all__ = ["FinetuneStage", "ReembedStage"]
 def _base_weights(cfg: FinetuneConfig) -> str | None:
     """The starting weights' identity: None for the store's own encoder (its key covers it),
     else the bytes of a local ``model.base`` folder (its name when not a local path)."""
-    base = cfg.model.base
+    base = cfg.train.model.get("base")  # the section of either family (cross-encoder too)
     if base is None:
         return None
     return file_sha256(base) if Path(base).exists() else str(base)
@@ -52,7 +53,7 @@ def _base_weights(cfg: FinetuneConfig) -> str | None:
 class FinetuneStage(RunStage):
     """Fine-tune the train split's encoder with ``config`` into the stage's directory."""
 
-    produces = FinetuneOutput
+    produces: ClassVar[type[Output]] = FinetuneOutput
     store: StageId
     mine: StageId | None
     config: FinetuneConfig
