@@ -9,7 +9,12 @@ import numpy as np
 import pytest
 
 from tests.training.test_cross_encoder import LengthScorer, bm25_mined
-from treerank.search.ce_rescore import CrossEncoderRescoreSystem, ce_rerank, recall_at_depth
+from treerank.search.ce_rescore import (
+    CrossEncoderRescoreSystem,
+    ce_rerank,
+    check_cross_encoders,
+    recall_at_depth,
+)
 from treerank.search.specs import build_system, system_uses_trained_model
 from treerank.training.cross_encoder import CrossEncoderConfig, train_cross_encoder
 
@@ -120,3 +125,66 @@ def test_auto_precision_is_the_measured_probe_choice(
     assert auto.precision == "bf16" and auto.choice is not None and auto.choice["cached"]
     with pytest.raises(ValueError, match="expected one of fp32, bf16, auto"):
         CrossEncoderScorer(ce_dir, precision="fp16")  # type: ignore[arg-type]
+
+
+def test_a_pinned_cross_encoder_of_other_weights_is_refused_before_scoring(
+    ms: Any, ce_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from treerank.models.cross_encoder import CrossEncoderScorer
+    from treerank.search.ce_rescore import CrossEncoderMismatchError, cross_encoders
+    from treerank.search.query import EncoderMismatchError
+
+    have = CrossEncoderScorer(ce_dir).fingerprint
+    scored: list[int] = []
+    real = CrossEncoderScorer.score_pairs
+
+    def counting(self: Any, q: list[str], p: list[str]) -> Any:
+        scored.append(len(q))
+        return real(self, q, p)
+
+    monkeypatch.setattr(CrossEncoderScorer, "score_pairs", counting)
+    other = "sha256:" + ("0" if have[7] != "0" else "1") * 12
+    spec = f"rescore:bm25:depth=5,scorer=ce:{ce_dir},fingerprint={other}"
+    with pytest.raises(CrossEncoderMismatchError) as err:
+        build_system(spec).retrieve(ms, k=5)
+    assert isinstance(err.value, EncoderMismatchError)  # serve refuses it like an encoder's
+    msg = str(err.value)
+    assert str(ce_dir) in msg and have in msg and other in msg
+    assert scored == []  # refused before one pair was scored
+    # inside a fusion too, before any retrieval: check_cross_encoders walks the tree
+    fused = build_system(f"rrf:bm25+{spec}")
+    assert [ce.name for ce in cross_encoders(fused)] == [spec]
+    with pytest.raises(CrossEncoderMismatchError):
+        check_cross_encoders([fused])
+    # the whole fingerprint and a 8-hex-digit prefix both pin it
+    for pin in (have, have[: len("sha256:") + 8]):
+        system = build_system(f"rescore:bm25:depth=5,scorer=ce:{ce_dir},fingerprint={pin}")
+        assert system.retrieve(ms, k=5).ids.shape == (ms.n_queries, 5)
+        ident = system.identity()
+        assert (ident.path, ident.fingerprint, ident.pinned) == (str(ce_dir.resolve()), have, pin)
+    assert scored  # the matching pins scored
+
+
+@pytest.mark.parametrize(
+    ("spec", "match"),
+    [
+        ("rescore:bm25:scorer=ce:/x,fingerprint=abc", "is not sha256:<8 to 64 lowercase hex"),
+        ("rescore:bm25:scorer=ce:/x,fingerprint=sha256:0123", "is not sha256:<8 to 64"),
+        ("rescore:bm25:scorer=ce:/x,fingerprint=sha256:ABCDEF01", "lowercase hex"),
+        ("rescore:bm25:fingerprint=sha256:01234567", "fingerprint= apply to scorer=ce:<dir> only"),
+    ],
+)
+def test_a_malformed_pin_is_refused_when_parsed(spec: str, match: str) -> None:
+    from treerank.search.specs import SpecError, parse_spec
+
+    with pytest.raises(SpecError, match=match):
+        parse_spec(spec)
+
+
+def test_a_pin_renders_and_parses_back() -> None:
+    from treerank.search.specs import parse_spec
+
+    text = "rescore:bm25:depth=20,scorer=ce:runs/ce/model,fingerprint=sha256:0123abcd"
+    node = parse_spec(text)
+    assert node.render() == text
+    assert parse_spec(node.render()) == node

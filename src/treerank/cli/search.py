@@ -91,10 +91,15 @@ def search(
     """Encode queries with the store's encoder (pinned by its weights fingerprint) and search.
 
     The output names the system: a ``system: <spec>`` line above the tables, a ``system``
-    field in each JSON query object, the run tag (last column) of a TREC run.
+    field in each JSON query object, the run tag (last column) of a TREC run. A cross-encoder
+    reranker (``scorer=ce:<dir>``) is loaded and its ``fingerprint=`` pin checked before the
+    query encoder loads; its folder and weights fingerprint are a ``cross-encoder:`` line
+    under the ``system:`` line, a ``cross_encoders`` list in each JSON query object, or a line
+    on stderr beside a TREC run.
     """
     from treerank.families import CHECKPOINTS
     from treerank.kernels.topk import check_run_depth
+    from treerank.search.ce_rescore import cross_encoders
     from treerank.search.query import load_store_encoder, search_texts
     from treerank.search.specs import BuildContext, build_system
     from treerank.store import EmbeddingStore
@@ -128,6 +133,8 @@ def search(
             raise ValueError("give --query TEXT (repeatable) or --queries FILE")
         # a bad spec fails here, before the encoder loads (~5 s)
         built = build_system(system, BuildContext(device=dev, checkpoints=CHECKPOINTS))
+        # a reranker's cross-encoder loads and its pin is checked before the encoder loads
+        rerankers = [ce.identity().to_dict() for ce in cross_encoders(built)]
         st = EmbeddingStore.open(store)
         enc = load_store_encoder(st, encoder, backend, device=dev.concrete(), precision=precision)
         run, hits = search_texts(st, built, enc, texts, k)
@@ -135,8 +142,9 @@ def search(
         raise fail(exc) from None
     spec = system.strip()
     if fmt == "json":
+        extra = {"cross_encoders": rerankers} if rerankers else {}
         doc = [
-            {"query_id": q, "query": t, "system": spec, "hits": [h.to_dict() for h in hs]}
+            {"query_id": q, "query": t, "system": spec, **extra, "hits": [h.to_dict() for h in hs]}
             for q, t, hs in zip(qids, texts, hits, strict=True)
         ]
         text = json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
@@ -147,8 +155,10 @@ def search(
             for q, hs in zip(qids, hits, strict=True)
             for h in hs
         )
+        for ce in rerankers:  # a TREC run has no room for it
+            typer.echo(_ce_line(ce), err=True)
     else:
-        _print_table(spec, qids, texts, hits, out)
+        _print_table(spec, qids, texts, hits, out, tuple(_ce_line(ce) for ce in rerankers))
         return
     if out is not None:
         from treerank.atomic import atomic_write_text
@@ -158,14 +168,27 @@ def search(
         typer.echo(text, nl=False)
 
 
+def _ce_line(ce: dict[str, Any]) -> str:
+    """The ``cross-encoder:`` line of a reranker's identity (folder, fingerprint, pin)."""
+    pin = f" (pinned {ce['pinned']})" if ce["pinned"] else ""
+    return f"cross-encoder: {ce['path']} {ce['fingerprint']}{pin}"
+
+
 def _print_table(
-    spec: str, qids: list[str], texts: list[str], hits: list, out: Path | None
+    spec: str,
+    qids: list[str],
+    texts: list[str],
+    hits: list,
+    out: Path | None,
+    notes: tuple[str, ...] = (),
 ) -> None:
     from rich.console import Console
     from rich.table import Table
 
     console = Console(file=open(out, "w", encoding="utf-8") if out else None, width=160)
     console.print(f"system: {spec}", markup=False, highlight=False)
+    for note in notes:
+        console.print(note, markup=False, highlight=False, soft_wrap=True)
     for q, t, hs in zip(qids, texts, hits, strict=True):
         table = Table(title=f"query {q}: {t}", title_justify="left")
         for col in ("rank", "passage id", "source id", "score", "text"):

@@ -74,6 +74,7 @@ from treerank.metrics.metrics import EvalResult, evaluate_run, parse_metric
 from treerank.metrics.qrels import Qrels
 from treerank.names import file_name
 from treerank.search import fusion_tuning
+from treerank.search.ce_rescore import check_cross_encoders, cross_encoders
 from treerank.search.run import Run
 from treerank.search.specs import BuildContext, SystemSpec, build_system, system_uses_trained_model
 from treerank.search.systems import CheckpointSystem, System
@@ -150,6 +151,10 @@ class Comparison:
             <treerank.evaluation.provenance.Leak.to_dict>`, for checkpoints evaluated on the
             split they trained on or on queries they trained on (warned, flagged, not refused).
         trained_on: ``ckpt:`` system -> ``{"store", "split"}`` it trained on (its record).
+        cross_encoders: system -> the folder, weights fingerprint and pin of each
+            cross-encoder reranker in it (itself, or inside a fusion;
+            :meth:`~treerank.search.ce_rescore.CrossEncoderIdentity.to_dict`), for the
+            systems that rerank with one.
     """
 
     runs: dict[str, Run]
@@ -173,6 +178,7 @@ class Comparison:
     untrained: list[str] = field(default_factory=list)
     leaks: dict[str, dict[str, object]] = field(default_factory=dict)
     trained_on: dict[str, dict[str, object]] = field(default_factory=dict)
+    cross_encoders: dict[str, list[dict[str, str | None]]] = field(default_factory=dict)
 
     @property
     def metrics(self) -> tuple[str, ...]:
@@ -263,6 +269,7 @@ class Comparison:
             "untrained": self.untrained,
             "leaks": self.leaks,
             "trained_on": self.trained_on,
+            "cross_encoders": self.cross_encoders,
         }
 
 
@@ -347,6 +354,9 @@ def compare_systems(
         LockHeldError: another process is writing ``out_dir``.
         TrainStoreMismatchError: ``train_store`` shares no passage with ``store`` (another
             collection; :func:`~treerank.evaluation.provenance.check_train_store`).
+        CrossEncoderMismatchError: a reranker's ``fingerprint=`` pin does not match its
+            cross-encoder's weights (checked before any retrieval; the folder and both
+            fingerprints are recorded in ``cross_encoders`` when they agree).
 
     A ``ckpt:`` system evaluated on the split it trained on, or on queries it trained on (by
     id or by text), is flagged in :attr:`Comparison.leaks` (checked before any retrieval).
@@ -378,6 +388,7 @@ def compare_systems(
                 # an unreadable checkpoint is not a mismatch: it fails alone when it is loaded,
                 # and the other systems are still scored (exit 1, `failed` in results.json)
                 continue
+    check_cross_encoders(built.values())  # a pinned cross-encoder of other weights: refused
     # a writer lock on the output folder; nothing to lock when nothing is written
     lock = writer_lock(out_dir, "evaluate") if out_dir is not None else nullcontext()
     trained = {n for n, s in built.items() if system_uses_trained_model(s)}
@@ -534,6 +545,11 @@ def _compare(
     comp.trained = [n for n in comp.results if n in trained]
     ckpts = {n: s for n, s in built.items() if isinstance(s, CheckpointSystem)}
     comp.untrained = [n for n in comp.trained if n in ckpts and ckpts[n].kept_initialisation()]
+    comp.cross_encoders = {
+        n: [ce.identity().to_dict() for ce in ces]
+        for n, s in built.items()
+        if n in comp.results and (ces := cross_encoders(s))
+    }
     comp.leaks = {x.system: x.to_dict() for x in leaks}
     comp.trained_on = {
         n: {"store": p.get("store"), "split": p.get("split")}

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from treerank.config import ConfigError, check_keys, expected_text, load_yaml
+from treerank.config import ConfigError, build, check_keys, expected_text, load_yaml
 from treerank.encoders.batching import DEFAULT_TOKEN_BUDGET
 from treerank.evaluation.settings import DEFAULT_BASELINE
 from treerank.families import FAMILIES, family, trainable_families
@@ -27,7 +27,7 @@ from treerank.kernels.topk import RUN_DEPTH
 from treerank.metrics.metrics import DEFAULT_METRICS
 from treerank.names import file_name, name_problem, unknown_name
 from treerank.readers import FORMATS
-from treerank.training.finetune_config import FinetuneConfig, parse_finetune_config
+from treerank.training.finetune_config import CE_FAMILY, FinetuneConfig, parse_finetune_config
 
 __all__ = [
     "BACKENDS",
@@ -35,6 +35,7 @@ __all__ = [
     "ExperimentConfig",
     "FinetuneSpec",
     "ModelSpec",
+    "RerankSettings",
     "deep_merge",
     "load_experiment",
 ]
@@ -134,6 +135,41 @@ class ModelSpec:
         return {seed_system_name(self.name, s): {**self.config, "seed": s} for s in self.seeds}
 
 
+@dataclass(frozen=True)
+class RerankSettings:
+    """The ``rerank:`` key of a ``family: cross-encoder`` entry of ``finetune:``: what the
+    evaluate stage reranks with the trained cross-encoder.
+
+    Attributes:
+        first_stage: the system spec whose top ``depth`` is reranked (``bm25``; any spec of
+            ``docs/systems.md``, checked when the experiment loads).
+        depth: candidates reranked per query (>= 1).
+
+    Raises:
+        ValueError: ``depth < 1`` or a first stage that does not parse.
+    """
+
+    first_stage: str = "bm25"
+    depth: int = 20
+
+    def __post_init__(self) -> None:
+        from treerank.search.specs import parse_spec
+
+        if self.depth < 1:
+            raise ValueError(f"depth must be >= 1, got {self.depth}")
+        parse_spec(self.first_stage)  # a SpecError (a ValueError) names the problem
+
+    def system(self, model_dir: Path, fingerprint: str) -> Any:
+        """The ``rescore:<first_stage>:depth=<depth>,scorer=ce:<model_dir>,fingerprint=...``
+        node (:class:`~treerank.search.specs.RescoreSpec`) that reranks with the cross-encoder
+        in ``model_dir``, pinned to ``fingerprint``."""
+        from treerank.search.specs import CrossEncoderSpec, RescoreSpec, parse_spec
+
+        scorer = CrossEncoderSpec(Path(model_dir))
+        first = parse_spec(self.first_stage)
+        return RescoreSpec(first, depth=self.depth, scorer=scorer, fingerprint=fingerprint)
+
+
 @dataclass
 class FinetuneSpec:
     """One ``finetune: {<name>: ...}`` entry: an encoder fine-tune (``treerank finetune``'s
@@ -144,13 +180,20 @@ class FinetuneSpec:
     ``reembed:<dataset>:<name>:<split>`` stage per split (the split embedded again by it) and the
     system ``<name>`` of that dataset's evaluation (cosine over the re-embedded split).
 
+    A ``family: cross-encoder`` entry trains a reranker instead: its ``finetune:`` stage
+    (:mod:`treerank.pipeline.stages.cross_encoder`) writes a ``CrossEncoder`` folder, no split
+    is embedded again, and the system ``<name>`` is ``rescore:<first stage>:depth=N,
+    scorer=ce:<stage dir>/model`` (``rerank``, the entry's one key beside the config shape).
+
     Attributes:
         name: the entry's name (stage names, directories, the system name).
         config: the parsed config (``treerank.training.finetune_config.FinetuneConfig``).
+        rerank: a cross-encoder's :class:`RerankSettings` (``None`` for the other families).
     """
 
     name: str
     config: FinetuneConfig
+    rerank: RerankSettings | None = None
 
 
 @dataclass
@@ -387,7 +430,18 @@ def _finetunes(doc: Any, models: dict[str, ModelSpec], src: Path) -> dict[str, F
             raise ConfigError(f"{where}: {name!r} is also a model's name; rename one")
         if not isinstance(body, dict):
             raise ConfigError(f"{where}: expected a mapping (configs/finetune/*.yaml's shape)")
-        out[str(name)] = FinetuneSpec(str(name), parse_finetune_config(body, where))
+        body = dict(body)
+        rerank_doc = body.pop("rerank", None)
+        parsed = parse_finetune_config(body, where)
+        rerank = None
+        if parsed.family == CE_FAMILY:
+            rerank = build(RerankSettings, rerank_doc, f"{where}.rerank")
+        elif rerank_doc is not None:
+            raise ConfigError(
+                f"{where}.rerank: applies to family {CE_FAMILY} only (a reranker), not "
+                f"{parsed.family}"
+            )
+        out[str(name)] = FinetuneSpec(str(name), parsed, rerank)
     return out
 
 

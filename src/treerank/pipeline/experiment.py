@@ -53,6 +53,7 @@ from treerank.pipeline.outcome import DatasetOutcome
 from treerank.pipeline.report import write_report
 from treerank.pipeline.runs import experiment_runs, seed_groups, systems_for
 from treerank.pipeline.stages.base import StageRecord, file_sha256
+from treerank.pipeline.stages.cross_encoder import CrossEncoderRerank, CrossEncoderStage
 from treerank.pipeline.stages.diagnose import DiagnoseStage
 from treerank.pipeline.stages.embed import EmbedStage, Encoder, GivenStoreStage
 from treerank.pipeline.stages.evaluate import EVALUATE_OUTPUTS, EvaluateStage, family_reports
@@ -284,20 +285,26 @@ def _train_stages(
 
 def _finetune_stages(
     cfg: ExperimentConfig, ctx: RunContext, ds: DatasetConfig, graph: StageGraph
-) -> tuple[tuple[str, StageId], ...]:
+) -> tuple[tuple[tuple[str, StageId], ...], tuple[CrossEncoderRerank, ...]]:
     """Add each ``finetune:`` entry's stages on ``ds`` (it needs a train split): the fine-tune
     (after the mine stage ``data.hard_negatives: mined`` reads), then one re-embed stage per
-    split. Returns ``(system name, reembed stage of the evaluation split)`` per entry."""
+    split; a cross-encoder entry's training stage alone. Returns ``(system name, reembed stage
+    of the evaluation split)`` per encoder entry, and each cross-encoder's reranking system."""
     if not ds.train_split or not cfg.finetunes:
-        return ()
+        return (), ()
     store = StageId.embed(ds.name, ds.train_split)
-    out = []
+    out, reranked = [], []
     for name, spec in cfg.finetunes.items():
-        data = spec.config.data
+        data = spec.config.train.data
         mine = None
         if data.hard_negatives == "mined" and data.n_hard > 0:
             ms = MineSettings("mined", int(data.n_hard), MINED_NEGATIVES_ARRAY, data.mine_depth)
             mine = _add_shared(graph, MineStage.make(ctx, store, ms))
+        if spec.rerank is not None:  # a cross-encoder: it reranks, it embeds nothing
+            ce = CrossEncoderStage.make(ctx, name, store, spec.config, mine)
+            graph.add(ce)
+            reranked.append(CrossEncoderRerank(name, ce.id, spec.rerank))
+            continue
         ft = FinetuneStage.make(ctx, name, store, spec.config, mine)
         graph.add(ft)
         for split in dict.fromkeys((ds.train_split, ds.eval_split)):
@@ -305,7 +312,7 @@ def _finetune_stages(
             graph.add(re)
             if split == ds.eval_split:
                 out.append((name, re.id))
-    return tuple(out)
+    return tuple(out), tuple(reranked)
 
 
 def evaluation_settings(cfg: ExperimentConfig) -> EvaluationSettings:
@@ -327,7 +334,7 @@ def _plan(cfg: ExperimentConfig, ctx: RunContext) -> tuple[StageGraph, dict[str,
     outcomes: dict[str, DatasetOutcome] = {}
     encoder = Encoder(cfg.encoder, ctx.device, progress=ctx.progress)
     runs = experiment_runs(cfg)
-    tuned: dict[str, tuple[tuple[str, StageId], ...]] = {}
+    tuned: dict[str, tuple[tuple[tuple[str, StageId], ...], tuple[CrossEncoderRerank, ...]]] = {}
     for ds in cfg.datasets:
         o = outcomes[ds.name] = _embed_stages(cfg, ctx, ds, graph, encoder)
         _train_stages(cfg, ctx, ds, graph, o, runs)
@@ -340,7 +347,7 @@ def _plan(cfg: ExperimentConfig, ctx: RunContext) -> tuple[StageGraph, dict[str,
         graph.add(
             EvaluateStage.make(
                 ctx, ds.name, store, train, systems, settings,
-                cfg.evaluate.metrics_given, seed_groups(systems), tuned[ds.name],
+                cfg.evaluate.metrics_given, seed_groups(systems), *tuned[ds.name],
             )
         )  # fmt: skip
         drun = _diagnosed_run(cfg, ds, runs)

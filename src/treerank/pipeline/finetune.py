@@ -474,23 +474,60 @@ def run_cross_encoder_finetune(
         FileExistsError: ``out_dir`` holds an earlier run and not ``resume``.
         ValueError: see :func:`~treerank.training.cross_encoder.train_cross_encoder`.
     """
-    import torch
-
-    from treerank.models.cross_encoder import CrossEncoderScorer
     from treerank.search.negatives import mine_bm25_negatives
-    from treerank.training.cross_encoder import build_groups, score_groups, train_cross_encoder
 
     say = log or (lambda _m: None)
-    root, out = Path(store_root), Path(out_dir)
+    root = Path(store_root)
     train = EmbeddingStore.open(root / train_split)
-    ce, data = cfg.cross_encoder, cfg.train.data
-    torch.set_num_threads(int(cfg.train.trainer.threads))
+    data = cfg.train.data
     t0 = cost_clock()
-    train_rows, held = finetune_rows(train, cfg)
+    mined = None
     if data.hard_negatives == "mined":
         say(f"mining BM25 negatives (depth {data.mine_depth}) into {train.path}")
         mined = mine_bm25_negatives(train, data.mine_depth)
-    else:
+    return train_cross_encoder_run(
+        cfg, train, out_dir, mined=mined, resume=resume, device=device, log=log, started=t0
+    )
+
+
+def train_cross_encoder_run(
+    cfg: FinetuneConfig,
+    train: EmbeddingStore,
+    out_dir: str | Path,
+    *,
+    mined: np.ndarray | None,
+    resume: bool = False,
+    device: Device = DEFAULT_DEVICE,
+    log: Callable[[str], None] | None = None,
+    started: tuple[float, float] | None = None,
+) -> dict[str, Any]:
+    """The training part of :func:`run_cross_encoder_finetune`, on negatives mined elsewhere
+    (the ``finetune:`` stage of ``treerank run`` reads them from its mine stage; nothing is
+    written into ``train``).
+
+    Args:
+        cfg: a ``family: cross-encoder`` config. train: the training split.
+        out_dir: the run folder (``model/``, ``checkpoints/``, ``cross_encoder.json``,
+            ``results.json``).
+        mined: ``int (n_queries, depth)`` BM25 negatives (``-1`` padding), or ``None`` with
+            ``data.hard_negatives: none`` (seeded random unlabelled passages).
+        started: the cost clock's reading when the run began (``None``: now).
+
+    Returns:
+        The ``results.json`` document (see :func:`run_cross_encoder_finetune`).
+    """
+    import torch
+
+    from treerank.models.cross_encoder import CrossEncoderScorer
+    from treerank.training.cross_encoder import build_groups, score_groups, train_cross_encoder
+
+    say = log or (lambda _m: None)
+    out = Path(out_dir)
+    ce, data = cfg.cross_encoder, cfg.train.data
+    torch.set_num_threads(int(cfg.train.trainer.threads))
+    t0 = cost_clock() if started is None else started
+    train_rows, held = finetune_rows(train, cfg)
+    if mined is None:
         mined = np.full((int(train.n_queries), 1), -1, dtype=np.int32)
     teacher = None
     if data.teacher is not None:
@@ -515,8 +552,8 @@ def run_cross_encoder_finetune(
     results: dict[str, Any] = {
         "family": cfg.family,
         "config": cfg.to_dict(),
-        "store": str(root.resolve()),
-        "train_split": train_split,
+        "store": str(Path(train.path).parent.resolve()),
+        "train_split": Path(train.path).name,
         "n_train_queries": int(len(train_rows)),
         "n_heldout_queries": int(len(held)),
         "model_dir": str(res.model_dir.resolve()),

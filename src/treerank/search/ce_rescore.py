@@ -10,11 +10,23 @@ first_stage_recall` reports it beside the reranked metrics.
 Spec: ``rescore:<first stage>:depth=N,scorer=ce:<cross-encoder dir>``, e.g.
 ``rescore:bm25:depth=20,scorer=ce:runs/ce/model``. Cost: ``n_queries * depth`` forward passes
 (pairs); the scorer's ``batch_size`` pairs at a time.
+
+**Pinning** (``fingerprint=sha256:<hex>``, the whole weights fingerprint or a prefix of at least
+:data:`MIN_PIN_HEX` hex digits): the scorer's loaded weights
+(:attr:`~treerank.models.cross_encoder.CrossEncoderScorer.fingerprint`) must start with it, or
+:class:`CrossEncoderMismatchError` (naming the folder and both fingerprints) is raised when the
+scorer loads, before any pair is scored. :func:`cross_encoders` finds every reranker of a
+system tree (inside a fusion too), :func:`check_cross_encoders` loads and checks them before any
+work, and :meth:`CrossEncoderRescoreSystem.identity` is what ``search``, ``serve`` and
+``evaluate`` record (folder, fingerprint, pin).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 import numpy as np
@@ -23,14 +35,71 @@ from treerank.kernels.device import DEFAULT_DEVICE, Device
 from treerank.kernels.topk import RUN_DEPTH, sort_rows
 from treerank.kernels.vectors import F32, I64, Scores
 from treerank.models.cross_encoder import DEFAULT_SCORE_BATCH, CEPrecision, CrossEncoderScorer
+from treerank.search.fusion_tuning import TunedFusionSystem
+from treerank.search.query import EncoderMismatchError
 from treerank.search.run import Run
-from treerank.search.systems import System
+from treerank.search.systems import FusionSystem, System
 from treerank.search.two_stage import TwoStage
 from treerank.storelike import StoreLike
 
-__all__ = ["CE_PREFIX", "CrossEncoderRescoreSystem", "ce_rerank", "recall_at_depth"]
+__all__ = [
+    "CE_PREFIX",
+    "MIN_PIN_HEX",
+    "CrossEncoderIdentity",
+    "CrossEncoderMismatchError",
+    "CrossEncoderRescoreSystem",
+    "ce_rerank",
+    "check_cross_encoders",
+    "cross_encoders",
+    "pin_problem",
+    "recall_at_depth",
+]
 
 CE_PREFIX = "ce:"
+MIN_PIN_HEX = 8
+"""Fewest hex digits a ``fingerprint=`` pin may give (a shorter prefix pins almost nothing)."""
+_PIN = re.compile(rf"sha256:[0-9a-f]{{{MIN_PIN_HEX},64}}")
+
+
+class CrossEncoderMismatchError(EncoderMismatchError):
+    """A pinned cross-encoder (``fingerprint=`` of the spec) whose loaded weights have another
+    fingerprint; the message names the folder and both fingerprints."""
+
+
+def pin_problem(pin: str) -> str | None:
+    """Why ``pin`` is not a weights-fingerprint pin (``None``: it is one): ``sha256:`` and 8 to
+    64 lowercase hex digits (the fingerprint or a prefix of it)."""
+    if _PIN.fullmatch(pin):
+        return None
+    return (
+        f"fingerprint={pin!r} is not sha256:<{MIN_PIN_HEX} to 64 lowercase hex digits> (the "
+        "cross-encoder's weights fingerprint, or a prefix of it)"
+    )
+
+
+@dataclass(frozen=True)
+class CrossEncoderIdentity:
+    """Which cross-encoder a reranker scored with (recorded by ``search``, ``serve``, ``evaluate``).
+
+    Attributes:
+        system: the reranking system's name (its spec).
+        path: the cross-encoder folder, resolved.
+        fingerprint: ``sha256:<hex>`` of its loaded weights.
+        pinned: the spec's ``fingerprint=`` pin (``None``: not pinned).
+    """
+
+    system: str
+    path: str
+    fingerprint: str
+    pinned: str | None
+
+    def to_dict(self) -> dict[str, str | None]:
+        return {
+            "system": self.system,
+            "path": self.path,
+            "fingerprint": self.fingerprint,
+            "pinned": self.pinned,
+        }
 
 
 class PairScorer(Protocol):
@@ -103,9 +172,14 @@ class CrossEncoderRescoreSystem(TwoStage[CrossEncoderScorer | str]):
             (passages below the depth are never scored).
         name: run name.
         batch_size, precision, device: the scorer's options when loading from a spec.
+        fingerprint: a pin (``sha256:<hex>``, whole or a prefix of >= 8 hex digits) the loaded
+            weights' fingerprint must start with; ``None``: any weights.
 
     Raises:
-        ValueError: ``depth < 1`` or a ``ce:`` spec without a folder (at build time).
+        ValueError: ``depth < 1``, a ``ce:`` spec without a folder or a malformed pin (at
+            build time).
+        CrossEncoderMismatchError: (when the scorer loads, before any pair is scored) the
+            weights do not match the pin.
 
     Attributes:
         first_run: the last first-stage run (its top ``depth``), for
@@ -122,20 +196,56 @@ class CrossEncoderRescoreSystem(TwoStage[CrossEncoderScorer | str]):
         batch_size: int = DEFAULT_SCORE_BATCH,
         precision: CEPrecision = "fp32",
         device: Device = DEFAULT_DEVICE,
+        fingerprint: str | None = None,
     ) -> None:
         if isinstance(scorer, str) and not scorer.strip()[len(CE_PREFIX) :]:
             raise ValueError(f"cross-encoder scorer {scorer!r}: expected ce:<dir>")
+        problem = None if fingerprint is None else pin_problem(fingerprint)
+        if problem:
+            raise ValueError(problem)
         super().__init__(first, scorer, depth, name)
         self.batch_size, self.precision, self.device = batch_size, precision, device
+        self.pin = fingerprint
+        self._pin_checked = False
         self.first_run: Run | None = None
 
     def scorer_for(self) -> CrossEncoderScorer:
+        """The scorer, loaded from its folder on first use and checked against the pin.
+
+        Raises:
+            CrossEncoderMismatchError: the loaded weights do not match ``fingerprint=``.
+            FileNotFoundError: no cross-encoder folder there.
+        """
         if isinstance(self.scorer, str):
             path = self.scorer.strip()[len(CE_PREFIX) :]
             self.scorer = CrossEncoderScorer(
                 path, device=self.device, batch_size=self.batch_size, precision=self.precision
             )
+        if self.pin is not None and not self._pin_checked:
+            have = str(self.scorer.fingerprint)
+            if not have.startswith(self.pin):
+                where = getattr(self.scorer, "path", "<in memory>")
+                raise CrossEncoderMismatchError(
+                    f"cross-encoder {where} has weights fingerprint {have}, but {self.name} "
+                    f"pins fingerprint={self.pin}: another checkpoint is in that folder (pin "
+                    "its fingerprint, or point scorer=ce: at the pinned one)"
+                )
+            self._pin_checked = True
         return self.scorer
+
+    def identity(self) -> CrossEncoderIdentity:
+        """The folder, weights fingerprint and pin this reranker scores with (loads the scorer
+        and checks the pin, see :meth:`scorer_for`).
+
+        Raises:
+            TypeError: the scorer is not a :class:`CrossEncoderScorer` (one passed in code).
+        """
+        scorer = self.scorer_for()
+        if not isinstance(scorer, CrossEncoderScorer):
+            raise TypeError(f"{self.name}: its scorer {type(scorer).__name__} has no folder")
+        return CrossEncoderIdentity(
+            self.name, str(Path(scorer.path).resolve()), scorer.fingerprint, self.pin
+        )
 
     def retrieve(self, store: StoreLike, k: int = RUN_DEPTH) -> Run:
         scorer = self.scorer_for()
@@ -157,3 +267,37 @@ class CrossEncoderRescoreSystem(TwoStage[CrossEncoderScorer | str]):
                 f"{self.name}: retrieve first, then ask for the first stage's recall"
             )
         return {f"recall@{self.first_run.ids.shape[1]}": recall_at_depth(store, self.first_run.ids)}
+
+
+def cross_encoders(system: System) -> list[CrossEncoderRescoreSystem]:
+    """Every cross-encoder reranker of a system tree, depth first, each once: the system
+    itself, a rescoring's first stage, a fusion's two sides (tuned fusion too)."""
+    out: list[CrossEncoderRescoreSystem] = []
+    todo = [system]
+    while todo:
+        node = todo.pop(0)
+        if isinstance(node, CrossEncoderRescoreSystem) and all(node is not x for x in out):
+            out.append(node)
+        if isinstance(node, TwoStage):
+            todo.insert(0, node.first)
+        elif isinstance(node, FusionSystem | TunedFusionSystem):
+            todo[:0] = [node.a, node.b]
+    return out
+
+
+def check_cross_encoders(systems: Iterable[System]) -> None:
+    """Load every cross-encoder reranker of ``systems`` (:func:`cross_encoders`) and check its
+    pin, before any query is scored. A folder that cannot be loaded is left to fail alone when
+    its system runs (the other systems are still scored).
+
+    Raises:
+        CrossEncoderMismatchError: a pinned cross-encoder's weights differ.
+    """
+    for system in systems:
+        for ce in cross_encoders(system):
+            try:
+                ce.scorer_for()
+            except CrossEncoderMismatchError:
+                raise
+            except (OSError, ValueError):
+                continue

@@ -38,7 +38,7 @@ from treerank.models.cosine import CosineScorer
 from treerank.models.cross_encoder import CE_PRECISIONS, DEFAULT_SCORE_BATCH, CEPrecision
 from treerank.names import unknown_name
 from treerank.search.bm25 import BM25_METHODS, DEFAULT_B, DEFAULT_K1, BM25Params
-from treerank.search.ce_rescore import CrossEncoderRescoreSystem
+from treerank.search.ce_rescore import CrossEncoderRescoreSystem, pin_problem
 from treerank.search.faiss_index import IndexSpec, faiss_system, parse_index_spec, render_index_spec
 from treerank.search.fusion import DEFAULT_RRF_K, NORMALISATIONS, FusionMethod, Normalisation
 from treerank.search.fusion_tuning import FUSION_METHODS, QUERY_SETS, QuerySet, TunedFusionSystem
@@ -137,10 +137,19 @@ def param(
     open_low: bool = False,
     choices: tuple[str, ...] = (),
     key: str | None = None,
+    help: str = "",
 ) -> ParamT:
     """A spec parameter field: its default, its range (``low``/``high``, ``open_low``: strict
-    ``>``), its allowed words, and its key in the spec text when not the field's name."""
-    meta = {"low": low, "high": high, "open_low": open_low, "choices": choices, "key": key}
+    ``>``), its allowed words, its key in the spec text when not the field's name, and its
+    ``help`` (one line in ``docs/systems.md``)."""
+    meta = {
+        "low": low,
+        "high": high,
+        "open_low": open_low,
+        "choices": choices,
+        "key": key,
+        "help": help,
+    }
     return field(default=default, metadata={"param": meta})
 
 
@@ -597,14 +606,17 @@ class RescoreSpec(SystemSpec):
     """``rescore:<A>[:depth=100,scorer=...]``: exact dense rescoring of ``A``'s top ``depth``
     (:mod:`.rescore`), or cross-encoder reranking with ``scorer=ce:<dir>``, whose pairs are
     scored ``batch`` at a time in ``precision`` (``fp32`` / ``bf16`` / ``auto``: the measured
-    probe, :class:`~treerank.models.cross_encoder.CrossEncoderScorer`); ``batch`` and
-    ``precision`` are refused with any other scorer."""
+    probe, :class:`~treerank.models.cross_encoder.CrossEncoderScorer`), its weights pinned by
+    ``fingerprint=sha256:<hex>`` (the whole fingerprint or a prefix of >= 8 hex digits: loaded
+    weights of another fingerprint are refused before any pair is scored,
+    :class:`~treerank.search.ce_rescore.CrossEncoderMismatchError`); ``batch``, ``precision``
+    and ``fingerprint`` are refused with any other scorer."""
 
     kind: ClassVar[str] = "rescore"
     summary: ClassVar[str] = "exact dense rescoring (or cross-encoder reranking) of a first stage"
     syntax: ClassVar[str] = (
         "rescore:<A>[:depth=100,scorer=cosine|ckpt:<dir>|ce:<dir>"
-        "[,batch=32,precision=fp32|bf16|auto]]"
+        "[,batch=32,precision=fp32|bf16|auto,fingerprint=sha256:<hex>]]"
     )
 
     first: SystemSpec = field(default_factory=CosineSpec)
@@ -612,16 +624,29 @@ class RescoreSpec(SystemSpec):
     scorer: Scorer = field(default_factory=CosineSpec)
     batch: int = param(DEFAULT_SCORE_BATCH, low=1)
     precision: str = param("fp32", choices=CE_PRECISIONS)
+    fingerprint: str = param(
+        "",
+        help="scorer=ce: only: pins the cross-encoder, whose loaded weights' fingerprint "
+        "(cross_encoder.json's) must start with this sha256:<hex> (whole, or >= 8 hex digits), "
+        "else it is refused before any pair is scored; empty: not pinned",
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
         ce = isinstance(self.scorer, CrossEncoderSpec)
-        if not ce and (self.batch != DEFAULT_SCORE_BATCH or self.precision != "fp32"):
-            raise _bad(self.name, "batch= and precision= apply to scorer=ce:<dir> only")
+        options = self.batch != DEFAULT_SCORE_BATCH or self.precision != "fp32"
+        if not ce and (options or self.fingerprint):
+            raise _bad(
+                self.name, "batch=, precision= and fingerprint= apply to scorer=ce:<dir> only"
+            )
+        problem = pin_problem(self.fingerprint) if self.fingerprint else None
+        if problem:
+            raise _bad(self.name, problem)
 
     @classmethod
     def parse_body(cls, body: str, spec: str) -> RescoreSpec:
-        inner, tail = split_params(body, ("depth", "scorer", "batch", "precision"))
+        keys = ("depth", "scorer", "batch", "precision", "fingerprint")
+        inner, tail = split_params(body, keys)
         if not inner:
             raise _bad(spec, "expected rescore:<first stage>[:depth=N,scorer=SPEC]")
         scorer: Scorer = CosineSpec()
@@ -640,6 +665,7 @@ class RescoreSpec(SystemSpec):
         p += [] if isinstance(self.scorer, CosineSpec) else [f"scorer={self.scorer.render()}"]
         p += [f"batch={self.batch}"] if self.batch != DEFAULT_SCORE_BATCH else []
         p += [f"precision={self.precision}"] if self.precision != "fp32" else []
+        p += [f"fingerprint={self.fingerprint}"] if self.fingerprint else []
         return f"rescore:{self.first.render()}" + (":" + ",".join(p) if p else "")
 
     def children(self) -> tuple[SystemSpec, ...]:
@@ -656,6 +682,7 @@ class RescoreSpec(SystemSpec):
                 batch_size=self.batch,
                 precision=cast(CEPrecision, self.precision),
                 device=ctx.device,
+                fingerprint=self.fingerprint or None,
             )
         return RescoreSystem(first, self.scorer.render(), self.depth, name=self.name)
 
@@ -757,7 +784,8 @@ for _node in (
 
 def spec_parameters(node: type[SystemSpec]) -> list[tuple[str, str, str]]:
     """``(key, default, range or choices)`` of a node class's spec parameters, in spec order
-    (``docs/systems.md``); the range text is ``""`` when the value is not range-checked."""
+    (``docs/systems.md``); the range text is ``""`` when the value is not range-checked, and
+    a field's ``help`` follows it (after ``; `` when both are there)."""
     out = []
     for f in _params_of(node):
         meta = f.metadata["param"]
@@ -767,6 +795,7 @@ def spec_parameters(node: type[SystemSpec]) -> list[tuple[str, str, str]]:
             rng = _range_text(meta["low"], meta["high"], meta["open_low"])
         else:
             rng = ""
+        rng = "; ".join(t for t in (rng, meta["help"]) if t)
         out.append((_key(f), _fmt(f.default), rng))
     return out
 

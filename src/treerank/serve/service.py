@@ -7,7 +7,13 @@ message names both sides) when
 - the query encoder's vector precision cannot mix with the store's (int8 meets only int8);
 - a prebuilt index (``index=DIR``) was built on other passage vectors (its store signature
   differs from the store's) or with another encoder (its fingerprint differs from the store's);
-- a checkpoint system was trained on another encoder's vectors.
+- a checkpoint system was trained on another encoder's vectors;
+- a cross-encoder reranker (``rescore:...,scorer=ce:<dir>,fingerprint=sha256:<hex>``) pins
+  weights other than its folder's
+  (:class:`~treerank.search.ce_rescore.CrossEncoderMismatchError`, a subclass; checked when
+  its folder loads, before the warm-up query is scored).
+
+``info()`` records every served reranker's cross-encoder folder and weights fingerprint.
 
 Every configured system is warmed up at start (indexes built or loaded, checkpoints loaded), so
 the first request pays nothing extra.
@@ -191,6 +197,13 @@ class SearchService:
                 self.systems[spec] = build_system(spec, ctx)
         if not self.systems:
             raise ValueError("no system to serve")
+        from treerank.search.ce_rescore import cross_encoders
+
+        # every reranker's cross-encoder loaded and its pin checked before any query is scored
+        self.cross_encoders = {
+            name: [ce.identity() for ce in cross_encoders(system)]
+            for name, system in self.systems.items()
+        }
         self.default_system = next(iter(self.systems))
         self._lock = threading.Lock()
         self.stats = _Stats()
@@ -229,8 +242,9 @@ class SearchService:
 
     def info(self) -> dict[str, Any]:
         """Encoder name + fingerprint, store path + vectors digest + embed signature + counts,
-        systems, the ``--index`` directory's meta, and per FAISS system its index
-        (:func:`faiss_index_info`)."""
+        systems, the ``--index`` directory's meta, per FAISS system its index
+        (:func:`faiss_index_info`), and per reranking system its cross-encoders
+        (``cross_encoders``: system -> list of folder, fingerprint and pin)."""
         from treerank.search.faiss_index import store_signature
 
         return {
@@ -257,6 +271,11 @@ class SearchService:
                 name: info
                 for name, system in self.systems.items()
                 if (info := faiss_index_info(system)) is not None
+            },
+            "cross_encoders": {
+                name: [ce.to_dict() for ce in ces]
+                for name, ces in self.cross_encoders.items()
+                if ces
             },
             "limits": {
                 "max_k": self.config.max_k,

@@ -9,7 +9,9 @@
   :class:`StageGraph` and its runner, which hands each stage only its declared dependencies'
   outputs;
 * one module per stage kind: :mod:`.embed`, :mod:`.mine`, :mod:`.pseudo`, :mod:`.teacher`,
-  :mod:`.train`, :mod:`.evaluate`, :mod:`.diagnose` (the report: :mod:`treerank.pipeline.report`).
+  :mod:`.train`, :mod:`.finetune` (an encoder fine-tune and its re-embedded splits),
+  :mod:`.cross_encoder` (a cross-encoder entry of ``finetune:``), :mod:`.evaluate`,
+  :mod:`.diagnose` (the report: :mod:`treerank.pipeline.report`).
 
 The names of the old ``treerank.pipeline.stages`` module are importable from here unchanged.
 """

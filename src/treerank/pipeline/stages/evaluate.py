@@ -32,8 +32,10 @@ from treerank.faults import crash_point
 from treerank.metrics.metrics import headline_metric
 from treerank.pipeline.finetune import TunedStoreSystem
 from treerank.pipeline.identity import StageId, SystemId
+from treerank.pipeline.stages.cross_encoder import CrossEncoderRerank
 from treerank.pipeline.stages.graph import Deps, RunContext, RunStage
 from treerank.pipeline.stages.outputs import (
+    CrossEncoderOutput,
     EmbedOutput,
     EvaluateOutput,
     ReembedOutput,
@@ -63,6 +65,7 @@ class EvaluateStage(RunStage):
     metrics_given: bool
     seed_groups: Mapping[str, Mapping[str, int]]
     tuned: tuple[tuple[str, StageId], ...] = ()
+    reranked: tuple[CrossEncoderRerank, ...] = ()
 
     @classmethod
     def make(
@@ -76,13 +79,16 @@ class EvaluateStage(RunStage):
         metrics_given: bool,
         seed_groups: Mapping[str, Mapping[str, int]],
         tuned: tuple[tuple[str, StageId], ...] = (),
+        reranked: tuple[CrossEncoderRerank, ...] = (),
     ) -> EvaluateStage:
         """``train_store``: the training split of the seen / unseen breakdown (None: none).
         ``tuned``: ``(system name, reembed stage of the evaluation split)`` of each fine-tune
-        (cosine over its re-embedded vectors)."""
+        (cosine over its re-embedded vectors). ``reranked``: each cross-encoder entry's
+        reranking system (its first stage and depth are part of this stage's key)."""
         sid = StageId.evaluate(dataset)
         trained = [StageId.train(s.run) for s in systems if s.run is not None]
         trained += [stage for _, stage in tuned]
+        trained += [r.stage for r in reranked]
         inputs = {
             # a trained run's identity here; its checkpoint's key comes in through the edge
             "systems": [
@@ -99,6 +105,7 @@ class EvaluateStage(RunStage):
             # equal: the defaults-were-used flag enters the key only when it matters
             **({} if metrics_given else {"metrics_given": False}),
             **({"tuned": [[n, st.name] for n, st in tuned]} if tuned else {}),
+            **({"reranked": [r.key_part() for r in reranked]} if reranked else {}),
         }
         stores = (store,) if train_store in (None, store) else (store, train_store)
         return cls.of(
@@ -113,6 +120,7 @@ class EvaluateStage(RunStage):
             metrics_given=metrics_given,
             seed_groups=seed_groups,
             tuned=tuned,
+            reranked=reranked,
         )
 
     def _built(self, deps: Deps) -> dict[str, System]:
@@ -131,6 +139,8 @@ class EvaluateStage(RunStage):
         for name, stage in self.tuned:  # cosine over the split re-embedded by a tuned encoder
             tuned = EmbeddingStore.open(deps.get(stage, ReembedOutput).store)
             out[name] = TunedStoreSystem(tuned, name)
+        for r in self.reranked:  # the cross-encoder of the declared edge, pinned to its weights
+            out[r.name] = build_system(r.system(deps.get(r.stage, CrossEncoderOutput)), ctx)
         return out
 
     def run(self, d: Path, deps: Deps) -> EvaluateOutput:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar, Self
 
 import numpy as np
 
@@ -29,8 +30,10 @@ from treerank.pipeline.stages.outputs import (
     EmbedOutput,
     FinetuneOutput,
     MineOutput,
+    Output,
     ReembedOutput,
 )
+from treerank.store import EmbeddingStore
 from treerank.training.finetune import finetune
 from treerank.training.finetune_config import FinetuneConfig
 
@@ -40,7 +43,7 @@ __all__ = ["FinetuneStage", "ReembedStage"]
 def _base_weights(cfg: FinetuneConfig) -> str | None:
     """The starting weights' identity: None for the store's own encoder (its key covers it),
     else the bytes of a local ``model.base`` folder (its name when not a local path)."""
-    base = cfg.model.base
+    base = cfg.train.model.get("base")  # the section of either family (cross-encoder too)
     if base is None:
         return None
     return file_sha256(base) if Path(base).exists() else str(base)
@@ -50,7 +53,7 @@ def _base_weights(cfg: FinetuneConfig) -> str | None:
 class FinetuneStage(RunStage):
     """Fine-tune the train split's encoder with ``config`` into the stage's directory."""
 
-    produces = FinetuneOutput
+    produces: ClassVar[type[Output]] = FinetuneOutput
     store: StageId
     mine: StageId | None
     config: FinetuneConfig
@@ -63,25 +66,37 @@ class FinetuneStage(RunStage):
         store: StageId,
         config: FinetuneConfig,
         mine: StageId | None = None,
-    ) -> FinetuneStage:
+    ) -> Self:
         """``mine``: the stage whose BM25 negatives ``data.hard_negatives: mined`` trains on."""
         sid = StageId.finetune(store.dataset, name)
         inputs = {
             "config": config.to_dict(),
             "base_weights": _base_weights(config),
             "device": ctx.device_key,
+            **cls.more_inputs(config),
         }
         deps = (store,) if mine is None else (store, mine)
         return cls.of(ctx, sid, deps, inputs, store=store, mine=mine, config=config)
 
-    def run(self, d: Path, deps: Deps) -> FinetuneOutput:
+    @classmethod
+    def more_inputs(cls, config: FinetuneConfig) -> dict[str, object]:
+        """A subclass's own key inputs (none here)."""
+        return {}
+
+    def training_data(self, deps: Deps) -> tuple[EmbeddingStore, np.ndarray | None]:
+        """The train split as a view reading the mine stage's array (nothing is written into
+        the split) and its mined negatives (None: not mined, or not found)."""
         arrays = () if self.mine is None else (deps.get(self.mine, MineOutput).arrays,)
         train = deps.get(self.store, EmbedOutput).open().with_derived(arrays_read=arrays)
-        rows, _held = finetune_rows(train, self.config)
         mined = None
         if self.mine is not None:
             found = train.load_array(deps.get(self.mine, MineOutput).array)
             mined = None if found is None else np.asarray(found)
+        return train, mined
+
+    def run(self, d: Path, deps: Deps) -> FinetuneOutput:
+        train, mined = self.training_data(deps)
+        rows, _held = finetune_rows(train, self.config)
         ft = finetune(
             train,
             self.config,

@@ -21,6 +21,7 @@ from treerank.pipeline.stages.base import STAGE_FILE
 from treerank.store import EmbeddingStore
 
 __all__ = [
+    "CrossEncoderOutput",
     "DiagnoseOutput",
     "EmbedOutput",
     "EvaluateOutput",
@@ -309,3 +310,21 @@ class ReembedOutput(Output):
     fingerprint: str
     n_queries: int
     n_passages: int
+
+
+@dataclass(frozen=True)
+class CrossEncoderOutput(Output):
+    """A trained cross-encoder (``finetune:<dataset>:<name>`` of a ``family: cross-encoder``
+    entry): a reranker, so no split is embedded again.
+
+    Attributes:
+        model: the ``CrossEncoder`` folder (``<stage dir>/model``).
+        fingerprint: its weights' fingerprint (``sha256:<hex>``; the evaluate stage pins it).
+        summary: the run's ``results.json`` (config, steps, pairs, loss, cost).
+    """
+
+    kind: ClassVar[str] = "cross-encoder"
+    place: ClassVar[str] = "model"
+    model: Path
+    fingerprint: str
+    summary: Mapping[str, object]
