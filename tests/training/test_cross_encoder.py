@@ -196,7 +196,7 @@ def test_auto_precision_takes_the_probes_choice(
     ms: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``precision: auto`` trains at what ``resolve_precision`` measured, and records it."""
-    import treerank.training.finetune as finetune
+    import treerank.training.precision as precision
 
     seen: list[str] = []
 
@@ -204,7 +204,7 @@ def test_auto_precision_takes_the_probes_choice(
         seen.append(setting)
         return "bf16", {"setting": setting, "chosen": "bf16", "ratio": 2.5}
 
-    monkeypatch.setattr(finetune, "resolve_precision", fake)
+    monkeypatch.setattr(precision, "resolve_precision", fake)
     out = train_cross_encoder(
         ms, small(loss="bce", precision="auto", max_steps=1), tmp_path / "a", mined=bm25_mined(ms)
     )

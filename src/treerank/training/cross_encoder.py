@@ -78,7 +78,7 @@ class CrossEncoderConfig:
         seed: shuffling, head initialisation, dropout.
         precision: ``fp32``, ``bf16`` (autocast; the trainer's ``bf16`` flag) or ``auto``
             (resolved when training starts by
-            :func:`treerank.training.finetune.resolve_precision` on the base model's
+            :func:`treerank.training.precision.resolve_precision` on the base model's
             transformer, the body the cross-encoder trains: bf16 on a CUDA GPU that supports
             it; on a CPU only where the measured probe found bf16 faster than fp32 and within
             its fidelity bound).
@@ -299,11 +299,11 @@ def _resolve_precision(
     c: CrossEncoderConfig, device: Device, log: Callable[[str], None] | None
 ) -> tuple[str, dict[str, Any]]:
     """``(precision, record)``: ``c.precision``, with ``auto`` measured on the base model's
-    transformer (:func:`treerank.training.finetune.resolve_precision`)."""
+    transformer (:func:`treerank.training.precision.resolve_precision`)."""
     if c.precision != "auto":
         return c.precision, {"setting": c.precision}
     from treerank.encoders import SentenceEncoder
-    from treerank.training.finetune import resolve_precision
+    from treerank.training.precision import resolve_precision
 
     precision, record = resolve_precision(
         "auto", SentenceEncoder(c.base, device=device, progress=False), device

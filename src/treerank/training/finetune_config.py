@@ -170,7 +170,7 @@ class FinetuneTrainer:
         temperature: softmax temperature (scale = 1 / temperature; MNRL's default 20 = 0.05).
         precision: ``fp32``, ``bf16`` (torch autocast, also on a CPU) or ``auto`` (bf16 on a
             CUDA GPU that supports it; on a CPU only where the encoding probe measured bf16
-            faster: :func:`treerank.training.finetune.resolve_precision`).
+            faster: :func:`treerank.training.precision.resolve_precision`).
         gradient_checkpointing: recompute activations in the backward pass (non-reentrant, so
             it works with frozen embeddings).
         save_steps: write a resumable checkpoint every this many steps (0: only at the end).
@@ -279,7 +279,7 @@ class CrossEncoderTrainerSection:
         lr: peak learning rate. warmup_ratio: share of steps warming up, in [0, 1).
         max_steps: optimiser steps (``-1``: one epoch over the groups).
         precision: ``fp32``, ``bf16`` (autocast) or ``auto`` (the measured probe decides,
-            as for the encoder fine-tune: :func:`treerank.training.finetune.resolve_precision`).
+            as for the encoder fine-tune: :func:`treerank.training.precision.resolve_precision`).
         save_steps: resumable checkpoint every this many steps (0: only at the end).
         threads: ``torch.set_num_threads``.
         seed: groups' shuffle, head initialisation, dropout (defaults to the top-level seed).
