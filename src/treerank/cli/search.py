@@ -140,7 +140,20 @@ def search(
         run, hits = search_texts(st, built, enc, texts, k)
     except (ValueError, FileNotFoundError, OSError) as exc:
         raise fail(exc) from None
-    spec = system.strip()
+    _write_hits(fmt, system.strip(), qids, texts, hits, rerankers, out)
+
+
+def _write_hits(
+    fmt: str,
+    spec: str,
+    qids: list[str],
+    texts: list[str],
+    hits: list,
+    rerankers: list[dict[str, Any]],
+    out: Path | None,
+) -> None:
+    """Write the hits as ``fmt`` (json, trec or table) to ``out`` (stdout when None), with each
+    cross-encoder reranker's identity (a JSON field, a stderr line beside TREC, table notes)."""
     if fmt == "json":
         extra = {"cross_encoders": rerankers} if rerankers else {}
         doc = [
