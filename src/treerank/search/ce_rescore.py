@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -94,12 +94,8 @@ class CrossEncoderIdentity:
     pinned: str | None
 
     def to_dict(self) -> dict[str, str | None]:
-        return {
-            "system": self.system,
-            "path": self.path,
-            "fingerprint": self.fingerprint,
-            "pinned": self.pinned,
-        }
+        """The record as JSON (``search``'s and ``serve``'s output, ``results.json``)."""
+        return asdict(self)
 
 
 class PairScorer(Protocol):

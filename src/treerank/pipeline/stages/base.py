@@ -67,6 +67,14 @@ def fingerprint(*parts: Any) -> str:
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
 
+def folder_identity(name: str | None) -> str | None:
+    """A model folder's identity in a stage key: ``None`` stays ``None``; a local path, the
+    SHA-256 of its bytes (:func:`file_sha256`); anything else (a hub name), the name itself."""
+    if name is None:
+        return None
+    return file_sha256(name) if Path(name).exists() else str(name)
+
+
 def file_sha256(path: str | Path, chunk: int = 1 << 20) -> str:
     """SHA-256 hex digest of a file's bytes (or of every file below a directory, sorted by path).
 

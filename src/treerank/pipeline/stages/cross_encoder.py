@@ -28,7 +28,7 @@ from typing import Any
 from treerank.pipeline.config import RerankSettings
 from treerank.pipeline.finetune import train_cross_encoder_run
 from treerank.pipeline.identity import StageId
-from treerank.pipeline.stages.base import file_sha256
+from treerank.pipeline.stages.base import folder_identity
 from treerank.pipeline.stages.finetune import FinetuneStage
 from treerank.pipeline.stages.graph import Deps
 from treerank.pipeline.stages.outputs import CrossEncoderOutput
@@ -40,10 +40,7 @@ __all__ = ["CrossEncoderRerank", "CrossEncoderStage"]
 def _teacher_weights(cfg: FinetuneConfig) -> str | None:
     """A ``margin-mse`` teacher's identity: the bytes of its ``ce:<dir>`` folder (None: none)."""
     teacher = cfg.train.data.teacher
-    if teacher is None:
-        return None
-    path = Path(teacher[len("ce:") :])
-    return file_sha256(path) if path.exists() else str(path)
+    return None if teacher is None else folder_identity(str(Path(teacher[len("ce:") :])))
 
 
 @dataclass(kw_only=True)

@@ -24,7 +24,7 @@ import numpy as np
 
 from treerank.pipeline.finetune import finetune_rows, reembed_split
 from treerank.pipeline.identity import StageId
-from treerank.pipeline.stages.base import file_sha256
+from treerank.pipeline.stages.base import folder_identity
 from treerank.pipeline.stages.graph import Deps, RunContext, RunStage
 from treerank.pipeline.stages.outputs import (
     EmbedOutput,
@@ -43,10 +43,7 @@ __all__ = ["FinetuneStage", "ReembedStage"]
 def _base_weights(cfg: FinetuneConfig) -> str | None:
     """The starting weights' identity: None for the store's own encoder (its key covers it),
     else the bytes of a local ``model.base`` folder (its name when not a local path)."""
-    base = cfg.train.model.get("base")  # the section of either family (cross-encoder too)
-    if base is None:
-        return None
-    return file_sha256(base) if Path(base).exists() else str(base)
+    return folder_identity(cfg.train.model.get("base"))  # either family's section
 
 
 @dataclass(kw_only=True)
