@@ -288,16 +288,28 @@ def ensure_teacher_run(store: StoreLike, pseudo: Any, spec: Any, *, progress: bo
     """
     from treerank.search.specs import BuildContext, build_system
     from treerank.store import EmbeddingStore
-    from treerank.training.data import teacher_array
+    from treerank.store.view import QuerySubset
+    from treerank.training.data import source_rows, teacher_array
 
     target: Any = pseudo if spec.queries == "pseudo" else store
     stem = teacher_array(spec)
     if not (target.has_array(f"{stem}-ids") and target.has_array(f"{stem}-scores")):
         ctx = BuildContext(progress=progress, checkpoints=CHECKPOINTS)
-        run = build_system(str(spec.system), ctx).retrieve(target, spec.k)
-        meta = {"system": spec.system, "k": spec.k, "queries": spec.queries}
-        target.save_array(f"{stem}-scores", run.scores, meta=meta)
-        target.save_array(f"{stem}-ids", run.ids, meta=meta)
+        system = build_system(str(spec.system), ctx)
+        meta: dict[str, Any] = {"system": spec.system, "k": spec.k, "queries": spec.queries}
+        sample = None if spec.queries == "pseudo" else source_rows(int(target.n_queries), spec)
+        if sample is None:
+            run = system.retrieve(target, spec.k)
+            ids, scores = run.ids, run.scores
+        else:  # only the sampled rows are ranked; the others read "no teacher result"
+            part = system.retrieve(QuerySubset(target, sample), spec.k)
+            p_ids, p_scores = part.ids, part.scores
+            ids = np.full((int(target.n_queries), p_ids.shape[1]), -1, dtype=p_ids.dtype)
+            scores = np.full(ids.shape, np.nan, dtype=p_scores.dtype)
+            ids[sample], scores[sample] = p_ids, p_scores
+            meta.update(max_queries=spec.max_queries, sample_seed=spec.sample_seed)
+        target.save_array(f"{stem}-scores", scores, meta=meta)
+        target.save_array(f"{stem}-ids", ids, meta=meta)
     found = target.array_file(f"{stem}-ids") if isinstance(target, EmbeddingStore) else None
     return str(found or f"{target.path}/arrays/{stem}-ids.npy")
 

@@ -50,6 +50,7 @@ __all__ = [
     "parse_sources",
     "pseudo_dir",
     "pseudo_dir_name",
+    "source_rows",
     "teacher_array",
 ]
 
@@ -75,6 +76,12 @@ class SourceSpec:
         k, n_positives, temperature: (teacher) see ``treerank.training.sources.teacher_pairs``.
         methods, cap, passes, positive, seed: (pseudo) see
             ``treerank.training.pseudo.PseudoConfig``.
+        max_queries: (labels, teacher on ``train`` queries) only a seeded sample of this many
+            of the split's queries (:func:`source_rows`); None: all of them. An expensive
+            teacher (a cross-encoder reranking BM25) then ranks only those queries, and a
+            ``labels`` entry with the same ``max_queries`` and ``sample_seed`` reads the same
+            ones: the binary-label twin of a distilled model. Held-out queries stay held out.
+        sample_seed: seed of that sample.
     """
 
     kind: str = "labels"
@@ -90,6 +97,8 @@ class SourceSpec:
     passes: int = 1
     positive: str = "cut"
     seed: int = 0
+    max_queries: int | None = None
+    sample_seed: int = 0
 
     def __post_init__(self) -> None:
         if self.kind not in SOURCE_KINDS:
@@ -107,6 +116,11 @@ class SourceSpec:
                 raise ValueError("teacher: k >= 1, n_positives >= 1 and temperature > 0")
         if self.kind == "pseudo":
             self.pseudo_config()  # validates methods, cap, ...
+        if self.max_queries is not None:
+            if self.max_queries < 1:
+                raise ValueError(f"max_queries must be >= 1, got {self.max_queries}")
+            if self.kind == "pseudo" or self.queries == "pseudo":
+                raise ValueError("max_queries samples the split's own queries (labels, teacher)")
 
     def pseudo_config(self) -> PseudoConfig:
         """The :class:`PseudoConfig` of a ``pseudo`` entry."""
@@ -117,6 +131,22 @@ class SourceSpec:
             positive=self.positive,
             seed=self.seed,
         )
+
+
+def source_rows(n_queries: int, spec: SourceSpec) -> np.ndarray | None:
+    """The query rows a ``labels`` or ``teacher`` source reads: a seeded sample of
+    ``spec.max_queries`` of the split's ``n_queries`` (``numpy.random.default_rng(sample_seed)
+    .choice`` without replacement, sorted ascending), or None (all of them) when
+    ``max_queries`` is None or not below ``n_queries``.
+
+    Returns:
+        ``int64 (min(max_queries, n_queries),)`` or None. Sources with equal ``max_queries``
+        and ``sample_seed`` on one split get equal rows.
+    """
+    if spec.max_queries is None or spec.max_queries >= n_queries:
+        return None
+    rng = np.random.default_rng(spec.sample_seed)
+    return np.sort(rng.choice(n_queries, size=spec.max_queries, replace=False)).astype(np.int64)
 
 
 def parse_sources(raw: Sequence[Any] | None, where: str = "data.sources") -> list[SourceSpec]:
@@ -164,7 +194,10 @@ def pseudo_dir_name(spec: SourceSpec) -> str:
 
 def teacher_array(spec: SourceSpec) -> str:
     """Sidecar array stem of a teacher's run (``<stem>-ids`` / ``<stem>-scores``)."""
-    return f"teacher-{_digest({'system': spec.system, 'k': spec.k})}"
+    key: dict[str, Any] = {"system": spec.system, "k": spec.k}
+    if spec.max_queries is not None:  # a sampled teacher run is another array (old keys kept)
+        key.update(max_queries=spec.max_queries, sample_seed=spec.sample_seed)
+    return f"teacher-{_digest(key)}"
 
 
 @dataclass
@@ -257,8 +290,10 @@ def build_training_table(
     info: dict[str, Any] = {}
     for i, spec in enumerate(specs):
         name = f"{i}:{spec.kind}" + (f":{spec.system}" if spec.system else "")
+        sample = None if spec.queries == "pseudo" else source_rows(nq, spec)
+        mine = rows if sample is None else np.intersect1d(rows, sample)
         if spec.kind == "labels":
-            ps = label_pairs(cand, lab, texts, relevance_threshold=thr, query_rows=rows, name=name)
+            ps = label_pairs(cand, lab, texts, relevance_threshold=thr, query_rows=mine, name=name)
         elif spec.kind == "pseudo":
             assert pseudo is not None
             ps = label_pairs(
@@ -273,7 +308,7 @@ def build_training_table(
             on_pseudo = spec.queries == "pseudo"
             target: Any = pseudo if on_pseudo else store
             ids, scores = _teacher_run(target, spec)
-            keep = np.arange(ids.shape[0]) if on_pseudo else rows
+            keep = np.arange(ids.shape[0]) if on_pseudo else mine
             ids, scores = ids[keep], scores[keep]
             valid = (ids >= 0) & np.isfinite(scores)
             ok = valid.any(axis=1)
@@ -296,6 +331,8 @@ def build_training_table(
             raise ValueError(f"data.sources[{i}] ({spec.kind}): no training pair")
         out.append(ps)
         info[name] = {"pairs": len(ps), "weight": spec.weight, "mode": ps.mode}
+        if sample is not None:
+            info[name]["sampled_queries"] = int(sample.size)
     return TrainingTable(queries, passages, out, [s.weight for s in specs], info)
 
 
