@@ -297,7 +297,7 @@ def ensure_teacher_run(store: StoreLike, pseudo: Any, spec: Any, *, progress: bo
         ctx = BuildContext(progress=progress, checkpoints=CHECKPOINTS)
         system = build_system(str(spec.system), ctx)
         meta: dict[str, Any] = {"system": spec.system, "k": spec.k, "queries": spec.queries}
-        sample = None if spec.queries == "pseudo" else source_rows(int(target.n_queries), spec)
+        sample = source_rows(int(target.n_queries), spec)  # None on pseudo queries
         if sample is None:
             run = system.retrieve(target, spec.k)
             ids, scores = run.ids, run.scores

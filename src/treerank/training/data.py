@@ -122,6 +122,15 @@ class SourceSpec:
             if self.kind == "pseudo" or self.queries == "pseudo":
                 raise ValueError("max_queries samples the split's own queries (labels, teacher)")
 
+    def teacher_key(self) -> dict[str, Any]:
+        """What names a teacher's run (its sidecar array and its stage key): ``system`` and
+        ``k``, plus ``max_queries`` / ``sample_seed`` only when sampled (so unsampled keys stay
+        as they were)."""
+        key: dict[str, Any] = {"system": self.system, "k": self.k}
+        if self.max_queries is not None:
+            key.update(max_queries=self.max_queries, sample_seed=self.sample_seed)
+        return key
+
     def pseudo_config(self) -> PseudoConfig:
         """The :class:`PseudoConfig` of a ``pseudo`` entry."""
         return PseudoConfig(
@@ -194,10 +203,7 @@ def pseudo_dir_name(spec: SourceSpec) -> str:
 
 def teacher_array(spec: SourceSpec) -> str:
     """Sidecar array stem of a teacher's run (``<stem>-ids`` / ``<stem>-scores``)."""
-    key: dict[str, Any] = {"system": spec.system, "k": spec.k}
-    if spec.max_queries is not None:  # a sampled teacher run is another array (old keys kept)
-        key.update(max_queries=spec.max_queries, sample_seed=spec.sample_seed)
-    return f"teacher-{_digest(key)}"
+    return f"teacher-{_digest(spec.teacher_key())}"
 
 
 @dataclass
@@ -290,10 +296,12 @@ def build_training_table(
     info: dict[str, Any] = {}
     for i, spec in enumerate(specs):
         name = f"{i}:{spec.kind}" + (f":{spec.system}" if spec.system else "")
-        sample = None if spec.queries == "pseudo" else source_rows(nq, spec)
-        mine = rows if sample is None else np.intersect1d(rows, sample)
+        sample = source_rows(nq, spec)  # None for pseudo entries (refused with max_queries)
+        source_q = rows if sample is None else np.intersect1d(rows, sample)
         if spec.kind == "labels":
-            ps = label_pairs(cand, lab, texts, relevance_threshold=thr, query_rows=mine, name=name)
+            ps = label_pairs(
+                cand, lab, texts, relevance_threshold=thr, query_rows=source_q, name=name
+            )
         elif spec.kind == "pseudo":
             assert pseudo is not None
             ps = label_pairs(
@@ -308,7 +316,7 @@ def build_training_table(
             on_pseudo = spec.queries == "pseudo"
             target: Any = pseudo if on_pseudo else store
             ids, scores = _teacher_run(target, spec)
-            keep = np.arange(ids.shape[0]) if on_pseudo else mine
+            keep = np.arange(ids.shape[0]) if on_pseudo else source_q
             ids, scores = ids[keep], scores[keep]
             valid = (ids >= 0) & np.isfinite(scores)
             ok = valid.any(axis=1)

@@ -41,9 +41,7 @@ class TeacherStage(RunStage):
         part = teacher_array(spec) + (f"-{pseudo.part}" if on_pseudo and pseudo else "")
         sid = StageId.derived("teacher", store.dataset, part)
         deps = (store, pseudo) if on_pseudo and pseudo is not None else (store,)
-        inputs: dict[str, object] = {"system": spec.system, "k": spec.k, "queries": spec.queries}
-        if spec.max_queries is not None:  # a sampled teacher (earlier keys unchanged)
-            inputs.update(max_queries=spec.max_queries, sample_seed=spec.sample_seed)
+        inputs = {**spec.teacher_key(), "queries": spec.queries}
         return cls.of(
             ctx, sid, deps, inputs, store=store, pseudo=pseudo if on_pseudo else None, spec=spec
         )
