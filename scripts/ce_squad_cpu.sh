@@ -10,10 +10,12 @@
 # SQUAD: a store root with train/ and dev/ (treerank embed of squad-v1.1.zip); it is copied to
 # stores/squad-ce first (mining writes a sidecar into the train split). One thread, niced.
 # N: questions in the dev sample (default 1000); ONLY_TRAIN=1 stops after the training; a
-# finished training run in RUN/ce is reused.
+# finished training run in RUN/ce is reused. THREADS (default 1): torch threads of both commands
+# (the config's trainer.threads is rewritten into RUN/config.yaml when it is not 1).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 MPLBACKEND=Agg OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
+THREADS=${THREADS:-1}
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 MPLBACKEND=Agg OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS
 SQUAD=${SQUAD:?set SQUAD to a SQuAD store root holding train/ and dev/}
 STORE=${STORE:-stores/squad-ce}
 RUN=${RUN:-runs/ce-squad}
@@ -27,6 +29,10 @@ if [ ! -f "$STORE/train/meta.json" ]; then
   mv "$STORE.tmp" "$STORE"
 fi
 mkdir -p "$RUN"
+if [ "$THREADS" != 1 ]; then  # the same config at another thread count
+  sed -E "s/^(  threads: )1( |$)/\1$THREADS\2/" "$CONFIG" > "$RUN/config.yaml"
+  CONFIG=$RUN/config.yaml
+fi
 if [ ! -f "$RUN/ce/results.json" ]; then  # a finished training run is kept (rerun: rerank only)
   /usr/bin/time -v -o "$RUN/time_train.txt" nice -n 5 "$TR" finetune \
     "$CONFIG" --store "$STORE" -o "$RUN/ce" --no-progress \

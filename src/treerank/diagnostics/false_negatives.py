@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from treerank.atomic import atomic_savefig, atomic_write_json, atomic_write_text
 from treerank.families import CHECKPOINTS
@@ -33,7 +34,14 @@ from treerank.store.view import QuerySubset
 from treerank.storelike import StoreLike
 from treerank.training.audit import DEFAULT_MAX_RATE, AuditCurve, false_negative_curve
 
-__all__ = ["DEFAULT_RELATIVE_MARGIN", "AuditResult", "audit_miners", "denoise_audit", "write_audit"]
+__all__ = [
+    "DEFAULT_RELATIVE_MARGIN",
+    "AuditResult",
+    "audit_miners",
+    "denoise_audit",
+    "score_and_denoise",
+    "write_audit",
+]
 
 DEFAULT_RELATIVE_MARGIN = 0.05  # sentence-transformers' mine_hard_negatives default
 
@@ -218,6 +226,88 @@ def _load_scorer(scorer: Any) -> Any:
     return CrossEncoderScorer(scorer[3:].strip())
 
 
+def score_and_denoise(
+    store: StoreLike,
+    rows: np.ndarray,
+    ranked: np.ndarray,
+    scorer: Any,
+    *,
+    depth: int = 10,
+    threshold: float | None = None,
+    relative_margin: float | None = DEFAULT_RELATIVE_MARGIN,
+    n_examples: int = 10,
+    progress: bool = False,
+) -> tuple[np.ndarray, Any, int]:
+    """Score a ranking's first ``depth`` negatives per query and each query's labelled
+    positives with a cross-encoder, then flag (RocketQA) with
+    :func:`treerank.training.cross_encoder.denoise_negatives`.
+
+    Args:
+        store: the labelled split (texts, ``candidates`` / ``labels``).
+        rows: ``int (nq,)`` store query ids of ``ranked``'s rows.
+        ranked: ``int (nq, R)`` passage ids in rank order, ``-1`` padding; the query's labelled
+            passages are removed first (a mined list without them is unchanged).
+        scorer: ``score_pairs(queries, passages) -> float32 (n,)``.
+        depth, threshold, relative_margin, n_examples: as in :func:`denoise_audit`.
+        progress: a progress bar over the pairs (scored in chunks of 1,024).
+
+    Returns:
+        ``(negatives, result, n_pairs)``: ``int64 (nq, depth)`` the scored negatives (``-1``
+        padding), the ``DenoiseResult`` (its ``negatives`` with the flagged ones blanked) and
+        the number of pairs scored.
+
+    Raises:
+        ValueError: ``ranked``'s rows differ from ``rows``.
+    """
+    from treerank.training.cross_encoder import denoise_negatives
+    from treerank.training.sampler import relevant_lists
+
+    rows = np.asarray(rows, dtype=np.int64)
+    ranked = np.asarray(ranked, dtype=np.int64)
+    if ranked.ndim != 2 or ranked.shape[0] != rows.size:
+        raise ValueError(f"denoise: ranked {ranked.shape} for {rows.size} query rows")
+    cand = np.asarray(store.candidates)[rows]
+    lab = np.asarray(store.labels)[rows]
+    mined = drop_labelled(ranked, cand, lab).astype(np.int64)
+    negs = np.full((rows.size, depth), -1, dtype=np.int64)
+    for i, row in enumerate(mined):
+        kept = row[row >= 0][:depth]
+        negs[i, : kept.size] = kept
+    relevant, _ = relevant_lists(cand, lab, int(store.relevance_threshold))
+    qt, pt = store.query_texts(), store.passage_texts()
+    ni, nj = np.nonzero(negs >= 0)
+    pi, pj = np.nonzero(relevant >= 0)
+    queries = [qt[int(rows[i])] for i in ni] + [qt[int(rows[i])] for i in pi]
+    passages = [pt[int(negs[i, j])] for i, j in zip(ni, nj, strict=True)] + [
+        pt[int(relevant[i, j])] for i, j in zip(pi, pj, strict=True)
+    ]
+    chunk = 1024
+    parts = []
+    with tqdm(total=len(queries), unit="pairs", desc="denoise", disable=not progress) as bar:
+        for a in range(0, len(queries), chunk):
+            parts.append(
+                np.asarray(scorer.score_pairs(queries[a : a + chunk], passages[a : a + chunk]))
+            )
+            bar.update(len(parts[-1]))
+    scores = np.concatenate(parts).astype(np.float64) if parts else np.zeros(0)
+    neg_scores = np.full(negs.shape, np.nan)
+    neg_scores[ni, nj] = scores[: ni.size]
+    pos_scores = np.full(rows.size, -np.inf)
+    np.maximum.at(pos_scores, pi, scores[ni.size :])
+    pos_scores[~np.isfinite(pos_scores)] = np.nan
+    res = denoise_negatives(
+        negs,
+        neg_scores,
+        pos_scores,
+        cand,
+        lab,
+        threshold=threshold,
+        relative_margin=relative_margin,
+        n_examples=n_examples,
+    )
+    return negs, res, len(queries)
+
+
 def denoise_audit(
     store: StoreLike,
     rows: np.ndarray,
@@ -253,45 +343,24 @@ def denoise_audit(
     Raises:
         ValueError: ``ranked``'s rows differ from ``rows``, or bad settings.
     """
-    from treerank.training.cross_encoder import denoise_negatives
     from treerank.training.sampler import relevant_lists
 
     _check_denoise(depth, threshold, relative_margin)
     rows = np.asarray(rows, dtype=np.int64)
-    ranked = np.asarray(ranked, dtype=np.int64)
-    if ranked.ndim != 2 or ranked.shape[0] != rows.size:
-        raise ValueError(f"audit: ranked {ranked.shape} for {rows.size} query rows")
-    cand = np.asarray(store.candidates)[rows]
-    lab = np.asarray(store.labels)[rows]
-    mined = drop_labelled(ranked, cand, lab).astype(np.int64)
-    negs = np.full((rows.size, depth), -1, dtype=np.int64)
-    for i, row in enumerate(mined):
-        kept = row[row >= 0][:depth]
-        negs[i, : kept.size] = kept
-    relevant, labelled = relevant_lists(cand, lab, int(store.relevance_threshold))
-    qt, pt = store.query_texts(), store.passage_texts()
-    ni, nj = np.nonzero(negs >= 0)
-    pi, pj = np.nonzero(relevant >= 0)
-    queries = [qt[int(rows[i])] for i in ni] + [qt[int(rows[i])] for i in pi]
-    passages = [pt[int(negs[i, j])] for i, j in zip(ni, nj, strict=True)] + [
-        pt[int(relevant[i, j])] for i, j in zip(pi, pj, strict=True)
-    ]
-    scores = np.asarray(scorer.score_pairs(queries, passages), dtype=np.float64)
-    neg_scores = np.full(negs.shape, np.nan)
-    neg_scores[ni, nj] = scores[: ni.size]
-    pos_scores = np.full(rows.size, -np.inf)
-    np.maximum.at(pos_scores, pi, scores[ni.size :])
-    pos_scores[~np.isfinite(pos_scores)] = np.nan
-    res = denoise_negatives(
-        negs,
-        neg_scores,
-        pos_scores,
-        cand,
-        lab,
+    negs, res, n_pairs = score_and_denoise(
+        store,
+        rows,
+        ranked,
+        scorer,
+        depth=depth,
         threshold=threshold,
         relative_margin=relative_margin,
         n_examples=n_examples,
     )
+    cand = np.asarray(store.candidates)[rows]
+    lab = np.asarray(store.labels)[rows]
+    _, labelled = relevant_lists(cand, lab, int(store.relevance_threshold))
+    qt, pt = store.query_texts(), store.passage_texts()
     flagged_ids = np.where(res.flagged, negs, -1)
     is_lab = ((flagged_ids[:, :, None] == labelled[:, None, :]) & (labelled[:, None, :] >= 0)).any(
         axis=2
@@ -306,7 +375,7 @@ def denoise_audit(
         )
     )
     return {
-        "scorer_pairs": int(len(queries)),
+        "scorer_pairs": n_pairs,
         "depth": int(depth),
         "threshold": threshold,
         "relative_margin": relative_margin,

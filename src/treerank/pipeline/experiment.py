@@ -59,7 +59,7 @@ from treerank.pipeline.stages.embed import EmbedStage, Encoder, GivenStoreStage
 from treerank.pipeline.stages.evaluate import EVALUATE_OUTPUTS, EvaluateStage, family_reports
 from treerank.pipeline.stages.finetune import FinetuneStage, ReembedStage
 from treerank.pipeline.stages.graph import RunContext, Stage, StageGraph
-from treerank.pipeline.stages.mine import MineSettings, MineStage
+from treerank.pipeline.stages.mine import DenoiseStage, MineSettings, MineStage
 from treerank.pipeline.stages.outputs import (
     DiagnoseOutput,
     EmbedOutput,
@@ -232,7 +232,8 @@ def _add_shared(graph: StageGraph, stage: Stage) -> StageId:
 def _derived_stages(
     ctx: RunContext, graph: StageGraph, spec: ModelSpec, config: dict[str, Any], store: StageId
 ) -> tuple[StageId, ...]:
-    """The mine / pseudo / teacher stages run ``config`` of ``spec`` trains on (added once)."""
+    """The mine / denoise / pseudo / teacher stages run ``config`` of ``spec`` trains on (added
+    once)."""
     fam = family(spec.family)
     data = fam.parse_config(dict(config), f"{ctx.source}: models.{spec.name}").data
     out: list[StageId] = []
@@ -244,7 +245,10 @@ def _derived_stages(
                 str(data.mined_array),
                 int(data.mine_depth),
             )
-            out.append(_add_shared(graph, MineStage.make(ctx, store, ms)))
+            mine = _add_shared(graph, MineStage.make(ctx, store, ms))
+            out.append(mine)
+            if data.denoise is not None:  # RocketQA: after the mining (a SamplerConfig)
+                out.append(_add_shared(graph, DenoiseStage.make(ctx, store, mine, data)))
     sources = training_sources(data) or []
     pseudo = None
     for src in sources:

@@ -61,6 +61,7 @@ __all__ = [
 StageKind = Literal[
     "embed",
     "mine",
+    "denoise",
     "pseudo",
     "teacher",
     "train",
@@ -71,7 +72,14 @@ StageKind = Literal[
     "report",
 ]
 STAGE_KINDS: tuple[StageKind, ...] = get_args(StageKind)
-DERIVED_KINDS: tuple[StageKind, ...] = ("mine", "pseudo", "teacher", "finetune", "reembed")
+DERIVED_KINDS: tuple[StageKind, ...] = (
+    "mine",
+    "denoise",
+    "pseudo",
+    "teacher",
+    "finetune",
+    "reembed",
+)
 """Stages named by a ``part``: derived training data (its settings label), a fine-tune and its
 re-embedded splits (the ``finetune:`` entry's name)."""
 

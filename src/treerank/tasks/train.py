@@ -4,9 +4,10 @@ The one library call behind ``treerank train`` and the ``train:`` stage of ``tre
 This is where the training layer meets evaluation: the held-out validation callback (early
 stopping on full-split MRR@10 / nDCG@10 of held-out training queries) is built here from
 ``treerank.kernels.topk.exact_search`` and ``treerank.metrics.metrics.evaluate_run``, and
-handed to the family's trainer, which never imports those layers. The ``mine:``, ``pseudo:``
-and ``teacher:`` stages call the preparation steps (:func:`ensure_mined_negatives`,
-:func:`ensure_pseudo_split`, :func:`ensure_teacher_run`) that ``train_model`` runs first.
+handed to the family's trainer, which never imports those layers. The ``mine:``, ``pseudo:``,
+``denoise:`` and ``teacher:`` stages call the preparation steps (:func:`ensure_mined_negatives`,
+:func:`ensure_pseudo_split`, :func:`ensure_denoised_negatives`, :func:`ensure_teacher_run`)
+that ``train_model`` runs first.
 
 The family (``treerank.families``) supplies the config parser, the trainer and whether it
 mines hard negatives; ``treerank.training.output.save_trained_model`` writes the directory
@@ -45,6 +46,7 @@ from treerank.training.output import save_trained_model
 __all__ = [
     "TrainResult",
     "ValidationConfig",
+    "ensure_denoised_negatives",
     "ensure_mined_negatives",
     "ensure_pseudo_split",
     "ensure_teacher_run",
@@ -236,6 +238,109 @@ def ensure_mined_negatives(store: StoreLike, data: Any) -> dict[str, Any] | None
     crash_point("mining", "after-mine")  # the sidecar is written; training has not started
     meta = store.load_array_meta(name) if hasattr(store, "load_array_meta") else None
     return dict(meta or {"array": name})
+
+
+def ensure_denoised_negatives(
+    store: StoreLike, data: Any, *, scorer: Any = None, progress: bool = True
+) -> dict[str, Any] | None:
+    """Denoise the mined negatives with a cross-encoder when ``data.denoise`` asks for it
+    (RocketQA; :mod:`treerank.training.denoise`), into the sidecar array
+    :func:`~treerank.training.denoise.denoised_array` names.
+
+    Every query with a labelled positive (of the seeded sample, with ``data.max_queries``) has
+    its first ``denoise.depth`` mined negatives and its positives scored
+    (:func:`treerank.diagnostics.false_negatives.score_and_denoise`); the array is ``int32 (nq,
+    depth)``, the kept negatives in BM25 order and ``-1`` for dropped ones and for rows not
+    scored. Its metadata holds the counts, up to 10 flagged examples, the scorer's weights
+    fingerprint and the cost (CPU-s, pairs per CPU-s). An array made by the same weights from
+    the same mined array is reused.
+
+    Args:
+        store: the training split, with the mined array (:func:`ensure_mined_negatives` first).
+        data: a head's ``SamplerConfig``.
+        scorer: anything with ``score_pairs`` (and optionally ``fingerprint``) in place of the
+            ``ce:<dir>`` folder (tests).
+        progress: a progress bar over the scored pairs.
+
+    Returns:
+        The array's metadata, or None when ``data`` has no ``denoise`` section.
+
+    Raises:
+        ValueError: the store has no mined array to denoise.
+    """
+    import time
+
+    from treerank.diagnostics.false_negatives import score_and_denoise
+    from treerank.training.data import sample_rows
+    from treerank.training.denoise import denoised_array, parse_denoise
+
+    spec = parse_denoise(data.denoise)
+    if spec is None:
+        return None
+    mined_name = str(data.mined_array)
+    mined = store.load_array(mined_name) if store.has_array(mined_name) else None
+    if mined is None:
+        raise ValueError(f"{store.path}: no mined array {mined_name!r} to denoise; mine it first")
+    mined_meta = store.load_array_meta(mined_name)
+    name = denoised_array(mined_name, spec, data.max_queries, int(data.sample_seed))
+    if scorer is None:
+        from treerank.models.cross_encoder import CrossEncoderScorer
+
+        scorer = CrossEncoderScorer(spec.path, precision=spec.precision)  # type: ignore[arg-type]
+    weights = str(getattr(scorer, "fingerprint", getattr(scorer, "name", "scorer")))
+    old = store.load_array_meta(name) if store.has_array(name) else None
+    if old and old.get("scorer_fingerprint") == weights and old.get("mined_meta") == mined_meta:
+        return dict(old)
+    cand, lab = np.asarray(store.candidates), np.asarray(store.labels)
+    rows = np.flatnonzero(((cand >= 0) & (lab >= int(store.relevance_threshold))).any(axis=1))
+    sample = sample_rows(int(store.n_queries), data.max_queries, int(data.sample_seed))
+    if sample is not None:
+        rows = np.intersect1d(rows, sample)
+    t0, c0 = time.perf_counter(), time.process_time()
+    _, res, n_pairs = score_and_denoise(
+        store,
+        rows,
+        np.asarray(mined)[rows],
+        scorer,
+        depth=spec.depth,
+        threshold=spec.threshold,
+        relative_margin=spec.relative_margin,
+        progress=progress,
+    )
+    cpu, wall = time.process_time() - c0, time.perf_counter() - t0
+    out = np.full((int(store.n_queries), spec.depth), -1, dtype=np.int32)
+    out[rows] = res.negatives
+    qids, pids = store.query_ids(), store.passage_ids()
+    meta = {
+        "array": name,
+        "mined_array": mined_name,
+        "mined_meta": mined_meta,
+        "denoise": spec.to_dict(),
+        "max_queries": data.max_queries,
+        "sample_seed": int(data.sample_seed),
+        "scorer_fingerprint": weights,
+        "scorer_precision": str(getattr(scorer, "precision", "")),
+        "queries": int(rows.size),
+        "scorer_pairs": int(n_pairs),
+        **{k: v for k, v in res.counts.items() if k != "action"},
+        "kept": int((res.negatives >= 0).sum()),
+        "examples": [
+            {
+                "query_id": str(qids[int(rows[e["query"]])]),
+                "passage_id": str(pids[e["passage"]]),
+                "score": round(e["score"], 4),
+                "positive_score": round(e["positive_score"], 4),
+            }
+            for e in res.examples
+        ],
+        "cost": {
+            "cpu_seconds": round(cpu, 3),
+            "wall_seconds": round(wall, 3),
+            "pairs_per_cpu_second": round(n_pairs / cpu, 2) if cpu > 0 else None,
+        },
+    }
+    store.save_array(name, out, meta)  # atomic: a killed run leaves no half array
+    return meta
 
 
 def training_sources(data: Any) -> list[Any] | None:
@@ -456,6 +561,11 @@ def _train_model(
     validate = make_validator(store, held, vcfg, seed, device) if held.size else None
     with main_first():  # under torchrun rank 0 mines / writes sidecars, the others read them
         mined = ensure_mined_negatives(store, cfg.data) if fam.mines_negatives else None
+        denoised = (
+            ensure_denoised_negatives(store, cfg.data, progress=progress)
+            if fam.mines_negatives
+            else None
+        )
         sources = ensure_training_sources(store, cfg.data, progress=progress)
     main = is_main_process()
 
@@ -472,6 +582,8 @@ def _train_model(
     summary = dict(out.summary)
     if mined is not None:
         summary["mined_negatives"] = mined
+    if denoised is not None:
+        summary["denoised_negatives"] = denoised
     if sources is not None:
         summary["training_sources"] = sources
     summary["validation"] = {**asdict(vcfg), "heldout_queries": int(held.size)}

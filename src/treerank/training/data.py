@@ -50,6 +50,7 @@ __all__ = [
     "parse_sources",
     "pseudo_dir",
     "pseudo_dir_name",
+    "sample_rows",
     "source_rows",
     "teacher_array",
 ]
@@ -152,10 +153,22 @@ def source_rows(n_queries: int, spec: SourceSpec) -> np.ndarray | None:
         ``int64 (min(max_queries, n_queries),)`` or None. Sources with equal ``max_queries``
         and ``sample_seed`` on one split get equal rows.
     """
-    if spec.max_queries is None or spec.max_queries >= n_queries:
+    return sample_rows(n_queries, spec.max_queries, spec.sample_seed)
+
+
+def sample_rows(n_queries: int, max_queries: int | None, seed: int = 0) -> np.ndarray | None:
+    """A seeded sample of ``max_queries`` of ``n_queries`` query rows
+    (``numpy.random.default_rng(seed).choice`` without replacement, sorted ascending), or None
+    (all of them) when ``max_queries`` is None or not below ``n_queries``. The one sampling rule
+    of a ``data.sources`` entry (:func:`source_rows`) and of a head's ``data.max_queries``.
+
+    Returns:
+        ``int64 (max_queries,)`` or None.
+    """
+    if max_queries is None or max_queries >= n_queries:
         return None
-    rng = np.random.default_rng(spec.sample_seed)
-    return np.sort(rng.choice(n_queries, size=spec.max_queries, replace=False)).astype(np.int64)
+    rng = np.random.default_rng(seed)
+    return np.sort(rng.choice(n_queries, size=max_queries, replace=False)).astype(np.int64)
 
 
 def parse_sources(raw: Sequence[Any] | None, where: str = "data.sources") -> list[SourceSpec]:

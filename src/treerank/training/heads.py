@@ -29,7 +29,8 @@ from treerank.models.mlp import MLPHead
 from treerank.store.format import MINED_NEGATIVES_ARRAY
 from treerank.storelike import StoreLike
 from treerank.training.config import TrainConfig, parse_train_config
-from treerank.training.data import build_training_table, parse_sources
+from treerank.training.data import build_training_table, parse_sources, sample_rows
+from treerank.training.denoise import denoised_array, parse_denoise
 from treerank.training.history import TrainingLog
 from treerank.training.refresh import NegativeRefresher
 from treerank.training.sampler import (
@@ -94,6 +95,16 @@ class SamplerConfig:
             rank 1 moved by more than this since the last mining, or its guard depth changed
             (checked every ``trainer.refresh_every`` steps on the audit queries only); None:
             re-mine at every ``refresh_every``.
+        max_queries: train on a seeded sample of this many of the split's queries
+            (``treerank.training.data.sample_rows``, the rule of a ``data.sources`` entry's
+            ``max_queries``; held-out queries stay out); None: all of them.
+        sample_seed: seed of that sample.
+        denoise: RocketQA's denoised hard negatives
+            (:class:`~treerank.training.denoise.DenoiseSettings`: ``scorer: ce:<dir>``,
+            ``depth``, ``threshold``, ``relative_margin``, ``precision``): the sampler reads the
+            mined negatives a cross-encoder did not flag as positives
+            (:func:`~treerank.training.denoise.denoised_array`); needs ``hard_negatives:
+            mined`` and ``n_hard > 0``. None: the raw mined negatives.
     """
 
     batch_size: int = 64
@@ -110,10 +121,24 @@ class SamplerConfig:
     refresh_depth: int = 100
     refresh_max_rate: float = 0.02
     refresh_on_rate_change: float | None = None
+    max_queries: int | None = None
+    sample_seed: int = 0
+    denoise: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.sources is not None:
             parse_sources(self.sources)  # raises on a bad entry (the message names it)
+            if self.max_queries is not None or self.denoise is not None:
+                raise ValueError(
+                    "max_queries and denoise apply to the labels sampler; with sources give "
+                    "each entry its own max_queries"
+                )
+        if self.max_queries is not None and self.max_queries < 1:
+            raise ValueError(f"max_queries must be >= 1, got {self.max_queries}")
+        if self.denoise is not None:
+            parse_denoise(self.denoise, "denoise")  # raises on a bad key or value
+            if self.hard_negatives != "mined" or self.n_hard < 1:
+                raise ValueError("denoise needs hard_negatives: mined and n_hard >= 1")
         if self.hard_negatives not in HARD_NEGATIVE_SOURCES:
             raise ValueError(
                 f"hard_negatives {self.hard_negatives!r} unknown; "
@@ -190,15 +215,27 @@ def build_sampler(
     thr = int(store.relevance_threshold)
     source = cfg.hard_negatives
     has_cand_neg = bool(np.any((candidates >= 0) & (labels == 0)))
+    sample = sample_rows(int(store.n_queries), cfg.max_queries, cfg.sample_seed)
+    if sample is not None:
+        train_rows = sample if train_rows is None else np.intersect1d(train_rows, sample)
+    array, denoise = cfg.mined_array, parse_denoise(cfg.denoise)
+    if denoise is not None:
+        array = denoised_array(cfg.mined_array, denoise, cfg.max_queries, cfg.sample_seed)
     mined = None
     if source == "mined" or (source == "auto" and not has_cand_neg):
-        mined = store.load_array(cfg.mined_array) if store.has_array(cfg.mined_array) else None
+        mined = store.load_array(array) if store.has_array(array) else None
         if mined is None and source == "mined":
-            raise ValueError(
-                f"{store.path}: no sidecar array {cfg.mined_array!r}; mine it first "
-                "(treerank.search.negatives.mine_bm25_negatives)"
+            how = (
+                "treerank.tasks.train.ensure_denoised_negatives"
+                if denoise is not None
+                else "treerank.search.negatives.mine_bm25_negatives"
             )
+            raise ValueError(f"{store.path}: no sidecar array {array!r}; make it first ({how})")
     info: dict[str, Any] = {"hard_negatives": source}
+    if denoise is not None:
+        info["denoised_array"] = array
+    if sample is not None:
+        info["sampled_queries"] = int(sample.size)
     if mined is not None:
         relevant, _ = relevant_lists(candidates, labels, thr)
         before = int((mined >= 0).sum())

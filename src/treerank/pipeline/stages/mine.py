@@ -1,4 +1,6 @@
-"""``mine:<dataset>:<part>``: BM25 hard negatives of a training split, in the stage's own dir.
+"""``mine:<dataset>:<part>``: BM25 hard negatives of a training split, in the stage's own dir;
+``denoise:<dataset>:<part>``: those negatives with the ones a cross-encoder scores as positives
+dropped (RocketQA, ``data.denoise``), in its own dir.
 
 One stage per distinct mining setting (sidecar array name, depth, and whether a model wants
 mined negatives always or only when the split has no graded negatives, ``auto``): models whose
@@ -11,13 +13,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from treerank.pipeline.identity import StageId
+from treerank.pipeline.stages.base import folder_identity
 from treerank.pipeline.stages.graph import Deps, RunContext, RunStage
-from treerank.pipeline.stages.outputs import EmbedOutput, MineOutput
-from treerank.tasks.train import ensure_mined_negatives
+from treerank.pipeline.stages.outputs import DenoiseOutput, EmbedOutput, MineOutput
+from treerank.tasks.train import ensure_denoised_negatives, ensure_mined_negatives
+from treerank.training.denoise import denoised_array, parse_denoise
 
-__all__ = ["MineSettings", "MineStage"]
+__all__ = ["DenoiseStage", "MineSettings", "MineStage"]
 
 
 @dataclass(frozen=True)
@@ -64,3 +69,42 @@ class MineStage(RunStage):
         view = deps.get(self.store, EmbedOutput).open().with_derived(d / "arrays")
         meta = ensure_mined_negatives(view, self.settings)
         return MineOutput(d / "arrays", self.settings.mined_array, meta)
+
+
+@dataclass(kw_only=True)
+class DenoiseStage(RunStage):
+    """Denoise the ``mine`` stage's negatives of ``store`` with ``data``'s cross-encoder into
+    ``<dir>/arrays/`` (:func:`~treerank.tasks.train.ensure_denoised_negatives`). Keyed on the
+    settings, the query sample and the cross-encoder folder's bytes."""
+
+    produces = DenoiseOutput
+    store: StageId
+    mine: StageId
+    data: Any  # a head's SamplerConfig (its mined_array, max_queries, sample_seed, denoise)
+
+    @classmethod
+    def make(cls, ctx: RunContext, store: StageId, mine: StageId, data: Any) -> DenoiseStage:
+        spec = parse_denoise(data.denoise)
+        assert spec is not None
+        name = denoised_array(str(data.mined_array), spec, data.max_queries, data.sample_seed)
+        sid = StageId.derived("denoise", store.dataset, f"{mine.part}-{name}")
+        inputs = {
+            **spec.to_dict(),
+            "scorer_folder": folder_identity(str(spec.path)),
+            "mined_array": str(data.mined_array),
+            "max_queries": data.max_queries,
+            "sample_seed": int(data.sample_seed),
+        }
+        return cls.of(ctx, sid, (store, mine), inputs, store=store, mine=mine, data=data)
+
+    def run(self, d: Path, deps: Deps) -> DenoiseOutput:
+        view = (
+            deps.get(self.store, EmbedOutput)
+            .open()
+            .with_derived(
+                arrays_write=d / "arrays", arrays_read=(deps.get(self.mine, MineOutput).arrays,)
+            )
+        )
+        meta = ensure_denoised_negatives(view, self.data, progress=self.ctx.progress)
+        assert meta is not None
+        return DenoiseOutput(d / "arrays", str(meta["array"]), meta)

@@ -22,6 +22,7 @@ from treerank.store import EmbeddingStore
 
 __all__ = [
     "CrossEncoderOutput",
+    "DenoiseOutput",
     "DiagnoseOutput",
     "EmbedOutput",
     "EvaluateOutput",
@@ -173,6 +174,15 @@ class MineOutput(Output):
     arrays: Path
     array: str
     meta: Mapping[str, object] | None
+
+
+@dataclass(frozen=True)
+class DenoiseOutput(MineOutput):
+    """A training split's mined negatives, denoised by a cross-encoder
+    (``denoise:<dataset>:<part>``; fields as :class:`MineOutput`'s, ``meta`` the counts and
+    cost of ``treerank.tasks.train.ensure_denoised_negatives``)."""
+
+    kind: ClassVar[str] = "denoise"
 
 
 @dataclass(frozen=True)
