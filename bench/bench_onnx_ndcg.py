@@ -107,7 +107,9 @@ def _cpu() -> dict[str, object]:
         (ln.split(":", 1)[1].strip() for ln in out.splitlines() if ln.startswith("Model name:")),
         "unknown",
     )
-    return {"model": model, "amx": "amx_bf16" in out}
+    flags = next((ln.split(":", 1)[1] for ln in out.splitlines() if ln.startswith("Flags:")), "")
+    simd = [f for f in flags.split() if f.startswith(("avx", "amx"))]
+    return {"model": model, "amx": "amx_bf16" in out, "flags": " ".join(simd)}
 
 
 def main() -> None:

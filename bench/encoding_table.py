@@ -149,9 +149,17 @@ def _has_amx(doc: dict[str, Any]) -> bool:
     return "amx_bf16" in doc.get("cpu", {}).get("Flags", "")
 
 
+def _simd_label(flags: str, amx: bool) -> str:
+    """``with AMX``, ``no AMX`` (AVX-512 without AMX) or ``AVX2 only, no AVX-512``: the classes
+    whose fastest path differs (issue 34's targets)."""
+    if amx:
+        return "with AMX"
+    return "no AMX" if "avx512f" in flags.split() else "AVX2 only, no AVX-512"
+
+
 def _cpu_label(doc: dict[str, Any]) -> str:
-    model = doc.get("cpu", {}).get("Model name", "?")
-    return f"{model}, {'with' if _has_amx(doc) else 'no'} AMX"
+    cpu = doc.get("cpu", {})
+    return f"{cpu.get('Model name', '?')}, {_simd_label(cpu.get('Flags', ''), _has_amx(doc))}"
 
 
 def render_targets(docs: list[dict[str, Any]]) -> str:
@@ -177,6 +185,7 @@ NDCG_FILES = (  # results file, label of the reduced store in it, cosine key
     ("scifact_bf16_ndcg.json", "torch-bf16", "bf16"),
     ("scifact_bf16_ndcg_amx.json", "torch-bf16", "bf16"),
     ("scifact_int8_ndcg.json", "onnx-int8", "int8"),
+    ("scifact_int8_ndcg_avx2.json", "onnx-int8", "int8"),
 )
 
 
@@ -253,7 +262,9 @@ def render() -> str:
     for name, label, prec in NDCG_FILES:
         nd = _load(name)
         cpu = (nd or {}).get("cpu")  # recorded since the AMX run; the earlier files: AMD EPYC
-        where = f"{cpu['model']}, {'with' if cpu['amx'] else 'no'} AMX" if cpu else "AMD EPYC"
+        where = (
+            f"{cpu['model']}, {_simd_label(cpu.get('flags', ''), cpu['amx'])}" if cpu else "AMD EPYC"
+        )
         parts.append(
             f"### Retrieval quality of {label}, {where}\n\n"
             + (render_ndcg(nd, label, prec) if nd else "_not measured yet_")

@@ -18,8 +18,25 @@ if [ ! -f stores/squad/dev/meta.json ]; then
   "$TR" embed ../shared/data/squad-v1.1/squad-v1.1.zip -f beir --split train --split dev \
     -o stores/squad --backend torch --precision fp32 --threads "$THREADS"
 fi
-SQUAD=stores/squad THREADS=$THREADS ONLY_TRAIN=1 bash scripts/ce_squad_cpu.sh
+# the teacher: the finished cross-encoder, or with TEACHER_STEP=N its step-N checkpoint (a CPU
+# budget: the model at step N of the 1,200-step schedule, its learning rate not yet decayed)
+TEACHER=runs/ce-squad/teacher
+if [ -n "${TEACHER_STEP:-}" ]; then
+  SRC=runs/ce-squad/ce/checkpoints/checkpoint-$TEACHER_STEP
+  [ -f "$SRC/model.safetensors" ] || { echo "no $SRC: train until step $TEACHER_STEP" >&2; exit 1; }
+else
+  SQUAD=stores/squad THREADS=$THREADS ONLY_TRAIN=1 bash scripts/ce_squad_cpu.sh
+  SRC=runs/ce-squad/ce/model
+fi
+if [ ! -f "$TEACHER/model.safetensors" ]; then
+  rm -rf "$TEACHER.tmp" && mkdir -p "$TEACHER.tmp"
+  for f in "$SRC"/*; do  # the model's files, not the trainer's optimizer state
+    case "$(basename "$f")" in optimizer.pt|scheduler.pt|rng_state.pth|training_args.bin) ;;
+      *) cp -r "$f" "$TEACHER.tmp/" ;; esac
+  done
+  mv "$TEACHER.tmp" "$TEACHER"
+fi
 OMP_NUM_THREADS=$THREADS /usr/bin/time -v -o runs/distill-squad.time \
   "$TR" run configs/distill_squad.yaml 2>&1 | tee runs/distill-squad.log
 .venv/bin/python scripts/experiments/distill_squad_report.py runs/distill-squad/eval/squad \
-  runs/ce-squad/ce "${RESULT:-docs/results/distill_squad.json}"
+  "$TEACHER" "${RESULT:-docs/results/distill_squad.json}"

@@ -48,3 +48,24 @@ def test_cross_encoder_page_quotes_the_denoise_audit(path: Path) -> None:
     quoted += [f"| {doc['queries_with_flag']} |", f"| {doc['labelled_flagged']} |"]
     missing = [q for q in quoted if q not in text]
     assert not missing, f"docs/cross_encoder.md lacks {missing} from {path.name}"
+
+
+DISTILL = REPO / "docs" / "results" / "distill_squad.json"
+
+
+@pytest.mark.skipif(not DISTILL.is_file(), reason="no distillation result yet")
+def test_cross_encoder_page_quotes_the_distillation_tables() -> None:
+    """The page holds the tables ``scripts/experiments/distill_squad_report.py`` renders from
+    docs/results/distill_squad.json, line for line."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "distill_report", REPO / "scripts" / "experiments" / "distill_squad_report.py"
+    )
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    doc = json.loads(DISTILL.read_text(encoding="utf-8"))
+    text = (REPO / "docs" / "cross_encoder.md").read_text(encoding="utf-8")
+    missing = [ln for ln in mod.table(doc).splitlines() if ln and ln not in text]
+    assert not missing, f"docs/cross_encoder.md lacks {missing} from {DISTILL.name}"

@@ -1,10 +1,11 @@
 """Assemble docs/results/distill_squad.json from a ``treerank run configs/distill_squad.yaml``.
 
-Usage: distill_squad_report.py EVAL_DIR CE_RUN OUT.json
+Usage: distill_squad_report.py EVAL_DIR TEACHER OUT.json
 
 EVAL_DIR is the run's evaluation stage directory (``results.json``, ``per_query.jsonl``,
-``runs/*.trec``); CE_RUN the cross-encoder's ``treerank finetune`` directory (its
-``results.json``: training cost). The paired tests the issue asks for are made here on the
+``runs/*.trec``); TEACHER the cross-encoder folder the run read (a checkpoint's
+``trainer_state.json`` gives its step; ``TEACHER/../teacher-eval/results.json``, when present, its
+own rerank of BM25 on a dev sample). The paired tests the issue asks for are made here on the
 per-query values the run wrote (treerank's randomization test and bootstrap CI): distill
 against labels (its binary-label twin) and denoised against bm25neg (the raw-negatives twin),
 beside every system against cosine and BM25 from ``results.json``. Every reported metric is
@@ -30,7 +31,13 @@ from treerank.evaluation.significance import compare_paired
 ZIP = (
     Path(__file__).resolve().parents[2].parent / "shared" / "data" / "squad-v1.1" / "squad-v1.1.zip"
 )
-PAIRS = (("distill", "labels"), ("denoised", "bm25neg"), ("labels-all", "labels"))
+PAIRS = (
+    ("distill", "labels"),
+    ("distill-kl", "labels"),
+    ("denoised", "bm25neg"),
+    ("bm25neg", "labels"),
+    ("labels-all", "labels"),
+)
 MEASURES = {
     "ndcg@10": ir_measures.nDCG @ 10,
     "mrr@10": ir_measures.RR @ 10,
@@ -85,7 +92,26 @@ def main(eval_dir: Path, ce_run: Path, out: Path) -> None:
             keys = ("mean_system", "mean_baseline", "delta", "p_randomization")
             keys += ("ci_low", "ci_high", "wins", "losses", "n")
             pairs[f"{a} vs {b}"] = {m: {k: getattr(v, k) for k in keys} for m, v in t.items()}
-    ce = json.loads((ce_run / "results.json").read_text(encoding="utf-8"))
+    teacher: dict[str, Any] = {"folder": str(ce_run)}
+    state = ce_run / "trainer_state.json"  # a checkpoint: the step it was taken at
+    if state.is_file():
+        st = json.loads(state.read_text(encoding="utf-8"))
+        losses = [h["loss"] for h in st.get("log_history", []) if "loss" in h]
+        teacher.update(step=st["global_step"], max_steps=st["max_steps"])
+        # the training loss over the last 50 logged steps (listwise over 1 + 3: chance ln 4)
+        teacher["train_loss_last_50"] = float(np.mean(losses[-50:])) if losses else None
+    rerank = ce_run.parent / "teacher-eval" / "results.json"  # its own rerank of a dev sample
+    if rerank.is_file():
+        ev = json.loads(rerank.read_text(encoding="utf-8"))
+        name = next(s for s in ev["systems"] if s.startswith("rescore:"))
+        teacher["rerank_dev_sample"] = {
+            "sample": ev["settings"].get("sample"),
+            "ndcg@10": {s: r["mean"]["ndcg@10"] for s, r in ev["systems"].items()},
+            "vs_bm25": {
+                k: ev["tests"]["bm25"][name]["ndcg@10"][k]
+                for k in ("delta", "p_randomization", "ci_low", "ci_high")
+            },
+        }
     doc = {
         "issue": 32,
         "what": "linear heads on frozen MiniLM vectors trained on the same seeded 1,000 SQuAD "
@@ -110,10 +136,38 @@ def main(eval_dir: Path, ce_run: Path, out: Path) -> None:
             for b, by in res.get("tests", {}).items()
         },  # fmt: skip
         "paired": pairs,
-        "cross_encoder": {"cost": ce.get("cost"), "steps": ce.get("training", {}).get("steps")},
+        "teacher": teacher,
     }
     atomic_write_json(out, doc, indent=1)
-    print(json.dumps({"systems": systems, "paired": pairs}, indent=1, default=str))
+    print(table(doc))
+
+
+def table(doc: dict[str, Any]) -> str:
+    """The page's two tables: every system's means (and its delta to cosine, the heads'
+    untrained twin), then each paired comparison the experiment is for (nDCG@10)."""
+    vs_cos = doc["paired_vs_baselines"].get("cosine", {})
+    lines = [
+        "| system | nDCG@10 | MRR@10 | R@100 | nDCG@10 vs cosine (95% CI) | p |",
+        "|---|---:|---:|---:|---|---:|",
+    ]
+    for s, m in doc["systems"].items():
+        t = vs_cos.get(s, {}).get("ndcg@10")
+        cmp = f"{t['delta']:+.4f} ({t['ci_low']:+.4f} .. {t['ci_high']:+.4f})" if t else ""
+        p = f"{t['p_randomization']:.4f}" if t else ""
+        lines.append(
+            f"| {s} | {m['ndcg@10']:.4f} | {m['mrr@10']:.4f} | {m['recall@100']:.4f} "
+            f"| {cmp} | {p} |"
+        )
+    lines += ["", "| comparison (nDCG@10) | system | twin | delta (95% CI) | p | wins / losses |"]
+    lines.append("|---|---:|---:|---|---:|---:|")
+    for name, by in doc["paired"].items():
+        t = by["ndcg@10"]
+        lines.append(
+            f"| {name} | {t['mean_system']:.4f} | {t['mean_baseline']:.4f} | "
+            f"{t['delta']:+.4f} ({t['ci_low']:+.4f} .. {t['ci_high']:+.4f}) | "
+            f"{t['p_randomization']:.4f} | {t['wins']} / {t['losses']} |"
+        )
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
