@@ -262,9 +262,8 @@ def render() -> str:
     for name, label, prec in NDCG_FILES:
         nd = _load(name)
         cpu = (nd or {}).get("cpu")  # recorded since the AMX run; the earlier files: AMD EPYC
-        where = (
-            f"{cpu['model']}, {_simd_label(cpu.get('flags', ''), cpu['amx'])}" if cpu else "AMD EPYC"
-        )
+        simd = _simd_label(cpu.get("flags", ""), cpu["amx"]) if cpu else ""
+        where = f"{cpu['model']}, {simd}" if cpu else "AMD EPYC"
         parts.append(
             f"### Retrieval quality of {label}, {where}\n\n"
             + (render_ndcg(nd, label, prec) if nd else "_not measured yet_")
