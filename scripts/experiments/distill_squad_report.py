@@ -27,6 +27,7 @@ import numpy as np
 
 from treerank.atomic import atomic_write_json
 from treerank.evaluation.significance import compare_paired
+from treerank.names import file_name
 
 ZIP = (
     Path(__file__).resolve().parents[2].parent / "shared" / "data" / "squad-v1.1" / "squad-v1.1.zip"
@@ -74,11 +75,10 @@ def main(eval_dir: Path, ce_run: Path, out: Path) -> None:
     qrels = _qrels()
     checked = {}
     for s in systems:
-        runs = sorted((eval_dir / "runs").glob("*.trec"))
-        match = [p for p in runs if p.stem == s or p.stem.startswith(s.replace(":", "_"))]
-        if not match:
+        path = eval_dir / "runs" / f"{file_name(s)}.trec"  # the name compare_systems gave it
+        if not path.is_file():
             continue
-        run = list(ir_measures.read_trec_run(str(match[0])))
+        run = list(ir_measures.read_trec_run(str(path)))
         agg = ir_measures.calc_aggregate(list(MEASURES.values()), qrels, run)
         for m, meas in MEASURES.items():
             if m in systems[s]:
@@ -138,6 +138,27 @@ def main(eval_dir: Path, ce_run: Path, out: Path) -> None:
         "paired": pairs,
         "teacher": teacher,
     }
+    run_dir = eval_dir.parents[1]  # <output_dir>/eval/<dataset>
+    doc["training"] = {}
+    for st in sorted((run_dir / "models").glob("*/*/stage.json")):
+        summ = json.loads(st.read_text(encoding="utf-8"))["summary"]["summary"]
+        doc["training"][st.parent.name] = {
+            "steps": summ["steps"],
+            "best_step": summ["best_step"],
+            "kept_initialisation": summ["kept_initialisation"],
+            "heldout_best": summ["best_metrics"],
+            "sampled_queries": summ["sampler"].get("sampled_queries"),
+            "seconds": summ["seconds"],
+        }
+    for kind in ("denoise", "teacher"):
+        for st in sorted((run_dir / kind).glob("*/*/stage.json")):
+            rec = json.loads(st.read_text(encoding="utf-8"))
+            entry: dict[str, Any] = {"stage": rec["name"], "seconds": rec["seconds"]}
+            if kind == "denoise":
+                meta = rec["summary"]["meta"]
+                keep = ("queries", "scorer_pairs", "negatives", "flagged", "share")
+                entry.update({k: meta[k] for k in (*keep, "queries_with_flag", "kept", "cost")})
+            doc[f"{kind}_stage"] = entry
     atomic_write_json(out, doc, indent=1)
     print(table(doc))
 
@@ -166,6 +187,13 @@ def table(doc: dict[str, Any]) -> str:
             f"| {name} | {t['mean_system']:.4f} | {t['mean_baseline']:.4f} | "
             f"{t['delta']:+.4f} ({t['ci_low']:+.4f} .. {t['ci_high']:+.4f}) | "
             f"{t['p_randomization']:.4f} | {t['wins']} / {t['losses']} |"
+        )
+    lines += ["", "| head | steps | best step | kept its initialisation | held-out nDCG@10 |"]
+    lines.append("|---|---:|---:|---|---:|")
+    for name, t in doc.get("training", {}).items():
+        lines.append(
+            f"| {name} | {t['steps']} | {t['best_step']} | "
+            f"{'yes' if t['kept_initialisation'] else 'no'} | {t['heldout_best']['ndcg@10']:.4f} |"
         )
     return "\n".join(lines)
 
