@@ -120,3 +120,39 @@ def test_a_denoise_stage_sits_between_mining_and_training(
         assert not {n for n in changed if n.startswith(("embed:", "mine:"))}
     finally:
         _writable(store)
+
+
+def test_treerank_train_denoises_into_the_store_and_reports_it(
+    mybeir: Path,  # noqa: F811
+    ce_dir: Path,
+    tmp_path: Path,
+) -> None:
+    """Standalone ``treerank train``: the mined and the denoised arrays are store sidecars (as
+    mining always was), and the summary table has a ``denoised negatives`` row."""
+    from typer.testing import CliRunner
+
+    from treerank.cli.main import app
+
+    store = tmp_path / "train"
+    shutil.copytree(mybeir / "train", store, ignore=shutil.ignore_patterns("arrays", ".lock"))
+    cfg = tmp_path / "lin.yaml"
+    data = {
+        "batch_size": 4,
+        "n_hard": 1,
+        "hard_negatives": "mined",
+        "mine_depth": 10,
+        "guard_skip_top": 0,
+        "denoise": {"scorer": f"ce:{ce_dir}", "depth": 3},
+    }
+    doc = {"seed": 0, "data": data, "trainer": {"max_steps": 2, "epochs": 1, "threads": 1},
+           "validation": {"fraction": 0.0}}  # fmt: skip
+    cfg.write_text(yaml.safe_dump(doc), encoding="utf-8")
+    args = ["train", "-m", "linear", "-c", str(cfg), "-s", str(store), "-o", str(tmp_path / "o")]
+    res = CliRunner().invoke(app, [*args, "--no-progress"])
+    assert res.exit_code == 0, res.output
+    assert "denoised negatives" in res.output and "queries scored" in res.output
+    names = sorted(p.name for p in (store / "arrays").glob("*.npy"))
+    assert names[0] == "bm25_negatives-denoised-" + names[0].split("-denoised-")[1]
+    assert names[1] == "bm25_negatives.npy"
+    arr = np.load(store / "arrays" / names[0])
+    assert arr.shape == (EmbeddingStore.open(store).n_queries, 3)

@@ -96,6 +96,9 @@ def train(
     table.add_row("training queries", str(s.get("training_queries", "?")))
     table.add_row("positive pairs", str(s.get("positive_pairs", "?")))
     table.add_row("held-out queries", str(res.heldout_rows.size))
+    if dn := s.get("denoised_negatives"):  # data.denoise: what the cross-encoder flagged
+        flagged = f"{dn['flagged']:,} of {dn['negatives']:,} ({dn['share']:.2%}) dropped"
+        table.add_row("denoised negatives", f"{flagged}; {dn['queries']:,} queries scored")
     if s.get("split_groups"):
         table.add_row("split groups", str(s["split_groups"]))
     for k, v in (s.get("best_metrics") or {}).items():
