@@ -37,15 +37,14 @@ def ce_dir(mybeir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:  # n
     return train_cross_encoder(st, cfg, out, mined=mine_bm25_negatives(st, 10)).model_dir
 
 
+def _data(ce: Path) -> dict[str, object]:
+    """A linear head's data section: one BM25 negative of the first 3, denoised by ``ce``."""
+    return {"batch_size": 4, "n_hard": 1, "hard_negatives": "mined", "mine_depth": 10,
+            "guard_skip_top": 0, "denoise": {"scorer": f"ce:{ce}", "depth": 3}}  # fmt: skip
+
+
 def _write(tmp: Path, store: Path, ce: Path) -> Path:
-    data = {
-        "batch_size": 4,
-        "n_hard": 1,
-        "hard_negatives": "mined",
-        "mine_depth": 10,
-        "guard_skip_top": 0,
-        "denoise": {"scorer": f"ce:{ce}", "depth": 3},
-    }
+    data = _data(ce)
     raw = {
         "name": "dn",
         "datasets": [{"name": "my", "store": str(store), "train_split": "train",
@@ -136,14 +135,7 @@ def test_treerank_train_denoises_into_the_store_and_reports_it(
     store = tmp_path / "train"
     shutil.copytree(mybeir / "train", store, ignore=shutil.ignore_patterns("arrays", ".lock"))
     cfg = tmp_path / "lin.yaml"
-    data = {
-        "batch_size": 4,
-        "n_hard": 1,
-        "hard_negatives": "mined",
-        "mine_depth": 10,
-        "guard_skip_top": 0,
-        "denoise": {"scorer": f"ce:{ce_dir}", "depth": 3},
-    }
+    data = _data(ce_dir)
     doc = {"seed": 0, "data": data, "trainer": {"max_steps": 2, "epochs": 1, "threads": 1},
            "validation": {"fraction": 0.0}}  # fmt: skip
     cfg.write_text(yaml.safe_dump(doc), encoding="utf-8")
