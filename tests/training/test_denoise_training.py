@@ -173,3 +173,22 @@ def test_bad_denoise_settings_are_refused_naming_the_key(data: dict[str, Any], m
     raw = {"hard_negatives": "mined", "n_hard": 1, **data}
     with pytest.raises(ConfigError, match=match):
         parse_linear_config({"data": raw})
+
+
+def test_a_sampled_head_counts_only_its_sample_as_training_queries(
+    store: EmbeddingStore, tmp_path: Path
+) -> None:
+    from treerank.tasks.train import train_model
+
+    cfg = {
+        "seed": 0,
+        "data": {"batch_size": 2, "n_hard": 0, "max_queries": 4, "sample_seed": 3},
+        "trainer": {"max_steps": 1, "epochs": 1, "threads": 1},
+        "validation": {"fraction": 0.0},
+    }
+    res = train_model("linear", store, cfg, tmp_path / "m", progress=False)
+    rows, _, _ = _labelled(store)
+    sample = sample_rows(store.n_queries, 4, 3)
+    assert sample is not None
+    assert res.summary["training_queries"] == np.intersect1d(rows, sample).size
+    assert res.summary["sampler"]["sampled_queries"] == 4

@@ -33,6 +33,7 @@ from treerank.search.specs import BuildContext, build_system
 from treerank.store.view import QuerySubset
 from treerank.storelike import StoreLike
 from treerank.training.audit import DEFAULT_MAX_RATE, AuditCurve, false_negative_curve
+from treerank.training.cross_encoder import DenoiseResult
 
 __all__ = [
     "DEFAULT_RELATIVE_MARGIN",
@@ -237,7 +238,7 @@ def score_and_denoise(
     relative_margin: float | None = DEFAULT_RELATIVE_MARGIN,
     n_examples: int = 10,
     progress: bool = False,
-) -> tuple[np.ndarray, Any, int]:
+) -> tuple[np.ndarray, DenoiseResult, int]:
     """Score a ranking's first ``depth`` negatives per query and each query's labelled
     positives with a cross-encoder, then flag (RocketQA) with
     :func:`treerank.training.cross_encoder.denoise_negatives`.

@@ -34,6 +34,8 @@ from treerank.kernels.vectors import ROW_CHUNK
 from treerank.lock import writer_lock
 from treerank.search.systems import SystemHook
 from treerank.storelike import StoreLike, Vectors
+from treerank.training.data import sample_rows
+from treerank.training.heads import SamplerConfig
 from treerank.training.history import TrainingLog
 from treerank.training.holdout import (
     HoldoutError,
@@ -271,7 +273,6 @@ def ensure_denoised_negatives(
     import time
 
     from treerank.diagnostics.false_negatives import score_and_denoise
-    from treerank.training.data import sample_rows
     from treerank.training.denoise import denoised_array, parse_denoise
 
     spec = parse_denoise(data.denoise)
@@ -557,6 +558,9 @@ def _train_model(
     except HoldoutError as exc:
         raise ConfigError(f"{where}: validation: {exc}") from None
     rel = (cand >= 0) & (lab >= int(store.relevance_threshold))
+    if isinstance(cfg.data, SamplerConfig):  # data.max_queries: a seeded sample is trained on
+        sample = sample_rows(int(store.n_queries), cfg.data.max_queries, cfg.data.sample_seed)
+        train_rows = train_rows if sample is None else np.intersect1d(train_rows, sample)
     accounting = training_accounting(rel, has_rel, train_rows, held, counts)
     validate = make_validator(store, held, vcfg, seed, device) if held.size else None
     with main_first():  # under torchrun rank 0 mines / writes sidecars, the others read them
