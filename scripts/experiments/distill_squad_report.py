@@ -139,6 +139,12 @@ def main(eval_dir: Path, ce_run: Path, out: Path) -> None:
         "teacher": teacher,
     }
     run_dir = eval_dir.parents[1]  # <output_dir>/eval/<dataset>
+    timing = run_dir.parent / f"{run_dir.name}.time"  # /usr/bin/time -v of `treerank run`
+    if timing.is_file():
+        sys.path.insert(0, str(Path(__file__).parent))
+        from ce_squad_report import _time_file  # the same parse as the cross-encoder report
+
+        doc["cost_command"] = _time_file(timing)
     doc["training"] = {}
     for st in sorted((run_dir / "models").glob("*/*/stage.json")):
         summ = json.loads(st.read_text(encoding="utf-8"))["summary"]["summary"]
@@ -195,6 +201,9 @@ def table(doc: dict[str, Any]) -> str:
             f"| {name} | {t['steps']} | {t['best_step']} | "
             f"{'yes' if t['kept_initialisation'] else 'no'} | {t['heldout_best']['ndcg@10']:.4f} |"
         )
+    if cost := doc.get("cost_command"):
+        run = f"`treerank run` (all stages): {cost['cpu_seconds']:,.0f} CPU-s, "
+        lines += ["", run + f"{cost['wall_clock']} wall, {cost['peak_rss_mib']:,.0f} MiB peak RSS."]
     return "\n".join(lines)
 
 
