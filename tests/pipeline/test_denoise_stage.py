@@ -148,3 +148,82 @@ def test_treerank_train_denoises_into_the_store_and_reports_it(
     assert names[1] == "bm25_negatives.npy"
     arr = np.load(store / "arrays" / names[0])
     assert arr.shape == (EmbeddingStore.open(store).n_queries, 3)
+
+
+def _finetune_entry(ce: Path) -> dict[str, object]:
+    """A query-tower fine-tune on in-batch + one BM25 negative of the first 3, denoised by
+    ``ce`` with the head's settings (so the two share one denoise stage)."""
+    data = {**_data(ce), "negatives": "in-batch"}
+    return {"family": "query-tower", "seed": 0, "data": data,
+            "trainer": {"max_steps": 2, "save_steps": 1, "threads": 1},
+            "validation": {"fraction": 0}}  # fmt: skip
+
+
+def test_an_encoder_finetune_trains_on_the_same_denoised_pool_as_a_head(
+    mybeir: Path,  # noqa: F811
+    ce_dir: Path,
+    tmp_path: Path,
+) -> None:
+    """Issue 32 item 3 for encoders: a ``finetune:`` entry's ``data.denoise`` adds the same
+    ``denoise:`` stage a head's does (one stage for both when the settings agree); the fine-tune
+    depends on it, trains on its array and reports its counts; the store is only read."""
+    store = tmp_path / "store"
+    shutil.copytree(mybeir, store, ignore=shutil.ignore_patterns("arrays", "pseudo*", ".lock"))
+    _read_only(store)
+    before = _snapshot(store)
+    out = tmp_path / "out"
+    try:
+        exp = _write(tmp_path, store, ce_dir)
+        raw = yaml.safe_load(exp.read_text(encoding="utf-8"))
+        raw["finetune"] = {"qt": _finetune_entry(ce_dir)}
+        exp.write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
+        cfg = load_experiment(exp, output_dir=out)
+        edges = plan_experiment(cfg).edges()
+        (dn,) = [n for n in edges if n.startswith("denoise:")]  # shared by the head and qt
+        assert edges["finetune:my:qt"] == ["embed:my:train", MINE, dn]
+        assert edges["train:my:lin"] == ["embed:my:train", MINE, dn]
+        res = run_experiment(cfg, progress=False, log=lambda s: None)
+        status = {r.name: r.status for r in res.stages}
+        assert status[dn] == status["finetune:my:qt"] == "ran"
+        meta = json.loads(next(out.glob("**/denoise*/**/stage.json")).read_text(encoding="utf-8"))[
+            "summary"
+        ]["meta"]
+        ft = json.loads((out / "finetune" / "my" / "qt" / "stage.json").read_text("utf-8"))
+        got = ft["summary"]["summary"]["denoised_negatives"]
+        assert got["array"] == meta["array"] and got["flagged"] == meta["flagged"]
+        assert got["scorer_fingerprint"] == meta["scorer_fingerprint"]
+        assert _snapshot(store) == before
+    finally:
+        _writable(store)
+
+
+def test_treerank_finetune_denoises_into_its_output_folder(
+    mybeir: Path,  # noqa: F811
+    ce_dir: Path,
+    tmp_path: Path,
+) -> None:
+    """Standalone ``treerank finetune``: the mined and the denoised arrays go into
+    ``OUT/arrays`` (the store is only read), and results.json's training summary holds the
+    denoising's counts and cost."""
+    from typer.testing import CliRunner
+
+    from treerank.cli.main import app
+
+    store = tmp_path / "store"
+    shutil.copytree(mybeir, store, ignore=shutil.ignore_patterns("arrays", "pseudo*", ".lock"))
+    before = _snapshot(store)
+    cfg = tmp_path / "qt.yaml"
+    cfg.write_text(yaml.safe_dump(_finetune_entry(ce_dir)), encoding="utf-8")
+    out = tmp_path / "o"
+    res = CliRunner().invoke(app, ["finetune", str(cfg), "--store", str(store), "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    names = sorted(p.name for p in (out / "arrays").glob("*.npy"))
+    assert len(names) == 2 and names[1] == "bm25_negatives.npy"
+    assert names[0].startswith("bm25_negatives-denoised-")
+    doc = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    dn = doc["training"]["denoised_negatives"]
+    assert dn["array"] == names[0].removesuffix(".npy")
+    assert dn["negatives"] == dn["kept"] + dn["flagged"] and dn["cost"]["cpu_seconds"] > 0
+    arr = np.load(out / "arrays" / names[0])
+    assert arr.shape == (EmbeddingStore.open(store / "train").n_queries, 3)
+    assert _snapshot(store) == before

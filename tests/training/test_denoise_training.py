@@ -79,9 +79,9 @@ def test_flagged_negatives_leave_the_pool_and_positives_never_do(store: Embeddin
     table[(qt[rows[0]], pt[first[0][1]])] = 9.6
     table[(qt[rows[1]], pt[first[1][0]])] = 9.4
     scorer = _Table(table, -5.0, "w1")
-    meta = ensure_denoised_negatives(store, data, scorer=scorer, progress=False)
+    meta = ensure_denoised_negatives(store, data.denoise_job(), scorer=scorer, progress=False)
     assert meta is not None
-    name = denoised_array(data.mined_array, parse_denoise(data.denoise), None, 0)  # type: ignore[arg-type]
+    name = data.denoise_job().array
     assert meta["array"] == name and store.has_array(name)
     n_neg = sum(len(f) for f in first)
     n_pos = int(((cand[rows] >= 0) & (lab[rows] >= 1)).sum())
@@ -104,7 +104,7 @@ def test_flagged_negatives_leave_the_pool_and_positives_never_do(store: Embeddin
     # every pair scoring 100 with threshold 0 flags every negative; no labelled passage moves
     all_pos = _Table({}, 100.0, "w2")
     data0 = _data(denoise={"scorer": "ce:/nowhere", "depth": 3, "threshold": 0.0})
-    meta0 = ensure_denoised_negatives(store, data0, scorer=all_pos, progress=False)
+    meta0 = ensure_denoised_negatives(store, data0.denoise_job(), scorer=all_pos, progress=False)
     assert meta0 is not None and meta0["flagged"] == meta0["negatives"] == n_neg
     assert meta0["kept"] == 0
 
@@ -115,13 +115,13 @@ def test_an_array_is_reused_for_the_same_weights_and_rescored_for_others(
     data = _data()
     mine_bm25_negatives(store, 10, name=data.mined_array)
     first = _Table({}, -5.0, "w1")
-    a = ensure_denoised_negatives(store, data, scorer=first, progress=False)
+    a = ensure_denoised_negatives(store, data.denoise_job(), scorer=first, progress=False)
     calls = first.calls
     assert calls > 0
-    b = ensure_denoised_negatives(store, data, scorer=first, progress=False)
+    b = ensure_denoised_negatives(store, data.denoise_job(), scorer=first, progress=False)
     assert first.calls == calls and a == b  # reused: nothing scored again
     other = _Table({}, -5.0, "w2")  # other weights: scored again
-    ensure_denoised_negatives(store, data, scorer=other, progress=False)
+    ensure_denoised_negatives(store, data.denoise_job(), scorer=other, progress=False)
     assert other.calls == calls
 
 
@@ -129,7 +129,9 @@ def test_a_query_sample_scores_and_trains_only_its_rows(store: EmbeddingStore) -
     rule = {"scorer": "ce:/nowhere", "depth": 3, "threshold": 100.0, "relative_margin": None}
     data = _data(max_queries=4, sample_seed=3, denoise=rule)  # nothing scores 100: all kept
     mine_bm25_negatives(store, 10, name=data.mined_array)
-    meta = ensure_denoised_negatives(store, data, scorer=_Table({}, -5.0, "w"), progress=False)
+    meta = ensure_denoised_negatives(
+        store, data.denoise_job(), scorer=_Table({}, -5.0, "w"), progress=False
+    )
     sample = sample_rows(store.n_queries, 4, 3)
     assert sample is not None and sample.size == 4
     rows, _, _ = _labelled(store)
@@ -142,15 +144,20 @@ def test_a_query_sample_scores_and_trains_only_its_rows(store: EmbeddingStore) -
     assert info["sampled_queries"] == 4
     assert set(sampler.query_rows.tolist()) <= set(kept_rows.tolist())
     # the name changes with the sample, so two samples never share an array
-    assert meta["array"] != denoised_array(data.mined_array, parse_denoise(data.denoise), None, 0)  # type: ignore[arg-type]
+    spec = parse_denoise(data.denoise)
+    assert spec is not None and meta["array"] != denoised_array(data.mined_array, spec, None, 0)
 
 
 def test_no_denoise_section_is_a_no_op_and_a_missing_array_is_named(
     store: EmbeddingStore,
 ) -> None:
-    assert ensure_denoised_negatives(store, _data(denoise=None), progress=False) is None
+    assert (
+        ensure_denoised_negatives(store, _data(denoise=None).denoise_job(), progress=False) is None
+    )
     with pytest.raises(ValueError, match="no mined array 'bm25_negatives' to denoise"):
-        ensure_denoised_negatives(store, _data(), scorer=_Table({}, 0.0, "w"), progress=False)
+        ensure_denoised_negatives(
+            store, _data().denoise_job(), scorer=_Table({}, 0.0, "w"), progress=False
+        )
     mine_bm25_negatives(store, 10, name="bm25_negatives")
     with pytest.raises(ValueError, match="-denoised-.*ensure_denoised_negatives"):
         build_sampler(store, _data(), seed=0)
@@ -192,3 +199,65 @@ def test_a_sampled_head_counts_only_its_sample_as_training_queries(
     assert sample is not None
     assert res.summary["training_queries"] == np.intersect1d(rows, sample).size
     assert res.summary["sampler"]["sampled_queries"] == 4
+
+
+def test_an_encoder_finetune_batches_only_the_denoised_pool(store: EmbeddingStore) -> None:
+    """A fine-tune's ``data.denoise`` (issue 32 item 3 for encoders): the job names the split's
+    mined array, and the batch plan draws hard negatives only from what the cross-encoder kept
+    (a flagged negative never appears, over 30 epochs of draws)."""
+    from treerank.training.finetune import plan_batches
+    from treerank.training.finetune_config import parse_finetune_config
+
+    dn = {"scorer": "ce:/nowhere", "depth": 3, "relative_margin": 0.05}
+    cfg = parse_finetune_config(
+        {"family": "query-tower", "seed": 0,
+         "data": {"batch_size": 2, "epochs": 30, "hard_negatives": "mined", "n_hard": 1,
+                  "mine_depth": 10, "guard_skip_top": 0, "negatives": "in-batch",
+                  "denoise": dn}}
+    )  # fmt: skip
+    job = cfg.data.denoise_job()
+    assert job is not None and job.mined_array == "bm25_negatives" and job.max_queries is None
+    mine_bm25_negatives(store, 10, name=job.mined_array)
+    mined = np.asarray(store.load_array(job.mined_array))
+    rows, cand, lab = _labelled(store)
+    qt, pt = store.query_texts(), store.passage_texts()
+    first = mined[rows[0]][mined[rows[0]] >= 0][:3]
+    pos = {
+        (qt[r], pt[p]): 10.0
+        for r in rows
+        for p, g in zip(cand[r], lab[r], strict=True)
+        if p >= 0 and g >= 1
+    }
+    scorer = _Table({**pos, (qt[rows[0]], pt[first[0]]): 9.9}, -5.0, "w")
+    meta = ensure_denoised_negatives(store, job, scorer=scorer, progress=False)
+    assert meta is not None and meta["flagged"] == 1
+    pool = np.asarray(store.load_array(job.array))
+    plan = plan_batches(store, cfg, mined=pool)
+    assert plan.hard.shape[1] == 1
+    for q, h in zip(plan.query_rows, plan.hard[:, 0], strict=True):
+        assert h == -1 or h in set(pool[q][pool[q] >= 0].tolist())
+    drawn = plan.hard[plan.query_rows == rows[0], 0]
+    assert first[0] not in drawn and (drawn >= 0).all()
+    # without the denoising the raw pool's first negative is drawn for that query
+    raw = plan_batches(store, cfg, mined=mined[:, :3])
+    assert first[0] in raw.hard[raw.query_rows == rows[0], 0]
+
+
+@pytest.mark.parametrize(
+    ("data", "match"),
+    [
+        ({"denoise": {"scorer": "ce:/x"}}, "denoise needs hard_negatives: mined"),
+        (
+            {"hard_negatives": "mined", "n_hard": 0, "denoise": {"scorer": "ce:/x"}},
+            "denoise needs hard_negatives: mined and n_hard >= 1",
+        ),
+        ({"hard_negatives": "mined", "denoise": {"scorer": "x"}}, "expected ce:<cross-encoder"),
+        ({"hard_negatives": "mined", "denoise": {"scorer": "ce:/x", "top": 3}}, "top"),
+    ],
+)
+def test_a_finetune_refuses_a_bad_denoise_section(data: dict[str, Any], match: str) -> None:
+    from treerank.training.finetune_config import parse_finetune_config
+
+    with pytest.raises(ConfigError, match=match) as err:
+        parse_finetune_config({"family": "biencoder", "data": data}, "ft.yaml")
+    assert "ft.yaml.data" in str(err.value)

@@ -74,6 +74,7 @@ from treerank.pipeline.validate import validate_experiment
 from treerank.search.negatives import MINED_NEGATIVES_ARRAY
 from treerank.store import EmbeddingStore
 from treerank.tasks.train import training_sources
+from treerank.training.heads import SamplerConfig
 
 __all__ = [
     "EVALUATE_OUTPUTS",
@@ -247,8 +248,9 @@ def _derived_stages(
             )
             mine = _add_shared(graph, MineStage.make(ctx, store, ms))
             out.append(mine)
-            if data.denoise is not None:  # RocketQA: after the mining (a SamplerConfig)
-                out.append(_add_shared(graph, DenoiseStage.make(ctx, store, mine, data)))
+            job = data.denoise_job() if isinstance(data, SamplerConfig) else None
+            if job is not None:  # RocketQA: after the mining
+                out.append(_add_shared(graph, DenoiseStage.make(ctx, store, mine, job)))
     sources = training_sources(data) or []
     pseudo = None
     for src in sources:
@@ -291,7 +293,8 @@ def _finetune_stages(
     cfg: ExperimentConfig, ctx: RunContext, ds: DatasetConfig, graph: StageGraph
 ) -> tuple[tuple[tuple[str, StageId], ...], tuple[CrossEncoderRerank, ...]]:
     """Add each ``finetune:`` entry's stages on ``ds`` (it needs a train split): the fine-tune
-    (after the mine stage ``data.hard_negatives: mined`` reads), then one re-embed stage per
+    (after the mine stage ``data.hard_negatives: mined`` reads, and the denoise stage
+    ``data.denoise`` reads), then one re-embed stage per
     split; a cross-encoder entry's training stage alone. Returns ``(system name, reembed stage
     of the evaluation split)`` per encoder entry, and each cross-encoder's reranking system."""
     if not ds.train_split or not cfg.finetunes:
@@ -300,7 +303,7 @@ def _finetune_stages(
     out, reranked = [], []
     for name, spec in cfg.finetunes.items():
         data = spec.config.train.data
-        mine = None
+        mine = denoise = None
         if data.hard_negatives == "mined" and data.n_hard > 0:
             ms = MineSettings("mined", int(data.n_hard), MINED_NEGATIVES_ARRAY, data.mine_depth)
             mine = _add_shared(graph, MineStage.make(ctx, store, ms))
@@ -309,7 +312,10 @@ def _finetune_stages(
             graph.add(ce)
             reranked.append(CrossEncoderRerank(name, ce.id, spec.rerank))
             continue
-        ft = FinetuneStage.make(ctx, name, store, spec.config, mine)
+        job = spec.config.data.denoise_job()
+        if job is not None and mine is not None:  # RocketQA: after the mining
+            denoise = _add_shared(graph, DenoiseStage.make(ctx, store, mine, job))
+        ft = FinetuneStage.make(ctx, name, store, spec.config, mine, denoise)
         graph.add(ft)
         for split in dict.fromkeys((ds.train_split, ds.eval_split)):
             re = ReembedStage.make(ctx, ft.id, StageId.embed(ds.name, split))

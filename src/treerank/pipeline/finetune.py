@@ -46,6 +46,7 @@ from treerank.readers.split import RetrievalSplit
 from treerank.store.embed import embed_split
 from treerank.store.embedding_store import EmbeddingStore
 from treerank.storelike import StoreLike
+from treerank.tasks.train import ensure_denoised_negatives
 from treerank.training.finetune import (
     DRT_HEAD_DIR,
     FINETUNE_JSON,
@@ -301,6 +302,7 @@ def run_finetune(
     drift_k: int = 10,
     device: Device = DEFAULT_DEVICE,
     log: Callable[[str], None] | None = None,
+    scorer: Any = None,
 ) -> dict[str, Any]:
     """Fine-tune, re-embed both splits, evaluate against frozen cosine, measure drift.
 
@@ -316,6 +318,8 @@ def run_finetune(
         n_permutations: randomization-test permutations (default: the evaluation default).
         drift_k: neighbours compared by the drift diagnostics.
         device: torch device of training and re-embedding (``cpu``, ``cuda[:n]``).
+        scorer: in place of ``data.denoise.scorer``'s cross-encoder folder, anything with
+            ``score_pairs`` (tests).
 
     Returns:
         The ``results.json`` document.
@@ -339,11 +343,17 @@ def run_finetune(
     test = EmbeddingStore.open(root / eval_split)
     t0 = cost_clock()
     train_rows, held = finetune_rows(train, cfg)
-    mined = None
+    mined, denoised = None, None
     if cfg.data.hard_negatives == "mined":
         # into the run's folder: the user's store is only read
         say(f"mining BM25 negatives (depth {cfg.data.mine_depth}) into {out / 'arrays'}")
-        mined = mine_bm25_negatives(train.with_derived(out / "arrays"), cfg.data.mine_depth)
+        view = train.with_derived(out / "arrays")
+        mined = mine_bm25_negatives(view, cfg.data.mine_depth)
+        job = cfg.data.denoise_job()
+        if job is not None:  # RocketQA: the cross-encoder's flagged negatives are dropped
+            say(f"denoising them with {job.settings.scorer} (first {job.settings.depth})")
+            denoised = ensure_denoised_negatives(view, job, scorer=scorer, progress=progress)
+            mined = np.asarray(view.load_array(job.array))
     say(f"fine-tuning {cfg.family} on {len(train_rows)} training queries of {train.path}")
     ft = finetune(
         train,
@@ -351,6 +361,7 @@ def run_finetune(
         out,
         train_rows=train_rows,
         mined=mined,
+        denoised=denoised,
         resume=resume,
         progress=progress,
         device=device,

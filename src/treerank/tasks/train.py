@@ -35,6 +35,7 @@ from treerank.lock import writer_lock
 from treerank.search.systems import SystemHook
 from treerank.storelike import StoreLike, Vectors
 from treerank.training.data import sample_rows
+from treerank.training.denoise import DenoiseJob
 from treerank.training.heads import SamplerConfig
 from treerank.training.history import TrainingLog
 from treerank.training.holdout import (
@@ -243,14 +244,13 @@ def ensure_mined_negatives(store: StoreLike, data: Any) -> dict[str, Any] | None
 
 
 def ensure_denoised_negatives(
-    store: StoreLike, data: Any, *, scorer: Any = None, progress: bool = True
+    store: StoreLike, job: DenoiseJob | None, *, scorer: Any = None, progress: bool = True
 ) -> dict[str, Any] | None:
-    """Denoise the mined negatives with a cross-encoder when ``data.denoise`` asks for it
-    (RocketQA; :mod:`treerank.training.denoise`), into the sidecar array
-    :func:`~treerank.training.denoise.denoised_array` names.
+    """Denoise the mined negatives with a cross-encoder (RocketQA;
+    :mod:`treerank.training.denoise`), into the sidecar array ``job.array``.
 
-    Every query with a labelled positive (of the seeded sample, with ``data.max_queries``) has
-    its first ``denoise.depth`` mined negatives and its positives scored
+    Every query with a labelled positive (of the seeded sample, with ``job.max_queries``) has
+    its first ``depth`` mined negatives and its positives scored
     (:func:`treerank.diagnostics.false_negatives.score_and_denoise`); the array is ``int32 (nq,
     depth)``, the kept negatives in BM25 order and ``-1`` for dropped ones and for rows not
     scored. Its metadata holds the counts, up to 10 flagged examples, the scorer's weights
@@ -259,13 +259,14 @@ def ensure_denoised_negatives(
 
     Args:
         store: the training split, with the mined array (:func:`ensure_mined_negatives` first).
-        data: a head's ``SamplerConfig``.
+        job: a data section's ``denoise_job()`` (a head's ``SamplerConfig``, an encoder
+            fine-tune's ``FinetuneData``); None: nothing to do.
         scorer: anything with ``score_pairs`` (and optionally ``fingerprint``) in place of the
             ``ce:<dir>`` folder (tests).
         progress: a progress bar over the scored pairs.
 
     Returns:
-        The array's metadata, or None when ``data`` has no ``denoise`` section.
+        The array's metadata, or None when ``job`` is None.
 
     Raises:
         ValueError: the store has no mined array to denoise.
@@ -273,17 +274,14 @@ def ensure_denoised_negatives(
     import time
 
     from treerank.diagnostics.false_negatives import score_and_denoise
-    from treerank.training.denoise import denoised_array, parse_denoise
 
-    spec = parse_denoise(data.denoise)
-    if spec is None:
+    if job is None:
         return None
-    mined_name = str(data.mined_array)
+    spec, mined_name, name = job.settings, job.mined_array, job.array
     mined = store.load_array(mined_name) if store.has_array(mined_name) else None
     if mined is None:
         raise ValueError(f"{store.path}: no mined array {mined_name!r} to denoise; mine it first")
     mined_meta = store.load_array_meta(mined_name)
-    name = denoised_array(mined_name, spec, data.max_queries, int(data.sample_seed))
     if scorer is None:
         from treerank.models.cross_encoder import CrossEncoderScorer
 
@@ -294,7 +292,7 @@ def ensure_denoised_negatives(
         return dict(old)
     cand, lab = np.asarray(store.candidates), np.asarray(store.labels)
     rows = np.flatnonzero(((cand >= 0) & (lab >= int(store.relevance_threshold))).any(axis=1))
-    sample = sample_rows(int(store.n_queries), data.max_queries, int(data.sample_seed))
+    sample = sample_rows(int(store.n_queries), job.max_queries, job.sample_seed)
     if sample is not None:
         rows = np.intersect1d(rows, sample)
     t0, c0 = time.perf_counter(), time.process_time()
@@ -317,8 +315,8 @@ def ensure_denoised_negatives(
         "mined_array": mined_name,
         "mined_meta": mined_meta,
         "denoise": spec.to_dict(),
-        "max_queries": data.max_queries,
-        "sample_seed": int(data.sample_seed),
+        "max_queries": job.max_queries,
+        "sample_seed": job.sample_seed,
         "scorer_fingerprint": weights,
         "scorer_precision": str(getattr(scorer, "precision", "")),
         "queries": int(rows.size),
@@ -566,7 +564,7 @@ def _train_model(
     with main_first():  # under torchrun rank 0 mines / writes sidecars, the others read them
         mined = ensure_mined_negatives(store, cfg.data) if fam.mines_negatives else None
         denoised = (
-            ensure_denoised_negatives(store, cfg.data, progress=progress)
+            ensure_denoised_negatives(store, cfg.data.denoise_job(), progress=progress)
             if fam.mines_negatives
             else None
         )

@@ -1,13 +1,15 @@
 """Denoised hard negatives for training (RocketQA, Qu et al. 2021, section 4.2.2).
 
-A head's ``data.denoise`` section names a cross-encoder (``ce:<dir>``) that scores each training
-query's first ``depth`` BM25-mined negatives and its labelled positives. A negative the
-cross-encoder scores as a positive (``>= threshold``, or within ``relative_margin`` of the
-query's best positive: sentence-transformers' ``mine_hard_negatives`` rule) is dropped from the
-pool; :func:`treerank.training.cross_encoder.denoise_negatives` makes the decision and never
-drops a labelled passage. The denoised pool is a sidecar array beside the mined one
-(:func:`denoised_array`), written once by ``treerank.tasks.train.ensure_denoised_negatives``
-(or the ``denoise:`` stage of ``treerank run``) and read by the sampler in place of the mined
+A head's or an encoder fine-tune's ``data.denoise`` section names a cross-encoder
+(``ce:<dir>``) that scores each training query's first ``depth`` BM25-mined negatives and its
+labelled positives. A negative the cross-encoder scores as a positive (``>= threshold``, or
+within ``relative_margin`` of the query's best positive: sentence-transformers'
+``mine_hard_negatives`` rule) is dropped from the pool;
+:func:`treerank.training.cross_encoder.denoise_negatives` makes the decision and never drops a
+labelled passage. The denoised pool is a sidecar array beside the mined one
+(:func:`denoised_array`, named by a :class:`DenoiseJob`), written once by
+``treerank.tasks.train.ensure_denoised_negatives`` (or the ``denoise:`` stage of
+``treerank run``) and read by the sampler or the fine-tune's batch plan in place of the mined
 array.
 """
 
@@ -19,7 +21,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DEFAULT_DENOISE_MARGIN", "DenoiseSettings", "denoised_array", "parse_denoise"]
+__all__ = [
+    "DEFAULT_DENOISE_MARGIN",
+    "DenoiseJob",
+    "DenoiseSettings",
+    "denoised_array",
+    "parse_denoise",
+]
 
 DEFAULT_DENOISE_MARGIN = 0.05
 """sentence-transformers' ``mine_hard_negatives`` relative margin (the audit's default too)."""
@@ -27,7 +35,7 @@ DEFAULT_DENOISE_MARGIN = 0.05
 
 @dataclass(frozen=True)
 class DenoiseSettings:
-    """A head's ``data.denoise`` section.
+    """A ``data.denoise`` section (a head's or an encoder fine-tune's).
 
     Attributes:
         scorer: ``ce:<dir>``, a cross-encoder folder (``treerank finetune`` with the
@@ -95,3 +103,37 @@ def denoised_array(
     key = {**settings.to_dict(), "max_queries": max_queries, "sample_seed": sample_seed}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
     return f"{mined_array}-denoised-{digest}"
+
+
+@dataclass(frozen=True)
+class DenoiseJob:
+    """What one denoised pool is made from: the settings, the mined array they denoise and the
+    query sample scored (a head's ``data.max_queries`` / ``sample_seed``; an encoder fine-tune
+    scores every labelled query). Made by a data section's ``denoise_job()``; read by
+    ``treerank.tasks.train.ensure_denoised_negatives`` and the ``denoise:`` stage.
+
+    Attributes:
+        settings: the parsed ``data.denoise`` section.
+        mined_array: the sidecar array of BM25-mined negatives it denoises.
+        max_queries: score only a seeded sample of this many queries (None: all).
+        sample_seed: the sample's seed.
+    """
+
+    settings: DenoiseSettings
+    mined_array: str
+    max_queries: int | None = None
+    sample_seed: int = 0
+
+    @property
+    def array(self) -> str:
+        """The denoised pool's sidecar name (:func:`denoised_array`)."""
+        return denoised_array(self.mined_array, self.settings, self.max_queries, self.sample_seed)
+
+    def key(self) -> dict[str, Any]:
+        """Plain JSON of everything the pool depends on but the scorer's weights."""
+        return {
+            **self.settings.to_dict(),
+            "mined_array": self.mined_array,
+            "max_queries": self.max_queries,
+            "sample_seed": self.sample_seed,
+        }

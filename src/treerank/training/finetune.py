@@ -39,7 +39,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -410,6 +410,7 @@ def finetune(
     *,
     train_rows: np.ndarray | None = None,
     mined: np.ndarray | None = None,
+    denoised: Mapping[str, object] | None = None,
     resume: bool = False,
     device: Device = DEFAULT_DEVICE,
     progress: bool = False,
@@ -429,7 +430,11 @@ def finetune(
         cfg: :func:`~treerank.training.finetune_config.parse_finetune_config` output.
         out_dir: the run's folder.
         train_rows: query ids to train on (None: all; the pipeline passes the non-held-out).
-        mined: BM25-mined negatives of the split (with ``data.hard_negatives: mined``).
+        mined: BM25-mined negatives of the split (with ``data.hard_negatives: mined``), or
+            the denoised pool of them (``data.denoise``; ``-1`` where a negative was dropped).
+        denoised: the denoised pool's metadata
+            (``treerank.tasks.train.ensure_denoised_negatives``), copied into the summary as
+            ``denoised_negatives`` (None: raw mined negatives).
         resume: continue from the newest checkpoint in ``out_dir/checkpoints`` (none: start).
         device: where it trains (a parsed :class:`~treerank.kernels.device.Device`).
         progress: the trainer's progress bar.
@@ -559,6 +564,8 @@ def finetune(
             "note": "this process only; a resumed run counts its own part",
         },
     }
+    if denoised is not None:
+        summary["denoised_negatives"] = dict(denoised)
     atomic_write_json(
         out / FINETUNE_JSON,
         {

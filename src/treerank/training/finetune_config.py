@@ -7,7 +7,8 @@ validation``) with a ``family`` beside ``seed``.
     seed: 0
     model:   {base, max_query_length, max_passage_length, freeze_embeddings, freeze_layers,
               untied, drt}
-    data:    {batch_size, epochs, hard_negatives, n_hard, mine_depth, guard_skip_top, negatives}
+    data:    {batch_size, epochs, hard_negatives, n_hard, mine_depth, guard_skip_top, negatives,
+              collisions, denoise}
     trainer: {loss, mini_batch_size, lr, head_lr, lambda_dec, warmup_ratio, scheduler,
               weight_decay, max_grad_norm, temperature, precision, gradient_checkpointing,
               save_steps, max_steps, ...}
@@ -47,7 +48,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from treerank.config import ConfigError
+from treerank.store.format import MINED_NEGATIVES_ARRAY
 from treerank.training.config import TrainConfig, parse_train_config
+from treerank.training.denoise import DenoiseJob, parse_denoise
 
 __all__ = [
     "FAMILIES",
@@ -122,6 +125,13 @@ class FinetuneData:
             other relevant passages of the query masked) or ``in-batch`` (the batch's positives
             and hard negatives).
         collisions: apply the batch-collision rule.
+        denoise: RocketQA's denoised hard negatives, as a head's ``data.denoise``
+            (:class:`~treerank.training.denoise.DenoiseSettings`: ``scorer: ce:<dir>``,
+            ``depth``, ``threshold``, ``relative_margin``, ``precision``): every labelled query's
+            first ``depth`` mined negatives are scored by the cross-encoder once, and the ones
+            it flags as positives are dropped before batching (``guard_skip_top`` still
+            applies). Needs ``hard_negatives: mined`` and ``n_hard >= 1``. None: the raw
+            mined negatives.
     """
 
     batch_size: int = 32
@@ -132,6 +142,7 @@ class FinetuneData:
     guard_skip_top: int = 3
     negatives: str = "all"
     collisions: bool = True
+    denoise: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.batch_size < 2:
@@ -146,6 +157,16 @@ class FinetuneData:
             raise ValueError(f"negatives {self.negatives!r} unknown; known: {NEGATIVES}")
         if self.n_hard < 0 or self.mine_depth < 1 or self.guard_skip_top < 0:
             raise ValueError("n_hard >= 0, mine_depth >= 1 and guard_skip_top >= 0 are required")
+        if self.denoise is not None:
+            parse_denoise(self.denoise, "denoise")  # raises on a bad key or value
+            if self.hard_negatives != "mined" or self.n_hard < 1:
+                raise ValueError("denoise needs hard_negatives: mined and n_hard >= 1")
+
+    def denoise_job(self) -> DenoiseJob | None:
+        """The denoised pool this section trains on (None: no ``denoise``): the split's
+        mined array, denoised on every labelled query."""
+        spec = parse_denoise(self.denoise)
+        return None if spec is None else DenoiseJob(spec, MINED_NEGATIVES_ARRAY)
 
 
 @dataclass

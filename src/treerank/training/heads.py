@@ -30,7 +30,7 @@ from treerank.store.format import MINED_NEGATIVES_ARRAY
 from treerank.storelike import StoreLike
 from treerank.training.config import TrainConfig, parse_train_config
 from treerank.training.data import build_training_table, parse_sources, sample_rows
-from treerank.training.denoise import denoised_array, parse_denoise
+from treerank.training.denoise import DenoiseJob, parse_denoise
 from treerank.training.history import TrainingLog
 from treerank.training.refresh import NegativeRefresher
 from treerank.training.sampler import (
@@ -147,6 +147,14 @@ class SamplerConfig:
         if self.batch_size < 1 or self.n_hard < 0:
             raise ValueError("batch_size >= 1 and n_hard >= 0 are required")
 
+    def denoise_job(self) -> DenoiseJob | None:
+        """The denoised pool this section trains on (None: no ``denoise``): the mined array,
+        denoised on the sampled queries."""
+        spec = parse_denoise(self.denoise)
+        if spec is None:
+            return None
+        return DenoiseJob(spec, self.mined_array, self.max_queries, int(self.sample_seed))
+
 
 @dataclass
 class HeadTrainerConfig(TrainerConfig):
@@ -218,21 +226,20 @@ def build_sampler(
     sample = sample_rows(int(store.n_queries), cfg.max_queries, cfg.sample_seed)
     if sample is not None:
         train_rows = sample if train_rows is None else np.intersect1d(train_rows, sample)
-    array, denoise = cfg.mined_array, parse_denoise(cfg.denoise)
-    if denoise is not None:
-        array = denoised_array(cfg.mined_array, denoise, cfg.max_queries, cfg.sample_seed)
+    job = cfg.denoise_job()
+    array = cfg.mined_array if job is None else job.array
     mined = None
     if source == "mined" or (source == "auto" and not has_cand_neg):
         mined = store.load_array(array) if store.has_array(array) else None
         if mined is None and source == "mined":
             how = (
                 "treerank.tasks.train.ensure_denoised_negatives"
-                if denoise is not None
+                if job is not None
                 else "treerank.search.negatives.mine_bm25_negatives"
             )
             raise ValueError(f"{store.path}: no sidecar array {array!r}; make it first ({how})")
     info: dict[str, Any] = {"hard_negatives": source}
-    if denoise is not None:
+    if job is not None:
         info["denoised_array"] = array
     if sample is not None:
         info["sampled_queries"] = int(sample.size)

@@ -27,6 +27,7 @@ from treerank.pipeline.identity import StageId
 from treerank.pipeline.stages.base import folder_identity
 from treerank.pipeline.stages.graph import Deps, RunContext, RunStage
 from treerank.pipeline.stages.outputs import (
+    DenoiseOutput,
     EmbedOutput,
     FinetuneOutput,
     MineOutput,
@@ -54,6 +55,7 @@ class FinetuneStage(RunStage):
     store: StageId
     mine: StageId | None
     config: FinetuneConfig
+    denoise: StageId | None = None
 
     @classmethod
     def make(
@@ -63,8 +65,10 @@ class FinetuneStage(RunStage):
         store: StageId,
         config: FinetuneConfig,
         mine: StageId | None = None,
+        denoise: StageId | None = None,
     ) -> Self:
-        """``mine``: the stage whose BM25 negatives ``data.hard_negatives: mined`` trains on."""
+        """``mine``: the stage whose BM25 negatives ``data.hard_negatives: mined`` trains on;
+        ``denoise``: the stage whose denoised pool of them ``data.denoise`` trains on."""
         sid = StageId.finetune(store.dataset, name)
         inputs = {
             "config": config.to_dict(),
@@ -72,8 +76,10 @@ class FinetuneStage(RunStage):
             "device": ctx.device_key,
             **cls.more_inputs(config),
         }
-        deps = (store,) if mine is None else (store, mine)
-        return cls.of(ctx, sid, deps, inputs, store=store, mine=mine, config=config)
+        deps = tuple(d for d in (store, mine, denoise) if d is not None)
+        return cls.of(
+            ctx, sid, deps, inputs, store=store, mine=mine, config=config, denoise=denoise
+        )
 
     @classmethod
     def more_inputs(cls, config: FinetuneConfig) -> dict[str, object]:
@@ -81,25 +87,32 @@ class FinetuneStage(RunStage):
         return {}
 
     def training_data(self, deps: Deps) -> tuple[EmbeddingStore, np.ndarray | None]:
-        """The train split as a view reading the mine stage's array (nothing is written into
-        the split) and its mined negatives (None: not mined, or not found)."""
-        arrays = () if self.mine is None else (deps.get(self.mine, MineOutput).arrays,)
-        train = deps.get(self.store, EmbedOutput).open().with_derived(arrays_read=arrays)
+        """The train split as a view reading the mine (and denoise) stages' arrays (nothing is
+        written into the split) and the negatives it trains on: the denoised pool with a
+        denoise stage, else the mined negatives (None: not mined, or not found)."""
+        made = [deps.get(s, MineOutput) for s in (self.mine, self.denoise) if s is not None]
+        train = (
+            deps.get(self.store, EmbedOutput)
+            .open()
+            .with_derived(arrays_read=tuple(m.arrays for m in made))
+        )
         mined = None
-        if self.mine is not None:
-            found = train.load_array(deps.get(self.mine, MineOutput).array)
+        if made:
+            found = train.load_array(made[-1].array)
             mined = None if found is None else np.asarray(found)
         return train, mined
 
     def run(self, d: Path, deps: Deps) -> FinetuneOutput:
         train, mined = self.training_data(deps)
         rows, _held = finetune_rows(train, self.config)
+        denoised = None if self.denoise is None else deps.get(self.denoise, DenoiseOutput).meta
         ft = finetune(
             train,
             self.config,
             d,
             train_rows=rows,
             mined=mined,
+            denoised=denoised,
             device=self.ctx.device,
             progress=self.ctx.progress,
             log=self.ctx.log if self.ctx.progress else None,

@@ -13,14 +13,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from treerank.pipeline.identity import StageId
 from treerank.pipeline.stages.base import folder_identity
 from treerank.pipeline.stages.graph import Deps, RunContext, RunStage
 from treerank.pipeline.stages.outputs import DenoiseOutput, EmbedOutput, MineOutput
 from treerank.tasks.train import ensure_denoised_negatives, ensure_mined_negatives
-from treerank.training.denoise import denoised_array, parse_denoise
+from treerank.training.denoise import DenoiseJob
 
 __all__ = ["DenoiseStage", "MineSettings", "MineStage"]
 
@@ -80,22 +79,13 @@ class DenoiseStage(RunStage):
     produces = DenoiseOutput
     store: StageId
     mine: StageId
-    data: Any  # a head's SamplerConfig (its mined_array, max_queries, sample_seed, denoise)
+    job: DenoiseJob  # a data section's denoise_job(): settings, mined array, query sample
 
     @classmethod
-    def make(cls, ctx: RunContext, store: StageId, mine: StageId, data: Any) -> DenoiseStage:
-        spec = parse_denoise(data.denoise)
-        assert spec is not None
-        name = denoised_array(str(data.mined_array), spec, data.max_queries, data.sample_seed)
-        sid = StageId.derived("denoise", store.dataset, f"{mine.part}-{name}")
-        inputs = {
-            **spec.to_dict(),
-            "scorer_folder": folder_identity(str(spec.path)),
-            "mined_array": str(data.mined_array),
-            "max_queries": data.max_queries,
-            "sample_seed": int(data.sample_seed),
-        }
-        return cls.of(ctx, sid, (store, mine), inputs, store=store, mine=mine, data=data)
+    def make(cls, ctx: RunContext, store: StageId, mine: StageId, job: DenoiseJob) -> DenoiseStage:
+        sid = StageId.derived("denoise", store.dataset, f"{mine.part}-{job.array}")
+        inputs = {**job.key(), "scorer_folder": folder_identity(str(job.settings.path))}
+        return cls.of(ctx, sid, (store, mine), inputs, store=store, mine=mine, job=job)
 
     def run(self, d: Path, deps: Deps) -> DenoiseOutput:
         view = (
@@ -105,6 +95,6 @@ class DenoiseStage(RunStage):
                 arrays_write=d / "arrays", arrays_read=(deps.get(self.mine, MineOutput).arrays,)
             )
         )
-        meta = ensure_denoised_negatives(view, self.data, progress=self.ctx.progress)
+        meta = ensure_denoised_negatives(view, self.job, progress=self.ctx.progress)
         assert meta is not None
         return DenoiseOutput(d / "arrays", str(meta["array"]), meta)
