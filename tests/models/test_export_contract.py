@@ -85,6 +85,13 @@ def test_every_option_round_trips_through_every_export_kind(option_store, head_n
     got_p = model.encode_document(store.passage_texts(), convert_to_numpy=True)
     assert np.abs(got_q - want_q).max() <= TOL
     assert np.abs(got_p - want_p).max() <= TOL
+    # treerank's own encoder of the folder sends each side through its own tower too
+    from treerank.encoders import SentenceEncoder
+
+    mine = SentenceEncoder(tmp_path / "st", progress=False, **opts)
+    assert mine.routed == (head_name != "linear-shared")
+    assert np.abs(mine.encode_queries(store.query_texts()) - want_q).max() <= TOL
+    assert np.abs(mine.encode_passages(store.passage_texts()) - want_p).max() <= TOL
     # plain encode() is the passage tower with the passage prompt (default_prompt_name)
     plain = model.encode(store.passage_texts()[:16], convert_to_numpy=True)
     assert np.abs(plain - want_p[:16]).max() <= TOL

@@ -69,7 +69,7 @@ def test_a_cross_encoder_entry_trains_reranks_and_reuses_every_stage(
     _read_only(store)
     before = _snapshot(store)
     out = tmp_path / "out"
-    rerank = {"first_stage": "bm25", "depth": 8}
+    rerank = {"first_stage": "bm25", "depth": 8, "batch": 4}
     try:
         cfg = load_experiment(_write(tmp_path, store, rerank), output_dir=out)
         graph = plan_experiment(cfg)
@@ -88,7 +88,8 @@ def test_a_cross_encoder_entry_trains_reranks_and_reuses_every_stage(
         [rec] = comp["cross_encoders"]["ce"]
         assert rec["path"] == str((ce_dir / "model").resolve())
         assert rec["fingerprint"] == rec["pinned"] == summary["fingerprint"]
-        want = f"rescore:bm25:depth=8,scorer=ce:{ce_dir / 'model'},fingerprint={rec['pinned']}"
+        model = ce_dir / "model"
+        want = f"rescore:bm25:depth=8,scorer=ce:{model},batch=4,fingerprint={rec['pinned']}"
         assert rec["system"] == want
         # the reranked run: BM25's top 8 per query, reordered (the run file of system ce)
         assert comp["systems"]["ce"]["n_evaluated"] == comp["systems"]["bm25"]["n_evaluated"]
@@ -105,6 +106,9 @@ def test_a_cross_encoder_entry_trains_reranks_and_reuses_every_stage(
         deeper = load_experiment(_write(tmp_path, store, {"depth": 5}), output_dir=out)
         changed = plan_experiment(deeper).names()
         assert {n for n in keys if keys[n] != changed[n]} == {"evaluate:my"}
+        for other in ({**rerank, "batch": 8}, {**rerank, "precision": "bf16"}):  # and so do these
+            moved = plan_experiment(load_experiment(_write(tmp_path, store, other), output_dir=out))
+            assert {n for n in keys if keys[n] != moved.names()[n]} == {"evaluate:my"}
         assert _snapshot(store) == before
     finally:
         _writable(store)
@@ -117,6 +121,8 @@ def test_a_cross_encoder_entry_trains_reranks_and_reuses_every_stage(
         ({"depth": 0}, {}, r"finetune\.ce\.rerank: depth must be >= 1"),
         ({"first_stage": "bm52"}, {}, r"finetune\.ce\.rerank: .*unknown system kind 'bm52'"),
         ({"depth": "ten"}, {}, r"finetune\.ce\.rerank\.depth: expected an integer"),
+        ({"batch": 0}, {}, r"finetune\.ce\.rerank: depth and batch must be >= 1"),
+        ({"precision": "fp16"}, {}, r"finetune\.ce\.rerank: precision 'fp16': expected one of"),
     ],
 )
 def test_bad_rerank_keys_are_refused_naming_the_key(

@@ -218,3 +218,53 @@ def test_drt_e2e_run_scores_its_heads_on_the_reembedded_store(
         assert len(s["slots"]) == 3
         assert all(0.0 < v <= 1.0 + 1e-9 for v in [s["raw"], s["concatenated"], *s["slots"]])
     assert slots["passages"]["n"] == frozen.n_passages
+
+
+def test_untied_towers_train_apart_and_encode_each_side_with_its_own(
+    slice_root: Path, tmp_path: Path
+) -> None:
+    """``model.untied: true`` (DPR's separate towers, issue 35 item 1): both towers start from
+    the store's encoder and train apart; the re-embedded store's queries come from the query
+    tower and its passages from the document tower, as a fresh SentenceEncoder of the saved
+    folder encodes them; the ONNX backends refuse the model."""
+    from treerank.encoders import SentenceEncoder
+    from treerank.encoders.sentence import is_routed
+
+    cfg = parse_finetune_config(
+        {
+            "family": "biencoder",
+            "model": {"untied": True, "max_passage_length": 48},
+            "data": {"batch_size": 4},
+            "trainer": {"max_steps": 2, "save_steps": 2, "lr": 1e-4},
+            "validation": {"fraction": 0},
+        }
+    )
+    out = tmp_path / "run"
+    res = run_finetune(cfg, slice_root, out, n_permutations=50)
+    enc = SentenceEncoder(out / "model", progress=False)
+    assert enc.routed and is_routed(enc.model)
+    q_tower = enc.model[0].sub_modules["query"][0].auto_model.state_dict()
+    d_tower = enc.model[0].sub_modules["document"][0].auto_model.state_dict()
+    apart = [k for k in q_tower if not np.array_equal(q_tower[k].numpy(), d_tower[k].numpy())]
+    assert apart  # trained apart from the same start
+    tuned = EmbeddingStore.open(out / "stores" / "test")
+    assert tuned.encoder_fingerprint == res["fingerprint"] == enc.fingerprint
+    texts = tuned.query_texts()  # every one: the same length-bucketed batches as the store's
+    np.testing.assert_array_equal(np.asarray(tuned.queries), enc.encode_queries(texts))
+    as_passages = enc.encode_passages(texts)  # the other tower: other vectors
+    assert not np.allclose(as_passages, np.asarray(tuned.queries), atol=1e-4)
+    # passages: re-embedding batches them by the parent store's token budget, so another batch
+    # composition moves a float's last bits (tolerance 1e-6 on unit vectors)
+    p_texts = tuned.passage_texts()
+    np.testing.assert_allclose(np.asarray(tuned.passages), enc.encode_passages(p_texts), atol=1e-6)
+    assert not np.allclose(np.asarray(tuned.passages), enc.encode_queries(p_texts), atol=1e-4)
+    assert res["systems"]["finetune-biencoder"]["ndcg@10"] >= 0.0
+    with pytest.raises(ValueError, match="separate query and passage towers"):
+        enc._load_onnx(None, enc.backend)
+
+
+def test_untied_applies_to_the_biencoder_only() -> None:
+    from treerank.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"ft\.model\.untied: .* biencoder only"):
+        parse_finetune_config({"family": "query-tower", "model": {"untied": True}}, "ft")

@@ -241,3 +241,35 @@ def test_bf16_precision_trains_under_autocast_and_keeps_fp32_weights(
     assert {t.dtype for t in w.values()} == {torch.float32}
     assert out.fingerprint != out.base_fingerprint
     assert np.isfinite(out.summary["train_loss"])
+
+
+def test_untie_copies_the_encoder_into_two_towers_and_freeze_reaches_both(encoder) -> None:
+    """``untie`` (DPR's separate towers): the query tower starts as an exact copy of the
+    document tower (the encoder itself), each routes its own kind of text, and
+    ``freeze`` freezes the same parts of both."""
+    from sentence_transformers import SentenceTransformer
+
+    from treerank.encoders.sentence import is_routed
+    from treerank.training.finetune import freeze, untie
+
+    base = SentenceTransformer(encoder.model_path, device="cpu")
+    n_base = sum(p.numel() for p in base.parameters())
+    two = untie(base)
+    assert is_routed(two) and not is_routed(base)
+    towers = two[0].sub_modules
+    q, d = towers["query"][0].auto_model, towers["document"][0].auto_model
+    assert q is not d
+    for (k, a), (_, b) in zip(q.state_dict().items(), d.state_dict().items(), strict=True):
+        assert torch.equal(a, b), k
+    text = ["does decaf coffee still have caffeine"]
+    # equal weights; the copy's tensors sit elsewhere in memory, and the BLAS kernels may
+    # round the last bit differently there (tolerance 1e-6 on unit vectors)
+    np.testing.assert_allclose(two.encode_query(text), two.encode_document(text), atol=1e-6)
+    np.testing.assert_allclose(two.encode_query(text), encoder.encode_queries(text), atol=1e-6)
+    trainable = freeze(two, embeddings=True, layers=2)
+    one = freeze(SentenceTransformer(encoder.model_path, device="cpu"), embeddings=True, layers=2)
+    assert trainable == 2 * one < 2 * n_base
+    with torch.no_grad():  # the towers are separate parameters: changing one leaves the other
+        w = q.embeddings.word_embeddings.weight
+        w.add_(0.5 * torch.randn(w.shape, generator=torch.Generator().manual_seed(0)))
+    assert not np.allclose(two.encode_query(text), two.encode_document(text), atol=1e-3)

@@ -66,8 +66,9 @@ def test_drt_e2e_config_and_its_refusals() -> None:
     head = drt_head_config(cfg, 384)
     assert (head.dim, head.k, head.slot_dim, head.temperature) == (384, 3, 16, 0.05)
     assert drt_head_config(parse_finetune_config({"family": "drt-e2e"}), 384).k == 6
-    with pytest.raises(ConfigError, match=r"model\.untied.*not built"):
-        parse_finetune_config({"family": "biencoder", "model": {"untied": True}})
+    with pytest.raises(ConfigError, match=r"model\.untied.*biencoder only"):
+        parse_finetune_config({"family": "drt-e2e", "model": {"untied": True}})
+    assert parse_finetune_config({"family": "biencoder", "model": {"untied": True}}).model.untied
     with pytest.raises(ConfigError, match=r"trainer\.head_lr.*drt-e2e only"):
         parse_finetune_config({"family": "biencoder", "trainer": {"head_lr": 1e-3}})
     with pytest.raises(ConfigError, match=r"model\.drt.*drt-e2e only"):

@@ -30,6 +30,21 @@ class BatchResult:
     real_tokens: int
 
 
+ROUTES = {"query": "query", "passage": "document"}
+"""The sentence-transformers ``Router`` route of each kind of text
+(``Router.for_query_document``)."""
+
+
+def is_routed(model: Any) -> bool:
+    """Whether ``model`` (a ``SentenceTransformer``) sends queries and passages through
+    different modules: it holds a sentence-transformers ``Router`` (DPR-style untied towers
+    first, as a fine-tune's ``model.untied``; or untied heads after a shared encoder, as
+    ``treerank.models.export_st`` writes them)."""
+    from sentence_transformers.sentence_transformer.modules import Router
+
+    return any(isinstance(m, Router) for m in model)
+
+
 def _load(path: str, device: torch.device, progress: bool) -> Any:
     """``SentenceTransformer(path, device)``, with transformers' progress bars off unless
     ``progress`` (they are a process-wide switch: restored afterwards)."""
@@ -170,6 +185,7 @@ class SentenceEncoder:
         check_max_seq_length(max_seq_length, model, "max_seq_length")
         self.model = _load(path, torch_device, progress)
         self.model.eval()
+        self.routed = is_routed(self.model)
         if max_seq_length is not None:
             self.model.max_seq_length = max_seq_length
         self.model_path = path
@@ -231,6 +247,11 @@ class SentenceEncoder:
         )
 
         require_onnxruntime()
+        if self.routed:
+            raise ValueError(
+                f"{self.model_path}: separate query and passage towers (a sentence-transformers "
+                "Router) have no ONNX export here; use backend torch"
+            )
 
         pooling = supported_stack(
             self.model, self.model_path, bool(self.query_prompt or self.passage_prompt)
@@ -295,7 +316,7 @@ class SentenceEncoder:
             `BatchResult` with ``float32 (n, dim)`` unit-norm rows.
         """
         prompt = self.prompt_for(kind) or None
-        features = self.model.preprocess(list(texts), prompt=prompt)
+        features = self._preprocess(self.model, list(texts), prompt, kind)
         mask = features["attention_mask"]
         if self._onnx is not None:
             vectors = self._onnx(features)
@@ -304,6 +325,21 @@ class SentenceEncoder:
         return BatchResult(
             vectors=vectors, padded_tokens=int(mask.numel()), real_tokens=int(mask.sum())
         )
+
+    def _preprocess(self, model: Any, texts: list[str], prompt: str | None, kind: str) -> Any:
+        """``model.preprocess`` of ``texts``; a two-tower model (:func:`is_routed`) gets the
+        route of ``kind`` (``query`` -> its query tower, ``passage`` -> its document tower)."""
+        if not self.routed:
+            return model.preprocess(texts, prompt=prompt)
+        from sentence_transformers.sentence_transformer.modules import Router
+
+        route = ROUTES[kind]
+        if isinstance(model[0], Router):  # the route picks the tower's tokenizer too
+            features = model.preprocess(texts, prompt=prompt, task=route)
+        else:
+            features = model.preprocess(texts, prompt=prompt)
+        features["task"] = route  # what a Router reads in the forward pass
+        return features
 
     def _torch_forward(self, model: Any, features: dict[str, Any], precision: str) -> np.ndarray:
         """The torch modules' forward pass in ``precision`` (``bf16``: under autocast):
@@ -334,7 +370,7 @@ class SentenceEncoder:
         prompt = self.prompt_for(kind) or None
         model = self._ref_model if self._ref_model is not None else self.model
         for idx in self.plan(self.token_lengths(texts, kind)):
-            features = model.preprocess([texts[i] for i in idx], prompt=prompt)
+            features = self._preprocess(model, [texts[i] for i in idx], prompt, kind)
             out[idx] = self._torch_forward(model, features, "fp32")
         return out
 
@@ -343,7 +379,7 @@ class SentenceEncoder:
         ``path`` (an `EncodePath`): what the ``auto`` probe times (ONNX paths export first)."""
         from treerank.encoders.precision import PROBE_TEXTS
 
-        features = self.model.preprocess(list(PROBE_TEXTS), prompt=None)
+        features = self._preprocess(self.model, list(PROBE_TEXTS), None, "passage")
         if path.backend == "torch":
             model = self._ref_model if self._ref_model is not None else self.model
             return lambda: self._torch_forward(model, features, path.precision)

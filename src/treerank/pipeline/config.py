@@ -25,6 +25,7 @@ from treerank.kernels.device import (
 )
 from treerank.kernels.topk import RUN_DEPTH
 from treerank.metrics.metrics import DEFAULT_METRICS
+from treerank.models.cross_encoder import CE_PRECISIONS, DEFAULT_SCORE_BATCH
 from treerank.names import file_name, name_problem, unknown_name
 from treerank.readers import FORMATS
 from treerank.training.finetune_config import CE_FAMILY, FinetuneConfig, parse_finetune_config
@@ -144,30 +145,45 @@ class RerankSettings:
         first_stage: the system spec whose top ``depth`` is reranked (``bm25``; any spec of
             ``docs/systems.md``, checked when the experiment loads).
         depth: candidates reranked per query (>= 1).
+        batch: pairs scored per forward pass (>= 1; the ``rescore:`` spec's ``batch=``).
+        precision: the scoring precision, ``fp32`` | ``bf16`` | ``auto`` (bf16 only where the
+            measured probe found it faster; the spec's ``precision=``).
 
     Raises:
-        ValueError: ``depth < 1`` or a first stage that does not parse.
+        ValueError: ``depth < 1``, ``batch < 1``, an unknown precision, or a first stage that
+            does not parse.
     """
 
     first_stage: str = "bm25"
     depth: int = 20
+    batch: int = DEFAULT_SCORE_BATCH
+    precision: str = "fp32"
 
     def __post_init__(self) -> None:
         from treerank.search.specs import parse_spec
 
-        if self.depth < 1:
-            raise ValueError(f"depth must be >= 1, got {self.depth}")
+        if self.depth < 1 or self.batch < 1:
+            raise ValueError(f"depth and batch must be >= 1, got {self.depth} and {self.batch}")
+        if self.precision not in CE_PRECISIONS:
+            raise ValueError(f"precision {self.precision!r}: expected one of {CE_PRECISIONS}")
         parse_spec(self.first_stage)  # a SpecError (a ValueError) names the problem
 
     def system(self, model_dir: Path, fingerprint: str) -> Any:
-        """The ``rescore:<first_stage>:depth=<depth>,scorer=ce:<model_dir>,fingerprint=...``
-        node (:class:`~treerank.search.specs.RescoreSpec`) that reranks with the cross-encoder
-        in ``model_dir``, pinned to ``fingerprint``."""
+        """The ``rescore:<first_stage>:depth=<depth>,scorer=ce:<model_dir>,batch=...,
+        precision=...,fingerprint=...`` node (:class:`~treerank.search.specs.RescoreSpec`) that
+        reranks with the cross-encoder in ``model_dir``, pinned to ``fingerprint``."""
         from treerank.search.specs import CrossEncoderSpec, RescoreSpec, parse_spec
 
         scorer = CrossEncoderSpec(Path(model_dir))
         first = parse_spec(self.first_stage)
-        return RescoreSpec(first, depth=self.depth, scorer=scorer, fingerprint=fingerprint)
+        return RescoreSpec(
+            first,
+            depth=self.depth,
+            scorer=scorer,
+            batch=self.batch,
+            precision=self.precision,
+            fingerprint=fingerprint,
+        )
 
 
 @dataclass

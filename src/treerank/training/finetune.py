@@ -218,19 +218,53 @@ def freeze(model: Any, *, embeddings: bool, layers: int) -> int:
     Raises:
         ValueError: more layers than the model has, or a model without a BERT-style encoder.
     """
-    hf = model[0].auto_model
-    if embeddings:
-        for p in hf.embeddings.parameters():
-            p.requires_grad_(False)
-    if layers:
-        blocks = getattr(getattr(hf, "encoder", None), "layer", None)
-        if blocks is None or layers > len(blocks):
-            n = "no" if blocks is None else len(blocks)
-            raise ValueError(f"freeze_layers={layers}, but the encoder has {n} layers")
-        for block in blocks[:layers]:
-            for p in block.parameters():
+    for hf in _transformers(model):  # one per tower
+        if embeddings:
+            for p in hf.embeddings.parameters():
                 p.requires_grad_(False)
+        if layers:
+            blocks = getattr(getattr(hf, "encoder", None), "layer", None)
+            if blocks is None or layers > len(blocks):
+                n = "no" if blocks is None else len(blocks)
+                raise ValueError(f"freeze_layers={layers}, but the encoder has {n} layers")
+            for block in blocks[:layers]:
+                for p in block.parameters():
+                    p.requires_grad_(False)
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def _transformers(model: Any) -> list[Any]:
+    """The Hugging Face encoder of each tower of ``model`` (two for an untied model)."""
+    from sentence_transformers.sentence_transformer.modules import Router
+
+    from treerank.encoders.sentence import ROUTES
+
+    first: Any = model[0]
+    if not isinstance(first, Router):
+        return [first.auto_model]
+    towers: Any = first.sub_modules
+    return [towers[route][0].auto_model for route in dict.fromkeys(ROUTES.values())]
+
+
+def untie(model: Any) -> Any:
+    """DPR's separate towers (Karpukhin et al. 2020): a ``SentenceTransformer`` whose first
+    module is a sentence-transformers ``Router`` with a query tower (a copy of ``model``'s
+    modules) and a document tower (``model``'s own), both starting from the same weights.
+
+    Returns:
+        The two-tower model (on ``model``'s device); queries are routed with ``task="query"``,
+        passages with ``task="document"`` (:func:`treerank.encoders.sentence.is_routed`).
+    """
+    import copy
+
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Router
+
+    mods = list(model)
+    router = Router.for_query_document(
+        query_modules=[copy.deepcopy(m) for m in mods], document_modules=mods
+    )
+    return SentenceTransformer(modules=[router], device=str(model.device))
 
 
 def _trainer_class() -> Any:
@@ -465,6 +499,8 @@ def finetune(
     wall0 = time.perf_counter()
     base_enc = _base_encoder(cfg.model.base, store, device)
     model, base_fp = base_enc.model, base_enc.fingerprint
+    if cfg.model.untied:  # both towers start from the store's encoder
+        model = untie(model)
     precision, precision_record = resolve_precision(t.precision, base_enc, device)
     if log is not None and t.precision == "auto":
         log(f"precision auto: {precision} ({precision_record})")
@@ -508,6 +544,11 @@ def finetune(
         batch_sampler=_sequential,
         learning_rate_mapping=(
             {r"^head\.": t.head_lr} if cfg.family == "drt-e2e" and t.head_lr is not None else {}
+        ),
+        router_mapping=(
+            {c: "query" if c == "anchor" else "document" for c in dataset.column_names}
+            if cfg.model.untied
+            else {}
         ),
     )
     records: list[dict[str, Any]] = []

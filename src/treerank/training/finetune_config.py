@@ -26,8 +26,9 @@ validation``) with a ``family`` beside ``seed``.
 * ``biencoder``: the encoder trains on both sides (shared towers), sentence-transformers'
   ``MultipleNegativesRankingLoss`` or its GradCache variant ``CachedMultipleNegativesRankingLoss``
   (``trainer.loss: mnrl | cached-mnrl``); in-batch negatives plus ``data.n_hard`` BM25 negatives.
-  ``model.untied: true`` (DPR-style separate towers) is not built: it is refused with a
-  ConfigError.
+  ``model.untied: true``: DPR-style separate towers (a sentence-transformers ``Router`` of two
+  copies of the starting encoder; queries go through one, passages through the other, in
+  training and in every later encoding).
 * ``drt-e2e``: the DRT heads (:class:`treerank.models.drt.DRTHead`, options in ``model.drt``)
   on the unfrozen encoder, the DRT seed's "Scale 2" arm: the same data, batches, schedule and
   seed as ``biencoder``, the loss
@@ -85,7 +86,8 @@ class FinetuneModel:
         max_passage_length: passage truncation in tokens while training (``biencoder``).
         freeze_embeddings: keep the token / position embeddings fixed.
         freeze_layers: keep the bottom this-many transformer layers fixed (0: none).
-        untied: separate query and passage towers (DPR); not built (refused at parse time).
+        untied: separate query and passage towers (DPR; ``biencoder`` only), both starting
+            from the store's encoder (:func:`treerank.training.finetune.untie`).
         drt: ``drt-e2e`` only: options of the DRT heads (:class:`treerank.models.drt.DRTConfig`
             keys except ``dim``, taken from the encoder, and ``temperature``, which is
             ``trainer.temperature``); None: the seed's defaults (6 slots of 64 dims).
@@ -439,11 +441,10 @@ def drt_head_config(cfg: FinetuneConfig, dim: int) -> Any:
 
 def _check_family(family: str, model: FinetuneModel, train: TrainConfig, where: str) -> None:
     """Options that only one family takes, and options not built."""
-    if model.untied:
+    if model.untied and family != "biencoder":
         raise ConfigError(
-            f"{where}.model.untied: separate query and passage towers are not built (they need a "
-            "sentence-transformers Router stack and query/passage-aware encoding in "
-            "treerank.encoders.SentenceEncoder); use shared towers (untied: false)"
+            f"{where}.model.untied: separate query and passage towers apply to biencoder only "
+            f"(got family {family!r})"
         )
     t = train.trainer
     assert isinstance(t, FinetuneTrainer)

@@ -86,7 +86,8 @@ class CrossEncoderRerank:
 
     def key_part(self) -> list[object]:
         """What the evaluate stage's key holds of it (the stage's own key comes by the edge)."""
-        return [self.name, self.stage.name, self.settings.first_stage, self.settings.depth]
+        s = self.settings
+        return [self.name, self.stage.name, s.first_stage, s.depth, s.batch, s.precision]
 
     def system(self, out: CrossEncoderOutput) -> Any:
         """The pinned ``rescore:`` node over the stage's trained folder
