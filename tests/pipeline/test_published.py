@@ -184,3 +184,37 @@ def test_the_report_training_row_shows_the_family_report_fields() -> None:
         assert wide == ["| `w` | steps=3, width=4 |"]
     finally:
         FAMILIES.pop("toy-wide")
+
+
+def test_an_encoder_finetune_row_shows_its_cost_and_its_system_states_its_tolerance() -> None:
+    """The main job's fine-tune (issue 35): its training row shows the cost fields its record
+    names, and the published block says its numbers depend on the CPU's reduction order (the
+    report's training record marks it, whatever the system is called)."""
+    import copy
+
+    from treerank.pipeline.published import ENCODER_CROSS_CPU, cpu_order_systems, tolerance
+    from treerank.pipeline.report import FINETUNE_REPORT_FIELDS, _training_rows
+
+    rec = {
+        "family": "query-tower",
+        "encoder_finetune": True,
+        "report_fields": list(FINETUNE_REPORT_FIELDS),
+        "summary": {"steps": 56, "seconds": 80.5, "cpu_seconds": 75.25, "tokens": 1200,
+                    "peak_rss_mib": 1700.0, "train_loss": 0.5, "precision": "fp32"},
+    }  # fmt: skip
+    (row,) = _training_rows("qt", rec)
+    assert row == (
+        "| `qt` | steps=56, seconds=80.5, train_loss=0.5, cpu_seconds=75.25, "
+        "peak_rss_mib=1700, tokens=1200, precision=fp32 |"
+    )
+    doc = json.loads((REPO / "docs" / "results" / "sample.json").read_text())
+    mine = copy.deepcopy(doc)
+    mine["comparison"]["systems"]["tuned"] = copy.deepcopy(doc["comparison"]["systems"]["cosine"])
+    assert "tuned" not in cpu_order_systems(mine)  # no record: exact, like cosine
+    mine["families"] = {**doc["families"], "tuned": "query-tower"}
+    assert "tuned" in cpu_order_systems(mine)
+    assert tolerance(mine, "tuned") == ENCODER_CROSS_CPU.tolerance == 0.01
+    assert "tuned: the fine-tuned encoder's training sums floats" in render(mine)
+    # extract() takes the record from the report's training section
+    report = {"datasets": {"d": {"comparison": doc["comparison"], "training": {"tuned": rec}}}}
+    assert extract(report, "d")["families"] == {"tuned": "query-tower"}

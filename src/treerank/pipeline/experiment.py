@@ -35,7 +35,7 @@ print:
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,7 +50,7 @@ from treerank.pipeline.config import (
 )
 from treerank.pipeline.identity import RunId, StageId, dataset_dir
 from treerank.pipeline.outcome import DatasetOutcome
-from treerank.pipeline.report import write_report
+from treerank.pipeline.report import FINETUNE_REPORT_FIELDS, write_report
 from treerank.pipeline.runs import experiment_runs, seed_groups, systems_for
 from treerank.pipeline.stages.base import StageRecord, file_sha256
 from treerank.pipeline.stages.cross_encoder import CrossEncoderRerank, CrossEncoderStage
@@ -64,6 +64,7 @@ from treerank.pipeline.stages.outputs import (
     DiagnoseOutput,
     EmbedOutput,
     EvaluateOutput,
+    FinetuneOutput,
     Output,
     TrainOutput,
 )
@@ -173,6 +174,26 @@ def _collect(sid: StageId, out: Output, o: DatasetOutcome) -> None:
         assert sid.run is not None
         o.checkpoints[sid.run.name] = out.checkpoint
         o.training[sid.run.name] = out.to_json()
+    elif isinstance(out, FinetuneOutput):  # the encoder itself: a row beside the heads'
+        assert sid.part is not None
+        s = out.summary
+        cost = s.get("cost")
+        cost = cost if isinstance(cost, Mapping) else {}
+        prec = s.get("precision")
+        o.training[sid.part] = {
+            "family": out.family,
+            "encoder_finetune": True,  # the system <name> is this tuned encoder's cosine
+            "report_fields": list(FINETUNE_REPORT_FIELDS),
+            "summary": {
+                "steps": s.get("steps"),
+                "train_loss": s.get("train_loss"),
+                "seconds": cost.get("wall_seconds"),
+                "cpu_seconds": cost.get("cpu_seconds"),
+                "peak_rss_mib": cost.get("peak_rss_mib"),
+                "tokens": cost.get("tokens"),
+                "precision": prec.get("chosen") if isinstance(prec, Mapping) else None,
+            },
+        }
     elif isinstance(out, EvaluateOutput):
         o.eval_dir = out.dir
         o.comparison = dict(out.comparison)
