@@ -118,7 +118,7 @@ def test_a_cross_encoder_entry_trains_reranks_and_reuses_every_stage(
     ("rerank", "extra", "match"),
     [
         ({"first": "bm25"}, {}, r"finetune\.ce\.rerank: unknown key\(s\) first"),
-        ({"depth": 0}, {}, r"finetune\.ce\.rerank: depth must be >= 1"),
+        ({"depth": 0}, {}, r"finetune\.ce\.rerank: depth and batch must be >= 1"),
         ({"first_stage": "bm52"}, {}, r"finetune\.ce\.rerank: .*unknown system kind 'bm52'"),
         ({"depth": "ten"}, {}, r"finetune\.ce\.rerank\.depth: expected an integer"),
         ({"batch": 0}, {}, r"finetune\.ce\.rerank: depth and batch must be >= 1"),

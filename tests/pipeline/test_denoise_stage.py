@@ -43,6 +43,13 @@ def _data(ce: Path) -> dict[str, object]:
             "guard_skip_top": 0, "denoise": {"scorer": f"ce:{ce}", "depth": 3}}  # fmt: skip
 
 
+def _copy_store(sample: Path, tmp: Path) -> Path:
+    """A fresh copy of the sample's store root (no sidecars, pseudo splits or locks)."""
+    store = tmp / "store"
+    shutil.copytree(sample, store, ignore=shutil.ignore_patterns("arrays", "pseudo*", ".lock"))
+    return store
+
+
 def _write(tmp: Path, store: Path, ce: Path) -> Path:
     data = _data(ce)
     raw = {
@@ -66,8 +73,7 @@ def test_a_denoise_stage_sits_between_mining_and_training(
     ce_dir: Path,
     tmp_path: Path,
 ) -> None:
-    store = tmp_path / "store"
-    shutil.copytree(mybeir, store, ignore=shutil.ignore_patterns("arrays", "pseudo*", ".lock"))
+    store = _copy_store(mybeir, tmp_path)
     _read_only(store)
     before = _snapshot(store)
     out = tmp_path / "out"
@@ -167,8 +173,7 @@ def test_an_encoder_finetune_trains_on_the_same_denoised_pool_as_a_head(
     """Issue 32 item 3 for encoders: a ``finetune:`` entry's ``data.denoise`` adds the same
     ``denoise:`` stage a head's does (one stage for both when the settings agree); the fine-tune
     depends on it, trains on its array and reports its counts; the store is only read."""
-    store = tmp_path / "store"
-    shutil.copytree(mybeir, store, ignore=shutil.ignore_patterns("arrays", "pseudo*", ".lock"))
+    store = _copy_store(mybeir, tmp_path)
     _read_only(store)
     before = _snapshot(store)
     out = tmp_path / "out"
@@ -209,8 +214,7 @@ def test_treerank_finetune_denoises_into_its_output_folder(
 
     from treerank.cli.main import app
 
-    store = tmp_path / "store"
-    shutil.copytree(mybeir, store, ignore=shutil.ignore_patterns("arrays", "pseudo*", ".lock"))
+    store = _copy_store(mybeir, tmp_path)
     before = _snapshot(store)
     cfg = tmp_path / "qt.yaml"
     cfg.write_text(yaml.safe_dump(_finetune_entry(ce_dir)), encoding="utf-8")

@@ -114,9 +114,11 @@ def test_published_block_states_what_reproduces_across_cpus() -> None:
 
     doc = json.loads((REPO / "docs" / "results" / "sample.json").read_text())
     seeds = [f"forest-random@seed{i}" for i in range(3)]  # the untrained twin's three seeds
-    assert set(cpu_order_systems(doc)) == {"forest", "forest-random", *seeds}
+    # ... and the main job's fine-tuned query tower (the encoder's training: its own bound)
+    assert set(cpu_order_systems(doc)) == {"forest", "forest-random", *seeds, "query-tower"}
     block = render(doc)
     assert "except forest, forest-random: the forest's class assignments" in block
+    assert "; and query-tower: the fine-tuned encoder's training sums floats" in block
     assert f"within {CPU_ORDER_TOLERANCE:g}" in block and f"within {EXACT_TOLERANCE:g}" in block
     assert mismatches(doc, doc) == []
 
