@@ -118,6 +118,7 @@ def _tiny_experiment(tmp_path: Path) -> Path:
     lin["trainer"].update(epochs=1, max_steps=2, eval_every=None)
     lin["validation"].update(fraction=0.0)
     raw["models"] = {"linear": lin}
+    raw.pop("finetune", None)  # the main job's query tower: not what this sweep is about
     raw["systems"] = ["cosine"]
     raw["evaluate"].update(k=50, baselines=["cosine"], metrics=["mrr@10", "ndcg@10"])
     raw["diagnose"] = {"model": None}
