@@ -12,6 +12,7 @@ import yaml
 
 from treerank.pipeline.config import load_experiment
 from treerank.pipeline.experiment import plan_experiment, run_experiment
+from treerank.pipeline.finetune import finetune_rows
 from treerank.store import EmbeddingStore
 
 
@@ -61,6 +62,14 @@ def test_finetune_entry_stages_keys_and_rerun_of_only_evaluate(
     assert tuned.encoder_fingerprint == meta["fingerprint"] != parent.encoder_fingerprint
     ft_json = json.loads((out / "finetune" / "sci" / "qt" / "stage.json").read_text())
     assert ft_json["summary"]["fingerprint"] == meta["fingerprint"]
+    # the report's training table has the fine-tune's row: its training queries and cost
+    row = json.loads((out / "report.json").read_text())["datasets"]["sci"]["training"]["qt"]
+    assert row["encoder_finetune"] and row["family"] == "query-tower"
+    train = EmbeddingStore.open(scifact_slice / "train")
+    rows, _ = finetune_rows(train, cfg.finetunes["qt"].config)
+    assert row["summary"]["training_queries"] == ft_json["summary"]["summary"]["training_queries"]
+    assert 0 < row["summary"]["training_queries"] <= rows.size
+    assert row["summary"]["steps"] == 2 and row["summary"]["cpu_seconds"] > 0
     # only an evaluate option changed: only the evaluate stage runs again
     again = load_experiment(_write(tmp_path, scifact_slice, seed=1), output_dir=out)
     res2 = run_experiment(again, progress=False, log=lambda s: None)

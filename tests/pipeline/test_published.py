@@ -189,24 +189,25 @@ def test_the_report_training_row_shows_the_family_report_fields() -> None:
 
 
 def test_an_encoder_finetune_row_shows_its_cost_and_its_system_states_its_tolerance() -> None:
-    """The main job's fine-tune (issue 35): its training row shows the cost fields its record
-    names, and the published block says its numbers depend on the CPU's reduction order (the
-    report's training record marks it, whatever the system is called)."""
+    """The main job's fine-tune (issue 35): its training row (a record marked
+    ``encoder_finetune``) shows its counts and cost, and the published block says its numbers
+    depend on the CPU's reduction order (the report's training record marks it, whatever the
+    system is called)."""
     import copy
 
     from treerank.pipeline.published import ENCODER_CROSS_CPU, cpu_order_systems, tolerance
-    from treerank.pipeline.report import FINETUNE_REPORT_FIELDS, _training_rows
+    from treerank.pipeline.report import _training_rows
 
     rec = {
         "family": "query-tower",
         "encoder_finetune": True,
-        "report_fields": list(FINETUNE_REPORT_FIELDS),
-        "summary": {"steps": 56, "seconds": 80.5, "cpu_seconds": 75.25, "tokens": 1200,
-                    "peak_rss_mib": 1700.0, "train_loss": 0.5, "precision": "fp32"},
+        "summary": {"training_queries": 809, "steps": 56, "seconds": 80.5, "tokens": 1200,
+                    "cpu_seconds": 75.25, "peak_rss_mib": 1700.0, "train_loss": 0.5,
+                    "precision": "fp32"},
     }  # fmt: skip
     (row,) = _training_rows("qt", rec)
     assert row == (
-        "| `qt` | steps=56, seconds=80.5, train_loss=0.5, cpu_seconds=75.25, "
+        "| `qt` | training_queries=809, steps=56, seconds=80.5, train_loss=0.5, cpu_seconds=75.25, "
         "peak_rss_mib=1700, tokens=1200, precision=fp32 |"
     )
     doc = json.loads((REPO / "docs" / "results" / "sample.json").read_text())

@@ -528,7 +528,7 @@ def resolve_path(
     from treerank.kernels.device import cache_dir, read_probe_cache, write_probe_cache
 
     cands = candidate_paths(backend, precision, allowed)
-    if not _onnx_available() or getattr(encoder, "routed", False):  # two towers: torch only
+    if not _onnx_available():
         cands = [p for p in cands if p.backend == "torch"]
     if not cands:
         raise ValueError(

@@ -211,9 +211,10 @@ class SentenceEncoder:
         if auto:
             from treerank.encoders.precision import resolve_path
 
+            name = str(backend) if not isinstance(backend, Backend) else backend.name
             self.auto_choice = resolve_path(
                 self,
-                str(backend) if not isinstance(backend, Backend) else backend.name,
+                "torch" if self.routed and name == "auto" else name,  # two towers: no ONNX
                 precision,
                 allowed=allowed_precisions,
                 refresh=refresh_probe,

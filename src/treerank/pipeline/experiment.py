@@ -50,7 +50,7 @@ from treerank.pipeline.config import (
 )
 from treerank.pipeline.identity import RunId, StageId, dataset_dir
 from treerank.pipeline.outcome import DatasetOutcome
-from treerank.pipeline.report import FINETUNE_REPORT_FIELDS, write_report
+from treerank.pipeline.report import write_report
 from treerank.pipeline.runs import experiment_runs, seed_groups, systems_for
 from treerank.pipeline.stages.base import StageRecord, file_sha256
 from treerank.pipeline.stages.cross_encoder import CrossEncoderRerank, CrossEncoderStage
@@ -183,8 +183,8 @@ def _collect(sid: StageId, out: Output, o: DatasetOutcome) -> None:
         o.training[sid.part] = {
             "family": out.family,
             "encoder_finetune": True,  # the system <name> is this tuned encoder's cosine
-            "report_fields": list(FINETUNE_REPORT_FIELDS),
             "summary": {
+                "training_queries": s.get("training_queries"),
                 "steps": s.get("steps"),
                 "train_loss": s.get("train_loss"),
                 "seconds": cost.get("wall_seconds"),

@@ -62,17 +62,18 @@ _TRAINING_FIELDS = (
 """The training-summary keys every family's row shows (then its family's ``report_fields``)."""
 
 FINETUNE_REPORT_FIELDS = ("train_loss", "cpu_seconds", "peak_rss_mib", "tokens", "precision")
-"""What an encoder fine-tune's row adds (its cost: the fine-tune stage's summary)."""
+"""What an encoder fine-tune's row adds (its cost: the fine-tune stage's summary, which
+``treerank.pipeline.experiment`` copies into a record marked ``encoder_finetune``)."""
 
 
 def _training_rows(name: str, summary: dict[str, Any]) -> list[str]:
     s = summary.get("summary", {})
     name_ = str(summary.get("family"))
-    fields = _TRAINING_FIELDS + (
-        family(name_).report_fields
-        if name_ in FAMILIES
-        else tuple(str(f) for f in summary.get("report_fields", ()))
-    )
+    if name_ in FAMILIES:
+        fields = _TRAINING_FIELDS + family(name_).report_fields
+    else:  # an encoder fine-tune's row (its record says so), or an unknown family's
+        extra = FINETUNE_REPORT_FIELDS if summary.get("encoder_finetune") else ()
+        fields = _TRAINING_FIELDS + extra
     keep = [(k, s[k]) for k in fields if k in s and not isinstance(s[k], dict | list)]
     cells = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in keep)
     return [f"| `{name}` | {cells or '—'} |"]

@@ -590,6 +590,7 @@ def finetune(
         "family": cfg.family,
         "steps": step,
         "planned_steps": steps,
+        "training_queries": int(np.unique(plan.query_rows).size),  # in the batch plan
         "rows_trained": step * plan.batch_size,
         "resumed_from": None if start is None else start.name,
         "train_loss": float(result.training_loss),
