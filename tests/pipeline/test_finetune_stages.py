@@ -81,3 +81,23 @@ def test_finetune_entry_stages_keys_and_rerun_of_only_evaluate(
         load_experiment(_write(tmp_path, scifact_slice, seed=1, lr=2e-4), output_dir=out)
     ).names()
     assert {n for n in keys if keys[n] != lr[n]} == {FT, RE_TRAIN, RE_TEST, "evaluate:sci"}
+
+
+def test_a_distilled_query_tower_depends_on_its_teacher_stage(
+    scifact_slice: Path, tmp_path: Path
+) -> None:
+    raw = yaml.safe_load(_write(tmp_path, scifact_slice).read_text())
+    teacher = {"kind": "teacher", "system": "bm25", "mode": "margin-mse", "k": 10}
+    raw["finetune"]["qt"]["data"]["sources"] = [{"kind": "labels"}, teacher]
+    (tmp_path / "exp.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    graph = plan_experiment(load_experiment(tmp_path / "exp.yaml", output_dir=tmp_path / "o"))
+    edges = graph.edges()
+    taught = [d for d in edges[FT] if d.startswith("teacher:sci:")]
+    assert len(taught) == 1 and edges[taught[0]] == ["embed:sci:train"]
+    # the teacher's settings are in the fine-tune's key: another depth is another stage
+    raw["finetune"]["qt"]["data"]["sources"][1]["k"] = 20
+    (tmp_path / "exp.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    again = plan_experiment(load_experiment(tmp_path / "exp.yaml", output_dir=tmp_path / "o"))
+    assert [d for d in again.edges()[FT] if d.startswith("teacher:")] != taught
+    ft = {g: next(st for sid, st in g.stages.items() if sid.name == FT) for g in (graph, again)}
+    assert ft[graph].inputs != ft[again].inputs

@@ -314,8 +314,8 @@ def _finetune_stages(
     cfg: ExperimentConfig, ctx: RunContext, ds: DatasetConfig, graph: StageGraph
 ) -> tuple[tuple[tuple[str, StageId], ...], tuple[CrossEncoderRerank, ...]]:
     """Add each ``finetune:`` entry's stages on ``ds`` (it needs a train split): the fine-tune
-    (after the mine stage ``data.hard_negatives: mined`` reads, and the denoise stage
-    ``data.denoise`` reads), then one re-embed stage per
+    (after the mine stage ``data.hard_negatives: mined`` reads, the denoise stage
+    ``data.denoise`` reads and the teacher stages of ``data.sources``), then one re-embed stage per
     split; a cross-encoder entry's training stage alone. Returns ``(system name, reembed stage
     of the evaluation split)`` per encoder entry, and each cross-encoder's reranking system."""
     if not ds.train_split or not cfg.finetunes:
@@ -336,7 +336,12 @@ def _finetune_stages(
         job = spec.config.data.denoise_job()
         if job is not None and mine is not None:  # RocketQA: after the mining
             denoise = _add_shared(graph, DenoiseStage.make(ctx, store, mine, job))
-        ft = FinetuneStage.make(ctx, name, store, spec.config, mine, denoise)
+        teachers = tuple(
+            _add_shared(graph, TeacherStage.make(ctx, store, src, None))
+            for src in data.source_specs() or ()
+            if src.kind == "teacher"
+        )
+        ft = FinetuneStage.make(ctx, name, store, spec.config, mine, denoise, teachers)
         graph.add(ft)
         for split in dict.fromkeys((ds.train_split, ds.eval_split)):
             re = ReembedStage.make(ctx, ft.id, StageId.embed(ds.name, split))

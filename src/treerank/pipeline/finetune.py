@@ -46,7 +46,7 @@ from treerank.readers.split import RetrievalSplit
 from treerank.store.embed import embed_split
 from treerank.store.embedding_store import EmbeddingStore
 from treerank.storelike import StoreLike
-from treerank.tasks.train import ensure_denoised_negatives
+from treerank.tasks.train import ensure_denoised_negatives, ensure_teacher_run
 from treerank.training.finetune import (
     DRT_HEAD_DIR,
     FINETUNE_JSON,
@@ -354,9 +354,16 @@ def run_finetune(
             say(f"denoising them with {job.settings.scorer} (first {job.settings.depth})")
             denoised = ensure_denoised_negatives(view, job, scorer=scorer, progress=progress)
             mined = np.asarray(view.load_array(job.array))
+    source = train
+    teachers = [s for s in cfg.data.source_specs() or () if s.kind == "teacher"]
+    if teachers:  # the teachers' runs, into the run's folder too
+        source = train.with_derived(out / "arrays")
+        for spec in teachers:
+            say(f"ranking the training queries with the teacher {spec.system} (top {spec.k})")
+            ensure_teacher_run(source, None, spec, progress=progress)
     say(f"fine-tuning {cfg.family} on {len(train_rows)} training queries of {train.path}")
     ft = finetune(
-        train,
+        source,
         cfg,
         out,
         train_rows=train_rows,

@@ -50,6 +50,7 @@ import torch
 from treerank.atomic import atomic_write_json, make_temp_dir
 from treerank.kernels.device import DEFAULT_DEVICE, Device, resolve_device
 from treerank.storelike import StoreLike
+from treerank.training.data import build_training_table
 from treerank.training.finetune_config import FinetuneConfig, drt_head_config
 from treerank.training.finetune_losses import DRTEndToEndLoss, StoredPassageLoss
 from treerank.training.model_folder import latest_checkpoint, loss_log, save_model_folder
@@ -96,6 +97,13 @@ class BatchPlan:
         hard: ``int64 (n, h)`` hard negatives (``-1`` padding; ``h = 0`` without).
         batch_size: rows per batch (the last batch of an epoch may be shorter: never).
         epochs: epochs laid out.
+        targets: ``int64 (n, L)`` with ``data.sources``: each row's passages carrying target
+            mass (a ``soft`` teacher's top ``k``; the designated positive for the other rows),
+            ``-1`` padding; None: the designated positive alone (the labels' plan).
+        weights: ``float32 (n, L)`` their mass, rows summing to 1 (with ``targets``).
+        teacher: ``float32 (n, L)`` a ``margin-mse`` teacher's scores of ``targets`` divided by
+            its temperature (NaN on other rows and padding); None without such a source.
+        sources: per source: pairs, weight and mode (the summary's ``sources``).
     """
 
     query_rows: np.ndarray
@@ -104,6 +112,10 @@ class BatchPlan:
     hard: np.ndarray
     batch_size: int
     epochs: int
+    targets: np.ndarray | None = None
+    weights: np.ndarray | None = None
+    teacher: np.ndarray | None = None
+    sources: dict[str, Any] | None = None
 
     @property
     def n_batches(self) -> int:
@@ -134,15 +146,27 @@ def plan_batches(
             without ``mined``.
     """
     data = cfg.data
-    pairs = label_pairs(
-        store.candidates,
-        store.labels,
-        store.query_texts(),
-        relevance_threshold=int(store.relevance_threshold),
-        query_rows=train_rows,
-    )
+    specs = data.source_specs()
+    table = None
+    if specs is None:
+        sets = [
+            label_pairs(
+                store.candidates,
+                store.labels,
+                store.query_texts(),
+                relevance_threshold=int(store.relevance_threshold),
+                query_rows=train_rows,
+            )
+        ]
+    else:  # the heads' sources: labels and teacher runs of the training queries
+        table = build_training_table(store, specs, train_rows)
+        sets = table.sources
     sampler = PairSampler(
-        [pairs], batch_size=data.batch_size, seed=cfg.train.seed, collisions=data.collisions
+        sets,
+        weights=None if table is None else table.weights,
+        batch_size=data.batch_size,
+        seed=cfg.train.seed,
+        collisions=data.collisions,
     )
     want_hard = data.hard_negatives == "mined" and data.n_hard > 0
     if want_hard and mined is None:
@@ -157,12 +181,23 @@ def plan_batches(
     pos: list[np.ndarray] = []
     masked: list[np.ndarray] = []
     hard: list[np.ndarray] = []
+    targets: list[np.ndarray] = []
+    weights: list[np.ndarray] = []
+    graded: list[np.ndarray] = []
     for epoch in range(data.epochs):
         for batch in sampler.epoch(epoch):
             assert batch.target_ids is not None and batch.exclude_ids is not None
+            assert batch.target_weights is not None
             q_rows.append(batch.query_rows)
             pos.append(batch.passage_rows[batch.positive.argmax(axis=1)])
             masked.append(np.concatenate([batch.target_ids, batch.exclude_ids], axis=1))
+            targets.append(batch.target_ids)
+            weights.append(batch.target_weights)
+            if batch.teacher_scores is not None:  # the teacher's values of the row's targets
+                at = np.searchsorted(batch.passage_rows, np.clip(batch.target_ids, 0, None))
+                at = np.clip(at, 0, batch.passage_rows.size - 1)
+                g = np.take_along_axis(batch.teacher_scores, at, axis=1)
+                graded.append(np.where(batch.target_ids >= 0, g, np.nan).astype(np.float32))
             h = np.full((len(batch.query_rows), data.n_hard if want_hard else 0), -1, np.int64)
             if pool is not None:
                 for i, q in enumerate(batch.query_rows):
@@ -170,15 +205,27 @@ def plan_batches(
                     if cand.size:
                         h[i] = rng.choice(cand, size=h.shape[1], replace=cand.size < h.shape[1])
             hard.append(h)
-    width = max(m.shape[1] for m in masked)
-    masked = [np.pad(m, ((0, 0), (0, width - m.shape[1])), constant_values=-1) for m in masked]
-    return BatchPlan(
+    plan = BatchPlan(
         np.concatenate(q_rows).astype(np.int64),
         np.concatenate(pos).astype(np.int64),
-        np.concatenate(masked).astype(np.int64),
+        _stack(masked, -1).astype(np.int64),
         np.concatenate(hard).astype(np.int64),
         data.batch_size,
         data.epochs,
+    )
+    if table is not None:
+        plan.targets = _stack(targets, -1).astype(np.int64)
+        plan.weights = _stack(weights, 0).astype(np.float32)
+        plan.teacher = _stack(graded, np.nan).astype(np.float32) if graded else None
+        plan.sources = table.info
+    return plan
+
+
+def _stack(parts: list[np.ndarray], pad: float) -> np.ndarray:
+    """Row blocks of different widths, right-padded with ``pad`` to the widest."""
+    width = max(p.shape[1] for p in parts)
+    return np.concatenate(
+        [np.pad(p, ((0, 0), (0, width - p.shape[1])), constant_values=pad) for p in parts]
     )
 
 
@@ -413,6 +460,9 @@ def _loss(model: Any, store: StoreLike, plan: BatchPlan, cfg: FinetuneConfig) ->
             plan.hard if plan.hard.shape[1] else None,
             negatives=cfg.data.negatives,
             scale=scale,
+            targets=plan.targets,
+            weights=plan.weights,
+            teacher=plan.teacher,
         )
     if cfg.family == "drt-e2e":
         from treerank.models.drt import DRTHead
@@ -608,6 +658,8 @@ def finetune(
     }
     if denoised is not None:
         summary["denoised_negatives"] = dict(denoised)
+    if plan.sources is not None:
+        summary["sources"] = plan.sources
     atomic_write_json(
         out / FINETUNE_JSON,
         {

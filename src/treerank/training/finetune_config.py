@@ -8,7 +8,7 @@ validation``) with a ``family`` beside ``seed``.
     model:   {base, max_query_length, max_passage_length, freeze_embeddings, freeze_layers,
               untied, drt}
     data:    {batch_size, epochs, hard_negatives, n_hard, mine_depth, guard_skip_top, negatives,
-              collisions, denoise}
+              collisions, denoise, sources}
     trainer: {loss, mini_batch_size, lr, head_lr, lambda_dec, warmup_ratio, scheduler,
               weight_decay, max_grad_norm, temperature, precision, gradient_checkpointing,
               save_steps, max_steps, ...}
@@ -51,6 +51,7 @@ from typing import Any
 from treerank.config import ConfigError
 from treerank.store.format import MINED_NEGATIVES_ARRAY
 from treerank.training.config import TrainConfig, parse_train_config
+from treerank.training.data import SourceSpec, parse_sources
 from treerank.training.denoise import DenoiseJob, parse_denoise
 
 __all__ = [
@@ -134,6 +135,16 @@ class FinetuneData:
             it flags as positives are dropped before batching (``guard_skip_top`` still
             applies). Needs ``hard_negatives: mined`` and ``n_hard >= 1``. None: the raw
             mined negatives.
+        sources: the heads' ``data.sources`` (:class:`~treerank.training.data.SourceSpec`
+            entries mixed by weight): ``labels`` and ``teacher`` entries on the training
+            queries (``queries: train``), e.g. a cross-encoder teacher
+            ``{kind: teacher, system: "rescore:bm25:depth=20,scorer=ce:<dir>", mode:
+            margin-mse, k: 20}``. A ``query-tower`` takes every teacher mode (``soft``: listwise
+            KL over the softmax of ``negatives``; ``margin-mse``: the student's margins
+            between the teacher's best and each other of its top ``k`` regress onto the
+            teacher's, Hofstätter et al. 2020); ``biencoder`` and ``drt-e2e`` take ``sample``
+            teachers (their positives become text columns). ``pseudo`` entries are refused
+            (a query tower scores the store's passages only). None: the labels alone.
     """
 
     batch_size: int = 32
@@ -145,6 +156,7 @@ class FinetuneData:
     negatives: str = "all"
     collisions: bool = True
     denoise: dict[str, Any] | None = None
+    sources: list[dict[str, Any]] | None = None
 
     def __post_init__(self) -> None:
         if self.batch_size < 2:
@@ -163,6 +175,28 @@ class FinetuneData:
             parse_denoise(self.denoise, "denoise")  # raises on a bad key or value
             if self.hard_negatives != "mined" or self.n_hard < 1:
                 raise ValueError("denoise needs hard_negatives: mined and n_hard >= 1")
+        for i, spec in enumerate(self.source_specs() or ()):
+            if spec.kind == "pseudo" or spec.queries != "train":
+                raise ValueError(
+                    f"sources[{i}]: an encoder fine-tune trains on the split's own queries and "
+                    "passages: labels and teacher entries with queries: train only"
+                )
+
+    def source_specs(self) -> list[SourceSpec] | None:
+        """The parsed ``sources`` (None: the labels alone, the plain batch plan).
+
+        Raises:
+            ValueError: a bad entry (its index and key named).
+        """
+        if self.sources is None:
+            return None
+        try:
+            specs = parse_sources(self.sources, "sources")
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+        if not specs:
+            raise ValueError("sources: give at least one entry (or null: the labels)")
+        return specs
 
     def denoise_job(self) -> DenoiseJob | None:
         """The denoised pool this section trains on (None: no ``denoise``): the split's
@@ -448,6 +482,17 @@ def _check_family(family: str, model: FinetuneModel, train: TrainConfig, where: 
         )
     t = train.trainer
     assert isinstance(t, FinetuneTrainer)
+    data = train.data
+    assert isinstance(data, FinetuneData)
+    graded = [
+        s.mode for s in data.source_specs() or () if s.kind == "teacher" and s.mode != "sample"
+    ]
+    if graded and family != "query-tower":
+        raise ConfigError(
+            f"{where}.data.sources: {graded[0]} distillation trains the query tower against "
+            f"stored passage vectors; {family!r} takes sample teachers only (their top "
+            "passages as positives)"
+        )
     if family != "drt-e2e":
         if model.drt is not None:
             raise ConfigError(f"{where}.model.drt: DRT head options apply to drt-e2e only")

@@ -44,6 +44,18 @@ class StoredPassageLoss(nn.Module):
             columns of an ``in-batch`` softmax; ``None``: none.
         negatives: ``"all"`` or ``"in-batch"``.
         scale: logit scale ``1 / temperature``.
+        targets: ``int64 (n_rows, L)`` distillation (``data.sources``): each row's passages
+            carrying target mass (``-1`` padding); None: the designated positive alone.
+        weights: ``float32 (n_rows, L)`` that mass (rows summing to 1), with ``targets``.
+        teacher: ``float32 (n_rows, L)`` a ``margin-mse`` teacher's scores of ``targets``
+            (NaN on rows it did not grade), or None.
+
+    With ``targets`` each row's loss is listwise KL between its target distribution and the
+    student's softmax (:func:`treerank.training.losses.listwise_kl`; InfoNCE for a one-hot
+    row), and a row the teacher graded regresses the student's margins between its anchor
+    (the teacher's best) and each other passage the teacher scored onto the teacher's
+    (:func:`treerank.training.losses.margin_mse`, Hofstätter et al. 2020), over the same
+    columns. Without, the loss is ``cross_entropy`` on the positive, as before.
 
     Raises:
         ValueError: tables of mismatched lengths, an unknown ``negatives``, ids out of range.
@@ -59,18 +71,30 @@ class StoredPassageLoss(nn.Module):
         *,
         negatives: str = "all",
         scale: float = 20.0,
+        targets: np.ndarray | None = None,
+        weights: np.ndarray | None = None,
+        teacher: np.ndarray | None = None,
     ) -> None:
         super().__init__()
         if negatives not in ("all", "in-batch"):
             raise ValueError(f"negatives must be 'all' or 'in-batch', got {negatives!r}")
         n_rows = int(np.asarray(positive).shape[0])
-        if np.asarray(masked).shape[0] != n_rows or (
-            hard is not None and np.asarray(hard).shape[0] != n_rows
-        ):
-            raise ValueError(f"positive, masked and hard tables must have {n_rows} rows")
+        tables = (masked, hard, targets, weights, teacher)
+        if any(t is not None and np.asarray(t).shape[0] != n_rows for t in tables):
+            raise ValueError(f"positive, masked, hard and target tables must have {n_rows} rows")
+        if (targets is None) != (weights is None) or (teacher is not None and targets is None):
+            raise ValueError("targets and weights go together; teacher needs them")
+        for what, tab in (("weights", weights), ("teacher", teacher)):
+            if tab is not None and np.asarray(tab).shape != np.asarray(targets).shape:
+                raise ValueError(f"{what} must be shaped like targets")
         p = torch.from_numpy(np.array(passages, dtype=np.float32))  # a private copy
         n_pas = int(p.shape[0])
-        for what, tab in (("positive", positive), ("masked", masked), ("hard", hard)):
+        for what, tab in (
+            ("positive", positive),
+            ("masked", masked),
+            ("hard", hard),
+            ("targets", targets),
+        ):
             if tab is not None and np.asarray(tab).size and int(np.asarray(tab).max()) >= n_pas:
                 raise ValueError(f"{what}: passage id beyond the store's {n_pas} passages")
         self.model = model
@@ -80,6 +104,9 @@ class StoredPassageLoss(nn.Module):
         self.hard = None if hard is None else torch.as_tensor(np.asarray(hard, dtype=np.int64))
         self.negatives = negatives
         self.scale = float(scale)
+        self.targets = None if targets is None else torch.as_tensor(np.asarray(targets, np.int64))
+        self.weights = None if weights is None else torch.as_tensor(np.asarray(weights, np.float32))
+        self.teacher = None if teacher is None else torch.as_tensor(np.asarray(teacher, np.float32))
 
     def forward(
         self, features: list[dict[str, torch.Tensor]], labels: torch.Tensor
@@ -101,6 +128,8 @@ class StoredPassageLoss(nn.Module):
             cols = torch.arange(self.passages.shape[0])
         else:
             parts = [pos] + ([self.hard[rows].reshape(-1)] if self.hard is not None else [])
+            if self.targets is not None:
+                parts.append(self.targets[rows].reshape(-1))
             flat = torch.cat(parts)
             cols = torch.unique(flat[flat >= 0])  # sorted
         p = self.passages.to(q.device)[cols.to(q.device)]
@@ -108,12 +137,48 @@ class StoredPassageLoss(nn.Module):
         target = torch.searchsorted(cols, pos)  # column of each positive
         m = self.masked[rows]  # (B, m)
         at = torch.searchsorted(cols, m.clamp(min=0)).clamp(max=cols.numel() - 1)
-        hit = (m >= 0) & (cols[at] == m) & (m != pos[:, None])
+        own = m[:, :, None] == (
+            pos[:, None, None] if self.targets is None else self.targets[rows][:, None, :]
+        )
+        hit = (m >= 0) & (cols[at] == m) & ~own.any(dim=2)  # a row's own targets stay in
         mask = torch.zeros(scores.shape, dtype=torch.bool)
         r_idx = torch.arange(len(rows))[:, None].expand_as(m)
         mask[r_idx[hit], at[hit]] = True
-        scores = scores.masked_fill(mask.to(scores.device), float("-inf"))
-        return nn.functional.cross_entropy(scores, target.to(scores.device))
+        if self.targets is None:
+            scores = scores.masked_fill(mask.to(scores.device), float("-inf"))
+            return nn.functional.cross_entropy(scores, target.to(scores.device))
+        return self._distilled(scores, cols, rows, target, mask.to(scores.device))
+
+    def _distilled(
+        self,
+        scores: torch.Tensor,
+        cols: torch.Tensor,
+        rows: torch.Tensor,
+        target: torch.Tensor,
+        mask: torch.Tensor,
+    ) -> torch.Tensor:
+        """The mean over rows of listwise KL (or MarginMSE on graded rows) over ``cols``."""
+        from treerank.training.losses import listwise_kl, margin_mse
+
+        assert self.targets is not None and self.weights is not None
+        tid, w = self.targets[rows], self.weights[rows]  # (B, L)
+        ok = tid >= 0
+        at = torch.searchsorted(cols, tid.clamp(min=0)).clamp(max=cols.numel() - 1)
+        b_idx = torch.arange(len(rows))[:, None].expand_as(tid)
+        dist = torch.zeros(scores.shape, dtype=torch.float32)
+        dist.index_put_((b_idx[ok], at[ok]), w[ok], accumulate=True)
+        dev = scores.device
+        per_row = listwise_kl(scores, dist.to(dev), mask, reduction="none")
+        if self.teacher is None:
+            return per_row.mean()
+        g = self.teacher[rows]  # (B, L)
+        graded = torch.isfinite(g) & ok
+        grid = torch.full(scores.shape, float("nan"))
+        grid[b_idx[graded], at[graded]] = g[graded]
+        anchor = torch.zeros(scores.shape, dtype=torch.bool)
+        anchor[torch.arange(len(rows)), target] = True
+        mm = margin_mse(scores, grid.to(dev), anchor.to(dev), reduction="none")
+        return torch.where(graded.any(dim=1).to(dev), mm, per_row).mean()
 
 
 class DRTEndToEndLoss(nn.Module):

@@ -33,6 +33,7 @@ from treerank.pipeline.stages.outputs import (
     MineOutput,
     Output,
     ReembedOutput,
+    TeacherOutput,
 )
 from treerank.store import EmbeddingStore
 from treerank.training.finetune import finetune
@@ -56,6 +57,7 @@ class FinetuneStage(RunStage):
     mine: StageId | None
     config: FinetuneConfig
     denoise: StageId | None = None
+    teachers: tuple[StageId, ...] = ()
 
     @classmethod
     def make(
@@ -66,9 +68,11 @@ class FinetuneStage(RunStage):
         config: FinetuneConfig,
         mine: StageId | None = None,
         denoise: StageId | None = None,
+        teachers: tuple[StageId, ...] = (),
     ) -> Self:
         """``mine``: the stage whose BM25 negatives ``data.hard_negatives: mined`` trains on;
-        ``denoise``: the stage whose denoised pool of them ``data.denoise`` trains on."""
+        ``denoise``: the stage whose denoised pool of them ``data.denoise`` trains on;
+        ``teachers``: the teacher stages whose runs ``data.sources`` distils."""
         sid = StageId.finetune(store.dataset, name)
         inputs = {
             "config": config.to_dict(),
@@ -76,9 +80,17 @@ class FinetuneStage(RunStage):
             "device": ctx.device_key,
             **cls.more_inputs(config),
         }
-        deps = tuple(d for d in (store, mine, denoise) if d is not None)
+        deps = tuple(d for d in (store, mine, denoise) if d is not None) + teachers
         return cls.of(
-            ctx, sid, deps, inputs, store=store, mine=mine, config=config, denoise=denoise
+            ctx,
+            sid,
+            deps,
+            inputs,
+            store=store,
+            mine=mine,
+            config=config,
+            denoise=denoise,
+            teachers=teachers,
         )
 
     @classmethod
@@ -87,14 +99,15 @@ class FinetuneStage(RunStage):
         return {}
 
     def training_data(self, deps: Deps) -> tuple[EmbeddingStore, np.ndarray | None]:
-        """The train split as a view reading the mine (and denoise) stages' arrays (nothing is
-        written into the split) and the negatives it trains on: the denoised pool with a
-        denoise stage, else the mined negatives (None: not mined, or not found)."""
+        """The train split as a view reading the mine, denoise and teacher stages' arrays
+        (nothing is written into the split) and the negatives it trains on: the denoised pool
+        with a denoise stage, else the mined negatives (None: not mined, or not found)."""
         made = [deps.get(s, MineOutput) for s in (self.mine, self.denoise) if s is not None]
+        taught = [deps.get(s, TeacherOutput).arrays for s in self.teachers]
         train = (
             deps.get(self.store, EmbedOutput)
             .open()
-            .with_derived(arrays_read=tuple(m.arrays for m in made))
+            .with_derived(arrays_read=tuple(m.arrays for m in made) + tuple(taught))
         )
         mined = None
         if made:
