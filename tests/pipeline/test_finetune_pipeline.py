@@ -268,3 +268,27 @@ def test_untied_applies_to_the_biencoder_only() -> None:
 
     with pytest.raises(ConfigError, match=r"ft\.model\.untied: .* biencoder only"):
         parse_finetune_config({"family": "query-tower", "model": {"untied": True}}, "ft")
+
+
+def test_a_distilled_run_ranks_its_teacher_into_its_own_folder(
+    slice_root: Path, tmp_path: Path
+) -> None:
+    """``treerank finetune`` with a ``data.sources`` teacher: the teacher's run goes into
+    ``OUT/arrays`` (the store is only read) and the results carry the sources."""
+    before = sorted(p.name for p in (slice_root / "train").rglob("*"))
+    teacher = {"kind": "teacher", "system": "bm25", "mode": "margin-mse", "k": 5}
+    cfg = parse_finetune_config(
+        {
+            "family": "query-tower",
+            "data": {"batch_size": 4, "sources": [{"kind": "labels"}, teacher]},
+            "trainer": {"max_steps": 1, "save_steps": 0, "lr": 1e-4},
+            "validation": {"fraction": 0},
+        }
+    )
+    out = tmp_path / "run"
+    res = run_finetune(cfg, slice_root, out, n_permutations=20)
+    assert sorted(p.name for p in (slice_root / "train").rglob("*")) == before
+    stems = {p.name for p in (out / "arrays").iterdir()}
+    assert any(s.startswith("teacher-") and s.endswith("-ids.npy") for s in stems)
+    sources = res["training"]["sources"]
+    assert [v["mode"] for v in sources.values()] == ["sample", "margin-mse"]

@@ -64,9 +64,12 @@ def test_config_takes_teachers_for_the_query_tower_and_refuses_what_is_not_built
     cfg = _cfg([{"kind": "labels"}, BM25_MARGIN])
     assert [s.kind for s in cfg.data.source_specs()] == ["labels", "teacher"]
     assert _cfg(None).data.source_specs() is None
-    with pytest.raises(ConfigError, match=r"data\.sources.*margin-mse.*'biencoder'"):
-        _cfg([BM25_MARGIN], family="biencoder")
-    assert _cfg([{**BM25_SOFT, "mode": "sample"}], family="biencoder")  # positives from it
+    assert _cfg([BM25_MARGIN], family="biencoder").data.n_hard == 1
+    with pytest.raises(ConfigError, match=r"data\.sources.*n_hard >= 1"):
+        _cfg([BM25_MARGIN], family="biencoder", n_hard=0)
+    with pytest.raises(ConfigError, match=r"data\.sources.*margin-mse.*drt-e2e"):
+        _cfg([BM25_MARGIN], family="drt-e2e")
+    assert _cfg([{**BM25_SOFT, "mode": "sample"}], family="drt-e2e")  # positives from it
     with pytest.raises(ConfigError, match=r"sources\[0\].*queries: train"):
         _cfg([{"kind": "pseudo"}])
     with pytest.raises(ConfigError, match=r"sources\[0\]"):
@@ -158,7 +161,7 @@ def test_the_distilled_loss_equals_its_formula() -> None:
     )  # fmt: skip
     plain = StoredPassageLoss(_Fixed(q), p, np.array([1, 3]), masked)
     args = ([{"rows": torch.tensor([0, 1])}], torch.tensor([0, 1]))
-    assert float(onehot(*args)) == pytest.approx(float(plain(*args)), rel=1e-6)
+    assert onehot(*args).item() == pytest.approx(plain(*args).item(), rel=1e-6)
 
 
 def test_the_label_only_plan_is_unchanged_by_a_labels_source(slice_store) -> None:
@@ -181,3 +184,57 @@ def test_a_distilled_query_tower_trains_and_records_its_sources(
     assert [v["mode"] for v in src.values()] == ["sample", "margin-mse"]
     assert ft.fingerprint != ft.base_fingerprint
     assert SimpleNamespace(**ft.summary["cost"]).cpu_seconds > 0
+
+
+def test_a_distilled_biencoder_draws_its_negatives_from_the_teacher(slice_store) -> None:
+    from treerank.training.sampler import relevant_lists
+
+    _, ids, scores = _teacher(slice_store, BM25_MARGIN)
+    plan = plan_batches(slice_store, _cfg([{"kind": "labels"}, BM25_MARGIN], family="biencoder"))
+    assert plan.pair_teacher is not None and plan.pair_mode is not None
+    assert plan.hard.shape[1] == 1 and set(plan.pair_mode.tolist()) == {0, 2}
+    rel, _ = relevant_lists(slice_store.candidates, slice_store.labels, 1)
+    for i in np.flatnonzero(plan.pair_mode == 2):
+        q, neg = plan.query_rows[i], int(plan.hard[i, 0])
+        top = ids[q, :5].tolist()
+        assert neg in top and neg != plan.positive[i] and neg not in rel[q].tolist()
+        t = {pid: np.float32(np.float64(v) / 4.0) for pid, v in zip(top, scores[q, :5])}
+        assert plan.pair_teacher[i].tolist() == [t[int(plan.positive[i])], t[neg]]
+    assert np.isnan(plan.pair_teacher[plan.pair_mode == 0]).all()
+
+
+def test_the_distilled_biencoder_loss_is_mnrl_plus_the_teachers_term() -> None:
+    from sentence_transformers.sentence_transformer import losses
+
+    from treerank.training.finetune_losses import DistilledMNRLLoss
+
+    rng = np.random.default_rng(1)
+    emb = [torch.from_numpy(rng.standard_normal((3, 4)).astype(np.float32)) for _ in range(3)]
+    feats = [{"rows": torch.arange(3), "col": c} for c in range(3)]
+
+    class _Cols(torch.nn.Module):
+        def forward(self, f: dict) -> dict:
+            return {"sentence_embedding": emb[f["col"]][f["rows"]]}
+
+    teacher = np.array([[3.0, 1.0], [np.nan, np.nan], [0.5, 2.0]], dtype=np.float32)
+    loss = DistilledMNRLLoss(_Cols(), teacher, np.array([2, 0, 1], np.int8), scale=20.0)
+    got = loss(feats, torch.arange(3)).item()
+    mnrl = losses.MultipleNegativesRankingLoss(_Cols(), scale=20.0)
+    base = mnrl.compute_loss_from_embeddings(emb, torch.arange(3)).item()
+    n = [e.numpy() / np.linalg.norm(e.numpy(), axis=1, keepdims=True) for e in emb]
+    s = 20.0 * np.stack([(n[0] * n[c]).sum(axis=1) for c in (1, 2)], axis=1).astype(np.float64)
+    margin = ((s[0, 0] - s[0, 1]) - (3.0 - 1.0)) ** 2  # row 0: MarginMSE
+    p_t = np.exp([0.5, 2.0]) / np.exp([0.5, 2.0]).sum()  # row 2: listwise KL
+    log_p = s[2] - np.log(np.exp(s[2]).sum())
+    kl = float((p_t * (np.log(p_t) - log_p)).sum())
+    assert got == pytest.approx(base + (margin + kl) / 3, rel=1e-5)
+    plain = DistilledMNRLLoss(_Cols(), teacher, np.zeros(3, np.int8), scale=20.0)
+    assert plain(feats, torch.arange(3)).item() == base  # no teacher row: MNRL itself
+
+
+def test_a_distilled_biencoder_trains(slice_store, tmp_path: Path) -> None:
+    _teacher(slice_store, BM25_MARGIN)
+    cfg = _cfg([{"kind": "labels"}, BM25_MARGIN], family="biencoder")
+    ft = finetune(slice_store, cfg, tmp_path / "bi")
+    assert ft.summary["steps"] == 2 and math.isfinite(ft.summary["train_loss"])
+    assert [v["mode"] for v in ft.summary["sources"].values()] == ["sample", "margin-mse"]

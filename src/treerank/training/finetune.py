@@ -52,10 +52,14 @@ from treerank.kernels.device import DEFAULT_DEVICE, Device, resolve_device
 from treerank.storelike import StoreLike
 from treerank.training.data import build_training_table
 from treerank.training.finetune_config import FinetuneConfig, drt_head_config
-from treerank.training.finetune_losses import DRTEndToEndLoss, StoredPassageLoss
+from treerank.training.finetune_losses import (
+    DistilledMNRLLoss,
+    DRTEndToEndLoss,
+    StoredPassageLoss,
+)
 from treerank.training.model_folder import latest_checkpoint, loss_log, save_model_folder
 from treerank.training.precision import resolve_precision
-from treerank.training.sampler import guard_mined_negatives
+from treerank.training.sampler import guard_mined_negatives, relevant_lists
 from treerank.training.sources import PairSampler, label_pairs
 
 __all__ = [
@@ -104,6 +108,10 @@ class BatchPlan:
         teacher: ``float32 (n, L)`` a ``margin-mse`` teacher's scores of ``targets`` divided by
             its temperature (NaN on other rows and padding); None without such a source.
         sources: per source: pairs, weight and mode (the summary's ``sources``).
+        pair_teacher: ``float32 (n, 1 + h)`` ``biencoder`` with a graded teacher: the teacher's
+            logits of each row's ``[positive, hard...]`` columns (NaN: not graded), or None.
+        pair_mode: ``int8 (n,)`` 0 (no teacher), 1 (soft: listwise KL over the row's columns),
+            2 (margin-mse), with ``pair_teacher``.
     """
 
     query_rows: np.ndarray
@@ -116,6 +124,8 @@ class BatchPlan:
     weights: np.ndarray | None = None
     teacher: np.ndarray | None = None
     sources: dict[str, Any] | None = None
+    pair_teacher: np.ndarray | None = None
+    pair_mode: np.ndarray | None = None
 
     @property
     def n_batches(self) -> int:
@@ -218,7 +228,52 @@ def plan_batches(
         plan.weights = _stack(weights, 0).astype(np.float32)
         plan.teacher = _stack(graded, np.nan).astype(np.float32) if graded else None
         plan.sources = table.info
+        if cfg.family != "query-tower" and data.n_hard > 0:
+            rel, _ = relevant_lists(
+                np.asarray(store.candidates), np.asarray(store.labels), store.relevance_threshold
+            )
+            _pair_teacher(plan, rel, data.n_hard, cfg.train.seed)
     return plan
+
+
+def _pair_teacher(plan: BatchPlan, relevant: np.ndarray, n_hard: int, seed: int) -> None:
+    """The bi-encoder's distillation columns, in place: each row with a graded teacher (more
+    than one target) gets as its ``n_hard`` negatives a seeded draw from its teacher's other
+    targets (never a labelled relevant passage), and ``plan.pair_teacher`` the teacher's
+    logits of ``[anchor, negative_0, ...]`` (``margin-mse``: its scores / temperature;
+    ``soft``: the log of its weights, so a softmax over the drawn columns is the teacher's
+    distribution renormalised to them); ``plan.pair_mode`` 1 (soft) or 2 (margin-mse), 0 for
+    rows without a teacher (their negatives are left as they were)."""
+    n = len(plan.query_rows)
+    assert plan.targets is not None and plan.weights is not None
+    hard = np.full((n, n_hard), -1, np.int64)
+    hard[:, : plan.hard.shape[1]] = plan.hard[:, :n_hard]
+    table = np.full((n, 1 + n_hard), np.nan, np.float32)
+    mode = np.zeros(n, np.int8)
+    rng = np.random.default_rng([seed, 104729])
+    for i in range(n):
+        tid = plan.targets[i]
+        ok = np.flatnonzero(tid >= 0)
+        if ok.size < 2:
+            continue
+        margin = plan.teacher is not None and bool(np.isfinite(plan.teacher[i]).any())
+        if margin:
+            assert plan.teacher is not None
+            logit = plan.teacher[i]
+        else:
+            logit = np.log(np.maximum(plan.weights[i], np.float32(1e-30)))
+        rel = set(relevant[plan.query_rows[i]].tolist())
+        anchor = int(np.flatnonzero(tid == plan.positive[i])[0])
+        cand = [j for j in ok if j != anchor and int(tid[j]) not in rel and np.isfinite(logit[j])]
+        if not cand:
+            continue
+        pick = rng.choice(np.asarray(cand), size=min(n_hard, len(cand)), replace=False)
+        hard[i] = -1
+        hard[i, : pick.size] = tid[pick]
+        table[i, 0] = logit[anchor]
+        table[i, 1 : 1 + pick.size] = logit[pick]
+        mode[i] = 2 if margin else 1
+    plan.hard, plan.pair_teacher, plan.pair_mode = hard, table, mode
 
 
 def _stack(parts: list[np.ndarray], pad: float) -> np.ndarray:
@@ -445,6 +500,8 @@ def _dataset(store: StoreLike, plan: BatchPlan, family: str) -> Any:
             p_texts[int(h if h >= 0 else plan.positive[fill[i]])]
             for i, h in enumerate(plan.hard[:, j])
         ]
+    if plan.pair_teacher is not None:  # the distilled loss looks its row up
+        cols["label"] = list(range(len(plan.query_rows)))
     return Dataset.from_dict(cols)
 
 
@@ -473,6 +530,9 @@ def _loss(model: Any, store: StoreLike, plan: BatchPlan, cfg: FinetuneConfig) ->
         return DRTEndToEndLoss(model, head, scale=scale, lambda_dec=t.lambda_dec)
     from sentence_transformers.sentence_transformer import losses
 
+    if plan.pair_teacher is not None:
+        assert plan.pair_mode is not None
+        return DistilledMNRLLoss(model, plan.pair_teacher, plan.pair_mode, scale=scale)
     if t.loss == "cached-mnrl":
         return losses.CachedMultipleNegativesRankingLoss(
             model, scale=scale, mini_batch_size=t.mini_batch_size

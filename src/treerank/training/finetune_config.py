@@ -142,9 +142,11 @@ class FinetuneData:
             margin-mse, k: 20}``. A ``query-tower`` takes every teacher mode (``soft``: listwise
             KL over the softmax of ``negatives``; ``margin-mse``: the student's margins
             between the teacher's best and each other of its top ``k`` regress onto the
-            teacher's, Hofstätter et al. 2020); ``biencoder`` and ``drt-e2e`` take ``sample``
-            teachers (their positives become text columns). ``pseudo`` entries are refused
-            (a query tower scores the store's passages only). None: the labels alone.
+            teacher's, Hofstätter et al. 2020); a ``biencoder`` takes them too, over each row's
+            own columns (its ``n_hard`` negatives drawn from the teacher's other passages:
+            :class:`~treerank.training.finetune_losses.DistilledMNRLLoss`); ``drt-e2e`` takes
+            ``sample`` teachers only (their top passages as positives). ``pseudo`` entries are
+            refused (the split's own queries and passages only). None: the labels alone.
     """
 
     batch_size: int = 32
@@ -487,11 +489,16 @@ def _check_family(family: str, model: FinetuneModel, train: TrainConfig, where: 
     graded = [
         s.mode for s in data.source_specs() or () if s.kind == "teacher" and s.mode != "sample"
     ]
-    if graded and family != "query-tower":
+    if graded and family == "drt-e2e":
         raise ConfigError(
-            f"{where}.data.sources: {graded[0]} distillation trains the query tower against "
-            f"stored passage vectors; {family!r} takes sample teachers only (their top "
-            "passages as positives)"
+            f"{where}.data.sources: {graded[0]} distillation is built for the query tower and "
+            "the bi-encoder; drt-e2e takes sample teachers only (their top passages as positives)"
+        )
+    if graded and family == "biencoder" and (data.n_hard < 1 or t.loss != "mnrl"):
+        raise ConfigError(
+            f"{where}.data.sources: the bi-encoder distils over each row's own columns: it needs "
+            f"data.n_hard >= 1 (the teacher's passages beside its best) and trainer.loss mnrl "
+            f"(GradCache has no teacher term; got n_hard {data.n_hard}, loss {t.loss!r})"
         )
     if family != "drt-e2e":
         if model.drt is not None:

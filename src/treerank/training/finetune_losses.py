@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch import nn
 
-__all__ = ["DRTEndToEndLoss", "StoredPassageLoss"]
+__all__ = ["DRTEndToEndLoss", "DistilledMNRLLoss", "StoredPassageLoss"]
 
 
 class StoredPassageLoss(nn.Module):
@@ -242,3 +242,76 @@ class DRTEndToEndLoss(nn.Module):
             dec = (decorrelation_loss(qs) + decorrelation_loss(ps)) / 2
             loss = loss + self.lambda_dec * dec
         return loss
+
+
+class DistilledMNRLLoss(nn.Module):
+    """The bi-encoder's distillation: sentence-transformers' ``MultipleNegativesRankingLoss``
+    over the batch, plus a teacher term on the rows a graded teacher ranked.
+
+    For one batch of ``B`` rows ``(anchor, positive, negative_0, ...)`` with student logits
+    ``s_ic = scale * cos(q_i, p_ic)`` over row ``i``'s own ``1 + h`` columns and the teacher's
+    logits ``t_ic`` of them (``pair_teacher``, NaN where the teacher has none)::
+
+        loss = MNRL(batch) + (1 / B) * sum over graded rows i of d_i
+        d_i  = margin_mse(s_i, t_i)                    (mode 2; Hofstätter et al. 2020)
+             = listwise_kl(softmax(t_i) || s_i)        (mode 1; over the finite columns)
+
+    the teacher's best as the anchor (column 0). The margins are in the student's logit units
+    (``1 / temperature`` times cosine), as for the heads and the query tower
+    (:func:`treerank.training.losses.margin_mse`, :func:`~treerank.training.losses.listwise_kl`:
+    one formula for every family). MNRL is sentence-transformers' own, unchanged.
+
+    Args:
+        model: the ``SentenceTransformer`` being trained.
+        pair_teacher: ``float32 (n_rows, 1 + h)`` the teacher's logits per training row.
+        pair_mode: ``int8 (n_rows,)`` 0 (no teacher), 1 (soft), 2 (margin-mse).
+        scale: logit scale ``1 / temperature`` (MNRL's and the teacher term's).
+
+    Raises:
+        ValueError: tables of different lengths, or a mode outside ``{0, 1, 2}``.
+    """
+
+    def __init__(
+        self, model: Any, pair_teacher: np.ndarray, pair_mode: np.ndarray, *, scale: float = 20.0
+    ) -> None:
+        super().__init__()
+        from sentence_transformers.sentence_transformer import losses
+
+        if np.asarray(pair_teacher).shape[0] != np.asarray(pair_mode).shape[0]:
+            raise ValueError("pair_teacher and pair_mode must have one row per training row")
+        if not set(np.unique(pair_mode).tolist()) <= {0, 1, 2}:
+            raise ValueError("pair_mode: 0 (no teacher), 1 (soft) or 2 (margin-mse)")
+        self.model = model
+        self.mnrl = losses.MultipleNegativesRankingLoss(model, scale=scale)
+        self.teacher = torch.as_tensor(np.asarray(pair_teacher, dtype=np.float32))
+        self.mode = torch.as_tensor(np.asarray(pair_mode, dtype=np.int64))
+        self.scale = float(scale)
+
+    def forward(
+        self, features: list[dict[str, torch.Tensor]], labels: torch.Tensor
+    ) -> torch.Tensor:
+        """Mean loss of one batch (``labels``: ``int64 (B,)`` row indices into the tables)."""
+        from treerank.training.losses import listwise_kl, margin_mse
+
+        emb = [self.model(f)["sentence_embedding"] for f in features]
+        loss = self.mnrl.compute_loss_from_embeddings(emb, labels)
+        rows = labels.to(torch.long).cpu()
+        mode = self.mode[rows]
+        if not bool((mode > 0).any()):
+            return loss
+        q = nn.functional.normalize(emb[0].float(), dim=1)
+        cols = [nn.functional.normalize(e.float(), dim=1) for e in emb[1:]]
+        s = self.scale * torch.stack([(q * c).sum(dim=1) for c in cols], dim=1)  # (B, 1 + h)
+        t = self.teacher[rows].to(s.device)
+        anchor = torch.zeros(s.shape, dtype=torch.bool, device=s.device)
+        anchor[:, 0] = True
+        d = torch.zeros(s.shape[0], device=s.device)
+        soft = (mode == 1).to(s.device)
+        if bool(soft.any()):
+            scored = torch.isfinite(t[soft])
+            z = t[soft].masked_fill(~scored, float("-inf"))
+            d[soft] = listwise_kl(s[soft], torch.softmax(z, dim=1), ~scored, reduction="none")
+        graded = (mode == 2).to(s.device)
+        if bool(graded.any()):
+            d[graded] = margin_mse(s[graded], t[graded], anchor[graded], reduction="none")
+        return loss + d.sum() / s.shape[0]

@@ -1,0 +1,178 @@
+"""Assemble docs/results/distill_scifact_qt.json from a run of configs/distill_scifact_qt.yaml.
+
+Usage: distill_qt_report.py EVAL_DIR OUT.json
+
+EVAL_DIR is the run's evaluation stage directory (``results.json``, ``per_query.jsonl``,
+``runs/*.trec``). The paired tests the issue asks for are made here on the per-query values the
+run wrote (treerank's randomization test and bootstrap CI): each distilled query tower against
+its binary-label twin ``qt-labels``, on all test claims and on the seen / unseen parts (a
+relevant abstract cited by a training claim or not; the evaluate stage's rule,
+``treerank.evaluation.overlap.seen_positive_mask``). Every reported mean is recomputed with
+ir_measures on the run file and the store's source qrels (``qrels.tsv``) and must agree to 1e-6.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import ir_measures
+import numpy as np
+
+from treerank.atomic import atomic_write_json
+from treerank.evaluation.overlap import seen_positive_mask
+from treerank.evaluation.significance import compare_paired
+from treerank.names import file_name
+from treerank.store import EmbeddingStore
+
+TWIN = "qt-labels"
+DISTILLED = ("qt-soft", "qt-margin")
+MEASURES = {
+    "ndcg@10": ir_measures.nDCG @ 10,
+    "mrr@10": ir_measures.RR @ 10,
+    "recall@100": ir_measures.R @ 100,
+}
+KEYS = ("mean_system", "mean_baseline", "delta", "p_randomization", "ci_low", "ci_high")
+
+
+def _cpu() -> str:
+    out = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
+    return next(
+        (ln.split(":", 1)[1].strip() for ln in out.splitlines() if ln.startswith("Model name:")),
+        "?",
+    )
+
+
+def main(eval_dir: Path, out: Path) -> None:
+    res = json.loads((eval_dir / "results.json").read_text(encoding="utf-8"))
+    per: dict[str, dict[str, list[float]]] = {}
+    for line in (eval_dir / "per_query.jsonl").read_text(encoding="utf-8").splitlines():
+        row = json.loads(line)
+        d = per.setdefault(row["system"], {})
+        for m in MEASURES:
+            d.setdefault(m, []).append(np.nan if row.get(m) is None else float(row[m]))
+    pq = {s: {m: np.asarray(v, float) for m, v in d.items()} for s, d in per.items()}
+    systems = {s: r["mean"] for s, r in res["systems"].items()}
+    test = EmbeddingStore.open(res["settings"]["store"])
+    train = EmbeddingStore.open(res["settings"]["train_store"])
+    qrels_src = test.source_qrels()
+    assert qrels_src is not None, f"{test.path}: no qrels.tsv"
+    qrels = [ir_measures.Qrel(q, d, int(g)) for q, d, g in qrels_src]
+    checked = {}
+    for s in systems:  # every mean equals ir_measures on the run file and the source's qrels
+        run = list(ir_measures.read_trec_run(str(eval_dir / "runs" / f"{file_name(s)}.trec")))
+        agg = ir_measures.calc_aggregate(list(MEASURES.values()), qrels, run)
+        for m, meas in MEASURES.items():
+            diff = abs(agg[meas] - systems[s][m])
+            assert diff < 1e-6, f"{s} {m}: treerank {systems[s][m]} vs ir_measures {agg[meas]}"
+        checked[s] = {m: round(float(agg[meas]), 6) for m, meas in MEASURES.items()}
+    seen = seen_positive_mask(test, train)
+    parts = {"all": np.ones_like(seen), "seen": seen, "unseen": ~seen}
+    paired: dict[str, Any] = {}
+    for s in DISTILLED:
+        for part, mask in parts.items():
+            t = compare_paired(
+                {m: v[mask] for m, v in pq[s].items()},
+                {m: v[mask] for m, v in pq[TWIN].items()},
+                list(MEASURES),
+            )
+            paired.setdefault(f"{s} vs {TWIN}", {})[part] = {
+                m: {k: getattr(v, k) for k in (*KEYS, "wins", "losses", "n")} for m, v in t.items()
+            }
+    vs_cos: dict[str, Any] = {}
+    for part, mask in parts.items():
+        for s in (TWIN, *DISTILLED):
+            t = compare_paired(
+                {m: v[mask] for m, v in pq[s].items()},
+                {m: v[mask] for m, v in pq["cosine"].items()},
+                ["ndcg@10"],
+            )["ndcg@10"]
+            vs_cos.setdefault(s, {})[part] = {k: getattr(t, k) for k in KEYS}
+    run_dir = eval_dir.parents[1]
+    training = {}
+    for st in sorted((run_dir / "finetune").glob("*/*/stage.json")):
+        rec = json.loads(st.read_text(encoding="utf-8"))
+        summ = rec["summary"]["summary"]
+        training[st.parent.name] = {
+            "steps": summ["steps"],
+            "train_loss": round(summ["train_loss"], 4),
+            "training_queries": summ["training_queries"],
+            "sources": summ.get("sources"),
+            "cpu_seconds": summ["cost"]["cpu_seconds"],
+            "peak_rss_mib": summ["cost"]["peak_rss_mib"],
+        }
+    doc = {
+        "issue": 32,
+        "what": "SciFact query towers (all-MiniLM-L6-v2, 200 steps of 32 claims, softmax over "
+        "all 5,183 abstracts) trained on binary labels alone or on labels + BM25's top 20 as a "
+        "listwise (soft) or graded (MarginMSE) teacher; all 300 test claims against all 5,183 "
+        "abstracts",
+        "commands": [
+            "bash scripts/sample.sh",
+            "treerank run configs/distill_scifact_qt.yaml",
+            "python scripts/experiments/distill_qt_report.py runs/distill-scifact-qt/eval/scifact "
+            "docs/results/distill_scifact_qt.json",
+        ],
+        "cpu": _cpu(),
+        "n_queries": int(seen.size),
+        "n_seen": int(seen.sum()),
+        "n_unseen": int((~seen).sum()),
+        "systems": systems,
+        "ir_measures": checked,
+        "vs_cosine": vs_cos,
+        "paired": paired,
+        "training": training,
+    }
+    atomic_write_json(out, doc, indent=1)
+    print(table(doc))
+
+
+def table(doc: dict[str, Any]) -> str:
+    """The page's tables: nDCG@10 of every tower on all / seen / unseen claims with its delta to
+    frozen cosine, then each distilled tower against its binary-label twin, then the cost."""
+    n = {"all": doc["n_queries"], "seen": doc["n_seen"], "unseen": doc["n_unseen"]}
+    lines = ["| nDCG@10 | claims | frozen cosine | qt-labels | qt-soft | qt-margin |"]
+    lines.append("|---|---:|---:|---:|---:|---:|")
+    for part in ("all", "seen", "unseen"):
+        cells = [f"{doc['vs_cosine'][TWIN][part]['mean_baseline']:.4f}"]
+        for s in (TWIN, *DISTILLED):
+            t = doc["vs_cosine"][s][part]
+            cells.append(
+                f"{t['mean_system']:.4f} ({t['delta']:+.4f}, p {t['p_randomization']:.4f})"
+            )
+        lines.append(f"| {part} | {n[part]} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "| comparison (nDCG@10) | part | distilled | labels | delta (95% CI) | p | wins / losses |",
+    ]
+    lines.append("|---|---|---:|---:|---|---:|---:|")
+    for name, by in doc["paired"].items():
+        for part, ms in by.items():
+            t = ms["ndcg@10"]
+            lines.append(
+                f"| {name} | {part} | {t['mean_system']:.4f} | {t['mean_baseline']:.4f} | "
+                f"{t['delta']:+.4f} ({t['ci_low']:+.4f} .. {t['ci_high']:+.4f}) | "
+                f"{t['p_randomization']:.4f} | {t['wins']} / {t['losses']} |"
+            )
+    lines += [
+        "",
+        "| tower | steps | training rows per source | train loss | CPU-s | peak RSS MiB |",
+    ]
+    lines.append("|---|---:|---|---:|---:|---:|")
+    for name, t in doc["training"].items():
+        src = t["sources"] or {"labels": {"pairs": t["training_queries"], "mode": "sample"}}
+        rows = ", ".join(f"{v['mode']} {v['pairs']}" for v in src.values())
+        lines.append(
+            f"| {name} | {t['steps']} | {rows} | {t['train_loss']:.4f} | "
+            f"{t['cpu_seconds']:.0f} | {t['peak_rss_mib']:.0f} |"
+        )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        sys.exit(__doc__)
+    main(Path(sys.argv[1]), Path(sys.argv[2]))
