@@ -198,7 +198,7 @@ def test_a_distilled_biencoder_draws_its_negatives_from_the_teacher(slice_store)
         q, neg = plan.query_rows[i], int(plan.hard[i, 0])
         top = ids[q, :5].tolist()
         assert neg in top and neg != plan.positive[i] and neg not in rel[q].tolist()
-        t = {pid: np.float32(np.float64(v) / 4.0) for pid, v in zip(top, scores[q, :5])}
+        t = {p: np.float32(np.float64(v) / 4.0) for p, v in zip(top, scores[q, :5], strict=True)}
         assert plan.pair_teacher[i].tolist() == [t[int(plan.positive[i])], t[neg]]
     assert np.isnan(plan.pair_teacher[plan.pair_mode == 0]).all()
 
