@@ -73,8 +73,7 @@ def test_drt_e2e_config_and_its_refusals() -> None:
         parse_finetune_config({"family": "biencoder", "trainer": {"head_lr": 1e-3}})
     with pytest.raises(ConfigError, match=r"model\.drt.*drt-e2e only"):
         parse_finetune_config({"family": "query-tower", "model": {"drt": {"k": 2}}})
-    with pytest.raises(ConfigError, match=r"trainer\.loss.*GradCache"):
-        parse_finetune_config({"family": "drt-e2e", "trainer": {"loss": "cached-mnrl"}})
+    assert parse_finetune_config({"family": "drt-e2e", "trainer": {"loss": "cached-mnrl"}})
     with pytest.raises(ConfigError, match=r"model\.drt.*slots"):
         parse_finetune_config({"family": "drt-e2e", "model": {"drt": {"slots": 2}}})
     with pytest.raises(ConfigError, match=r"model\.drt.*dim"):
@@ -134,6 +133,53 @@ def test_e2e_loss_equals_the_frozen_vector_drt_objective() -> None:
         loss([{"x": q}])
 
 
+def test_gradcache_drt_gradients_equal_the_plain_steps() -> None:
+    """GradCache over the drt-e2e loss (mini-batch 2, sentence-transformers' CachedLossMixin)
+    gives the plain step's gradients, the encoder's and the heads' (slot dropout on, the same
+    seed), on a real batch of 4 (claim, abstract, abstract) rows; tolerance 1e-6 absolute +
+    1e-4 relative to the largest entry (float32 sums in another order)."""
+    from sentence_transformers import SentenceTransformer
+
+    from treerank.encoders.sentence import default_model_path
+    from treerank.models.drt import DRTConfig, DRTHead
+    from treerank.training.finetune_losses import DRTEndToEndLoss, cached_drt_loss
+
+    model = SentenceTransformer(default_model_path(), device="cpu")
+    model.eval()  # no encoder dropout: both passes see the same function
+    torch.manual_seed(0)
+    head = DRTHead(DRTConfig(dim=384, k=3, slot_dim=16, slot_dropout=0.2))
+    texts = [
+        ["Vitamin D deficiency is linked to depression.", "Aspirin lowers heart attack risk.",
+         "Smoking causes lung cancer.", "Exercise improves memory in older adults."],
+        ["Low serum vitamin D was associated with depressive symptoms.",
+         "Daily low-dose aspirin reduced myocardial infarction.",
+         "Tobacco smoke is the leading cause of lung carcinoma.",
+         "Aerobic training increased hippocampal volume."],
+        ["Statins lower LDL cholesterol.", "Coffee intake and liver enzymes.",
+         "Sleep deprivation impairs attention.", "Obesity raises type 2 diabetes risk."],
+    ]  # fmt: skip
+
+    def grads(loss_fn) -> dict[str, torch.Tensor]:
+        model.zero_grad()
+        head.zero_grad()
+        torch.manual_seed(7)  # the same slot-dropout masks
+        loss_fn([model.preprocess(t) for t in texts], None).backward()
+        named = [*model.named_parameters(), *(("head." + n, p) for n, p in head.named_parameters())]
+        return {n: p.grad.detach().clone() for n, p in named if p.grad is not None}
+
+    plain = grads(DRTEndToEndLoss(model, head, scale=20.0, lambda_dec=0.1))
+    cached = grads(cached_drt_loss(model, head, scale=20.0, lambda_dec=0.1, mini_batch_size=2))
+    assert plain.keys() == cached.keys() and len(plain) > 50
+    assert any(n.startswith("head.") for n in plain)
+    top = max(float(g.abs().max()) for g in plain.values())
+    assert top > 0
+    for name, g in plain.items():
+        diff = float((g - cached[name]).abs().max())
+        assert diff <= 1e-6 + 1e-4 * top, (name, diff, top)
+    with pytest.raises(ValueError, match="mini_batch_size"):
+        cached_drt_loss(model, head, scale=20.0, lambda_dec=0.1, mini_batch_size=0)
+
+
 # ------------------------------------------------------------------ training
 
 
@@ -187,6 +233,16 @@ def test_drt_e2e_trains_encoder_and_heads_at_their_own_rates(slice_store, tmp_pa
     assert enc.get_embedding_dimension() == 384
     with pytest.raises(EncoderMismatchError):
         load_model(tmp_path / "run" / DRT_HEAD_DIR, expected_fingerprint=out.base_fingerprint)
+
+
+def test_drt_e2e_trains_under_gradcache_and_saves_its_heads(slice_store, tmp_path: Path) -> None:
+    out = finetune(
+        slice_store, _cfg(loss="cached-mnrl", mini_batch_size=2, max_steps=2), tmp_path / "gc"
+    )
+    assert out.summary["steps"] == 2 and out.fingerprint != out.base_fingerprint
+    ckpt = latest_checkpoint(tmp_path / "gc" / CHECKPOINTS_DIR)
+    assert ckpt is not None and (ckpt / HEAD_WEIGHTS).is_file()
+    assert (tmp_path / "gc" / DRT_HEAD_DIR).is_dir()
 
 
 def test_drt_e2e_resume_is_bit_identical_heads_included(slice_store, tmp_path: Path) -> None:

@@ -56,6 +56,7 @@ from treerank.training.finetune_losses import (
     DistilledMNRLLoss,
     DRTEndToEndLoss,
     StoredPassageLoss,
+    cached_drt_loss,
 )
 from treerank.training.model_folder import latest_checkpoint, loss_log, save_model_folder
 from treerank.training.precision import resolve_precision
@@ -527,6 +528,10 @@ def _loss(model: Any, store: StoreLike, plan: BatchPlan, cfg: FinetuneConfig) ->
         torch.manual_seed(cfg.train.seed)  # the heads' initial weights follow the seed
         dim = int(model.get_embedding_dimension() or store.dim)
         head = DRTHead(drt_head_config(cfg, dim), name="drt-e2e")
+        if t.loss == "cached-mnrl":  # GradCache over the DRT loss
+            return cached_drt_loss(
+                model, head, scale=scale, lambda_dec=t.lambda_dec, mini_batch_size=t.mini_batch_size
+            )
         return DRTEndToEndLoss(model, head, scale=scale, lambda_dec=t.lambda_dec)
     from sentence_transformers.sentence_transformer import losses
 

@@ -216,7 +216,8 @@ class FinetuneTrainer:
     Attributes:
         loss: ``mnrl`` (MultipleNegativesRankingLoss) or ``cached-mnrl`` (GradCache: the same
             gradients at ``mini_batch_size`` activations' memory); ``query-tower`` ignores it;
-            ``drt-e2e`` takes ``mnrl`` only (its own loss has no GradCache variant).
+            ``drt-e2e`` trains its own DRT loss, under GradCache with ``cached-mnrl``
+            (:func:`~treerank.training.finetune_losses.cached_drt_loss`).
         mini_batch_size: GradCache chunk size.
         lr: peak learning rate of the encoder.
         head_lr: ``drt-e2e``: peak learning rate of the DRT heads (None: ``lr``; the seed's
@@ -506,11 +507,6 @@ def _check_family(family: str, model: FinetuneModel, train: TrainConfig, where: 
         if t.head_lr is not None:
             raise ConfigError(f"{where}.trainer.head_lr: applies to drt-e2e only (no heads)")
         return
-    if t.loss != "mnrl":
-        raise ConfigError(
-            f"{where}.trainer.loss: drt-e2e trains its own DRT loss; GradCache "
-            f"({t.loss!r}) is not built for it, use mnrl"
-        )
     if model.drt is not None and not isinstance(model.drt, Mapping):
         raise ConfigError(f"{where}.model.drt: expected a mapping of DRT options")
     bad = sorted({"dim", "temperature"} & set(model.drt or {}))

@@ -27,7 +27,12 @@ import numpy as np
 import torch
 from torch import nn
 
-__all__ = ["DRTEndToEndLoss", "DistilledMNRLLoss", "StoredPassageLoss"]
+__all__ = [
+    "DRTEndToEndLoss",
+    "DistilledMNRLLoss",
+    "StoredPassageLoss",
+    "cached_drt_loss",
+]
 
 
 class StoredPassageLoss(nn.Module):
@@ -227,11 +232,15 @@ class DRTEndToEndLoss(nn.Module):
         Returns:
             scalar loss tensor.
         """
-        from treerank.training.drt import decorrelation_loss
-
         if len(features) < 2:
             raise ValueError("drt-e2e needs (anchor, positive[, negatives]) columns")
-        reps = [self.model(f)["sentence_embedding"].float() for f in features]
+        return self.loss_from_reps([self.model(f)["sentence_embedding"] for f in features])
+
+    def loss_from_reps(self, reps: list[torch.Tensor]) -> torch.Tensor:
+        """The loss from each column's encoder vectors (``float (B, d)``, anchors first)."""
+        from treerank.training.drt import decorrelation_loss
+
+        reps = [r.float() for r in reps]
         q = self.head.query_tower(reps[0])
         p = self.head.passage_tower(torch.cat(reps[1:], dim=0))
         scores = self.scale * self.head.score(q, p)
@@ -315,3 +324,52 @@ class DistilledMNRLLoss(nn.Module):
         if bool(graded.any()):
             d[graded] = margin_mse(s[graded], t[graded], anchor[graded], reduction="none")
         return loss + d.sum() / s.shape[0]
+
+
+def cached_drt_loss(
+    model: Any, head: Any, *, scale: float, lambda_dec: float, mini_batch_size: int
+) -> DRTEndToEndLoss:
+    """:class:`DRTEndToEndLoss` under GradCache (Gao et al. 2021, "Scaling Deep Contrastive
+    Learning Batch Size under Memory Limited Setup"): the same loss and gradients, with only
+    ``mini_batch_size`` texts' activations alive at a time.
+
+    Built on sentence-transformers' own GradCache machinery (``CachedLossMixin``: embed every
+    mini-batch without a graph, keep each one's RNG state; the loss's backward up to the
+    embeddings caches their gradients; the trainer's backward re-embeds each mini-batch with
+    the same RNG state and pushes the cached gradients through). The DRT heads are part of the
+    loss, so their gradients are made in the caching step: exact when the trainer scales
+    nothing between the loss and the step, which treerank's fine-tune never does (no gradient
+    accumulation, no fp16 scaler; bf16 autocast needs none).
+
+    Returns:
+        A :class:`DRTEndToEndLoss` subclass instance (made here, so that importing this module
+        does not import sentence-transformers).
+
+    Raises:
+        ValueError: ``mini_batch_size < 1`` (and :class:`DRTEndToEndLoss`'s own errors).
+    """
+    from sentence_transformers.base.losses.gradcache import CachedLossMixin
+
+    if mini_batch_size < 1:
+        raise ValueError(f"mini_batch_size must be >= 1, got {mini_batch_size}")
+
+    class CachedDRTEndToEndLoss(CachedLossMixin, DRTEndToEndLoss):  # type: ignore[misc]
+        def calculate_loss(
+            self, reps: list[list[torch.Tensor]], labels: Any = None, *, with_backward: bool = False
+        ) -> torch.Tensor:
+            loss = self.loss_from_reps([torch.cat(r) for r in reps])
+            if with_backward:
+                loss.backward()
+                return loss.detach()
+            return loss
+
+        def forward(
+            self, features: list[dict[str, torch.Tensor]], labels: torch.Tensor | None = None
+        ) -> torch.Tensor:
+            if len(features) < 2:
+                raise ValueError("drt-e2e needs (anchor, positive[, negatives]) columns")
+            return self.forward_cached(features, labels)
+
+    loss = CachedDRTEndToEndLoss(model, head, scale=scale, lambda_dec=lambda_dec)
+    loss.mini_batch_size = int(mini_batch_size)
+    return loss
