@@ -1,6 +1,9 @@
 """Assemble docs/results/distill_scifact_qt.json from a run of configs/distill_scifact_qt.yaml.
 
-Usage: distill_qt_report.py EVAL_DIR OUT.json
+Usage: distill_qt_report.py EVAL_DIR OUT.json [CE_RUN]
+
+CE_RUN (optional) is the cross-encoder teacher's ``treerank finetune`` folder: its training
+steps, loss and cost go into the JSON beside the teacher stages' wall time.
 
 EVAL_DIR is the run's evaluation stage directory (``results.json``, ``per_query.jsonl``,
 ``runs/*.trec``). The paired tests the issue asks for are made here on the per-query values the
@@ -29,7 +32,6 @@ from treerank.names import file_name
 from treerank.store import EmbeddingStore
 
 TWIN = "qt-labels"
-DISTILLED = ("qt-soft", "qt-margin")
 MEASURES = {
     "ndcg@10": ir_measures.nDCG @ 10,
     "mrr@10": ir_measures.RR @ 10,
@@ -46,7 +48,7 @@ def _cpu() -> str:
     )
 
 
-def main(eval_dir: Path, out: Path) -> None:
+def main(eval_dir: Path, out: Path, ce_run: Path | None = None) -> None:
     res = json.loads((eval_dir / "results.json").read_text(encoding="utf-8"))
     per: dict[str, dict[str, list[float]]] = {}
     for line in (eval_dir / "per_query.jsonl").read_text(encoding="utf-8").splitlines():
@@ -69,28 +71,6 @@ def main(eval_dir: Path, out: Path) -> None:
             diff = abs(agg[meas] - systems[s][m])
             assert diff < 1e-6, f"{s} {m}: treerank {systems[s][m]} vs ir_measures {agg[meas]}"
         checked[s] = {m: round(float(agg[meas]), 6) for m, meas in MEASURES.items()}
-    seen = seen_positive_mask(test, train)
-    parts = {"all": np.ones_like(seen), "seen": seen, "unseen": ~seen}
-    paired: dict[str, Any] = {}
-    for s in DISTILLED:
-        for part, mask in parts.items():
-            t = compare_paired(
-                {m: v[mask] for m, v in pq[s].items()},
-                {m: v[mask] for m, v in pq[TWIN].items()},
-                list(MEASURES),
-            )
-            paired.setdefault(f"{s} vs {TWIN}", {})[part] = {
-                m: {k: getattr(v, k) for k in (*KEYS, "wins", "losses", "n")} for m, v in t.items()
-            }
-    vs_cos: dict[str, Any] = {}
-    for part, mask in parts.items():
-        for s in (TWIN, *DISTILLED):
-            t = compare_paired(
-                {m: v[mask] for m, v in pq[s].items()},
-                {m: v[mask] for m, v in pq["cosine"].items()},
-                ["ndcg@10"],
-            )["ndcg@10"]
-            vs_cos.setdefault(s, {})[part] = {k: getattr(t, k) for k in KEYS}
     run_dir = eval_dir.parents[1]
     training = {}
     for st in sorted((run_dir / "finetune").glob("*/*/stage.json")):
@@ -104,12 +84,43 @@ def main(eval_dir: Path, out: Path) -> None:
             "cpu_seconds": summ["cost"]["cpu_seconds"],
             "peak_rss_mib": summ["cost"]["peak_rss_mib"],
         }
+    distilled = [name for name in training if name != TWIN]  # the towers with a teacher
+    teacher: dict[str, Any] = {}
+    for st in sorted((run_dir / "teacher").glob("*/*/stage.json")):
+        rec = json.loads(st.read_text(encoding="utf-8"))
+        teacher.setdefault("stages", {})[rec["summary"]["system"]] = {"seconds": rec["seconds"]}
+    if ce_run is not None and (ce_run / "results.json").is_file():
+        ce = json.loads((ce_run / "results.json").read_text(encoding="utf-8"))["training"]
+        keep = ("loss", "steps", "groups", "pairs", "train_loss", "cost_trainer")
+        teacher["cross_encoder"] = {"folder": str(ce_run), **{k: ce.get(k) for k in keep}}
+    seen = seen_positive_mask(test, train)
+    parts = {"all": np.ones_like(seen), "seen": seen, "unseen": ~seen}
+    paired: dict[str, Any] = {}
+    for s in distilled:
+        for part, mask in parts.items():
+            t = compare_paired(
+                {m: v[mask] for m, v in pq[s].items()},
+                {m: v[mask] for m, v in pq[TWIN].items()},
+                list(MEASURES),
+            )
+            paired.setdefault(f"{s} vs {TWIN}", {})[part] = {
+                m: {k: getattr(v, k) for k in (*KEYS, "wins", "losses", "n")} for m, v in t.items()
+            }
+    vs_cos: dict[str, Any] = {}
+    for part, mask in parts.items():
+        for s in (TWIN, *distilled):
+            t = compare_paired(
+                {m: v[mask] for m, v in pq[s].items()},
+                {m: v[mask] for m, v in pq["cosine"].items()},
+                ["ndcg@10"],
+            )["ndcg@10"]
+            vs_cos.setdefault(s, {})[part] = {k: getattr(t, k) for k in KEYS}
     doc = {
         "issue": 32,
         "what": "SciFact query towers (all-MiniLM-L6-v2, 200 steps of 32 claims, softmax over "
-        "all 5,183 abstracts) trained on binary labels alone or on labels + BM25's top 20 as a "
-        "listwise (soft) or graded (MarginMSE) teacher; all 300 test claims against all 5,183 "
-        "abstracts",
+        "all 5,183 abstracts) trained on binary labels alone or on labels + a teacher's top 20 "
+        "(BM25 as a listwise or a graded MarginMSE teacher; a SciFact cross-encoder reranking "
+        "BM25 as a MarginMSE teacher); all 300 test claims against all 5,183 abstracts",
         "commands": [
             "bash scripts/sample.sh",
             "treerank run configs/distill_scifact_qt.yaml",
@@ -125,6 +136,7 @@ def main(eval_dir: Path, out: Path) -> None:
         "vs_cosine": vs_cos,
         "paired": paired,
         "training": training,
+        "teacher": teacher,
     }
     atomic_write_json(out, doc, indent=1)
     print(table(doc))
@@ -134,11 +146,16 @@ def table(doc: dict[str, Any]) -> str:
     """The page's tables: nDCG@10 of every tower on all / seen / unseen claims with its delta to
     frozen cosine, then each distilled tower against its binary-label twin, then the cost."""
     n = {"all": doc["n_queries"], "seen": doc["n_seen"], "unseen": doc["n_unseen"]}
-    lines = ["| nDCG@10 | claims | frozen cosine | qt-labels | qt-soft | qt-margin |"]
-    lines.append("|---|---:|---:|---:|---:|---:|")
+    lines = ["| system (all claims) | nDCG@10 | MRR@10 | R@100 |", "|---|---:|---:|---:|"]
+    for name, m in doc["systems"].items():
+        lines.append(f"| {name} | {m['ndcg@10']:.4f} | {m['mrr@10']:.4f} | {m['recall@100']:.4f} |")
+    lines.append("")
+    towers = [TWIN, *(s for s in doc["vs_cosine"] if s != TWIN)]
+    lines += ["| nDCG@10 | claims | frozen cosine | " + " | ".join(towers) + " |"]
+    lines.append("|---|---:|---:|" + "---:|" * len(towers))
     for part in ("all", "seen", "unseen"):
         cells = [f"{doc['vs_cosine'][TWIN][part]['mean_baseline']:.4f}"]
-        for s in (TWIN, *DISTILLED):
+        for s in towers:
             t = doc["vs_cosine"][s][part]
             cells.append(
                 f"{t['mean_system']:.4f} ({t['delta']:+.4f}, p {t['p_randomization']:.4f})"
@@ -173,6 +190,6 @@ def table(doc: dict[str, Any]) -> str:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 3:
+    if len(sys.argv) not in (3, 4):
         sys.exit(__doc__)
-    main(Path(sys.argv[1]), Path(sys.argv[2]))
+    main(Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]) if len(sys.argv) == 4 else None)
