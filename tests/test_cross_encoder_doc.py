@@ -57,14 +57,9 @@ DISTILL = REPO / "docs" / "results" / "distill_squad.json"
 def test_cross_encoder_page_quotes_the_distillation_tables() -> None:
     """The page holds the tables ``scripts/experiments/distill_squad_report.py`` renders from
     docs/results/distill_squad.json, line for line."""
-    import importlib.util
+    from tests.bench_module import load_experiment_script
 
-    spec = importlib.util.spec_from_file_location(
-        "distill_report", REPO / "scripts" / "experiments" / "distill_squad_report.py"
-    )
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_experiment_script("distill_squad_report")
     doc = json.loads(DISTILL.read_text(encoding="utf-8"))
     text = (REPO / "docs" / "cross_encoder.md").read_text(encoding="utf-8")
     missing = [ln for ln in mod.table(doc).splitlines() if ln and ln not in text]

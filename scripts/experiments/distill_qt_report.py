@@ -50,13 +50,10 @@ def _cpu() -> str:
 
 def main(eval_dir: Path, out: Path, ce_run: Path | None = None) -> None:
     res = json.loads((eval_dir / "results.json").read_text(encoding="utf-8"))
-    per: dict[str, dict[str, list[float]]] = {}
-    for line in (eval_dir / "per_query.jsonl").read_text(encoding="utf-8").splitlines():
-        row = json.loads(line)
-        d = per.setdefault(row["system"], {})
-        for m in MEASURES:
-            d.setdefault(m, []).append(np.nan if row.get(m) is None else float(row[m]))
-    pq = {s: {m: np.asarray(v, float) for m, v in d.items()} for s, d in per.items()}
+    sys.path.insert(0, str(Path(__file__).parent))
+    from distill_squad_report import per_query  # the same reader as the heads' report
+
+    pq = per_query(eval_dir, MEASURES)
     systems = {s: r["mean"] for s, r in res["systems"].items()}
     test = EmbeddingStore.open(res["settings"]["store"])
     train = EmbeddingStore.open(res["settings"]["train_store"])
@@ -91,7 +88,7 @@ def main(eval_dir: Path, out: Path, ce_run: Path | None = None) -> None:
         teacher.setdefault("stages", {})[rec["summary"]["system"]] = {"seconds": rec["seconds"]}
     if ce_run is not None and (ce_run / "results.json").is_file():
         ce = json.loads((ce_run / "results.json").read_text(encoding="utf-8"))["training"]
-        keep = ("loss", "steps", "groups", "pairs", "train_loss", "cost_trainer")
+        keep = ("loss", "steps", "groups", "pairs", "train_loss", "precision", "cost")
         teacher["cross_encoder"] = {"folder": str(ce_run), **{k: ce.get(k) for k in keep}}
     seen = seen_positive_mask(test, train)
     parts = {"all": np.ones_like(seen), "seen": seen, "unseen": ~seen}
@@ -186,6 +183,20 @@ def table(doc: dict[str, Any]) -> str:
             f"| {name} | {t['steps']} | {rows} | {t['train_loss']:.4f} | "
             f"{t['cpu_seconds']:.0f} | {t['peak_rss_mib']:.0f} |"
         )
+    teacher = doc.get("teacher", {})
+    if teacher.get("stages"):
+        ce = teacher.get("cross_encoder") or {}
+        lines += ["", "| teacher | its training | ranking the training claims (wall s) |"]
+        lines.append("|---|---|---:|")
+        for system, st in teacher["stages"].items():
+            trained = "none"
+            if "scorer=ce:" in system and ce:
+                c = ce["cost"]
+                trained = (
+                    f"{ce['steps']} steps, {ce['pairs']:,} pairs, loss {ce['train_loss']:.4f}, "
+                    f"{c['cpu_seconds']:.0f} CPU-s, {c['peak_rss_mib']:.0f} MiB"
+                )
+            lines.append(f"| `{system}` | {trained} | {st['seconds']:.0f} |")
     return "\n".join(lines)
 
 

@@ -61,15 +61,21 @@ def _cpu() -> str:
     )
 
 
-def main(eval_dir: Path, ce_run: Path, out: Path) -> None:
-    res = json.loads((eval_dir / "results.json").read_text(encoding="utf-8"))
+def per_query(eval_dir: Path, measures: Any) -> dict[str, dict[str, np.ndarray]]:
+    """``{system: {metric: float64 (n_queries,)}}`` from an evaluation's ``per_query.jsonl``
+    (NaN where a metric is missing), for treerank's paired tests."""
     per: dict[str, dict[str, list[float]]] = {}
     for line in (eval_dir / "per_query.jsonl").read_text(encoding="utf-8").splitlines():
         row = json.loads(line)
         d = per.setdefault(row["system"], {})
-        for m in MEASURES:
+        for m in measures:
             d.setdefault(m, []).append(np.nan if row.get(m) is None else float(row[m]))
-    pq = {s: {m: np.asarray(v, float) for m, v in d.items()} for s, d in per.items()}
+    return {s: {m: np.asarray(v, float) for m, v in d.items()} for s, d in per.items()}
+
+
+def main(eval_dir: Path, ce_run: Path, out: Path) -> None:
+    res = json.loads((eval_dir / "results.json").read_text(encoding="utf-8"))
+    pq = per_query(eval_dir, MEASURES)
     systems = {s: r["mean"] for s, r in res["systems"].items()}
     # every mean equals ir_measures on the run file and the source's qrels
     qrels = _qrels()
