@@ -26,3 +26,14 @@ def load_bench(name: str, folder: Path = BENCH) -> ModuleType:
     sys.modules[name] = mod
     spec.loader.exec_module(mod)
     return mod
+
+
+def missing_table_lines(script: str, result: Path, page: Path) -> list[str]:
+    """The lines of ``scripts/experiments/<script>.py``'s ``table(doc)`` of the result JSON
+    ``result`` that the Markdown ``page`` lacks (a page must quote its tables line for line)."""
+    import json
+
+    mod = load_experiment_script(script)
+    doc = json.loads(result.read_text(encoding="utf-8"))
+    text = page.read_text(encoding="utf-8")
+    return [ln for ln in mod.table(doc).splitlines() if ln and ln not in text]

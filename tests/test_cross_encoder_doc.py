@@ -57,10 +57,9 @@ DISTILL = REPO / "docs" / "results" / "distill_squad.json"
 def test_cross_encoder_page_quotes_the_distillation_tables() -> None:
     """The page holds the tables ``scripts/experiments/distill_squad_report.py`` renders from
     docs/results/distill_squad.json, line for line."""
-    from tests.bench_module import load_experiment_script
+    from tests.bench_module import missing_table_lines
 
-    mod = load_experiment_script("distill_squad_report")
-    doc = json.loads(DISTILL.read_text(encoding="utf-8"))
-    text = (REPO / "docs" / "cross_encoder.md").read_text(encoding="utf-8")
-    missing = [ln for ln in mod.table(doc).splitlines() if ln and ln not in text]
+    missing = missing_table_lines(
+        "distill_squad_report", DISTILL, REPO / "docs" / "cross_encoder.md"
+    )
     assert not missing, f"docs/cross_encoder.md lacks {missing} from {DISTILL.name}"

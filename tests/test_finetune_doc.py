@@ -68,10 +68,7 @@ DISTILL_QT = REPO / "docs" / "results" / "distill_scifact_qt.json"
 def test_finetune_page_quotes_the_query_tower_distillation_tables() -> None:
     """The page holds the tables ``scripts/experiments/distill_qt_report.py`` renders from
     docs/results/distill_scifact_qt.json, line for line."""
-    from tests.bench_module import load_experiment_script
+    from tests.bench_module import missing_table_lines
 
-    mod = load_experiment_script("distill_qt_report")
-    doc = json.loads(DISTILL_QT.read_text(encoding="utf-8"))
-    text = (REPO / "docs" / "finetune.md").read_text(encoding="utf-8")
-    missing = [ln for ln in mod.table(doc).splitlines() if ln and ln not in text]
+    missing = missing_table_lines("distill_qt_report", DISTILL_QT, REPO / "docs" / "finetune.md")
     assert not missing, f"docs/finetune.md lacks {missing} from {DISTILL_QT.name}"
