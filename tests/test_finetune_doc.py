@@ -72,3 +72,13 @@ def test_finetune_page_quotes_the_query_tower_distillation_tables() -> None:
 
     missing = missing_table_lines("distill_qt_report", DISTILL_QT, REPO / "docs" / "finetune.md")
     assert not missing, f"docs/finetune.md lacks {missing} from {DISTILL_QT.name}"
+
+
+def test_finetune_page_quotes_the_memory_benchmark() -> None:
+    from tests.bench_module import load_bench
+
+    bench = load_bench("bench_finetune_memory")
+    doc = json.loads((REPO / "bench" / "results" / "finetune_memory.json").read_text("utf-8"))
+    text = (REPO / "docs" / "finetune.md").read_text(encoding="utf-8")
+    missing = [ln for ln in bench.render(doc).splitlines() if ln and ln not in text]
+    assert not missing, f"docs/finetune.md lacks {missing} from finetune_memory.json"
