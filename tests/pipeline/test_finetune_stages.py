@@ -101,3 +101,28 @@ def test_a_distilled_query_tower_depends_on_its_teacher_stage(
     assert [d for d in again.edges()[FT] if d.startswith("teacher:")] != taught
     ft = {g: next(st for sid, st in g.stages.items() if sid.name == FT) for g in (graph, again)}
     assert ft[graph].inputs != ft[again].inputs
+
+
+def test_a_model_teachers_stage_key_holds_its_folders_bytes(
+    scifact_slice: Path, tmp_path: Path
+) -> None:
+    """A ``ce:<dir>`` (or ``ckpt:<dir>``) teacher retrained in place is ranked again: the
+    teacher stage's key digests the folder, not only its path."""
+    ce = tmp_path / "ce"
+    ce.mkdir()
+    (ce / "model.safetensors").write_bytes(b"weights v1")
+    raw = yaml.safe_load(_write(tmp_path, scifact_slice).read_text())
+    system = f"rescore:bm25:depth=5,scorer=ce:{ce}"
+    teacher = {"kind": "teacher", "system": system, "mode": "margin-mse", "k": 5}
+    raw["finetune"]["qt"]["data"]["sources"] = [{"kind": "labels"}, teacher]
+    (tmp_path / "exp.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+
+    def teacher_inputs() -> object:
+        cfg = load_experiment(tmp_path / "exp.yaml", output_dir=tmp_path / "o")
+        graph = plan_experiment(cfg)
+        return next(st.inputs for sid, st in graph.stages.items() if sid.kind == "teacher")
+
+    before = teacher_inputs()
+    assert str(ce) in before["model_folders"]  # type: ignore[index]
+    (ce / "model.safetensors").write_bytes(b"weights v2")
+    assert teacher_inputs() != before

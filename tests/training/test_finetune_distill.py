@@ -238,3 +238,14 @@ def test_a_distilled_biencoder_trains(slice_store, tmp_path: Path) -> None:
     ft = finetune(slice_store, cfg, tmp_path / "bi")
     assert ft.summary["steps"] == 2 and math.isfinite(ft.summary["train_loss"])
     assert [v["mode"] for v in ft.summary["sources"].values()] == ["sample", "margin-mse"]
+
+
+def test_sample_teachers_leave_the_text_columns_as_they_were(slice_store) -> None:
+    """A bi-encoder or drt-e2e with only ``sample`` teachers gets no teacher columns: the same
+    negative columns (none without mining) and no distillation table."""
+    _teacher(slice_store, BM25_MARGIN)  # the same run (system and depth) as the sample entry's
+    sample = {**BM25_MARGIN, "mode": "sample"}
+    for family in ("biencoder", "drt-e2e"):
+        plan = plan_batches(slice_store, _cfg([{"kind": "labels"}, sample], family=family))
+        assert plan.pair_teacher is None and plan.pair_mode is None
+        assert plan.hard.shape[1] == 0

@@ -344,26 +344,22 @@ def run_finetune(
     t0 = cost_clock()
     train_rows, held = finetune_rows(train, cfg)
     mined, denoised = None, None
+    view = train.with_derived(out / "arrays")  # derived arrays go into the run's folder
     if cfg.data.hard_negatives == "mined":
-        # into the run's folder: the user's store is only read
         say(f"mining BM25 negatives (depth {cfg.data.mine_depth}) into {out / 'arrays'}")
-        view = train.with_derived(out / "arrays")
         mined = mine_bm25_negatives(view, cfg.data.mine_depth)
         job = cfg.data.denoise_job()
         if job is not None:  # RocketQA: the cross-encoder's flagged negatives are dropped
             say(f"denoising them with {job.settings.scorer} (first {job.settings.depth})")
             denoised = ensure_denoised_negatives(view, job, scorer=scorer, progress=progress)
             mined = np.asarray(view.load_array(job.array))
-    source = train
     teachers = [s for s in cfg.data.source_specs() or () if s.kind == "teacher"]
-    if teachers:  # the teachers' runs, into the run's folder too
-        source = train.with_derived(out / "arrays")
-        for spec in teachers:
-            say(f"ranking the training queries with the teacher {spec.system} (top {spec.k})")
-            ensure_teacher_run(source, None, spec, progress=progress)
+    for spec in teachers:  # the user's store is only read
+        say(f"ranking the training queries with the teacher {spec.system} (top {spec.k})")
+        ensure_teacher_run(view, None, spec, progress=progress)
     say(f"fine-tuning {cfg.family} on {len(train_rows)} training queries of {train.path}")
     ft = finetune(
-        source,
+        view if teachers else train,
         cfg,
         out,
         train_rows=train_rows,

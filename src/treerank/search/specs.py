@@ -82,6 +82,7 @@ __all__ = [
     "TunedFusionSpec",
     "AdaptiveFusionSpec",
     "build_system",
+    "model_folders",
     "parse_spec",
     "register_system_kind",
     "spec_of",
@@ -880,6 +881,17 @@ def uses_trained_model(spec: SystemSpec) -> bool:
     checkpoint, a cross-encoder, or a collection exported with a trained head. Reports use
     it to print the memorisation caveat only where a trained model is involved."""
     return any(node.is_trained_model() for node in spec.walk())
+
+
+def model_folders(spec: str) -> list[str]:
+    """The model folders a system spec reads (``ckpt:<dir>`` and ``ce:<dir>`` nodes anywhere in
+    its tree), sorted, each once: what a stage key must digest besides the spec's text.
+
+    Raises:
+        SpecError: ``spec`` does not parse (as :func:`parse_spec`).
+    """
+    nodes = parse_spec(spec).walk()
+    return sorted({str(n.path) for n in nodes if isinstance(n, CheckpointSpec | CrossEncoderSpec)})
 
 
 def system_uses_trained_model(system: System) -> bool:

@@ -229,7 +229,8 @@ def plan_batches(
         plan.weights = _stack(weights, 0).astype(np.float32)
         plan.teacher = _stack(graded, np.nan).astype(np.float32) if graded else None
         plan.sources = table.info
-        if cfg.family != "query-tower" and data.n_hard > 0:
+        graded_rows = (plan.targets >= 0).sum(axis=1) > 1  # a soft or margin-mse teacher's
+        if cfg.family == "biencoder" and data.n_hard > 0 and bool(graded_rows.any()):
             rel, _ = relevant_lists(
                 np.asarray(store.candidates), np.asarray(store.labels), store.relevance_threshold
             )
