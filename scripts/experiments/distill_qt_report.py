@@ -112,7 +112,15 @@ def main(eval_dir: Path, out: Path, ce_run: Path | None = None) -> None:
                 ["ndcg@10"],
             )["ndcg@10"]
             vs_cos.setdefault(s, {})[part] = {k: getattr(t, k) for k in KEYS}
-    doc = {
+    reranks = {  # a cross-encoder teacher's own rerank of BM25 on the test claims
+        name: {k: t["ndcg@10"][k] for k in ("delta", "ci_low", "ci_high", "p_randomization")}
+        for name, t in res.get("tests", {}).get("bm25", {}).items()
+        if name.startswith("rescore:") and "ndcg@10" in t
+    }
+    if reranks:
+        teacher["rerank_vs_bm25"] = reranks
+    timing = run_dir.parent / f"{run_dir.name}.time"  # /usr/bin/time -v of the last `treerank run`
+    doc: dict[str, Any] = {
         "issue": 32,
         "what": "SciFact query towers (all-MiniLM-L6-v2, 200 steps of 32 claims, softmax over "
         "all 5,183 abstracts) trained on binary labels alone or on labels + a teacher's top 20 "
@@ -135,6 +143,10 @@ def main(eval_dir: Path, out: Path, ce_run: Path | None = None) -> None:
         "training": training,
         "teacher": teacher,
     }
+    if timing.is_file():
+        from ce_squad_report import _time_file  # the same parse as the cross-encoder report
+
+        doc["cost_command"] = _time_file(timing)
     atomic_write_json(out, doc, indent=1)
     print(table(doc))
 
@@ -155,7 +167,8 @@ def table(doc: dict[str, Any]) -> str:
         for s in towers:
             t = doc["vs_cosine"][s][part]
             cells.append(
-                f"{t['mean_system']:.4f} ({t['delta']:+.4f}, p {t['p_randomization']:.4f})"
+                f"{t['mean_system']:.4f} ({t['delta']:+.4f}, {t['ci_low']:+.4f} .. "
+                f"{t['ci_high']:+.4f}, p {t['p_randomization']:.4f})"
             )
         lines.append(f"| {part} | {n[part]} | " + " | ".join(cells) + " |")
     lines += [
@@ -197,6 +210,17 @@ def table(doc: dict[str, Any]) -> str:
                     f"{c['cpu_seconds']:.0f} CPU-s, {c['peak_rss_mib']:.0f} MiB"
                 )
             lines.append(f"| `{system}` | {trained} | {st['seconds']:.0f} |")
+        for system, t in teacher.get("rerank_vs_bm25", {}).items():
+            lines.append(
+                f"\n`{system}` on the test claims, nDCG@10 against BM25's: {t['delta']:+.4f} "
+                f"(95% CI {t['ci_low']:+.4f} .. {t['ci_high']:+.4f}, p {t['p_randomization']:.4f})"
+            )
+    cost = doc.get("cost_command")
+    if cost:
+        lines.append(
+            f"\nThe last `treerank run` (`/usr/bin/time -v`): {cost['wall_clock']} wall, "
+            f"{cost['cpu_seconds']:,.0f} CPU-s, {cost['peak_rss_mib']:,.0f} MiB peak RSS."
+        )
     return "\n".join(lines)
 
 
