@@ -112,10 +112,10 @@ def main(eval_dir: Path, out: Path, ce_run: Path | None = None) -> None:
                 ["ndcg@10"],
             )["ndcg@10"]
             vs_cos.setdefault(s, {})[part] = {k: getattr(t, k) for k in KEYS}
-    reranks = {  # a cross-encoder teacher's own rerank of BM25 on the test claims
+    reranks = {  # a teacher system's own ranking of the test claims, against BM25
         name: {k: t["ndcg@10"][k] for k in ("delta", "ci_low", "ci_high", "p_randomization")}
         for name, t in res.get("tests", {}).get("bm25", {}).items()
-        if name.startswith("rescore:") and "ndcg@10" in t
+        if name in teacher.get("stages", {}) and "ndcg@10" in t
     }
     if reranks:
         teacher["rerank_vs_bm25"] = reranks
