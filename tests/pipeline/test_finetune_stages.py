@@ -126,3 +126,27 @@ def test_a_model_teachers_stage_key_holds_its_folders_bytes(
     assert str(ce) in before["model_folders"]  # type: ignore[index]
     (ce / "model.safetensors").write_bytes(b"weights v2")
     assert teacher_inputs() != before
+
+
+def test_an_evaluated_model_folders_bytes_are_in_the_evaluate_key(
+    scifact_slice: Path, tmp_path: Path
+) -> None:
+    """A ``ce:<dir>`` system of ``systems:`` retrained in place is scored again: the evaluate
+    stage's key digests the folder; a run whose systems read no folder keeps its key shape."""
+    ce = tmp_path / "ce"
+    ce.mkdir()
+    (ce / "model.safetensors").write_bytes(b"weights v1")
+    raw = yaml.safe_load(_write(tmp_path, scifact_slice).read_text())
+    del raw["finetune"]
+
+    def evaluate_inputs() -> dict[str, object]:
+        (tmp_path / "exp.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+        graph = plan_experiment(load_experiment(tmp_path / "exp.yaml", output_dir=tmp_path / "o"))
+        return next(st.inputs for sid, st in graph.stages.items() if sid.kind == "evaluate")
+
+    assert "model_folders" not in evaluate_inputs()
+    raw["systems"] = ["cosine", f"rescore:bm25:depth=5,scorer=ce:{ce}"]
+    before = evaluate_inputs()
+    assert list(before["model_folders"]) == [str(ce)]  # type: ignore[call-overload]
+    (ce / "model.safetensors").write_bytes(b"weights v2")
+    assert evaluate_inputs() != before

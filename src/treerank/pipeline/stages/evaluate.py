@@ -32,6 +32,7 @@ from treerank.faults import crash_point
 from treerank.metrics.metrics import headline_metric
 from treerank.pipeline.finetune import TunedStoreSystem
 from treerank.pipeline.identity import StageId, SystemId
+from treerank.pipeline.stages.base import folder_identity
 from treerank.pipeline.stages.cross_encoder import CrossEncoderRerank
 from treerank.pipeline.stages.graph import Deps, RunContext, RunStage
 from treerank.pipeline.stages.outputs import (
@@ -41,7 +42,13 @@ from treerank.pipeline.stages.outputs import (
     ReembedOutput,
     TrainOutput,
 )
-from treerank.search.specs import BuildContext, CheckpointSpec, SystemSpec, build_system
+from treerank.search.specs import (
+    BuildContext,
+    CheckpointSpec,
+    SystemSpec,
+    build_system,
+    model_folders,
+)
 from treerank.search.systems import CheckpointSystem, System
 from treerank.store import EmbeddingStore, StoreFormatError
 from treerank.storelike import StoreLike
@@ -89,7 +96,7 @@ class EvaluateStage(RunStage):
         trained = [StageId.train(s.run) for s in systems if s.run is not None]
         trained += [stage for _, stage in tuned]
         trained += [r.stage for r in reranked]
-        inputs = {
+        inputs: dict[str, object] = {
             # a trained run's identity here; its checkpoint's key comes in through the edge
             "systems": [
                 [s.name, s.spec if s.run is None else {"run": s.run.key_part()}] for s in systems
@@ -107,6 +114,11 @@ class EvaluateStage(RunStage):
             **({"tuned": [[n, st.name] for n, st in tuned]} if tuned else {}),
             **({"reranked": [r.key_part() for r in reranked]} if reranked else {}),
         }
+        # a configured ckpt:/ce: folder retrained in place is scored again: its bytes, not only
+        # its path (the keys of runs whose systems read no folder stay as they were)
+        folders = sorted({f for s in systems if s.spec is not None for f in model_folders(s.spec)})
+        if folders:
+            inputs["model_folders"] = {f: folder_identity(f) for f in folders}
         stores = (store,) if train_store in (None, store) else (store, train_store)
         return cls.of(
             ctx,
