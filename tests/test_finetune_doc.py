@@ -82,3 +82,13 @@ def test_finetune_page_quotes_the_memory_benchmark() -> None:
     text = (REPO / "docs" / "finetune.md").read_text(encoding="utf-8")
     missing = [ln for ln in bench.render(doc).splitlines() if ln and ln not in text]
     assert not missing, f"docs/finetune.md lacks {missing} from finetune_memory.json"
+
+
+def test_finetune_page_quotes_the_torchrun_benchmark() -> None:
+    from tests.bench_module import load_bench
+
+    bench = load_bench("bench_finetune_ddp")
+    doc = json.loads((REPO / "bench" / "results" / "finetune_ddp.json").read_text("utf-8"))
+    text = (REPO / "docs" / "finetune.md").read_text(encoding="utf-8")
+    missing = [ln for ln in bench.render(doc).splitlines() if ln and ln not in text]
+    assert not missing, f"docs/finetune.md lacks {missing} from finetune_ddp.json"

@@ -1,7 +1,8 @@
 """Worker programs of the distributed tests (run under torchrun by ``helpers.torchrun``).
 
 ``workers.py train STORE OUT FAMILY``: one global batch's loss and gradients, then a 3-step
-``fit``, written by every rank to ``OUT/rank<r>.npz``. Shared with the tests' one-process
+``fit``, written by every rank to ``OUT/rank<r>.npz``. ``workers.py finetune STORE OUT
+FAMILIES [MODE]``: 2-step encoder fine-tunes (:func:`finetune`). Shared with the tests' one-process
 reference through :func:`make_model` / :func:`make_sampler`.
 """
 
@@ -182,6 +183,79 @@ def embed(scifact_zip: str, out: str) -> None:
         embed_sharded(split, encoder, Path(out) / split.name, progress=False)
 
 
+FT_BATCH, FT_STEPS = 4, 2
+
+
+def finetune_config(family: str):
+    """A 2-step fine-tune of ``family`` at batch 4 with 1 hard negative column (biencoder,
+    drt-e2e) and no dropout anywhere (the encoder's is switched off by :func:`finetune`)."""
+    from treerank.training.finetune_config import parse_finetune_config
+
+    data: dict = {"batch_size": FT_BATCH, "hard_negatives": "mined", "n_hard": 1}
+    data["guard_skip_top"] = 0
+    model: dict = {"max_query_length": 24, "max_passage_length": 48}
+    if family == "drt-e2e":
+        model["drt"] = {"slot_dropout": 0.0}
+    if family == "query-tower":
+        data["negatives"] = "in-batch"
+    return parse_finetune_config(
+        {
+            "family": family,
+            "seed": 3,
+            "model": model,
+            "data": data,
+            "trainer": {"max_steps": FT_STEPS, "save_steps": 1, "logging_steps": 1, "lr": 1e-4},
+            "validation": {"fraction": 0},
+        }
+    )
+
+
+def finetune(store_path: str, out: str, families: str, mode: str = "run") -> None:
+    """``treerank.training.finetune.finetune`` of :func:`finetune_config` into
+    ``OUT/<family>`` for each of the comma-separated ``families``, with the encoder's dropout
+    off, under ``launch()`` (torchrun with 1 or 2 processes, or none). ``mode``: ``run``,
+    ``stop`` (a simulated Ctrl-C once step 1's checkpoint is written) or ``resume``."""
+    import treerank.training.finetune as ft
+    from treerank.store import EmbeddingStore
+
+    torch.set_num_threads(1)
+    base = ft._base_encoder
+
+    def no_dropout(*args, **kwargs):
+        enc = base(*args, **kwargs)
+        for mod in enc.model.modules():
+            if isinstance(mod, torch.nn.Dropout):
+                mod.p = 0.0
+        return enc
+
+    ft._base_encoder = no_dropout  # restored below (the tests call this in their process)
+    try:
+        _finetune(EmbeddingStore.open(store_path), Path(out), families, mode)
+    finally:
+        ft._base_encoder = base
+
+
+def _finetune(store, out: Path, families: str, mode: str) -> None:
+    import treerank.training.finetune as ft
+    from treerank.distributed.context import launch
+
+    rng = np.random.default_rng(7)  # a seeded stand-in for BM25's mined negatives
+    mined = rng.integers(0, store.n_passages, size=(store.n_queries, 10)).astype(np.int64)
+    try:
+        with launch():
+            for family in families.split(","):  # one process group, one run per family
+                ft.finetune(
+                    store,
+                    finetune_config(family),
+                    out / family,
+                    mined=mined,
+                    resume=mode == "resume",
+                    stop_after_steps=1 if mode == "stop" else None,
+                )
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
 if __name__ == "__main__":
     cmd, *rest = sys.argv[1:]
-    {"train": train, "search": search, "embed": embed}[cmd](*rest)
+    {"train": train, "search": search, "embed": embed, "finetune": finetune}[cmd](*rest)

@@ -45,6 +45,11 @@ def finetune(
     seconds, pairs per CPU second, peak RSS); --eval-split is not read. Rerank with
     `treerank evaluate --system rescore:bm25:depth=20,scorer=ce:OUT/model`.
 
+    Under torchrun (`torchrun --nproc_per_node=2 -m treerank.cli.main finetune ...`) the
+    training is data-parallel: each batch of data.batch_size rows (a multiple of the number of
+    processes) is split over the processes and every process's rows are the negatives of all,
+    so the run trains on the one-process batches; rank 0 then re-embeds and evaluates.
+
     Exits 2 on a bad config or store (before any training), 130 when interrupted (rerun with
     --resume: training continues from the newest checkpoint, bit-identically).
     """
@@ -72,19 +77,26 @@ def finetune(
     for split in (train_split,) if ce else (train_split, eval_split):
         if not (store / split / "meta.json").is_file():
             raise fail(f"{store / split}: no finished store split here (run treerank embed)")
+    from treerank.distributed.context import launch
+
     try:
-        res = run_finetune(
-            cfg,
-            store,
-            out,
-            train_split=train_split,
-            eval_split=eval_split,
-            resume=resume,
-            progress=progress,
-            n_permutations=permutations,
-            device=dev,
-            log=lambda m: err.print(m, highlight=False),
-        )
+        # torchrun: the training is data-parallel, rank 0 re-embeds and evaluates while the
+        # others wait at the group's last barrier (hence a long timeout)
+        with launch(timeout_s=12 * 3600.0):
+            res = run_finetune(
+                cfg,
+                store,
+                out,
+                train_split=train_split,
+                eval_split=eval_split,
+                resume=resume,
+                progress=progress,
+                n_permutations=permutations,
+                device=dev,
+                log=lambda m: err.print(m, highlight=False),
+            )
+        if res is None:  # a rank other than 0
+            return
     except (ValueError, FileNotFoundError, FileExistsError, StoreFormatError, LockHeldError) as exc:
         raise fail(str(exc)) from exc
     except KeyboardInterrupt:

@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from treerank.atomic import atomic_write_json
+from treerank.distributed.context import current, main_first
 from treerank.encoders.batching import DEFAULT_TOKEN_BUDGET
 from treerank.kernels.device import DEFAULT_DEVICE, Device
 from treerank.kernels.topk import RUN_DEPTH
@@ -51,6 +52,7 @@ from treerank.training.finetune import (
     DRT_HEAD_DIR,
     FINETUNE_JSON,
     EncoderStoreMismatchError,
+    check_data_parallel,
     finetune,
 )
 from treerank.training.finetune_config import CE_FAMILY, FinetuneConfig
@@ -289,6 +291,10 @@ def _means(comp: Any) -> dict[str, dict[str, float]]:
     return {s: {m: float(v) for m, v in r.mean.items()} for s, r in comp.results.items()}
 
 
+def _quiet(_message: str) -> None:
+    """The log of the ranks other than 0 under ``torchrun``."""
+
+
 def run_finetune(
     cfg: FinetuneConfig,
     store_root: str | Path,
@@ -303,8 +309,14 @@ def run_finetune(
     device: Device = DEFAULT_DEVICE,
     log: Callable[[str], None] | None = None,
     scorer: Any = None,
-) -> dict[str, Any]:
+) -> dict[str, Any] | None:
     """Fine-tune, re-embed both splits, evaluate against frozen cosine, measure drift.
+
+    Under ``torchrun`` (a process group from :func:`treerank.distributed.context.launch`) the
+    training is data-parallel (:func:`treerank.training.finetune.finetune`: each planned batch
+    split over the ranks, every rank's rows the negatives of all); rank 0 mines the negatives
+    first, and re-embeds and evaluates alone after the last checkpoint while the other ranks
+    return None.
 
     A ``cross-encoder`` config goes to :func:`run_cross_encoder_finetune` (``eval_split`` is
     not read).
@@ -322,7 +334,7 @@ def run_finetune(
             ``score_pairs`` (tests).
 
     Returns:
-        The ``results.json`` document.
+        The ``results.json`` document (None on the ranks other than 0 under ``torchrun``).
 
     Raises:
         FileNotFoundError / StoreFormatError: a split is missing or incomplete.
@@ -334,6 +346,11 @@ def run_finetune(
     from treerank.search.negatives import mine_bm25_negatives
 
     if cfg.family == CE_FAMILY:
+        if current() is not None:
+            raise ValueError(
+                "the cross-encoder family trains in one process (torchrun is built for "
+                "biencoder, drt-e2e and query-tower): run it without torchrun"
+            )
         return run_cross_encoder_finetune(
             cfg, store_root, out_dir, train_split=train_split, resume=resume, device=device, log=log
         )
@@ -345,18 +362,24 @@ def run_finetune(
     train_rows, held = finetune_rows(train, cfg)
     mined, denoised = None, None
     view = train.with_derived(out / "arrays")  # derived arrays go into the run's folder
-    if cfg.data.hard_negatives == "mined":
-        say(f"mining BM25 negatives (depth {cfg.data.mine_depth}) into {out / 'arrays'}")
-        mined = mine_bm25_negatives(view, cfg.data.mine_depth)
-        job = cfg.data.denoise_job()
-        if job is not None:  # RocketQA: the cross-encoder's flagged negatives are dropped
-            say(f"denoising them with {job.settings.scorer} (first {job.settings.depth})")
-            denoised = ensure_denoised_negatives(view, job, scorer=scorer, progress=progress)
-            mined = np.asarray(view.load_array(job.array))
-    teachers = [s for s in cfg.data.source_specs() or () if s.kind == "teacher"]
-    for spec in teachers:  # the user's store is only read
-        say(f"ranking the training queries with the teacher {spec.system} (top {spec.k})")
-        ensure_teacher_run(view, None, spec, progress=progress)
+    ctx = current()  # torchrun: rank 0 mines (denoises, ranks teachers), the others read it
+    if ctx is not None:
+        check_data_parallel(cfg, ctx.world_size)  # before any work
+        if not ctx.is_main:  # rank 0 speaks
+            say = _quiet
+    with main_first():
+        if cfg.data.hard_negatives == "mined":
+            say(f"mining BM25 negatives (depth {cfg.data.mine_depth}) into {out / 'arrays'}")
+            mined = mine_bm25_negatives(view, cfg.data.mine_depth)
+            job = cfg.data.denoise_job()
+            if job is not None:  # RocketQA: the cross-encoder's flagged negatives are dropped
+                say(f"denoising them with {job.settings.scorer} (first {job.settings.depth})")
+                denoised = ensure_denoised_negatives(view, job, scorer=scorer, progress=progress)
+                mined = np.asarray(view.load_array(job.array))
+        teachers = [s for s in cfg.data.source_specs() or () if s.kind == "teacher"]
+        for spec in teachers:  # the user's store is only read
+            say(f"ranking the training queries with the teacher {spec.system} (top {spec.k})")
+            ensure_teacher_run(view, None, spec, progress=progress)
     say(f"fine-tuning {cfg.family} on {len(train_rows)} training queries of {train.path}")
     ft = finetune(
         view if teachers else train,
@@ -366,10 +389,12 @@ def run_finetune(
         mined=mined,
         denoised=denoised,
         resume=resume,
-        progress=progress,
+        progress=progress and (ctx is None or ctx.is_main),
         device=device,
         log=say,
     )
+    if ctx is not None and not ctx.is_main:
+        return None  # only the training is data-parallel: rank 0 re-embeds and evaluates
     t1 = cost_clock()
     train_part = cost_since(t0)  # mining + loading + training, measured now
     stores: dict[str, EmbeddingStore] = {}

@@ -32,6 +32,17 @@ with the step, hence the sampler position; for ``drt-e2e`` also the heads' weigh
 into a temporary folder and renamed into place (:class:`_Trainer`), so a killed run never leaves
 a half-written ``checkpoint-N``. ``resume=True`` continues from the newest one, bit-identically
 on the same machine (``tests/training/test_finetune.py``).
+
+**Under torchrun** (a process group from :func:`treerank.distributed.context.launch`) the run is
+data-parallel on the one-process plan: each planned batch is split into ``W`` contiguous shards
+(accelerate's ``split_batches``; ``data.batch_size`` must be a multiple of ``W``:
+:func:`check_data_parallel`), the trainer wraps the encoder in DDP, and
+:class:`~treerank.training.finetune_losses.CrossRankLoss` gathers every rank's rows, so each
+query meets the whole batch's passages and the gradient is the one-process gradient
+(``tests/distributed/test_finetune.py``). Every rank writes its RNG state into one staging
+folder per checkpoint, which rank 0 renames into place; rank 0 alone writes ``model/``,
+``drt_head/`` and ``finetune.json`` (``summary.world_size``). GradCache is not built across
+processes (refused).
 """
 
 from __future__ import annotations
@@ -53,6 +64,7 @@ from treerank.storelike import StoreLike
 from treerank.training.data import build_training_table
 from treerank.training.finetune_config import FinetuneConfig, drt_head_config
 from treerank.training.finetune_losses import (
+    CrossRankLoss,
     DistilledMNRLLoss,
     DRTEndToEndLoss,
     StoredPassageLoss,
@@ -70,6 +82,7 @@ __all__ = [
     "BatchPlan",
     "EncoderStoreMismatchError",
     "FinetuneOutput",
+    "check_data_parallel",
     "export_onnx",
     "finetune",
     "freeze",
@@ -416,23 +429,78 @@ def _trainer_class() -> Any:
             return str(super()._get_output_dir(trial))
 
         def _save_checkpoint(self, model: Any, trial: Any) -> None:
+            from treerank.distributed.context import current
+
             final = Path(str(self.args.output_dir))
-            self._staging = make_temp_dir(final, ".checkpoint-tmp-")
+            ctx = current()
+            if ctx is None:
+                self._staging = make_temp_dir(final, ".checkpoint-tmp-")
+            else:  # one staging folder for every rank (each writes its RNG state into it)
+                self._staging = final / f".checkpoint-tmp-step{int(self.state.global_step)}"
+                if ctx.is_main:
+                    shutil.rmtree(self._staging, ignore_errors=True)
+                    self._staging.mkdir(parents=True)
+                ctx.barrier()
             try:
                 super()._save_checkpoint(model, trial)
-                for done in self._staging.iterdir():
-                    dest = final / done.name
-                    if dest.exists():
-                        shutil.rmtree(dest)
-                    os.replace(done, dest)
+                if ctx is not None:
+                    ctx.barrier()  # every rank's files are in the staging folder
+                if ctx is None or ctx.is_main:
+                    for done in self._staging.iterdir():
+                        dest = final / done.name
+                        if dest.exists():
+                            shutil.rmtree(dest)
+                        os.replace(done, dest)
             finally:
-                shutil.rmtree(self._staging, ignore_errors=True)
+                if ctx is None or ctx.is_main:
+                    shutil.rmtree(self._staging, ignore_errors=True)
                 self._staging = None
-            rotate_checkpoints(
-                output_dir=str(final), save_total_limit=self.args.save_total_limit, use_mtime=False
-            )
+            if ctx is None or ctx.is_main:
+                rotate_checkpoints(
+                    output_dir=str(final),
+                    save_total_limit=self.args.save_total_limit,
+                    use_mtime=False,
+                )
+            if ctx is not None:
+                ctx.barrier()  # nobody looks for the checkpoint before it is in place
 
     return _Trainer
+
+
+def check_data_parallel(cfg: FinetuneConfig, world_size: int) -> None:
+    """Refuse a fine-tune that ``torchrun`` with ``world_size`` ranks cannot split exactly.
+
+    Each planned batch is split into ``world_size`` equal contiguous shards (so the run trains
+    on the one-process batches, with cross-process negatives: :class:`CrossRankLoss`).
+
+    Raises:
+        ValueError: ``data.batch_size`` not a multiple of ``world_size``, or a GradCache loss
+            (``cached-mnrl``: its cached backward is not built across processes).
+    """
+    bsz = cfg.data.batch_size
+    if bsz % world_size:
+        raise ValueError(
+            f"data.batch_size {bsz} does not split over {world_size} torchrun processes: use a "
+            f"multiple of {world_size} (each process encodes batch_size / {world_size} rows and "
+            "every process's rows are the negatives of all)"
+        )
+    if cfg.trainer.loss == "cached-mnrl":
+        raise ValueError(
+            "trainer.loss cached-mnrl (GradCache) is not built under torchrun: use mnrl, whose "
+            "batch is split over the processes (more processes hold a larger batch), or one "
+            "process"
+        )
+
+
+def _step_of(loss: CrossRankLoss) -> Any:
+    """A trainer callback that tells ``loss`` the global step before each step."""
+    from transformers import TrainerCallback
+
+    class _Step(TrainerCallback):  # type: ignore[misc]
+        def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            loss.step = int(state.global_step)
+
+    return _Step()
 
 
 def _sequential(dataset: Any, batch_size: int, drop_last: bool, **_: Any) -> Any:
@@ -602,6 +670,11 @@ def finetune(
     """
     from sentence_transformers import SentenceTransformerTrainingArguments
 
+    from treerank.distributed.context import current
+
+    ctx = current()
+    if ctx is not None:  # refused before any work
+        check_data_parallel(cfg, ctx.world_size)
     out = Path(out_dir)
     ckpt_dir = out / CHECKPOINTS_DIR
     if not resume and (latest_checkpoint(ckpt_dir) is not None or (out / MODEL_DIR).exists()):
@@ -633,6 +706,8 @@ def finetune(
     dataset = _dataset(store, plan, cfg.family)
     tokens = _token_counts(model, store, plan, cfg.family)
     loss = _loss(model, store, plan, cfg)
+    if ctx is not None:
+        loss = CrossRankLoss(loss, ctx, seed=t.seed)
     steps = plan.n_batches if t.max_steps < 0 else min(t.max_steps, plan.n_batches)
     args = SentenceTransformerTrainingArguments(
         output_dir=str(ckpt_dir),
@@ -658,6 +733,8 @@ def finetune(
         use_cpu=resolve_device(device).type == "cpu",
         disable_tqdm=not progress,
         batch_sampler=_sequential,
+        # torchrun: each planned batch is split across the ranks (the one-process batch)
+        accelerator_config={"split_batches": True} if ctx is not None else None,
         learning_rate_mapping=(
             {r"^head\.": t.head_lr} if cfg.family == "drt-e2e" and t.head_lr is not None else {}
         ),
@@ -670,6 +747,8 @@ def finetune(
     records: list[dict[str, Any]] = []
 
     callbacks = [loss_log(records, log, stop_after_steps)]
+    if isinstance(loss, CrossRankLoss):
+        callbacks.append(_step_of(loss))
     trainer = _trainer_class()(
         model=model, args=args, train_dataset=dataset, loss=loss, callbacks=callbacks
     )
@@ -681,6 +760,7 @@ def finetune(
     if not progress:
         hf_logging.disable_progress_bar()
     start = latest_checkpoint(ckpt_dir) if resume else None
+    main = ctx is None or ctx.is_main  # rank 0 writes the model and the summary
     try:
         result = trainer.train(resume_from_checkpoint=None if start is None else str(start))
         step = int(trainer.state.global_step)
@@ -690,7 +770,8 @@ def finetune(
         model.max_seq_length = base_max_seq_length
         if base_model_max_length is not None:
             model.tokenizer.model_max_length = base_model_max_length
-        save_model_folder(out / MODEL_DIR, lambda p: model.save(str(p)))
+        if main:
+            save_model_folder(out / MODEL_DIR, lambda p: model.save(str(p)))
     finally:
         if bars and not progress:
             hf_logging.enable_progress_bar()
@@ -699,7 +780,7 @@ def finetune(
 
     fp = weights_fingerprint(model)
     head = getattr(loss, "head", None)
-    if head is not None:
+    if head is not None and main:
         _save_head(head, out / DRT_HEAD_DIR, out / MODEL_DIR, fp, store, checkpoint)
     cpu1, rss = _cost_now()
     summary = {
@@ -713,6 +794,7 @@ def finetune(
         "log": records,
         "trainable_parameters": int(n_trainable),
         "precision": {"chosen": precision, **precision_record},
+        "world_size": 1 if ctx is None else ctx.world_size,  # ranks sharing each batch
         "cost": {
             "cpu_seconds": round(cpu1 - cpu0, 3),
             "wall_seconds": round(time.perf_counter() - wall0, 3),
@@ -726,6 +808,8 @@ def finetune(
         summary["denoised_negatives"] = dict(denoised)
     if plan.sources is not None:
         summary["sources"] = plan.sources
+    if not main:
+        return FinetuneOutput(out / MODEL_DIR, fp, base_fp, checkpoint, summary)
     atomic_write_json(
         out / FINETUNE_JSON,
         {

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 __all__ = [
+    "CrossRankLoss",
     "DRTEndToEndLoss",
     "DistilledMNRLLoss",
     "StoredPassageLoss",
@@ -125,8 +126,15 @@ class StoredPassageLoss(nn.Module):
         Returns:
             scalar loss tensor.
         """
-        q = self.model(features[0])["sentence_embedding"]
-        q = nn.functional.normalize(q.float(), dim=1)  # (B, d)
+        return self.compute_loss_from_embeddings(
+            [self.model(features[0])["sentence_embedding"]], labels
+        )
+
+    def compute_loss_from_embeddings(
+        self, embeddings: list[torch.Tensor], labels: torch.Tensor
+    ) -> torch.Tensor:
+        """The loss from the query column's vectors (``float (B, d)``) and the rows' labels."""
+        q = nn.functional.normalize(embeddings[0].float(), dim=1)  # (B, d)
         rows = labels.to(torch.long).cpu()
         pos = self.positive[rows]  # (B,)
         if self.negatives == "all":
@@ -236,6 +244,12 @@ class DRTEndToEndLoss(nn.Module):
             raise ValueError("drt-e2e needs (anchor, positive[, negatives]) columns")
         return self.loss_from_reps([self.model(f)["sentence_embedding"] for f in features])
 
+    def compute_loss_from_embeddings(
+        self, embeddings: list[torch.Tensor], labels: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """:meth:`loss_from_reps` under sentence-transformers' name (``labels`` unused)."""
+        return self.loss_from_reps(embeddings)
+
     def loss_from_reps(self, reps: list[torch.Tensor]) -> torch.Tensor:
         """The loss from each column's encoder vectors (``float (B, d)``, anchors first)."""
         from treerank.training.drt import decorrelation_loss
@@ -300,9 +314,18 @@ class DistilledMNRLLoss(nn.Module):
         self, features: list[dict[str, torch.Tensor]], labels: torch.Tensor
     ) -> torch.Tensor:
         """Mean loss of one batch (``labels``: ``int64 (B,)`` row indices into the tables)."""
+        return self.compute_loss_from_embeddings(
+            [self.model(f)["sentence_embedding"] for f in features], labels
+        )
+
+    def compute_loss_from_embeddings(
+        self, embeddings: list[torch.Tensor], labels: torch.Tensor
+    ) -> torch.Tensor:
+        """The loss from each column's vectors (``float (B, d)``, anchors first) and the rows'
+        labels (``int64 (B,)`` row indices into the tables)."""
         from treerank.training.losses import listwise_kl, margin_mse
 
-        emb = [self.model(f)["sentence_embedding"] for f in features]
+        emb = embeddings
         loss = self.mnrl.compute_loss_from_embeddings(emb, labels)
         rows = labels.to(torch.long).cpu()
         mode = self.mode[rows]
@@ -373,3 +396,63 @@ def cached_drt_loss(
     loss = CachedDRTEndToEndLoss(model, head, scale=scale, lambda_dec=lambda_dec)
     loss.mini_batch_size = int(mini_batch_size)
     return loss
+
+
+class CrossRankLoss(nn.Module):
+    """Any of the fine-tune's losses under ``torchrun``, with every rank's rows as negatives.
+
+    The trainer splits each planned batch of ``B`` rows into ``W`` contiguous shards
+    (accelerate's ``split_batches``), and rank ``r`` encodes its shard of every column. This
+    loss gathers each column's vectors from every rank in rank order
+    (:func:`treerank.distributed.gather.gather_rows`: other ranks' rows detached, this rank's
+    through a gradient scaled by ``W``), gathers the rows' labels, and computes the wrapped
+    loss of the **whole** batch (``inner.compute_loss_from_embeddings``), the value a
+    one-process run computes. DDP then averages the encoder's gradients, which gives exactly the
+    one-process gradient of the batch (proof in :mod:`treerank.distributed.gather`); modules of
+    the loss itself (the DRT heads) act after the gather and get the full gradient on every
+    rank. The heads' slot dropout draws the same masks on every rank (a generator seeded by
+    ``seed`` and the step, set by the trainer's callback), so their weights stay equal; with
+    dropout on, runs of different ``W`` agree in distribution, not bit for bit (as the heads'
+    data-parallel training: :mod:`treerank.distributed.training`). The score matrix of the
+    batch is computed on every rank (redundant, as for the heads; the towers are not).
+
+    Args:
+        inner: the one-process loss (``model``; ``compute_loss_from_embeddings``; ``head``).
+        ctx: the process group (:func:`treerank.distributed.context.current`).
+        seed: the run's seed (the heads' dropout generator).
+    """
+
+    def __init__(self, inner: nn.Module, ctx: Any, *, seed: int = 0) -> None:
+        super().__init__()
+        head = getattr(inner, "head", None)
+        if head is not None:  # first, so that its parameters keep their names (head.*)
+            self.head = head
+        self.model: Any = inner.model
+        self.inner = inner
+        self.ctx = ctx
+        self.seed = int(seed)
+        self.step = 0  # the trainer's global step (set by the callback of finetune())
+
+    def forward(
+        self, features: list[dict[str, torch.Tensor]], labels: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The whole batch's loss from this rank's shard of it (see the class doc)."""
+        import torch.distributed as dist
+
+        from treerank.distributed.gather import gather_rows
+
+        local = [self.model(f)["sentence_embedding"] for f in features]
+        n = torch.tensor([local[0].shape[0]], dtype=torch.int64)
+        sizes = [torch.zeros_like(n) for _ in range(self.ctx.world_size)]
+        dist.all_gather(sizes, n, group=self.ctx.group)
+        counts = [int(c.item()) for c in sizes]
+        full = [gather_rows(e, counts, self.ctx) for e in local]
+        rows = None
+        if labels is not None and labels.numel():
+            rows = gather_rows(labels.to(torch.float64), counts, self.ctx).to(labels.dtype)
+        loss_of: Any = self.inner.compute_loss_from_embeddings
+        if getattr(self, "head", None) is None:
+            return loss_of(full, rows)  # type: ignore[no-any-return]
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.seed * 1_000_003 + self.step)
+            return loss_of(full, rows)  # type: ignore[no-any-return]
