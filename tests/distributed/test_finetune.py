@@ -115,3 +115,23 @@ def test_a_batch_that_does_not_split_or_gradcache_is_refused_before_any_work() -
     )
     with pytest.raises(ValueError, match="cached-mnrl"):
         check_data_parallel(cached, 2)
+
+
+def test_the_cli_refuses_a_batch_that_does_not_split_once_on_every_rank(tmp_path: Path) -> None:
+    for split in ("train", "test"):  # only their presence is read before the refusal
+        (tmp_path / "store" / split).mkdir(parents=True)
+        (tmp_path / "store" / split / "meta.json").write_text("{}")
+    config = tmp_path / "ft.yaml"
+    config.write_text("family: biencoder\ndata: {batch_size: 5}\n")
+    args = [
+        "finetune",
+        str(config),
+        "--store",
+        str(tmp_path / "store"),
+        "-o",
+        str(tmp_path / "run"),
+    ]
+    done = torchrun(args, cli=True)
+    assert done.returncode != 0
+    assert done.stderr.count("data.batch_size 5 does not split over 2") == 1, done.stderr[-2000:]
+    assert not (tmp_path / "run").exists()
