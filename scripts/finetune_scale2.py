@@ -131,6 +131,94 @@ def _cut_store(frozen: Any, max_passages: int, out: Path) -> Any:
     return EmbeddingStore.open(out)
 
 
+def render(drt_doc: dict[str, Any], bi_doc: dict[str, Any]) -> str:
+    """The page's Markdown of one comparison: the drt-e2e run's results.json with its
+    ``scale2`` block and the biencoder arm's results.json (nDCG@10 tables, CKA, drift, cost)."""
+    s = drt_doc["scale2"]
+    bi, drt, dcos = "finetune-biencoder", "finetune-drt-e2e", "finetune-drt-e2e-cosine"
+    m = "ndcg@10"
+    parts = s["seen_unseen_vs_biencoder"]
+
+    def ci(t: dict[str, Any]) -> str:
+        return f"{t['delta']:+.4f} ({t['ci_low']:+.4f} .. {t['ci_high']:+.4f})"
+
+    lines = [
+        "| nDCG@10 | queries | frozen cosine | biencoder | drt-e2e (heads) "
+        "| drt-e2e encoder, cosine | drt-e2e - biencoder (95% CI) | p |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    sy, t = s["systems"], s["paired_vs_biencoder"][drt][m]
+    n_all = parts["n_seen"] + parts["n_unseen"]
+    lines.append(
+        f"| all | {n_all} | {sy['cosine'][m]:.4f} | {sy[bi][m]:.4f} | {sy[drt][m]:.4f} "
+        f"| {sy[dcos][m]:.4f} | {ci(t)} | {t['p']:.4f} |"
+    )
+    for part in ("seen", "unseen"):
+        row = parts["parts"][part]
+        t = row[drt][m]
+        lines.append(
+            f"| {part} | {parts[f'n_{part}']} | {row['cosine'][m]['mean']:.4f} "
+            f"| {row[bi][m]['mean']:.4f} | {row[drt][m]['mean']:.4f} "
+            f"| {row[dcos][m]['mean']:.4f} | {ci(t)} | {t['p']:.4f} |"
+        )
+    lines += [
+        "",
+        "Each arm against frozen cosine (paired, same corpus):",
+        "",
+        "| arm | all: delta (95% CI), p | seen mean | unseen mean | unseen delta (95% CI), p |",
+        "|---|---|---|---|---|",
+    ]
+    for arm, doc in (("biencoder", bi_doc), ("drt-e2e", drt_doc)):
+        name = f"finetune-{arm}"
+        t = doc["paired_vs_cosine"][m]
+        seen, unseen = (doc["seen_unseen"]["parts"][p] for p in ("seen", "unseen"))
+        u = unseen[name][m]
+        lines.append(
+            f"| `{arm}` | {ci(t)}, p {t['p']:.4f} | {seen[name][m]['mean']:.4f} (cosine "
+            f"{seen['cosine'][m]['mean']:.4f}) | {u['mean']:.4f} (cosine "
+            f"{unseen['cosine'][m]['mean']:.4f}) | {ci(u)}, p {u['p']:.4f} |"
+        )
+    lines += [
+        "",
+        f"CKA table (linear CKA on the same items, {s['corpus']}; slots: the drt-e2e heads "
+        "applied to both vector sets):",
+        "",
+        "| comparison | passages | queries |",
+        "|---|---|---|",
+    ]
+    cp, cq = s["cka"]["passages"], s["cka"]["queries"]
+    for key, what in (
+        ("raw_bi_vs_drt", "raw vectors, biencoder vs drt-e2e encoder"),
+        ("raw_frozen_vs_bi", "raw vectors, frozen vs biencoder"),
+        ("raw_frozen_vs_drt", "raw vectors, frozen vs drt-e2e encoder"),
+    ):
+        lines.append(f"| {what} | {cp[key]:.4f} | {cq[key]:.4f} |")
+    for key, what in (("slots_bi_vs_drt", "biencoder"), ("slots_frozen_vs_drt", "frozen")):
+        lines.append(
+            f"| concatenated slots, {what} vs drt-e2e vectors | {cp[key]['concatenated']:.4f} "
+            f"| {cq[key]['concatenated']:.4f} |"
+        )
+        lines.append(
+            f"| each slot, {what} vs drt-e2e vectors | "
+            + " / ".join(f"{x:.4f}" for x in cp[key]["slots"])
+            + " | "
+            + " / ".join(f"{x:.4f}" for x in cq[key]["slots"])
+            + " |"
+        )
+    lines.append("")
+    for arm, doc in (("biencoder", bi_doc), ("drt-e2e", drt_doc)):
+        dr = doc["drift"][doc["eval_split"]]
+        c = doc["cost"]["train"]
+        lines.append(
+            f"- `{arm}` drift vs frozen: CKA queries {dr['cka_queries']:.4f}, passages "
+            f"{dr['cka_passages']:.4f}, neighbour overlap@10 {dr['overlap_at_k']:.4f}; training "
+            f"{c['cpu_seconds']:.0f} CPU-s ({c['wall_seconds']:.0f} s wall), {c['tokens']:,} "
+            f"tokens, peak RSS {c['peak_rss_mib'] / 1024:.1f} GB, final train loss "
+            f"{doc['training']['train_loss']:.4f}."
+        )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--store", type=Path, required=True, help="the frozen store root")

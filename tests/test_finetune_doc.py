@@ -92,3 +92,24 @@ def test_finetune_page_quotes_the_torchrun_benchmark() -> None:
     text = (REPO / "docs" / "finetune.md").read_text(encoding="utf-8")
     missing = [ln for ln in bench.render(doc).splitlines() if ln and ln not in text]
     assert not missing, f"docs/finetune.md lacks {missing} from finetune_ddp.json"
+
+
+def test_finetune_page_quotes_the_full_budget_scale2_tables() -> None:
+    """The Scale-2 section holds ``scripts/finetune_scale2.py``'s render of the full-budget run,
+    line for line."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "finetune_scale2", REPO / "scripts" / "finetune_scale2.py"
+    )
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    results = REPO / "docs" / "results"
+    drt = json.loads((results / "finetune_scifact_drt_e2e_full.json").read_text("utf-8"))
+    bi = json.loads(
+        (results / "finetune_scifact_drt_e2e_full_biencoder_arm.json").read_text("utf-8")
+    )
+    text = (REPO / "docs" / "finetune.md").read_text(encoding="utf-8")
+    missing = [ln for ln in mod.render(drt, bi).splitlines() if ln and ln not in text]
+    assert not missing, f"docs/finetune.md lacks {missing}"
