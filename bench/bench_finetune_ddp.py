@@ -34,16 +34,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def _scifact() -> Path:
-    for p in (
-        REPO.parent / "shared" / "data" / "beir-scifact" / "scifact.zip",
-        REPO / "data" / "samples" / "scifact" / "scifact.zip",
-    ):
-        if p.is_file():
-            return p
-    raise FileNotFoundError("scifact.zip not found under ../shared/data or data/samples")
+sys.path.insert(0, str(REPO / "bench"))
+from bench_distributed import _scifact  # noqa: E402 (the bench folder is not a package)
 
 
 def _config(args: argparse.Namespace, threads: int) -> dict:
@@ -167,7 +159,6 @@ def main() -> None:
     if args.worker is not None:
         worker(*args.worker)
         return
-    sys.path.insert(0, str(REPO / "bench"))
     from bench_encoding import lscpu
     from treerank.encoders import SentenceEncoder
     from treerank.readers import read_split

@@ -74,24 +74,22 @@ def test_finetune_page_quotes_the_query_tower_distillation_tables() -> None:
     assert not missing, f"docs/finetune.md lacks {missing} from {DISTILL_QT.name}"
 
 
-def test_finetune_page_quotes_the_memory_benchmark() -> None:
+@pytest.mark.parametrize(
+    ("bench_name", "result"),
+    [
+        ("bench_finetune_memory", "finetune_memory.json"),
+        ("bench_finetune_ddp", "finetune_ddp.json"),
+    ],
+)
+def test_finetune_page_quotes_the_benchmark(bench_name: str, result: str) -> None:
+    """The page holds the bench's own render of its committed result, line for line."""
     from tests.bench_module import load_bench
 
-    bench = load_bench("bench_finetune_memory")
-    doc = json.loads((REPO / "bench" / "results" / "finetune_memory.json").read_text("utf-8"))
+    bench = load_bench(bench_name)
+    doc = json.loads((REPO / "bench" / "results" / result).read_text("utf-8"))
     text = (REPO / "docs" / "finetune.md").read_text(encoding="utf-8")
     missing = [ln for ln in bench.render(doc).splitlines() if ln and ln not in text]
-    assert not missing, f"docs/finetune.md lacks {missing} from finetune_memory.json"
-
-
-def test_finetune_page_quotes_the_torchrun_benchmark() -> None:
-    from tests.bench_module import load_bench
-
-    bench = load_bench("bench_finetune_ddp")
-    doc = json.loads((REPO / "bench" / "results" / "finetune_ddp.json").read_text("utf-8"))
-    text = (REPO / "docs" / "finetune.md").read_text(encoding="utf-8")
-    missing = [ln for ln in bench.render(doc).splitlines() if ln and ln not in text]
-    assert not missing, f"docs/finetune.md lacks {missing} from finetune_ddp.json"
+    assert not missing, f"docs/finetune.md lacks {missing} from {result}"
 
 
 def test_finetune_page_quotes_the_full_budget_scale2_tables() -> None:
@@ -112,4 +110,21 @@ def test_finetune_page_quotes_the_full_budget_scale2_tables() -> None:
     )
     text = (REPO / "docs" / "finetune.md").read_text(encoding="utf-8")
     missing = [ln for ln in mod.render(drt, bi).splitlines() if ln and ln not in text]
+    assert not missing, f"docs/finetune.md lacks {missing}"
+
+
+def test_finetune_page_quotes_the_three_seed_scale2_table() -> None:
+    """The Scale-2 section holds ``scripts/finetune_scale2_seeds.py``'s render of
+    docs/results/scale2_scifact_seeds.json, line for line."""
+    import importlib.util
+
+    path = REPO / "scripts" / "finetune_scale2_seeds.py"
+    spec = importlib.util.spec_from_file_location("finetune_scale2_seeds", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    doc = json.loads((REPO / "docs" / "results" / "scale2_scifact_seeds.json").read_text("utf-8"))
+    assert len(doc["seed_spread"]["biencoder"]["seeds"]) == 3
+    text = (REPO / "docs" / "finetune.md").read_text(encoding="utf-8")
+    missing = [ln for ln in mod.render(doc).splitlines() if ln and ln not in text]
     assert not missing, f"docs/finetune.md lacks {missing}"

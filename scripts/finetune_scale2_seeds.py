@@ -1,0 +1,174 @@
+"""The DRT seed's Scale-2 comparison over several training seeds (pairs of `treerank finetune`
+runs: one `biencoder` and one `drt-e2e` run per seed, equal budget and data).
+
+Usage (docs/finetune.md, "Scale 2"):
+
+    python scripts/finetune_scale2_seeds.py --store stores/scifact \
+        --pair runs/ft-scifact-bi-s2 runs/ft-scifact-drt-e2e \
+        --pair runs/s2-bi-seed1 runs/s2-drt-seed1 --pair runs/s2-bi-seed2 runs/s2-drt-seed2 \
+        --out docs/results/scale2_scifact_seeds.json
+
+Each run's re-embedded evaluation store is scored (the drt-e2e runs by their heads,
+``ckpt:RUN/drt_head``); ``treerank.evaluation.compare.compare_systems`` averages each arm's
+per-query metrics over its seeds (``seed_groups``), tests both means against frozen cosine,
+and this script tests the drt-e2e mean against the bi-encoder mean (paired randomization test
+and bootstrap 95% CI over the queries), on all queries and on the seen / unseen parts
+(a relevant passage cited by a training query or not). The per-seed means and their spread
+are in ``seed_spread``. :func:`render` gives the page's table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+BI, DRT = "biencoder", "drt-e2e"
+METRICS = ("ndcg@10", "mrr@10", "recall@100")
+
+
+def _cell(t: Any) -> dict[str, float]:
+    return {"delta": t.delta, "p": t.p_randomization, "ci_low": t.ci_low, "ci_high": t.ci_high}
+
+
+def render(doc: dict[str, Any]) -> str:
+    """The page's Markdown: nDCG@10 per seed and the mean over seeds, drt-e2e - biencoder."""
+    m = "ndcg@10"
+    sp = doc["seed_spread"]
+    lines = [
+        f"nDCG@10 on all {doc['parts']['all']['n']} evaluation queries, per training seed:",
+        "",
+        "| seed | frozen cosine | biencoder | drt-e2e (heads) | drt-e2e - biencoder |",
+        "|---|---|---|---|---|",
+    ]
+    cos = doc["systems"]["cosine"][m]
+    for i, seed in enumerate(sp[BI]["seeds"]):
+        b, d = sp[BI]["per_seed"][m][i], sp[DRT]["per_seed"][m][i]
+        lines.append(f"| {seed} | {cos:.4f} | {b:.4f} | {d:.4f} | {d - b:+.4f} |")
+    lines += [
+        "",
+        f"Mean over the {len(sp[BI]['seeds'])} seeds (per-query metrics averaged over seeds, "
+        "paired over the queries; std over the seeds' means):",
+        "",
+        "| nDCG@10 | queries | frozen cosine | biencoder (std) | drt-e2e (std) "
+        "| drt-e2e - biencoder (95% CI) | p | biencoder - cosine (95% CI) | p |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for part in ("all", "seen", "unseen"):
+        row = doc["parts"][part]
+        t, c = row["drt_vs_bi"], row["bi_vs_cosine"]
+        std = tuple(
+            f" ({sp[a]['std'][m]:.4f})" if part == "all" and sp[a]["std"][m] is not None else ""
+            for a in (BI, DRT)
+        )
+        lines.append(
+            f"| {part} | {row['n']} | {row['cosine']:.4f} | {row[BI]:.4f}{std[0]} "
+            f"| {row[DRT]:.4f}{std[1]} | {t['delta']:+.4f} ({t['ci_low']:+.4f} .. "
+            f"{t['ci_high']:+.4f}) | {t['p']:.4f} | {c['delta']:+.4f} ({c['ci_low']:+.4f} .. "
+            f"{c['ci_high']:+.4f}) | {c['p']:.4f} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--store", type=Path, required=True, help="the frozen store root")
+    ap.add_argument(
+        "--pair", nargs=2, action="append", type=Path, required=True, metavar=("BI", "DRT")
+    )
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--train-split", default="train")
+    ap.add_argument("--eval-split", default="test")
+    ap.add_argument("--permutations", type=int, default=10_000)
+    args = ap.parse_args(argv)
+
+    from treerank.atomic import atomic_write_json
+    from treerank.evaluation.compare import compare_systems
+    from treerank.evaluation.overlap import seen_positive_mask
+    from treerank.evaluation.settings import EvaluationSettings
+    from treerank.evaluation.significance import compare_paired
+    from treerank.pipeline.finetune import TunedStoreSystem
+    from treerank.store.embedding_store import EmbeddingStore
+    from treerank.training.finetune import DRT_HEAD_DIR, FINETUNE_JSON
+
+    systems: dict[str, Any] = {"cosine": "cosine"}
+    groups: dict[str, dict[str, int]] = {BI: {}, DRT: {}}
+    configs = {}
+    for bi_run, drt_run in args.pair:
+        for arm, run in ((BI, bi_run), (DRT, drt_run)):
+            need = run / "stores" / args.eval_split / "meta.json"
+            if not need.is_file():
+                print(f"error: {run}: {need} missing (a finished finetune run?)")
+                return 2
+            ft = json.loads((run / FINETUNE_JSON).read_text(encoding="utf-8"))
+            if ft["config"]["family"] != arm:
+                print(f"error: {run} is a {ft['config']['family']} run, expected {arm}")
+                return 2
+            seed = int(ft["config"]["seed"])
+            cfg = {k: v for k, v in ft["config"].items() if k != "seed"}  # and the trainer's:
+            cfg["trainer"] = {k: v for k, v in cfg["trainer"].items() if k != "seed"}
+            configs.setdefault(arm, cfg)
+            if cfg != configs[arm]:
+                print(
+                    f"error: {run}: its config differs from the other {arm} runs' beyond the seed"
+                )
+                return 2
+            name = f"{arm}@seed{seed}"
+            store = EmbeddingStore.open(run / "stores" / args.eval_split)
+            inner = f"ckpt:{run / DRT_HEAD_DIR}" if arm == DRT else "cosine"
+            systems[name] = TunedStoreSystem(store, name, inner)
+            groups[arm][name] = seed
+    if sorted(groups[BI].values()) != sorted(groups[DRT].values()):
+        print(f"error: the arms' seeds differ: {groups}")
+        return 2
+    frozen = EmbeddingStore.open(args.store / args.eval_split)
+    train = EmbeddingStore.open(args.store / args.train_split)
+    settings = EvaluationSettings().with_(baseline="cosine", n_permutations=args.permutations)
+    comp = compare_systems(
+        frozen, systems, settings=settings, train_store=train, seed_groups=groups
+    )
+    if comp.failed:
+        print(f"error: systems failed: {comp.failed}")
+        return 1
+    seen = seen_positive_mask(frozen, train)
+    parts: dict[str, Any] = {}
+    res = comp.results
+    for part, mask in (("all", None), ("seen", seen), ("unseen", ~seen)):
+
+        def pq(name: str, mask: Any = mask) -> dict[str, Any]:
+            return {
+                m: (v if mask is None else v[mask])
+                for m, v in res[name].per_query.items()
+                if m in METRICS
+            }
+
+        t = compare_paired(pq(DRT), pq(BI), METRICS, args.permutations, args.permutations, 0)
+        c = compare_paired(pq(BI), pq("cosine"), METRICS, args.permutations, args.permutations)
+        parts[part] = {
+            "n": int(len(next(iter(pq("cosine").values())))),
+            "cosine": float(pq("cosine")["ndcg@10"].mean()),
+            BI: float(pq(BI)["ndcg@10"].mean()),
+            DRT: float(pq(DRT)["ndcg@10"].mean()),
+            "drt_vs_bi": _cell(t["ndcg@10"]),
+            "bi_vs_cosine": _cell(c["ndcg@10"]),
+            "drt_vs_bi_all_metrics": {m: _cell(x) for m, x in t.items()},
+        }
+    doc = {
+        "pairs": [[str(b), str(d)] for b, d in args.pair],
+        "store": str(args.store),
+        "eval_split": args.eval_split,
+        "configs": configs,
+        "systems": {n: {m: float(r.mean[m]) for m in METRICS} for n, r in res.items()},
+        "seed_spread": {arm: comp.seed_spread[arm] for arm in (BI, DRT)},
+        "parts": parts,
+        "n_permutations": args.permutations,
+    }
+    atomic_write_json(args.out, doc, indent=1)
+    print(render(doc))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
