@@ -115,6 +115,9 @@ def test_a_batch_that_does_not_split_or_gradcache_is_refused_before_any_work() -
     )
     with pytest.raises(ValueError, match="cached-mnrl"):
         check_data_parallel(cached, 2)
+    ce = parse_finetune_config({"family": "cross-encoder"})
+    with pytest.raises(ValueError, match="cross-encoder family trains in one process"):
+        check_data_parallel(ce, 2)
 
 
 def test_the_cli_refuses_a_batch_that_does_not_split_once_on_every_rank(tmp_path: Path) -> None:

@@ -82,11 +82,6 @@ def finetune(
         from treerank.training.finetune import check_data_parallel
 
         try:
-            if ce:
-                raise ValueError(
-                    "the cross-encoder family trains in one process (torchrun is built for "
-                    "biencoder, drt-e2e and query-tower): run it without torchrun"
-                )
             check_data_parallel(cfg, world)
         except ValueError as exc:
             if os.environ.get("RANK", "0") != "0":  # every rank exits 2, rank 0 says why

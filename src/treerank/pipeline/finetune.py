@@ -346,11 +346,8 @@ def run_finetune(
     from treerank.search.negatives import mine_bm25_negatives
 
     if cfg.family == CE_FAMILY:
-        if current() is not None:
-            raise ValueError(
-                "the cross-encoder family trains in one process (torchrun is built for "
-                "biencoder, drt-e2e and query-tower): run it without torchrun"
-            )
+        if (ctx := current()) is not None:
+            check_data_parallel(cfg, ctx.world_size)  # refuses the family
         return run_cross_encoder_finetune(
             cfg, store_root, out_dir, train_split=train_split, resume=resume, device=device, log=log
         )

@@ -62,7 +62,7 @@ from treerank.atomic import atomic_write_json, make_temp_dir
 from treerank.kernels.device import DEFAULT_DEVICE, Device, resolve_device
 from treerank.storelike import StoreLike
 from treerank.training.data import build_training_table
-from treerank.training.finetune_config import FinetuneConfig, drt_head_config
+from treerank.training.finetune_config import CE_FAMILY, FinetuneConfig, drt_head_config
 from treerank.training.finetune_losses import (
     CrossRankLoss,
     DistilledMNRLLoss,
@@ -474,9 +474,15 @@ def check_data_parallel(cfg: FinetuneConfig, world_size: int) -> None:
     on the one-process batches, with cross-process negatives: :class:`CrossRankLoss`).
 
     Raises:
-        ValueError: ``data.batch_size`` not a multiple of ``world_size``, or a GradCache loss
+        ValueError: the ``cross-encoder`` family (it trains in one process),
+            ``data.batch_size`` not a multiple of ``world_size``, or a GradCache loss
             (``cached-mnrl``: its cached backward is not built across processes).
     """
+    if cfg.family == CE_FAMILY:
+        raise ValueError(
+            "the cross-encoder family trains in one process (torchrun is built for "
+            "biencoder, drt-e2e and query-tower): run it without torchrun"
+        )
     bsz = cfg.data.batch_size
     if bsz % world_size:
         raise ValueError(
