@@ -1,5 +1,7 @@
 """The DRT seed's Scale-2 comparison over several training seeds (pairs of `treerank finetune`
-runs: one `biencoder` and one `drt-e2e` run per seed, equal budget and data).
+runs: one `biencoder` and one `drt-e2e` run per seed, equal budget and data; or, with
+``--arms query-tower drt-query-tower``, the query-side variant's pairs of
+scripts/scale2_query_side.py).
 
 Usage (docs/finetune.md, "Scale 2"):
 
@@ -8,13 +10,13 @@ Usage (docs/finetune.md, "Scale 2"):
         --pair runs/s2-bi-seed1 runs/s2-drt-seed1 --pair runs/s2-bi-seed2 runs/s2-drt-seed2 \
         --out docs/results/scale2_scifact_seeds.json
 
-Each run's re-embedded evaluation store is scored (the drt-e2e runs by their heads,
+Each run's re-embedded evaluation store is scored (the DRT arm's runs by their heads,
 ``ckpt:RUN/drt_head``); ``treerank.evaluation.compare.compare_systems`` averages each arm's
 per-query metrics over its seeds (``seed_groups``), tests both means against frozen cosine,
 and this script tests the drt-e2e mean against the bi-encoder mean (paired randomization test
 and bootstrap 95% CI over the queries), on all queries and on the seen / unseen parts
-(a relevant passage cited by a training query or not). The per-seed means and their spread
-are in ``seed_spread``. :func:`render` gives the page's table.
+(a relevant passage cited by a training query or not; an empty part is left out). The
+per-seed means and their spread are in ``seed_spread``. :func:`render` gives the page's table.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-BI, DRT = "biencoder", "drt-e2e"
+BI_ARM, DRT_ARM = "biencoder", "drt-e2e"
 METRICS = ("ndcg@10", "mrr@10", "recall@100")
 
 
@@ -34,13 +36,15 @@ def _cell(t: Any) -> dict[str, float]:
 
 
 def render(doc: dict[str, Any]) -> str:
-    """The page's Markdown: nDCG@10 per seed and the mean over seeds, drt-e2e - biencoder."""
+    """The page's Markdown: nDCG@10 per seed and the mean over seeds, the DRT arm minus the
+    cosine arm (``doc["arms"]``, default biencoder and drt-e2e)."""
     m = "ndcg@10"
     sp = doc["seed_spread"]
+    BI, DRT = doc.get("arms", (BI_ARM, DRT_ARM))
     lines = [
         f"nDCG@10 on all {doc['parts']['all']['n']} evaluation queries, per training seed:",
         "",
-        "| seed | frozen cosine | biencoder | drt-e2e (heads) | drt-e2e - biencoder |",
+        f"| seed | frozen cosine | {BI} | {DRT} (heads) | {DRT} - {BI} |",
         "|---|---|---|---|---|",
     ]
     cos = doc["systems"]["cosine"][m]
@@ -52,11 +56,13 @@ def render(doc: dict[str, Any]) -> str:
         f"Mean over the {len(sp[BI]['seeds'])} seeds (per-query metrics averaged over seeds, "
         "paired over the queries; std over the seeds' means):",
         "",
-        "| nDCG@10 | queries | frozen cosine | biencoder (std) | drt-e2e (std) "
-        "| drt-e2e - biencoder (95% CI) | p | biencoder - cosine (95% CI) | p |",
+        f"| nDCG@10 | queries | frozen cosine | {BI} (std) | {DRT} (std) "
+        f"| {DRT} - {BI} (95% CI) | p | {BI} - cosine (95% CI) | p |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for part in ("all", "seen", "unseen"):
+        if part not in doc["parts"]:
+            continue
         row = doc["parts"][part]
         t, c = row["drt_vs_bi"], row["bi_vs_cosine"]
         std = tuple(
@@ -82,7 +88,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--train-split", default="train")
     ap.add_argument("--eval-split", default="test")
     ap.add_argument("--permutations", type=int, default=10_000)
+    ap.add_argument(
+        "--arms",
+        nargs=2,
+        default=[BI_ARM, DRT_ARM],
+        metavar=("COSINE_ARM", "DRT_ARM"),
+        help="the pair's families: biencoder drt-e2e, or query-tower drt-query-tower",
+    )
     args = ap.parse_args(argv)
+    BI, DRT = args.arms
 
     from treerank.atomic import atomic_write_json
     from treerank.evaluation.compare import compare_systems
@@ -136,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     parts: dict[str, Any] = {}
     res = comp.results
     for part, mask in (("all", None), ("seen", seen), ("unseen", ~seen)):
+        if mask is not None and not mask.any():
+            continue  # e.g. SQuAD dev: no question's paragraph is a training question's
 
         def pq(name: str, mask: Any = mask) -> dict[str, Any]:
             return {
@@ -156,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
             "drt_vs_bi_all_metrics": {m: _cell(x) for m, x in t.items()},
         }
     doc = {
+        "arms": [BI, DRT],
         "pairs": [[str(b), str(d)] for b, d in args.pair],
         "store": str(args.store),
         "eval_split": args.eval_split,

@@ -20,9 +20,9 @@ import torch
 from tests.distributed import workers
 from tests.distributed.helpers import torchrun
 from treerank.training.finetune import check_data_parallel
-from treerank.training.finetune_config import parse_finetune_config
+from treerank.training.finetune_config import DRT_FAMILIES, parse_finetune_config
 
-FAMILIES = ("biencoder", "drt-e2e", "query-tower")
+FAMILIES = ("biencoder", "drt-e2e", "query-tower", "drt-query-tower")
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +81,7 @@ def test_two_processes_train_the_one_process_batches(runs: dict[str, Path], fami
     l2 = [r["loss"] for r in s2["log"]]
     assert len(l1) == workers.FT_STEPS
     assert l2 == pytest.approx(l1, rel=1e-5)
-    folders = ["model"] + (["drt_head"] if family == "drt-e2e" else [])
+    folders = ["model"] + (["drt_head"] if family in DRT_FAMILIES else [])
     for folder in folders:
         a, b = _weights(one / folder), _weights(two / folder)
         assert a.keys() == b.keys()

@@ -194,9 +194,9 @@ def finetune_config(family: str):
     data: dict = {"batch_size": FT_BATCH, "hard_negatives": "mined", "n_hard": 1}
     data["guard_skip_top"] = 0
     model: dict = {"max_query_length": 24, "max_passage_length": 48}
-    if family == "drt-e2e":
+    if family in ("drt-e2e", "drt-query-tower"):
         model["drt"] = {"slot_dropout": 0.0}
-    if family == "query-tower":
+    if family in ("query-tower", "drt-query-tower"):
         data["negatives"] = "in-batch"
     return parse_finetune_config(
         {

@@ -220,6 +220,35 @@ def test_drt_e2e_run_scores_its_heads_on_the_reembedded_store(
     assert slots["passages"]["n"] == frozen.n_passages
 
 
+def test_drt_query_tower_run_scores_its_heads_over_the_frozen_passage_vectors(
+    slice_root: Path, tmp_path: Path
+) -> None:
+    """drt-query-tower end to end: only the queries are re-encoded, the heads score the
+    re-embedded store as a ckpt: system beside cosine over the same vectors, and the passage
+    side's slot CKA is 1 by construction (the same stored vectors)."""
+    cfg = parse_finetune_config(
+        {
+            "family": "drt-query-tower",
+            "model": {"drt": {"k": 3, "slot_dim": 16, "hidden": 32}},
+            "data": {"batch_size": 4},
+            "trainer": {"max_steps": 2, "save_steps": 2, "lr": 1e-4, "head_lr": 2e-3},
+            "validation": {"fraction": 0},
+        }
+    )
+    out = tmp_path / "run"
+    res = run_finetune(cfg, slice_root, out, n_permutations=100)
+    name = "finetune-drt-query-tower"
+    assert set(res["systems"]) == {"cosine", name, f"{name}-cosine"}
+    tuned = EmbeddingStore.open(out / "stores" / "test")
+    frozen = EmbeddingStore.open(slice_root / "test")
+    assert tuned.encoder_fingerprint == res["fingerprint"] != frozen.encoder_fingerprint
+    assert np.array_equal(np.asarray(tuned.passages), np.asarray(frozen.passages))
+    assert not np.array_equal(np.asarray(tuned.queries), np.asarray(frozen.queries))
+    slots = res["drift"]["test"]["drt_slots"]
+    assert slots["passages"]["raw"] == pytest.approx(1.0, abs=1e-6)
+    assert 0.0 < slots["queries"]["raw"] <= 1.0 + 1e-9
+
+
 def test_untied_towers_train_apart_and_encode_each_side_with_its_own(
     slice_root: Path, tmp_path: Path
 ) -> None:

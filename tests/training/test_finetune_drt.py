@@ -69,9 +69,9 @@ def test_drt_e2e_config_and_its_refusals() -> None:
     with pytest.raises(ConfigError, match=r"model\.untied.*biencoder only"):
         parse_finetune_config({"family": "drt-e2e", "model": {"untied": True}})
     assert parse_finetune_config({"family": "biencoder", "model": {"untied": True}}).model.untied
-    with pytest.raises(ConfigError, match=r"trainer\.head_lr.*drt-e2e only"):
+    with pytest.raises(ConfigError, match=r"trainer\.head_lr.*drt-query-tower only"):
         parse_finetune_config({"family": "biencoder", "trainer": {"head_lr": 1e-3}})
-    with pytest.raises(ConfigError, match=r"model\.drt.*drt-e2e only"):
+    with pytest.raises(ConfigError, match=r"model\.drt.*drt-query-tower only"):
         parse_finetune_config({"family": "query-tower", "model": {"drt": {"k": 2}}})
     assert parse_finetune_config({"family": "drt-e2e", "trainer": {"loss": "cached-mnrl"}})
     with pytest.raises(ConfigError, match=r"model\.drt.*slots"):
@@ -80,6 +80,25 @@ def test_drt_e2e_config_and_its_refusals() -> None:
         parse_finetune_config({"family": "drt-e2e", "model": {"drt": {"dim": 8}}})
     with pytest.raises(ConfigError, match="head_lr"):
         parse_finetune_config({"family": "drt-e2e", "trainer": {"head_lr": 0}})
+
+
+def test_drt_query_tower_config_takes_the_heads_and_refuses_graded_teachers() -> None:
+    cfg = parse_finetune_config(
+        {"family": "drt-query-tower", "model": {"drt": {"k": 2}}, "trainer": {"head_lr": 1e-3}}
+    )
+    assert cfg.query_only and cfg.drt_heads and cfg.trainer.head_lr == 1e-3
+    assert drt_head_config(cfg, 384).k == 2
+    plain = parse_finetune_config({"family": "query-tower"})
+    assert plain.query_only and not plain.drt_heads
+    e2e = parse_finetune_config({"family": "drt-e2e"})
+    assert e2e.drt_heads and not e2e.query_only
+    teacher = {"kind": "teacher", "system": "bm25", "mode": "margin-mse", "k": 5}
+    with pytest.raises(ConfigError, match=r"data\.sources.*drt-query-tower takes sample"):
+        parse_finetune_config(
+            {"family": "drt-query-tower", "data": {"sources": [{"kind": "labels"}, teacher]}}
+        )
+    with pytest.raises(ConfigError, match=r"model\.untied.*biencoder only"):
+        parse_finetune_config({"family": "drt-query-tower", "model": {"untied": True}})
 
 
 def test_shipped_scale2_configs_differ_only_in_the_heads() -> None:
@@ -94,6 +113,18 @@ def test_shipped_scale2_configs_differ_only_in_the_heads() -> None:
     assert drt["trainer"]["head_lr"] == 2e-3
     same = {k for k in bi["trainer"] if k != "head_lr"}
     assert {k: bi["trainer"][k] for k in same} == {k: drt["trainer"][k] for k in same}
+    # the query-side pair on SQuAD: the family and the heads apart, everything else equal
+    qt = parse_finetune_config(load_yaml(repo / "squad_query_tower_scale2.yaml")).to_dict()
+    dq = parse_finetune_config(load_yaml(repo / "squad_drt_query_tower.yaml")).to_dict()
+    assert (qt["family"], dq["family"]) == ("query-tower", "drt-query-tower")
+    assert qt["seed"] == dq["seed"] and qt["data"] == dq["data"]
+    assert {k: v for k, v in qt["model"].items() if k != "drt"} == {
+        k: v for k, v in dq["model"].items() if k != "drt"
+    }
+    assert qt["trainer"]["lr"] == dq["trainer"]["lr"] == 5e-5 and dq["trainer"]["head_lr"] == 2e-3
+    same = {k for k in qt["trainer"] if k != "head_lr"}
+    assert {k: qt["trainer"][k] for k in same} == {k: dq["trainer"][k] for k in same}
+    assert qt["trainer"]["max_steps"] == 200 and qt["trainer"]["precision"] == "fp32"
 
 
 # ------------------------------------------------------------------ loss
@@ -187,6 +218,81 @@ def _head_weights(path: Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
     return load_file(str(path))
+
+
+def test_drt_query_tower_loss_is_infonce_over_drt_scores_of_every_stored_passage() -> None:
+    """StoredPassageDRTLoss, hand-built: the heads on the queries' vectors and on every stored
+    passage vector, InfoNCE at scale 20 with a masked column at -inf, plus lambda x the mean
+    decorrelation of the query slots and the positives' passage slots; tolerance 1e-6."""
+    from treerank.models.drt import DRTConfig, DRTHead
+    from treerank.training.drt import decorrelation_loss
+    from treerank.training.finetune_losses import StoredPassageDRTLoss
+
+    torch.manual_seed(0)
+    head = DRTHead(DRTConfig(dim=8, k=2, slot_dim=4, hidden=16, attn_hidden=4, slot_dropout=0.0))
+    head.eval()
+    passages = torch.nn.functional.normalize(torch.randn(7, 8), dim=1)
+    q = torch.nn.functional.normalize(torch.randn(3, 8), dim=1)
+    positive = np.array([4, 0, 6, 2])  # four training rows; the batch is rows 0, 1, 2
+    masked = np.array([[1, -1], [-1, -1], [-1, -1], [-1, -1]])  # row 0: passage 1 is relevant
+    loss = StoredPassageDRTLoss(
+        _Fixed(), head, passages.numpy(), positive, masked, scale=20.0, lambda_dec=0.1
+    )
+    got = loss([{"x": q}], torch.tensor([0, 1, 2]))
+    with torch.no_grad():
+        logits = 20.0 * head(q, passages)
+        logits[0, 1] = float("-inf")
+        pos = torch.tensor([4, 0, 6])
+        ce = torch.nn.functional.cross_entropy(logits, pos)
+        dec = decorrelation_loss(head.slots(q)) + decorrelation_loss(
+            head.slots(passages[pos], "passage")
+        )
+    assert float(got.detach()) == pytest.approx(float(ce + 0.1 * dec / 2), abs=1e-6)
+    # the loss reaches the heads and the query vectors, never the stored passages
+    qv = q.clone().requires_grad_(True)
+    loss([{"x": qv}], torch.tensor([0, 1, 2])).backward()
+    assert qv.grad is not None and float(qv.grad.abs().sum()) > 0
+    assert all(p.grad is not None for p in head.parameters() if p.requires_grad)
+    assert not loss.raw_passages.requires_grad
+    with pytest.raises(ValueError, match="lambda_dec"):
+        StoredPassageDRTLoss(_Fixed(), head, passages.numpy(), positive, masked, lambda_dec=-1)
+
+
+def test_drt_query_tower_trains_the_query_side_and_heads_on_the_query_towers_batches(
+    slice_store, tmp_path: Path
+) -> None:
+    """drt-query-tower and query-tower of one seed see the same batches (same rows trained,
+    same tokens); the DRT run saves heads bound to its tuned encoder, whose passage vectors
+    are the store's (only queries were encoded while training)."""
+    from treerank.models.drt import DRTHead
+    from treerank.models.registry import load_model
+
+    def cfg(family: str, **model: object):
+        return parse_finetune_config(
+            {
+                "family": family,
+                "seed": 3,
+                "model": {"max_query_length": 32, **model},
+                "data": {"batch_size": 4},
+                "trainer": {"max_steps": 2, "save_steps": 2, "logging_steps": 1, "lr": 5e-5},
+                "validation": {"fraction": 0},
+            }
+        )
+
+    drt = finetune(
+        slice_store,
+        cfg("drt-query-tower", drt={"k": 3, "slot_dim": 16, "hidden": 32}),
+        tmp_path / "drt",
+    )
+    plain = finetune(slice_store, cfg("query-tower"), tmp_path / "qt")
+    assert drt.summary["steps"] == plain.summary["steps"] == 2
+    assert drt.summary["cost"]["tokens"] == plain.summary["cost"]["tokens"]
+    assert drt.fingerprint not in (plain.fingerprint, drt.base_fingerprint)
+    ckpt = latest_checkpoint(tmp_path / "drt" / CHECKPOINTS_DIR)
+    assert ckpt is not None and (ckpt / HEAD_WEIGHTS).is_file()
+    assert not (tmp_path / "qt" / DRT_HEAD_DIR).exists()
+    head = load_model(tmp_path / "drt" / DRT_HEAD_DIR, expected_fingerprint=drt.fingerprint)
+    assert isinstance(head, DRTHead) and head.config.k == 3
 
 
 def test_drt_e2e_trains_encoder_and_heads_at_their_own_rates(slice_store, tmp_path: Path) -> None:

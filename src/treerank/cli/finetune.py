@@ -34,10 +34,10 @@ def finetune(
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bars."),
     device: str = device_option(),
 ) -> None:
-    """Fine-tune the encoder of STORE (biencoder, drt-e2e or query-tower) on its train split's
-    labels,
-    write re-embedded stores (OUT/stores/<split>/), evaluate against frozen cosine with paired
-    tests and seen / unseen parts, and write OUT/results.json (metrics, drift, cost).
+    """Fine-tune the encoder of STORE (biencoder, drt-e2e, query-tower or drt-query-tower) on
+    its train split's labels, write re-embedded stores (OUT/stores/<split>/), evaluate against
+    frozen cosine with paired tests and seen / unseen parts, and write OUT/results.json
+    (metrics, drift, cost).
 
     With `family: cross-encoder` (configs/finetune/squad_cross_encoder.yaml) it trains a
     reranker on the train split instead (BM25-mined negatives; bce, listwise or margin-mse)

@@ -11,13 +11,13 @@
   tuned weights' fingerprint; the store's ``encoder.fingerprint`` *is* the tuned one, so its
   signature and every key built from it change with the checkpoint, and ``search`` / ``serve``
   pin the tuned encoder (``encoder.name`` is the tuned model's folder). For ``query-tower``
-  only the queries are re-encoded: the passage vectors are the parent's, byte for byte (the
-  model was trained against them), and re-embedding over a store with other passage vectors
-  is refused naming both;
+  and ``drt-query-tower`` only the queries are re-encoded: the passage vectors are the
+  parent's, byte for byte (the model was trained against them), and re-embedding over a store
+  with other passage vectors is refused naming both;
 * ``eval/``: ``compare_systems`` on the evaluation split, the tuned encoder against frozen
-  cosine, paired tests, the seen / unseen breakdown against the train split (``drt-e2e``: the
-  trained heads ``ckpt:RUN/drt_head`` over the re-embedded store, and cosine over the same
-  tuned vectors as ``finetune-drt-e2e-cosine``);
+  cosine, paired tests, the seen / unseen breakdown against the train split (``drt-e2e`` and
+  ``drt-query-tower``: the trained heads ``ckpt:RUN/drt_head`` over the re-embedded store, and
+  cosine over the same tuned vectors as ``finetune-<family>-cosine``);
 * ``results.json``: the headline numbers, the drift diagnostics (linear CKA and
   neighbour overlap between frozen and tuned vectors of the same items) and the cost (CPU
   seconds, wall seconds, peak RSS, tokens) of every part.
@@ -55,7 +55,7 @@ from treerank.training.finetune import (
     check_data_parallel,
     finetune,
 )
-from treerank.training.finetune_config import CE_FAMILY, FinetuneConfig
+from treerank.training.finetune_config import CE_FAMILY, QUERY_ONLY_FAMILIES, FinetuneConfig
 
 __all__ = [
     "RESULTS_JSON",
@@ -107,7 +107,7 @@ def reembed_split(
 
     Args:
         run_dir: a :func:`~treerank.training.finetune.finetune` output folder.
-        parent: the store split to re-embed (same data; for ``query-tower``, the passage vectors
+        parent: the store split to re-embed (same data; for the query towers, the passage vectors
             the model was trained against, or the same encoder's vectors of another split).
         out_dir: the new split folder.
         device: torch device of the tuned encoder.
@@ -116,7 +116,7 @@ def reembed_split(
         The new store split, opened.
 
     Raises:
-        EncoderStoreMismatchError: ``query-tower`` over a store whose passage vectors come
+        EncoderStoreMismatchError: a query tower over a store whose passage vectors come
             from another encoder than the one it was trained against (both named).
         StoreExistsError: ``out_dir`` holds a store (and not ``overwrite``).
     """
@@ -127,7 +127,8 @@ def reembed_split(
     info = json.loads((run / FINETUNE_JSON).read_text(encoding="utf-8"))
     family = info["config"]["family"]
     trained_on = info["trained_on"]
-    if family == "query-tower" and parent.encoder_fingerprint != trained_on["fingerprint"]:
+    query_only = family in QUERY_ONLY_FAMILIES
+    if query_only and parent.encoder_fingerprint != trained_on["fingerprint"]:
         raise EncoderStoreMismatchError(
             f"{run}: the query tower was trained against passage vectors of "
             f"{trained_on['store']} ({str(trained_on['fingerprint'])[:19]}...), but store "
@@ -167,9 +168,9 @@ def reembed_split(
         overwrite=overwrite,
         # biencoder: passages already re-encoded into a sibling split (same tuned weights)
         # are copied (SciFact's train and test share one corpus); the query tower has its own
-        reuse=family != "query-tower",
+        reuse=not query_only,
         progress=progress,
-        batch_source=frozen_passages if family == "query-tower" else None,
+        batch_source=frozen_passages if query_only else None,
     )
     out = Path(out_dir)
     meta = json.loads((out / "meta.json").read_text(encoding="utf-8"))
@@ -186,7 +187,7 @@ def reembed_split(
         },
         "passage_vectors": (
             "copied from the parent store (the frozen passage tower)"
-            if family == "query-tower"
+            if query_only
             else "encoded by the tuned encoder"
         ),
     }
@@ -196,7 +197,7 @@ def reembed_split(
 
 class TunedStoreSystem:
     """Frozen-store evaluation of a re-embedded store: ``inner`` (a system spec, default
-    cosine; ``ckpt:RUN/drt_head`` for ``drt-e2e``) over ``tuned``'s vectors, for the queries
+    cosine; ``ckpt:RUN/drt_head`` for the DRT families) over ``tuned``'s vectors, for the queries
     of the store it is asked about, which must hold the same data.
 
     Raises (from :meth:`retrieve`):
@@ -406,12 +407,12 @@ def run_finetune(
         settings = settings.with_(n_permutations=n_permutations)
     system = f"finetune-{cfg.family}"
     head_dir = out / DRT_HEAD_DIR
-    inner = f"ckpt:{head_dir}" if cfg.family == "drt-e2e" else "cosine"
+    inner = f"ckpt:{head_dir}" if cfg.drt_heads else "cosine"
     systems: dict[str, Any] = {
         "cosine": "cosine",
         system: TunedStoreSystem(stores[eval_split], system, inner),
     }
-    if cfg.family == "drt-e2e":
+    if cfg.drt_heads:
         systems[f"{system}-cosine"] = TunedStoreSystem(stores[eval_split], f"{system}-cosine")
     comp = compare_systems(
         test,
@@ -435,10 +436,10 @@ def run_finetune(
         heldout = {"n_queries": int(len(held)), **_means(hc)}
     t3 = cost_clock()
     drift = {
-        split: store_drift(parent, stores[split], k=drift_k, passages=cfg.family != "query-tower")
+        split: store_drift(parent, stores[split], k=drift_k, passages=not cfg.query_only)
         for split, parent in ((eval_split, test),)
     }
-    if cfg.family == "drt-e2e":
+    if cfg.drt_heads:
         from treerank.models.drt import DRTHead
         from treerank.models.registry import load_model
 

@@ -7,6 +7,8 @@ treerank's own batch plan and runs ``SentenceTransformerTrainer`` with
   (GradCache, Gao et al., 2021) on ``(anchor, positive[, negative])`` texts, shared towers;
 * ``query-tower``: :class:`~treerank.training.finetune_losses.StoredPassageLoss`, queries only,
   against the store's passage vectors;
+* ``drt-query-tower``: :class:`~treerank.training.finetune_losses.StoredPassageDRTLoss`, the
+  query tower with the DRT heads (the query-side variant of the seed's Scale 2);
 * ``drt-e2e``: :class:`~treerank.training.finetune_losses.DRTEndToEndLoss`, the DRT heads on the
   unfrozen encoder, on the ``biencoder`` family's very dataset and batches. The heads are built
   right after ``torch.manual_seed(seed)``; they are a module of the loss (``loss.head``), which
@@ -27,7 +29,7 @@ interrupted run stood. Hard negatives are the BM25 ranks mined into the store's 
 pipeline (``data.hard_negatives: mined``), after the false-negative guard's ``skip_top``.
 
 **Checkpoints** are the trainer's (weights, optimiser, scheduler, RNG states, trainer state
-with the step, hence the sampler position; for ``drt-e2e`` also the heads' weights,
+with the step, hence the sampler position; for the DRT families also the heads' weights,
 ``drt_head.safetensors``), every ``trainer.save_steps`` steps, each written
 into a temporary folder and renamed into place (:class:`_Trainer`), so a killed run never leaves
 a half-written ``checkpoint-N``. ``resume=True`` continues from the newest one, bit-identically
@@ -67,6 +69,7 @@ from treerank.training.finetune_losses import (
     CrossRankLoss,
     DistilledMNRLLoss,
     DRTEndToEndLoss,
+    StoredPassageDRTLoss,
     StoredPassageLoss,
     cached_drt_loss,
 )
@@ -481,7 +484,7 @@ def check_data_parallel(cfg: FinetuneConfig, world_size: int) -> None:
     if cfg.family == CE_FAMILY:
         raise ValueError(
             "the cross-encoder family trains in one process (torchrun is built for "
-            "biencoder, drt-e2e and query-tower): run it without torchrun"
+            "biencoder, drt-e2e, query-tower and drt-query-tower): run it without torchrun"
         )
     bsz = cfg.data.batch_size
     if bsz % world_size:
@@ -535,9 +538,9 @@ class FinetuneOutput:
     summary: dict[str, Any] = field(default_factory=dict)
 
 
-def _token_counts(model: Any, store: StoreLike, plan: BatchPlan, family: str) -> np.ndarray:
-    """Real tokens of each plan row (query, plus positive and negatives unless
-    ``query-tower``)."""
+def _token_counts(model: Any, store: StoreLike, plan: BatchPlan, query_only: bool) -> np.ndarray:
+    """Real tokens of each plan row (query, plus positive and negatives unless the family
+    trains the query side only)."""
     tok = model.tokenizer
     lim = int(model.max_seq_length)
 
@@ -549,7 +552,7 @@ def _token_counts(model: Any, store: StoreLike, plan: BatchPlan, family: str) ->
 
     q_len = lengths(store.query_texts())
     out = q_len[plan.query_rows]
-    if family != "query-tower":
+    if not query_only:
         p_len = lengths(store.passage_texts())
         out = out + p_len[plan.positive]
         hard = plan.hard
@@ -557,12 +560,12 @@ def _token_counts(model: Any, store: StoreLike, plan: BatchPlan, family: str) ->
     return out
 
 
-def _dataset(store: StoreLike, plan: BatchPlan, family: str) -> Any:
+def _dataset(store: StoreLike, plan: BatchPlan, query_only: bool) -> Any:
     from datasets import Dataset
 
     q_texts = store.query_texts()
     cols: dict[str, list[Any]] = {"anchor": [q_texts[int(r)] for r in plan.query_rows]}
-    if family == "query-tower":
+    if query_only:
         cols["label"] = list(range(len(plan.query_rows)))
         return Dataset.from_dict(cols)
     p_texts = store.passage_texts()
@@ -584,6 +587,25 @@ def _dataset(store: StoreLike, plan: BatchPlan, family: str) -> Any:
 def _loss(model: Any, store: StoreLike, plan: BatchPlan, cfg: FinetuneConfig) -> Any:
     t = cfg.trainer
     scale = 1.0 / t.temperature
+    if cfg.family == "drt-query-tower":
+        from treerank.models.drt import DRTHead
+
+        torch.manual_seed(cfg.train.seed)  # the heads' initial weights follow the seed
+        dim = int(model.get_embedding_dimension() or store.dim)
+        head = DRTHead(drt_head_config(cfg, dim), name=cfg.family)
+        return StoredPassageDRTLoss(
+            model,
+            head,
+            np.asarray(store.passages),
+            plan.positive,
+            plan.masked,
+            plan.hard if plan.hard.shape[1] else None,
+            negatives=cfg.data.negatives,
+            scale=scale,
+            targets=plan.targets,
+            weights=plan.weights,
+            lambda_dec=t.lambda_dec,
+        )
     if cfg.family == "query-tower":
         return StoredPassageLoss(
             model,
@@ -704,13 +726,11 @@ def finetune(
     base_max_seq_length = model.max_seq_length
     base_model_max_length = getattr(model.tokenizer, "model_max_length", None)
     m = cfg.model
-    model.max_seq_length = (
-        m.max_query_length if cfg.family == "query-tower" else m.max_passage_length
-    )
+    model.max_seq_length = m.max_query_length if cfg.query_only else m.max_passage_length
     n_trainable = freeze(model, embeddings=m.freeze_embeddings, layers=m.freeze_layers)
     plan = plan_batches(store, cfg, train_rows=train_rows, mined=mined)
-    dataset = _dataset(store, plan, cfg.family)
-    tokens = _token_counts(model, store, plan, cfg.family)
+    dataset = _dataset(store, plan, cfg.query_only)
+    tokens = _token_counts(model, store, plan, cfg.query_only)
     loss = _loss(model, store, plan, cfg)
     if ctx is not None:
         loss = CrossRankLoss(loss, ctx, seed=t.seed)
@@ -742,7 +762,7 @@ def finetune(
         # torchrun: each planned batch is split across the ranks (the one-process batch)
         accelerator_config={"split_batches": True} if ctx is not None else None,
         learning_rate_mapping=(
-            {r"^head\.": t.head_lr} if cfg.family == "drt-e2e" and t.head_lr is not None else {}
+            {r"^head\.": t.head_lr} if cfg.drt_heads and t.head_lr is not None else {}
         ),
         router_mapping=(
             {c: "query" if c == "anchor" else "document" for c in dataset.column_names}

@@ -3,7 +3,7 @@ validation``) with a ``family`` beside ``seed``.
 
 ::
 
-    family: query-tower        # biencoder | drt-e2e | query-tower
+    family: query-tower        # biencoder | drt-e2e | query-tower | drt-query-tower
     seed: 0
     model:   {base, max_query_length, max_passage_length, freeze_embeddings, freeze_layers,
               untied, drt}
@@ -40,6 +40,12 @@ validation``) with a ``family`` beside ``seed``.
   (:class:`treerank.training.finetune_losses.StoredPassageLoss`): a softmax over every passage
   of the split (``data.negatives: all``) or over the batch's positives and hard negatives
   (``in-batch``).
+* ``drt-query-tower``: the query-side variant of the Scale-2 DRT arm: the DRT heads (options in
+  ``model.drt``, at ``trainer.head_lr``) on the query tower, the stored passage vectors going
+  through the heads' passage tower
+  (:class:`~treerank.training.finetune_losses.StoredPassageDRTLoss`); the same data, batches,
+  schedule and seed as ``query-tower``, so the two are the pair that asks whether DRT scoring
+  helps when only the query side moves.
 """
 
 from __future__ import annotations
@@ -55,7 +61,9 @@ from treerank.training.data import SourceSpec, parse_sources
 from treerank.training.denoise import DenoiseJob, parse_denoise
 
 __all__ = [
+    "DRT_FAMILIES",
     "FAMILIES",
+    "QUERY_ONLY_FAMILIES",
     "CrossEncoderDataSection",
     "CrossEncoderModelSection",
     "CrossEncoderTrainerSection",
@@ -67,7 +75,9 @@ __all__ = [
     "parse_finetune_config",
 ]
 
-FAMILIES = ("biencoder", "drt-e2e", "query-tower", "cross-encoder")
+FAMILIES = ("biencoder", "drt-e2e", "query-tower", "drt-query-tower", "cross-encoder")
+QUERY_ONLY_FAMILIES = frozenset({"query-tower", "drt-query-tower"})  # stored passage vectors
+DRT_FAMILIES = frozenset({"drt-e2e", "drt-query-tower"})  # DRT heads trained with the encoder
 CE_FAMILY = "cross-encoder"
 LOSSES = ("mnrl", "cached-mnrl")
 PRECISIONS = ("fp32", "bf16", "auto")
@@ -89,9 +99,10 @@ class FinetuneModel:
         freeze_layers: keep the bottom this-many transformer layers fixed (0: none).
         untied: separate query and passage towers (DPR; ``biencoder`` only), both starting
             from the store's encoder (:func:`treerank.training.finetune.untie`).
-        drt: ``drt-e2e`` only: options of the DRT heads (:class:`treerank.models.drt.DRTConfig`
-            keys except ``dim``, taken from the encoder, and ``temperature``, which is
-            ``trainer.temperature``); None: the seed's defaults (6 slots of 64 dims).
+        drt: ``drt-e2e`` and ``drt-query-tower``: options of the DRT heads
+            (:class:`treerank.models.drt.DRTConfig` keys except ``dim``, taken from the
+            encoder, and ``temperature``, which is ``trainer.temperature``); None: the seed's
+            defaults (6 slots of 64 dims).
     """
 
     base: str | None = None
@@ -124,9 +135,9 @@ class FinetuneData:
         n_hard: hard negatives per query (with ``mined``).
         mine_depth: BM25 ranks mined per query.
         guard_skip_top: false-negative guard: skip this many top BM25 ranks.
-        negatives: ``query-tower`` only: ``all`` (softmax over every passage of the split,
-            other relevant passages of the query masked) or ``in-batch`` (the batch's positives
-            and hard negatives).
+        negatives: ``query-tower`` and ``drt-query-tower``: ``all`` (softmax over every
+            passage of the split, other relevant passages of the query masked) or ``in-batch``
+            (the batch's positives and hard negatives).
         collisions: apply the batch-collision rule.
         denoise: RocketQA's denoised hard negatives, as a head's ``data.denoise``
             (:class:`~treerank.training.denoise.DenoiseSettings`: ``scorer: ce:<dir>``,
@@ -220,9 +231,11 @@ class FinetuneTrainer:
             (:func:`~treerank.training.finetune_losses.cached_drt_loss`).
         mini_batch_size: GradCache chunk size.
         lr: peak learning rate of the encoder.
-        head_lr: ``drt-e2e``: peak learning rate of the DRT heads (None: ``lr``; the seed's
-            Scale 2: encoder 5e-5, heads 2e-3); the same warm-up and decay as the encoder.
-        lambda_dec: ``drt-e2e``: weight of the slot decorrelation term (the seed: 0.1).
+        head_lr: ``drt-e2e`` and ``drt-query-tower``: peak learning rate of the DRT heads
+            (None: ``lr``; the seed's Scale 2: encoder 5e-5, heads 2e-3); the same warm-up and
+            decay as the encoder.
+        lambda_dec: ``drt-e2e`` and ``drt-query-tower``: weight of the slot decorrelation
+            term (the seed: 0.1).
         warmup_ratio: share of the steps with linear warm-up.
         scheduler: ``lr_scheduler_type`` of Hugging Face (``linear``, ``cosine``, ``constant``...).
         weight_decay: AdamW decoupled weight decay (not on biases and norms).
@@ -399,6 +412,16 @@ class FinetuneConfig:
         return FinetuneModel(**self.train.model)
 
     @property
+    def query_only(self) -> bool:
+        """Only the query encoder trains, against the store's passage vectors."""
+        return self.family in QUERY_ONLY_FAMILIES
+
+    @property
+    def drt_heads(self) -> bool:
+        """DRT heads train with the encoder (written as ``drt_head/``)."""
+        return self.family in DRT_FAMILIES
+
+    @property
     def data(self) -> FinetuneData:
         assert isinstance(self.train.data, FinetuneData)
         return self.train.data
@@ -490,10 +513,11 @@ def _check_family(family: str, model: FinetuneModel, train: TrainConfig, where: 
     graded = [
         s.mode for s in data.source_specs() or () if s.kind == "teacher" and s.mode != "sample"
     ]
-    if graded and family == "drt-e2e":
+    if graded and family in DRT_FAMILIES:
         raise ConfigError(
             f"{where}.data.sources: {graded[0]} distillation is built for the query tower and "
-            "the bi-encoder; drt-e2e takes sample teachers only (their top passages as positives)"
+            f"the bi-encoder; {family} takes sample teachers only (their top passages as "
+            "positives)"
         )
     if graded and family == "biencoder" and (data.n_hard < 1 or t.loss != "mnrl"):
         raise ConfigError(
@@ -501,11 +525,15 @@ def _check_family(family: str, model: FinetuneModel, train: TrainConfig, where: 
             f"data.n_hard >= 1 (the teacher's passages beside its best) and trainer.loss mnrl "
             f"(GradCache has no teacher term; got n_hard {data.n_hard}, loss {t.loss!r})"
         )
-    if family != "drt-e2e":
+    if family not in DRT_FAMILIES:
         if model.drt is not None:
-            raise ConfigError(f"{where}.model.drt: DRT head options apply to drt-e2e only")
+            raise ConfigError(
+                f"{where}.model.drt: DRT head options apply to drt-e2e and drt-query-tower only"
+            )
         if t.head_lr is not None:
-            raise ConfigError(f"{where}.trainer.head_lr: applies to drt-e2e only (no heads)")
+            raise ConfigError(
+                f"{where}.trainer.head_lr: applies to drt-e2e and drt-query-tower only (no heads)"
+            )
         return
     if model.drt is not None and not isinstance(model.drt, Mapping):
         raise ConfigError(f"{where}.model.drt: expected a mapping of DRT options")

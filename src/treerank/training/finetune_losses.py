@@ -11,6 +11,9 @@ softmax (the query's other relevant passages, labelled non-targets, same-text tw
 * ``all``: every passage of the split (exact full softmax; the DPR gold-standard denominator);
 * ``in-batch``: the batch's positives and hard negatives (DPR's in-batch negatives).
 
+:class:`StoredPassageDRTLoss` is the query tower's loss with DRT scores (the heads on the
+trained query vectors and on the stored passage vectors): the query-side variant of Scale 2.
+
 :class:`DRTEndToEndLoss` is the DRT seed's "Scale 2" objective: the encoder's vectors of the
 batch's queries and passages go through a :class:`~treerank.models.drt.DRTHead` (a module of
 the loss, so sentence-transformers' trainer optimises it with the encoder, at its own learning
@@ -31,6 +34,7 @@ __all__ = [
     "CrossRankLoss",
     "DRTEndToEndLoss",
     "DistilledMNRLLoss",
+    "StoredPassageDRTLoss",
     "StoredPassageLoss",
     "cached_drt_loss",
 ]
@@ -134,7 +138,7 @@ class StoredPassageLoss(nn.Module):
         self, embeddings: list[torch.Tensor], labels: torch.Tensor
     ) -> torch.Tensor:
         """The loss from the query column's vectors (``float (B, d)``) and the rows' labels."""
-        q = nn.functional.normalize(embeddings[0].float(), dim=1)  # (B, d)
+        q = embeddings[0].float()  # (B, d)
         rows = labels.to(torch.long).cpu()
         pos = self.positive[rows]  # (B,)
         if self.negatives == "all":
@@ -145,8 +149,7 @@ class StoredPassageLoss(nn.Module):
                 parts.append(self.targets[rows].reshape(-1))
             flat = torch.cat(parts)
             cols = torch.unique(flat[flat >= 0])  # sorted
-        p = self.passages.to(q.device)[cols.to(q.device)]
-        scores = self.scale * (q @ p.T)  # (B, M)
+        scores = self.scale * self._scores(q, cols)  # (B, M)
         target = torch.searchsorted(cols, pos)  # column of each positive
         m = self.masked[rows]  # (B, m)
         at = torch.searchsorted(cols, m.clamp(min=0)).clamp(max=cols.numel() - 1)
@@ -159,8 +162,21 @@ class StoredPassageLoss(nn.Module):
         mask[r_idx[hit], at[hit]] = True
         if self.targets is None:
             scores = scores.masked_fill(mask.to(scores.device), float("-inf"))
-            return nn.functional.cross_entropy(scores, target.to(scores.device))
-        return self._distilled(scores, cols, rows, target, mask.to(scores.device))
+            loss = nn.functional.cross_entropy(scores, target.to(scores.device))
+        else:
+            loss = self._distilled(scores, cols, rows, target, mask.to(scores.device))
+        return loss + self._regulariser(target)
+
+    def _scores(self, q: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        """Unscaled scores ``(B, M)`` of the encoded queries ``q`` against passages ``cols``:
+        cosine (the one cosine rule: both sides L2-normalised)."""
+        p = self.passages.to(q.device)[cols.to(q.device)]
+        return nn.functional.normalize(q, dim=1) @ p.T
+
+    def _regulariser(self, target: torch.Tensor) -> torch.Tensor | float:
+        """A term added to the loss (none here; the DRT heads' decorrelation in
+        :class:`StoredPassageDRTLoss`); ``target``: ``int64 (B,)`` each row's positive column."""
+        return 0.0
 
     def _distilled(
         self,
@@ -192,6 +208,79 @@ class StoredPassageLoss(nn.Module):
         anchor[torch.arange(len(rows)), target] = True
         mm = margin_mse(scores, grid.to(dev), anchor.to(dev), reduction="none")
         return torch.where(graded.any(dim=1).to(dev), mm, per_row).mean()
+
+
+class StoredPassageDRTLoss(StoredPassageLoss):
+    """The query-side variant of the DRT seed's Scale 2 (``drt-query-tower``): the DRT heads
+    on a trained query encoder, against the store's fixed passage vectors.
+
+    The query encoder's vectors go through ``head.query_tower`` and the stored passage vectors
+    of the softmax's columns through ``head.passage_tower`` (the heads train, the passage
+    vectors do not), so the scores are DRT scores (``head.score``) where
+    :class:`StoredPassageLoss` has cosine; the columns, masks and targets are that loss's (the
+    full softmax over every passage with ``negatives: all``). The loss adds the seed's slot
+    decorrelation (:func:`treerank.training.drt.decorrelation_loss`) over the batch's query
+    slots and its positives' passage slots, as :class:`DRTEndToEndLoss` does over its batch::
+
+        loss = InfoNCE(scale * head.score(Q, P_cols)) + lambda_dec * (dec(Q) + dec(P_pos)) / 2
+
+    Args:
+        model: the ``SentenceTransformer`` being trained (its query side).
+        head: the DRT heads (:class:`~treerank.models.drt.DRTHead`; the attribute name
+            ``head`` is what the trainer's learning-rate mapping and checkpoints look for).
+        passages, positive, masked, hard, negatives, scale, targets, weights: as
+            :class:`StoredPassageLoss` (the passage vectors are given to the heads as stored,
+            not re-normalised; no graded teacher: the config refuses one).
+        lambda_dec: weight of the decorrelation term (``>= 0``).
+
+    Raises:
+        ValueError: as :class:`StoredPassageLoss`, or ``lambda_dec < 0``.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        head: Any,
+        passages: np.ndarray,
+        positive: np.ndarray,
+        masked: np.ndarray,
+        hard: np.ndarray | None = None,
+        *,
+        negatives: str = "all",
+        scale: float = 20.0,
+        targets: np.ndarray | None = None,
+        weights: np.ndarray | None = None,
+        lambda_dec: float = 0.1,
+    ) -> None:
+        if lambda_dec < 0:
+            raise ValueError(f"need lambda_dec >= 0, got {lambda_dec}")
+        super().__init__(
+            model,
+            passages,
+            positive,
+            masked,
+            hard,
+            negatives=negatives,
+            scale=scale,
+            targets=targets,
+            weights=weights,
+        )
+        self.head = head
+        self.raw_passages = torch.from_numpy(np.array(passages, dtype=np.float32))
+        self.lambda_dec = float(lambda_dec)
+
+    def _scores(self, q: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        p = self.raw_passages.to(q.device)[cols.to(q.device)]
+        return self.head.score(self.head.query_tower(q), self.head.passage_tower(p))
+
+    def _regulariser(self, target: torch.Tensor) -> torch.Tensor | float:
+        if self.lambda_dec == 0:
+            return 0.0
+        from treerank.training.drt import decorrelation_loss
+
+        qs, ps = self.head.last_query_slots, self.head.last_passage_slots
+        ps = ps[target.to(ps.device)]  # the batch's positives' slots
+        return self.lambda_dec * (decorrelation_loss(qs) + decorrelation_loss(ps)) / 2
 
 
 class DRTEndToEndLoss(nn.Module):
