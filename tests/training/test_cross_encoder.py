@@ -176,6 +176,39 @@ def test_resume_is_bit_identical(ms: Any, tmp_path: Path) -> None:
     ]
 
 
+def test_a_save_killed_midway_leaves_no_partial_checkpoint(
+    ms: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A crash after the weights of checkpoint-4 are written but before its optimiser state:
+    checkpoint-2 stays whole, no checkpoint-4 and no staging folder remain, and --resume
+    continues from checkpoint-2 to the uninterrupted run's weights."""
+    from transformers import Trainer
+
+    from treerank.training.model_folder import latest_checkpoint
+
+    cfg = small(loss="listwise", save_steps=2)
+    mined = bm25_mined(ms)
+    real = Trainer._save_optimizer_and_scheduler
+
+    def dies_at_step_4(self: Any, output_dir: str) -> None:
+        if self.state.global_step == 4:
+            raise OSError("disk full (test)")
+        real(self, output_dir)
+
+    monkeypatch.setattr(Trainer, "_save_optimizer_and_scheduler", dies_at_step_4)
+    with pytest.raises(OSError, match="disk full"):
+        train_cross_encoder(ms, cfg, tmp_path / "cut", mined=mined)
+    ckpts = tmp_path / "cut" / "checkpoints"
+    assert sorted(p.name for p in ckpts.iterdir()) == ["checkpoint-2"]
+    assert (ckpts / "checkpoint-2" / "optimizer.pt").is_file()
+    assert latest_checkpoint(ckpts) == ckpts / "checkpoint-2"
+    monkeypatch.setattr(Trainer, "_save_optimizer_and_scheduler", real)
+    resumed = train_cross_encoder(ms, cfg, tmp_path / "cut", mined=mined, resume=True)
+    straight = train_cross_encoder(ms, cfg, tmp_path / "straight", mined=mined)
+    assert resumed.summary["resumed_from"] == "checkpoint-2"
+    assert resumed.fingerprint == straight.fingerprint
+
+
 def test_bce_bf16_trains_and_scores(ms: Any, tmp_path: Path) -> None:
     from treerank.models.cross_encoder import CrossEncoderScorer
 

@@ -19,7 +19,9 @@ imports search), padded with seeded random unlabelled passages. Losses:
 
 Groups are shuffled once with the seed and fed in order (a sequential batch sampler), so the
 trainer's own resume, which skips the batches already trained and restores the RNG states,
-continues bit-identically (``tests/training/test_cross_encoder.py``).
+continues bit-identically (``tests/training/test_cross_encoder.py``). Each checkpoint is
+written into a staging folder and renamed into place
+(:func:`~treerank.training.model_folder.staged_checkpoints`), as the encoder fine-tune's.
 """
 
 from __future__ import annotations
@@ -35,7 +37,12 @@ import numpy as np
 from treerank.atomic import atomic_write_json
 from treerank.kernels.device import DEFAULT_DEVICE, Device, resolve_device
 from treerank.storelike import StoreLike
-from treerank.training.model_folder import latest_checkpoint, loss_log, save_model_folder
+from treerank.training.model_folder import (
+    latest_checkpoint,
+    loss_log,
+    save_model_folder,
+    staged_checkpoints,
+)
 from treerank.training.sampler import relevant_lists
 
 __all__ = [
@@ -414,7 +421,7 @@ def train_cross_encoder(
     )
     records: list[dict[str, Any]] = []
 
-    trainer = CrossEncoderTrainer(
+    trainer = staged_checkpoints(CrossEncoderTrainer)(
         model=model,
         args=args,
         train_dataset=dataset,

@@ -49,7 +49,6 @@ processes (refused).
 
 from __future__ import annotations
 
-import os
 import shutil
 import time
 from collections.abc import Callable, Mapping
@@ -60,7 +59,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from treerank.atomic import atomic_write_json, make_temp_dir
+from treerank.atomic import atomic_write_json
 from treerank.kernels.device import DEFAULT_DEVICE, Device, resolve_device
 from treerank.storelike import StoreLike
 from treerank.training.data import build_training_table
@@ -73,7 +72,12 @@ from treerank.training.finetune_losses import (
     StoredPassageLoss,
     cached_drt_loss,
 )
-from treerank.training.model_folder import latest_checkpoint, loss_log, save_model_folder
+from treerank.training.model_folder import (
+    latest_checkpoint,
+    loss_log,
+    save_model_folder,
+    staged_checkpoints,
+)
 from treerank.training.precision import resolve_precision
 from treerank.training.sampler import guard_mined_negatives, relevant_lists
 from treerank.training.sources import PairSampler, label_pairs
@@ -389,14 +393,12 @@ def untie(model: Any) -> Any:
 
 def _trainer_class() -> Any:
     from sentence_transformers import SentenceTransformerTrainer
-    from transformers.trainer_utils import rotate_checkpoints
 
-    class _Trainer(SentenceTransformerTrainer):  # type: ignore[misc]
-        """The trainer with each checkpoint written into a temporary folder, then renamed; a
-        loss with ``head`` (``drt-e2e``) has the heads' weights saved into every checkpoint and
-        loaded back on resume."""
-
-        _staging: Path | None = None
+    class _Trainer(staged_checkpoints(SentenceTransformerTrainer)):  # type: ignore[misc]
+        """The trainer with each checkpoint written into a temporary folder, then renamed
+        (:func:`~treerank.training.model_folder.staged_checkpoints`); a loss with ``head`` (the
+        DRT families) has the heads' weights saved into every checkpoint and loaded back on
+        resume."""
 
         def _save(self, output_dir: str | None = None, state_dict: Any = None) -> None:
             super()._save(output_dir, state_dict)
@@ -425,47 +427,6 @@ def _trainer_class() -> Any:
                     head.checkpoint_config(), load_file(str(path))
                 )
                 head.load_state_dict(saved.state_dict(), strict=True)
-
-        def _get_output_dir(self, trial: Any) -> str:
-            if self._staging is not None:
-                return str(self._staging)
-            return str(super()._get_output_dir(trial))
-
-        def _save_checkpoint(self, model: Any, trial: Any) -> None:
-            from treerank.distributed.context import current
-
-            final = Path(str(self.args.output_dir))
-            ctx = current()
-            if ctx is None:
-                self._staging = make_temp_dir(final, ".checkpoint-tmp-")
-            else:  # one staging folder for every rank (each writes its RNG state into it)
-                self._staging = final / f".checkpoint-tmp-step{int(self.state.global_step)}"
-                if ctx.is_main:
-                    shutil.rmtree(self._staging, ignore_errors=True)
-                    self._staging.mkdir(parents=True)
-                ctx.barrier()
-            try:
-                super()._save_checkpoint(model, trial)
-                if ctx is not None:
-                    ctx.barrier()  # every rank's files are in the staging folder
-                if ctx is None or ctx.is_main:
-                    for done in self._staging.iterdir():
-                        dest = final / done.name
-                        if dest.exists():
-                            shutil.rmtree(dest)
-                        os.replace(done, dest)
-            finally:
-                if ctx is None or ctx.is_main:
-                    shutil.rmtree(self._staging, ignore_errors=True)
-                self._staging = None
-            if ctx is None or ctx.is_main:
-                rotate_checkpoints(
-                    output_dir=str(final),
-                    save_total_limit=self.args.save_total_limit,
-                    use_mtime=False,
-                )
-            if ctx is not None:
-                ctx.barrier()  # nobody looks for the checkpoint before it is in place
 
     return _Trainer
 

@@ -5,7 +5,10 @@ and the cross-encoder, ``training/cross_encoder.py``) end by saving a model fold
 from the newest ``checkpoint-N``. :func:`save_model_folder` writes the folder into a temporary
 sibling and renames it into place, so a crash or Ctrl-C mid-save leaves either the old folder
 or the new one, never a half-written one; :func:`latest_checkpoint` is the one rule for which
-checkpoint a ``--resume`` continues from; :func:`loss_log` is their one logging callback.
+checkpoint a ``--resume`` continues from; :func:`staged_checkpoints` makes a trainer class
+write each ``checkpoint-N`` into a staging folder renamed into place (a killed save leaves no
+half-written checkpoint, and rotation never removes a complete one for it);
+:func:`loss_log` is their one logging callback.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from typing import Any
 
 from treerank.atomic import make_temp_dir
 
-__all__ = ["latest_checkpoint", "loss_log", "save_model_folder"]
+__all__ = ["latest_checkpoint", "loss_log", "save_model_folder", "staged_checkpoints"]
 
 _CHECKPOINT = re.compile(r"checkpoint-(\d+)")
 TRAINER_STATE = "trainer_state.json"
@@ -94,3 +97,64 @@ def loss_log(
                 raise KeyboardInterrupt(f"test hook: stopped after step {state.global_step}")
 
     return _Log()
+
+
+def staged_checkpoints(base: type) -> type:
+    """A subclass of the Hugging Face trainer class ``base`` (sentence-transformers'
+    ``SentenceTransformerTrainer`` or ``CrossEncoderTrainer``) whose ``_save_checkpoint``
+    writes the whole ``checkpoint-N`` into a staging folder ``.checkpoint-tmp-*`` beside it
+    and renames it into place, then rotates (``save_total_limit``): a crash or Ctrl-C mid-save
+    leaves the earlier checkpoints and no partial one (the staging folder is removed).
+
+    Under ``torchrun`` (:func:`treerank.distributed.context.current`) every rank writes its
+    RNG state into one staging folder per step, ``.checkpoint-tmp-step<N>``, which rank 0
+    renames into place between barriers, so no rank looks for a checkpoint before it is whole.
+    """
+    from transformers.trainer_utils import rotate_checkpoints
+
+    from treerank.distributed.context import current
+
+    class _Staged(base):  # type: ignore[misc,valid-type]
+        _staging: Path | None = None
+
+        def _get_output_dir(self, trial: Any) -> str:
+            if self._staging is not None:
+                return str(self._staging)
+            return str(super()._get_output_dir(trial))
+
+        def _save_checkpoint(self, model: Any, trial: Any) -> None:
+            final = Path(str(self.args.output_dir))
+            ctx = current()
+            if ctx is None:
+                self._staging = make_temp_dir(final, ".checkpoint-tmp-")
+            else:  # one staging folder for every rank (each writes its RNG state into it)
+                self._staging = final / f".checkpoint-tmp-step{int(self.state.global_step)}"
+                if ctx.is_main:
+                    shutil.rmtree(self._staging, ignore_errors=True)
+                    self._staging.mkdir(parents=True)
+                ctx.barrier()
+            try:
+                super()._save_checkpoint(model, trial)
+                if ctx is not None:
+                    ctx.barrier()  # every rank's files are in the staging folder
+                if ctx is None or ctx.is_main:
+                    for done in self._staging.iterdir():
+                        dest = final / done.name
+                        if dest.exists():
+                            shutil.rmtree(dest)
+                        os.replace(done, dest)
+            finally:
+                if ctx is None or ctx.is_main:
+                    shutil.rmtree(self._staging, ignore_errors=True)
+                self._staging = None
+            if ctx is None or ctx.is_main:
+                rotate_checkpoints(
+                    output_dir=str(final),
+                    save_total_limit=self.args.save_total_limit,
+                    use_mtime=False,
+                )
+            if ctx is not None:
+                ctx.barrier()  # nobody looks for the checkpoint before it is in place
+
+    _Staged.__name__ = f"Staged{base.__name__}"
+    return _Staged
