@@ -34,26 +34,6 @@ from typing import Any
 import numpy as np
 
 
-def _cka_table(head: Any, frozen: Any, bi: Any, drt: Any) -> dict[str, Any]:
-    from treerank.diagnostics.cka import linear_cka
-    from treerank.diagnostics.drift import drt_slot_drift
-
-    out: dict[str, Any] = {}
-    for side, get in (("passages", lambda s: s.passages), ("queries", lambda s: s.queries)):
-        f, b, d = (np.asarray(get(s), dtype=np.float32) for s in (frozen, bi, drt))
-        one = "passage" if side == "passages" else "query"
-        out[side] = {
-            "raw_bi_vs_drt": float(linear_cka(b, d)),
-            "raw_frozen_vs_bi": float(linear_cka(f, b)),
-            "raw_frozen_vs_drt": float(linear_cka(f, d)),
-            # the drt-e2e heads over the biencoder arm's and over their own encoder's vectors
-            "slots_bi_vs_drt": drt_slot_drift(head, b, d, side=one),
-            # the same heads over the frozen and over their own encoder's vectors
-            "slots_frozen_vs_drt": drt_slot_drift(head, f, d, side=one),
-        }
-    return out
-
-
 def _run_record(run: Path, cut: bool) -> dict[str, Any]:
     """The run's results.json, or (--max-passages, no evaluation of its own) the fields of it
     this script reads, from finetune.json."""
@@ -236,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     from treerank.atomic import atomic_write_json
+    from treerank.diagnostics.drift import scale2_cka_table
     from treerank.evaluation.compare import compare_systems
     from treerank.evaluation.settings import EvaluationSettings
     from treerank.models.registry import load_model
@@ -335,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
             s: paired_summary(tests) for s, tests in vs_bi.tests.get(bi_name, {}).items()
         },
         "seen_unseen_vs_biencoder": vs_bi.overlap,
-        "cka": _cka_table(head, frozen, bi, drt),
+        "cka": scale2_cka_table(head, frozen, bi, drt),
         "cost_train_cpu_seconds": [
             bi_res["cost"]["train"]["cpu_seconds"],
             drt_res["cost"]["train"]["cpu_seconds"],

@@ -75,7 +75,55 @@ def render(doc: dict[str, Any]) -> str:
             f"{t['ci_high']:+.4f}) | {t['p']:.4f} | {c['delta']:+.4f} ({c['ci_low']:+.4f} .. "
             f"{c['ci_high']:+.4f}) | {c['p']:.4f} |"
         )
+    if doc.get("cka"):
+        lines += _render_cka(doc["cka"], BI, DRT)
     return "\n".join(lines)
+
+
+def _render_cka(cka: list[dict[str, Any]], bi: str, drt: str) -> list[str]:
+    """The CKA table: per seed (``a / b / c``) for raw vectors and concatenated slots, the
+    mean over seeds for each slot."""
+    seeds = " / ".join(str(c["seed"]) for c in cka)
+    lines = [
+        "",
+        f"CKA table (linear CKA on the evaluation split's items, seeds {seeds}; slots: the "
+        f"{drt} heads applied to both vector sets):",
+        "",
+        "| comparison | passages | queries |",
+        "|---|---|---|",
+    ]
+
+    def per_seed(side: str, key: str, sub: str | None = None) -> str:
+        vals = [c[side][key] if sub is None else c[side][key][sub] for c in cka]
+        return " / ".join(f"{v:.4f}" for v in vals)
+
+    for key, what in (
+        ("raw_bi_vs_drt", f"raw vectors, {bi} vs {drt} encoder"),
+        ("raw_frozen_vs_bi", f"raw vectors, frozen vs {bi}"),
+        ("raw_frozen_vs_drt", f"raw vectors, frozen vs {drt} encoder"),
+    ):
+        lines.append(f"| {what} | {per_seed('passages', key)} | {per_seed('queries', key)} |")
+    for key, what in (("slots_bi_vs_drt", bi), ("slots_frozen_vs_drt", "frozen")):
+        lines.append(
+            f"| concatenated slots, {what} vs {drt} vectors "
+            f"| {per_seed('passages', key, 'concatenated')} "
+            f"| {per_seed('queries', key, 'concatenated')} |"
+        )
+        means = {
+            side: [
+                sum(c[side][key]["slots"][i] for c in cka) / len(cka)
+                for i in range(len(cka[0][side][key]["slots"]))
+            ]
+            for side in ("passages", "queries")
+        }
+        lines.append(
+            f"| each slot (mean over seeds), {what} vs {drt} vectors | "
+            + " / ".join(f"{x:.4f}" for x in means["passages"])
+            + " | "
+            + " / ".join(f"{x:.4f}" for x in means["queries"])
+            + " |"
+        )
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,15 +147,18 @@ def main(argv: list[str] | None = None) -> int:
     BI, DRT = args.arms
 
     from treerank.atomic import atomic_write_json
+    from treerank.diagnostics.drift import scale2_cka_table
     from treerank.evaluation.compare import compare_systems
     from treerank.evaluation.overlap import seen_positive_mask
     from treerank.evaluation.settings import EvaluationSettings
     from treerank.evaluation.significance import compare_paired
+    from treerank.models.registry import load_model
     from treerank.pipeline.finetune import TunedStoreSystem
     from treerank.store.embedding_store import EmbeddingStore
     from treerank.training.finetune import DRT_HEAD_DIR, FINETUNE_JSON
 
     systems: dict[str, Any] = {"cosine": "cosine"}
+    tuned: dict[int, dict[str, Any]] = {}  # seed -> arm -> (run, re-embedded store)
     groups: dict[str, dict[str, int]] = {BI: {}, DRT: {}}
     configs = {}
     for bi_run, drt_run in args.pair:
@@ -131,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
                 return 2
             name = f"{arm}@seed{seed}"
             store = EmbeddingStore.open(run / "stores" / args.eval_split)
+            tuned.setdefault(seed, {})[arm] = (run, store)
             inner = f"ckpt:{run / DRT_HEAD_DIR}" if arm == DRT else "cosine"
             systems[name] = TunedStoreSystem(store, name, inner)
             groups[arm][name] = seed
@@ -171,8 +223,16 @@ def main(argv: list[str] | None = None) -> int:
             "bi_vs_cosine": _cell(c["ndcg@10"]),
             "drt_vs_bi_all_metrics": {m: _cell(x) for m, x in t.items()},
         }
+    cka = []  # the seed's CKA table of each pair, on the evaluation split's items
+    for seed in sorted(tuned):
+        drt_run, drt_store = tuned[seed][DRT]
+        head = load_model(
+            drt_run / DRT_HEAD_DIR, expected_fingerprint=drt_store.encoder_fingerprint
+        )
+        cka.append({"seed": seed, **scale2_cka_table(head, frozen, tuned[seed][BI][1], drt_store)})
     doc = {
         "arms": [BI, DRT],
+        "cka": cka,
         "pairs": [[str(b), str(d)] for b, d in args.pair],
         "store": str(args.store),
         "eval_split": args.eval_split,

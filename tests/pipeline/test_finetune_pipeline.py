@@ -143,6 +143,32 @@ def test_drift_of_a_store_with_itself_is_one(slice_root: Path, run2: tuple[Path,
         store_drift(test, EmbeddingStore.open(slice_root / "train"))
 
 
+def test_scale2_cka_table_is_one_for_a_store_with_itself_and_below_for_a_tuned_one(
+    slice_root: Path, run2: tuple[Path, dict]
+) -> None:
+    import torch
+
+    from treerank.diagnostics.drift import scale2_cka_table
+    from treerank.models.drt import DRTConfig, DRTHead
+
+    torch.manual_seed(0)
+    head = DRTHead(DRTConfig(dim=384, k=3, slot_dim=16, hidden=32))
+    head.eval()
+    test = EmbeddingStore.open(slice_root / "test")
+    same = scale2_cka_table(head, test, test, test)
+    for side in ("passages", "queries"):
+        row = same[side]
+        values = [row["raw_bi_vs_drt"], row["raw_frozen_vs_bi"], row["raw_frozen_vs_drt"]]
+        for key in ("slots_bi_vs_drt", "slots_frozen_vs_drt"):
+            values += [row[key]["concatenated"], *row[key]["slots"]]
+        assert values == pytest.approx([1.0] * len(values), abs=1e-6)
+    tuned = EmbeddingStore.open(run2[0] / "stores" / "test")  # a query tower: queries moved
+    moved = scale2_cka_table(head, test, test, tuned)
+    assert moved["passages"]["raw_frozen_vs_drt"] == pytest.approx(1.0, abs=1e-6)
+    assert moved["queries"]["raw_frozen_vs_drt"] < 1.0
+    assert moved["queries"]["slots_frozen_vs_drt"]["n"] == test.n_queries
+
+
 def test_neighbour_overlap_hand_computed() -> None:
     a = np.array([[1, 2, 3], [4, 5, -1]])
     b = np.array([[3, 9, 1], [-1, 7, 8]])

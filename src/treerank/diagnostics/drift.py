@@ -30,6 +30,7 @@ from treerank.storelike import StoreLike
 __all__ = [
     "StoreDataMismatchError",
     "drt_slot_drift",
+    "scale2_cka_table",
     "neighbour_overlap",
     "slot_cka",
     "store_drift",
@@ -185,3 +186,42 @@ def drt_slot_drift(
         "raw": float(linear_cka(xa, xb)),
         **slot_cka(fn(xa), fn(xb)),
     }
+
+
+def scale2_cka_table(head: Any, frozen: StoreLike, cos_arm: StoreLike, drt_arm: StoreLike) -> dict:
+    """The DRT seed's Scale-2 CKA table of one pair of runs on the same items: linear CKA of
+    the raw vectors (the cosine arm's against the DRT arm's encoder, frozen against each) and
+    of the DRT arm's heads applied to the cosine arm's and to the DRT arm's vectors, and to the
+    frozen and to the DRT arm's vectors (:func:`drt_slot_drift`: concatenated slots and each
+    slot), for the passages and for the queries.
+
+    Args:
+        head: the DRT arm's :class:`~treerank.models.drt.DRTHead`.
+        frozen, cos_arm, drt_arm: three stores of the same split (the frozen store and each
+            arm's re-embedded one); ``float32 (n, d)`` vectors each.
+
+    Returns:
+        ``{"passages" | "queries": {"raw_bi_vs_drt", "raw_frozen_vs_bi", "raw_frozen_vs_drt":
+        float, "slots_bi_vs_drt", "slots_frozen_vs_drt": drt_slot_drift dict}}`` (``bi``: the
+        cosine arm). A query tower's passages are the frozen ones, so their entries are 1.
+
+    Raises:
+        ValueError: stores of different sizes.
+    """
+    from treerank.diagnostics.cka import linear_cka
+
+    out: dict[str, Any] = {}
+    for side in ("passages", "queries"):
+        f, b, d = (
+            np.asarray(s.passages if side == "passages" else s.queries, dtype=np.float32)
+            for s in (frozen, cos_arm, drt_arm)
+        )
+        one = "passage" if side == "passages" else "query"
+        out[side] = {
+            "raw_bi_vs_drt": float(linear_cka(b, d)),
+            "raw_frozen_vs_bi": float(linear_cka(f, b)),
+            "raw_frozen_vs_drt": float(linear_cka(f, d)),
+            "slots_bi_vs_drt": drt_slot_drift(head, b, d, side=one),
+            "slots_frozen_vs_drt": drt_slot_drift(head, f, d, side=one),
+        }
+    return out
