@@ -7,9 +7,13 @@ here), only the query side moves: both arms train the query encoder against the 
 passage vectors, one scoring by cosine, the other through the DRT heads. The passage side
 cannot drift, so a gap between the arms is the DRT scoring's, not the passage space's.
 
-Usage (docs/finetune.md, "Scale 2, the query-side variant"):
+Usage (docs/finetune.md, "The query-side variant on SQuAD"):
 
-    # one run per (arm, seed); the two arms of a seed can run side by side (one thread each)
+    # everything: per seed, the two arms side by side (one thread each), then the comparison
+    python scripts/scale2_query_side.py run stores/squad runs/s2q --seeds 0 1 2 \\
+        --results docs/results/scale2_squad_query_side.json
+
+    # or one run per (arm, seed), then the comparison
     python scripts/scale2_query_side.py train stores/squad runs/s2q \\
         configs/finetune/squad_query_tower_scale2.yaml --seed 0
     python scripts/scale2_query_side.py train stores/squad runs/s2q \\
@@ -31,8 +35,11 @@ The run's cost goes into ``OUT/<family>-seed<N>/cost.json``.
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
 from pathlib import Path
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "finetune"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,7 +52,23 @@ def main(argv: list[str] | None = None) -> int:
     tr.add_argument("--seed", type=int, required=True)
     tr.add_argument("--train-split", default="train")
     tr.add_argument("--eval-split", default="dev")
+    rn = sub.add_parser("run", help="train both arms at every seed, then compare them")
+    rn.add_argument("store", type=Path)
+    rn.add_argument("out", type=Path)
+    rn.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    rn.add_argument(
+        "--configs",
+        type=Path,
+        nargs=2,
+        default=[CONFIGS / "squad_query_tower_scale2.yaml", CONFIGS / "squad_drt_query_tower.yaml"],
+        metavar=("COSINE_ARM", "DRT_ARM"),
+    )
+    rn.add_argument("--results", type=Path, required=True, help="the comparison's JSON")
+    rn.add_argument("--train-split", default="train")
+    rn.add_argument("--eval-split", default="dev")
     args = ap.parse_args(argv)
+    if args.cmd == "run":
+        return _run_all(args)
 
     from treerank.atomic import atomic_write_json
     from treerank.config import ConfigError, load_yaml
@@ -79,6 +102,30 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"{run}: {ft.summary['steps']} steps, loss {ft.summary['train_loss']:.4f}")
     return 0
+
+
+def _run_all(args: argparse.Namespace) -> int:
+    """Per seed, both arms as two processes side by side (each config's ``trainer.threads``),
+    a seed's runs resumed where a checkpoint exists; then scripts/finetune_scale2_seeds.py."""
+    from treerank.config import load_yaml
+
+    families = [str(load_yaml(c)["family"]) for c in args.configs]
+    split_args = ["--train-split", args.train_split, "--eval-split", args.eval_split]
+    for seed in args.seeds:
+        procs = []
+        for cfg in args.configs:
+            cmd = [sys.executable, __file__, "train", str(args.store), str(args.out), str(cfg)]
+            procs.append(subprocess.Popen([*cmd, "--seed", str(seed), *split_args]))
+        codes = [p.wait() for p in procs]
+        if any(codes):
+            print(f"error: seed {seed}: an arm failed (exit codes {codes})", file=sys.stderr)
+            return 1
+    cmd = [sys.executable, str(Path(__file__).with_name("finetune_scale2_seeds.py"))]
+    cmd += ["--store", str(args.store), "--out", str(args.results), *split_args]
+    cmd += ["--arms", *families]
+    for seed in args.seeds:
+        cmd += ["--pair", *(str(args.out / f"{f}-seed{seed}") for f in families)]
+    return subprocess.call(cmd)
 
 
 if __name__ == "__main__":

@@ -485,3 +485,55 @@ def test_tuned_encoder_exports_through_onnx_and_agrees_with_torch(
     onnx_vecs = onnx_enc.encode(texts, "passage")
     assert onnx_vecs.shape == torch_vecs.shape == (12, 384)
     assert float(np.abs(onnx_vecs - torch_vecs).max()) <= 2e-5
+
+
+def test_scale2_query_side_run_trains_both_arms_per_seed_then_compares_their_pairs(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``scripts/scale2_query_side.py run``: per seed, one ``train`` process per shipped config
+    started before either is waited on (side by side), then one comparison over the seeds'
+    pairs in (cosine arm, DRT arm) order; a failed arm stops it before the comparison."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "scale2_query_side.py"
+    spec = importlib.util.spec_from_file_location("scale2_query_side", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    events: list[tuple[str, list[str]]] = []
+    code = {"rc": 0}
+
+    class _Proc:
+        def __init__(self, cmd: list[str]) -> None:
+            events.append(("start", cmd))
+
+        def wait(self) -> int:
+            events.append(("wait", []))
+            return code["rc"]
+
+    monkeypatch.setattr(mod.subprocess, "Popen", _Proc)
+    monkeypatch.setattr(mod.subprocess, "call", lambda cmd: events.append(("call", cmd)) or 0)
+    argv = ["run", "S", str(tmp_path / "o"), "--seeds", "0", "1", "--results", "r.json"]
+    assert mod.main(argv) == 0
+    kinds = [k for k, _ in events]
+    assert kinds == ["start", "start", "wait", "wait", "start", "start", "wait", "wait", "call"]
+    starts = [c for k, c in events if k == "start"]
+    assert [Path(c[5]).name for c in starts[:2]] == [
+        "squad_query_tower_scale2.yaml",
+        "squad_drt_query_tower.yaml",
+    ]
+    assert [c[c.index("--seed") + 1] for c in starts] == ["0", "0", "1", "1"]
+    call = events[-1][1]
+    assert call[call.index("--arms") + 1 : call.index("--arms") + 3] == [
+        "query-tower",
+        "drt-query-tower",
+    ]
+    pairs = [call[i + 1 : i + 3] for i, a in enumerate(call) if a == "--pair"]
+    assert pairs == [
+        [str(tmp_path / "o" / f"{f}-seed{s}") for f in ("query-tower", "drt-query-tower")]
+        for s in (0, 1)
+    ]
+    events.clear()
+    code["rc"] = 3
+    assert mod.main(argv) == 1
+    assert "call" not in [k for k, _ in events]
