@@ -286,20 +286,7 @@ def run_diagnostics(
     from treerank.models.base import DenseScorer, SlotScorer
 
     cfg = settings or DiagnosticsSettings()
-    baseline = cfg.baseline
-    metric, metrics, k = cfg.metric, tuple(cfg.metrics), cfg.k
-    top_n, n_examples, probe_seed, bootstrap_seed = (
-        cfg.top_n,
-        cfg.n_examples,
-        cfg.probe_seed,
-        cfg.bootstrap_seed,
-    )
-    probe_tol, cka_high, equal_margin, plots = (
-        cfg.probe_tol,
-        cfg.cka_high,
-        cfg.equal_margin,
-        cfg.plots,
-    )
+    baseline, metric, metrics, k = cfg.baseline, cfg.metric, tuple(cfg.metrics), cfg.k
     if metric not in metrics:
         raise ValueError(f"metric {metric!r} must be one of metrics {list(metrics)}")
     baseline_spec = parse_spec(baseline)  # a bad spec fails before any work
@@ -311,24 +298,10 @@ def run_diagnostics(
     is_dense = isinstance(model, DenseScorer)
     model_name = str(getattr(model, "name", "model"))
     qrels = Qrels.from_store(store)
-    metrics = tuple(metrics)
     texts = _query_texts(store)
-    qids = store.query_ids()
     labels = query_labels(texts, _query_types(store))
-    # queries of steps 2 and 4: the evaluation store's, plus those of any probe stores
-    rep_stores = [store, *probe_stores]
-    for ps in probe_stores:
-        if ps.encoder_fingerprint != store.encoder_fingerprint:
-            raise ValueError(
-                f"probe store {getattr(ps, 'path', ps)} was embedded with another encoder "
-                f"({str(ps.encoder_fingerprint)[:12]} vs {str(store.encoder_fingerprint)[:12]})"
-            )
-    all_types: list[list[str] | None] = [_query_types(s_) for s_ in rep_stores]
-    probe_types: list[str] | None = None
-    if all(all_types):
-        probe_types = [t for ts in all_types for t in (ts or [])]
-    probe_labels = query_labels([t for s_ in rep_stores for t in _query_texts(s_)], probe_types)
-    qx = np.concatenate([np.asarray(s_.queries, dtype=np.float32) for s_ in rep_stores])
+    rep_stores = [store, *probe_stores]  # queries of steps 2 and 4
+    all_types, probe_labels, qx = _probe_queries(store, rep_stores)
     timings: dict[str, float] = {}
 
     # --- the two systems' per-query metrics -------------------------------------------------
@@ -337,113 +310,50 @@ def run_diagnostics(
     timings["baseline_run"] = time.perf_counter() - t
 
     results: dict[str, Any] = {
-        "meta": {
-            "checkpoint": str(checkpoint_dir),
-            "model_type": getattr(model, "model_type", type(model).__name__),
-            "model_name": model_name,
-            "store": str(getattr(store, "path", "")),
-            "split": getattr(store, "split", ""),
-            "n_queries": int(store.n_queries),
-            "n_passages": int(store.n_passages),
-            "encoder": store.encoder_name,
-            "encoder_fingerprint": store.encoder_fingerprint,
-            "baseline": baseline,
-            "metric": metric,
-            "metrics": list(metrics),
-            "k": k,
-            "probe_seed": probe_seed,
-            "bootstrap_seed": bootstrap_seed,
-            "n_resamples": cfg.n_resamples,
-        },
+        "meta": _meta(checkpoint_dir, model, model_name, store, cfg),
         "baseline": {"mean": {m: float(base_res.mean[m]) for m in metrics}},
         "variants": None,
     }
     if is_drt:
         results["meta"]["drt"] = {"k": model.config.k, "slot_dim": model.config.slot_dim}
 
-    # --- step 1: scoring variants -------------------------------------------------------------
-    if is_drt:
-        t = time.perf_counter()
-        var = evaluate_variants(
-            model, store, k=k, metrics=metrics, qrels=qrels, progress=progress, device=device
-        )
-        per_query = var.pop("per_query")
-        learned = per_query["learned"][metric]
-        var["paired"] = {
-            name: paired_bootstrap(
-                learned, pq[metric], n_resamples=cfg.n_resamples, seed=bootstrap_seed
-            )
-            for name, pq in per_query.items()
-            if name != "learned"
-        }
-        var["vs_baseline"] = {
-            name: paired_bootstrap(
-                pq[metric],
-                base_res.per_query[metric],
-                n_resamples=cfg.n_resamples,
-                seed=bootstrap_seed,
-            )
-            for name, pq in per_query.items()
-        }
-        np.savez_compressed(
-            out / "variants_per_query.npz",
-            **{f"{n}/{m}": v for n, pq in per_query.items() for m, v in pq.items()},
-        )
-        results["variants"] = var
-        model_pq = per_query["learned"]
-        timings["variants"] = time.perf_counter() - t
-    else:  # the systems registry picks the search (dense exact, forest inverted lists)
-        model_pq = evaluate_run(
-            _run_ids(CheckpointSpec(Path(checkpoint_dir)), store, k, device), qrels, metrics=metrics
-        ).per_query
+    # --- step 1: scoring variants (slot models) or the model's own run ----------------------
+    t = time.perf_counter()
+    results["variants"], model_pq = _step1_variants(
+        model,
+        checkpoint_dir,
+        store,
+        qrels,
+        base_res.per_query,
+        cfg,
+        k,
+        metrics,
+        progress,
+        device,
+        out,
+    )
     results["model"] = {
         "mean": {m: float(np.nanmean(model_pq[m])) for m in metrics},
         "vs_baseline": paired_bootstrap(
             model_pq[metric],
             base_res.per_query[metric],
             n_resamples=cfg.n_resamples,
-            seed=bootstrap_seed,
+            seed=cfg.bootstrap_seed,
         ),
     }
+    if is_drt:
+        timings["variants"] = time.perf_counter() - t
 
     # --- query representations for steps 2 and 4 -----------------------------------------------
-    reps: dict[str, np.ndarray] = {}
-    slot_names: list[str] = []
-    if is_drt:
-        q_slots = l2_normalize(model.query_raw_slots(qx))
-        for i in range(model.config.k):
-            reps[f"slot-{i}"] = q_slots[:, i]
-            slot_names.append(f"slot-{i}")
-        reps["concat"] = q_slots.reshape(q_slots.shape[0], -1)
-        reps["alpha"] = model.query_alpha(qx)
-    notes: list[str] = []
-    if is_dense:
-        width = int(model.encode_queries(qx[:1]).shape[1])
-        if width * qx.shape[0] <= MAX_REPRESENTATION_FLOATS:
-            reps[model_name] = model.encode_queries(qx)
-        else:
-            notes.append(
-                f"{model_name}'s query representation ({width} dims) is too wide for probes and "
-                f"CKA on {qx.shape[0]} queries; left out"
-            )
-    reps["frozen"] = qx
-    results["meta"]["notes"] = notes
+    reps, slot_names, results["meta"]["notes"] = _query_representations(
+        model, qx, model_name, is_drt=is_drt, is_dense=is_dense
+    )
 
     # --- step 2: probes -----------------------------------------------------------------------
     t = time.perf_counter()
-    probe_results = run_probes(reps, probe_labels, seed=probe_seed)
-    results["probes"] = {
-        "seed": probe_seed,
-        "queries": {str(getattr(s_, "path", "")): int(s_.n_queries) for s_ in rep_stores},
-        "labels": {task: dict(sorted(_count(v).items())) for task, v in probe_labels.items()},
-        "label_source": {
-            "query_type": "store query_type" if all(all_types) else "factoid regex",
-            "entity": "entity-bearing heuristic",
-            "length": "word-count bucket",
-        },
-        "results": [r.to_dict() for r in probe_results],
-        "specialisation": slot_specialisation(probe_results, slot_names, tol=probe_tol),
-    }
+    results["probes"] = _step2_probes(
+        reps, slot_names, probe_labels, rep_stores, all_types, cfg.probe_seed, cfg.probe_tol
+    )
     timings["probes"] = time.perf_counter() - t
 
     # --- step 3: failures ---------------------------------------------------------------------
@@ -452,50 +362,29 @@ def run_diagnostics(
         base_res.per_query[metric],
         texts,
         query_types=labels["query_type"],
-        query_ids=qids,
+        query_ids=store.query_ids(),
         groups={"entity": labels["entity"]},
-        top_n=top_n,
-        n_examples=n_examples,
+        top_n=cfg.top_n,
+        n_examples=cfg.n_examples,
         name_a=model_name,
         name_b=baseline,
         metric=metric,
     )
 
     # --- step 4: CKA --------------------------------------------------------------------------
-    cka: dict[str, Any] = {"reference": "frozen query embeddings", "vs_frozen": {}}
-    for name, x in reps.items():
-        if name != "frozen":
-            cka["vs_frozen"][name] = linear_cka(x, qx)
-    cka["model_vs_frozen"] = cka["vs_frozen"].get(model_name)
-    if isinstance(baseline_spec, CheckpointSpec):
-        other = CHECKPOINTS.load(
-            baseline_spec.path, store.encoder_fingerprint, vector_precision(store)
-        )
-        if isinstance(other, DenseScorer):
-            bq = other.encode_queries(qx)
-            cka["vs_baseline"] = {n: linear_cka(x, bq) for n, x in reps.items()}
-    if slot_names:
-        slots = [reps[s] for s in slot_names]
-        cka["slot_vs_slot"] = [[linear_cka(a, b) for b in slots] for a in slots]
-    results["cka"] = cka
+    results["cka"] = _step4_cka(reps, qx, model_name, slot_names, baseline_spec, store)
 
     results["rules"] = decision_rules(
-        results, metric=metric, probe_tol=probe_tol, cka_high=cka_high, equal_margin=equal_margin
+        results,
+        metric=metric,
+        probe_tol=cfg.probe_tol,
+        cka_high=cfg.cka_high,
+        equal_margin=cfg.equal_margin,
     )
     timings["total"] = time.perf_counter() - t0
     results["meta"]["seconds"] = {k_: round(v, 3) for k_, v in timings.items()}
 
-    # --- write --------------------------------------------------------------------------------
-    files: dict[str, str] = {}
-    for step, fname in STEP_FILES.items():
-        if results.get(step) is not None:
-            _dump(out / fname, {"meta": results["meta"], step: results[step]})
-            files[step] = fname
-    from treerank.diagnostics.report import write_report
-
-    files.update(write_report(results, out, plots=plots))
-    results["files"] = files
-    _dump(out / "diagnostics.json", results)
+    _write(results, out, cfg.plots)
     return to_json(results)  # plain JSON types, NaN -> None, as in diagnostics.json
 
 
@@ -516,3 +405,212 @@ def _count(values: Sequence[str]) -> dict[str, int]:
     for v in values:
         c[v] = c.get(v, 0) + 1
     return c
+
+
+def _step1_variants(
+    model: Any,
+    checkpoint_dir: str | Path,
+    store: StoreLike,
+    qrels: Any,
+    base_per_query: dict[str, np.ndarray],
+    cfg: DiagnosticsSettings,
+    k: int,
+    metrics: tuple[str, ...],
+    progress: bool,
+    device: Device,
+    out: Path,
+) -> tuple[dict[str, Any] | None, dict[str, np.ndarray]]:
+    """Step 1: a slot model's scoring variants, each paired against the learned scoring and
+    against the baseline (``variants_per_query.npz`` written beside the report), or, for any
+    other model, its own run through the systems registry (written nowhere).
+
+    Returns ``(variants, model_per_query)``: ``variants`` is None for a model without slots;
+    ``model_per_query`` maps each metric to the model's per-query values, shape ``(n_q,)``.
+    """
+    from treerank.metrics.metrics import evaluate_run
+    from treerank.models.base import SlotScorer
+
+    metric, seed = cfg.metric, cfg.bootstrap_seed
+    if not isinstance(model, SlotScorer):  # the systems registry picks the search
+        run = _run_ids(CheckpointSpec(Path(checkpoint_dir)), store, k, device)
+        return None, evaluate_run(run, qrels, metrics=metrics).per_query
+    var = evaluate_variants(
+        model, store, k=k, metrics=metrics, qrels=qrels, progress=progress, device=device
+    )
+    per_query = var.pop("per_query")
+    learned = per_query["learned"][metric]
+    var["paired"] = {
+        name: paired_bootstrap(learned, pq[metric], n_resamples=cfg.n_resamples, seed=seed)
+        for name, pq in per_query.items()
+        if name != "learned"
+    }
+    var["vs_baseline"] = {
+        name: paired_bootstrap(
+            pq[metric], base_per_query[metric], n_resamples=cfg.n_resamples, seed=seed
+        )
+        for name, pq in per_query.items()
+    }
+    np.savez_compressed(
+        out / "variants_per_query.npz",
+        **{f"{n}/{m}": v for n, pq in per_query.items() for m, v in pq.items()},
+    )
+    return var, per_query["learned"]
+
+
+def _query_representations(
+    model: Any, qx: np.ndarray, model_name: str, *, is_drt: bool, is_dense: bool
+) -> tuple[dict[str, np.ndarray], list[str], list[str]]:
+    """The query representations steps 2 and 4 probe and compare: a slot model's unit slots
+    (``slot-<i>``, each ``(n_q, slot_dim)``), their concatenation and its slot weights
+    (``alpha``), a dense model's own query vectors (left out, with a note, when wider than
+    ``MAX_REPRESENTATION_FLOATS`` allows), and the frozen vectors ``qx``, float32 ``(n_q, d)``.
+
+    Returns ``(reps, slot_names, notes)``.
+    """
+    reps: dict[str, np.ndarray] = {}
+    slot_names: list[str] = []
+    if is_drt:
+        q_slots = l2_normalize(model.query_raw_slots(qx))
+        for i in range(model.config.k):
+            reps[f"slot-{i}"] = q_slots[:, i]
+            slot_names.append(f"slot-{i}")
+        reps["concat"] = q_slots.reshape(q_slots.shape[0], -1)
+        reps["alpha"] = model.query_alpha(qx)
+    notes: list[str] = []
+    if is_dense:
+        width = int(model.encode_queries(qx[:1]).shape[1])
+        if width * qx.shape[0] <= MAX_REPRESENTATION_FLOATS:
+            reps[model_name] = model.encode_queries(qx)
+        else:
+            notes.append(
+                f"{model_name}'s query representation ({width} dims) is too wide for probes and "
+                f"CKA on {qx.shape[0]} queries; left out"
+            )
+    reps["frozen"] = qx
+    return reps, slot_names, notes
+
+
+def _step2_probes(
+    reps: dict[str, np.ndarray],
+    slot_names: list[str],
+    probe_labels: dict[str, Any],
+    rep_stores: Sequence[Any],
+    all_types: list[list[str] | None],
+    probe_seed: int,
+    probe_tol: float,
+) -> dict[str, Any]:
+    """Step 2: linear probes of every representation for each label task, and which slots
+    specialise (a slot beating the concatenation by more than ``probe_tol``)."""
+    probe_results = run_probes(reps, probe_labels, seed=probe_seed)
+    return {
+        "seed": probe_seed,
+        "queries": {str(getattr(s_, "path", "")): int(s_.n_queries) for s_ in rep_stores},
+        "labels": {task: dict(sorted(_count(v).items())) for task, v in probe_labels.items()},
+        "label_source": {
+            "query_type": "store query_type" if all(all_types) else "factoid regex",
+            "entity": "entity-bearing heuristic",
+            "length": "word-count bucket",
+        },
+        "results": [r.to_dict() for r in probe_results],
+        "specialisation": slot_specialisation(probe_results, slot_names, tol=probe_tol),
+    }
+
+
+def _step4_cka(
+    reps: dict[str, np.ndarray],
+    qx: np.ndarray,
+    model_name: str,
+    slot_names: list[str],
+    baseline_spec: Any,
+    store: StoreLike,
+) -> dict[str, Any]:
+    """Step 4: linear CKA (Kornblith et al. 2019) of every representation against the frozen
+    query vectors, against a dense checkpoint baseline's query vectors, and slot against slot."""
+    from treerank.models.base import DenseScorer
+
+    cka: dict[str, Any] = {"reference": "frozen query embeddings", "vs_frozen": {}}
+    for name, x in reps.items():
+        if name != "frozen":
+            cka["vs_frozen"][name] = linear_cka(x, qx)
+    cka["model_vs_frozen"] = cka["vs_frozen"].get(model_name)
+    if isinstance(baseline_spec, CheckpointSpec):
+        other = CHECKPOINTS.load(
+            baseline_spec.path, store.encoder_fingerprint, vector_precision(store)
+        )
+        if isinstance(other, DenseScorer):
+            bq = other.encode_queries(qx)
+            cka["vs_baseline"] = {n: linear_cka(x, bq) for n, x in reps.items()}
+    if slot_names:
+        slots = [reps[s] for s in slot_names]
+        cka["slot_vs_slot"] = [[linear_cka(a, b) for b in slots] for a in slots]
+    return cka
+
+
+def _meta(
+    checkpoint_dir: str | Path,
+    model: Any,
+    model_name: str,
+    store: StoreLike,
+    cfg: DiagnosticsSettings,
+) -> dict[str, Any]:
+    """``diagnostics.json``'s ``meta``: what was diagnosed, on which store, with which settings."""
+    meta = {
+        "checkpoint": str(checkpoint_dir),
+        "model_type": getattr(model, "model_type", type(model).__name__),
+        "model_name": model_name,
+        "store": str(getattr(store, "path", "")),
+        "split": getattr(store, "split", ""),
+        "n_queries": int(store.n_queries),
+        "n_passages": int(store.n_passages),
+        "encoder": store.encoder_name,
+        "encoder_fingerprint": store.encoder_fingerprint,
+        "baseline": cfg.baseline,
+        "metric": cfg.metric,
+        "metrics": list(cfg.metrics),
+        "k": cfg.k,
+        "probe_seed": cfg.probe_seed,
+        "bootstrap_seed": cfg.bootstrap_seed,
+        "n_resamples": cfg.n_resamples,
+    }
+    return meta
+
+
+def _probe_queries(
+    store: StoreLike, rep_stores: Sequence[Any]
+) -> tuple[list[list[str] | None], dict[str, Any], np.ndarray]:
+    """The queries steps 2 and 4 read: the evaluation store's, then each probe store's.
+
+    Returns ``(query_types per store, probe labels per task, frozen query vectors)``, the
+    vectors float32 ``(sum of n_queries, d)``.
+
+    Raises:
+        ValueError: a probe store embedded with another encoder than ``store``.
+    """
+    for ps in rep_stores[1:]:
+        if ps.encoder_fingerprint != store.encoder_fingerprint:
+            raise ValueError(
+                f"probe store {getattr(ps, 'path', ps)} was embedded with another encoder "
+                f"({str(ps.encoder_fingerprint)[:12]} vs {str(store.encoder_fingerprint)[:12]})"
+            )
+    all_types: list[list[str] | None] = [_query_types(s_) for s_ in rep_stores]
+    probe_types: list[str] | None = None
+    if all(all_types):
+        probe_types = [t for ts in all_types for t in (ts or [])]
+    probe_labels = query_labels([t for s_ in rep_stores for t in _query_texts(s_)], probe_types)
+    qx = np.concatenate([np.asarray(s_.queries, dtype=np.float32) for s_ in rep_stores])
+    return all_types, probe_labels, qx
+
+
+def _write(results: dict[str, Any], out: Path, plots: bool) -> None:
+    """Each step's JSON file (with ``meta``), the report and its plots, then
+    ``diagnostics.json`` (which lists the files under ``files``)."""
+    from treerank.diagnostics.report import write_report
+
+    files: dict[str, str] = {}
+    for step, fname in STEP_FILES.items():
+        if results.get(step) is not None:
+            _dump(out / fname, {"meta": results["meta"], step: results[step]})
+            files[step] = fname
+    files.update(write_report(results, out, plots=plots))
+    results["files"] = files
+    _dump(out / "diagnostics.json", results)
