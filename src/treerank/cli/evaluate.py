@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -12,6 +13,12 @@ from treerank.cli.spec_help import SEE_KINDS, RegistryHelpCommand
 from treerank.evaluation.settings import EvaluationSettings
 from treerank.lock import LockHeldError
 from treerank.store.format import StoreRootError
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from treerank.store import EmbeddingStore
+    from treerank.tasks.evaluate import Evaluation
 
 
 def evaluate(
@@ -85,12 +92,7 @@ def evaluate(
     from rich.console import Console
 
     from treerank.atomic import refuse_existing_output
-    from treerank.evaluation.compare import untrained_note
-    from treerank.evaluation.overlap import overlap_markdown
-    from treerank.evaluation.plots import dataset_label
-    from treerank.evaluation.summary import headline as summary_lines
     from treerank.kernels.topk import check_run_depth
-    from treerank.metrics.metrics import headline_metric
     from treerank.store import EmbeddingStore
     from treerank.tasks.evaluate import evaluate as evaluate_task
 
@@ -129,14 +131,38 @@ def evaluate(
                 progress=progress,
                 device=dev,
             )
-            plan, comp, main = done.plan, done.comparison, done.main
-            train_dir = plan.train_dir
+            main = done.main
         except StoreRootError as exc:
             raise fail(exc.advice("--split")) from None
         except (ValueError, FileNotFoundError, KeyError, LockHeldError) as exc:
             raise fail(exc) from None
-    if not main:
-        return
+    if main:
+        _print_comparison(console, done, st, settings, out)
+
+
+def _print_comparison(
+    console: Console,
+    done: Evaluation,
+    st: EmbeddingStore,
+    settings: EvaluationSettings,
+    out: Path | None,
+) -> None:
+    """Print the finished comparison (tables, notes, warnings, the seen / unseen breakdown, the
+    summary, the files written) on the main process.
+
+    Raises:
+        typer.Exit: ``ExitCode.FAILED`` when a system failed or none produced results.
+    """
+    from treerank.evaluation.compare import untrained_note
+    from treerank.evaluation.overlap import overlap_markdown
+    from treerank.evaluation.plots import dataset_label
+    from treerank.evaluation.summary import headline as summary_lines
+    from treerank.metrics.metrics import headline_metric
+
+    plan, comp = done.plan, done.comparison
+    train_dir = plan.train_dir
+    k, baseline, second_baseline = settings.k, settings.baseline, settings.second_baseline
+    permutations, seed = settings.n_permutations, settings.seed
     if plan.dropped_metrics:
         console.print(f"note: {', '.join(plan.dropped_metrics)} left out (deeper than --k {k})")
     for name, err in comp.failed.items():
