@@ -54,7 +54,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -81,6 +81,12 @@ from treerank.training.model_folder import (
 from treerank.training.precision import resolve_precision
 from treerank.training.sampler import guard_mined_negatives, relevant_lists
 from treerank.training.sources import PairSampler, label_pairs
+
+if TYPE_CHECKING:
+    from datasets import Dataset
+    from sentence_transformers import SentenceTransformerTrainingArguments
+
+    from treerank.distributed.context import DistContext
 
 __all__ = [
     "CHECKPOINTS_DIR",
@@ -610,6 +616,62 @@ def _cost_now() -> tuple[float, float]:
     return ru.ru_utime + ru.ru_stime, ru.ru_maxrss / 1024.0  # CPU s, peak RSS MiB (Linux KiB)
 
 
+def _training_arguments(
+    cfg: FinetuneConfig,
+    plan: BatchPlan,
+    dataset: Dataset,
+    steps: int,
+    ckpt_dir: Path,
+    precision: str,
+    ctx: DistContext | None,
+    device: Device,
+    progress: bool,
+) -> SentenceTransformerTrainingArguments:
+    """The sentence-transformers ``SentenceTransformerTrainingArguments`` of a fine-tune:
+    ``steps`` planned batches of ``plan.batch_size`` in the plan's order (one epoch, no
+    shuffling: ``_sequential``), the trainer section's schedule and checkpointing, the heads'
+    own lr (``learning_rate_mapping``), the untied towers' router, and under torchrun each
+    batch split across the ranks."""
+    from sentence_transformers import SentenceTransformerTrainingArguments
+
+    t = cfg.trainer
+    return SentenceTransformerTrainingArguments(
+        output_dir=str(ckpt_dir),
+        per_device_train_batch_size=plan.batch_size,
+        num_train_epochs=1,
+        max_steps=steps,
+        learning_rate=t.lr,
+        warmup_steps=t.warmup_ratio,
+        lr_scheduler_type=t.scheduler,
+        weight_decay=t.weight_decay,
+        max_grad_norm=t.max_grad_norm,
+        bf16=precision == "bf16",
+        activation_checkpointing=t.gradient_checkpointing,
+        activation_checkpointing_kwargs={"use_reentrant": False},
+        save_strategy="steps",
+        save_steps=t.save_steps if t.save_steps > 0 else steps,
+        save_total_limit=t.save_total_limit,
+        logging_steps=t.logging_steps,
+        seed=t.seed,
+        data_seed=t.seed,
+        report_to="none",
+        dataloader_num_workers=0,
+        use_cpu=resolve_device(device).type == "cpu",
+        disable_tqdm=not progress,
+        batch_sampler=_sequential,
+        # torchrun: each planned batch is split across the ranks (the one-process batch)
+        accelerator_config={"split_batches": True} if ctx is not None else None,
+        learning_rate_mapping=(
+            {r"^head\.": t.head_lr} if cfg.drt_heads and t.head_lr is not None else {}
+        ),
+        router_mapping=(
+            {c: "query" if c == "anchor" else "document" for c in dataset.column_names}
+            if cfg.model.untied
+            else {}
+        ),
+    )
+
+
 def finetune(
     store: StoreLike,
     cfg: FinetuneConfig,
@@ -657,8 +719,6 @@ def finetune(
         FileExistsError: ``out_dir`` holds checkpoints or a model and ``resume`` is False.
         ValueError: no trainable query.
     """
-    from sentence_transformers import SentenceTransformerTrainingArguments
-
     from treerank.distributed.context import current
 
     ctx = current()
@@ -696,40 +756,8 @@ def finetune(
     if ctx is not None:
         loss = CrossRankLoss(loss, ctx, seed=t.seed)
     steps = plan.n_batches if t.max_steps < 0 else min(t.max_steps, plan.n_batches)
-    args = SentenceTransformerTrainingArguments(
-        output_dir=str(ckpt_dir),
-        per_device_train_batch_size=plan.batch_size,
-        num_train_epochs=1,
-        max_steps=steps,
-        learning_rate=t.lr,
-        warmup_steps=t.warmup_ratio,
-        lr_scheduler_type=t.scheduler,
-        weight_decay=t.weight_decay,
-        max_grad_norm=t.max_grad_norm,
-        bf16=precision == "bf16",
-        activation_checkpointing=t.gradient_checkpointing,
-        activation_checkpointing_kwargs={"use_reentrant": False},
-        save_strategy="steps",
-        save_steps=t.save_steps if t.save_steps > 0 else steps,
-        save_total_limit=t.save_total_limit,
-        logging_steps=t.logging_steps,
-        seed=t.seed,
-        data_seed=t.seed,
-        report_to="none",
-        dataloader_num_workers=0,
-        use_cpu=resolve_device(device).type == "cpu",
-        disable_tqdm=not progress,
-        batch_sampler=_sequential,
-        # torchrun: each planned batch is split across the ranks (the one-process batch)
-        accelerator_config={"split_batches": True} if ctx is not None else None,
-        learning_rate_mapping=(
-            {r"^head\.": t.head_lr} if cfg.drt_heads and t.head_lr is not None else {}
-        ),
-        router_mapping=(
-            {c: "query" if c == "anchor" else "document" for c in dataset.column_names}
-            if cfg.model.untied
-            else {}
-        ),
+    args = _training_arguments(
+        cfg, plan, dataset, steps, ckpt_dir, precision, ctx, device, progress
     )
     records: list[dict[str, Any]] = []
 
