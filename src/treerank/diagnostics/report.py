@@ -141,11 +141,26 @@ def plot_cka(results: dict[str, Any], path: Path) -> Path:
 
 
 def render_markdown(results: dict[str, Any], plots: dict[str, str]) -> str:
-    """The report text (see the module docstring)."""
+    """The report text (see the module docstring): the header and decision rules, then the
+    four steps, then the timings."""
+    md = [
+        *_render_header(results, plots),
+        *_render_variants(results, plots),
+        *_render_probes(results, plots),
+        *_render_failures(results, plots),
+        *_render_cka(results, plots),
+    ]
+    secs = results["meta"].get("seconds", {})
+    if secs:
+        md.append("\nTimings (s): " + ", ".join(f"{k_} {v:.1f}" for k_, v in secs.items()) + "\n")
+    return "\n".join(md) + "\n"
+
+
+def _render_header(results: dict[str, Any], plots: dict[str, str]) -> list[str]:
+    """The title, what was diagnosed, the decision rules, model vs baseline."""
+    md: list[str] = []
     meta = results["meta"]
     metric = meta["metric"]
-    metrics = meta["metrics"]
-    md: list[str] = []
     md.append(f"# Diagnostics: `{meta['model_name']}` ({meta['model_type']})\n")
     md.append(
         f"Checkpoint `{meta['checkpoint']}` on store `{meta['store']}` (split `{meta['split']}`): "
@@ -174,7 +189,15 @@ def render_markdown(results: dict[str, Any], plots: dict[str, str]) -> str:
         f"{mv['delta']:+.4f} (paired bootstrap 95% CI {mv['ci_low']:+.4f} .. "
         f"{mv['ci_high']:+.4f}).\n"
     )
+    return md
 
+
+def _render_variants(results: dict[str, Any], plots: dict[str, str]) -> list[str]:
+    """Step 1: the scoring variants of a slot model (else a one-line note)."""
+    md: list[str] = []
+    meta = results["meta"]
+    metric = meta["metric"]
+    metrics = meta["metrics"]
     var = results.get("variants")
     md.append("## 1. Scoring variants (same checkpoint, no retraining)\n")
     if var:
@@ -218,7 +241,12 @@ def render_markdown(results: dict[str, Any], plots: dict[str, str]) -> str:
             md.append(f"![variants]({plots['variants']})\n")
     else:
         md.append("Not a DRT checkpoint: no slot-level scoring variants.\n")
+    return md
 
+
+def _render_probes(results: dict[str, Any], plots: dict[str, str]) -> list[str]:
+    """Step 2: probe accuracy per representation and task, the majority baseline."""
+    md: list[str] = []
     pr = results["probes"]
     seed = results.get("meta", {}).get("probe_seed", "unrecorded")
     md.append(f"## 2. Probes (logistic regression, 70/30 stratified split, seed {seed})\n")
@@ -258,7 +286,12 @@ def render_markdown(results: dict[str, Any], plots: dict[str, str]) -> str:
         )
     if "probes" in plots:
         md.append(f"![probes]({plots['probes']})\n")
+    return md
 
+
+def _render_failures(results: dict[str, Any], plots: dict[str, str]) -> list[str]:
+    """Step 3: wins and losses per query, their profiles and examples."""
+    md: list[str] = []
     f = results["failures"]
     s = f["summary"]
     md.append(f"## 3. Failures: `{f['system_a']}` vs `{f['system_b']}` per query ({f['metric']})\n")
@@ -303,7 +336,13 @@ def render_markdown(results: dict[str, Any], plots: dict[str, str]) -> str:
             )
     if "failures" in plots:
         md.append(f"![failures]({plots['failures']})\n")
+    return md
 
+
+def _render_cka(results: dict[str, Any], plots: dict[str, str]) -> list[str]:
+    """Step 4: linear CKA against the frozen vectors, the baseline, slot vs slot."""
+    md: list[str] = []
+    meta = results["meta"]
     c = results["cka"]
     md.append("## 4. Linear CKA (Kornblith et al., 2019) between query representations\n")
     md.append(
@@ -331,10 +370,7 @@ def render_markdown(results: dict[str, Any], plots: dict[str, str]) -> str:
         )
     if "cka" in plots:
         md.append(f"\n![cka]({plots['cka']})\n")
-    secs = meta.get("seconds", {})
-    if secs:
-        md.append("\nTimings (s): " + ", ".join(f"{k_} {v:.1f}" for k_, v in secs.items()) + "\n")
-    return "\n".join(md) + "\n"
+    return md
 
 
 def write_report(
