@@ -48,10 +48,12 @@ from treerank.store.embed import embed_split
 from treerank.store.embedding_store import EmbeddingStore
 from treerank.storelike import StoreLike
 from treerank.tasks.train import ensure_denoised_negatives, ensure_teacher_run
+from treerank.training.data import SourceSpec
 from treerank.training.finetune import (
     DRT_HEAD_DIR,
     FINETUNE_JSON,
     EncoderStoreMismatchError,
+    FinetuneOutput,
     check_data_parallel,
     finetune,
 )
@@ -296,6 +298,68 @@ def _quiet(_message: str) -> None:
     """The log of the ranks other than 0 under ``torchrun``."""
 
 
+def _derived_training_data(
+    cfg: FinetuneConfig,
+    view: EmbeddingStore,
+    arrays_dir: Path,
+    say: Callable[[str], None],
+    scorer: Any,
+    progress: bool,
+) -> tuple[np.ndarray | None, dict[str, Any] | None, list[SourceSpec]]:
+    """What a fine-tune derives from its training split before training, written into
+    ``view``'s derived folder ``arrays_dir`` (the user's store is only read): BM25-mined
+    negatives with ``data.hard_negatives: mined`` (int64 ``(n_q, mine_depth)``), denoised by the
+    cross-encoder with ``data.denoise`` (RocketQA; ``-1`` where one was dropped), and each
+    ``data.sources`` teacher's run of the training queries.
+
+    Returns ``(mined or None, the denoised pool's metadata or None, the teacher specs)``.
+    """
+    from treerank.search.negatives import mine_bm25_negatives
+
+    mined, denoised = None, None
+    if cfg.data.hard_negatives == "mined":
+        say(f"mining BM25 negatives (depth {cfg.data.mine_depth}) into {arrays_dir}")
+        mined = mine_bm25_negatives(view, cfg.data.mine_depth)
+        job = cfg.data.denoise_job()
+        if job is not None:  # RocketQA: the cross-encoder's flagged negatives are dropped
+            say(f"denoising them with {job.settings.scorer} (first {job.settings.depth})")
+            denoised = ensure_denoised_negatives(view, job, scorer=scorer, progress=progress)
+            mined = np.asarray(view.load_array(job.array))
+    teachers = [s for s in cfg.data.source_specs() or () if s.kind == "teacher"]
+    for spec in teachers:
+        say(f"ranking the training queries with the teacher {spec.system} (top {spec.k})")
+        ensure_teacher_run(view, None, spec, progress=progress)
+    return mined, denoised, teachers
+
+
+def _drift(
+    cfg: FinetuneConfig,
+    frozen: EmbeddingStore,
+    tuned: EmbeddingStore,
+    head_dir: Path,
+    ft: FinetuneOutput,
+    k: int,
+) -> dict[str, Any]:
+    """Drift of the tuned split from the frozen one (:func:`~treerank.diagnostics.drift.
+    store_drift`: CKA and neighbour overlap@k; passages only where they were re-encoded), and
+    for DRT heads the seed's slot comparisons: the trained heads over the frozen and the tuned
+    vectors."""
+    from treerank.diagnostics.drift import drt_slot_drift, store_drift
+
+    drift = store_drift(frozen, tuned, k=k, passages=not cfg.query_only)
+    if cfg.drt_heads:
+        from treerank.models.drt import DRTHead
+        from treerank.models.registry import load_model
+
+        head = load_model(head_dir, expected_fingerprint=ft.fingerprint)
+        assert isinstance(head, DRTHead)
+        drift["drt_slots"] = {
+            "passages": drt_slot_drift(head, frozen.passages, tuned.passages, side="passage"),
+            "queries": drt_slot_drift(head, frozen.queries, tuned.queries, side="query"),
+        }
+    return drift
+
+
 def run_finetune(
     cfg: FinetuneConfig,
     store_root: str | Path,
@@ -341,10 +405,8 @@ def run_finetune(
         FileNotFoundError / StoreFormatError: a split is missing or incomplete.
         EncoderStoreMismatchError, FileExistsError: see :func:`finetune`.
     """
-    from treerank.diagnostics.drift import drt_slot_drift, store_drift
     from treerank.evaluation.compare import compare_systems
     from treerank.evaluation.settings import EvaluationSettings
-    from treerank.search.negatives import mine_bm25_negatives
 
     if cfg.family == CE_FAMILY:
         if (ctx := current()) is not None:
@@ -358,7 +420,6 @@ def run_finetune(
     test = EmbeddingStore.open(root / eval_split)
     t0 = cost_clock()
     train_rows, held = finetune_rows(train, cfg)
-    mined, denoised = None, None
     view = train.with_derived(out / "arrays")  # derived arrays go into the run's folder
     ctx = current()  # torchrun: rank 0 mines (denoises, ranks teachers), the others read it
     if ctx is not None:
@@ -366,18 +427,9 @@ def run_finetune(
         if not ctx.is_main:  # rank 0 speaks
             say = _quiet
     with main_first():
-        if cfg.data.hard_negatives == "mined":
-            say(f"mining BM25 negatives (depth {cfg.data.mine_depth}) into {out / 'arrays'}")
-            mined = mine_bm25_negatives(view, cfg.data.mine_depth)
-            job = cfg.data.denoise_job()
-            if job is not None:  # RocketQA: the cross-encoder's flagged negatives are dropped
-                say(f"denoising them with {job.settings.scorer} (first {job.settings.depth})")
-                denoised = ensure_denoised_negatives(view, job, scorer=scorer, progress=progress)
-                mined = np.asarray(view.load_array(job.array))
-        teachers = [s for s in cfg.data.source_specs() or () if s.kind == "teacher"]
-        for spec in teachers:  # the user's store is only read
-            say(f"ranking the training queries with the teacher {spec.system} (top {spec.k})")
-            ensure_teacher_run(view, None, spec, progress=progress)
+        mined, denoised, teachers = _derived_training_data(
+            cfg, view, out / "arrays", say, scorer, progress
+        )
     say(f"fine-tuning {cfg.family} on {len(train_rows)} training queries of {train.path}")
     ft = finetune(
         view if teachers else train,
@@ -435,22 +487,7 @@ def run_finetune(
         )
         heldout = {"n_queries": int(len(held)), **_means(hc)}
     t3 = cost_clock()
-    drift = {
-        split: store_drift(parent, stores[split], k=drift_k, passages=not cfg.query_only)
-        for split, parent in ((eval_split, test),)
-    }
-    if cfg.drt_heads:
-        from treerank.models.drt import DRTHead
-        from treerank.models.registry import load_model
-
-        head = load_model(head_dir, expected_fingerprint=ft.fingerprint)
-        assert isinstance(head, DRTHead)
-        tuned = stores[eval_split]
-        # the seed's slot comparisons: the trained heads over the frozen and the tuned vectors
-        drift[eval_split]["drt_slots"] = {
-            "passages": drt_slot_drift(head, test.passages, tuned.passages, side="passage"),
-            "queries": drt_slot_drift(head, test.queries, tuned.queries, side="query"),
-        }
+    drift = {eval_split: _drift(cfg, test, stores[eval_split], head_dir, ft, drift_k)}
     metric = "ndcg@10"
     tests = comp.tests.get("cosine", {}).get(system, {})
     results: dict[str, Any] = {
