@@ -13,9 +13,11 @@ Usage (docs/finetune.md, "Scale 2"):
 Each run's re-embedded evaluation store is scored (the DRT arm's runs by their heads,
 ``ckpt:RUN/drt_head``); ``treerank.evaluation.compare.compare_systems`` averages each arm's
 per-query metrics over its seeds (``seed_groups``), tests both means against frozen cosine,
-and this script tests the drt-e2e mean against the bi-encoder mean (paired randomization test
-and bootstrap 95% CI over the queries), on all queries and on the seen / unseen parts
-(a relevant passage cited by a training query or not; an empty part is left out). The
+and this script tests the drt-e2e mean against the bi-encoder mean (paired randomization
+test and bootstrap 95% CI over the queries), on all queries and on the seen / unseen parts (a
+relevant passage cited by a training query or not; an empty part is left out). The DRT arm's
+encoder without its heads (cosine over its own vectors, ``<DRT arm>-encoder``) is tested
+against frozen cosine and against the heads: where a loss sits. The
 per-seed means and their spread are in ``seed_spread``. :func:`render` gives the page's table.
 """
 
@@ -75,9 +77,90 @@ def render(doc: dict[str, Any]) -> str:
             f"{t['ci_high']:+.4f}) | {t['p']:.4f} | {c['delta']:+.4f} ({c['ci_low']:+.4f} .. "
             f"{c['ci_high']:+.4f}) | {c['p']:.4f} |"
         )
+    if "drt_encoder" in doc["parts"]["all"]:
+        lines += _render_drt_encoder(doc, DRT)
     if doc.get("cka"):
         lines += _render_cka(doc["cka"], BI, DRT)
+    if doc.get("cost"):
+        lines += _render_costs(doc["cost"])
     return "\n".join(lines)
+
+
+def run_costs(pairs: list[list[Path]]) -> list[dict[str, Any]]:
+    """Each run's training cost from its ``finetune.json`` (``summary.cost``: CPU-s, wall-s,
+    peak RSS MiB, tokens, threads) and, where ``scripts/scale2_query_side.py`` wrote one, its
+    ``cost.json``'s re-embedding of the evaluation split."""
+    from treerank.training.finetune import FINETUNE_JSON
+
+    rows = []
+    for pair in pairs:
+        for run in pair:
+            ft = json.loads((Path(run) / FINETUNE_JSON).read_text(encoding="utf-8"))
+            extra = Path(run) / "cost.json"
+            reembed = None
+            if extra.is_file():
+                reembed = json.loads(extra.read_text(encoding="utf-8")).get("reembed_eval_split")
+            rows.append(
+                {
+                    "run": str(run),
+                    "family": ft["config"]["family"],
+                    "seed": int(ft["config"]["seed"]),
+                    "steps": int(ft["summary"]["steps"]),
+                    "train": ft["summary"]["cost"],
+                    "reembed_eval_split": reembed,
+                }
+            )
+    return rows
+
+
+def _render_costs(costs: list[dict[str, Any]]) -> list[str]:
+    lines = [
+        "",
+        "Cost per run (this process only; CPU-s at the run's thread count, peak RSS):",
+        "",
+        "| run | family | seed | steps | train CPU-s | wall s | peak RSS GiB | re-embed CPU-s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for c in costs:
+        t, r = c["train"], c["reembed_eval_split"]
+        lines.append(
+            f"| `{Path(c['run']).name}` | {c['family']} | {c['seed']} | {c['steps']} "
+            f"| {t['cpu_seconds']:.0f} | {t['wall_seconds']:.0f} | {t['peak_rss_mib'] / 1024:.1f} "
+            f"| {'-' if r is None else format(r['cpu_seconds'], '.0f')} |"
+        )
+    return lines
+
+
+def _cell_text(c: dict[str, float]) -> str:
+    return f"{c['delta']:+.4f} ({c['ci_low']:+.4f} .. {c['ci_high']:+.4f}) | {c['p']:.4f}"
+
+
+def _render_drt_encoder(doc: dict[str, Any], drt: str) -> list[str]:
+    """The DRT arm's encoder without its heads (cosine over its own vectors) against frozen
+    cosine, and the heads against that encoder: where a loss sits (the seed's "drift, not
+    damage" question)."""
+    sp = doc["seed_spread"].get(f"{drt}-encoder")
+    lines = [
+        "",
+        f"The {drt} arm's encoder without its heads (cosine over its own vectors), per-query "
+        "metrics averaged over the seeds as above:",
+        "",
+        f"| nDCG@10 | queries | frozen cosine | {drt} encoder, cosine (std) "
+        "| encoder - cosine (95% CI) | p | heads - encoder (95% CI) | p |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for part in ("all", "seen", "unseen"):
+        if part not in doc["parts"]:
+            continue
+        row = doc["parts"][part]
+        sd = sp["std"]["ndcg@10"] if sp else None
+        std = f" ({sd:.4f})" if part == "all" and sd is not None else ""
+        lines.append(
+            f"| {part} | {row['n']} | {row['cosine']:.4f} | {row['drt_encoder']:.4f}{std} "
+            f"| {_cell_text(row['drt_encoder_vs_cosine'])} "
+            f"| {_cell_text(row['drt_vs_drt_encoder'])} |"
+        )
+    return lines
 
 
 def _render_cka(cka: list[dict[str, Any]], bi: str, drt: str) -> list[str]:
@@ -159,8 +242,9 @@ def main(argv: list[str] | None = None) -> int:
 
     systems: dict[str, Any] = {"cosine": "cosine"}
     tuned: dict[int, dict[str, Any]] = {}  # seed -> arm -> (run, re-embedded store)
-    groups: dict[str, dict[str, int]] = {BI: {}, DRT: {}}
-    configs = {}
+    ENC = f"{DRT}-encoder"  # the DRT arm's own encoder scored by cosine: the heads taken off
+    groups: dict[str, dict[str, int]] = {BI: {}, DRT: {}, ENC: {}}
+    configs: dict[str, Any] = {}
     for bi_run, drt_run in args.pair:
         for arm, run in ((BI, bi_run), (DRT, drt_run)):
             need = run / "stores" / args.eval_split / "meta.json"
@@ -186,6 +270,10 @@ def main(argv: list[str] | None = None) -> int:
             inner = f"ckpt:{run / DRT_HEAD_DIR}" if arm == DRT else "cosine"
             systems[name] = TunedStoreSystem(store, name, inner)
             groups[arm][name] = seed
+            if arm == DRT:
+                enc = f"{ENC}@seed{seed}"
+                systems[enc] = TunedStoreSystem(store, enc, "cosine")
+                groups[ENC][enc] = seed
     if sorted(groups[BI].values()) != sorted(groups[DRT].values()):
         print(f"error: the arms' seeds differ: {groups}")
         return 2
@@ -214,6 +302,8 @@ def main(argv: list[str] | None = None) -> int:
 
         t = compare_paired(pq(DRT), pq(BI), METRICS, args.permutations, args.permutations, 0)
         c = compare_paired(pq(BI), pq("cosine"), METRICS, args.permutations, args.permutations)
+        e = compare_paired(pq(ENC), pq("cosine"), METRICS, args.permutations, args.permutations)
+        h = compare_paired(pq(DRT), pq(ENC), METRICS, args.permutations, args.permutations)
         parts[part] = {
             "n": int(len(next(iter(pq("cosine").values())))),
             "cosine": float(pq("cosine")["ndcg@10"].mean()),
@@ -222,6 +312,9 @@ def main(argv: list[str] | None = None) -> int:
             "drt_vs_bi": _cell(t["ndcg@10"]),
             "bi_vs_cosine": _cell(c["ndcg@10"]),
             "drt_vs_bi_all_metrics": {m: _cell(x) for m, x in t.items()},
+            "drt_encoder": float(pq(ENC)["ndcg@10"].mean()),
+            "drt_encoder_vs_cosine": _cell(e["ndcg@10"]),
+            "drt_vs_drt_encoder": _cell(h["ndcg@10"]),
         }
     cka = []  # the seed's CKA table of each pair, on the evaluation split's items
     for seed in sorted(tuned):
@@ -234,11 +327,12 @@ def main(argv: list[str] | None = None) -> int:
         "arms": [BI, DRT],
         "cka": cka,
         "pairs": [[str(b), str(d)] for b, d in args.pair],
+        "cost": run_costs(args.pair),
         "store": str(args.store),
         "eval_split": args.eval_split,
         "configs": configs,
         "systems": {n: {m: float(r.mean[m]) for m in METRICS} for n, r in res.items()},
-        "seed_spread": {arm: comp.seed_spread[arm] for arm in (BI, DRT)},
+        "seed_spread": {arm: comp.seed_spread[arm] for arm in (BI, DRT, ENC)},
         "parts": parts,
         "n_permutations": args.permutations,
     }

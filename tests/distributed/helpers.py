@@ -19,7 +19,7 @@ def free_port() -> int:
 
 
 def torchrun(
-    args: list[str], nproc: int = 2, timeout: float = 300.0, cli: bool = False
+    args: list[str], nproc: int = 2, timeout: float = 900.0, cli: bool = False
 ) -> subprocess.CompletedProcess:
     """Run ``workers.py ARGS`` (``cli``: ``treerank ARGS``) under ``torchrun
     --nproc_per_node=nproc`` (gloo, one thread each).

@@ -7,6 +7,7 @@ module with the real all-MiniLM-L6-v2; a handful of steps of batch 4.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -537,3 +538,35 @@ def test_scale2_query_side_run_trains_both_arms_per_seed_then_compares_their_pai
     code["rc"] = 3
     assert mod.main(argv) == 1
     assert "call" not in [k for k, _ in events]
+
+
+def test_scale2_seeds_costs_are_each_runs_own_and_render_in_gigabytes(tmp_path: Path) -> None:
+    """``finetune_scale2_seeds.run_costs`` reads each run's ``finetune.json`` cost and, where
+    ``scale2_query_side.py`` wrote one, the re-embedding in ``cost.json``; the page's row gives
+    CPU-s and wall-s rounded and the peak RSS in GiB (2,048 MiB -> 2.0)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "finetune_scale2_seeds.py"
+    spec = importlib.util.spec_from_file_location("finetune_scale2_seeds", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    cost = {"cpu_seconds": 396.8, "wall_seconds": 421.1, "peak_rss_mib": 2048.0}
+    for name, family, extra in (("a", "query-tower", True), ("b", "drt-query-tower", False)):
+        run = tmp_path / name
+        run.mkdir()
+        ft = {"config": {"family": family, "seed": 2}, "summary": {"steps": 200, "cost": cost}}
+        (run / "finetune.json").write_text(json.dumps(ft), encoding="utf-8")
+        if extra:
+            reembed = {"reembed_eval_split": {"cpu_seconds": 65.49}}
+            (run / "cost.json").write_text(json.dumps(reembed), encoding="utf-8")
+    rows = mod.run_costs([[tmp_path / "a", tmp_path / "b"]])
+    assert [(r["family"], r["seed"], r["steps"]) for r in rows] == [
+        ("query-tower", 2, 200),
+        ("drt-query-tower", 2, 200),
+    ]
+    assert rows[0]["reembed_eval_split"] == {"cpu_seconds": 65.49}
+    assert rows[1]["reembed_eval_split"] is None
+    lines = mod._render_costs(rows)
+    assert lines[-2] == "| `a` | query-tower | 2 | 200 | 397 | 421 | 2.0 | 65 |"
+    assert lines[-1] == "| `b` | drt-query-tower | 2 | 200 | 397 | 421 | 2.0 | - |"
