@@ -22,7 +22,7 @@ import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -40,6 +40,9 @@ from treerank.kernels.device import DEFAULT_DEVICE, Device
 from treerank.lock import writes_dir
 from treerank.search.specs import BuildContext, CheckpointSpec, SystemSpec, build_system, parse_spec
 from treerank.storelike import StoreLike
+
+if TYPE_CHECKING:
+    from treerank.metrics.qrels import Qrels
 
 MAX_REPRESENTATION_FLOATS = 50_000_000
 """Cap on ``n_queries * width`` of a model's query representation in steps 2 and 4 (200 MB);
@@ -283,7 +286,7 @@ def run_diagnostics(
     """
     from treerank.metrics.metrics import evaluate_run
     from treerank.metrics.qrels import Qrels
-    from treerank.models.base import DenseScorer, SlotScorer
+    from treerank.models.base import SlotScorer
 
     cfg = settings or DiagnosticsSettings()
     baseline, metric, metrics, k = cfg.baseline, cfg.metric, tuple(cfg.metrics), cfg.k
@@ -295,7 +298,6 @@ def run_diagnostics(
     out.mkdir(parents=True, exist_ok=True)
     model = CHECKPOINTS.load(checkpoint_dir, store.encoder_fingerprint, vector_precision(store))
     is_drt = isinstance(model, SlotScorer)  # slot-level steps for any slot model (DRT)
-    is_dense = isinstance(model, DenseScorer)
     model_name = str(getattr(model, "name", "model"))
     qrels = Qrels.from_store(store)
     texts = _query_texts(store)
@@ -345,9 +347,7 @@ def run_diagnostics(
         timings["variants"] = time.perf_counter() - t
 
     # --- query representations for steps 2 and 4 -----------------------------------------------
-    reps, slot_names, results["meta"]["notes"] = _query_representations(
-        model, qx, model_name, is_drt=is_drt, is_dense=is_dense
-    )
+    reps, slot_names, results["meta"]["notes"] = _query_representations(model, qx, model_name)
 
     # --- step 2: probes -----------------------------------------------------------------------
     t = time.perf_counter()
@@ -408,10 +408,10 @@ def _count(values: Sequence[str]) -> dict[str, int]:
 
 
 def _step1_variants(
-    model: Any,
+    model: object,
     checkpoint_dir: str | Path,
     store: StoreLike,
-    qrels: Any,
+    qrels: Qrels,
     base_per_query: dict[str, np.ndarray],
     cfg: DiagnosticsSettings,
     k: int,
@@ -458,7 +458,7 @@ def _step1_variants(
 
 
 def _query_representations(
-    model: Any, qx: np.ndarray, model_name: str, *, is_drt: bool, is_dense: bool
+    model: object, qx: np.ndarray, model_name: str
 ) -> tuple[dict[str, np.ndarray], list[str], list[str]]:
     """The query representations steps 2 and 4 probe and compare: a slot model's unit slots
     (``slot-<i>``, each ``(n_q, slot_dim)``), their concatenation and its slot weights
@@ -467,9 +467,11 @@ def _query_representations(
 
     Returns ``(reps, slot_names, notes)``.
     """
+    from treerank.models.base import DenseScorer, SlotScorer
+
     reps: dict[str, np.ndarray] = {}
     slot_names: list[str] = []
-    if is_drt:
+    if isinstance(model, SlotScorer):
         q_slots = l2_normalize(model.query_raw_slots(qx))
         for i in range(model.config.k):
             reps[f"slot-{i}"] = q_slots[:, i]
@@ -477,7 +479,7 @@ def _query_representations(
         reps["concat"] = q_slots.reshape(q_slots.shape[0], -1)
         reps["alpha"] = model.query_alpha(qx)
     notes: list[str] = []
-    if is_dense:
+    if isinstance(model, DenseScorer):
         width = int(model.encode_queries(qx[:1]).shape[1])
         if width * qx.shape[0] <= MAX_REPRESENTATION_FLOATS:
             reps[model_name] = model.encode_queries(qx)
@@ -494,7 +496,7 @@ def _step2_probes(
     reps: dict[str, np.ndarray],
     slot_names: list[str],
     probe_labels: dict[str, Any],
-    rep_stores: Sequence[Any],
+    rep_stores: Sequence[StoreLike],
     all_types: list[list[str] | None],
     probe_seed: int,
     probe_tol: float,
@@ -521,7 +523,7 @@ def _step4_cka(
     qx: np.ndarray,
     model_name: str,
     slot_names: list[str],
-    baseline_spec: Any,
+    baseline_spec: SystemSpec,
     store: StoreLike,
 ) -> dict[str, Any]:
     """Step 4: linear CKA (Kornblith et al. 2019) of every representation against the frozen
@@ -548,7 +550,7 @@ def _step4_cka(
 
 def _meta(
     checkpoint_dir: str | Path,
-    model: Any,
+    model: object,
     model_name: str,
     store: StoreLike,
     cfg: DiagnosticsSettings,
@@ -576,7 +578,7 @@ def _meta(
 
 
 def _probe_queries(
-    store: StoreLike, rep_stores: Sequence[Any]
+    store: StoreLike, rep_stores: Sequence[StoreLike]
 ) -> tuple[list[list[str] | None], dict[str, Any], np.ndarray]:
     """The queries steps 2 and 4 read: the evaluation store's, then each probe store's.
 
