@@ -62,9 +62,7 @@ def render(doc: dict[str, Any]) -> str:
         f"| {DRT} - {BI} (95% CI) | p | {BI} - cosine (95% CI) | p |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for part in ("all", "seen", "unseen"):
-        if part not in doc["parts"]:
-            continue
+    for part in _parts(doc):
         row = doc["parts"][part]
         t, c = row["drt_vs_bi"], row["bi_vs_cosine"]
         std = tuple(
@@ -88,8 +86,10 @@ def render(doc: dict[str, Any]) -> str:
 
 def run_costs(pairs: list[list[Path]]) -> list[dict[str, Any]]:
     """Each run's training cost from its ``finetune.json`` (``summary.cost``: CPU-s, wall-s,
-    peak RSS MiB, tokens, threads) and, where ``scripts/scale2_query_side.py`` wrote one, its
-    ``cost.json``'s re-embedding of the evaluation split."""
+    peak RSS MiB, tokens, threads), its training loss (the trainer's mean over the run, and
+    the last logged record: the mean over the last ``logging_steps`` steps; the DRT arms' loss
+    includes ``lambda_dec`` x slot decorrelation) and, where ``scripts/scale2_query_side.py``
+    wrote one, its ``cost.json``'s re-embedding of the evaluation split."""
     from treerank.training.finetune import FINETUNE_JSON
 
     rows = []
@@ -107,6 +107,8 @@ def run_costs(pairs: list[list[Path]]) -> list[dict[str, Any]]:
                     "seed": int(ft["config"]["seed"]),
                     "steps": int(ft["summary"]["steps"]),
                     "train": ft["summary"]["cost"],
+                    "train_loss": ft["summary"].get("train_loss"),
+                    "last_log": (ft["summary"].get("log") or [None])[-1],
                     "reembed_eval_split": reembed,
                 }
             )
@@ -116,19 +118,33 @@ def run_costs(pairs: list[list[Path]]) -> list[dict[str, Any]]:
 def _render_costs(costs: list[dict[str, Any]]) -> list[str]:
     lines = [
         "",
-        "Cost per run (this process only; CPU-s at the run's thread count, peak RSS):",
+        "Cost and loss per run (this process only; CPU-s at the run's thread count, peak RSS; "
+        "training loss: the mean over the run and the last logged value, the mean over the "
+        "last logging window; a DRT arm's loss includes its slot-decorrelation term):",
         "",
-        "| run | family | seed | steps | train CPU-s | wall s | peak RSS GiB | re-embed CPU-s |",
-        "|---|---|---|---|---|---|---|---|",
+        "| run | family | seed | steps | train CPU-s | wall s | peak RSS GiB | re-embed CPU-s "
+        "| mean loss | last logged loss (step) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for c in costs:
-        t, r = c["train"], c["reembed_eval_split"]
+        t, r, last = c["train"], c["reembed_eval_split"], c.get("last_log")
+        mean = c.get("train_loss")
+        last_text = "-" if not last else f"{last['loss']:.4f} ({last['step']})"
         lines.append(
             f"| `{Path(c['run']).name}` | {c['family']} | {c['seed']} | {c['steps']} "
             f"| {t['cpu_seconds']:.0f} | {t['wall_seconds']:.0f} | {t['peak_rss_mib'] / 1024:.1f} "
-            f"| {'-' if r is None else format(r['cpu_seconds'], '.0f')} |"
+            f"| {'-' if r is None else format(r['cpu_seconds'], '.0f')} "
+            f"| {'-' if mean is None else format(mean, '.4f')} "
+            f"| {last_text} |"
         )
     return lines
+
+
+def _parts(doc: dict[str, Any]) -> list[str]:
+    """The parts a table shows: all, seen, unseen; without a seen part (e.g. SQuAD dev, whose
+    paragraphs no training question has) the unseen part is all the queries, and is left out."""
+    parts = [p for p in ("all", "seen", "unseen") if p in doc["parts"]]
+    return parts if "seen" in parts else ["all"]
 
 
 def _cell_text(c: dict[str, float]) -> str:
@@ -149,9 +165,7 @@ def _render_drt_encoder(doc: dict[str, Any], drt: str) -> list[str]:
         "| encoder - cosine (95% CI) | p | heads - encoder (95% CI) | p |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for part in ("all", "seen", "unseen"):
-        if part not in doc["parts"]:
-            continue
+    for part in _parts(doc):
         row = doc["parts"][part]
         sd = sp["std"]["ndcg@10"] if sp else None
         std = f" ({sd:.4f})" if part == "all" and sd is not None else ""

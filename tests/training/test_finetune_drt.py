@@ -543,7 +543,8 @@ def test_scale2_query_side_run_trains_both_arms_per_seed_then_compares_their_pai
 def test_scale2_seeds_costs_are_each_runs_own_and_render_in_gigabytes(tmp_path: Path) -> None:
     """``finetune_scale2_seeds.run_costs`` reads each run's ``finetune.json`` cost and, where
     ``scale2_query_side.py`` wrote one, the re-embedding in ``cost.json``; the page's row gives
-    CPU-s and wall-s rounded and the peak RSS in GiB (2,048 MiB -> 2.0)."""
+    CPU-s and wall-s rounded, the peak RSS in GiB (2,048 MiB -> 2.0), the run's mean loss and
+    its last logged loss with the step (a run without a log shows ``-``)."""
     import importlib.util
 
     path = Path(__file__).resolve().parents[2] / "scripts" / "finetune_scale2_seeds.py"
@@ -555,7 +556,9 @@ def test_scale2_seeds_costs_are_each_runs_own_and_render_in_gigabytes(tmp_path: 
     for name, family, extra in (("a", "query-tower", True), ("b", "drt-query-tower", False)):
         run = tmp_path / name
         run.mkdir()
-        ft = {"config": {"family": family, "seed": 2}, "summary": {"steps": 200, "cost": cost}}
+        log = [{"step": 100, "loss": 4.5}, {"step": 200, "loss": 3.68541}] if extra else []
+        summary = {"steps": 200, "cost": cost, "train_loss": 3.97612, "log": log}
+        ft = {"config": {"family": family, "seed": 2}, "summary": summary}
         (run / "finetune.json").write_text(json.dumps(ft), encoding="utf-8")
         if extra:
             reembed = {"reembed_eval_split": {"cpu_seconds": 65.49}}
@@ -568,5 +571,8 @@ def test_scale2_seeds_costs_are_each_runs_own_and_render_in_gigabytes(tmp_path: 
     assert rows[0]["reembed_eval_split"] == {"cpu_seconds": 65.49}
     assert rows[1]["reembed_eval_split"] is None
     lines = mod._render_costs(rows)
-    assert lines[-2] == "| `a` | query-tower | 2 | 200 | 397 | 421 | 2.0 | 65 |"
-    assert lines[-1] == "| `b` | drt-query-tower | 2 | 200 | 397 | 421 | 2.0 | - |"
+    assert rows[0]["last_log"] == {"step": 200, "loss": 3.68541}
+    assert lines[-2] == (
+        "| `a` | query-tower | 2 | 200 | 397 | 421 | 2.0 | 65 | 3.9761 | 3.6854 (200) |"
+    )
+    assert lines[-1] == "| `b` | drt-query-tower | 2 | 200 | 397 | 421 | 2.0 | - | 3.9761 | - |"
