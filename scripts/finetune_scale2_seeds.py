@@ -71,9 +71,7 @@ def render(doc: dict[str, Any]) -> str:
         )
         lines.append(
             f"| {part} | {row['n']} | {row['cosine']:.4f} | {row[BI]:.4f}{std[0]} "
-            f"| {row[DRT]:.4f}{std[1]} | {t['delta']:+.4f} ({t['ci_low']:+.4f} .. "
-            f"{t['ci_high']:+.4f}) | {t['p']:.4f} | {c['delta']:+.4f} ({c['ci_low']:+.4f} .. "
-            f"{c['ci_high']:+.4f}) | {c['p']:.4f} |"
+            f"| {row[DRT]:.4f}{std[1]} | {_cell_text(t)} | {_cell_text(c)} |"
         )
     if "drt_encoder" in doc["parts"]["all"]:
         lines += _render_drt_encoder(doc, DRT)
@@ -89,7 +87,12 @@ def run_costs(pairs: list[list[Path]]) -> list[dict[str, Any]]:
     peak RSS MiB, tokens, threads), its training loss (the trainer's mean over the run, and
     the last logged record: the mean over the last ``logging_steps`` steps; the DRT arms' loss
     includes ``lambda_dec`` x slot decorrelation) and, where ``scripts/scale2_query_side.py``
-    wrote one, its ``cost.json``'s re-embedding of the evaluation split."""
+    wrote one, its ``cost.json``'s re-embedding of the evaluation split; with the training-set
+    counts (``training_queries`` in the run's batch plan, ``rows_trained`` = steps x batch).
+
+    Raises:
+        FileNotFoundError: a run without ``finetune.json`` (not a finished fine-tune).
+    """
     from treerank.training.finetune import FINETUNE_JSON
 
     rows = []
@@ -106,6 +109,8 @@ def run_costs(pairs: list[list[Path]]) -> list[dict[str, Any]]:
                     "family": ft["config"]["family"],
                     "seed": int(ft["config"]["seed"]),
                     "steps": int(ft["summary"]["steps"]),
+                    "training_queries": ft["summary"].get("training_queries"),
+                    "rows_trained": ft["summary"].get("rows_trained"),
                     "train": ft["summary"]["cost"],
                     "train_loss": ft["summary"].get("train_loss"),
                     "last_log": (ft["summary"].get("log") or [None])[-1],

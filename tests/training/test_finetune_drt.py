@@ -558,6 +558,7 @@ def test_scale2_seeds_costs_are_each_runs_own_and_render_in_gigabytes(tmp_path: 
         run.mkdir()
         log = [{"step": 100, "loss": 4.5}, {"step": 200, "loss": 3.68541}] if extra else []
         summary = {"steps": 200, "cost": cost, "train_loss": 3.97612, "log": log}
+        summary |= {"training_queries": 87552, "rows_trained": 12800}
         ft = {"config": {"family": family, "seed": 2}, "summary": summary}
         (run / "finetune.json").write_text(json.dumps(ft), encoding="utf-8")
         if extra:
@@ -572,6 +573,7 @@ def test_scale2_seeds_costs_are_each_runs_own_and_render_in_gigabytes(tmp_path: 
     assert rows[1]["reembed_eval_split"] is None
     lines = mod._render_costs(rows)
     assert rows[0]["last_log"] == {"step": 200, "loss": 3.68541}
+    assert (rows[1]["training_queries"], rows[1]["rows_trained"]) == (87552, 12800)
     assert lines[-2] == (
         "| `a` | query-tower | 2 | 200 | 397 | 421 | 2.0 | 65 | 3.9761 | 3.6854 (200) |"
     )

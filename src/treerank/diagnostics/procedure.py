@@ -322,17 +322,7 @@ def run_diagnostics(
     # --- step 1: scoring variants (slot models) or the model's own run ----------------------
     t = time.perf_counter()
     results["variants"], model_pq = _step1_variants(
-        model,
-        checkpoint_dir,
-        store,
-        qrels,
-        base_res.per_query,
-        cfg,
-        k,
-        metrics,
-        progress,
-        device,
-        out,
+        model, checkpoint_dir, store, qrels, base_res.per_query, cfg, progress, device, out
     )
     results["model"] = {
         "mean": {m: float(np.nanmean(model_pq[m])) for m in metrics},
@@ -414,8 +404,6 @@ def _step1_variants(
     qrels: Qrels,
     base_per_query: dict[str, np.ndarray],
     cfg: DiagnosticsSettings,
-    k: int,
-    metrics: tuple[str, ...],
     progress: bool,
     device: Device,
     out: Path,
@@ -430,7 +418,7 @@ def _step1_variants(
     from treerank.metrics.metrics import evaluate_run
     from treerank.models.base import SlotScorer
 
-    metric, seed = cfg.metric, cfg.bootstrap_seed
+    metric, metrics, k, seed = cfg.metric, tuple(cfg.metrics), cfg.k, cfg.bootstrap_seed
     if not isinstance(model, SlotScorer):  # the systems registry picks the search
         run = _run_ids(CheckpointSpec(Path(checkpoint_dir)), store, k, device)
         return None, evaluate_run(run, qrels, metrics=metrics).per_query
