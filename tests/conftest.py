@@ -222,6 +222,41 @@ def dl19_store(encoder, dl19_dir: Path) -> dict[str, object]:
     )
 
 
+_FAILED_MODULES: set[str] = set()
+"""Node ids of the test modules with a failed test: their scratch directories are kept."""
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
+    """Record the module of a failed setup, call or teardown (for :func:`_module_scratch`)."""
+    report = yield
+    if report.failed:
+        _FAILED_MODULES.add(item.nodeid.split("::")[0])
+    return report
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _module_scratch(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+    """Delete, when a test module ends with every test passed, what it left in pytest's base
+    temporary directory: the ``tmp_path_factory.mktemp`` folders of its module-scoped fixtures
+    (real stores, trained encoders and their checkpoints, ~0.3-5 GB a module). With
+    ``tmp_path_retention_policy = "failed"`` (pyproject.toml) pytest already deletes a passed
+    test's ``tmp_path``, but module folders would stay until the session ends: the integration
+    tier once piled up 29 GB and filled CI's disk. A module with a failure keeps its folders.
+    Being autouse and module-scoped, this is set up before the module's other module fixtures
+    and torn down after them. Only module-scoped fixtures may ``mktemp`` in a test module."""
+    base = tmp_path_factory.getbasetemp()
+    before = set(base.iterdir())
+    yield
+    if request.node.nodeid in _FAILED_MODULES:
+        return
+    for path in sorted(set(base.iterdir()) - before):
+        if path.is_symlink():  # mktemp's <prefix>current link
+            path.unlink()
+        else:
+            shutil.rmtree(path, ignore_errors=True)
+
+
 @pytest.fixture
 def tmp_store_root(tmp_path: Path) -> Iterator[Path]:
     """An empty directory for stores written by a test."""

@@ -27,18 +27,18 @@ FP32_ATOL = 1e-5  # max abs difference per vector component, onnx fp32 vs torch
 INT8_MIN_COSINE = 0.99
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def onnx_cache(tmp_path_factory):
-    """One export cache for the session: each backend is exported once."""
+    """One export cache for the module: each backend is exported once."""
     return tmp_path_factory.mktemp("onnx-cache")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def onnx_encoder(onnx_cache):
     return SentenceEncoder(backend="onnx", cache_dir=onnx_cache)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def int8_encoder(onnx_cache, onnx_encoder):
     return SentenceEncoder(backend="onnx-int8", cache_dir=onnx_cache)
 
