@@ -98,9 +98,11 @@ from treerank.forest.config import (
     parse_forest_config,
 )
 from treerank.forest.data import (
+    PairData,
     PairDraw,
     PairGroup,
     QueryRows,
+    SharedRows,
     build_group,
     draw_pair,
     pair_data,
@@ -412,22 +414,19 @@ def train_forest(
     t_start = time.perf_counter()
     if cfg.model.untrained:
         return _untrained_output(store, cfg, parsed.to_dict(), validate, log, t_start)
-    if cfg.data.sources is not None:
-        from treerank.training.data import build_training_table, parse_sources
-
-        specs = parse_sources(cfg.data.sources)
-        table = build_training_table(store, specs, train_rows)
-        store, data = source_pair_data(store, table, specs, cfg.data.hard_negatives, device)  # type: ignore[assignment]
-        sources_info: dict[str, Any] | None = table.info
-    else:
-        data = pair_data(store, cfg.data.hard_negatives, train_rows, device)
-        sources_info = None
-    shared = shared_rows(store, data)
-    n_pass = int(store.n_passages)
-    dim = int(store.dim)
-    fcfg = cfg.forest_config(dim)
-    xq_all = QueryRows(store, data.queries)
-    nq = len(data.queries)
+    store, data, sources_info = _training_pairs(store, cfg, train_rows, device)
+    fcfg = cfg.forest_config(int(store.dim))
+    run = _Training(
+        cfg=cfg,
+        fcfg=fcfg,
+        store=store,
+        data=data,
+        shared=shared_rows(store, data),
+        queries=QueryRows(store, data.queries),
+        twin=_make_twin(store, cfg, fcfg) if cfg.trainer.init == "twin" else None,
+        dev=dev,
+        device=device,
+    )
     misses = np.zeros(len(data.pos_q), dtype=np.int64)
     q_stacks: list[list[Tensor]] = [[] for _ in range(4)]
     records: list[dict[str, Any]] = []
@@ -439,7 +438,6 @@ def train_forest(
         records.append(rec)
         tlog.write(str(rec["kind"]), **{k: v for k, v in rec.items() if k != "kind"})
 
-    twin = _make_twin(store, cfg, fcfg) if cfg.trainer.init == "twin" else None
     bar = tqdm(total=cfg.model.n_models, desc="forest pairs", unit="pair", disable=not progress)
     n_done = 0
     threads = torch.get_num_threads()
@@ -449,44 +447,9 @@ def train_forest(
     try:
         while n_done < cfg.model.n_models:
             n_g = min(cfg.trainer.group_size, cfg.model.n_models - n_done)
-            t0 = time.perf_counter()
-            draws = [
-                draw_pair(cfg, m, nq, len(shared.ids), n_pass) for m in range(n_done, n_done + n_g)
-            ]
-            boost = (
-                boosting_weights(misses, n_done) if cfg.trainer.boosting else np.ones(len(misses))
-            ).astype(np.float32)
-            group = build_group(cfg, store, data, shared, xq_all, draws, boost, device=dev)
-            qw, qb = _query_init(cfg, fcfg, draws, twin, n_done)
-            qw, qb = [w.to(dev) for w in qw], [b.to(dev) for b in qb]
-            qw, qb, pw, pb, losses = _train_group(cfg, group, qw, qb)
-            for stack, ts in zip(q_stacks, (qw, qb, pw, pb), strict=True):
+            stacks, rec = _train_next_group(run, n_done, n_g, misses)
+            for stack, ts in zip(q_stacks, stacks, strict=True):
                 stack.append(ts)  # type: ignore[arg-type]
-            # Boosting bookkeeping over every training example (not only the bag).
-            part = Forest(
-                ForestConfig(n_g, fcfg.n_classes, dim, fcfg.hidden, fcfg.nr_threshold),
-                qw,
-                qb,
-                pw,
-                pb,
-            )
-            chunk = cfg.trainer.chunk_size
-            qc = _classes(part.query_classes, xq_all.rows, nq, chunk, device)
-            pc = _classes(part.passage_classes, shared.rows, len(shared.ids), chunk, device)
-            miss = qc[data.pos_q] != pc[shared.pos]  # (E+, G)
-            misses += miss.sum(axis=1)
-            ent_q = _entropy_rows(qc, fcfg.n_classes)
-            rec = {
-                "kind": "pair",
-                "models": [n_done, n_done + n_g],
-                **losses,
-                "train_match_rate": float(1.0 - miss.mean()),
-                "query_class_entropy": float(ent_q.mean()),
-                "max_entropy": math.log(fcfg.n_classes),
-                "not_retrievable_fraction": float((pc < 0).mean()),
-                "mean_boost_weight": float(boost.mean()),
-                "seconds": time.perf_counter() - t0,
-            }
             write(rec)
             n_done += n_g
             bar.update(n_g)
@@ -510,21 +473,13 @@ def train_forest(
             for m in validate_at:
                 curve.append(_curve_point(validate, forest, m))
                 write({"kind": "eval", "repartitioned": True, **curve[-1]})
-    pair_recs = [r for r in records if r["kind"] == "pair"]
-
-    def mean(key: str) -> float:
-        return float(np.mean([r[key] for r in pair_recs]))
-
     summary: dict[str, Any] = {
         "config": parsed.to_dict(),
-        "n_train_queries": nq,
+        "n_train_queries": run.queries.n,
         "n_positive_pairs": len(data.pos_q),
         "n_fixed_negative_pairs": len(data.neg_q),
         "sources": sources_info,
-        "final_train_match_rate_mean": mean("train_match_rate"),
-        "query_class_entropy_mean": mean("query_class_entropy"),
-        "max_entropy": math.log(fcfg.n_classes),
-        "not_retrievable_fraction_train": mean("not_retrievable_fraction"),
+        **_pair_means([r for r in records if r["kind"] == "pair"], fcfg.n_classes),
         "repartition": irli,
         "seconds": time.perf_counter() - t_start,
         "curve": curve,
@@ -532,6 +487,122 @@ def train_forest(
     write({"kind": "summary", **{k: v for k, v in summary.items() if k != "config"}})
     forest.extra["training"] = summary
     return TrainOutput(model=forest, summary=summary, records=tlog.records)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Training:
+    """What every group of one forest training reads (built once by :func:`train_forest`)."""
+
+    cfg: ForestTrainConfig
+    fcfg: ForestConfig
+    store: StoreLike  # the split, or with data.sources the training table's view of it
+    data: PairData
+    shared: SharedRows
+    queries: QueryRows
+    twin: Forest | None  # trainer.init "twin": its query models start each pair
+    dev: torch.device  # resolved: where the group's tensors live
+    device: Device  # as given: where the bookkeeping classifies
+
+
+def _train_next_group(
+    run: _Training, n_done: int, n_g: int, misses: np.ndarray
+) -> tuple[tuple[list[Tensor], list[Tensor], list[Tensor], list[Tensor]], dict[str, Any]]:
+    """Train pairs ``n_done .. n_done + n_g - 1`` as one group (their draws, boosting weights
+    from ``misses``, stages 1-3, then the bookkeeping over every training example).
+
+    ``misses`` (``int64 (E+,)``, per positive example the pairs so far that missed it) is
+    updated in place. Returns the group's trained (query weights, query biases, passage
+    weights, passage biases) stacks and its ``"pair"`` record.
+    """
+    cfg, fcfg, shared = run.cfg, run.fcfg, run.shared
+    t0 = time.perf_counter()
+    draws = [
+        draw_pair(cfg, m, run.queries.n, len(shared.ids), int(run.store.n_passages))
+        for m in range(n_done, n_done + n_g)
+    ]
+    boost = (
+        boosting_weights(misses, n_done) if cfg.trainer.boosting else np.ones(len(misses))
+    ).astype(np.float32)
+    group = build_group(cfg, run.store, run.data, shared, run.queries, draws, boost, device=run.dev)
+    qw, qb = _query_init(cfg, fcfg, draws, run.twin, n_done)
+    qw, qb = [w.to(run.dev) for w in qw], [b.to(run.dev) for b in qb]
+    qw, qb, pw, pb, losses = _train_group(cfg, group, qw, qb)
+    part = Forest(
+        ForestConfig(n_g, fcfg.n_classes, fcfg.dim, fcfg.hidden, fcfg.nr_threshold),
+        qw,
+        qb,
+        pw,
+        pb,
+    )
+    miss, stats = _bookkeeping(
+        part, run.data, shared, run.queries, cfg.trainer.chunk_size, run.device
+    )
+    misses += miss.sum(axis=1)
+    rec = {
+        "kind": "pair",
+        "models": [n_done, n_done + n_g],
+        **losses,
+        **stats,
+        "mean_boost_weight": float(boost.mean()),
+        "seconds": time.perf_counter() - t0,
+    }
+    return (qw, qb, pw, pb), rec
+
+
+def _training_pairs(
+    store: StoreLike, cfg: ForestTrainConfig, train_rows: np.ndarray | None, device: Device
+) -> tuple[StoreLike, PairData, dict[str, Any] | None]:
+    """The forest's (query, passage) examples: the split's labels (``pair_data``), or with
+    ``data.sources`` the shared training table (``source_pair_data``, whose store view holds
+    the pseudo queries too), and that table's ``info`` (None for labels)."""
+    if cfg.data.sources is None:
+        return store, pair_data(store, cfg.data.hard_negatives, train_rows, device), None
+    from treerank.training.data import build_training_table, parse_sources
+
+    specs = parse_sources(cfg.data.sources)
+    table = build_training_table(store, specs, train_rows)
+    view, data = source_pair_data(store, table, specs, cfg.data.hard_negatives, device)
+    return view, data, table.info  # type: ignore[return-value]
+
+
+def _bookkeeping(
+    part: Forest,
+    data: PairData,
+    shared: SharedRows,
+    queries: QueryRows,
+    chunk: int,
+    device: Device,
+) -> tuple[np.ndarray, dict[str, float]]:
+    """Boosting bookkeeping of a group of ``G`` new pairs over every training example, not only
+    the bag: ``bool (E+, G)``, True where a pair did not put the selected passage in its query's
+    class (not retrievable counts as a miss), and the group's record fields
+    (``train_match_rate``, ``query_class_entropy``, ``max_entropy``,
+    ``not_retrievable_fraction``)."""
+    n_classes = part.config.n_classes
+    qc = _classes(part.query_classes, queries.rows, queries.n, chunk, device)
+    pc = _classes(part.passage_classes, shared.rows, len(shared.ids), chunk, device)
+    miss = qc[data.pos_q] != pc[shared.pos]  # (E+, G)
+    return miss, {
+        "train_match_rate": float(1.0 - miss.mean()),
+        "query_class_entropy": float(_entropy_rows(qc, n_classes).mean()),
+        "max_entropy": math.log(n_classes),
+        "not_retrievable_fraction": float((pc < 0).mean()),
+    }
+
+
+def _pair_means(pair_records: list[dict[str, Any]], n_classes: int) -> dict[str, float]:
+    """The summary's means over the ``"pair"`` records (one per group), with the entropy's
+    maximum ``log C`` beside the mean query-class entropy."""
+
+    def mean(key: str) -> float:
+        return float(np.mean([r[key] for r in pair_records]))
+
+    return {
+        "final_train_match_rate_mean": mean("train_match_rate"),
+        "query_class_entropy_mean": mean("query_class_entropy"),
+        "max_entropy": math.log(n_classes),
+        "not_retrievable_fraction_train": mean("not_retrievable_fraction"),
+    }
 
 
 def _query_init(
