@@ -310,6 +310,45 @@ def load_experiment(
     if why is not None:
         raise ConfigError(f"{src}: name {name!r}: {why}")
 
+    encoder = _encoder(top, src)
+    device = _device(top, src)
+    datasets = _datasets(top, base, src)
+
+    models = _models(top.get("models"), src)
+    for i, d in enumerate(datasets):
+        unknown = [m for m in d.models or [] if m not in models]
+        if unknown:
+            raise ConfigError(
+                f"{src}: datasets[{i}].models names {unknown}, not among models "
+                f"({', '.join(models) or 'none'})"
+            )
+    ev = _take(
+        top.get("evaluate") or {},
+        {"k": int, "baselines": list, "metrics": list, "seed": int},
+        "evaluate",
+        src,
+    )
+    diagnose = _diagnose(top, models, src)
+    out = _output_dir(top, name, quick, output_dir)
+    return ExperimentConfig(
+        name=name,
+        source=src.resolve(),
+        output_dir=out,
+        encoder=encoder,
+        datasets=datasets,
+        models=models,
+        systems=[str(s) for s in (top.get("systems") or ["bm25", "cosine"])],
+        evaluate=EvaluateConfig(**ev, metrics_given="metrics" in ev),
+        diagnose=diagnose,
+        raw=top,
+        transfer=bool(top.get("transfer", False)),
+        device=device,
+        finetunes=_finetunes(top.get("finetune"), models, src),
+    )
+
+
+def _encoder(top: dict[str, Any], src: Path) -> EncoderConfig:
+    """``encoder:`` (model, prompt, batching, a known backend and precision)."""
     enc = _take(
         top.get("encoder") or {},
         {"model": str, "query_prompt": str, "token_budget": int, "backend": str, "precision": str},
@@ -324,37 +363,45 @@ def load_experiment(
         raise ConfigError(
             f"{src}: encoder.precision {enc['precision']!r} unknown; known: {', '.join(PRECISIONS)}"
         )
+    return EncoderConfig(**enc)
+
+
+def _device(top: dict[str, Any], src: Path) -> Device:
+    """``device:`` parsed once here, in its canonical spelling only (``CPU`` or `` cpu`` are
+    refused); whether this machine can use it is checked when a stage runs."""
     device_text = top.get("device", DEFAULT_DEVICE_TEXT)
-    try:  # parsed once here; whether this machine can use it is checked when a stage runs
+    try:
         device = parse_device(str(device_text), check=False)
-        if str(device) != device_text:  # the canonical spelling only (`CPU`, ` cpu` refused)
+        if str(device) != device_text:
             raise DeviceError(str(device_text))
     except DeviceError:
         raise ConfigError(
             f"{src}: device {device_text!r} is not auto, cpu, cuda or cuda:<n> (e.g. cuda:0)"
         ) from None
-    encoder = EncoderConfig(**enc)
+    return device
 
+
+_DATASET_KEYS: dict[str, type | tuple[type, ...]] = {
+    "name": str,
+    "path": str,
+    "format": str,
+    "store": str,
+    "dim": int,
+    "eval_split": str,
+    "train_split": str,
+    "limit": int,
+    "max_passages": int,
+    "systems": list,
+    "models": list,
+}
+
+
+def _datasets(top: dict[str, Any], base: Path, src: Path) -> list[DatasetConfig]:
+    """``datasets:``, at least one, with unique names; each a ``store`` or a ``path`` with its
+    ``format`` (relative paths from the YAML's folder, which must exist)."""
     datasets: list[DatasetConfig] = []
     for i, d in enumerate(top.get("datasets") or []):
-        d = _take(
-            d,
-            {
-                "name": str,
-                "path": str,
-                "format": str,
-                "store": str,
-                "dim": int,
-                "eval_split": str,
-                "train_split": str,
-                "limit": int,
-                "max_passages": int,
-                "systems": list,
-                "models": list,
-            },
-            f"datasets[{i}]",
-            src,
-        )
+        d = _take(d, _DATASET_KEYS, f"datasets[{i}]", src)
         if d.get("store"):
             if d.get("path") or d.get("format"):
                 raise ConfigError(
@@ -381,21 +428,11 @@ def load_experiment(
     names = [d.name for d in datasets]
     if len(set(names)) != len(names):
         raise ConfigError(f"{src}: dataset names must be unique, got {names}")
+    return datasets
 
-    models = _models(top.get("models"), src)
-    for i, d in enumerate(datasets):
-        unknown = [m for m in d.models or [] if m not in models]
-        if unknown:
-            raise ConfigError(
-                f"{src}: datasets[{i}].models names {unknown}, not among models "
-                f"({', '.join(models) or 'none'})"
-            )
-    ev = _take(
-        top.get("evaluate") or {},
-        {"k": int, "baselines": list, "metrics": list, "seed": int},
-        "evaluate",
-        src,
-    )
+
+def _diagnose(top: dict[str, Any], models: dict[str, ModelSpec], src: Path) -> DiagnoseConfig:
+    """``diagnose:``; its model defaults to the first of ``models`` and must be one of them."""
     dg = _take(
         top.get("diagnose") or {},
         {"model": str, "baseline": str, "probe_seed": int},
@@ -410,28 +447,16 @@ def load_experiment(
             f"{src}: diagnose.model {diagnose.model!r} is not among models "
             f"({', '.join(models) or 'none'})"
         )
+    return diagnose
 
+
+def _output_dir(top: dict[str, Any], name: str, quick: bool, output_dir: str | Path | None) -> Path:
+    """The run folder: ``output_dir`` given, else the YAML's, else ``runs/<name>``; a quick
+    profile's default gains ``-quick`` (it never overwrites a full run's results)."""
     if output_dir is not None:
-        out = Path(output_dir)
-    else:
-        out = Path(top.get("output_dir") or Path("runs") / file_name(name))
-        if quick:  # the quick profile never overwrites a full run's results
-            out = out.with_name(out.name + "-quick")
-    return ExperimentConfig(
-        name=name,
-        source=src.resolve(),
-        output_dir=out,
-        encoder=encoder,
-        datasets=datasets,
-        models=models,
-        systems=[str(s) for s in (top.get("systems") or ["bm25", "cosine"])],
-        evaluate=EvaluateConfig(**ev, metrics_given="metrics" in ev),
-        diagnose=diagnose,
-        raw=top,
-        transfer=bool(top.get("transfer", False)),
-        device=device,
-        finetunes=_finetunes(top.get("finetune"), models, src),
-    )
+        return Path(output_dir)
+    out = Path(top.get("output_dir") or Path("runs") / file_name(name))
+    return out.with_name(out.name + "-quick") if quick else out
 
 
 def _finetunes(doc: Any, models: dict[str, ModelSpec], src: Path) -> dict[str, FinetuneSpec]:
