@@ -826,14 +826,7 @@ def build_index(
             return cached
     if scorer is None:
         scorer = dense_scorer(spec.over, store.encoder_fingerprint, vector_precision(store))
-    nlist = int(spec.build.get("nlist", 0))
-    if nlist and n < nlist:
-        raise ValueError(
-            f"{store.path}: {n} passages cannot train nlist={nlist} inverted lists; "
-            f"use nlist <= {n}, or leave nlist out (the default for {n} passages is "
-            f"{default_nlist(n)})"
-        )
-    check_trainable(spec, n, str(store.path))
+    _check_buildable(spec, n, str(store.path))
     # the stored vectors are checked block by block as they are read (training sample, then
     # every added chunk), never by trusting meta.json; a tower's output (over=ckpt:...) too
     check_tower = spec.over != "cosine"
@@ -859,21 +852,7 @@ def build_index(
         if check_tower:
             check_finite(out, "passage-tower output", source, start)
 
-    if kind.presized and _is_ivf(index):
-        ivf_chunk = min(chunk_size, IVF_ADD_CHUNK)  # a chunk costs 3 copies of its codes
-        add_ivf_presized(
-            index, store.passages, scorer.encode_passages, ivf_chunk, bar.update, check
-        )
-    else:
-        step = min(chunk_size, IVF_ADD_CHUNK) if _is_ivf(index) else chunk_size
-        for start in range(0, n, step):
-            block = np.asarray(store.passages[start : start + step], dtype=np.float32)
-            out = np.ascontiguousarray(scorer.encode_passages(block), dtype=np.float32)
-            check(block, out, start)
-            index.add(out)
-            bar.update(block.shape[0])
-            del block
-            release_pages(store.passages, start, min(start + step, n))
+    _add_passages(index, kind.presized, store.passages, scorer, chunk_size, bar.update, check)
     bar.close()
     build_seconds = time.perf_counter() - t0
     meta = {
@@ -893,6 +872,58 @@ def build_index(
         "faiss_version": faiss.__version__,
         "created_unix": time.time(),
     }
+    _write_index(index, meta, dest)
+    return FaissIndex(index, meta, dest)
+
+
+def _check_buildable(spec: IndexSpec, n: int, where: str) -> None:
+    """Refuse, before any training, an IVF ``nlist`` above the passage count and a kind whose
+    training needs more passages (:func:`check_trainable`). Raises ValueError."""
+    nlist = int(spec.build.get("nlist", 0))
+    if nlist and n < nlist:
+        raise ValueError(
+            f"{where}: {n} passages cannot train nlist={nlist} inverted lists; "
+            f"use nlist <= {n}, or leave nlist out (the default for {n} passages is "
+            f"{default_nlist(n)})"
+        )
+    check_trainable(spec, n, where)
+
+
+def _add_passages(
+    index: faiss.Index,
+    presized: bool,
+    passages: Vecs,
+    scorer: DenseScorer,
+    chunk_size: int,
+    advance: Callable[[int], object],
+    check: Callable[[F32, F32, int], None],
+) -> None:
+    """Add every passage's tower output to ``index``, ``chunk_size`` rows at a time (IVF: at
+    most ``IVF_ADD_CHUNK``, a chunk costing 3 copies of its codes; a pre-sized IVF kind through
+    :func:`add_ivf_presized`), each block ``check``-ed as it is read and its pages released."""
+    if presized and _is_ivf(index):
+        ivf_chunk = min(chunk_size, IVF_ADD_CHUNK)
+        add_ivf_presized(index, passages, scorer.encode_passages, ivf_chunk, advance, check)
+        return
+    n = int(passages.shape[0])
+    step = min(chunk_size, IVF_ADD_CHUNK) if _is_ivf(index) else chunk_size
+    for start in range(0, n, step):
+        block = np.asarray(passages[start : start + step], dtype=np.float32)
+        out = np.ascontiguousarray(scorer.encode_passages(block), dtype=np.float32)
+        check(block, out, start)
+        index.add(out)
+        advance(block.shape[0])
+        del block
+        release_pages(passages, start, min(start + step, n))
+
+
+def _write_index(index: faiss.Index, meta: dict[str, object], dest: Path) -> None:
+    """Write ``index`` and its ``meta`` (gaining ``index_bytes``) into a temporary sibling of
+    ``dest``, then swap it in: a crash leaves the earlier cache entry or none, never half of
+    one. Raises ValueError when the cache directory cannot be written."""
+    import faiss
+
+    root = dest.parent
     tmp = root / f".{dest.name}.{os.getpid()}.tmp"
     try:
         root.mkdir(parents=True, exist_ok=True)
@@ -913,7 +944,6 @@ def build_index(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return FaissIndex(index, meta, dest)
 
 
 def open_index(path: str | Path) -> FaissIndex:
