@@ -134,3 +134,76 @@ def test_finetune_page_quotes_the_three_seed_scale2_table(results: str) -> None:
     text = (REPO / "docs" / "finetune.md").read_text(encoding="utf-8")
     missing = [ln for ln in mod.render(doc).splitlines() if ln and ln not in text]
     assert not missing, f"docs/finetune.md lacks {missing}"
+
+
+def _script(name: str, path: Path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+QT_TRANSFER_SEEDS = REPO / "scripts" / "experiments" / "qt_transfer_seeds.py"
+SEED_TRANSFER = REPO / "docs" / "results" / "scale2_squad_query_tower_transfer.json"
+
+
+def test_transfer_verdicts_follow_section_d() -> None:
+    """Section D's reading of a paired 95% CI of (tower - cosine) nDCG@10, margin -0.01: the
+    lower bound above 0 is better, above the margin non-inferior; an upper bound below 0 is
+    inferior; anything else is not shown (boundaries are strict)."""
+    mod = _script("qt_transfer_seeds", QT_TRANSFER_SEEDS)
+    assert mod.verdict(0.001, 0.02) == "better"
+    assert mod.verdict(0.0, 0.02) == "non-inferior"
+    assert mod.verdict(-0.0099, 0.005) == "non-inferior"
+    assert mod.verdict(-0.01, 0.005) == "not shown"
+    assert mod.verdict(-0.03, -0.001) == "inferior"
+    assert mod.verdict(-0.03, 0.0) == "not shown"
+
+
+def test_transfer_table_renders_the_mean_then_each_seed() -> None:
+    mod = _script("qt_transfer_seeds", QT_TRANSFER_SEEDS)
+
+    def row(ndcg: float, lo: float, hi: float) -> dict:
+        test = {"delta": ndcg - 0.5, "ci_low": lo, "ci_high": hi, "p": 0.04}
+        return {"systems": {"ndcg@10": ndcg}, "vs_cosine": {"ndcg@10": test}}
+
+    target = {
+        "name": "DL19 pool",
+        "n_queries": 43,
+        "n_passages": 14580,
+        "cosine": {"ndcg@10": 0.5},
+        "mean": row(0.51, -0.002, 0.022),
+        "per_seed": {"0": row(0.52, 0.001, 0.04), "4": row(0.48, -0.04, -0.001)},
+        "cost": {"reembed_cpu_seconds": 12.34, "evaluate_cpu_seconds": 5.0, "peak_rss_mib": 2150},
+    }
+    doc = {"seeds": [0, 4], "n_train_queries": 12800, "targets": [target]}
+    lines = mod.render(doc).splitlines()
+    assert lines[0].startswith("nDCG@10, towers of seeds 0 / 4 (each trained on 12,800 SQuAD")
+    assert lines[4:7] == [
+        "| DL19 pool, mean | 43 | 14,580 | 0.5000 | 0.5100 | +0.0100 (-0.0020 .. +0.0220) "
+        "| 0.0400 | non-inferior |",
+        "| DL19 pool, seed 0 | 43 | 14,580 | 0.5000 | 0.5200 | +0.0200 (+0.0010 .. +0.0400) "
+        "| 0.0400 | better |",
+        "| DL19 pool, seed 4 | 43 | 14,580 | 0.5000 | 0.4800 | -0.0200 (-0.0400 .. -0.0010) "
+        "| 0.0400 | inferior |",
+    ]
+    assert lines[-1] == (
+        "- DL19 pool: re-encoding its 43 queries with the 2 towers took 12.3 CPU-s, the "
+        "evaluation 5.0 CPU-s (peak RSS 2.1 GiB)."
+    )
+
+
+def test_finetune_page_quotes_the_seed_transfer_table() -> None:
+    """The transfer section holds ``qt_transfer_seeds.py``'s render of the three seeds' towers
+    on DL19 and SciFact, line for line, and the JSON holds both targets and three seeds."""
+    mod = _script("qt_transfer_seeds", QT_TRANSFER_SEEDS)
+    doc = json.loads(SEED_TRANSFER.read_text(encoding="utf-8"))
+    assert [t["name"] for t in doc["targets"]] == ["DL19 pool", "SciFact test"]
+    assert doc["seeds"] == [0, 1, 2]
+    assert all(sorted(t["per_seed"]) == ["0", "1", "2"] for t in doc["targets"])
+    text = (REPO / "docs" / "finetune.md").read_text(encoding="utf-8")
+    missing = [ln for ln in mod.render(doc).splitlines() if ln and ln not in text]
+    assert not missing, f"docs/finetune.md lacks {missing}"
