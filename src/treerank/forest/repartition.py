@@ -157,6 +157,10 @@ def repartition(
         raise ValueError(f"repartition: passage_weight must be >= 0 (got {passage_weight})")
     m_all, c = forest.n_models, forest.n_classes
     kk = min(assign, c)
+    # a class's capacity in the re-assignment: (1 + epsilon) times its even share of K * n
+    cap = max(
+        1, n if capacity_epsilon is None else int(np.ceil((1.0 + capacity_epsilon) * kk * n / c))
+    )
     classes = np.full((n, m_all, kk), -1, dtype=np.int32)
     probs = np.zeros((n, m_all, kk), dtype=np.float32)
     cited = np.zeros(n, dtype=bool)
@@ -185,24 +189,9 @@ def repartition(
             j_init += _objective(_log_probs(xq, ws, bs), pc[:, tp, None], tq, wt).tolist()
         for r in range(rounds):
             with torch.no_grad():
-                pq = torch.softmax(stacked_forward(xq, ws, bs), -1)  # (g, nq, C)
-                own = torch.softmax(stacked_forward(xp, ws, bs), -1)  # (g, n, C)
-                score = torch.zeros(g, n, c)
-                score.index_add_(1, tp, pq[:, tq] * wt[None, :, None])
-                del pq
-                tot = score.sum(-1, keepdim=True)
-                score = torch.where(
-                    torch.from_numpy(cited)[None, :, None], score / tot.clamp_min(1e-12), own
-                )
-                full = torch.cat([score, torch.zeros(g, n, 1)], -1).numpy().astype(np.float32)
-                del score, own
+                full = _assignment_scores(xq, xp, ws, bs, tq, tp, wt, cited)
                 for i in range(g):
-                    cap = (
-                        n
-                        if capacity_epsilon is None
-                        else int(np.ceil((1.0 + capacity_epsilon) * kk * n / c))
-                    )
-                    ci, pi = assign_capacity(full[i], kk, max(1, cap), 1.0)
+                    ci, pi = assign_capacity(full[i], kk, cap, 1.0)
                     classes[:, m0 + i], probs[:, m0 + i] = ci, pi
                 del full
                 # (g, E, K) the positives' classes; (g, n_cited, K) the cited passages'
@@ -212,22 +201,13 @@ def repartition(
                 )
                 history[r, 0] += float(_objective(_log_probs(xq, ws, bs), cls, tq, wt).sum())
             if sample < 1.0:  # this round's training pairs, and the queries they read
-                rng = np.random.default_rng((seed, m0, r))
-                keep = np.sort(rng.choice(len(pos_q), max(1, round(sample * len(pos_q))), False))
-                rows, inv = np.unique(pos_q[keep], return_inverse=True)
-                xs, ts = xq[torch.from_numpy(rows)], torch.from_numpy(inv.astype(np.int64))
-                cs, wk = cls[:, torch.from_numpy(keep)], wt[torch.from_numpy(keep)]
+                xs, ts, cs, wk = _sampled_pairs(xq, pos_q, cls, wt, sample, (seed, m0, r))
             else:
                 xs, ts, cs, wk = xq, tq, cls, wt
-            opt = torch.optim.Adam([*ws, *bs], lr=lr)
-            for _ in range(steps):
-                opt.zero_grad(set_to_none=True)
-                loss = _objective(_log_probs(xs, ws, bs), cs, ts, wk).sum()
-                if passage_weight > 0.0:
-                    like_p = _log_likelihood(_log_probs(xp_cited, ws, bs), own_cls, rows_cited)
-                    loss = loss - passage_weight * like_p.mean(-1).sum()
-                loss.backward()
-                opt.step()
+            passage_term = (
+                None if passage_weight <= 0.0 else (passage_weight, xp_cited, own_cls, rows_cited)
+            )
+            _fit_round(ws, bs, (xs, ts, cs, wk), steps, lr, passage_term)
             with torch.no_grad():
                 history[r, 1] += float(_objective(_log_probs(xq, ws, bs), cls, tq, wt).sum())
         with torch.no_grad():
@@ -252,6 +232,74 @@ def repartition(
         (history / m_all).tolist(),
         float(np.mean(j_init)),
     )
+
+
+def _assignment_scores(
+    xq: torch.Tensor,
+    xp: torch.Tensor,
+    ws: list[torch.Tensor],
+    bs: list[torch.Tensor],
+    tq: torch.Tensor,
+    tp: torch.Tensor,
+    wt: torch.Tensor,
+    cited: np.ndarray,
+) -> np.ndarray:
+    """``float32 (g, n, C + 1)``: each passage's class scores for the re-assignment of a group
+    of ``g`` models (IRLI): a cited passage's normalised, boosting-weighted sum of its
+    positive queries' class distributions, an uncited one's own distribution under the query
+    model; the last column (not retrievable) is 0."""
+    g, n = ws[0].shape[0], xp.shape[0]
+    pq = torch.softmax(stacked_forward(xq, ws, bs), -1)  # (g, nq, C)
+    own = torch.softmax(stacked_forward(xp, ws, bs), -1)  # (g, n, C)
+    c = pq.shape[-1]
+    score = torch.zeros(g, n, c)
+    score.index_add_(1, tp, pq[:, tq] * wt[None, :, None])
+    del pq
+    tot = score.sum(-1, keepdim=True)
+    score = torch.where(torch.from_numpy(cited)[None, :, None], score / tot.clamp_min(1e-12), own)
+    return torch.cat([score, torch.zeros(g, n, 1)], -1).numpy().astype(np.float32)
+
+
+def _sampled_pairs(
+    xq: torch.Tensor,
+    pos_q: np.ndarray,
+    cls: torch.Tensor,
+    wt: torch.Tensor,
+    sample: float,
+    seed: tuple[int, int, int],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A round's ``sample`` fraction of the positive pairs (``default_rng(seed)``, ascending):
+    the queries they read, each pair's row among them, their classes and their weights."""
+    rng = np.random.default_rng(seed)
+    keep = np.sort(rng.choice(len(pos_q), max(1, round(sample * len(pos_q))), False))
+    rows, inv = np.unique(pos_q[keep], return_inverse=True)
+    xs, ts = xq[torch.from_numpy(rows)], torch.from_numpy(inv.astype(np.int64))
+    return xs, ts, cls[:, torch.from_numpy(keep)], wt[torch.from_numpy(keep)]
+
+
+def _fit_round(
+    ws: list[torch.Tensor],
+    bs: list[torch.Tensor],
+    pairs: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+    steps: int,
+    lr: float,
+    passage_term: tuple[float, torch.Tensor, torch.Tensor, torch.Tensor] | None,
+) -> None:
+    """``steps`` Adam steps (fresh state, ``lr``) of the group's query models on the round's
+    pairs ``(queries, query row per pair, classes, weights)``, with ``passage_term``
+    ``(lambda, cited passages, their classes, their rows)`` subtracting ``lambda`` times the
+    cited passages' mean log-likelihood of their own classes (None: IRLI's objective alone)."""
+    xs, ts, cs, wk = pairs
+    opt = torch.optim.Adam([*ws, *bs], lr=lr)
+    for _ in range(steps):
+        opt.zero_grad(set_to_none=True)
+        loss = _objective(_log_probs(xs, ws, bs), cs, ts, wk).sum()
+        if passage_term is not None:
+            weight, xp_cited, own_cls, rows_cited = passage_term
+            like_p = _log_likelihood(_log_probs(xp_cited, ws, bs), own_cls, rows_cited)
+            loss = loss - weight * like_p.mean(-1).sum()
+        loss.backward()
+        opt.step()
 
 
 def repartition_store(forest: Forest, store: StoreLike, **kwargs: Any) -> Repartitioned:
