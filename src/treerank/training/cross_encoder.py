@@ -320,6 +320,63 @@ def _resolve_precision(
     return precision, record
 
 
+def _checked_teacher(
+    c: CrossEncoderConfig, teacher_scores: np.ndarray | None, n_groups: int
+) -> np.ndarray | None:
+    """``float32 (n_groups, 1 + negatives)`` teacher scores for ``margin-mse`` (None for the
+    other losses). Raises ValueError: missing, wrong shape or non-finite for ``margin-mse``;
+    given for another loss."""
+    if c.loss != "margin-mse":
+        if teacher_scores is not None:
+            raise ValueError(f"teacher_scores are only read by loss margin-mse, not {c.loss!r}")
+        return None
+    if teacher_scores is None:
+        raise ValueError("loss margin-mse needs teacher_scores (n_groups, 1 + negatives)")
+    teacher = np.asarray(teacher_scores, dtype=np.float32)
+    if teacher.shape != (n_groups, 1 + c.negatives) or not np.isfinite(teacher).all():
+        raise ValueError(
+            f"teacher_scores {teacher.shape}: expected finite ({n_groups}, {1 + c.negatives})"
+        )
+    return teacher
+
+
+def _training_arguments(
+    c: CrossEncoderConfig,
+    ckpt_dir: Path,
+    per_step: int,
+    steps: int,
+    epoch: int,
+    bf16: bool,
+    device: Device,
+) -> Any:
+    """sentence-transformers' ``CrossEncoderTrainingArguments`` of a run: ``per_step`` rows a
+    step (BCE: each group's ``1 + negatives`` pairs), ``steps`` steps (``epoch`` steps an
+    epoch), linear schedule with warm-up, a checkpoint every ``save_steps`` (0: at the end),
+    every step logged, seeded, batches in dataset order (:func:`_sequential`), no tqdm."""
+    from sentence_transformers.cross_encoder import CrossEncoderTrainingArguments
+
+    return CrossEncoderTrainingArguments(
+        output_dir=str(ckpt_dir),
+        per_device_train_batch_size=per_step,
+        num_train_epochs=max(1, -(-steps // epoch)),
+        max_steps=steps,
+        learning_rate=c.lr,
+        warmup_steps=c.warmup_ratio,
+        lr_scheduler_type="linear",
+        bf16=bf16,
+        save_strategy="steps",
+        save_steps=c.save_steps if c.save_steps > 0 else steps,
+        logging_steps=1,
+        seed=c.seed,
+        data_seed=c.seed,
+        report_to="none",
+        dataloader_num_workers=0,
+        use_cpu=resolve_device(device).type == "cpu",
+        disable_tqdm=True,
+        batch_sampler=_sequential,
+    )
+
+
 def train_cross_encoder(
     store: StoreLike,
     config: CrossEncoderConfig,
@@ -360,10 +417,7 @@ def train_cross_encoder(
     import resource
 
     import torch
-    from sentence_transformers.cross_encoder import (
-        CrossEncoderTrainer,
-        CrossEncoderTrainingArguments,
-    )
+    from sentence_transformers.cross_encoder import CrossEncoderTrainer
     from transformers.trainer_callback import PrinterCallback
 
     out = Path(out_dir)
@@ -374,17 +428,7 @@ def train_cross_encoder(
         )
     c = config
     groups = build_groups(store, mined, c.negatives, seed=c.seed, train_rows=train_rows)
-    teacher = None
-    if c.loss == "margin-mse":
-        if teacher_scores is None:
-            raise ValueError("loss margin-mse needs teacher_scores (n_groups, 1 + negatives)")
-        teacher = np.asarray(teacher_scores, dtype=np.float32)
-        if teacher.shape != (groups.n, 1 + c.negatives) or not np.isfinite(teacher).all():
-            raise ValueError(
-                f"teacher_scores {teacher.shape}: expected finite ({groups.n}, {1 + c.negatives})"
-            )
-    elif teacher_scores is not None:
-        raise ValueError(f"teacher_scores are only read by loss margin-mse, not {c.loss!r}")
+    teacher = _checked_teacher(c, teacher_scores, groups.n)
     cpu0 = time.process_time()
     wall0 = time.perf_counter()
     from treerank.encoders.sentence import default_model_path
@@ -399,26 +443,7 @@ def train_cross_encoder(
     per_step = c.batch_size * (1 + c.negatives) if c.loss == "bce" else c.batch_size
     epoch = -(-len(dataset) // per_step)
     steps = epoch if c.max_steps < 0 else c.max_steps
-    args = CrossEncoderTrainingArguments(
-        output_dir=str(ckpt_dir),
-        per_device_train_batch_size=per_step,
-        num_train_epochs=max(1, -(-steps // epoch)),
-        max_steps=steps,
-        learning_rate=c.lr,
-        warmup_steps=c.warmup_ratio,
-        lr_scheduler_type="linear",
-        bf16=precision == "bf16",
-        save_strategy="steps",
-        save_steps=c.save_steps if c.save_steps > 0 else steps,
-        logging_steps=1,
-        seed=c.seed,
-        data_seed=c.seed,
-        report_to="none",
-        dataloader_num_workers=0,
-        use_cpu=resolve_device(device).type == "cpu",
-        disable_tqdm=True,
-        batch_sampler=_sequential,
-    )
+    args = _training_arguments(c, ckpt_dir, per_step, steps, epoch, precision == "bf16", device)
     records: list[dict[str, Any]] = []
 
     trainer = staged_checkpoints(CrossEncoderTrainer)(
