@@ -49,3 +49,31 @@ def test_the_tier_marker_is_registered_and_test_sh_runs_both_tiers_unit_first() 
     unit = script.index('tier unit "not integration"')
     assert unit < script.index('tier integration "integration"')
     assert "--durations=25" in (root / ".ci" / "run").read_text(encoding="utf-8")
+
+
+def test_disk_check_deletes_finished_sessions_folders_then_refuses_a_full_disk(tmp_path) -> None:
+    """scripts/disk_check.sh (run by test.sh before the tiers) deletes pytest's base folders of
+    finished sessions (no ``.lock``), keeps a live session's, and exits 1 naming the free space
+    and NEED_FREE_GB when the disk has less than NEED_FREE_GB GiB free."""
+    import getpass
+    import os
+    import subprocess
+    import sys
+
+    root = tmp_path / f"pytest-of-{getpass.getuser()}"
+    stale, live = root / "pytest-3", root / "pytest-4"
+    for folder in (stale, live):
+        (folder / "test_x0").mkdir(parents=True)
+    (live / ".lock").write_text("", encoding="utf-8")
+    env = {**os.environ, "PYTEST_DEBUG_TEMPROOT": str(tmp_path), "PYTHON": sys.executable}
+    script = [str(conftest.REPO / "scripts" / "disk_check.sh")]
+    ok = subprocess.run(
+        ["bash", *script], env={**env, "NEED_FREE_GB": "0"}, capture_output=True, text=True
+    )
+    assert ok.returncode == 0, ok.stderr
+    assert not stale.exists() and (live / "test_x0").is_dir()
+    full = subprocess.run(
+        ["bash", *script], env={**env, "NEED_FREE_GB": "1000000000"}, capture_output=True, text=True
+    )
+    assert full.returncode == 1
+    assert "the tests need 1000000000 GiB (set NEED_FREE_GB" in full.stderr
