@@ -35,7 +35,7 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
@@ -241,33 +241,8 @@ def export_to_db(
             f"(not {_SEP!r}), starting with a letter or digit"
         )
     loc = DBLocation.of(location) if isinstance(location, str) else location
-    transform: Callable[[F32], Vecs] = l2_normalize
     head_dir = Path(head) if head is not None else None
-    dim = int(store.dim)
-    if head_dir is not None:
-        from treerank.models.base import DenseScorer
-        from treerank.models.registry import load_model, model_class
-
-        model = load_model(
-            head_dir,
-            expected_fingerprint=store.encoder_fingerprint,
-            expected_precision=vector_precision(store),
-            classes=classes or model_class,
-        )
-        model_type = str(getattr(model, "model_type", ""))
-        if not isinstance(model, DenseScorer) or getattr(model, "own_retrieval", False):
-            raise ValueError(
-                f"{head_dir}: a {model_type!r} model has no passage vectors to store "
-                "(only dense families: linear, mlp, cosine-like)"
-            )
-        transform = model.encode_passages
-        dim = int(getattr(model, "out_dim", dim))
-        probe = np.asarray(transform(np.asarray(store.passages[:1], dtype=np.float32)))
-        if probe.ndim != 2 or probe.shape[1] != dim:  # checked before the collection exists
-            raise ValueError(
-                f"{head_dir}: its passage tower gives vectors of shape {tuple(probe.shape)}, "
-                f"not (1, {dim}); it cannot be stored as a {dim}-dimensional collection"
-            )
+    transform, dim = _passage_tower(store, head_dir, classes)
     identity = {"store": _store_identity(store), "head": _head_identity(head_dir)}
     physical = _physical_name(collection, identity)
     ids = store.passage_ids() if store.has_texts else None
@@ -288,41 +263,90 @@ def export_to_db(
         from tqdm.auto import tqdm
 
         bar = tqdm(total=n, unit="p", disable=not progress, desc=f"export {collection}")
-        done = 0
-        for start in range(0, n, batch_size):
-            stop = min(n, start + batch_size)
-            vecs = np.asarray(
-                transform(np.asarray(store.passages[start:stop], dtype=np.float32)), np.float32
-            )
-            if not np.isfinite(vecs).all():
-                raise ValueError(f"{store.path}: non-finite passage vectors in rows {start}:{stop}")
-            payloads = []
-            for i in range(start, stop):
-                p: dict[str, object] = {"row": i}
-                if ids is not None:
-                    p["source_id"] = ids[i]
-                if bodies is not None:
-                    p["text"] = bodies[i]
-                payloads.append(p)
-            client.upsert(
-                physical,
-                points=qm.Batch(
-                    ids=list(range(start, stop)), vectors=vecs.tolist(), payloads=payloads
-                ),
-                wait=True,
-            )
-            done += 1
-            bar.update(stop - start)
-            if stop_after_batches is not None and done >= stop_after_batches and stop < n:
-                bar.close()
-                raise RuntimeError(f"stopped after {done} batches (stop_after_batches)")
-        bar.close()
+        try:
+            for done, start in enumerate(range(0, n, batch_size), start=1):
+                stop = min(n, start + batch_size)
+                _upload_batch(client, physical, store, transform, start, stop, ids, bodies)
+                bar.update(stop - start)
+                if stop_after_batches is not None and done >= stop_after_batches and stop < n:
+                    raise RuntimeError(f"stopped after {done} batches (stop_after_batches)")
+        finally:
+            bar.close()
         count = int(client.count(physical, exact=True).count)
         if count != n:
             raise RuntimeError(f"{loc}: {physical} holds {count} points, expected {n}")
         client.update_collection(physical, metadata={"complete": True, "n_points": n})
         _switch_alias(client, collection, physical)
     return DBExport(str(loc), collection, physical, n, dim, reused=False)
+
+
+def _passage_tower(
+    store: StoreLike, head_dir: Path | None, classes: Callable[[str], type] | None
+) -> tuple[Callable[[F32], Vecs], int]:
+    """``(passage transform, its output dimension)``: L2 normalisation of the stored vectors
+    without a head; else the head's passage tower, loaded against the store's encoder and
+    probed on the first passage before anything is written. Raises ValueError (not a dense
+    scorer, or a tower whose output is not ``(1, out_dim)``) and EncoderMismatchError."""
+    if head_dir is None:
+        return l2_normalize, int(store.dim)
+    from treerank.models.base import DenseScorer
+    from treerank.models.registry import load_model, model_class
+
+    model = load_model(
+        head_dir,
+        expected_fingerprint=store.encoder_fingerprint,
+        expected_precision=vector_precision(store),
+        classes=classes or model_class,
+    )
+    model_type = str(getattr(model, "model_type", ""))
+    if not isinstance(model, DenseScorer) or getattr(model, "own_retrieval", False):
+        raise ValueError(
+            f"{head_dir}: a {model_type!r} model has no passage vectors to store "
+            "(only dense families: linear, mlp, cosine-like)"
+        )
+    dim = int(getattr(model, "out_dim", store.dim))
+    probe = np.asarray(model.encode_passages(np.asarray(store.passages[:1], dtype=np.float32)))
+    if probe.ndim != 2 or probe.shape[1] != dim:  # checked before the collection exists
+        raise ValueError(
+            f"{head_dir}: its passage tower gives vectors of shape {tuple(probe.shape)}, "
+            f"not (1, {dim}); it cannot be stored as a {dim}-dimensional collection"
+        )
+    return model.encode_passages, dim
+
+
+def _upload_batch(
+    client: QdrantClient,
+    physical: str,
+    store: StoreLike,
+    transform: Callable[[F32], Vecs],
+    start: int,
+    stop: int,
+    ids: Sequence[str] | None,
+    bodies: Sequence[str] | None,
+) -> None:
+    """Upsert passages ``start .. stop - 1`` (point id = store row; payload: the row, its
+    source id and its text where given), waiting for the write. Raises ValueError on a
+    non-finite vector, before that batch is sent."""
+    from qdrant_client import models as qm
+
+    vecs = np.asarray(
+        transform(np.asarray(store.passages[start:stop], dtype=np.float32)), np.float32
+    )
+    if not np.isfinite(vecs).all():
+        raise ValueError(f"{store.path}: non-finite passage vectors in rows {start}:{stop}")
+    payloads = []
+    for i in range(start, stop):
+        p: dict[str, object] = {"row": i}
+        if ids is not None:
+            p["source_id"] = ids[i]
+        if bodies is not None:
+            p["text"] = bodies[i]
+        payloads.append(p)
+    client.upsert(
+        physical,
+        points=qm.Batch(ids=list(range(start, stop)), vectors=vecs.tolist(), payloads=payloads),
+        wait=True,
+    )
 
 
 def _switch_alias(client: QdrantClient, alias: str, physical: str) -> None:
