@@ -181,7 +181,6 @@ def create_app(service: SearchService, batcher: QueryBatcher | None = None) -> F
     :class:`QueryBatcher` with the service config's window and size), which the app's lifespan
     starts and, on shutdown, stops after answering what is queued."""
     cfg = service.config
-    max_k, max_batch, max_chars = cfg.max_k, cfg.max_batch, cfg.max_query_chars
     timeout = cfg.request_timeout_s
     batcher = batcher or QueryBatcher(service, cfg.batch_window_s, cfg.batch_queries)
 
@@ -204,14 +203,7 @@ def create_app(service: SearchService, batcher: QueryBatcher | None = None) -> F
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> AsciiJSONResponse:
-        try:
-            detail = jsonable_encoder(exc.errors())
-            json.dumps(detail, ensure_ascii=True, allow_nan=False)  # NaN / 1e309 inputs too
-        except (TypeError, ValueError):  # an input that does not serialise: drop the echoes
-            detail = [
-                {k: v for k, v in e.items() if k in ("type", "loc", "msg")} for e in exc.errors()
-            ]
-        return AsciiJSONResponse(status_code=422, content={"detail": detail})
+        return AsciiJSONResponse(status_code=422, content={"detail": _validation_detail(exc)})
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception) -> AsciiJSONResponse:
@@ -239,26 +231,7 @@ def create_app(service: SearchService, batcher: QueryBatcher | None = None) -> F
 
     @app.post("/search")
     async def search(req: SearchRequest) -> dict[str, Any]:
-        if req.k > max_k:
-            raise HTTPException(422, detail=f"k must be less than or equal to {max_k} (max_k)")
-        texts = [req.query] if req.query is not None else list(req.queries or [])
-        if len(texts) > max_batch:
-            raise HTTPException(
-                422, detail=f"at most {max_batch} queries per request (max_batch, --max-batch)"
-            )
-        for i, t in enumerate(texts):
-            if len(t) > max_chars:
-                raise HTTPException(
-                    422,
-                    detail=f"query {i} has {len(t):,} characters; the limit is {max_chars:,} "
-                    "(max_query_chars, --max-query-chars)",
-                )
-        system = service.default_system if req.system is None else req.system
-        if system not in service.systems:
-            raise HTTPException(
-                status_code=400,
-                detail=f"system {system!r} is not served; served: {', '.join(service.systems)}",
-            )
+        texts, system = _checked_request(req, service)
         t0 = time.perf_counter()
         try:
             future = batcher.submit(texts, req.k, system)
@@ -295,6 +268,49 @@ def create_app(service: SearchService, batcher: QueryBatcher | None = None) -> F
 
     app.add_middleware(BodyLimit, limit=cfg.max_body_bytes)
     return app
+
+
+def _validation_detail(exc: RequestValidationError) -> list[Any]:
+    """A 422's ``detail``: pydantic's errors, or, when an input they echo does not serialise
+    as strict ASCII JSON (NaN, 1e309, ...), the errors without their echoes."""
+    try:
+        detail = jsonable_encoder(exc.errors())
+        json.dumps(detail, ensure_ascii=True, allow_nan=False)
+    except (TypeError, ValueError):
+        detail = [{k: v for k, v in e.items() if k in ("type", "loc", "msg")} for e in exc.errors()]
+    return list(detail)
+
+
+def _checked_request(req: SearchRequest, service: SearchService) -> tuple[list[str], str]:
+    """``(query texts, system name)`` of a search request within the service's limits.
+
+    Raises:
+        HTTPException: 422 for ``k`` above ``max_k``, more than ``max_batch`` queries or a
+            query longer than ``max_query_chars``; 400 for a system the service does not serve.
+    """
+    cfg = service.config
+    max_k, max_batch, max_chars = cfg.max_k, cfg.max_batch, cfg.max_query_chars
+    if req.k > max_k:
+        raise HTTPException(422, detail=f"k must be less than or equal to {max_k} (max_k)")
+    texts = [req.query] if req.query is not None else list(req.queries or [])
+    if len(texts) > max_batch:
+        raise HTTPException(
+            422, detail=f"at most {max_batch} queries per request (max_batch, --max-batch)"
+        )
+    for i, t in enumerate(texts):
+        if len(t) > max_chars:
+            raise HTTPException(
+                422,
+                detail=f"query {i} has {len(t):,} characters; the limit is {max_chars:,} "
+                "(max_query_chars, --max-query-chars)",
+            )
+    system = service.default_system if req.system is None else req.system
+    if system not in service.systems:
+        raise HTTPException(
+            status_code=400,
+            detail=f"system {system!r} is not served; served: {', '.join(service.systems)}",
+        )
+    return texts, system
 
 
 class PortInUseError(OSError):
