@@ -455,6 +455,65 @@ def _drop_identical(ids: I64, scores: Scores, self_doc: I64) -> tuple[I64, Score
     return ids, scores, n
 
 
+def _comparison_settings(
+    store: StoreLike, cfg: EvaluationSettings, relevance_threshold: int
+) -> ComparisonSettings:
+    """The ``settings`` block of a comparison's ``results.json``: the split, the search and
+    test settings, the candidate and tie rules, and a query sample's rule when there is one."""
+    settings: ComparisonSettings = {
+        "store": str(store.path),
+        "split": store.split,
+        "n_queries": int(store.n_queries),
+        "n_passages": int(store.n_passages),
+        "encoder": store.encoder_name,
+        "k": cfg.k,
+        "relevance_threshold": relevance_threshold,
+        "ndcg_gain": cfg.gain,
+        "n_permutations": cfg.n_permutations,
+        "seed": cfg.seed,
+        "candidates": "all passages of the split",
+        "ties": "by ascending passage id",
+    }
+    if cfg.sample_queries is not None:
+        settings["sample"] = {
+            "queries": int(store.n_queries),
+            "seed": int(cfg.sample_seed),
+            "of_queries": int(getattr(store, "base", store).n_queries),
+            "rule": "numpy default_rng(seed).choice of the queries with a relevant passage, "
+            "without replacement, kept in split order; the same queries for every system",
+        }
+    return settings
+
+
+def _self_documents(store: StoreLike, qrels: Qrels) -> I64:
+    """``int64 (n_queries,)``: per query, the document whose id equals the query's id (BEIR's
+    ``ignore_identical_ids``), -1 where there is none."""
+    doc_ids = qrels.doc_ids if qrels.doc_ids is not None else list(store.passage_ids())
+    index = {d: i for i, d in enumerate(doc_ids)}
+    return np.array([index.get(q, -1) for q in store.query_ids()], np.int64)
+
+
+def _paired_tests(comp: Comparison, cfg: EvaluationSettings) -> None:
+    """Fill ``comp.tests`` (paired randomization test and bootstrap CI per metric) and
+    ``comp.mcnemar`` (hit@10; not for seed averages, whose hit is not binary) of every system
+    against every baseline that did not fail."""
+    n_permutations = cfg.n_permutations
+    for b in cfg.baselines:
+        if b in comp.failed:
+            continue
+        base = comp.results[b].per_query
+        comp.tests[b] = {}
+        comp.mcnemar[b] = {}
+        for name, res in comp.results.items():
+            if name == b:
+                continue
+            comp.tests[b][name] = compare_paired(
+                res.per_query, base, cfg.metrics, n_permutations, n_permutations, cfg.seed
+            )
+            if name not in comp.seed_spread:
+                comp.mcnemar[b][name] = mcnemar(res.per_query[HIT_METRIC], base[HIT_METRIC])
+
+
 def _compare(
     store: StoreLike,
     built: dict[str, System],
@@ -478,35 +537,12 @@ def _compare(
         dict.fromkeys(metrics + (HIT_METRIC,) + tuple(f"recall@{c}" for c in curve_ks))
     )
     comp = Comparison(runs={}, results={}, evaluation=cfg)
-    comp.settings = {
-        "store": str(store.path),
-        "split": store.split,
-        "n_queries": int(store.n_queries),
-        "n_passages": int(store.n_passages),
-        "encoder": store.encoder_name,
-        "k": k,
-        "relevance_threshold": qrels.relevance_threshold,
-        "ndcg_gain": gain,
-        "n_permutations": n_permutations,
-        "seed": seed,
-        "candidates": "all passages of the split",
-        "ties": "by ascending passage id",
-    }
-    if cfg.sample_queries is not None:
-        comp.settings["sample"] = {
-            "queries": int(store.n_queries),
-            "seed": int(cfg.sample_seed),
-            "of_queries": int(getattr(store, "base", store).n_queries),
-            "rule": "numpy default_rng(seed).choice of the queries with a relevant passage, "
-            "without replacement, kept in split order; the same queries for every system",
-        }
+    comp.settings = _comparison_settings(store, cfg, qrels.relevance_threshold)
     comp.departures = dict(qrels.departures)
     comp.doc_ids = qrels.doc_ids
     self_doc = np.full(qrels.n_queries, -1, np.int64)
     if ignore_identical_ids:
-        doc_ids = qrels.doc_ids if qrels.doc_ids is not None else list(store.passage_ids())
-        index = {d: i for i, d in enumerate(doc_ids)}
-        self_doc = np.array([index.get(q, -1) for q in store.query_ids()], np.int64)
+        self_doc = _self_documents(store, qrels)
         comp.departures["self_hits_dropped"] = 0
     depth = k + 1 if ignore_identical_ids else k
     for name, system in built.items():
@@ -556,20 +592,7 @@ def _compare(
         for n, p in (provenances or {}).items()
         if p
     }
-    for b in cfg.baselines:
-        if b in comp.failed:
-            continue
-        base = comp.results[b].per_query
-        comp.tests[b] = {}
-        comp.mcnemar[b] = {}
-        for name, res in comp.results.items():
-            if name == b:
-                continue
-            comp.tests[b][name] = compare_paired(
-                res.per_query, base, metrics, n_permutations, n_permutations, seed
-            )
-            if name not in comp.seed_spread:  # hit@10 averaged over seeds is not binary
-                comp.mcnemar[b][name] = mcnemar(res.per_query[HIT_METRIC], base[HIT_METRIC])
+    _paired_tests(comp, cfg)
     if train_store is not None and baseline in comp.results:
         seen = seen_positive_mask(store, train_store)
         per_query = {s: r.per_query for s, r in comp.results.items()}
