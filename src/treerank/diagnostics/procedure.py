@@ -151,81 +151,15 @@ def decision_rules(
     var = results.get("variants")
     if var:
         pairs = var.get("paired", {})
-        for other, rule, yes, no_better, no_worse in (
-            (
-                "concat-cosine",
-                "concat-cosine == full DRT => the representation, not the scoring function, "
-                "is the bottleneck",
-                "the learned scoring function adds nothing over plain cosine of the slots: the "
-                "representation is the bottleneck",
-                "full DRT beats concat-cosine: the learned slot weighting carries signal",
-                "concat-cosine beats full DRT: the learned scoring function hurts",
-            ),
-            (
-                "uniform",
-                "learned == uniform alpha => the attention head learned nothing",
-                "learned alpha is indistinguishable from uniform: the attention head learned "
-                "nothing",
-                "learned alpha beats uniform: the attention head learned something useful",
-                "uniform beats learned alpha: the attention head learned something harmful",
-            ),
-        ):
+        for other, rule, yes, no_better, no_worse in _EQUALITY_RULES:
             p = pairs.get(other)
-            if p is None:
-                continue
-            in_ci = bool(p["ci_low"] <= 0.0 <= p["ci_high"])
-            equal = in_ci or abs(p["delta"]) <= equal_margin
-            why = (
-                "the 95% CI contains 0"
-                if in_ci
-                else f"|delta| <= {equal_margin} (practically equal, though the CI excludes 0)"
-            )
-            rules.append(
-                {
-                    "rule": rule,
-                    "numbers": (
-                        f"{metric}: learned {p['mean_a']:.4f} vs {other} {p['mean_b']:.4f}, "
-                        f"delta {p['delta']:+.4f} (95% CI {p['ci_low']:+.4f} .. "
-                        f"{p['ci_high']:+.4f}, n={p['n']})"
-                    ),
-                    "holds": equal,
-                    "conclusion": (
-                        f"{yes} ({why})" if equal else (no_better if p["delta"] > 0 else no_worse)
-                    ),
-                }
-            )
+            if p is not None:
+                rules.append(
+                    _equality_rule(p, other, metric, equal_margin, rule, yes, no_better, no_worse)
+                )
     probes = results.get("probes")
     if probes and probes.get("specialisation"):
-        spec = probes["specialisation"]
-        verdicts = {t: str(v["verdict"]) for t, v in spec.items()}
-        none = all(v == "none" for v in verdicts.values())
-        groups = {
-            "specialised": "slots specialise on {}",
-            "undetectable": "slots differ by more than the tolerance but within the probe's "
-            "noise band on {} (no specialisation this probe set can resolve)",
-            "inconclusive": "slots differ beyond the noise band on {} but none is clearly above "
-            "the majority baseline (inconclusive)",
-        }
-        parts = []
-        for verdict, text in groups.items():
-            tasks = [t for t, v in verdicts.items() if v == verdict]
-            if tasks:
-                parts.append(text.format(", ".join(tasks)))
-        rules.append(
-            {
-                "rule": f"slots within {probe_tol:.0%} on probes => no specialisation",
-                "numbers": "; ".join(
-                    f"{t}: slot accuracy {s['min']:.3f}..{s['max']:.3f} (spread {s['spread']:.3f}, "
-                    f"best {s['best_slot']}; majority {s['majority']:.3f}; 95% noise band "
-                    f"{s['noise_band']:.3f} on {s['n_test']} queries)"
-                    for t, s in spec.items()
-                ),
-                "holds": none,
-                "conclusion": (
-                    "no slot specialises on any probed property" if none else "; ".join(parts)
-                ),
-            }
-        )
+        rules.append(_specialisation_rule(probes["specialisation"], probe_tol))
     cka = results.get("cka")
     if cka and cka.get("model_vs_frozen") is not None:
         v = float(cka["model_vs_frozen"])
@@ -243,6 +177,89 @@ def decision_rules(
             }
         )
     return rules
+
+
+_EQUALITY_RULES = (
+    (
+        "concat-cosine",
+        "concat-cosine == full DRT => the representation, not the scoring function, "
+        "is the bottleneck",
+        "the learned scoring function adds nothing over plain cosine of the slots: the "
+        "representation is the bottleneck",
+        "full DRT beats concat-cosine: the learned slot weighting carries signal",
+        "concat-cosine beats full DRT: the learned scoring function hurts",
+    ),
+    (
+        "uniform",
+        "learned == uniform alpha => the attention head learned nothing",
+        "learned alpha is indistinguishable from uniform: the attention head learned nothing",
+        "learned alpha beats uniform: the attention head learned something useful",
+        "uniform beats learned alpha: the attention head learned something harmful",
+    ),
+)
+"""Step 1's two equality rules: (variant, rule, conclusion when equal, when full DRT is
+better, when it is worse)."""
+
+
+def _equality_rule(
+    p: dict[str, Any],
+    other: str,
+    metric: str,
+    equal_margin: float,
+    rule: str,
+    yes: str,
+    no_better: str,
+    no_worse: str,
+) -> dict[str, Any]:
+    """A step-1 rule from the paired test ``p`` of full DRT against the variant ``other``:
+    equal when the 95% CI contains 0 or ``|delta| <= equal_margin``."""
+    in_ci = bool(p["ci_low"] <= 0.0 <= p["ci_high"])
+    equal = in_ci or abs(p["delta"]) <= equal_margin
+    why = (
+        "the 95% CI contains 0"
+        if in_ci
+        else f"|delta| <= {equal_margin} (practically equal, though the CI excludes 0)"
+    )
+    return {
+        "rule": rule,
+        "numbers": (
+            f"{metric}: learned {p['mean_a']:.4f} vs {other} {p['mean_b']:.4f}, "
+            f"delta {p['delta']:+.4f} (95% CI {p['ci_low']:+.4f} .. "
+            f"{p['ci_high']:+.4f}, n={p['n']})"
+        ),
+        "holds": equal,
+        "conclusion": f"{yes} ({why})" if equal else (no_better if p["delta"] > 0 else no_worse),
+    }
+
+
+def _specialisation_rule(spec: dict[str, Any], probe_tol: float) -> dict[str, Any]:
+    """Step 2's rule from the probes' per-task specialisation verdicts: it holds (no
+    specialisation) when every task's verdict is ``none``."""
+    verdicts = {t: str(v["verdict"]) for t, v in spec.items()}
+    none = all(v == "none" for v in verdicts.values())
+    groups = {
+        "specialised": "slots specialise on {}",
+        "undetectable": "slots differ by more than the tolerance but within the probe's "
+        "noise band on {} (no specialisation this probe set can resolve)",
+        "inconclusive": "slots differ beyond the noise band on {} but none is clearly above "
+        "the majority baseline (inconclusive)",
+    }
+    parts = []
+    for verdict, text in groups.items():
+        tasks = [t for t, v in verdicts.items() if v == verdict]
+        if tasks:
+            parts.append(text.format(", ".join(tasks)))
+    return {
+        "rule": f"slots within {probe_tol:.0%} on probes => no specialisation",
+        "numbers": "; ".join(
+            f"{t}: slot accuracy {s['min']:.3f}..{s['max']:.3f} (spread {s['spread']:.3f}, "
+            f"best {s['best_slot']}; majority {s['majority']:.3f}; 95% noise band "
+            f"{s['noise_band']:.3f} on {s['n_test']} queries)"
+            for t, s in spec.items()
+        ),
+        "holds": none,
+        "conclusion": "no slot specialises on any probed property" if none else "; ".join(parts),
+    }
 
 
 @writes_dir("out_dir", "diagnose")
