@@ -9,20 +9,10 @@ from pathlib import Path
 import numpy as np
 
 from treerank.atomic import atomic_savefig
-from treerank.metrics.metrics import PerQuery
 
 PairedTests = Mapping[str, Mapping[str, Mapping[str, float]]]
 """system -> metric -> a paired test's ``delta``, ``ci_low`` and ``ci_high`` (of
 :class:`~treerank.evaluation.significance.PairedTest`; other keys are not read)."""
-
-
-def ci95(values: PerQuery) -> float:
-    """Half-width of the normal-approximation 95% CI of the mean (NaN ignored; 0 if n < 2)."""
-    v = np.asarray(values, np.float64)
-    v = v[~np.isnan(v)]
-    if v.size < 2:
-        return 0.0
-    return float(1.96 * v.std(ddof=1) / np.sqrt(v.size))
 
 
 def dataset_label(store_path: str | Path | None, split: str | None = None) -> str:
