@@ -34,7 +34,7 @@ import json
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -58,6 +58,9 @@ from treerank.training.finetune import (
     finetune,
 )
 from treerank.training.finetune_config import CE_FAMILY, QUERY_ONLY_FAMILIES, FinetuneConfig
+
+if TYPE_CHECKING:
+    from treerank.evaluation.compare import Comparison
 
 __all__ = [
     "RESULTS_JSON",
@@ -405,9 +408,6 @@ def run_finetune(
         FileNotFoundError / StoreFormatError: a split is missing or incomplete.
         EncoderStoreMismatchError, FileExistsError: see :func:`finetune`.
     """
-    from treerank.evaluation.compare import compare_systems
-    from treerank.evaluation.settings import EvaluationSettings
-
     if cfg.family == CE_FAMILY:
         if (ctx := current()) is not None:
             check_data_parallel(cfg, ctx.world_size)  # refuses the family
@@ -454,38 +454,17 @@ def run_finetune(
             out, parent, out / STORES_DIR / name, overwrite=True, device=device
         )
     t2 = cost_clock()
-    settings = EvaluationSettings()
-    if n_permutations is not None:
-        settings = settings.with_(n_permutations=n_permutations)
-    system = f"finetune-{cfg.family}"
     head_dir = out / DRT_HEAD_DIR
-    inner = f"ckpt:{head_dir}" if cfg.drt_heads else "cosine"
-    systems: dict[str, Any] = {
-        "cosine": "cosine",
-        system: TunedStoreSystem(stores[eval_split], system, inner),
-    }
-    if cfg.drt_heads:
-        systems[f"{system}-cosine"] = TunedStoreSystem(stores[eval_split], f"{system}-cosine")
-    comp = compare_systems(
-        test,
-        systems,
-        settings=settings.with_(baseline="cosine"),
-        out_dir=out / "eval",
-        train_store=train,
+    system = f"finetune-{cfg.family}"
+    comp, heldout = _evaluate_tuned(
+        cfg,
+        system,
+        (train, test),
+        (stores[train_split], stores[eval_split]),
+        held,
+        out,
+        n_permutations,
     )
-    heldout: dict[str, Any] | None = None
-    if len(held):
-        from treerank.store.view import QuerySubset
-
-        hc = compare_systems(
-            QuerySubset(train, held),
-            {
-                "cosine": "cosine",
-                system: TunedStoreSystem(QuerySubset(stores[train_split], held), system, inner),
-            },
-            settings=settings.with_(baseline="cosine"),
-        )
-        heldout = {"n_queries": int(len(held)), **_means(hc)}
     t3 = cost_clock()
     drift = {eval_split: _drift(cfg, test, stores[eval_split], head_dir, ft, drift_k)}
     metric = "ndcg@10"
@@ -518,6 +497,55 @@ def run_finetune(
     }
     atomic_write_json(out / RESULTS_JSON, results)
     return results
+
+
+def _evaluate_tuned(
+    cfg: FinetuneConfig,
+    system: str,
+    frozen: tuple[EmbeddingStore, EmbeddingStore],
+    tuned: tuple[EmbeddingStore, EmbeddingStore],
+    held: np.ndarray,
+    out: Path,
+    n_permutations: int | None,
+) -> tuple[Comparison, dict[str, Any] | None]:
+    """Evaluate a run's re-embedded stores against frozen cosine: ``system`` (cosine over the
+    tuned vectors, or the DRT heads ``ckpt:OUT/drt_head`` with ``-cosine`` beside them) on
+    every query of the evaluation split (``(train, eval)`` in ``frozen`` and ``tuned``), run
+    files under ``out/eval``, the seen / unseen parts against the training split; and, when
+    ``held`` (training query rows held out) is not empty, the same pair on those queries.
+
+    Returns:
+        ``(comparison, {"n_queries", system -> metric -> mean} or None)``.
+    """
+    from treerank.evaluation.compare import compare_systems
+    from treerank.evaluation.settings import EvaluationSettings
+    from treerank.store.view import QuerySubset
+
+    (train, test), (tuned_train, tuned_test) = frozen, tuned
+    settings = EvaluationSettings().with_(baseline="cosine")
+    if n_permutations is not None:
+        settings = settings.with_(n_permutations=n_permutations)
+    inner = f"ckpt:{out / DRT_HEAD_DIR}" if cfg.drt_heads else "cosine"
+    systems: dict[str, Any] = {
+        "cosine": "cosine",
+        system: TunedStoreSystem(tuned_test, system, inner),
+    }
+    if cfg.drt_heads:
+        systems[f"{system}-cosine"] = TunedStoreSystem(tuned_test, f"{system}-cosine")
+    comp = compare_systems(
+        test, systems, settings=settings, out_dir=out / "eval", train_store=train
+    )
+    if not len(held):
+        return comp, None
+    hc = compare_systems(
+        QuerySubset(train, held),
+        {
+            "cosine": "cosine",
+            system: TunedStoreSystem(QuerySubset(tuned_train, held), system, inner),
+        },
+        settings=settings,
+    )
+    return comp, {"n_queries": int(len(held)), **_means(hc)}
 
 
 def run_cross_encoder_finetune(
