@@ -117,6 +117,7 @@ def run_targets(
         paired_summary,
         reembed_split,
     )
+    from treerank.search.faiss_index import peak_rss_mib
     from treerank.store import EmbeddingStore
     from treerank.training.finetune import FINETUNE_JSON
 
@@ -171,6 +172,8 @@ def run_targets(
                 "store": str(split),
                 "n_queries": int(parent.n_queries),
                 "n_passages": int(parent.n_passages),
+                # zero-shot: no query or passage of this collection was trained on
+                "seen_unseen": {"n_seen": 0, "n_unseen": int(parent.n_queries)},
                 "cosine": {m: float(comp.results["cosine"].mean[m]) for m in METRICS},
                 "mean": row(ARM),
                 "seed_std": {m: float(v) for m, v in comp.seed_spread[ARM]["std"].items()},
@@ -194,8 +197,7 @@ def run_targets(
         "rule": {"metric": "ndcg@10", "margin": MARGIN, "source": RULE_SOURCE},
         "evaluation": {"n_permutations": permutations, "seed": settings.seed, "ci": 0.95},
         "targets": out,
-        # ru_maxrss: the process's high-water mark over every target
-        "peak_rss_mib": cost_since(cost_clock())["peak_rss_mib"],
+        "peak_rss_mib": round(peak_rss_mib(), 1),  # the process's high-water mark, all targets
     }
 
 
@@ -226,6 +228,11 @@ def main(argv: list[str] | None = None) -> int:
     for path in [*args.run, *(p for _, p in args.target)]:
         if not path.is_dir():
             ap.error(f"{path}: no such folder")
+    from treerank.training.finetune import FINETUNE_JSON
+
+    for run in args.run:
+        if not (run / FINETUNE_JSON).is_file():
+            ap.error(f"{run}: no {FINETUNE_JSON} (not a finished `treerank finetune` run)")
     from treerank.atomic import atomic_write_json
 
     doc = run_targets(args.run, args.target, args.work, args.permutations)
