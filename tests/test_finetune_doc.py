@@ -12,6 +12,17 @@ REPO = Path(__file__).resolve().parents[1]
 RESULTS = sorted((REPO / "docs" / "results").glob("finetune_*.json"))
 
 
+def _script(name: str, path: Path):
+    """The module of a script file (scripts/ is no package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def test_there_is_a_finetune_result() -> None:
     assert any(p.name == "finetune_scifact_query_tower.json" for p in RESULTS)
 
@@ -95,14 +106,7 @@ def test_finetune_page_quotes_the_benchmark(bench_name: str, result: str) -> Non
 def test_finetune_page_quotes_the_full_budget_scale2_tables() -> None:
     """The Scale-2 section holds ``scripts/finetune_scale2.py``'s render of the full-budget run,
     line for line."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(
-        "finetune_scale2", REPO / "scripts" / "finetune_scale2.py"
-    )
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _script("finetune_scale2", REPO / "scripts" / "finetune_scale2.py")
     results = REPO / "docs" / "results"
     drt = json.loads((results / "finetune_scifact_drt_e2e_full.json").read_text("utf-8"))
     bi = json.loads(
@@ -121,29 +125,13 @@ def test_finetune_page_quotes_the_three_seed_scale2_table(results: str) -> None:
     """The Scale-2 section holds ``scripts/finetune_scale2_seeds.py``'s render of each
     three-seed comparison (SciFact's biencoder / drt-e2e pair, SQuAD's query-side pair),
     line for line."""
-    import importlib.util
-
-    path = REPO / "scripts" / "finetune_scale2_seeds.py"
-    spec = importlib.util.spec_from_file_location("finetune_scale2_seeds", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _script("finetune_scale2_seeds", REPO / "scripts" / "finetune_scale2_seeds.py")
     doc = json.loads((REPO / "docs" / "results" / results).read_text("utf-8"))
     cosine_arm = doc.get("arms", ["biencoder"])[0]
     assert len(doc["seed_spread"][cosine_arm]["seeds"]) == 3
     text = (REPO / "docs" / "finetune.md").read_text(encoding="utf-8")
     missing = [ln for ln in mod.render(doc).splitlines() if ln and ln not in text]
     assert not missing, f"docs/finetune.md lacks {missing}"
-
-
-def _script(name: str, path: Path):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 QT_TRANSFER_SEEDS = REPO / "scripts" / "experiments" / "qt_transfer_seeds.py"
@@ -212,3 +200,21 @@ def test_finetune_page_quotes_the_seed_transfer_table() -> None:
     text = (REPO / "docs" / "finetune.md").read_text(encoding="utf-8")
     missing = [ln for ln in mod.render(doc).splitlines() if ln and ln not in text]
     assert not missing, f"docs/finetune.md lacks {missing}"
+    # the bullets under the table quote the JSON too
+    dl19, scifact = (
+        [t["per_seed"][str(s)]["vs_cosine"]["ndcg@10"] for s in doc["seeds"]]
+        for t in doc["targets"]
+    )
+    mean = doc["targets"][1]["mean"]["vs_cosine"]["ndcg@10"]
+    deltas = sorted(t["delta"] for t in dl19)
+    quoted = [
+        f"({deltas[-1]:.4f} to {deltas[0]:.4f}",
+        f"reach {max(t['ci_low'] for t in dl19):.3f} to {min(t['ci_low'] for t in dl19):.3f}",
+        f"bounds {min(t['ci_high'] for t in dl19):+.3f} to {max(t['ci_high'] for t in dl19):+.3f}",
+        f"({mean['delta']:+.4f}, lower bound {mean['ci_low']:.4f})",
+        f"(lower bounds {scifact[1]['ci_low']:.4f}\n  and {scifact[2]['ci_low']:.5f},",
+        f"spread by\n  {doc['targets'][1]['seed_std']['ndcg@10']:.4f}, more than the "
+        f"{mean['ci_low'] - mod.MARGIN:.4f} between",
+    ]
+    missing = [q for q in quoted if q not in text]
+    assert not missing, f"docs/finetune.md's transfer bullets lack {missing}"
