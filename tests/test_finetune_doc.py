@@ -218,3 +218,40 @@ def test_finetune_page_quotes_the_seed_transfer_table() -> None:
     ]
     missing = [q for q in quoted if q not in text]
     assert not missing, f"docs/finetune.md's transfer bullets lack {missing}"
+
+
+BI_BUDGET = REPO / "docs" / "results" / "scifact_biencoder_vs_linear_sources.json"
+BI_BUDGET_SCRIPT = REPO / "scripts" / "experiments" / "scifact_biencoder_budget.py"
+
+
+def test_finetune_page_quotes_the_budget_biencoder_table() -> None:
+    """The budget section holds ``scifact_biencoder_budget.py``'s render line for line: both
+    budget runs against frozen cosine and the main job's ``linear-sources`` on all 300 claims
+    and their seen / unseen parts, with each run's cost."""
+    mod = _script("scifact_biencoder_budget", BI_BUDGET_SCRIPT)
+    doc = json.loads(BI_BUDGET.read_text(encoding="utf-8"))
+    assert [r["family"] for r in doc["runs"]] == ["biencoder", "biencoder"]
+    assert {p: doc["parts"][p]["n"] for p in mod.PARTS} == {"all": 300, "seen": 196, "unseen": 104}
+    text = (REPO / "docs" / "finetune.md").read_text(encoding="utf-8")
+    missing = [ln for ln in mod.render(doc).splitlines() if ln and ln not in text]
+    assert not missing, f"docs/finetune.md lacks {missing}"
+
+
+def test_budget_verdicts_are_the_transfer_rule() -> None:
+    """Every verdict against the head in the JSON is ``qt_transfer_seeds.verdict`` of its CI."""
+    rule = _script("qt_transfer_seeds", QT_TRANSFER_SEEDS).verdict
+    doc = json.loads(BI_BUDGET.read_text(encoding="utf-8"))
+    for part in doc["parts"].values():
+        for run in part["runs"].values():
+            vh = run["vs_head"]
+            assert run["verdict_vs_head"] == rule(vh["ci_low"], vh["ci_high"])
+
+
+def test_budget_script_refuses_an_unfinished_run_before_any_work(tmp_path: Path, capsys) -> None:
+    mod = _script("scifact_biencoder_budget", BI_BUDGET_SCRIPT)
+    (tmp_path / "run").mkdir()
+    out = tmp_path / "out.json"
+    argv = ["--store", str(tmp_path), "--head", str(tmp_path), "--run", str(tmp_path / "run")]
+    assert mod.main([*argv, "--out", str(out)]) == 2
+    assert "results.json missing (a finished finetune run?)" in capsys.readouterr().out
+    assert not out.exists()

@@ -199,3 +199,15 @@ def test_evaluate_section_is_evaluation_settings_decided_as_the_cli(tmp_path: Pa
     assert named.evaluate.metrics_given
     with pytest.raises(ConfigError, match="evaluate.k: recall@1000 cannot be measured"):
         validate_experiment(named)
+
+
+def test_scifact_linear_sources_config_trains_the_main_jobs_head() -> None:
+    """configs/scifact_linear_sources.yaml (docs/finetune.md, the bi-encoder at the issue's
+    budget) trains exactly the main job's ``linear-sources`` entry, so its 0.7263 is the main
+    job's number."""
+    configs = Path(__file__).resolve().parents[2] / "configs"
+    alone = load_experiment(configs / "scifact_linear_sources.yaml")
+    main_job = load_experiment(configs / "sample.yaml")
+    assert list(alone.models) == ["linear-sources"]
+    assert alone.models["linear-sources"] == main_job.models["linear-sources"]
+    assert [d.name for d in alone.datasets] == ["scifact"]
