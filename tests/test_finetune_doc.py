@@ -255,3 +255,22 @@ def test_budget_script_refuses_an_unfinished_run_before_any_work(tmp_path: Path,
     assert mod.main([*argv, "--out", str(out)]) == 2
     assert "results.json missing (a finished finetune run?)" in capsys.readouterr().out
     assert not out.exists()
+
+
+def test_budget_script_refuses_runs_that_would_share_a_system_name(tmp_path: Path, capsys) -> None:
+    """Systems are keyed by the run folder's name: two folders named alike, or a run named
+    like a reference system, would overwrite each other's rows, so they are refused."""
+    mod = _script("scifact_biencoder_budget", BI_BUDGET_SCRIPT)
+    runs = [tmp_path / "a" / "x", tmp_path / "b" / "x", tmp_path / "c" / "bm25"]
+    for run in runs:
+        (run / "stores" / "test").mkdir(parents=True)
+        (run / "results.json").write_text("{}")
+        (run / "stores" / "test" / "meta.json").write_text("{}")
+    out = str(tmp_path / "out.json")
+    head = ["--store", str(tmp_path), "--head", str(tmp_path), "--out", out]
+    assert mod.main([*head, "--run", str(runs[0]), "--run", str(runs[1])]) == 2
+    assert "two runs are named 'x'" in capsys.readouterr().out
+    assert mod.main([*head, "--run", str(runs[0]), "--run", str(runs[2])]) == 2
+    assert "a run is named 'bm25', the name of a reference system" in capsys.readouterr().out
+    assert mod.main([*head, "--run", str(runs[0])]) == 2  # the store has no split
+    assert "no store split (meta.json missing)" in capsys.readouterr().out

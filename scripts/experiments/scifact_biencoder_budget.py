@@ -21,8 +21,14 @@ all of the split's passages; the paired tests (randomization test, 10,000 permut
 a bootstrap 95% CI over the claims) compare each run with cosine and with the head. "Seen":
 a relevant abstract of the claim is a relevant abstract of a training claim
 (``seen_positive_mask``). The verdict against the head is the transfer table's rule
-(``qt_transfer_seeds.verdict``: better, non-inferior at margin 0.01, inferior, not shown).
+(``qt_transfer_seeds.verdict``: better, non-inferior at margin -0.01, non-inferior but worse,
+inferior, not shown). Each run after the first is also paired against the first (``vs_first``:
+the runs differ in more than one setting, so this is a description, not an ablation).
 :func:`render` gives the page's table; ``tests/test_finetune_doc.py`` checks the page holds it.
+
+Refused before any work (exit 2): a run folder without ``results.json`` or its re-embedded
+evaluation split, a store without the train or evaluation split, a head folder without a
+checkpoint, and two runs with one folder name or a run named like a reference system.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from typing import Any
 METRICS = ("ndcg@10", "mrr@10", "recall@100")
 HEAD = "linear-sources"
 PARTS = ("all", "seen", "unseen")
+RESERVED = ("cosine", "bm25", HEAD)
 
 
 def _verdict_rule() -> Any:
@@ -98,7 +105,7 @@ def render(doc: dict[str, Any]) -> str:
             )
     lines += [
         "",
-        "| run | epochs | hard negatives | steps | train CPU-s | wall s | peak RSS GiB "
+        "| run | epochs | hard negatives | steps | trainer CPU-s | wall s | peak RSS GiB "
         "| tokens | re-embed CPU-s | total CPU-min |",
         "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
@@ -110,7 +117,41 @@ def render(doc: dict[str, Any]) -> str:
             f"| {t['peak_rss_mib'] / 1024:.1f} | {t['tokens']:,} "
             f"| {c['reembed_cpu_seconds']:.0f} | {c['total_cpu_seconds'] / 60:.1f} |"
         )
+    first = runs[0]
+    later = [r for r in runs[1:] if "vs_first" in doc["parts"]["all"]["runs"][r]]
+    if later:
+        lines += [
+            "",
+            f"| run | claims | - `{first}` (95% CI) | p | wins / losses |",
+            "|---|---|---|---:|---:|",
+        ]
+        for r in later:
+            for part in PARTS:
+                v = doc["parts"][part]["runs"][r]["vs_first"]
+                lines.append(
+                    f"| `{r}` | {part} | {_ci(v)} | {v['p']:.4f} | {v['wins']} / {v['losses']} |"
+                )
     return "\n".join(lines)
+
+
+def _refusal(args: argparse.Namespace) -> str | None:
+    """Why the arguments cannot be scored, or ``None``: checked before any work."""
+    for run in args.run:
+        for need in (run / "results.json", run / "stores" / args.eval_split / "meta.json"):
+            if not need.is_file():
+                return f"{run}: {need} missing (a finished finetune run?)"
+    names = [run.name for run in args.run]
+    for name in names:
+        if names.count(name) > 1:
+            return f"two runs are named {name!r} (their folders' names key the systems)"
+        if name in RESERVED:
+            return f"a run is named {name!r}, the name of a reference system"
+    for split in (args.train_split, args.eval_split):
+        if not (args.store / split / "meta.json").is_file():
+            return f"{args.store / split}: no store split (meta.json missing)"
+    if not (args.head / "config.json").is_file():
+        return f"{args.head}: not a checkpoint folder (config.json missing)"
+    return None
 
 
 def _run_record(run: Path) -> dict[str, Any]:
@@ -152,13 +193,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--eval-split", default="test")
     ap.add_argument("--permutations", type=int, default=10_000)
     args = ap.parse_args(argv)
-    for run in args.run:  # before any work
-        for need in (run / "results.json", run / "stores" / args.eval_split / "meta.json"):
-            if not need.is_file():
-                print(f"error: {run}: {need} missing (a finished finetune run?)")
-                return 2
-    if not args.head.is_dir():
-        print(f"error: {args.head}: not a checkpoint folder")
+    refusal = _refusal(args)  # before any work
+    if refusal is not None:
+        print(f"error: {refusal}")
         return 2
     from treerank.atomic import atomic_write_json
     from treerank.evaluation.compare import compare_systems
@@ -214,6 +251,9 @@ def main(argv: list[str] | None = None) -> int:
                 "vs_head": vh,
                 "verdict_vs_head": verdict(vh["ci_low"], vh["ci_high"]),
             }
+            if r != runs[0]["name"]:
+                vf = compare_paired(pq(r), pq(runs[0]["name"]), METRICS, n, n)["ndcg@10"]
+                row["runs"][r]["vs_first"] = _cell(vf)
         parts[part] = row
     doc = {
         "issue": 35,
@@ -224,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
         "runs": runs,
         "systems": {n: {m: float(r.mean[m]) for m in METRICS} for n, r in res.items()},
         "parts": parts,
+        "leaks": comp.leaks,  # the head's training queries against the evaluated ones
         "n_permutations": args.permutations,
     }
     atomic_write_json(args.out, doc, indent=1)
